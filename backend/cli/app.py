@@ -1,0 +1,76 @@
+"""The `rem` entry point: global options, command registration, error mapping."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+import click
+import typer
+
+from backend.cli import actions, admin, common, console, daemons, drill, sessions
+from backend.errors import ExitCode, RemError
+
+app = typer.Typer(
+    name="rem",
+    help="rem: a durable runtime for agent sessions and their memory, and its on-call console.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _globals(
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
+) -> None:
+    common.Globals.data = data
+    common.Globals.chroma_url = chroma_url
+    level = logging.INFO if verbose or os.environ.get("REM_LOG") else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+admin.register(app)
+sessions.register(app)
+daemons.register(app)
+actions.register(app)
+console.register(app)
+drill.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `rem`; user errors print one line on stderr and map to an exit code."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except RemError as exc:
+        sys.stderr.write(f"rem: error: {exc}\n")
+        code = int(exc.exit_code)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        code = int(ExitCode.USAGE)
+    except click.exceptions.Abort:
+        sys.stderr.write("rem: interrupted\n")
+        code = int(ExitCode.INTERRUPTED)
+    except click.exceptions.Exit as exc:
+        code = int(exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        code = int(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("rem: interrupted\n")
+        code = int(ExitCode.INTERRUPTED)
+    else:
+        code = int(result) if isinstance(result, int) else 0
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

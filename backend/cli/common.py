@@ -1,0 +1,66 @@
+"""Shared pieces of the CLI: global options, context creation, output helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from backend.context import Context
+from backend.datadir import DataDir
+
+T = TypeVar("T")
+
+DataOpt = Annotated[
+    Path | None,
+    typer.Option("--data", help="Data dir (default: $REM_DATA, else the user data dir).",
+                 show_default=False),
+]
+ChromaOpt = Annotated[
+    str | None,
+    typer.Option("--chroma-url", help="Use this Chroma server instead of the data dir's own "
+                 "(default: $REM_CHROMA_URL).", show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+class Globals:
+    """Values of the global options given before the command name."""
+
+    data: Path | None = None
+    chroma_url: str | None = None
+
+
+def make_context(data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:
+    """A Context from command-level options, falling back to the global ones."""
+    path = data or Globals.data
+    url = chroma_url or Globals.chroma_url
+    return Context(DataDir.resolve(path), chroma_url=url, **kwargs)
+
+
+def run(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run one coroutine to completion (the CLI is synchronous at its edge)."""
+    return asyncio.run(factory())  # type: ignore[arg-type]
+
+
+async def with_context(ctx: Context, fn: Callable[[Context], Awaitable[T]]) -> T:
+    try:
+        return await fn(ctx)
+    finally:
+        await ctx.close()
+
+
+def emit_json(value: Any) -> None:
+    """The one JSON document a `--json` command prints on stdout."""
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    """Human notes and progress go to stderr, never stdout."""
+    sys.stderr.write(message + "\n")

@@ -1,0 +1,47 @@
+"""Wall-clock time in ms since the epoch, always from Python, never from SQL.
+
+Tests and clock-skew drills shift it: `REM_CLOCK_SKEW_MS` adds a fixed
+offset for a whole process; `set_clock` replaces the source in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+_source: Callable[[], int] | None = None
+
+
+def _skew_ms() -> int:
+    raw = os.environ.get("REM_CLOCK_SKEW_MS", "0").strip() or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
+
+
+def now_ms() -> int:
+    """The current time in ms since the epoch (with any configured skew)."""
+    if _source is not None:
+        return _source()
+    return int(time.time() * 1000) + _skew_ms()
+
+
+def set_clock(source: Callable[[], int] | None) -> None:
+    """Replace the clock (tests); `None` restores the real one."""
+    global _source
+    _source = source
+
+
+class FrozenClock:
+    """A controllable clock for tests: `advance(ms)` moves it forward."""
+
+    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms

@@ -1,0 +1,195 @@
+"""state.db access on aiosqlite: one connection factory, one write-transaction helper.
+
+Every connection runs with `isolation_level=None` (we issue BEGIN ourselves),
+WAL, `synchronous=NORMAL`, a busy timeout, foreign keys and a journal size
+limit. Every write transaction is `BEGIN IMMEDIATE`: a deferred transaction
+that reads and then writes fails at once with SQLITE_BUSY under contention,
+ignoring `busy_timeout`, because SQLite cannot upgrade its read snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from backend.errors import (
+    DatabaseCorrupt,
+    DatabaseFull,
+    DatabaseLocked,
+    DataDirError,
+    ReadOnly,
+    RemError,
+)
+
+log = logging.getLogger("rem.db")
+
+BUSY_TIMEOUT_MS = 10_000
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+Params = Sequence[Any] | dict[str, Any]
+
+
+def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | None:
+    """Map an sqlite3 error to the one-line RemError an operator can act on."""
+    msg = str(exc).lower()
+    if "locked" in msg or "busy" in msg:
+        return DatabaseLocked(
+            f"{path} stayed locked by another writer for more than "
+            f"{BUSY_TIMEOUT_MS // 1000} s; retry, or find the holder with `fuser {path}`"
+        )
+    if "disk is full" in msg or "database or disk is full" in msg:
+        return DatabaseFull(f"no space left for {path}; free disk space, then retry")
+    if "not a database" in msg or "malformed" in msg or "disk i/o error" in msg:
+        return DatabaseCorrupt(
+            f"{path} is not a readable rem database ({exc}); restore it from a backup "
+            "or move it aside and run `rem init`"
+        )
+    if "unable to open" in msg:
+        return DataDirError(f"cannot open {path}: {exc}; check --data and its permissions")
+    if "readonly" in msg or "read-only" in msg or "attempt to write" in msg:
+        return ReadOnly(f"{path} is opened read-only; this action needs a writable rem")
+    return None
+
+
+class Database:
+    """One aiosqlite connection to state.db, shared by the tasks of a process.
+
+    Tasks take turns through an asyncio lock: SQLite transactions belong to a
+    connection, so two tasks must never interleave statements inside one.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path, read_only: bool) -> None:
+        self.conn = conn
+        self.path = path
+        self.read_only = read_only
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path, *, read_only: bool = False) -> Database:
+        """Open state.db with rem's PRAGMAs; read-only opens set `query_only`."""
+        try:
+            conn = await aiosqlite.connect(str(path), isolation_level=None)
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, path) or exc from exc
+        conn.row_factory = sqlite3.Row
+        db = cls(conn, path, read_only)
+        try:
+            await db._apply_pragmas()
+        except sqlite3.Error as exc:
+            await conn.close()
+            raise translate_sqlite_error(exc, path) or exc from exc
+        except BaseException:
+            await conn.close()
+            raise
+        return db
+
+    async def _apply_pragmas(self) -> None:
+        c = self.conn
+        await c.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not self.read_only:
+            await c.execute("PRAGMA journal_mode = WAL")
+        await c.execute("PRAGMA synchronous = NORMAL")
+        await c.execute("PRAGMA foreign_keys = ON")
+        await c.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        if self.read_only:
+            await c.execute("PRAGMA query_only = ON")
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
+        if self.read_only:
+            raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+        async with self._lock:
+            try:
+                await self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+            try:
+                yield self.conn
+            except BaseException:
+                await self._rollback_quietly()
+                raise
+            try:
+                await self.conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                await self._rollback_quietly()
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A short read transaction so several queries see one consistent state."""
+        async with self._lock:
+            try:
+                await self.conn.execute("BEGIN")
+                yield self.conn
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+            finally:
+                await self._rollback_quietly()
+
+    async def _rollback_quietly(self) -> None:
+        if self.conn.in_transaction:
+            try:
+                await self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.warning("rollback failed on %s", self.path, exc_info=True)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+        """Run one autocommit query and return all rows."""
+        async with self._lock:
+            try:
+                return list(await self.conn.execute_fetchall(sql, params))
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    async def fetchone(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def scalar(self, sql: str, params: Params = ()) -> Any:
+        row = await self.fetchone(sql, params)
+        return None if row is None else row[0]
+
+    async def data_version(self) -> int:
+        """`PRAGMA data_version`: changes whenever another connection commits."""
+        return int(await self.scalar("PRAGMA data_version"))
+
+
+async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+    """Rows of one query on a connection already inside a transaction."""
+    return list(await conn.execute_fetchall(sql, params))
+
+
+async def fetchone(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> sqlite3.Row | None:
+    rows = await fetchall(conn, sql, params)
+    return rows[0] if rows else None
+
+
+async def execute(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> int:
+    """Run one statement inside the current transaction; return rows changed."""
+    cursor = await conn.execute(sql, params)
+    try:
+        return cursor.rowcount
+    finally:
+        await cursor.close()
+
+
+async def executemany(conn: aiosqlite.Connection, sql: str, rows: Iterable[Params]) -> None:
+    cursor = await conn.executemany(sql, rows)
+    await cursor.close()

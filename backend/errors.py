@@ -1,0 +1,109 @@
+"""One exception tree for rem, and its mapping to process exit codes."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # a refused action or a failed check
+    USAGE = 2  # bad usage or bad input
+    UNREACHABLE = 3  # a dependency (Chroma, the database) is unreachable
+    INTERRUPTED = 130
+
+
+class RemError(Exception):
+    """Base of every error rem reports to a user: one line, naming the fix."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class UsageError(RemError):
+    exit_code = ExitCode.USAGE
+
+
+class BadInput(UsageError):
+    """Input that rem refuses before writing anything."""
+
+
+class NotImplementedYet(UsageError):
+    """A command that exists in the contract but is not built yet."""
+
+
+class DataDirError(UsageError):
+    """The data directory is unusable (a file, unwritable, ...)."""
+
+
+class SchemaTooNew(RemError):
+    """state.db was written by a newer rem."""
+
+
+class DatabaseCorrupt(RemError):
+    """state.db is not a readable SQLite database."""
+
+
+class DatabaseLocked(RemError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class DatabaseFull(RemError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class ChromaUnreachable(RemError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class ChromaStartFailed(ChromaUnreachable):
+    pass
+
+
+class NotChroma(ChromaUnreachable):
+    """A URL that answers, but not as a Chroma server: a configuration mistake."""
+
+    exit_code = ExitCode.USAGE
+
+
+class NotFound(RemError):
+    """An id that names nothing."""
+
+
+class SessionNotFound(NotFound):
+    pass
+
+
+class WorkerNotFound(NotFound):
+    pass
+
+
+class LeaseNotFound(NotFound):
+    pass
+
+
+class Refused(RemError):
+    """An operator action whose preconditions do not hold right now."""
+
+
+class ReadOnly(Refused):
+    """An action attempted from a read-only context."""
+
+
+class LeaseLost(RemError):
+    """A fenced write changed 0 rows: another owner holds the lease now."""
+
+
+class ReceiptError(RemError):
+    pass
+
+
+class ReceiptCorrupt(ReceiptError):
+    """A receipt envelope that cannot be decoded."""
+
+
+class UndeclaredReceiptKey(ReceiptError):
+    """Synthesis tried to issue a receipt with a key it does not own."""
+
+
+class FaultInjected(RemError):
+    """Raised by a fault point configured to raise rather than kill."""

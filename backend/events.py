@@ -1,0 +1,84 @@
+"""The `event` journal: append-only, written in the same transaction as the change it records.
+
+The console tails it; runbooks query it. `append_event` must be called with a
+connection that is inside the write transaction of the change it describes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from enum import StrEnum
+from typing import Any
+
+import aiosqlite
+
+from backend import clock
+
+
+class EventKind(StrEnum):
+    SCHEMA_MIGRATED = "schema.migrated"
+    INPUT_ADMITTED = "input.admitted"
+    INPUT_PROMOTED = "input.promoted"
+    EXECUTION_CLAIMED = "execution.claimed"
+    EXECUTION_STEP = "execution.step"
+    EXECUTION_COMPLETED = "execution.completed"
+    EXECUTION_LEASE_LOST = "execution.lease_lost"
+    EXECUTION_TAKEN_OVER = "execution.taken_over"
+    EXECUTION_HANDED_BACK = "execution.handed_back"
+    RECOVERY_PARKED = "recovery.parked"
+    SUMMARY_CLAIMED = "summary.claimed"
+    SUMMARY_STAGED = "summary.staged"
+    SUMMARY_COMPLETED = "summary.completed"
+    SUMMARY_FAILED = "summary.failed"
+    RECEIPT_REPLAYED = "receipt.replayed"
+    RECEIPT_QUARANTINED = "receipt.quarantined"
+    RECEIPT_VERIFIED = "receipt.verified"
+    DREAM_COMPLETED = "dream.completed"
+    DREAM_STALE = "dream.stale"
+    DREAM_DEFERRED = "dream.deferred"
+    DREAM_UNDIGESTIBLE = "dream.undigestible"
+    WORKER_STARTED = "worker.started"
+    WORKER_DRAINING = "worker.draining"
+    WORKER_STOPPED = "worker.stopped"
+    OPERATOR_REPLAY = "operator.replay"
+    OPERATOR_DRAIN = "operator.drain"
+    OPERATOR_RELEASE = "operator.release"
+
+
+def operator_name() -> str:
+    """The OS user acting, for the audit trail of operator actions."""
+    try:
+        return os.environ.get("REM_OPERATOR") or getpass.getuser()
+    except Exception:  # getpass raises when no user name can be found at all
+        return f"uid:{os.getuid()}"
+
+
+async def append_event(
+    conn: aiosqlite.Connection,
+    *,
+    kind: EventKind | str,
+    actor: str,
+    session_id: str | None = None,
+    target: str | None = None,
+    data: dict[str, Any] | None = None,
+    now: int | None = None,
+) -> int:
+    """Append one journal row inside the caller's transaction; returns its id."""
+    cursor = await conn.execute(
+        "INSERT INTO event (time, kind, actor, session_id, target, data) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            clock.now_ms() if now is None else now,
+            str(kind),
+            actor,
+            session_id,
+            target,
+            json.dumps(data or {}, separators=(",", ":"), sort_keys=True, default=str),
+        ),
+    )
+    try:
+        return int(cursor.lastrowid or 0)
+    finally:
+        await cursor.close()

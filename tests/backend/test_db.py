@@ -1,0 +1,100 @@
+"""The storage layer: PRAGMAs, transactions, read-only mode, and contention."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from backend.context import Context
+from backend.db import BUSY_TIMEOUT_MS, Database
+from backend.errors import ReadOnly
+from backend.events import append_event
+
+
+async def test_connection_pragmas(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    assert (await db.scalar("PRAGMA journal_mode")) == "wal"
+    assert await db.scalar("PRAGMA synchronous") == 1  # NORMAL
+    assert await db.scalar("PRAGMA busy_timeout") == BUSY_TIMEOUT_MS
+    assert await db.scalar("PRAGMA foreign_keys") == 1
+    assert await db.scalar("PRAGMA journal_size_limit") > 0
+    assert db.conn.isolation_level is None
+
+
+async def test_tx_rolls_back_on_error(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    before = await db.scalar("SELECT count(*) FROM event")
+    with pytest.raises(RuntimeError):
+        async with db.tx() as conn:
+            await append_event(conn, kind="test.event", actor="t")
+            raise RuntimeError("boom")
+    assert await db.scalar("SELECT count(*) FROM event") == before
+    assert not db.conn.in_transaction
+
+
+async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:
+    ro = await Database.open(db_ctx.data.state_db, read_only=True)
+    try:
+        assert await ro.scalar("PRAGMA query_only") == 1
+        with pytest.raises(ReadOnly):
+            async with ro.tx():
+                pass
+        with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|query_only"):
+            await ro.conn.execute("INSERT INTO event (time, kind, actor) VALUES (1, 'x', 'y')")
+    finally:
+        await ro.close()
+
+
+async def test_read_only_context_refuses_a_missing_data_dir(tmp_path: Path) -> None:
+    from backend.datadir import DataDir
+    from backend.errors import DataDirError
+
+    ctx = Context(DataDir(tmp_path / "nothing"), read_only=True)
+    with pytest.raises(DataDirError, match="rem init"):
+        await ctx.db()
+    assert not (tmp_path / "nothing").exists()
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from backend.db import Database
+
+    async def main(path, n, name):
+        db = await Database.open(Path(path))
+        for i in range(n):
+            async with db.tx() as conn:
+                # read-then-write: the pattern a deferred transaction gets wrong
+                row = await (await conn.execute("SELECT coalesce(max(id), 0) FROM event")).fetchone()
+                await conn.execute(
+                    "INSERT INTO event (time, kind, actor, data) VALUES (?, 'race', ?, ?)",
+                    (row[0] + 1, name, '{}'),
+                )
+        await db.close()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+    """
+)
+
+
+async def test_four_processes_read_then_write_never_see_locked(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    base = await db.scalar("SELECT count(*) FROM event")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(db_ctx.data.state_db), "300", f"p{i}"],
+            stderr=subprocess.PIPE,
+        )
+        for i in range(4)
+    ]
+    errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert not any("locked" in e for e in errors), errors
+    assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'race'") == 1200
+    assert await db.scalar("SELECT count(*) FROM event") == base + 1200

@@ -1,0 +1,173 @@
+"""The schema's constraints bite: the database itself refuses what the contract forbids."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from backend.context import Context
+from backend.db import Database
+from backend.errors import SchemaTooNew
+from backend.schema import SCHEMA_VERSION, migrate, schema_version
+
+SEED_004_INDEXES = {
+    "session_message_session_seq_idx",
+    "session_message_session_type_seq_idx",
+    "session_message_session_time_created_id_idx",
+    "session_message_time_created_idx",
+    "session_input_session_admitted_seq_idx",
+    "session_input_session_promoted_seq_idx",
+    "session_recovery_wake_pending_error_attempts_created_execution_idx",
+    "session_input_wake_pending_promoted_attempts_created_id_idx",
+}
+
+
+async def _session(db: Database, sid: str = "s1") -> None:
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,)
+        )
+
+
+async def _message(db: Database, mid: str, seq: int, sid: str = "s1") -> None:
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated) "
+            "VALUES (?, ?, 'user', ?, 1, 1)",
+            (mid, sid, seq),
+        )
+
+
+async def test_migrate_sets_user_version_and_is_idempotent(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    assert await schema_version(db) == SCHEMA_VERSION
+    assert await migrate(db) == SCHEMA_VERSION
+    migrations = await db.scalar("SELECT count(*) FROM event WHERE kind = 'schema.migrated'")
+    assert migrations == 1
+
+
+async def test_every_seed_index_exists(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    names = {r[0] for r in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert SEED_004_INDEXES <= names
+    unique = {
+        r[1] for r in await db.fetchall("PRAGMA index_list(session_message)") if r[2]
+    }
+    assert "session_message_session_seq_idx" in unique
+
+
+async def test_execution_phase_outside_the_four_is_refused(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    with pytest.raises(sqlite3.IntegrityError, match="session_execution_phase_check"):
+        async with db.tx() as conn:
+            await conn.execute(
+                "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, "
+                "time_created, time_renewed, expires_at) VALUES ('e1','s1','o',1,'running',1,1,1)"
+            )
+    for phase in ("ready", "safe", "unknown", "continue"):
+        async with db.tx() as conn:
+            await conn.execute(
+                "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, "
+                "time_created, time_renewed, expires_at) VALUES ('e1','s1','o',1,?,1,1,1)",
+                (phase,),
+            )
+            await conn.execute("DELETE FROM session_execution")
+
+
+async def test_second_execution_for_one_session_is_refused(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    insert = (
+        "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+        "time_renewed, expires_at) VALUES (?, 's1', 'o', 1, 'ready', 1, 1, 1)"
+    )
+    async with db.tx() as conn:
+        await conn.execute(insert, ("e1",))
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        async with db.tx() as conn:
+            await conn.execute(insert, ("e2",))
+
+
+async def test_duplicate_message_seq_is_refused(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    await _message(db, "m1", 1)
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        await _message(db, "m2", 1)
+
+
+@pytest.mark.parametrize("column", ["admitted_seq", "promoted_seq"])
+async def test_duplicate_input_seq_is_refused(db_ctx: Context, column: str) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    insert = (
+        "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, promoted_seq, "
+        "time_created) VALUES (?, 's1', '{}', 'queue', ?, ?, 1)"
+    )
+    async with db.tx() as conn:
+        await conn.execute(insert, ("i1", 1, 5))
+    other = (2, 5) if column == "promoted_seq" else (1, 6)
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        async with db.tx() as conn:
+            await conn.execute(insert, ("i2", *other))
+
+
+async def test_unknown_delivery_is_refused(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        async with db.tx() as conn:
+            await conn.execute(
+                "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                "time_created) VALUES ('i1', 's1', '{}', 'shout', 1, 1)"
+            )
+
+
+async def test_deleting_a_session_cascades(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _session(db)
+    await _message(db, "m1", 1)
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+            "time_created) VALUES ('i1', 's1', '{}', 'queue', 2, 1)"
+        )
+        await conn.execute(
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, "
+            "time_created, time_renewed, expires_at) VALUES ('e1','s1','o',1,'ready',1,1,1)"
+        )
+        await conn.execute(
+            "INSERT INTO session_recovery (execution_id, session_id, continuation_message_id, "
+            "phase, time_created) VALUES ('e0', 's1', 'm1', 'ready', 1)"
+        )
+        await conn.execute(
+            "INSERT INTO summary_job (session_id, time_created, time_updated) VALUES ('s1', 1, 1)"
+        )
+        await conn.execute(
+            "INSERT INTO dream_state (session_id, time_updated) VALUES ('s1', 1)"
+        )
+        await conn.execute(
+            "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, "
+            "time_updated) VALUES ('s1', 'b', '{}', 0, 1)"
+        )
+    async with db.tx() as conn:
+        await conn.execute("DELETE FROM session WHERE id = 's1'")
+    for table in ("session_message", "session_input", "session_execution", "session_recovery",
+                  "summary_job", "dream_state", "session_context_epoch"):
+        assert await db.scalar(f"SELECT count(*) FROM {table}") == 0, table
+
+
+async def test_event_journal_is_append_only(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        async with db.tx() as conn:
+            await conn.execute("UPDATE event SET kind = 'forged'")
+
+
+async def test_state_db_from_a_newer_rem_is_refused(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaTooNew, match="newer than this rem supports"):
+        await migrate(db)

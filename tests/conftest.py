@@ -1,0 +1,81 @@
+"""Fixtures every suite reuses: a temp data dir, a real Chroma server, a live Context."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from backend import chroma_server, clock, faults
+from backend.chroma_server import ChromaServer
+from backend.context import Context
+from backend.datadir import DataDir
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> DataDir:
+    """An empty, not yet initialised data dir."""
+    return DataDir(tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def chroma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChromaServer]:
+    """One real `chroma run` server on a free loopback port for the whole session."""
+    data = DataDir(tmp_path_factory.mktemp("chroma-session") / "data").ensure()
+    server = chroma_server.resolve(data)
+    assert server.started_here
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def chroma_url(chroma: ChromaServer) -> str:
+    if not chroma.alive():  # a test SIGKILLed it: give the next test a fresh one
+        assert chroma.data is not None
+        fresh = chroma_server.resolve(chroma.data)
+        chroma.url, chroma.process = fresh.url, fresh.process
+    return chroma.url
+
+
+@pytest.fixture
+def collection() -> str:
+    """A Chroma collection name of this test's own, so tests never see each other's rows."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def ctx(data_dir: DataDir, chroma_url: str, collection: str) -> AsyncIterator[Context]:
+    """A writable Context over a fresh, migrated data dir, using the session Chroma server."""
+    context = Context(data_dir, chroma_url=chroma_url, collection=collection)
+    await context.db()
+    yield context
+    await context.close()
+
+
+@pytest.fixture
+async def db_ctx(data_dir: DataDir) -> AsyncIterator[Context]:
+    """A writable Context over a fresh data dir with no Chroma at all."""
+    context = Context(data_dir, start_chroma=False)
+    await context.db()
+    yield context
+    await context.close()
+
+
+@pytest.fixture
+def frozen_clock() -> Iterator[clock.FrozenClock]:
+    frozen = clock.FrozenClock()
+    clock.set_clock(frozen)
+    yield frozen
+    clock.set_clock(None)
+
+
+@pytest.fixture(autouse=True)
+def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS"):
+        monkeypatch.delenv(name, raising=False)
+    faults.reset()
+    yield
+    faults.reset()
+    clock.set_clock(None)

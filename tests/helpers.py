@@ -1,0 +1,73 @@
+"""Helpers shared by the test suites: running `rem`, waiting on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+REM = str(Path(sys.executable).parent / "rem")
+
+
+def rem_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("REM_DATA", None)
+    env.pop("REM_CHROMA_URL", None)
+    env.pop("REM_FAULTS", None)
+    env.update(extra)
+    return env
+
+
+def run_rem(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `rem` script as a real subprocess."""
+    return subprocess.run(
+        [REM, *args], capture_output=True, text=True, timeout=timeout,
+        env=env or rem_env(), input=input.decode() if input is not None else None,
+    )
+
+
+def rem_json(*args: str, env: dict[str, str] | None = None, expect_rc: int = 0) -> Any:
+    proc = run_rem(*args, "--json", env=env)
+    assert proc.returncode == expect_rc, (proc.returncode, proc.stdout, proc.stderr)
+    return json.loads(proc.stdout)
+
+
+def spawn_rem(*args: str, env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `rem` as a background process (stdout/stderr to `log`)."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen([REM, *args], stdout=out, stderr=subprocess.STDOUT,
+                            env=env or rem_env(), start_new_session=True)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
+               message: str = "condition") -> Any:
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message} (last={last!r})")
+
+
+async def await_until(predicate: Callable[[], Awaitable[Any]], timeout: float = 30.0,
+                      interval: float = 0.05, message: str = "condition") -> Any:
+    """Async `wait_until`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Any = None
+    while loop.time() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message} (last={last!r})")
