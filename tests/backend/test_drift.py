@@ -1,0 +1,43 @@
+"""The executor -> summarizer -> Dream hand-off rows."""
+
+from __future__ import annotations
+
+from backend.context import Context
+from backend.drift import mark_turns_changed, publish_input_revision
+
+
+async def _session(ctx: Context) -> None:
+    db = await ctx.db()
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s1', 1, 1)")
+
+
+async def test_mark_turns_changed_bumps_the_drift_queue(db_ctx: Context) -> None:
+    await _session(db_ctx)
+    db = await db_ctx.db()
+    for now in (10, 20, 30):
+        async with db.tx() as conn:
+            await mark_turns_changed(conn, "s1", now)
+    row = await db.fetchone("SELECT dirty_seq, clean_seq, status FROM summary_job WHERE session_id='s1'")
+    assert tuple(row) == (3, 0, "pending")
+    pending = await db.fetchall("SELECT session_id FROM summary_job WHERE dirty_seq > clean_seq")
+    assert [r[0] for r in pending] == ["s1"]
+
+
+async def test_publishing_is_idempotent_and_a_new_revision_reopens(db_ctx: Context) -> None:
+    await _session(db_ctx)
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        assert await publish_input_revision(conn, "s1", "sha256:a", 100)
+        assert not await publish_input_revision(conn, "s1", "sha256:a", 200)
+    row = await db.fetchone("SELECT input_revision, time_published, digest_state, state_revision FROM dream_state")
+    assert tuple(row) == ("sha256:a", 100, "pending", 1)
+    async with db.tx() as conn:
+        await conn.execute("UPDATE dream_state SET completed_revision = 'sha256:a', digest_state = 'digested', "
+                           "digest_attempts = 2")
+        assert await publish_input_revision(conn, "s1", "sha256:b", 300)
+    row = await db.fetchone("SELECT input_revision, digest_state, digest_attempts FROM dream_state")
+    assert tuple(row) == ("sha256:b", "pending", 0)
+    async with db.tx() as conn:
+        assert await publish_input_revision(conn, "s1", "sha256:a", 400)
+    assert await db.scalar("SELECT digest_state FROM dream_state") == "digested"
