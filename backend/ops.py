@@ -15,13 +15,6 @@ from backend.context import Context
 from backend.errors import ChromaUnreachable, NotChroma, NotImplementedYet, RemError
 from backend.schema import SCHEMA_VERSION, schema_version
 
-COUNTED_TABLES = (
-    "session", "session_message", "session_input", "session_execution", "session_recovery",
-    "session_context_epoch", "summary_job", "dream_state", "graph_node", "graph_edge",
-    "worker", "event",
-)
-
-
 async def init(ctx: Context) -> dict[str, Any]:
     """Create the data dir and migrate state.db to the current schema."""
     ctx.require_writable("init")
@@ -66,21 +59,20 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
 
 
 async def status(ctx: Context) -> dict[str, Any]:
-    """The snapshot the console shows (foundation: schema, table counts, Chroma, data dir)."""
+    """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
+    from backend.status import snapshot
+
     db = await ctx.db()
     async with db.snapshot() as conn:
-        counts = {}
-        for table in COUNTED_TABLES:
-            rows = await conn.execute_fetchall(f"SELECT count(*) FROM {table}")  # noqa: S608
-            counts[table] = int(list(rows)[0][0])
-    return {
+        snap = await snapshot(conn)
+    snap.update({
         "data_dir": str(ctx.data.root),
         "schema_version": await schema_version(db),
         "schema_version_supported": SCHEMA_VERSION,
         "read_only": ctx.read_only,
-        "tables": counts,
         "chroma": chroma_health(ctx),
-    }
+    })
+    return snap
 
 
 def _not_yet(command: str) -> RemError:
