@@ -15,6 +15,7 @@ from backend.context import Context
 from backend.errors import ChromaUnreachable, NotChroma, NotImplementedYet, RemError
 from backend.schema import SCHEMA_VERSION, schema_version
 
+
 async def init(ctx: Context) -> dict[str, Any]:
     """Create the data dir and migrate state.db to the current schema."""
     ctx.require_writable("init")
