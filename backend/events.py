@@ -27,6 +27,7 @@ class EventKind(StrEnum):
     EXECUTION_LEASE_LOST = "execution.lease_lost"
     EXECUTION_TAKEN_OVER = "execution.taken_over"
     EXECUTION_HANDED_BACK = "execution.handed_back"
+    EXECUTION_FAILED = "execution.failed"
     RECOVERY_PARKED = "recovery.parked"
     SUMMARY_CLAIMED = "summary.claimed"
     SUMMARY_STAGED = "summary.staged"

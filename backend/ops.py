@@ -83,3 +83,13 @@ def _not_yet(command: str) -> RemError:
 async def check(ctx: Context) -> dict[str, Any]:
     """Verify the invariants of DESIGN section 5 on the live data dir."""
     raise _not_yet("check")
+
+
+async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "queue",
+               input_id: str | None = None) -> dict[str, Any]:
+    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
+    from backend import sessions
+
+    ctx.require_writable("send")
+    sessions.validate_input(session_id, text, delivery, input_id)
+    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id)

@@ -64,6 +64,9 @@ CREATE INDEX session_message_session_type_seq_idx ON session_message(session_id,
 CREATE INDEX session_message_session_time_created_id_idx
     ON session_message(session_id, time_created, id);
 CREATE INDEX session_message_time_created_idx ON session_message(time_created);
+-- incomplete assistant rows, so "a newer turn supersedes stale incomplete rows" is O(open rows)
+CREATE INDEX session_message_open_assistant_idx ON session_message(session_id)
+    WHERE type = 'assistant' AND json_extract(data, '$.status') = 'streaming';
 
 -- the parts of a message (streamed text, tool calls), in order
 CREATE TABLE session_part (
