@@ -64,8 +64,7 @@ async def status(ctx: Context) -> dict[str, Any]:
     from backend.status import snapshot
 
     db = await ctx.db()
-    async with db.snapshot() as conn:
-        snap = await snapshot(conn)
+    snap = await db.read_snapshot(snapshot)
     snap.update({
         "data_dir": str(ctx.data.root),
         "schema_version": await schema_version(db),
