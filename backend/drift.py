@@ -10,21 +10,28 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import aiosqlite
 
 from backend.db import execute
 
+MARK_TURNS_CHANGED_SQL = (
+    "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
+    "VALUES (?, 'pending', 1, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = dirty_seq + 1, "
+    "time_updated = excluded.time_updated"
+)
+
 
 async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one)."""
-    await execute(
-        conn,
-        "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
-        "VALUES (?, 'pending', 1, ?, ?) "
-        "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = dirty_seq + 1, "
-        "time_updated = excluded.time_updated",
-        (session_id, now, now),
-    )
+    await execute(conn, MARK_TURNS_CHANGED_SQL, (session_id, now, now))
+
+
+def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
+    """`mark_turns_changed` for code running on the connection's thread (`Database.write_sync`)."""
+    conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
 
 
 async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, revision: str, now: int) -> bool:

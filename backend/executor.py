@@ -17,18 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
-
-import aiosqlite
 
 from backend import clock, drift, faults, leases, projection, recovery, sessions
 from backend.agent import Agent, StepRequest, load_agent
 from backend.daemon import Daemon
-from backend.db import execute, fetchone
 from backend.errors import LeaseLost, RemError, UsageError
-from backend.events import EventKind, append_event
+from backend.events import EventKind, append_event_sync
 from backend.leases import Lease
 
 DEFAULT_CONCURRENCY = 8
@@ -125,16 +124,15 @@ class Executor(Daemon):
     async def _take_over_expired(self) -> int:
         if self._capacity() <= 0:
             return 0
-        async with self.db.snapshot() as conn:
-            candidates = await recovery.recoverable(conn, clock.now_ms(), self._capacity() * 2)
+        limit = self._capacity() * 2
+        candidates = await self.db.read_snapshot(
+            lambda conn: recovery.recoverable(conn, clock.now_ms(), limit))
         started = 0
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            now = clock.now_ms()
-            async with self.db.tx() as conn:
-                taken = await recovery.take_over(conn, execution_id, self.owner_id, now=now,
-                                                 budget=self.budget, length_ms=self.lease_ms)
+            taken = await self.db.write_sync(lambda conn, eid=execution_id: recovery.take_over(
+                conn, eid, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms))
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
@@ -158,21 +156,24 @@ class Executor(Daemon):
         return started
 
     async def _claim(self, session_id: str) -> Lease | None:
-        """Claim the session's lease, counting the attempt on its oldest waiting input first."""
-        now = clock.now_ms()
-        async with self.db.tx() as conn:
-            lease = await leases.claim_execution(conn, session_id, self.owner_id, now=now,
-                                                 length_ms=self.lease_ms)
-            if lease is None:
-                return None
-            await execute(
-                conn, "UPDATE session_input SET wake_attempts = wake_attempts + 1 WHERE id = "
-                "(SELECT id FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
-                "ORDER BY admitted_seq LIMIT 1)", (session_id,))
-            await append_event(conn, kind=EventKind.EXECUTION_CLAIMED, actor=self.owner_id,
-                               session_id=session_id, target=lease.execution_id,
-                               data={"epoch": lease.epoch}, now=now)
-        self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
+        """Claim the session's lease if it has a waiting input (counting that input's attempt first)."""
+        lease = await self.db.write_sync(lambda conn: self._claim_tx(conn, session_id, clock.now_ms()))
+        if lease is not None:
+            self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
+        return lease
+
+    def _claim_tx(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+        oldest = conn.execute(
+            "SELECT id FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
+            "ORDER BY admitted_seq LIMIT 1", (session_id,)).fetchone()
+        if oldest is None:
+            return None
+        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
+        if lease is None:
+            return None
+        conn.execute("UPDATE session_input SET wake_attempts = wake_attempts + 1 WHERE id = ?", (oldest[0],))
+        append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=self.owner_id, session_id=session_id,
+                          target=lease.execution_id, data={"epoch": lease.epoch}, now=now)
         return lease
 
     def _spawn(self, session_id: str, work: Coroutine[Any, Any, None]) -> None:
@@ -209,7 +210,7 @@ class Executor(Daemon):
     async def _drive(self, state: TurnState) -> None:
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
-            step = await self._begin_step(state)
+            step = await self.db.write_sync(lambda conn: self._begin_step(conn, state, clock.now_ms()))
             if step is None:
                 return
             faults.point("executor.after_promote")
@@ -218,61 +219,64 @@ class Executor(Daemon):
             except (LeaseLost, asyncio.CancelledError):
                 raise
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
-                await self._fail_step(state, step, exc)
+                await self.db.write_sync(partial(self._fail_step, state=state, step=step, exc=exc))
                 return
             faults.point("executor.before_complete")
-            if await self._finish_step(state, step, tail):
+            more = await self.db.write_sync(partial(self._finish_step, state=state, step=step, tail=tail))
+            step.written += len(tail)
+            if not more:
                 return
 
-    async def _begin_step(self, state: TurnState) -> Step | None:
+    def _begin_step(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
-        lease, now = state.lease, clock.now_ms()
+        lease = state.lease
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
-        async with self.db.tx() as conn:
-            await leases.guard(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
-            unanswered = await self._recovered_prompts(conn, state)
-            inputs = [] if self.draining.is_set() else await sessions.pending_inputs(
-                conn, lease.session_id, turn_start=not state.turn_started)
-            if not unanswered and not inputs:
-                await self._end(conn, state, now)
-                return None
-            step = await self._open_step(conn, state, number, aid, unanswered, inputs, now)
+        leases.guard(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
+        unanswered = self._recovered_prompts(conn, state)
+        inputs = [] if self.draining.is_set() else sessions.pending_inputs(
+            conn, lease.session_id, turn_start=not state.turn_started)
+        if not unanswered and not inputs:
+            self._end(conn, state, now)
+            return None
+        step = self._open_step(conn, state, number, aid, unanswered, inputs, now)
+        # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    async def _recovered_prompts(self, conn: aiosqlite.Connection, state: TurnState) -> list[dict[str, Any]]:
+    def _recovered_prompts(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
         """After a takeover: what the interrupted execution promoted but never answered."""
         if not state.recovering:
             return []
         sid, eid = state.lease.session_id, state.lease.execution_id
-        state.turn_started = await projection.execution_started_turn(conn, sid, eid)
-        await recovery.mark_continuing(conn, eid)
-        return await projection.unanswered_prompts(conn, sid)
+        state.turn_started = projection.execution_started_turn(conn, sid, eid)
+        recovery.mark_continuing(conn, eid)
+        return projection.unanswered_prompts(conn, sid)
 
-    async def _open_step(self, conn: aiosqlite.Connection, state: TurnState, number: int, aid: str,
-                         unanswered: list[dict[str, Any]], inputs: list[Any], now: int) -> Step:
+    def _open_step(self, conn: sqlite3.Connection, state: TurnState, number: int, aid: str,
+                   unanswered: list[dict[str, Any]], inputs: list[Any], now: int) -> Step:
         lease, sid = state.lease, state.lease.session_id
-        first = await sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
-        promoted = await sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
+        first = sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
+        promoted = sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
         if promoted and not state.turn_started:
-            await projection.record_context_epoch(conn, sid, self.agent.system_prompt(),
-                                                  self.agent.snapshot(), promoted[0]["seq"], now)
-        superseded = await projection.supersede_open(conn, sid, aid, now)
+            projection.record_context_epoch(conn, sid, self.agent.system_prompt(), self.agent.snapshot(),
+                                            promoted[0]["seq"], now)
+        superseded = projection.supersede_open(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {"execution_id": lease.execution_id, "status": "streaming", "text": "",
                 "parent_id": prompts[-1]["id"], "answers": [p["id"] for p in prompts],
                 "step": number, "epoch": lease.epoch, "agent": self.agent.name}
-        await sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
-        await drift.mark_turns_changed(conn, sid, now)
+        sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
+        drift.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
-            await append_event(conn, kind=EventKind.INPUT_PROMOTED, actor=self.owner_id, session_id=sid,
-                               target=lease.execution_id, now=now,
-                               data={"inputs": [p["id"] for p in promoted],
-                                     "seqs": [p["seq"] for p in promoted], "step": number,
-                                     "superseded": superseded})
+            append_event_sync(conn, kind=EventKind.INPUT_PROMOTED, actor=self.owner_id, session_id=sid,
+                              target=lease.execution_id, now=now,
+                              data={"inputs": [p["id"] for p in promoted],
+                                    "seqs": [p["seq"] for p in promoted], "step": number,
+                                    "superseded": superseded})
+        resumed = lease.execution_id if state.recovering else None
         request = StepRequest(session_id=sid, prompts=[p["text"] for p in prompts], step=number,
-                              resumed_from=lease.execution_id if state.recovered and state.recovering else None)
+                              resumed_from=resumed)
         return Step(number, aid, data, request)
 
     async def _stream(self, state: TurnState, step: Step) -> list[str]:
@@ -288,84 +292,73 @@ class Executor(Daemon):
             if loop.time() - last_flush >= FLUSH_S:
                 if step.written:
                     faults.point("executor.mid_stream")
-                await self._flush(state, step, buffer)
+                await self.db.write_sync(lambda conn, parts=buffer: self._flush(conn, state, step, parts))
+                step.written += len(buffer)
                 buffer, last_flush = [], loop.time()
         return buffer
 
-    async def _flush(self, state: TurnState, step: Step, parts: list[str]) -> None:
+    def _flush(self, conn: sqlite3.Connection, state: TurnState, step: Step, parts: list[str]) -> None:
         now = clock.now_ms()
-        step.data["text"] = "".join(step.parts)
-        async with self.db.tx() as conn:
-            await leases.guard(conn, state.lease, now=now)
-            await projection.write_parts(conn, step.assistant_id, state.lease.session_id, step.written,
-                                         parts, now)
-            await projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
-        step.written += len(parts)
+        leases.guard(conn, state.lease, now=now)
+        projection.write_parts(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
+        projection.update_owned_assistant(conn, step.assistant_id, {**step.data, "text": "".join(step.parts)},
+                                          now)
 
-    async def _finish_step(self, state: TurnState, step: Step, tail: list[str]) -> bool:
+    def _finish_step(self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]) -> bool:
         """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
         lease, now = state.lease, clock.now_ms()
+        leases.guard(conn, lease, now=now, phase="safe")
+        if tail:
+            projection.write_parts(conn, step.assistant_id, lease.session_id, step.written, tail, now)
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
-        async with self.db.tx() as conn:
-            await leases.guard(conn, lease, now=now, phase="safe")
-            if tail:
-                await projection.write_parts(conn, step.assistant_id, lease.session_id, step.written, tail, now)
-            await projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
-            await drift.mark_turns_changed(conn, lease.session_id, now)
-            await append_event(conn, kind=EventKind.EXECUTION_STEP, actor=self.owner_id,
-                               session_id=lease.session_id, target=lease.execution_id, now=now,
-                               data={"step": step.number, "assistant_id": step.assistant_id,
-                                     "parts": len(step.parts)})
-            more = not self.draining.is_set() and await self._steer_waiting(conn, lease.session_id)
-            if not more:
-                await self._end(conn, state, now)
-        step.written += len(tail)
-        return not more
+        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        drift.mark_turns_changed_sync(conn, lease.session_id, now)
+        append_event_sync(conn, kind=EventKind.EXECUTION_STEP, actor=self.owner_id, session_id=lease.session_id,
+                          target=lease.execution_id, now=now,
+                          data={"step": step.number, "assistant_id": step.assistant_id,
+                                "parts": len(step.parts)})
+        more = not self.draining.is_set() and conn.execute(
+            "SELECT 1 FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
+            "AND delivery = 'steer' LIMIT 1", (lease.session_id,)).fetchone() is not None
+        if not more:
+            self._end(conn, state, now)
+        return more
 
-    @staticmethod
-    async def _steer_waiting(conn: aiosqlite.Connection, session_id: str) -> bool:
-        return await fetchone(
-            conn, "SELECT 1 FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
-            "AND delivery = 'steer' LIMIT 1", (session_id,)) is not None
-
-    async def _fail_step(self, state: TurnState, step: Step, exc: Exception) -> None:
+    def _fail_step(self, conn: sqlite3.Connection, state: TurnState, step: Step, exc: Exception) -> None:
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
+        leases.guard(conn, lease, now=now, phase="safe")
         step.data.update(status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}",
                          time_completed=now)
-        async with self.db.tx() as conn:
-            await leases.guard(conn, lease, now=now, phase="safe")
-            await projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
-            await drift.mark_turns_changed(conn, lease.session_id, now)
-            await append_event(conn, kind=EventKind.EXECUTION_FAILED, actor=self.owner_id,
-                               session_id=lease.session_id, target=lease.execution_id, now=now,
-                               data={"step": step.number, "error": step.data["error"]})
-            await self._end(conn, state, now)
+        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        drift.mark_turns_changed_sync(conn, lease.session_id, now)
+        append_event_sync(conn, kind=EventKind.EXECUTION_FAILED, actor=self.owner_id,
+                          session_id=lease.session_id, target=lease.execution_id, now=now,
+                          data={"step": step.number, "error": step.data["error"]})
+        self._end(conn, state, now)
 
-    async def _end(self, conn: aiosqlite.Connection, state: TurnState, now: int) -> None:
+    def _end(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
-        await leases.end_execution(conn, lease)
+        leases.end_execution(conn, lease)
         if state.recovered:
-            await recovery.finish(conn, lease.execution_id)
+            recovery.finish(conn, lease.execution_id)
         if state.turn_started:
-            await execute(conn, "UPDATE session SET turn_count = turn_count + 1 WHERE id = ?",
-                          (lease.session_id,))
-        await append_event(conn, kind=EventKind.EXECUTION_COMPLETED, actor=self.owner_id,
-                           session_id=lease.session_id, target=lease.execution_id, now=now,
-                           data={"epoch": lease.epoch, "steps": state.step, "recovered": state.recovered,
-                                 "turn": state.turn_started})
+            conn.execute("UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,))
+        append_event_sync(conn, kind=EventKind.EXECUTION_COMPLETED, actor=self.owner_id,
+                          session_id=lease.session_id, target=lease.execution_id, now=now,
+                          data={"epoch": lease.epoch, "steps": state.step, "recovered": state.recovered,
+                                "turn": state.turn_started})
         self.turns_completed += int(state.turn_started)
 
     async def _journal_lost(self, lease: Lease, reason: str) -> None:
         """Record the loss; the owner publishes nothing more for this execution."""
         self.log.warning("lost execution %s of session %s: %s", lease.execution_id, lease.session_id, reason)
         with contextlib.suppress(RemError):
-            async with self.db.tx() as conn:
-                await append_event(conn, kind=EventKind.EXECUTION_LEASE_LOST, actor=self.owner_id,
-                                   session_id=lease.session_id, target=lease.execution_id,
-                                   data={"epoch": lease.epoch, "reason": reason})
+            await self.db.write_sync(lambda conn: append_event_sync(
+                conn, kind=EventKind.EXECUTION_LEASE_LOST, actor=self.owner_id, session_id=lease.session_id,
+                target=lease.execution_id, data={"epoch": lease.epoch, "reason": reason}))
 
     # -- renewal and hand-back ---------------------------------------------
     async def _renew_loop(self) -> None:
@@ -400,8 +393,8 @@ class Executor(Daemon):
     async def _hand_back_lease(self, lease: Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""
         try:
-            async with self.db.tx() as conn:
-                await leases.hand_back_execution(conn, lease, actor=self.owner_id, now=clock.now_ms())
+            await self.db.write_sync(lambda conn: leases.hand_back_execution(
+                conn, lease, actor=self.owner_id, now=clock.now_ms()))
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.execution_id, exc)
 

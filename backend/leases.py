@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +22,9 @@ from typing import Any
 import aiosqlite
 
 from backend import clock, workers
-from backend.db import Database, execute, fetchall, fetchone
+from backend.db import Database, in_thread
 from backend.errors import LeaseLost, LeaseNotFound, Refused, UsageError
-from backend.events import EventKind, append_event
+from backend.events import EventKind, append_event_sync
 from backend.schema import SESSION_EXECUTION_LEASE_MS
 
 log = logging.getLogger("rem.leases")
@@ -69,26 +70,24 @@ class Lease:
     lost: bool = False
 
 
-async def next_epoch(conn: aiosqlite.Connection, session_id: str) -> int:
+def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
     """Bump and return the session's lease epoch (inside the granting transaction)."""
-    rows = await fetchall(
-        conn, "UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch",
-        (session_id,))
-    if not rows:
+    row = conn.execute("UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch",
+                       (session_id,)).fetchone()
+    if row is None:
         raise LeaseNotFound(f"no session {session_id!r}")
-    return int(rows[0][0])
+    return int(row[0])
 
 
-async def claim_execution(conn: aiosqlite.Connection, session_id: str, owner_id: str, *, now: int,
-                          length_ms: int | None = None) -> Lease | None:
+def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int,
+                    length_ms: int | None = None) -> Lease | None:
     """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
-    if await fetchone(conn, "SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)):
+    if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
     length = length_ms or lease_ms()
-    epoch = await next_epoch(conn, session_id)
+    epoch = next_epoch(conn, session_id)
     lease = Lease(new_execution_id(), session_id, owner_id, epoch, now + length, length)
-    await execute(
-        conn,
+    conn.execute(
         "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, step, time_created, "
         "time_renewed, expires_at) VALUES (?, ?, ?, ?, 'ready', 0, ?, ?, ?)",
         (lease.execution_id, session_id, owner_id, epoch, now, now, lease.expires_at),
@@ -96,88 +95,92 @@ async def claim_execution(conn: aiosqlite.Connection, session_id: str, owner_id:
     return lease
 
 
-async def take_over_execution(conn: aiosqlite.Connection, execution_id: str, owner_id: str, *,
-                              now: int, length_ms: int | None = None) -> tuple[Lease, dict[str, Any]] | None:
+def take_over_execution(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
+                        length_ms: int | None = None) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired execution over (inside the caller's tx); returns the lease and the old row."""
-    old = await fetchone(conn, "SELECT * FROM session_execution WHERE id = ?", (execution_id,))
+    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     if old is None or old["expires_at"] > now or old["recovery_error"] is not None:
         return None
     length = length_ms or lease_ms()
-    epoch = await next_epoch(conn, old["session_id"])
-    changed = await execute(
-        conn,
+    epoch = next_epoch(conn, old["session_id"])
+    changed = conn.execute(
         "UPDATE session_execution SET owner_id = ?, epoch = ?, expires_at = ?, time_renewed = ? "
         "WHERE id = ? AND epoch = ? AND expires_at <= ?",
         (owner_id, epoch, now + length, now, execution_id, old["epoch"], now),
-    )
+    ).rowcount
     if not changed:
         return None
     return Lease(execution_id, old["session_id"], owner_id, epoch, now + length, length), dict(old)
 
 
-async def guard(conn: aiosqlite.Connection, lease: Lease, *, now: int, **changes: Any) -> dict[str, Any]:
+def _lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id} "
+                     f"at epoch {lease.epoch}")
+
+
+def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> sqlite3.Row:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
-    rows = await fetchall(
-        conn,
+    row = conn.execute(
         f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
         "WHERE id = :id AND owner_id = :owner AND epoch = :epoch RETURNING *",
         {**changes, "expires": now + lease.length_ms, "now": now, "id": lease.execution_id,
          "owner": lease.owner_id, "epoch": lease.epoch},
-    )
-    if not rows:
-        raise LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id} "
-                        f"at epoch {lease.epoch}")
+    ).fetchone()
+    if row is None:
+        raise _lost(lease)
     lease.expires_at = now + lease.length_ms
-    return dict(rows[0])
+    return row
 
 
-async def end_execution(conn: aiosqlite.Connection, lease: Lease) -> None:
+def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
-    changed = await execute(
-        conn, "DELETE FROM session_execution WHERE id = ? AND owner_id = ? AND epoch = ?",
-        (lease.execution_id, lease.owner_id, lease.epoch))
-    if not changed:
-        raise LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id} "
-                        f"at epoch {lease.epoch}")
+    if not conn.execute("DELETE FROM session_execution WHERE id = ? AND owner_id = ? AND epoch = ?",
+                        (lease.execution_id, lease.owner_id, lease.epoch)).rowcount:
+        raise _lost(lease)
 
 
-async def hand_back_execution(conn: aiosqlite.Connection, lease: Lease, *, actor: str, now: int) -> None:
+def hand_back_execution(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
     """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
-    epoch = await next_epoch(conn, lease.session_id)
-    changed = await execute(
-        conn, "UPDATE session_execution SET epoch = ?, expires_at = ? "
-        "WHERE id = ? AND owner_id = ? AND epoch = ?",
-        (epoch, now, lease.execution_id, lease.owner_id, lease.epoch))
-    if not changed:
-        raise LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id}")
-    await append_event(conn, kind=EventKind.EXECUTION_HANDED_BACK, actor=actor, session_id=lease.session_id,
-                       target=lease.execution_id, data={"epoch_before": lease.epoch, "epoch": epoch}, now=now)
+    epoch = next_epoch(conn, lease.session_id)
+    if not conn.execute(
+        "UPDATE session_execution SET epoch = ?, expires_at = ? WHERE id = ? AND owner_id = ? AND epoch = ?",
+        (epoch, now, lease.execution_id, lease.owner_id, lease.epoch),
+    ).rowcount:
+        raise _lost(lease)
+    append_event_sync(conn, kind=EventKind.EXECUTION_HANDED_BACK, actor=actor, session_id=lease.session_id,
+                      target=lease.execution_id, data={"epoch_before": lease.epoch, "epoch": epoch}, now=now)
 
 
 async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
     """Renew several leases in one transaction; returns the ones that were lost."""
-    lost = []
     now = clock.now_ms()
-    async with db.tx() as conn:
+
+    def renew_all(conn: sqlite3.Connection) -> list[Lease]:
+        lost = []
         for lease in leases:
             try:
-                await guard(conn, lease, now=now)
+                guard(conn, lease, now=now)
             except LeaseLost:
                 lost.append(lease)
-    return lost
+        return lost
+
+    return await db.write_sync(renew_all)
 
 
 async def claim(db: Database, session_id: str, owner_id: str, *, length_ms: int | None = None) -> Lease | None:
     """Claim a session's execution lease in its own transaction (journaled)."""
     now = clock.now_ms()
-    async with db.tx() as conn:
-        lease = await claim_execution(conn, session_id, owner_id, now=now, length_ms=length_ms)
+
+    def claim_journaled(conn: sqlite3.Connection) -> Lease | None:
+        lease = claim_execution(conn, session_id, owner_id, now=now, length_ms=length_ms)
         if lease is not None:
-            await append_event(conn, kind=EventKind.EXECUTION_CLAIMED, actor=owner_id,
-                               session_id=session_id, target=lease.execution_id,
-                               data={"epoch": lease.epoch}, now=now)
-    return lease
+            append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=owner_id,
+                              session_id=session_id, target=lease.execution_id,
+                              data={"epoch": lease.epoch}, now=now)
+        return lease
+
+    return await db.write_sync(claim_journaled)
 
 
 async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
@@ -185,12 +188,19 @@ async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
                             actor: str, now: int) -> dict[str, Any]:
     """Expire an execution lease now and bump its epoch so any executor takes it over at once.
 
-    The old owner is fenced (its epoch no longer matches). Refused when the
-    lease was re-granted since the operator saw `expected_epoch`, unless
-    `force`. A parked execution (recovery budget spent) is un-parked with a
-    fresh budget: releasing it is the operator's "try again".
+    Runs inside the caller's `db.tx()`. The old owner is fenced (its epoch no
+    longer matches). Refused when the lease was re-granted since the operator
+    saw `expected_epoch`, unless `force`. A parked execution (recovery budget
+    spent) is un-parked with a fresh budget: releasing it is the operator's
+    "try again".
     """
-    row = await fetchone(conn, "SELECT * FROM session_execution WHERE id = ?", (execution_id,))
+    return await in_thread(conn, release_execution_sync, execution_id, expected_epoch, force, actor, now)
+
+
+def release_execution_sync(conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None,
+                           force: bool, actor: str, now: int) -> dict[str, Any]:
+    """The body of `release_execution`, on the connection's thread."""
+    row = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     if row is None:
         raise LeaseNotFound(f"no execution lease {execution_id!r}: it may have completed; "
                             "see `rem status` for the current leases")
@@ -199,25 +209,25 @@ async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
             f"execution {execution_id} is at epoch {row['epoch']}, not the epoch {expected_epoch} "
             "you saw: it was taken over or released since; look again, or pass --force"
         )
-    epoch = await next_epoch(conn, row["session_id"])
-    await execute(
-        conn,
-        "UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
-        (epoch, now, execution_id),
-    )
-    unparked = await execute(
-        conn, "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
-        "WHERE execution_id = ? AND recovery_error IS NOT NULL", (execution_id,)) > 0
-    owner = await fetchone(conn, "SELECT state, heartbeat_at FROM worker WHERE owner_id = ?",
-                           (row["owner_id"],))
+    epoch = next_epoch(conn, row["session_id"])
+    conn.execute("UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
+                 (epoch, now, execution_id))
+    unparked = conn.execute(
+        "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
+        "WHERE execution_id = ? AND recovery_error IS NOT NULL", (execution_id,)).rowcount > 0
+    owner = conn.execute("SELECT state, heartbeat_at FROM worker WHERE owner_id = ?",
+                         (row["owner_id"],)).fetchone()
     alive = bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
+    seen = {"owner_id": row["owner_id"], "epoch": row["epoch"], "phase": row["phase"],
+            "expires_at": row["expires_at"], "time_left_ms": row["expires_at"] - now}
     result = {
-        "execution_id": execution_id, "session_id": row["session_id"], "owner_id": row["owner_id"],
-        "owner_alive": alive, "epoch_before": row["epoch"], "epoch": epoch,
-        "expected_epoch": expected_epoch, "forced": force, "was_expired": row["expires_at"] <= now,
-        "unparked": unparked or row["recovery_error"] is not None, "released_at": now,
+        "kind": "execution", "id": execution_id, "execution_id": execution_id,
+        "session_id": row["session_id"], "owner_id": row["owner_id"], "owner_alive": alive,
+        "old_epoch": row["epoch"], "new_epoch": epoch, "expected_epoch": expected_epoch,
+        "forced": force, "seen": seen, "unparked": unparked or row["recovery_error"] is not None,
+        "released_at": now,
     }
-    await append_event(conn, kind=EventKind.OPERATOR_RELEASE, actor=actor, session_id=row["session_id"],
-                       target=execution_id, data=result, now=now)
+    append_event_sync(conn, kind=EventKind.OPERATOR_RELEASE, actor=actor, session_id=row["session_id"],
+                      target=execution_id, data=result, now=now)
     log.info("released execution %s (epoch %s -> %s) by %s", execution_id, row["epoch"], epoch, actor)
     return result

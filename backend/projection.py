@@ -12,20 +12,15 @@ and assistant rows whose `data.status == "completed"`.
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
-import aiosqlite
-
-from backend.db import execute, executemany, fetchall, fetchone
 from backend.errors import LeaseLost
+from backend.sessions import dumps
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), error (the agent failed).
 ANSWERED = ("completed", "error")
-
-
-def dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def assistant_id(execution_id: str, step: int) -> str:
@@ -38,51 +33,48 @@ def continuation_id(execution_id: str) -> str:
     return f"recovery:{execution_id}"
 
 
-async def unanswered_prompts(conn: aiosqlite.Connection, session_id: str) -> list[dict[str, Any]]:
+def unanswered_prompts(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """User rows after the newest answered assistant row: what the next step must answer."""
-    row = await fetchone(
-        conn,
+    row = conn.execute(
         "SELECT seq FROM session_message WHERE session_id = ? AND type = 'assistant' "
         "AND json_extract(data, '$.status') IN ('completed', 'error') ORDER BY seq DESC LIMIT 1",
         (session_id,),
-    )
-    rows = await fetchall(
-        conn,
+    ).fetchone()
+    rows = conn.execute(
         "SELECT id, seq, data FROM session_message WHERE session_id = ? AND type = 'user' AND seq > ? "
         "ORDER BY seq",
         (session_id, row[0] if row else 0),
-    )
+    ).fetchall()
     return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
 
 
-async def execution_started_turn(conn: aiosqlite.Connection, session_id: str, execution_id: str) -> bool:
+def execution_started_turn(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
     """Whether this execution already promoted its turn's first input (executions are serial)."""
-    row = await fetchone(
-        conn,
+    row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
         (session_id,),
-    )
+    ).fetchone()
     return row is not None and json.loads(row[0]).get("execution_id") == execution_id
 
 
-async def supersede_open(conn: aiosqlite.Connection, session_id: str, by: str, now: int) -> list[str]:
+def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
-    rows = await fetchall(
-        conn,
-        "UPDATE session_message SET time_updated = :now, "
+    # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
+    # would walk every assistant row of a long session
+    rows = conn.execute(
+        "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
         "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by) "
         "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
-    )
+    ).fetchall()
     return [r[0] for r in rows]
 
 
-async def write_parts(conn: aiosqlite.Connection, message_id: str, session_id: str, first_idx: int,
-                      parts: list[str], now: int) -> None:
+def write_parts(conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int,
+                parts: list[str], now: int) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
-    await executemany(
-        conn,
+    conn.executemany(
         "INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data) "
         "VALUES (?, ?, ?, ?, 'text', ?, ?)",
         [(f"{message_id}:p{first_idx + i}", message_id, session_id, first_idx + i, now,
@@ -90,25 +82,22 @@ async def write_parts(conn: aiosqlite.Connection, message_id: str, session_id: s
     )
 
 
-async def update_owned_assistant(conn: aiosqlite.Connection, message_id: str, data: dict[str, Any],
-                                 now: int) -> None:
+def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int) -> None:
     """Rewrite the running execution's own assistant row; a closed row is never reopened."""
-    changed = await execute(
-        conn,
+    changed = conn.execute(
         "UPDATE session_message SET data = ?, time_updated = ? "
         "WHERE id = ? AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming'",
         (dumps(data), now, message_id),
-    )
+    ).rowcount
     if not changed:
         raise LeaseLost(f"assistant {message_id} is no longer open for this execution")
 
 
-async def record_context_epoch(conn: aiosqlite.Connection, session_id: str, baseline: str,
-                               snapshot: dict[str, Any], seq: int, now: int) -> bool:
+def record_context_epoch(conn: sqlite3.Connection, session_id: str, baseline: str,
+                         snapshot: dict[str, Any], seq: int, now: int) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
     snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
-    return await execute(
-        conn,
+    return conn.execute(
         "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
         "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
@@ -117,4 +106,4 @@ async def record_context_epoch(conn: aiosqlite.Connection, session_id: str, base
         "AND (excluded.snapshot != session_context_epoch.snapshot "
         "OR excluded.baseline != session_context_epoch.baseline)",
         (session_id, baseline, snap, seq, now),
-    ) > 0
+    ).rowcount > 0

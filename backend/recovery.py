@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from backend import drift, projection, sessions
-from backend.db import execute, fetchall, fetchone
 from backend.errors import UsageError
-from backend.events import EventKind, append_event
+from backend.events import EventKind, append_event_sync
 from backend.leases import Lease, take_over_execution
 
 log = logging.getLogger("rem.recovery")
@@ -75,70 +73,69 @@ class Takeover:
     superseded: list[str]
 
 
-async def recoverable(conn: aiosqlite.Connection, now: int, limit: int) -> list[tuple[str, str]]:
+def recoverable(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
     params = {"now": now, "limit": limit}
-    rows = await fetchall(conn, RECOVERY_WAKE_SQL, params)
-    rows += await fetchall(conn, EXPIRED_SQL, params)
+    rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
+    rows += conn.execute(EXPIRED_SQL, params).fetchall()
     return [(r[0], r[1]) for r in rows]
 
 
-async def take_over(conn: aiosqlite.Connection, execution_id: str, owner_id: str, *, now: int,
-                    budget: int, length_ms: int | None = None) -> Takeover | None:
+def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
+              budget: int, length_ms: int | None = None) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
-    old = await fetchone(conn, "SELECT * FROM session_execution WHERE id = ?", (execution_id,))
+    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     if old is None or old["expires_at"] > now or old["recovery_error"] is not None:
         return None
-    recovery = await fetchone(conn, "SELECT wake_attempts FROM session_recovery WHERE execution_id = ?",
-                              (execution_id,))
+    recovery = conn.execute("SELECT wake_attempts FROM session_recovery WHERE execution_id = ?",
+                            (execution_id,)).fetchone()
     attempt = (recovery["wake_attempts"] if recovery else 0) + 1
     if recovery is not None and attempt > budget:
-        await park(conn, dict(old), attempt - 1, owner_id, now)
+        park(conn, dict(old), attempt - 1, owner_id, now)
         return None
-    taken = await take_over_execution(conn, execution_id, owner_id, now=now, length_ms=length_ms)
+    taken = take_over_execution(conn, execution_id, owner_id, now=now, length_ms=length_ms)
     if taken is None:
         return None
     lease, _ = taken
     phase = "unknown" if old["phase"] == "unknown" else "ready"
-    cont = await _ensure_continuation(conn, dict(old), lease, phase, now)
-    superseded = await projection.supersede_open(conn, lease.session_id, cont, now)
-    await _upsert_recovery(conn, dict(old), cont, phase, now)
-    await execute(conn, "UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
-    await drift.mark_turns_changed(conn, lease.session_id, now)
-    await append_event(conn, kind=EventKind.EXECUTION_TAKEN_OVER, actor=owner_id,
-                       session_id=lease.session_id, target=execution_id,
-                       data={"from_owner": old["owner_id"], "from_epoch": old["epoch"],
-                             "epoch": lease.epoch, "interrupted_phase": phase, "attempt": attempt,
-                             "continuation_id": cont, "superseded": superseded}, now=now)
+    cont = _ensure_continuation(conn, dict(old), lease, phase, now)
+    superseded = projection.supersede_open(conn, lease.session_id, cont, now)
+    _upsert_recovery(conn, dict(old), cont, phase, now)
+    conn.execute("UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
+    drift.mark_turns_changed_sync(conn, lease.session_id, now)
+    append_event_sync(conn, kind=EventKind.EXECUTION_TAKEN_OVER, actor=owner_id,
+                      session_id=lease.session_id, target=execution_id,
+                      data={"from_owner": old["owner_id"], "from_epoch": old["epoch"],
+                            "epoch": lease.epoch, "interrupted_phase": phase, "attempt": attempt,
+                            "continuation_id": cont, "superseded": superseded}, now=now)
     log.info("took over execution %s of session %s (was %s, phase %s, attempt %d)", execution_id,
              lease.session_id, old["owner_id"], phase, attempt)
     return Takeover(lease, int(old["step"]), phase, attempt, cont, superseded)
 
 
-async def _ensure_continuation(conn: aiosqlite.Connection, old: dict[str, Any], lease: Lease, phase: str,
-                               now: int) -> str:
+def _ensure_continuation(conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str,
+                         now: int) -> str:
     """Append the execution's one continuation message (a later takeover only reopens it)."""
     cont = projection.continuation_id(lease.execution_id)
-    reopened = await execute(
-        conn, "UPDATE session_message SET data = json_set(data, '$.status', 'continue'), time_updated = ? "
-        "WHERE id = ?", (now, cont))
+    reopened = conn.execute(
+        "UPDATE session_message SET data = json_set(data, '$.status', 'continue'), time_updated = ? "
+        "WHERE id = ?", (now, cont)).rowcount
     if reopened:
         return cont
-    seq = await sessions.reserve_seqs(conn, lease.session_id, 1, now, messages=1)
+    seq = sessions.reserve_seqs(conn, lease.session_id, 1, now, messages=1)
     text = (f"Execution {lease.execution_id} was interrupted (phase {phase}, owner {old['owner_id']}, "
             f"epoch {old['epoch']}); {lease.owner_id} continues it at epoch {lease.epoch}. "
             "Any incomplete reply was superseded and the step is re-run.")
     data = {"key": cont, "execution_id": lease.execution_id, "status": "continue", "text": text,
             "interrupted_phase": phase, "interrupted_owner": old["owner_id"],
             "interrupted_epoch": old["epoch"], "interrupted_assistant_id": old["assistant_message_id"]}
-    await sessions.insert_message(conn, cont, lease.session_id, "synthetic", seq, data, now)
+    sessions.insert_message(conn, cont, lease.session_id, "synthetic", seq, data, now)
     return cont
 
 
-async def _upsert_recovery(conn: aiosqlite.Connection, old: dict[str, Any], cont: str, phase: str,
-                           now: int) -> None:
-    await execute(
-        conn,
+def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str,
+                     now: int) -> None:
+    conn.execute(
         "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "
         "continuation_message_id, phase, wake_pending, wake_attempts, time_created) "
         "VALUES (?, ?, ?, ?, ?, 1, 1, ?) ON CONFLICT (execution_id) DO UPDATE SET "
@@ -148,28 +145,27 @@ async def _upsert_recovery(conn: aiosqlite.Connection, old: dict[str, Any], cont
     )
 
 
-async def park(conn: aiosqlite.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
+def park(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
     """Stop retrying an execution: record why on both rows and on its continuation message."""
     reason = (f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
               f"`rem release {old['id']}` to retry it")
-    await execute(conn, "UPDATE session_execution SET recovery_error = ? WHERE id = ?", (reason, old["id"]))
-    await execute(conn, "UPDATE session_recovery SET recovery_error = ? WHERE execution_id = ?",
-                  (reason, old["id"]))
-    await execute(
-        conn, "UPDATE session_message SET data = json_set(data, '$.status', 'error', '$.error', ?), "
+    conn.execute("UPDATE session_execution SET recovery_error = ? WHERE id = ?", (reason, old["id"]))
+    conn.execute("UPDATE session_recovery SET recovery_error = ? WHERE execution_id = ?",
+                 (reason, old["id"]))
+    conn.execute(
+        "UPDATE session_message SET data = json_set(data, '$.status', 'error', '$.error', ?), "
         "time_updated = ? WHERE id = ?", (reason, now, projection.continuation_id(old["id"])))
-    await append_event(conn, kind=EventKind.RECOVERY_PARKED, actor=actor, session_id=old["session_id"],
-                       target=old["id"], data={"attempts": attempts, "reason": reason}, now=now)
+    append_event_sync(conn, kind=EventKind.RECOVERY_PARKED, actor=actor, session_id=old["session_id"],
+                      target=old["id"], data={"attempts": attempts, "reason": reason}, now=now)
     log.warning("parked execution %s of session %s: %s", old["id"], old["session_id"], reason)
 
 
-async def mark_continuing(conn: aiosqlite.Connection, execution_id: str) -> None:
+def mark_continuing(conn: sqlite3.Connection, execution_id: str) -> None:
     """The new owner resumed work: the recovery moves to `continue`."""
-    await execute(conn, "UPDATE session_recovery SET phase = 'continue' WHERE execution_id = ?",
-                  (execution_id,))
+    conn.execute("UPDATE session_recovery SET phase = 'continue' WHERE execution_id = ?", (execution_id,))
 
 
-async def finish(conn: aiosqlite.Connection, execution_id: str) -> None:
+def finish(conn: sqlite3.Connection, execution_id: str) -> None:
     """The recovered execution ended cleanly: its recovery needs no more wakes."""
-    await execute(conn, "UPDATE session_recovery SET wake_pending = 0, phase = 'continue' "
-                  "WHERE execution_id = ?", (execution_id,))
+    conn.execute("UPDATE session_recovery SET wake_pending = 0, phase = 'continue' "
+                 "WHERE execution_id = ?", (execution_id,))

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import uuid
 from typing import Any
 
-import aiosqlite
-
 from backend import clock
-from backend.db import Database, execute, fetchall, fetchone
+from backend.db import Database
 from backend.errors import BadInput
-from backend.events import EventKind, append_event
+from backend.events import EventKind, append_event_sync
 
 DELIVERIES = ("queue", "steer")
 # 256 KiB of UTF-8: a prompt is a message, not a document upload.
@@ -74,31 +73,37 @@ async def admit(
     validate_input(session_id, text, delivery, input_id)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
-    async with db.tx() as conn:
-        existing = await fetchone(
-            conn, "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq "
-            "FROM session_input WHERE id = ?", (input_id,))
-        if existing is not None:
-            return _readmitted(existing, session_id, input_id, text, delivery)
-        await _refuse_taken_message_id(conn, input_id)
-        created = await ensure_session(conn, session_id, now)
-        seq = await reserve_seqs(conn, session_id, 1, now, inputs=1)
-        await execute(
-            conn,
-            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-            "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
-            (input_id, session_id, json.dumps({"text": text}, ensure_ascii=False), delivery, seq, now),
-        )
-        await append_event(conn, kind=EventKind.INPUT_ADMITTED, actor="send", session_id=session_id,
-                           target=input_id, data={"delivery": delivery, "admitted_seq": seq,
-                                                  "bytes": len(text.encode("utf-8", "surrogatepass"))},
-                           now=now)
+    return await db.write_sync(lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now))
+
+
+def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: str, input_id: str,
+               now: int) -> dict[str, Any]:
+    """The admission transaction body (validated input, on the connection's thread)."""
+    existing = conn.execute(
+        "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq FROM session_input WHERE id = ?",
+        (input_id,)).fetchone()
+    if existing is not None:
+        return _readmitted(existing, session_id, input_id, text, delivery)
+    if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
+        # the input id becomes a session_message id at promotion; it must be free
+        raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
+    created = ensure_session(conn, session_id, now)
+    seq = reserve_seqs(conn, session_id, 1, now, inputs=1)
+    conn.execute(
+        "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+        "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
+        (input_id, session_id, dumps({"text": text}), delivery, seq, now),
+    )
+    append_event_sync(conn, kind=EventKind.INPUT_ADMITTED, actor="send", session_id=session_id,
+                      target=input_id, now=now,
+                      data={"delivery": delivery, "admitted_seq": seq,
+                            "bytes": len(text.encode("utf-8", "surrogatepass"))})
     return {"session_id": session_id, "input_id": input_id, "delivery": delivery,
             "admitted_seq": seq, "promoted_seq": None, "duplicate": False,
             "session_created": created}
 
 
-def _readmitted(row: Any, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
+def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
     """The answer to a re-admission: the original admission, or a refusal if it differs."""
     same = (row["session_id"] == session_id and row["delivery"] == delivery
             and json.loads(row["prompt"]).get("text") == text)
@@ -112,84 +117,80 @@ def _readmitted(row: Any, session_id: str, input_id: str, text: str, delivery: s
             "duplicate": True, "session_created": False}
 
 
-async def _refuse_taken_message_id(conn: aiosqlite.Connection, input_id: str) -> None:
-    # The input id becomes a session_message id at promotion; it must be free.
-    if await fetchone(conn, "SELECT 1 FROM session_message WHERE id = ?", (input_id,)):
-        raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
+def dumps(data: dict[str, Any]) -> str:
+    """Compact JSON for the data columns (UTF-8 kept as is)."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-async def ensure_session(conn: aiosqlite.Connection, session_id: str, now: int) -> bool:
+def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     """Create the session row if missing; True when it was created."""
-    return await execute(
-        conn,
+    return conn.execute(
         "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) "
         "ON CONFLICT (id) DO NOTHING",
         (session_id, now, now),
-    ) > 0
+    ).rowcount > 0
 
 
-async def reserve_seqs(conn: aiosqlite.Connection, session_id: str, count: int, now: int, *,
-                       inputs: int = 0, messages: int = 0) -> int:
+def reserve_seqs(conn: sqlite3.Connection, session_id: str, count: int, now: int, *,
+                 inputs: int = 0, messages: int = 0) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
-    rows = await fetchall(
-        conn,
+    row = conn.execute(
         "UPDATE session SET last_seq = last_seq + :n, input_count = input_count + :i, "
         "message_count = message_count + :m, time_updated = :now WHERE id = :sid RETURNING last_seq",
         {"n": count, "i": inputs, "m": messages, "now": now, "sid": session_id},
-    )
-    if not rows:
+    ).fetchone()
+    if row is None:
         raise BadInput(f"no session {session_id!r}")
-    return int(rows[0][0]) - count + 1
+    return int(row[0]) - count + 1
 
 
-async def pending_inputs(conn: aiosqlite.Connection, session_id: str, *, turn_start: bool) -> list[Any]:
+PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
+
+
+def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
-    rows = await fetchall(
-        conn,
-        "SELECT id, prompt, delivery, admitted_seq FROM session_input "
+    rows = conn.execute(
+        f"SELECT {PENDING_COLUMNS} FROM session_input "  # noqa: S608
         "WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq",
         (session_id,),
-    )
+    ).fetchall()
     if turn_start:
-        oldest = await fetchone(
-            conn,
-            "SELECT id, prompt, delivery, admitted_seq FROM session_input "
+        oldest = conn.execute(
+            f"SELECT {PENDING_COLUMNS} FROM session_input "  # noqa: S608
             "WHERE session_id = ? AND promoted_seq IS NULL ORDER BY admitted_seq LIMIT 1",
             (session_id,),
-        )
+        ).fetchone()
         if oldest is not None and oldest["delivery"] == "queue":
             rows = [oldest, *rows]
     return rows
 
 
-async def promote(conn: aiosqlite.Connection, session_id: str, execution_id: str, inputs: list[Any],
-                  first_seq: int, now: int) -> list[dict[str, Any]]:
+def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs: list[sqlite3.Row],
+            first_seq: int, now: int) -> list[dict[str, Any]]:
     """Turn admitted inputs into `user` messages at the given seqs (exactly once each)."""
     promoted = []
     for offset, row in enumerate(inputs):
         seq = first_seq + offset
-        changed = await execute(
-            conn,
+        changed = conn.execute(
             "UPDATE session_input SET promoted_seq = ?, wake_pending = 0 "
             "WHERE id = ? AND promoted_seq IS NULL",
             (seq, row["id"]),
-        )
+        ).rowcount
         if not changed:  # unreachable under the lease; refuse rather than promote twice
             raise RuntimeError(f"input {row['id']} was promoted concurrently")
         text = json.loads(row["prompt"]).get("text", "")
         data = {"text": text, "delivery": row["delivery"], "input_id": row["id"],
                 "admitted_seq": row["admitted_seq"], "execution_id": execution_id}
-        await insert_message(conn, row["id"], session_id, "user", seq, data, now)
+        insert_message(conn, row["id"], session_id, "user", seq, data, now)
         promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
     return promoted
 
 
-async def insert_message(conn: aiosqlite.Connection, message_id: str, session_id: str, kind: str,
-                         seq: int, data: dict[str, Any], now: int) -> None:
+def insert_message(conn: sqlite3.Connection, message_id: str, session_id: str, kind: str,
+                   seq: int, data: dict[str, Any], now: int) -> None:
     """Insert one transcript row (seq must come from `reserve_seqs`)."""
-    await execute(
-        conn,
+    conn.execute(
         "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (message_id, session_id, kind, seq, now, now, json.dumps(data, ensure_ascii=False)),
+        (message_id, session_id, kind, seq, now, now, dumps(data)),
     )
