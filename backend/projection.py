@@ -107,3 +107,79 @@ def record_context_epoch(conn: sqlite3.Connection, session_id: str, baseline: st
         "OR excluded.baseline != session_context_epoch.baseline)",
         (session_id, baseline, snap, seq, now),
     ).rowcount > 0
+
+
+def transcript_violations(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict[str, Any]]:
+    """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
+
+    Checks: every promoted input is exactly one `user` row with the input's
+    id and its promoted seq; no user row without its input; one continuation
+    per recovery and none without one; no open (`streaming`) assistant row
+    that no live execution owns; no user row answered twice; and, for
+    sessions with no execution in progress, no promoted user row left
+    unanswered. Reads only; O(messages) of the sessions checked.
+    """
+    params = {"sid": session_id}
+    return (_input_violations(conn, params) + _continuation_violations(conn, params)
+            + _answer_violations(conn, params))
+
+
+def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -> dict[str, Any]:
+    return {"kind": kind, "session_id": session_id, "id": item, "detail": detail}
+
+
+def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
+        "LEFT JOIN session_message AS m ON m.id = i.id "
+        "WHERE i.promoted_seq IS NOT NULL AND (:sid IS NULL OR i.session_id = :sid) "
+        "AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq)", params).fetchall()
+    found = [_violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
+             for r in rows]
+    rows = conn.execute(
+        "SELECT m.session_id, m.id FROM session_message AS m LEFT JOIN session_input AS i ON i.id = m.id "
+        "WHERE m.type = 'user' AND (:sid IS NULL OR m.session_id = :sid) "
+        "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)", params).fetchall()
+    return found + [_violation("user_message_without_input", r[0], r[1]) for r in rows]
+
+
+def _continuation_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
+        "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
+        "WHERE m.type = 'synthetic' AND (:sid IS NULL OR m.session_id = :sid)", params).fetchall()
+    found = []
+    per_execution: dict[str, int] = {}
+    for sid, mid, eid, rid in rows:
+        per_execution[eid] = per_execution.get(eid, 0) + 1
+        if rid is None or mid != continuation_id(rid):
+            found.append(_violation("continuation_without_recovery", sid, mid))
+    return found + [_violation("several_continuations", None, eid, f"{n} messages")
+                    for eid, n in per_execution.items() if n > 1]
+
+
+def _answer_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    live = dict(conn.execute("SELECT session_id, assistant_message_id FROM session_execution "
+                             "WHERE :sid IS NULL OR session_id = :sid", params).fetchall())
+    owned = set(live.values())
+    answered: dict[str, int] = {}
+    found, users = [], []
+    for sid, mid, kind, raw in conn.execute(
+            "SELECT session_id, id, type, data FROM session_message WHERE (:sid IS NULL OR session_id = :sid) "
+            "AND type IN ('user', 'assistant')", params):
+        if kind == "user":
+            users.append((sid, mid))
+            continue
+        data = json.loads(raw)
+        if data.get("status") == "streaming" and mid not in owned:
+            found.append(_violation("open_assistant_without_execution", sid, mid, "never closed, not owned"))
+        if data.get("status") in ANSWERED:
+            for uid in data.get("answers", []):
+                answered[uid] = answered.get(uid, 0) + 1
+    for sid, uid in users:
+        count = answered.get(uid, 0)
+        if count > 1:
+            found.append(_violation("answered_twice", sid, uid, f"{count} replies"))
+        elif count == 0 and sid not in live:
+            found.append(_violation("unanswered", sid, uid, "promoted, no execution in progress, no reply"))
+    return found
