@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from typing import Annotated
 
@@ -22,7 +23,8 @@ def register(app: typer.Typer) -> None:
 
 def send(
     session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
-    text: Annotated[str, typer.Argument(help="The prompt (at most 256 KiB of UTF-8).", show_default=False)],
+    text: Annotated[str, typer.Argument(
+        help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False)],
     delivery: Annotated[Delivery, typer.Option(
         "--delivery", help="queue: start the next turn when idle; steer: join the running turn.")]
     = Delivery.queue,
@@ -36,6 +38,8 @@ def send(
 
     Example: rem send s1 "summarise yesterday's run" --delivery queue
     """
+    if text == "-":
+        text = sys.stdin.read()
     ctx = common.make_context(data, None)
     result = common.run(lambda: common.with_context(ctx, lambda c: ops.send(
         c, session, text, delivery=delivery.value, input_id=input_id)))
