@@ -4,7 +4,7 @@ An agent turns a step's prompts into a reply streamed as text parts. The
 default, `OfflineResponder`, needs no model and no network: it reads the
 prompts (sentences, questions, key terms) and writes a reply about them,
 deterministically, in several parts with a pause between parts
-(`REM_AGENT_DELAY_MS`, default 200 ms a part, about a second a reply) so a
+(`REM_AGENT_DELAY_MS`, default 250 ms between parts, about a second a reply) so a
 drill can SIGKILL an executor mid-stream. `REM_AGENT_DELAY_MS=0` is instant
 (benchmarks). `REM_AGENT=module:factory` swaps in another agent.
 """
@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from backend.errors import UsageError
 
-DEFAULT_DELAY_MS = 200
+# five parts a reply, four pauses: about a second per reply, so a drill can kill it mid-stream
+DEFAULT_DELAY_MS = 250
 
 STOPWORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have how i if in into is "
@@ -38,7 +39,6 @@ class StepRequest:
 
     session_id: str
     prompts: list[str]
-    turn: int = 1
     step: int = 1
     # set when this step re-runs a step an interrupted execution left incomplete
     resumed_from: str | None = None
@@ -123,22 +123,32 @@ class OfflineResponder:
             parts.append(f"(Resuming after execution {request.resumed_from} was interrupted.) ")
         if len(request.prompts) > 1:
             parts.append(f"Taking your {len(request.prompts)} messages together. ")
-        parts.append(f"You wrote {len(text.split())} words in {len(said)} sentence"
+        words = len(text.split())
+        parts.append(f"You wrote {words} word{'s' if words != 1 else ''} in {len(said)} sentence"
                      f"{'s' if len(said) != 1 else ''}. ")
         if questions:
             parts.append(f"You asked: \"{_clip(questions[0])}\". ")
         else:
             parts.append(f"You said: \"{_clip(said[0] if said else text)}\". ")
         parts.append(f"Key terms: {', '.join(terms)}. " if terms else "There are no key terms to pick out. ")
+        parts.append(self._focus(text, terms))
         parts.append(self._closing(request, questions, terms))
         return parts
+
+    @staticmethod
+    def _focus(text: str, terms: list[str]) -> str:
+        if not terms:
+            return "Nothing in it stands out as the subject. "
+        mentions = len(re.findall(rf"\b{re.escape(terms[0])}\b", text, flags=re.IGNORECASE))
+        times = f", mentioned {mentions} times" if mentions > 1 else ""
+        return f"The main subject looks like {terms[0]}{times}. "
 
     @staticmethod
     def _closing(request: StepRequest, questions: list[str], terms: list[str]) -> str:
         focus = terms[0] if terms else "that"
         if questions:
             return f"Short answer on {focus}: it depends on what you need next; ask for detail on any term."
-        return f"Noted on {focus} (turn {request.turn}, step {request.step})."
+        return f"Noted on {focus} (step {request.step})."
 
     async def stream(self, request: StepRequest) -> AsyncIterator[str]:
         parts = self.compose(request)

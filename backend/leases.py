@@ -95,18 +95,38 @@ def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *,
     return lease
 
 
+def owner_stopped(conn: sqlite3.Connection, owner_id: str) -> bool:
+    """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
+    return conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'",
+                        (owner_id,)).fetchone() is not None
+
+
+def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str | None:
+    """Why the execution may be taken over now (`expired`, `owner_stopped`), or None if it may not.
+
+    An owner recorded as stopped cannot renew, so waiting out its lease only
+    delays recovery; fencing keeps an early takeover safe even if it were alive.
+    """
+    if row["recovery_error"] is not None:
+        return None
+    if row["expires_at"] <= now:
+        return "expired"
+    return "owner_stopped" if owner_stopped(conn, row["owner_id"]) else None
+
+
 def take_over_execution(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
                         length_ms: int | None = None) -> tuple[Lease, dict[str, Any]] | None:
-    """Take an expired execution over (inside the caller's tx); returns the lease and the old row."""
+    """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
-    if old is None or old["expires_at"] > now or old["recovery_error"] is not None:
+    if old is None or takeover_reason(conn, old, now) is None:
         return None
     length = length_ms or lease_ms()
     epoch = next_epoch(conn, old["session_id"])
+    # the caller's BEGIN IMMEDIATE holds the write lock since the read; the epoch check is belt and braces
     changed = conn.execute(
         "UPDATE session_execution SET owner_id = ?, epoch = ?, expires_at = ?, time_renewed = ? "
-        "WHERE id = ? AND epoch = ? AND expires_at <= ?",
-        (owner_id, epoch, now + length, now, execution_id, old["epoch"], now),
+        "WHERE id = ? AND epoch = ?",
+        (owner_id, epoch, now + length, now, execution_id, old["epoch"]),
     ).rowcount
     if not changed:
         return None

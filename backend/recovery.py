@@ -23,7 +23,7 @@ from typing import Any
 from backend import drift, projection, sessions
 from backend.errors import UsageError
 from backend.events import EventKind, append_event_sync
-from backend.leases import Lease, take_over_execution
+from backend.leases import Lease, take_over_execution, takeover_reason
 
 log = logging.getLogger("rem.recovery")
 
@@ -45,6 +45,16 @@ WHERE e.expires_at <= :now AND e.recovery_error IS NULL
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
 """
+# Executions whose owner the worker registry records as stopped (a supervisor saw it
+# exit, or it shut down without handing back): no need to wait out their leases.
+ORPHANED_SQL = """
+SELECT e.id, e.session_id FROM worker AS w
+JOIN session_execution AS e ON e.owner_id = w.owner_id
+WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
+ORDER BY e.expires_at LIMIT :limit
+"""
+# Only workers stopped within one lease can still hold an unexpired lease.
+ORPHAN_WINDOW_MS = 10 * 60_000
 
 
 def recovery_budget() -> int:
@@ -75,17 +85,19 @@ class Takeover:
 
 def recoverable(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
-    params = {"now": now, "limit": limit}
+    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS}
     rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
     rows += conn.execute(EXPIRED_SQL, params).fetchall()
-    return [(r[0], r[1]) for r in rows]
+    rows += conn.execute(ORPHANED_SQL, params).fetchall()
+    return list(dict.fromkeys((r[0], r[1]) for r in rows))
 
 
 def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
               budget: int, length_ms: int | None = None) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
-    if old is None or old["expires_at"] > now or old["recovery_error"] is not None:
+    reason = None if old is None else takeover_reason(conn, old, now)
+    if reason is None:
         return None
     recovery = conn.execute("SELECT wake_attempts FROM session_recovery WHERE execution_id = ?",
                             (execution_id,)).fetchone()
@@ -105,7 +117,7 @@ def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now
     drift.mark_turns_changed_sync(conn, lease.session_id, now)
     append_event_sync(conn, kind=EventKind.EXECUTION_TAKEN_OVER, actor=owner_id,
                       session_id=lease.session_id, target=execution_id,
-                      data={"from_owner": old["owner_id"], "from_epoch": old["epoch"],
+                      data={"reason": reason, "from_owner": old["owner_id"], "from_epoch": old["epoch"],
                             "epoch": lease.epoch, "interrupted_phase": phase, "attempt": attempt,
                             "continuation_id": cont, "superseded": superseded}, now=now)
     log.info("took over execution %s of session %s (was %s, phase %s, attempt %d)", execution_id,

@@ -335,12 +335,32 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     assert await db.scalar("SELECT baseline_seq FROM session_context_epoch") == q3_seq
 
 
+async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before_expiry(
+        db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Is anyone still there?", input_id="in-1")
+    _, state, _ = await _dead_executor_mid_step(db_ctx, parts=1)
+    await _executor(db_ctx).run()
+    assert await db.scalar("SELECT count(*) FROM session_recovery") == 0  # alive as far as anyone knows
+    async with db.tx() as conn:  # what a supervisor records when it sees the process exit
+        await conn.execute("INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+                           "VALUES ('executor-dead', 'executor', 1, 'h', ?, ?, 'stopped')",
+                           (clock.now_ms(), clock.now_ms()))
+    await _executor(db_ctx).run()  # the clock has not moved: the lease is still unexpired
+    taken = json.loads(await db.scalar("SELECT data FROM event WHERE kind = 'execution.taken_over'"))
+    assert taken["reason"] == "owner_stopped" and taken["from_owner"] == "executor-dead"
+    assert await db.scalar("SELECT count(*) FROM session_execution") == 0
+    assert await _violations(db) == []
+
+
 @pytest.mark.parametrize(("sql", "index"), [
     (WAKE_SQL, "session_input_wake_pending_promoted_attempts_created_id_idx"),
     (recovery.RECOVERY_WAKE_SQL, "session_recovery_wake_pending_error_attempts_created_execution_idx"),
     (recovery.EXPIRED_SQL, "session_execution_expires_idx"),
+    (recovery.ORPHANED_SQL, "worker_state_heartbeat_idx"),
+    (recovery.ORPHANED_SQL, "session_execution_owner_idx"),
 ])
 async def test_the_wake_scans_use_the_seed_indexes(db_ctx: Context, sql: str, index: str) -> None:
     db = await db_ctx.db()
-    plan = await db.fetchall(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10, "now": 0})
+    plan = await db.fetchall(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10, "now": 0, "since": 0})
     assert any(index in row[3] for row in plan), [row[3] for row in plan]
