@@ -32,6 +32,7 @@ class EventKind(StrEnum):
     SUMMARY_STAGED = "summary.staged"
     SUMMARY_COMPLETED = "summary.completed"
     SUMMARY_FAILED = "summary.failed"
+    SUMMARY_RELEASED = "summary.released"
     RECEIPT_REPLAYED = "receipt.replayed"
     RECEIPT_QUARANTINED = "receipt.quarantined"
     RECEIPT_VERIFIED = "receipt.verified"

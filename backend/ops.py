@@ -12,7 +12,7 @@ from typing import Any
 
 from backend import chroma_server
 from backend.context import Context
-from backend.errors import ChromaUnreachable, NotChroma, NotImplementedYet, RemError
+from backend.errors import BadInput, ChromaUnreachable, NotChroma, NotImplementedYet, RemError
 from backend.schema import SCHEMA_VERSION, schema_version
 
 
@@ -83,3 +83,20 @@ def _not_yet(command: str) -> RemError:
 async def check(ctx: Context) -> dict[str, Any]:
     """Verify the invariants of DESIGN section 5 on the live data dir."""
     raise _not_yet("check")
+
+
+async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
+    from backend import replay as receipt_replay
+
+    if bool(summary_ids) == all_mismatched:
+        raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    if not dry_run:
+        ctx.require_writable("replay")
+    db = await ctx.db()
+    store = ctx.store()
+    await store.count()  # Chroma down: say so now, before anything is read or written
+    report = await receipt_replay.replay_receipts(db, store, actor=ctx.operator,
+                                                  summary_ids=summary_ids, dry_run=dry_run)
+    return report.as_dict()

@@ -184,6 +184,9 @@ CREATE INDEX summary_job_lease_idx ON summary_job(lease_expires_at)
 CREATE INDEX summary_job_verdict_idx ON summary_job(verdict, verdict_checked_at);
 CREATE INDEX summary_job_staged_idx ON summary_job(result_staged_at)
     WHERE result_staged_at IS NOT NULL;
+-- receipt recovery: staged receipts never acknowledged (their summarizer died)
+CREATE INDEX summary_job_unacked_idx ON summary_job(result_staged_at, session_id)
+    WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL;
 
 CREATE TABLE dream_state (
     session_id         TEXT PRIMARY KEY REFERENCES session(id) ON DELETE CASCADE,
