@@ -9,6 +9,7 @@ import pytest
 from backend import receipts, replay
 from backend.context import Context
 from backend.embedder import HashingEmbedder
+from backend.errors import ChromaUnreachable
 from backend.revision import raw_revision
 from backend.summarizer import DRIFTED_SQL, MAX_ATTEMPTS, Summarizer
 from backend.synthesizer import Synthesis, Turn
@@ -121,3 +122,27 @@ async def test_drift_and_recovery_selections_use_their_partial_indexes(ctx: Cont
         plan = " ".join(str(tuple(r)) for r in await db.fetchall(
             "EXPLAIN QUERY PLAN " + sql, {"now": 0, "n": 1, "staged": 0, "sid": ""}))
         assert index in plan, plan
+
+
+async def test_chroma_down_at_the_write_keeps_the_receipt_for_recovery(ctx: Context, collection: str) -> None:
+    db = await ctx.db()
+    await seed_session(db, "s1")
+    dead = Context(ctx.data, chroma_url="http://127.0.0.1:9", collection=collection)
+    synth = CountingSynthesizer()
+    try:
+        with pytest.raises(ChromaUnreachable):
+            await Summarizer(dead, once=True, synthesizer=synth).run()
+    finally:
+        await dead.close()
+    j = await job(db, "s1")
+    assert synth.calls == ["s1"] and j["result_envelope"] is not None
+    assert (j["status"], j["owner_id"], j["lease_expires_at"], j["result_acknowledged_at"]) == ("pending", None, None, None)
+
+    again = await run_once(ctx)  # Chroma is back: recovery replays, the model is not called
+
+    assert again.calls == []
+    j = await job(db, "s1")
+    assert (j["status"], j["verdict"], j["clean_seq"]) == ("completed", "present", j["dirty_seq"])
+    assert j["result_last_replayed_at"] is not None
+    receipt = receipts.decode(j["result_envelope"])
+    assert receipts.is_present(receipt, (await ctx.store().get([row_id("s1")]))[row_id("s1")])
