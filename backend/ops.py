@@ -148,6 +148,16 @@ def _not_yet(command: str) -> RemError:
     return NotImplementedYet(f"`rem {command}` is not implemented yet")
 
 
-async def check(ctx: Context) -> dict[str, Any]:
-    """Verify the invariants of DESIGN section 5 on the live data dir."""
-    raise _not_yet("check")
+async def check(ctx: Context, *, settled: bool = False) -> dict[str, Any]:
+    """Verify the invariants of DESIGN section 5 on the live data dir.
+
+    `settled=True` also counts in-flight work as a violation (for use once load
+    has stopped and leases have expired or been released).
+    """
+    from backend.check import check_database, summarize
+
+    db = await ctx.db()
+    report = await db.read_snapshot(check_database)
+    result = summarize(report, settled=settled)
+    result["data_dir"] = str(ctx.data.root)
+    return result

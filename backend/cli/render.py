@@ -18,3 +18,18 @@ def print_status(result: dict[str, Any]) -> None:
     for name, count in result["tables"].items():
         table.add_row(name, str(count))
     console.print(table)
+
+
+def print_check(result: dict[str, Any]) -> None:
+    console = Console()
+    verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
+    console.print(f"[bold]rem check[/] {result['data_dir']}: {verdict} "
+                  f"({result['counts']['violations']} violations, "
+                  f"{result['counts']['unsettled']} in flight)")
+    for title, findings, style in (("violation", result["violations"], "red"),
+                                   ("in flight", result["unsettled"], "yellow")):
+        for finding in findings:
+            console.print(f"[{style}]{title}[/] (invariant {finding['invariant']}) "
+                          f"{finding['what']}: {finding['count']}")
+            for row in finding["rows"][:5]:
+                console.print(f"    {row}", markup=False)
