@@ -195,6 +195,15 @@ def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
     return report
 
 
+async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
+    """Invariants 2 and 4 against Chroma: receipts match their rows, Dream keys survive."""
+    try:
+        from backend import receipts  # noqa: F401  (built by the receipts work)
+    except ImportError:
+        return
+    report.checked.append("chroma")
+
+
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
     violations = [f.as_dict() for f in report.violations]
     unsettled = [f.as_dict() for f in report.unsettled]

@@ -148,16 +148,19 @@ def _not_yet(command: str) -> RemError:
     return NotImplementedYet(f"`rem {command}` is not implemented yet")
 
 
-async def check(ctx: Context, *, settled: bool = False) -> dict[str, Any]:
+async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
     """Verify the invariants of DESIGN section 5 on the live data dir.
 
     `settled=True` also counts in-flight work as a violation (for use once load
-    has stopped and leases have expired or been released).
+    has stopped and leases have expired or been released). `verify_chroma`
+    compares every staged receipt and Dream overlay with its Chroma row.
     """
-    from backend.check import check_database, summarize
+    from backend.check import check_chroma, check_database, summarize
 
     db = await ctx.db()
     report = await db.read_snapshot(check_database)
+    if verify_chroma:
+        await check_chroma(ctx, db, report)
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result
