@@ -359,7 +359,9 @@ class Recovery:
         changed = await execute(
             conn,
             "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
-            + _ACK_SET * ack + _VERDICT_SET + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
+            # an unacknowledged row that still differs waits for the next attempt, owned by nobody
+            + (_ACK_SET if ack else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, ")
+            + _VERDICT_SET + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
             {"sid": c.job.session_id, "owner": self.actor, "epoch": c.epoch, "now": now,
              "rev": c.receipt.revision, "verdict": after.verdict, "detail": json.dumps(detail) if detail else None},
         )

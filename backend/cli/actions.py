@@ -1,4 +1,4 @@
-"""Operator actions: `rem replay`, `rem drain`, `rem release`."""
+"""Operator action `rem replay` (drain and release live in `backend.cli.leases`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,10 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.errors import NotImplementedYet
 
 
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
-    app.command("drain")(drain)
-    app.command("release")(release)
 
 
 def replay(
@@ -57,19 +54,3 @@ def _print_replay(result: dict[str, Any]) -> None:
         console.print(table)
     counters = "  ".join(f"{name} {value}" for name, value in result["counters"].items())
     console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)
-
-
-def drain(owner_id: str, data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
-    """Drain a worker: it stops claiming, finishes or hands back its work, and exits.
-
-    Example: rem drain executor-host-1234-ab12cd --wait
-    """
-    raise NotImplementedYet("`rem drain` is not implemented yet")
-
-
-def release(execution_id: str, data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
-    """Release a lease now (fenced on the epoch you saw) so another worker takes over.
-
-    Example: rem release exe_01H... --expected-epoch 3
-    """
-    raise NotImplementedYet("`rem release` is not implemented yet")

@@ -300,3 +300,36 @@ async def test_chroma_down_changes_nothing(ctx: Context, collection: str) -> Non
         await dead.close()
     assert await all_jobs(db) == before
     assert await events(db, "operator.replay") == []
+
+
+class DroppingStore(ChromaStore):
+    """Fault injection around the real store: the server 'loses' upserts (reads stay real)."""
+
+    def __init__(self, inner: ChromaStore) -> None:
+        super().__init__(lambda: inner.url or "", collection=inner.collection_name)
+        self._collection = inner._collection
+
+    async def upsert(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+async def test_a_row_that_does_not_verify_after_replay_is_reported_and_retried_later(
+        ctx: Context, frozen_clock: Any) -> None:
+    db = await summarize(ctx, ["s1"])
+    async with db.tx() as conn:
+        await conn.execute("UPDATE summary_job SET result_acknowledged_at = NULL, status = 'in_progress'")
+    await ctx.store().delete([row_id("s1")])
+    await ctx.store().count()
+
+    report = await recover(ctx, db, everything=False, store=DroppingStore(ctx.store()))
+
+    c = report.counters
+    assert (c.replayed, c.unverified, c.completed, c.acknowledged) == (1, 1, 0, 0) and not report.ok
+    j = await job(db, "s1")
+    assert (j["status"], j["verdict"], j["owner_id"], j["result_acknowledged_at"]) == ("pending", "missing", None, None)
+    assert j["result_last_replayed_at"] == frozen_clock.now
+    assert (await recover(ctx, db, everything=False)).counters.scanned == 0  # backing off, no hot loop
+    frozen_clock.advance(replay.RETRY_AFTER_MS)
+    again = await recover(ctx, db, everything=False)
+    assert (again.counters.replayed, again.counters.acknowledged, again.ok) == (1, 1, True)
+    assert (await job(db, "s1"))["status"] == "completed"
