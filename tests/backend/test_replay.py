@@ -151,6 +151,10 @@ async def test_recovery_goes_on_past_enriched_rows_and_a_corrupt_envelope(ctx: C
     (event,) = await events(db, "receipt.quarantined")
     assert event["target"] == row_id("s1") and "envelope_b64" in event["data"]
     assert receipts.is_present(_receipt(await job(db, "s5")), (await rows(ctx, ["s5"]))[row_id("s5")])
+    shown = (await ops.status(ctx))["receipts"]
+    (mismatch,) = shown["mismatched"]
+    assert (mismatch["summary_id"], mismatch["verdict"]) == (row_id("s1"), "quarantined")
+    assert "not valid UTF-8 JSON" in mismatch["quarantine_reason"]
     again = await recover(ctx, db)  # still shown, not re-journaled
     assert again.counters.quarantined == 1 and again.rows_written == 0
     assert len(await events(db, "receipt.quarantined")) == 1
