@@ -370,3 +370,42 @@ async def test_a_raised_fault_counts_as_a_failure_and_a_rerun_is_idempotent(
                            "next_attempt_at = 0")
     assert await Dreamer(db_ctx, chunk_rows=5).run_pass() == 1
     assert await graph_snapshot(db) == rerun
+
+
+class BlockingExtractor:
+    """Stands in for a slow extraction model call: blocks until released."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def extract(self, turns: Sequence[Mapping[str, Any]]) -> Extraction:
+        self.entered.set()
+        assert self.release.wait(30)
+        return KeywordExtractor().extract(turns)
+
+
+async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(db_ctx: Context,
+                                                                  frozen_clock: clock.FrozenClock) -> None:
+    import asyncio
+
+    db = await db_ctx.db()
+    await add_session_with_turns(db, "s1", TEXTS)
+    rev = await publish(db, "s1")
+    extractor = BlockingExtractor()
+    dreamer, other = Dreamer(db_ctx, extractor=extractor, lease_ms=5_000), Dreamer(db_ctx, lease_ms=5_000)
+    task = asyncio.create_task(dreamer.run_pass())
+    try:
+        await asyncio.to_thread(extractor.entered.wait, 30)
+        for _ in range(3):  # 12 s of model time on a 5 s lease, renewed every 4 s
+            frozen_clock.advance(4_000)
+            await dreamer.on_heartbeat()
+            row = await dream_row(db, "s1")
+            assert row["lease_expires_at"] == frozen_clock.now + 5_000 == row["next_attempt_at"]
+            assert await other.run_pass() == 0  # never taken over while renewed
+    finally:
+        extractor.release.set()
+        assert await task == 1
+    row = await dream_row(db, "s1")
+    assert (row["completed_revision"], row["epoch"]) == (rev, 1)

@@ -134,3 +134,13 @@ async def test_legacy_rows_are_honoured_until_synthesis_publishes_a_revision(ctx
     _, meta = await _row(ctx, "old")
     assert (meta["dreamCompletedRevision"], meta["graphDigested"]) == (rev, True)
     assert (await dream_row(db, "old"))["legacy_digested"] == 0
+
+
+async def test_the_daemon_can_scan_for_legacy_rows_when_it_starts(ctx: Context) -> None:
+    db = await ctx.db()
+    await add_session_with_turns(db, "old", TEXTS)
+    await ctx.store().upsert([summary_row_id("old")], ["old summary"], [{"graphDigested": True}])
+    assert await Dreamer(ctx, once=True, legacy_scan=True).run() == 0
+    assert await legacy_only_count(db) == 1
+    assert await db.scalar("SELECT count(*) FROM graph_node") == 0  # honoured, not re-digested
+    assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'dream.legacy_imported'") == 1
