@@ -26,14 +26,10 @@ The contract (seed 002, DESIGN section 3):
 * Failures count `digest_attempts` per revision with backoff; the third
   failure makes that revision `undigestible` (journaled, shown to operators).
   A crash is not a failure: the lease expires and another worker takes over.
-* The Chroma overlay (`backend.ownership.DREAM_OWNED_KEYS`) is written with
-  `update` after the state.db attestation, which stays the system of record:
-  the transition sets `overlay_pending = 1`, and a flush writes the row's
-  *current* state, reads it back, and clears the flag only if `state_revision`
-  did not move meanwhile. Chroma down: digestion goes on, the flush backs
-  off. Row missing (synthesis not written yet, or Chroma lost it): Dream
-  never creates it (the document belongs to synthesis); it retries every
-  `OVERLAY_MISSING_RETRY_MS`.
+* The Chroma overlay (`backend.ownership.DREAM_OWNED_KEYS`) follows the
+  state.db attestation, which stays the system of record; see
+  `backend.dream_overlay` for how it is made eventually consistent when
+  Chroma is down or the row is missing.
 
 Legacy compatibility: `import_legacy` marks sessions whose Chroma row carries
 only the old `graphDigested`/`digestState` flags (no revision) as
@@ -58,6 +54,7 @@ from backend import clock, faults, graph
 from backend.context import Context
 from backend.daemon import Daemon
 from backend.db import Database, execute, fetchall, fetchone
+from backend.dream_overlay import OVERLAY_BATCH, OVERLAY_SQL, settle_overlays, write_overlays
 from backend.errors import (
     ChromaUnreachable,
     DatabaseCorrupt,
@@ -67,7 +64,7 @@ from backend.errors import (
 )
 from backend.events import EventKind, append_event
 from backend.extractor import Extractor, KeywordExtractor
-from backend.ownership import DREAM_OWNED_KEYS, session_id_of, summary_row_id
+from backend.ownership import session_id_of
 from backend.revision import raw_revision
 
 DREAM_LEASE_MS = 30_000
@@ -75,11 +72,9 @@ MAX_DIGEST_ATTEMPTS = 3
 RETRY_BASE_MS = 2_000
 RETRY_MAX_MS = 300_000
 STALE_RECHECK_MS = 10_000
-OVERLAY_MISSING_RETRY_MS = 60_000
 CHROMA_RETRY_MAX_MS = 30_000
 BATCH = 32
 CHUNK_ROWS = 500
-OVERLAY_BATCH = 100
 # "not before never": parks a revision that failed MAX_DIGEST_ATTEMPTS times
 NEVER = 2**62
 # the journal's retention window; legacy retires after one full window with zero legacy rows
@@ -135,13 +130,6 @@ UPDATE dream_state SET digest_state = :state, digest_attempts = :attempts, attem
     state_revision = state_revision + 1, overlay_pending = 1, overlay_retry_at = 0,
     time_updated = :now
 WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
-"""
-OVERLAY_SQL = """
-SELECT session_id, input_revision, completed_revision, state_revision, digest_state,
-       digest_attempts, defer_reason, overlay_retry_at
-FROM dream_state INDEXED BY dream_state_overlay_idx
-WHERE overlay_pending = 1 AND overlay_retry_at <= :now
-ORDER BY overlay_retry_at, session_id LIMIT :limit
 """
 
 
@@ -449,85 +437,6 @@ class Dreamer(Daemon):
         self._chroma_backoff_ms = 500
         await settle_overlays(self.db, rows, outcome, self.owner_id)
         return sum(1 for v in outcome.values() if v == "confirmed")
-
-
-def overlay_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The Dream-owned keys for one dream_state row (`None` deletes a key in Chroma)."""
-    completed, published = row["completed_revision"], row["input_revision"]
-    state = row["digest_state"]
-    metadata = {
-        "graphDigested": completed is not None and completed == published,
-        "digestState": "pending" if state == "in_progress" else state,
-        "digestAttempts": int(row["digest_attempts"]),
-        "deferReason": row["defer_reason"],
-        "dreamCompletedRevision": completed,
-        "dreamStateRevision": int(row["state_revision"]),
-    }
-    assert set(metadata) == set(DREAM_OWNED_KEYS)
-    return metadata
-
-
-async def write_overlays(ctx: Context, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Update the rows' Dream-owned keys and read them back: session -> confirmed/missing/differs."""
-    store = ctx.store()
-    ids = [summary_row_id(r["session_id"]) for r in rows]
-    wanted = [overlay_metadata(r) for r in rows]
-    # update never creates a row (Chroma ignores unknown ids), so a missing row stays missing
-    await store.update_metadata(ids, wanted)
-    back = await store.get(ids)
-    outcome: dict[str, str] = {}
-    for row, row_id, meta in zip(rows, ids, wanted, strict=True):
-        if row_id not in back:
-            outcome[row["session_id"]] = "missing"
-            continue
-        stored = back[row_id][1]
-        same = all(_same_value(stored.get(k), v) for k, v in meta.items())
-        outcome[row["session_id"]] = "confirmed" if same else "differs"
-    return outcome
-
-
-def _same_value(stored: Any, wanted: Any) -> bool:
-    return stored == wanted and type(stored) is type(wanted)
-
-
-async def settle_overlays(db: Database, rows: Sequence[Mapping[str, Any]], outcome: Mapping[str, str],
-                          actor: str) -> None:
-    """Clear the flag where the written state is still current; back off missing rows."""
-    now = clock.now_ms()
-    async with db.tx() as conn:
-        for row in rows:
-            sid, result = row["session_id"], outcome.get(row["session_id"])
-            if result == "confirmed":
-                # a state that moved on since the read (or a concurrent writer) keeps it pending
-                await execute(conn, "UPDATE dream_state SET overlay_pending = CASE WHEN state_revision = ? "
-                              "THEN 0 ELSE 1 END, overlay_retry_at = 0 WHERE session_id = ?",
-                              (row["state_revision"], sid))
-            elif result == "missing":
-                await execute(conn, "UPDATE dream_state SET overlay_retry_at = ? "
-                              "WHERE session_id = ? AND overlay_pending = 1", (now + OVERLAY_MISSING_RETRY_MS, sid))
-                if not row["overlay_retry_at"]:
-                    await append_event(conn, kind=EventKind.DREAM_OVERLAY_MISSING, actor=actor, session_id=sid,
-                                       target=summary_row_id(sid),
-                                       data={"retry_in_ms": OVERLAY_MISSING_RETRY_MS}, now=now)
-
-
-async def overlay_pending_count(db: Database) -> int:
-    """Sessions whose Chroma overlay lags state.db."""
-    return int(await db.scalar("SELECT count(*) FROM dream_state WHERE overlay_pending = 1"))
-
-
-async def request_overlay_resync(db: Database, session_ids: Sequence[str] | None = None) -> int:
-    """Queue overlays for rewriting (e.g. after Chroma lost rows); returns rows queued."""
-    where = "completed_revision IS NOT NULL OR digest_state IN ('deferred', 'undigestible')"
-    async with db.tx() as conn:
-        if session_ids is None:
-            return await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                                 f"WHERE {where}")
-        total = 0
-        for sid in session_ids:
-            total += await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                                   f"WHERE session_id = ? AND ({where})", (sid,))
-        return total
 
 
 # -- status helpers for the lead's ops.status / check --------------------------
