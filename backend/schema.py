@@ -181,8 +181,7 @@ CREATE INDEX summary_job_drift_idx ON summary_job(time_updated, session_id)
     WHERE dirty_seq > clean_seq;
 CREATE INDEX summary_job_lease_idx ON summary_job(lease_expires_at)
     WHERE lease_expires_at IS NOT NULL;
-CREATE INDEX summary_job_verdict_idx ON summary_job(verdict, verdict_checked_at)
-    WHERE verdict IS NOT NULL AND verdict != 'present';
+CREATE INDEX summary_job_verdict_idx ON summary_job(verdict, verdict_checked_at);
 CREATE INDEX summary_job_staged_idx ON summary_job(result_staged_at)
     WHERE result_staged_at IS NOT NULL;
 
@@ -221,6 +220,8 @@ CREATE INDEX dream_state_pending_idx ON dream_state(next_attempt_at, time_publis
 CREATE INDEX dream_state_overlay_idx ON dream_state(overlay_retry_at, session_id)
     WHERE overlay_pending = 1;
 CREATE INDEX dream_state_digest_state_idx ON dream_state(digest_state);
+CREATE INDEX dream_state_lease_idx ON dream_state(lease_expires_at)
+    WHERE lease_expires_at IS NOT NULL;
 
 CREATE TABLE graph_node (
     id           TEXT PRIMARY KEY,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from backend.cli.app import app
 from backend.schema import SCHEMA_VERSION
-from tests.helpers import REM, rem_env, run_rem
+from tests.helpers import run_rem
 
 DESIGN_COMMANDS = ["init", "up", "daemon", "send", "status", "replay", "drain", "release",
                    "check", "drill", "console", "demo", "bench"]

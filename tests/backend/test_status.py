@@ -1,0 +1,133 @@
+"""The status snapshot: indexed queries only, and the right rows in the right sections."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend import ops
+from backend.context import Context
+from backend.db import Database
+from backend.status import STATUS_QUERIES
+
+# Tables that grow without bound; a full SCAN of one is a bug in the snapshot.
+BIG_TABLES = ("session", "session_message", "session_input", "session_recovery", "summary_job",
+              "dream_state", "event", "graph_node", "graph_edge", "worker")
+
+
+# count(*) of sessions walks the smallest index of session (not the table); the
+# event tail walks the rowid backwards and stops at its LIMIT. Both accepted.
+ALLOWED_SCANS = {("sessions", "session"), ("events", "event")}
+ALIASES = {"e": "session_execution", "j": "summary_job", "d": "dream_state", "w": "worker"}
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small data dir of the benchmark's shape, with planner statistics (ANALYZE)."""
+    from benchmarks.gen_big import generate
+
+    root = tmp_path_factory.mktemp("populated") / "data"
+    generate(root, sessions=3000, per_session=4, receipts=1000, mismatched=50, leases=100,
+             dream_pending=100, events=2000)
+    return root
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["empty", "analyzed"])
+@pytest.mark.parametrize("name", sorted(STATUS_QUERIES))
+async def test_status_query_uses_an_index(db_ctx: Context, populated: Path, name: str,
+                                          analyzed: bool) -> None:
+    db = await db_ctx.db() if not analyzed else await Database.open(populated / "state.db",
+                                                                     read_only=True)
+    try:
+        await _assert_indexed(db, name)
+    finally:
+        if analyzed:
+            await db.close()
+
+
+async def _assert_indexed(db: Database, name: str) -> None:
+    partial = {r[0] for r in await db.fetchall(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'")}
+    params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5}
+    plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
+    details = [row["detail"] for row in plan]
+    for detail in details:
+        words = detail.split()
+        if words[:1] != ["SCAN"] or len(words) < 2:
+            continue
+        table = ALIASES.get(words[1], words[1])
+        # scanning a partial index reads only the rows it selects: that is the point of it
+        if "INDEX" in words and words[words.index("INDEX") + 1] in partial:
+            continue
+        if table in BIG_TABLES and (name, table) not in ALLOWED_SCANS:
+            pytest.fail(f"{name}: full scan of {table}: {details}")
+
+
+async def _seed(ctx: Context, now: int) -> None:
+    db = await ctx.db()
+    async with db.tx() as conn:
+        for sid in ("s1", "s2", "s3"):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,))
+        await conn.execute(
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+            "wake_pending, time_created) VALUES ('i1', 's1', '{}', 'queue', 1, 1, ?)", (now - 5000,))
+        await conn.execute(
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+            "wake_pending, time_created) VALUES ('i2', 's1', '{}', 'steer', 2, 1, ?)", (now - 1000,))
+        await conn.execute(
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at) "
+            "VALUES ('ex-live', 'executor', 1, 'h', ?, ?)", (now - 60_000, now - 1000))
+        await conn.execute(
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at) "
+            "VALUES ('ex-dead', 'executor', 2, 'h', ?, ?)", (now - 60_000, now - 45_000))
+        await conn.execute(
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+            "time_renewed, expires_at) VALUES ('e-dead', 's2', 'ex-dead', 4, 'unknown', 1, 1, ?)",
+            (now - 15_000,))
+        await conn.execute(
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+            "time_renewed, expires_at) VALUES ('e-live', 's3', 'ex-live', 1, 'safe', 1, 1, ?)",
+            (now + 20_000,))
+        detail = {"keys": [{"key": "memoryCount", "expected": 3, "actual": 3.0, "reason": "type"}]}
+        await conn.execute(
+            "INSERT INTO summary_job (session_id, status, verdict, verdict_detail, verdict_checked_at, "
+            "result_staged_at, time_created, time_updated) VALUES ('s1', 'completed', 'keys_differ', ?, ?, 1, 1, 1)",
+            (json.dumps(detail), now - 100))
+        await conn.execute(
+            "INSERT INTO summary_job (session_id, status, verdict, result_staged_at, dirty_seq, "
+            "time_created, time_updated) VALUES ('s2', 'completed', 'present', 1, 2, 1, 1)")
+        await conn.execute(
+            "INSERT INTO dream_state (session_id, input_revision, completed_revision, digest_state, "
+            "time_published, time_updated) VALUES ('s1', 'sha256:b', 'sha256:a', 'pending', 5, 5)")
+        await conn.execute(
+            "INSERT INTO dream_state (session_id, input_revision, digest_state, digest_attempts, "
+            "defer_reason, time_published, time_updated) "
+            "VALUES ('s3', 'sha256:c', 'undigestible', 3, 'extractor failed', 6, 6)")
+
+
+async def test_snapshot_sections(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    db_ctx.read_only = False
+    snap = await ops.status(db_ctx)
+    assert snap["backlog"]["inputs"] == [
+        {"session_id": "s1", "pending": 2, "oldest_at": now - 5000, "oldest_age_ms": 5000}]
+    leases = {lease["id"]: lease for lease in snap["leases"]}
+    assert leases["e-dead"]["expired"] and leases["e-dead"]["time_left_ms"] == -15_000
+    assert not leases["e-dead"]["owner_alive"]
+    assert leases["e-live"]["owner_alive"] and leases["e-live"]["time_left_ms"] == 20_000
+    assert [lease["id"] for lease in snap["leases"]] == ["e-dead", "e-live"]
+    (mismatch,) = snap["receipts"]["mismatched"]
+    assert mismatch["summary_id"] == "summary_s1"
+    assert mismatch["keys"][0]["key"] == "memoryCount"
+    assert snap["receipts"]["counts"]["present"] == 1
+    drift = {d["session_id"]: d["class"] for d in snap["dream_drift"]}
+    assert drift == {"s1": "stale_completion", "s3": "undigestible", "s2": "summary_stale"}
+    assert snap["counts"]["expired_leases"] == 1
+    assert snap["counts"]["mismatches"] == 1
+    workers = {w["owner_id"]: w["alive"] for w in snap["workers"]}
+    assert workers == {"ex-live": True, "ex-dead": False}
+    assert snap["chroma"]["healthy"] is False
