@@ -7,15 +7,17 @@ The contract (seed 002, DESIGN section 3):
   surviving `graphDigested: true` on its Chroma row never hides it.
 * Selection reads the partial index `dream_state_pending_idx` in *ready-time*
   order: a never-tried row is ready at `time_published`, a retried row at
-  `next_attempt_at` (failure backoff, stale recheck or lease expiry). Every
+  `next_attempt_at` (failure backoff or stale recheck). Every
   pass starts again from the head of that order, so no window of rows is
   skipped and a fresh session never overtakes one that was ready earlier.
   `next_attempt_at = NEVER` parks an undigestible revision until synthesis
   publishes another one (which resets it).
 * A claim is a lease with a fencing epoch (`owner_id`, `epoch`,
-  `lease_expires_at`; `next_attempt_at` follows the lease so other workers
-  skip it); every later write names the epoch and 0 rows changed is
-  `LeaseLost`: stop, publish nothing.
+  `lease_expires_at`); every later write names the epoch and 0 rows changed
+  is `LeaseLost`: stop, publish nothing. A held row keeps its place in the
+  order (other workers' claims fail on the live lease), so a lease that
+  expires, or that an operator releases (`rem release`), is taken over at
+  once from where the row stood.
 * Dream reads the raw turns (`backend.revision`) and recomputes the revision.
   A mismatch writes nothing and leaves the row pending (`dream.stale`).
 * The graph is built from the raw turns, never the summary prose
@@ -102,13 +104,13 @@ ORDER BY ready_at, session_id LIMIT :limit
 
 CLAIM_SQL = """
 UPDATE dream_state SET digest_state = 'in_progress', owner_id = :owner, epoch = epoch + 1,
-    lease_expires_at = :expires, next_attempt_at = :expires, time_updated = :now
+    lease_expires_at = :expires, time_updated = :now
 WHERE session_id = :sid AND input_revision IS NOT NULL AND completed_revision IS NOT input_revision
   AND next_attempt_at <= :now AND (lease_expires_at IS NULL OR lease_expires_at <= :now)
 RETURNING input_revision, epoch
 """
 FENCE_SQL = """
-UPDATE dream_state SET lease_expires_at = :expires, next_attempt_at = :expires
+UPDATE dream_state SET lease_expires_at = :expires
 WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 ATTEST_SQL = """
@@ -121,7 +123,7 @@ WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 RELEASE_SQL = """
 UPDATE dream_state SET digest_state = 'pending', owner_id = NULL, lease_expires_at = NULL,
-    next_attempt_at = :next, defer_reason = :reason, time_updated = :now
+    next_attempt_at = COALESCE(:next, next_attempt_at), defer_reason = :reason, time_updated = :now
 WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 FAIL_SQL = """
@@ -199,9 +201,9 @@ async def fence(conn: aiosqlite.Connection, claim: Claim, now: int, lease_ms: in
         raise LeaseLost(f"Dream lease on {claim.session_id} (epoch {claim.epoch}) was lost")
 
 
-async def release_claim(db: Database, claim: Claim, *, next_attempt_at: int = 0,
+async def release_claim(db: Database, claim: Claim, *, next_attempt_at: int | None = None,
                         reason: str | None = None) -> bool:
-    """Hand a claim back without attesting anything; False when it was already lost."""
+    """Hand a claim back without attesting anything (keeping its place); False when already lost."""
     now = clock.now_ms()
     async with db.tx() as conn:
         changed = await execute(conn, RELEASE_SQL, {"next": next_attempt_at, "reason": reason, "now": now,

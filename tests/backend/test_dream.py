@@ -402,10 +402,33 @@ async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(db_ctx: Contex
             frozen_clock.advance(4_000)
             await dreamer.on_heartbeat()
             row = await dream_row(db, "s1")
-            assert row["lease_expires_at"] == frozen_clock.now + 5_000 == row["next_attempt_at"]
+            assert row["lease_expires_at"] == frozen_clock.now + 5_000
             assert await other.run_pass() == 0  # never taken over while renewed
     finally:
         extractor.release.set()
         assert await task == 1
     row = await dream_row(db, "s1")
     assert (row["completed_revision"], row["epoch"]) == (rev, 1)
+
+
+async def test_an_operator_release_lets_another_worker_take_over_at_once(db_ctx: Context,
+                                                                         frozen_clock: clock.FrozenClock) -> None:
+    from backend.release import release_job_lease
+
+    db = await db_ctx.db()
+    await add_session_with_turns(db, "s1", TEXTS)
+    rev = await publish(db, "s1")
+    stuck, other = Dreamer(db_ctx), Dreamer(db_ctx)
+    claim = await claim_session(db, "s1", stuck.owner_id, frozen_clock.now)
+    assert claim is not None
+    prepared = await stuck.prepare(claim)
+    assert prepared is not None
+    assert await other.run_pass() == 0  # the lease is live (30 s)
+    async with db.tx() as conn:
+        await release_job_lease(conn, "dream", "s1", expected_epoch=claim.epoch, force=False,
+                                actor="operator", now=frozen_clock.now)
+    assert await other.run_pass() == 1  # no wait for the old expiry
+    assert await stuck.complete(prepared) == "lost"
+    row = await dream_row(db, "s1")
+    assert (row["completed_revision"], row["digest_state"], row["epoch"]) == (rev, "digested", 3)
+    assert len(await _events(db, "dream.taken_over", "s1")) == 1
