@@ -120,7 +120,7 @@ async def test_once_digests_everything_end_to_end(ctx: Context, chroma_url: str,
 @pytest.mark.parametrize("kill", ["fault", "random"])
 async def test_sigkill_mid_pass_then_rerun_leaves_no_duplicates(ctx: Context, chroma_url: str, collection: str,
                                                                  tmp_path: Path, kill: str) -> None:
-    sessions, turns = (4, 30) if kill == "fault" else (24, 40)
+    sessions, turns = (4, 30) if kill == "fault" else (40, 40)
     await _build(ctx, sessions, turns, chroma=True)
     root = ctx.data.root
     args = ("daemon", "--role", "dream", "--data", str(root), "--chroma-url", chroma_url)
