@@ -196,12 +196,65 @@ def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
 
 
 async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
-    """Invariants 2 and 4 against Chroma: receipts match their rows, Dream keys survive."""
+    """Invariants 2 and 4 against Chroma: receipts match their rows, Dream's keys survive.
+
+    Reads only: the receipt side is a dry-run recovery pass (the same decode
+    and ownership-aware predicate the summarizer uses), the Dream side compares
+    `dreamCompletedRevision` with state.db wherever no overlay write is pending.
+    """
+    from backend.errors import ChromaUnreachable
+
     try:
-        from backend import receipts  # noqa: F401  (built by the receipts work)
-    except ImportError:
+        await _check_receipts(ctx, db, report)
+        await _check_dream_overlay(ctx, db, report)
+    except ChromaUnreachable as exc:
+        report.add(report.violations, "2", "could not verify receipts and Dream keys against Chroma",
+                   [{"error": str(exc)}])
         return
     report.checked.append("chroma")
+
+
+async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
+    from backend.replay import Recovery, all_batches
+
+    result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
+    unacked = {r[0] for r in await db.fetchall(
+        "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
+        "AND result_acknowledged_at IS NULL")}
+    differs = [r for r in result.rows if r["outcome"] == "would_replay"]
+    report.add(report.violations, "2", "acknowledged receipts whose Chroma row does not match",
+               [r for r in differs if r["session_id"] not in unacked])
+    report.add(report.unsettled, "2", "staged receipts not acknowledged yet (recovery replays them)",
+               [r for r in differs if r["session_id"] in unacked])
+    report.add(report.violations, "5", "corrupt receipt envelopes (quarantined for the operator)",
+               [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")])
+    report.add(report.unsettled, "2", "receipts leased by a running synthesis or replay",
+               [r for r in result.rows if r["outcome"] == "skipped_active"])
+
+
+DREAM_DONE_SQL = """
+SELECT session_id, completed_revision, overlay_pending FROM dream_state
+WHERE completed_revision IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n
+"""
+
+
+async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 500) -> None:
+    from backend.ownership import summary_row_id
+
+    lost, pending, sid = [], [], ""
+    while rows := await db.fetchall(DREAM_DONE_SQL, {"sid": sid, "n": batch}):
+        sid = rows[-1]["session_id"]
+        settled = [r for r in rows if not r["overlay_pending"]]
+        pending += [{"session_id": r["session_id"]} for r in rows if r["overlay_pending"]]
+        live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
+        for r in settled:
+            row = live.get(summary_row_id(r["session_id"]))
+            stored = row[1].get("dreamCompletedRevision") if row else None
+            if row is not None and stored != r["completed_revision"]:
+                lost.append({"session_id": r["session_id"], "expected": r["completed_revision"],
+                             "chroma": stored, "graphDigested": row[1].get("graphDigested")})
+    report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
+    report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
