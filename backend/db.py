@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -30,7 +31,8 @@ from backend.errors import (
 
 log = logging.getLogger("rem.db")
 
-BUSY_TIMEOUT_MS = 10_000
+# >= 5 s per the contract; tests of lock contention shorten it through the environment
+BUSY_TIMEOUT_MS = int(os.environ.get("REM_BUSY_TIMEOUT_MS", "10000"))
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 Params = Sequence[Any] | dict[str, Any]
@@ -43,7 +45,7 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | N
     if "locked" in msg or "busy" in msg:
         return DatabaseLocked(
             f"{path} stayed locked by another writer for more than "
-            f"{BUSY_TIMEOUT_MS // 1000} s; retry, or find the holder with `fuser {path}`"
+            f"{BUSY_TIMEOUT_MS / 1000:g} s; retry, or find the holder with `fuser {path}`"
         )
     if "disk is full" in msg or "database or disk is full" in msg:
         return DatabaseFull(f"no space left for {path}; free disk space, then retry")

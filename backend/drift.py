@@ -52,7 +52,10 @@ async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, re
         conn,
         "UPDATE dream_state SET input_revision = :rev, time_published = :now, time_updated = :now, "
         "state_revision = state_revision + 1, "
-        "digest_state = CASE WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
+        # a live Dream claim keeps 'in_progress' so its lease stays visible; Dream's own
+        # attest/release sets the state from the revisions when the claim ends
+        "digest_state = CASE WHEN digest_state = 'in_progress' THEN 'in_progress' "
+        "WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
         "digest_attempts = 0, attempts_revision = NULL, defer_reason = NULL, next_attempt_at = 0 "
         "WHERE session_id = :sid AND input_revision IS NOT :rev",
         {"rev": revision, "now": now, "sid": session_id},

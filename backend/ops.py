@@ -15,6 +15,7 @@ from typing import Any
 from backend import chroma_server, clock, workers
 from backend.context import Context
 from backend.errors import (
+    BadInput,
     ChromaUnreachable,
     NotChroma,
     NotImplementedYet,
@@ -148,9 +149,39 @@ def _not_yet(command: str) -> RemError:
     return NotImplementedYet(f"`rem {command}` is not implemented yet")
 
 
-async def check(ctx: Context) -> dict[str, Any]:
-    """Verify the invariants of DESIGN section 5 on the live data dir."""
-    raise _not_yet("check")
+async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
+    """Verify the invariants of DESIGN section 5 on the live data dir.
+
+    `settled=True` also counts in-flight work as a violation (for use once load
+    has stopped and leases have expired or been released). `verify_chroma`
+    compares every staged receipt and Dream overlay with its Chroma row.
+    """
+    from backend.check import check_chroma, check_database, summarize
+
+    db = await ctx.db()
+    report = await db.read_snapshot(check_database)
+    if verify_chroma:
+        await check_chroma(ctx, db, report)
+    result = summarize(report, settled=settled)
+    result["data_dir"] = str(ctx.data.root)
+    return result
+
+
+async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
+    from backend import replay as receipt_replay
+
+    if bool(summary_ids) == all_mismatched:
+        raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    if not dry_run:
+        ctx.require_writable("replay")
+    db = await ctx.db()
+    store = ctx.store()
+    await store.count()  # Chroma down: say so now, before anything is read or written
+    report = await receipt_replay.replay_receipts(db, store, actor=ctx.operator,
+                                                  summary_ids=summary_ids, dry_run=dry_run)
+    return report.as_dict()
 
 
 async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "queue",

@@ -93,6 +93,7 @@ class Supervisor:
         ]
         self.chroma: ChromaServer | None = None
         self.stopping = asyncio.Event()
+        self.load_stop = asyncio.Event()
         self._host = socket.gethostname()
 
     # -- lifecycle -------------------------------------------------------
@@ -129,6 +130,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.request_stop)
+        # SIGUSR1 stops only the synthetic load (drills use it to let the system settle)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGUSR1, self.load_stop.set)
 
     # -- Chroma ------------------------------------------------------------
     def _ensure_chroma(self) -> None:
@@ -251,7 +255,20 @@ class Supervisor:
 
         generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions,
                                   rate=self.config.load_rate)
-        await generator.run(self.stopping)
+        stop = asyncio.Event()
+
+        async def either() -> None:
+            await asyncio.wait([asyncio.create_task(self.stopping.wait()),
+                                asyncio.create_task(self.load_stop.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            stop.set()
+
+        watcher = asyncio.create_task(either())
+        try:
+            await generator.run(stop)
+        finally:
+            watcher.cancel()
+        log.info("load stopped after %d inputs", generator.sent)
 
 
 def read_manifest(ctx: Context) -> dict[str, Any] | None:
