@@ -141,7 +141,7 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         # one reply per step: a steer adds a step (and a reply) to the running execution
         if row["status"] == "completed" and row["execution_id"] is not None:
             completed.setdefault((row["execution_id"], row["step"]), []).append(row)
-    report.add(report.violations, "3", "execution steps that published more than one completed reply",
+    report.add(report.violations, "3", "executions that published more than one completed reply",
                [{"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
                 for k, v in completed.items() if len(v) > 1])
     open_rows = [r for r in assistants if r["status"] == "streaming"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backend import clock, leases, projection, recovery, sessions
+from backend import clock, leases, ops, projection, recovery, sessions
 from backend.agent import OfflineResponder, StepRequest
 from backend.context import Context
 from backend.db import Database
@@ -89,6 +89,8 @@ async def test_a_steer_joins_the_running_turn_and_a_queue_input_waits(db_ctx: Co
     assert all(r["status"] == "completed" for r in replies)
     assert [m["id"] for m in msgs] == ["q1", replies[0]["id"], "s3", replies[1]["id"], "q2", replies[2]["id"]]
     assert await _violations(db) == []
+    report = await ops.check(db_ctx, settled=True, verify_chroma=False)
+    assert [v for v in report["violations"] if v["invariant"] in ("1", "3")] == []
 
 
 async def test_a_steer_waiting_at_a_turn_start_joins_that_turn(db_ctx: Context) -> None:
