@@ -25,6 +25,7 @@ from typing import Any
 
 from backend import clock, drift, faults, leases, projection, recovery, sessions
 from backend.agent import Agent, StepRequest, load_agent
+from backend.context import Context
 from backend.daemon import Daemon
 from backend.errors import LeaseLost, RemError, UsageError
 from backend.events import EventKind, append_event_sync
@@ -73,6 +74,8 @@ class TurnState:
 
 @dataclass
 class Step:
+    """One step in flight: its assistant row, what it answers, the parts streamed so far."""
+
     number: int
     assistant_id: str
     data: dict[str, Any]
@@ -84,7 +87,7 @@ class Step:
 class Executor(Daemon):
     role = "executor"
 
-    def __init__(self, ctx: Any, *, once: bool = False, owner_id: str | None = None,
+    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None,
                  agent: Agent | None = None, concurrency: int | None = None,
                  lease_ms: int | None = None) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
@@ -131,13 +134,16 @@ class Executor(Daemon):
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            taken = await self.db.write_sync(lambda conn, eid=execution_id: recovery.take_over(
-                conn, eid, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms))
+            taken = await self.db.write_sync(partial(self._take_over_tx, execution_id=execution_id))
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
                 started += 1
         return started
+
+    def _take_over_tx(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+        return recovery.take_over(conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget,
+                                  length_ms=self.lease_ms)
 
     async def _claim_waiting(self) -> int:
         if self._capacity() <= 0:
@@ -292,7 +298,7 @@ class Executor(Daemon):
             if loop.time() - last_flush >= FLUSH_S:
                 if step.written:
                     faults.point("executor.mid_stream")
-                await self.db.write_sync(lambda conn, parts=buffer: self._flush(conn, state, step, parts))
+                await self.db.write_sync(partial(self._flush, state=state, step=step, parts=buffer))
                 step.written += len(buffer)
                 buffer, last_flush = [], loop.time()
         return buffer

@@ -191,4 +191,5 @@ async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "que
 
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id)
-    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id)
+    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id,
+                                actor=ctx.operator)

@@ -68,16 +68,17 @@ async def admit(
     delivery: str = "queue",
     input_id: str | None = None,
     now: int | None = None,
+    actor: str = "send",
 ) -> dict[str, Any]:
     """Admit one input (idempotent on its id), creating the session on first use."""
     validate_input(session_id, text, delivery, input_id)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
-    return await db.write_sync(lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now))
+    return await db.write_sync(lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor))
 
 
 def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: str, input_id: str,
-               now: int) -> dict[str, Any]:
+               now: int, actor: str = "send") -> dict[str, Any]:
     """The admission transaction body (validated input, on the connection's thread)."""
     existing = conn.execute(
         "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq FROM session_input WHERE id = ?",
@@ -94,7 +95,7 @@ def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: s
         "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
         (input_id, session_id, dumps({"text": text}), delivery, seq, now),
     )
-    append_event_sync(conn, kind=EventKind.INPUT_ADMITTED, actor="send", session_id=session_id,
+    append_event_sync(conn, kind=EventKind.INPUT_ADMITTED, actor=actor, session_id=session_id,
                       target=input_id, now=now,
                       data={"delivery": delivery, "admitted_seq": seq,
                             "bytes": len(text.encode("utf-8", "surrogatepass"))})

@@ -292,6 +292,24 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
     assert _scalar(data, "SELECT count(*) FROM session_input WHERE promoted_seq IS NULL") == 0
 
 
+# -- draining: SIGTERM finishes the turn in flight and hands the rest back ------------------------
+
+def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    _admit(data, [("s1", f"Question {i} about the refund queue?", "queue") for i in range(3)])
+    proc = _spawn_executor(data, tmp_path / "executor.log", REM_AGENT_DELAY_MS="150")
+    wait_until(lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    states = [tuple(r) for r in _query(data, "SELECT promoted_seq IS NOT NULL, wake_pending FROM session_input "
+                                             "ORDER BY admitted_seq")]
+    assert states[0] == (1, 0) and set(states[1:]) == {(0, 1)}  # one finished, the rest still waiting
+    assert _scalar(data, "SELECT count(*) FROM session_execution") == 0
+    assert _scalar(data, "SELECT count(*) FROM session_recovery") == 0
+    assert _scalar(data, "SELECT state FROM worker") == "stopped"
+    assert _violations(data) == []
+
+
 # -- operator release of a dead owner's lease ---------------------------------------------------
 
 def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path: Path) -> None:
