@@ -222,8 +222,8 @@ class Executor(Daemon):
             faults.point("executor.after_promote")
             try:
                 tail = await self._stream(state, step)
-            except (LeaseLost, asyncio.CancelledError):
-                raise
+            except (RemError, asyncio.CancelledError):
+                raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
                 await self.db.write_sync(partial(self._fail_step, state=state, step=step, exc=exc))
                 return

@@ -229,6 +229,28 @@ async def test_the_attempt_budget_parks_and_release_retries(db_ctx: Context,
     assert await _violations(db) == []
 
 
+async def test_an_injected_fault_is_a_crash_not_an_agent_error(db_ctx: Context, frozen_clock: clock.FrozenClock,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend import faults
+
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Interrupt me in the middle.", input_id="q1")
+    monkeypatch.setenv("REM_FAULTS", "executor.mid_stream=raise")
+    faults.reset()
+    await _executor(db_ctx, delay_ms=60).run()
+    row = await db.fetchone("SELECT phase, assistant_message_id FROM session_execution")
+    assert row is not None and row["phase"] == "unknown"  # left for recovery, like a kill
+    stale = (await _messages(db, "s1"))[1]
+    assert stale["status"] == "streaming" and await _parts_text(db, stale["id"])
+    monkeypatch.delenv("REM_FAULTS")
+    faults.reset()
+    frozen_clock.advance(LEASE)
+    await _executor(db_ctx).run()
+    assert [m["status"] for m in await _messages(db, "s1") if m["type"] == "assistant"] == [
+        "superseded", "completed"]
+    assert await _violations(db) == []
+
+
 class FailingAgent(OfflineResponder):
     """Fails mid-reply on prompts that say "boom"."""
 
