@@ -125,6 +125,14 @@ SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') A
        json_extract(data, '$.step') AS step,
        json_extract(data, '$.status') AS status FROM session_message WHERE type = 'assistant'
 """
+# exactly-once replies: every input a completed (or failed) reply answers, counted
+SQL_ANSWER_COUNTS = """
+SELECT m.session_id, j.value AS input_id, count(*) AS replies,
+       group_concat(m.id) AS messages
+FROM session_message AS m, json_each(m.data, '$.answers') AS j
+WHERE m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
+GROUP BY m.session_id, j.value
+"""
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
 FROM session_message WHERE type = 'synthetic' AND json_extract(data, '$.execution_id') IS NOT NULL
@@ -151,17 +159,22 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
                [r for r in open_rows if r["execution_id"] not in live])
     report.add(report.violations, "3", "more than one continuation message for one execution",
                _rows(conn, SQL_DOUBLE_CONTINUATION))
+    counts = _rows(conn, SQL_ANSWER_COUNTS)
+    report.add(report.violations, "3", "inputs answered by more than one reply (a late write landed)",
+               [r for r in counts if r["replies"] > 1])
+    answered = {r["input_id"] for r in counts}
+    users = _rows(conn, "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
+                        "FROM session_message AS m LEFT JOIN session_execution AS e "
+                        "ON e.session_id = m.session_id WHERE m.type = 'user'")
+    unanswered = [r for r in users if r["input_id"] not in answered]
+    report.add(report.unsettled, "2", "promoted inputs not answered yet",
+               [r for r in unanswered if r["execution_id"] is not None])
+    report.add(report.violations, "2", "promoted inputs no reply answers and no execution will",
+               [r for r in unanswered if r["execution_id"] is None])
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
-SQL_UNANSWERED = """
-SELECT u.session_id, u.id AS message_id, u.seq FROM session_message AS u
-WHERE u.type = 'user' AND u.seq = (SELECT max(seq) FROM session_message
-                                   WHERE session_id = u.session_id AND type = 'user')
-  AND NOT EXISTS (SELECT 1 FROM session_message AS a
-                  WHERE a.session_id = u.session_id AND a.type = 'assistant' AND a.seq > u.seq
-                    AND json_extract(a.data, '$.status') IN ('completed', 'error'))
-"""
+
 
 
 def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
@@ -175,8 +188,6 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
                [r for r in recoveries if r["recovery_error"] is None])
     report.add(report.unsettled, "2", "recoveries parked for the operator (attempt budget spent)",
                [r for r in recoveries if r["recovery_error"] is not None])
-    report.add(report.unsettled, "2", "latest user message has no completed reply yet",
-               _rows(conn, SQL_UNANSWERED))
     jobs = _rows(conn, "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
                        "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq")
     report.add(report.unsettled, "2", "summaries not at the current raw turns", jobs)

@@ -138,12 +138,18 @@ def _lost(lease: Lease) -> LeaseLost:
                      f"at epoch {lease.epoch}")
 
 
+# A deliberately broken build for proving the drills can fail: fenced writes stop
+# checking (owner, epoch). Never set outside tests.
+UNSAFE_NO_FENCING = os.environ.get("REM_UNSAFE_DISABLE_FENCING") == "1"
+FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
+
+
 def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> sqlite3.Row:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
     row = conn.execute(
         f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
-        "WHERE id = :id AND owner_id = :owner AND epoch = :epoch RETURNING *",
+        f"WHERE {FENCE} RETURNING *",
         {**changes, "expires": now + lease.length_ms, "now": now, "id": lease.execution_id,
          "owner": lease.owner_id, "epoch": lease.epoch},
     ).fetchone()
@@ -155,8 +161,8 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
 
 def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
-    if not conn.execute("DELETE FROM session_execution WHERE id = ? AND owner_id = ? AND epoch = ?",
-                        (lease.execution_id, lease.owner_id, lease.epoch)).rowcount:
+    if not conn.execute(f"DELETE FROM session_execution WHERE {FENCE}",  # noqa: S608
+                        {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch}).rowcount:
         raise _lost(lease)
 
 

@@ -16,6 +16,7 @@ import sqlite3
 from typing import Any
 
 from backend.errors import LeaseLost
+from backend.leases import UNSAFE_NO_FENCING
 from backend.sessions import dumps
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
@@ -84,9 +85,11 @@ def write_parts(conn: sqlite3.Connection, message_id: str, session_id: str, firs
 
 def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int) -> None:
     """Rewrite the running execution's own assistant row; a closed row is never reopened."""
+    # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
+    still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
     changed = conn.execute(
-        "UPDATE session_message SET data = ?, time_updated = ? "
-        "WHERE id = ? AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming'",
+        "UPDATE session_message SET data = ?, time_updated = ? "  # noqa: S608
+        f"WHERE id = ? AND type = 'assistant'{still_open}",
         (dumps(data), now, message_id),
     ).rowcount
     if not changed:
