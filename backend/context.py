@@ -13,7 +13,7 @@ from backend.datadir import DataDir
 from backend.db import Database
 from backend.errors import DataDirError, ReadOnly
 from backend.events import operator_name
-from backend.schema import migrate, schema_version
+from backend.schema import migrate, refuse_unusable
 
 log = logging.getLogger("rem.context")
 
@@ -59,9 +59,7 @@ class Context:
                 )
             db = await Database.open(self.data.state_db, read_only=True)
             try:
-                from backend.schema import _refuse_newer
-
-                _refuse_newer(db, await schema_version(db))
+                await refuse_unusable(db)
             except BaseException:
                 await db.close()
                 raise

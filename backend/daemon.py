@@ -14,21 +14,25 @@ import logging
 import signal
 from typing import Any
 
-from backend import workers
+from backend import faults, workers
 from backend.context import Context
 from backend.db import Database
-from backend.errors import ChromaUnreachable, DatabaseLocked, RemError
+from backend.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
 
 IDLE_POLL_S = 0.05
 # run a pass at least this often even when nothing was committed (lease expiry is time-based)
 MAX_IDLE_S = 1.0
 MAX_BACKOFF_S = 5.0
+# a dependency that is down for now: the pass is retried with backoff, nothing is lost
+# (a corrupt database is not in here: it needs an operator, so the daemon stops with one line)
+TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError)
 
 
 class Daemon:
     role: str = ""
 
     def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None) -> None:
+        faults.validate()  # a typo in REM_FAULTS fails here, in one line, not inside a task
         self.ctx = ctx
         self.once = once
         self.owner_id = owner_id or workers.new_owner_id(self.role)
@@ -56,7 +60,7 @@ class Daemon:
     async def run(self) -> int:
         """Run until drained (or one pass with `once`); returns an exit code."""
         self.db = await self.ctx.db()
-        await workers.register(self.db, self.owner_id, self.role, self.info())
+        await self._register()
         self.log.info("%s %s started", self.role, self.owner_id)
         self._install_signal_handlers()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
@@ -70,14 +74,27 @@ class Daemon:
             await self._shutdown(reason)
         return 0
 
+    async def _register(self) -> None:
+        """Join the worker registry, waiting out a locked or full database like any pass would."""
+        backoff = 0.1
+        while True:
+            try:
+                await workers.register(self.db, self.owner_id, self.role, self.info())
+                return
+            except TRANSIENT_ERRORS as exc:
+                if self.once:
+                    raise
+                self.log.warning("%s cannot register yet: %s; retrying in %.1f s", self.owner_id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
     async def _loop(self) -> None:
         backoff = 0.1
         while not self.draining.is_set():
             try:
                 handled = await self.run_pass()
                 backoff = 0.1
-            except (ChromaUnreachable, DatabaseLocked) as exc:
-                # a dependency is down: retry with backoff, lose nothing
+            except TRANSIENT_ERRORS as exc:
                 self.log.warning("%s: %s; retrying in %.1f s", self.owner_id, exc, backoff)
                 if self.once:
                     raise

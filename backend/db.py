@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ import aiosqlite
 from backend.errors import (
     DatabaseCorrupt,
     DatabaseFull,
+    DatabaseIOError,
     DatabaseLocked,
     DataDirError,
     ReadOnly,
@@ -49,7 +51,9 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | N
         )
     if "disk is full" in msg or "database or disk is full" in msg:
         return DatabaseFull(f"no space left for {path}; free disk space, then retry")
-    if "not a database" in msg or "malformed" in msg or "disk i/o error" in msg:
+    if "disk i/o error" in msg:
+        return _io_error(exc, path)
+    if "not a database" in msg or "malformed" in msg:
         return DatabaseCorrupt(
             f"{path} is not a readable rem database ({exc}); restore it from a backup "
             "or move it aside and run `rem init`"
@@ -59,6 +63,25 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | N
     if "readonly" in msg or "read-only" in msg or "attempt to write" in msg:
         return ReadOnly(f"{path} is opened read-only; this action needs a writable rem")
     return None
+
+
+# below this much free space, a disk I/O error is a full disk (SQLite reports a
+# -shm or -wal file it could not grow as SQLITE_IOERR_*, not SQLITE_FULL)
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def _io_error(exc: sqlite3.Error, path: Path | str) -> RemError:
+    """A disk I/O error: a full disk when the filesystem is (nearly) full, never "corrupt"."""
+    name = getattr(exc, "sqlite_errorname", "SQLITE_IOERR")
+    try:
+        free = shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        return DatabaseFull(f"no space left for {path} ({free} bytes free, {name}); "
+                            "free disk space, then retry")
+    return DatabaseIOError(f"disk I/O error on {path} ({name}); check the disk (`df`, `dmesg`) "
+                           "and retry; if it persists, restore state.db from a backup")
 
 
 class Database:
@@ -125,6 +148,10 @@ class Database:
                 raise translate_sqlite_error(exc, self.path) or exc from exc
             try:
                 yield self.conn
+            except sqlite3.Error as exc:
+                # a statement in the body failed (full disk, corrupt page): one clear RemError
+                await self._rollback_quietly()
+                raise translate_sqlite_error(exc, self.path) or exc from exc
             except BaseException:
                 await self._rollback_quietly()
                 raise

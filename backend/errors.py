@@ -51,6 +51,12 @@ class DatabaseFull(RemError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class DatabaseIOError(RemError):
+    """The disk under state.db failed a read or write (not a sign of corruption by itself)."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
 class ChromaUnreachable(RemError):
     exit_code = ExitCode.UNREACHABLE
 

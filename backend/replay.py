@@ -28,7 +28,7 @@ from typing import Any
 
 import aiosqlite
 
-from backend import clock, receipts
+from backend import clock, faults, receipts
 from backend.chroma_store import ChromaStore
 from backend.db import Database, execute, fetchone
 from backend.drift import publish_input_revision
@@ -214,6 +214,8 @@ class Recovery:
             return
         leased = await self._lease(mismatched, now) if mismatched else []
         replayed = await self._rewrite(leased) if leased else []
+        if replayed:
+            faults.point("replay.after_rewrite")
         last = self.final_event is not None and await following is None
         if corrupt or replayed or last or any(_needs_write(c) for c in present):
             async with self.db.tx() as conn:

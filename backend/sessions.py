@@ -52,12 +52,33 @@ def validate_input(session_id: str, text: str, delivery: str, input_id: str | No
         raise BadInput(f"unknown delivery {delivery!r}: use --delivery queue or --delivery steer")
     if not isinstance(text, str) or not text.strip():
         raise BadInput("the input text is empty: pass the prompt as TEXT")
-    size = len(text.encode("utf-8", errors="surrogatepass"))
+    size = _utf8_size(text)
     if size > MAX_TEXT_BYTES:
         raise BadInput(
             f"the input text is {size} bytes, over the {MAX_TEXT_BYTES} byte (256 KiB) limit: "
             "send a shorter prompt or split it into several inputs"
         )
+
+
+def _utf8_size(text: str) -> int:
+    """The text's size in UTF-8; refuses text that is not valid Unicode (e.g. bytes from a shell)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Python hands undecodable argv bytes over as lone surrogates U+DC80..U+DCFF
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise BadInput(f"the input text is not valid UTF-8 ({what} at character {exc.start}): "
+                       "send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
+
+
+def decode_text(raw: bytes, source: str = "stdin") -> str:
+    """Strict UTF-8 text from raw bytes (`rem send -`), or BadInput naming the bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"the text on {source} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                       f"{exc.start}): send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
 
 
 async def admit(

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend import chroma_server, workers
+from backend import chroma_server, faults, workers
 from backend.chroma_server import ChromaServer, _die_with_parent
 from backend.context import Context
 from backend.errors import ChromaUnreachable
@@ -99,6 +99,7 @@ class Supervisor:
     # -- lifecycle -------------------------------------------------------
     async def run(self) -> int:
         """Start everything, keep it alive until asked to stop, then drain it all."""
+        faults.validate()  # refuse a typo before any child starts (they would crash-loop on it)
         db = await self.ctx.db()
         self._install_signal_handlers()
         self._ensure_chroma()

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from backend import ops
+from backend import ops, sessions
 from backend.cli import common
 
 
@@ -39,7 +39,7 @@ def send(
     Example: rem send s1 "summarise yesterday's run" --delivery queue
     """
     if text == "-":
-        text = sys.stdin.read()
+        text = sessions.decode_text(sys.stdin.buffer.read())
     ctx = common.make_context(data, None)
     result = common.run(lambda: common.with_context(ctx, lambda c: ops.send(
         c, session, text, delivery=delivery.value, input_id=input_id)))

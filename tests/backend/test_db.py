@@ -12,7 +12,7 @@ import pytest
 
 from backend.context import Context
 from backend.db import BUSY_TIMEOUT_MS, Database
-from backend.errors import ReadOnly
+from backend.errors import DatabaseFull, DatabaseIOError, ReadOnly
 from backend.events import append_event
 
 
@@ -98,3 +98,32 @@ async def test_four_processes_read_then_write_never_see_locked(db_ctx: Context) 
     assert not any("locked" in e for e in errors), errors
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'race'") == 1200
     assert await db.scalar("SELECT count(*) FROM event") == base + 1200
+
+
+async def test_a_failing_statement_inside_tx_is_one_rem_error_and_rolls_back(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await db.fetchall("PRAGMA max_page_count = 1")  # this connection's "disk" is full now
+    before = await db.scalar("SELECT count(*) FROM event")
+    with pytest.raises(DatabaseFull, match="no space left for .*state.db; free disk space, then retry"):
+        async with db.tx() as conn:
+            await append_event(conn, kind="test.event", actor="t", data={"pad": "x" * 100_000})
+    assert not db.conn.in_transaction
+    assert await db.scalar("SELECT count(*) FROM event") == before
+
+
+@pytest.mark.parametrize(("free", "expected", "needle"), [
+    (0, DatabaseFull, "no space left for /d/state.db (0 bytes free, SQLITE_IOERR_SHMSIZE)"),
+    (10**9, DatabaseIOError, "disk I/O error on /d/state.db (SQLITE_IOERR_SHMSIZE); check the disk"),
+])
+def test_a_disk_io_error_is_a_full_disk_or_an_io_error_never_corruption(
+        monkeypatch: pytest.MonkeyPatch, free: int, expected: type, needle: str) -> None:
+    import shutil
+
+    from backend import db as db_module
+
+    monkeypatch.setattr(db_module.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 0, free))
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorname = "SQLITE_IOERR_SHMSIZE"  # type: ignore[attr-defined]
+    translated = db_module.translate_sqlite_error(exc, "/d/state.db")
+    assert type(translated) is expected and needle in str(translated)
+    assert "restore it from a backup or move it aside" not in str(translated)
