@@ -2,6 +2,13 @@
 
 Tests and clock-skew drills shift it: `REM_CLOCK_SKEW_MS` adds a fixed
 offset for a whole process; `set_clock` replaces the source in-process.
+
+Leases compare one process's clock with another's, so clocks must agree
+within a bound: two processes Δ ms apart never take each other's leases
+over while Δ < L - R (L the lease, R its renewal interval): 20 s with the
+default 30 s execution leases renewed every 10 s. Past it, leases are taken
+over early, and fencing still keeps every write exactly-once
+(tests/reliability/test_clock_skew.py proves both sides).
 """
 
 from __future__ import annotations

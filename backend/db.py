@@ -84,6 +84,20 @@ def _io_error(exc: sqlite3.Error, path: Path | str) -> RemError:
                            "and retry; if it persists, restore state.db from a backup")
 
 
+# what an unversioned (user_version 0) database already holds; a new rem database holds nothing
+FOREIGN_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+
+
+def refuse_foreign(path: Path | str, user_version: int, tables: list[str]) -> None:
+    """Never touch another program's SQLite database: rem's is versioned, or empty."""
+    if user_version == 0 and tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise DataDirError(
+            f"{path} is a SQLite database, but not rem's (no rem schema; tables: {shown}); "
+            "move it aside or pass another --data"
+        )
+
+
 class Database:
     """One aiosqlite connection to state.db, shared by the tasks of a process.
 
@@ -119,7 +133,10 @@ class Database:
     async def _apply_pragmas(self) -> None:
         c = self.conn
         await c.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if not self.read_only:
+        if not self.read_only and await self.scalar("PRAGMA journal_mode") != "wal":
+            # switching to WAL rewrites the file header: refuse another program's database first
+            refuse_foreign(self.path, await self.scalar("PRAGMA user_version"),
+                           [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)])
             await c.execute("PRAGMA journal_mode = WAL")
         await c.execute("PRAGMA synchronous = NORMAL")
         await c.execute("PRAGMA foreign_keys = ON")

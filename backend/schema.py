@@ -12,7 +12,7 @@ import logging
 import aiosqlite
 
 from backend import clock
-from backend.db import Database
+from backend.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
 from backend.errors import DataDirError, SchemaTooNew
 
 log = logging.getLogger("rem.schema")
@@ -311,8 +311,7 @@ async def migrate(db: Database) -> int:
         # re-read inside the write lock: another process may have migrated meanwhile
         current = int((await (await conn.execute("PRAGMA user_version")).fetchone())[0])
         _refuse_newer(db, current)
-        if current == 0:
-            _refuse_foreign(db, [r[0] for r in await conn.execute_fetchall(FOREIGN_TABLES_SQL)])
+        refuse_foreign(db.path, current, [r[0] for r in await conn.execute_fetchall(FOREIGN_TABLES_SQL)])
         for version in range(current, SCHEMA_VERSION):
             await _apply(conn, MIGRATIONS[version])
             log.info("migrated %s to schema version %d", db.path, version + 1)
@@ -330,26 +329,12 @@ async def migrate(db: Database) -> int:
     return SCHEMA_VERSION
 
 
-# what an unversioned (user_version 0) database already holds; rem's own is empty
-FOREIGN_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
-
-
-def _refuse_foreign(db: Database, tables: list[str]) -> None:
-    """Never create rem's tables inside another program's SQLite database."""
-    if tables:
-        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
-        raise DataDirError(
-            f"{db.path} is a SQLite database, but not rem's (no rem schema; tables: {shown}); "
-            "move it aside or pass another --data"
-        )
-
-
 async def refuse_unusable(db: Database) -> None:
     """For read-only opens: refuse a state.db from a newer rem, another program, or never initialised."""
     current = await schema_version(db)
     _refuse_newer(db, current)
     if current == 0:
-        _refuse_foreign(db, [r[0] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
+        refuse_foreign(db.path, current, [r[0] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
         raise DataDirError(f"{db.path} has no rem schema yet; run `rem init --data {db.path.parent}`")
 
 

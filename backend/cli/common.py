@@ -13,13 +13,21 @@ import typer
 
 from backend.context import Context
 from backend.datadir import DataDir
+from backend.errors import BadInput
 
 T = TypeVar("T")
+
+def _data_path(value: str) -> Path:
+    """`--data` as a path; an empty value (an unset shell variable) is refused, not read as `.`."""
+    if not value.strip():
+        raise BadInput("--data is empty: pass the data dir's path (is a shell variable unset?)")
+    return Path(value)
+
 
 DataOpt = Annotated[
     Path | None,
     typer.Option("--data", help="Data dir (default: $REM_DATA, else the user data dir).",
-                 show_default=False),
+                 show_default=False, parser=_data_path),
 ]
 ChromaOpt = Annotated[
     str | None,
