@@ -17,6 +17,7 @@ from backend.errors import BadInput
 
 T = TypeVar("T")
 
+
 def _data_path(value: str) -> Path:
     """`--data` as a path; an empty value (an unset shell variable) is refused, not read as `.`."""
     if not value.strip():
