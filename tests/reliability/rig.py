@@ -128,6 +128,7 @@ class Rig:
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         with sqlite3.connect(self.root / "state.db", timeout=10) as conn:
-            rows = conn.execute("SELECT actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id",
+            rows = conn.execute("SELECT id, actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id",
                                 (kind,)).fetchall()
-        return [{"actor": a, "session_id": s, "target": t, "data": json.loads(d or "{}")} for a, s, t, d in rows]
+        return [{"id": i, "actor": a, "session_id": s, "target": t, "data": json.loads(d or "{}")}
+                for i, a, s, t, d in rows]

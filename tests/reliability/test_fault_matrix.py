@@ -25,8 +25,16 @@ def _taken_over(rig: Rig, kind: str) -> bool:
 
 
 def _recovered_receipt(rig: Rig) -> bool:
-    """A staged receipt was acknowledged by recovery, not by the summarizer that staged it."""
-    return any(e["data"].get("recovered") for e in rig.events("summary.completed"))
+    """A receipt staged by a summarizer that died before completing it was finished by another process.
+
+    Either recovery acknowledged it (replaying the row if needed), or, when the
+    session's turns moved on meanwhile, a newer synthesis superseded it.
+    """
+    completed = rig.events("summary.completed")
+    orphans = [e for e in rig.events("summary.staged")
+               if not any(c["actor"] == e["actor"] and c["session_id"] == e["session_id"] for c in completed)]
+    return bool(orphans) and all(any(c["session_id"] == e["session_id"] and c["id"] > e["id"] for c in completed)
+                                 for e in orphans)
 
 
 def _resynthesized(rig: Rig) -> bool:
