@@ -379,6 +379,12 @@ class Recovery:
                            data={"before": c.verdict.detail(), "verified": after.present, "after": detail}, now=now)
         if ack:
             await self._acknowledged(conn, c, now, replayed=True)
+        if c.verdict.verdict == "missing":
+            # the row was re-created from the receipt: Dream's keys went with the old row,
+            # so ask Dream to write its overlay again (it never creates rows itself)
+            await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
+                          "WHERE session_id = ? AND (completed_revision IS NOT NULL "
+                          "OR digest_state IN ('deferred', 'undigestible'))", (c.job.session_id,))
         if after.present:
             self._count_completed(c, "replayed")
         else:

@@ -436,3 +436,29 @@ async def _damage_and_recover(root: Path, chroma_url: str, owned: dict[str, Any]
         with contextlib.suppress(Exception):
             await ctx.store().delete([row_id("s1"), row_id("s2")])
         await ctx.close()
+
+
+async def test_a_deleted_row_replayed_gets_its_dream_keys_back(ctx: Context,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend import ops
+    from backend.dream import Dreamer
+
+    await ops.send(ctx, "s1", "Why did the Invoice Service reject Stripe webhooks for Maria Lopez?")
+    await _turns_and_summaries(ctx, monkeypatch)
+    await Dreamer(ctx, once=True).run()
+    before = (await ctx.store().get([row_id("s1")]))[row_id("s1")][1]
+    assert before["graphDigested"] is True and before["dreamCompletedRevision"]
+    await ctx.store().delete([row_id("s1")])
+
+    report = await ops.replay(ctx, all_mismatched=True)
+    assert report["counters"]["replayed"] == 1
+    db = await ctx.db()
+    assert await db.scalar("SELECT overlay_pending FROM dream_state WHERE session_id = 's1'") == 1
+    lost = await ops.check(ctx)
+    assert "Dream overlays not written to Chroma yet" in {f["what"] for f in lost["unsettled"]}
+
+    await Dreamer(ctx, once=True).run()  # the overlay flush writes Dream's keys onto the new row
+    after = (await ctx.store().get([row_id("s1")]))[row_id("s1")][1]
+    assert after["dreamCompletedRevision"] == before["dreamCompletedRevision"]
+    assert after["graphDigested"] is True
+    assert (await ops.check(ctx, settled=True))["ok"]
