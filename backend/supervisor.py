@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend import chroma_server, faults, workers
+from backend import chroma_server, faults, maintenance, workers
 from backend.chroma_server import ChromaServer, _die_with_parent
 from backend.context import Context
-from backend.errors import ChromaUnreachable
+from backend.errors import ChromaUnreachable, RemError
 
 log = logging.getLogger("rem.supervisor")
 
@@ -114,9 +114,13 @@ class Supervisor:
             self._start(child)
         self._write_manifest()
         load_task = asyncio.create_task(self._run_load()) if self.config.load else None
+        next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
         try:
             while not self.stopping.is_set():
                 await self._monitor(db)
+                if time.monotonic() >= next_housekeeping:
+                    next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
+                    await self._housekeeping(db)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), MONITOR_INTERVAL_S)
         finally:
@@ -206,6 +210,13 @@ class Supervisor:
                 changed = True
         if changed:
             self._write_manifest()
+
+    async def _housekeeping(self, db: Any) -> None:
+        try:
+            result = await maintenance.run_once(db)
+            log.info("housekeeping: %s", result)
+        except RemError as exc:  # a locked or full database: try again next interval
+            log.warning("housekeeping skipped: %s", exc)
 
     async def _record_exit(self, db: Any, child: Child, proc: subprocess.Popen[bytes]) -> None:
         reason = describe_exit(proc.returncode)
