@@ -1,0 +1,127 @@
+"""Small text helpers shared by the console widgets: durations, ids, theme-coloured cells."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+
+# Fallbacks when no app (and so no theme) is around, e.g. in unit tests.
+DEFAULT_PALETTE = {
+    "error": "#B93C5B", "warning": "#FEA62B", "success": "#4EBF71", "accent": "#FEA62B",
+    "primary": "#0178D4", "muted": "#B6B6B6", "foreground": "#E0E0E0",
+}
+
+
+def palette_from(variables: Mapping[str, str]) -> dict[str, str]:
+    """The colours cells use, resolved from the app's theme variables."""
+    palette = dict(DEFAULT_PALETTE)
+    for name in ("error", "warning", "success", "accent", "primary", "foreground"):
+        if name in variables:
+            palette[name] = variables[name]
+    palette["muted"] = variables.get("foreground-darken-2", palette["muted"])
+    return palette
+
+
+def cell(value: Any, tone: str | None = None, palette: Mapping[str, str] | None = None,
+         *, bold: bool = False) -> Text:
+    """A table cell as plain Rich text (never markup: ids may contain brackets)."""
+    text = "" if value is None else str(value)
+    color = (palette or DEFAULT_PALETTE).get(tone) if tone else None
+    if color is None and not bold:
+        return Text(text, no_wrap=True, overflow="ellipsis")
+    return Text(text, style=Style(color=color, bold=bold), no_wrap=True, overflow="ellipsis")
+
+
+def duration(ms: int | float | None) -> str:
+    """A compact human duration: 850ms, 12s, 4m05s, 3h12m, 2d04h."""
+    if ms is None:
+        return "-"
+    ms = int(ms)
+    sign = "-" if ms < 0 else ""
+    ms = abs(ms)
+    if ms < 1_000:
+        return f"{sign}{ms}ms"
+    s = ms // 1_000
+    if s < 60:
+        return f"{sign}{s}s"
+    if s < 3_600:
+        return f"{sign}{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{sign}{s // 3_600}h{s % 3_600 // 60:02d}m"
+    return f"{sign}{s // 86_400}d{s % 86_400 // 3_600:02d}h"
+
+
+def age(at_ms: int | None, now_ms: int) -> str:
+    """How long ago a time was, or `-` when unknown."""
+    return "-" if at_ms is None else duration(max(0, now_ms - int(at_ms)))
+
+
+def time_left(ms: int) -> str:
+    """A lease countdown: `12s`, or `-3s` once it has run out (shown in the error colour)."""
+    return duration(ms) if ms > 0 else f"-{duration(-ms)}"
+
+
+def clock_time(at_ms: int | None) -> str:
+    """Wall-clock HH:MM:SS (local time) of a ms timestamp."""
+    if at_ms is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(int(at_ms) / 1000).strftime("%H:%M:%S")
+
+
+def full_time(at_ms: int | None) -> str:
+    if at_ms is None:
+        return "-"
+    stamp = _dt.datetime.fromtimestamp(int(at_ms) / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp}.{int(at_ms) % 1000:03d}"
+
+
+def short(value: Any, width: int = 14) -> str:
+    """An id cut to `width` characters with an ellipsis (the detail screen shows it whole)."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def short_id(value: Any, width: int = 10) -> str:
+    """An id cut in the middle (`ses_01…K3X9Q`): ids share prefixes and differ at the end."""
+    text = "" if value is None else str(value)
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[-(width - 1 - head):]
+
+
+def owner_short(owner_id: Any) -> str:
+    """`executor-host-4102-d4e5f6` -> `exec:4102` (role and pid say which process it is)."""
+    text = "" if owner_id is None else str(owner_id)
+    parts = text.split("-")
+    if len(parts) >= 4 and parts[-2].isdigit():
+        return f"{parts[0][:4]}:{parts[-2]}"
+    return short_id(text, 12)
+
+
+def short_revision(revision: str | None) -> str:
+    """`sha256:ab12cd…` -> `ab12cd` (enough to tell revisions apart on screen)."""
+    if not revision:
+        return "-"
+    return revision.split(":", 1)[-1][:8]
+
+
+def compact_json(value: Any, limit: int = 80) -> str:
+    """Event data as `k=v k=v`, cut to `limit` characters."""
+    if isinstance(value, dict):
+        text = " ".join(f"{k}={_scalar(v)}" for k, v in value.items())
+    else:
+        text = _scalar(value)
+    return short(text, limit)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_scalar(v) for v in value)
+    if isinstance(value, dict):
+        return "{" + " ".join(f"{k}={_scalar(v)}" for k, v in value.items()) + "}"
+    return str(value)

@@ -1,0 +1,337 @@
+"""`SnapshotTable`: a keyed DataTable that mirrors one list of the status snapshot.
+
+Rows are keyed by the record's id and updated in place (changed cells only)
+so the cursor and the scroll position survive every refresh. Each panel
+declares its columns (how to render a cell, whether it is time-dependent,
+how to sort by it), how to turn a snapshot into records, and its title.
+Filtering and sorting happen here, over the full records, not the cut text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import DataTable
+from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
+
+from tui.format import DEFAULT_PALETTE
+
+Record = dict[str, Any]
+Palette = Mapping[str, str]
+Render = Callable[[Record, int, Palette], Text]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its key, header, width, and how to render and sort a record."""
+
+    key: str
+    label: str
+    width: int | None
+    render: Render
+    sort: Callable[[Record], Any] | None = None
+    # re-rendered by the 1 s tick (countdowns, ages) without touching the database
+    live: bool = False
+
+
+@dataclass
+class Row:
+    key: str
+    record: Record
+    cells: dict[str, Text] = field(default_factory=dict)
+    search: str = ""
+
+
+def same_text(a: Text | None, b: Text | None) -> bool:
+    """Equal text *and* look (Rich's own `==` ignores the base style)."""
+    if a is None or b is None:
+        return a is b
+    return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
+def _search_text(record: Record) -> str:
+    return json.dumps(record, default=str, sort_keys=True).lower()
+
+
+def _sort_value(value: Any) -> tuple[int, Any]:
+    # None sorts last; mixed types compare by their text
+    if value is None:
+        return (2, "")
+    if isinstance(value, int | float):
+        return (0, value)
+    return (1, str(value).lower())
+
+
+class SnapshotTable(DataTable[Text]):
+    """A panel table over one list of the status snapshot (subclasses fill in the blanks).
+
+    | Key | Does |
+    | :- | :- |
+    | enter | open the detail of the selected row |
+    """
+
+    DEFAULT_CSS = """
+    SnapshotTable {
+        height: 1fr;
+        border: round $panel-lighten-2;
+        border-title-color: $text;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        background: $surface;
+        scrollbar-size-vertical: 1;
+        /* wide rows scroll with ← → (or z to zoom); a bar would cost a row */
+        scrollbar-size-horizontal: 0;
+    }
+    SnapshotTable:focus {
+        border: round $accent;
+    }
+    SnapshotTable.-alert {
+        border: round $error;
+        border-title-color: $error;
+    }
+    SnapshotTable.-alert:focus {
+        border: heavy $error;
+    }
+    SnapshotTable > .datatable--header {
+        text-style: bold;
+        color: $text-muted;
+    }
+    """
+
+    BINDINGS: ClassVar = [
+        Binding("enter", "select_cursor", "Detail", tooltip="detail of the selected row"),
+    ]
+    COLUMNS: ClassVar[tuple[Column, ...]] = ()
+    PANEL_TITLE: ClassVar[str] = ""
+    # what the panel is called in help, the command palette and export file names
+    PANEL_NAME: ClassVar[str] = ""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False, cursor_foreground_priority="renderable")
+        self._rows: dict[str, Row] = {}
+        self._order: list[str] = []
+        self._shown: list[str] = []
+        self._palette: Palette = DEFAULT_PALETTE
+        self._now = 0
+        self.filter_text = ""
+        # aggregate counts shown under the table when no filter or sort is active
+        self.summary = ""
+        self.sort_column: str | None = None
+        self.sort_reverse = False
+        self.border_title = self.PANEL_TITLE
+
+    def on_mount(self) -> None:
+        for column in self.COLUMNS:
+            self.add_column(column.label, key=column.key, width=column.width)
+
+    # -- what subclasses provide ---------------------------------------------
+    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+        """(row key, record) pairs, most urgent first."""
+        raise NotImplementedError
+
+    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+        """The border title for this snapshot and whether the panel needs attention."""
+        return f"{self.PANEL_TITLE} {len(self._rows)}", False
+
+    # -- feeding it ------------------------------------------------------------
+    def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
+        """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
+        self._now, self._palette = now, palette
+        rows = {}
+        for key, record in self.records(snapshot):
+            rows[key] = Row(key, record, self._render(record, now), _search_text(record))
+        self._rows = rows
+        self._order = list(rows)
+        title, alert = self.titles(snapshot)
+        self.border_title = title
+        self.set_class(alert, "-alert")
+        self._sync()
+
+    def tick(self, now: int) -> None:
+        """Re-render the time-dependent cells for a new `now` (no database access)."""
+        self._now = now
+        live = [c for c in self.COLUMNS if c.live]
+        if not live:
+            return
+        for key in self._shown:
+            row = self._rows[key]
+            for column in live:
+                text = column.render(row.record, now, self._palette)
+                if not same_text(text, row.cells.get(column.key)):
+                    row.cells[column.key] = text
+                    self._set_cell(key, column.key, text)
+
+    def _render(self, record: Record, now: int) -> dict[str, Text]:
+        return {c.key: c.render(record, now, self._palette) for c in self.COLUMNS}
+
+    def _visible(self) -> list[str]:
+        keys = self._order
+        if self.filter_text:
+            needle = self.filter_text.lower()
+            keys = [k for k in keys if needle in self._rows[k].search]
+        if self.sort_column is not None:
+            column = next(c for c in self.COLUMNS if c.key == self.sort_column)
+            get = column.sort or (lambda r, c=column: c.render(r, self._now, self._palette).plain)
+            keys = sorted(keys, key=lambda k: _sort_value(get(self._rows[k].record)),
+                          reverse=self.sort_reverse)
+        return keys
+
+    def _sync(self) -> None:
+        selected = self.selected_key()
+        wanted = self._visible()
+        wanted_set = set(wanted)
+        shown_before = dict.fromkeys(self._shown)
+        for key in self._shown:
+            if key not in wanted_set:
+                self.remove_row(key)
+        for key in wanted:
+            row = self._rows[key]
+            if key in shown_before:
+                self._update_row(row)
+            else:
+                self.add_row(*(row.cells[c.key] for c in self.COLUMNS), key=key)
+        current = [k for k in list(shown_before) + wanted if k in wanted_set]
+        current = list(dict.fromkeys(current))
+        self._shown = wanted
+        if current != wanted and wanted:
+            self._reorder(wanted)
+        self._restore_cursor(selected)
+        self._update_subtitle()
+
+    def _update_row(self, row: Row) -> None:
+        old = self._row_cells(row.key)
+        for column in self.COLUMNS:
+            text = row.cells[column.key]
+            if not same_text(old.get(column.key), text):
+                self._set_cell(row.key, column.key, text)
+
+    def _row_cells(self, key: str) -> dict[str, Text]:
+        try:
+            values = self.get_row(key)
+        except RowDoesNotExist:
+            return {}
+        return {c.key: v for c, v in zip(self.COLUMNS, values, strict=False)}
+
+    def _set_cell(self, key: str, column: str, text: Text) -> None:
+        try:
+            self.update_cell(key, column, text, update_width=False)
+        except CellDoesNotExist:
+            pass
+
+    def _reorder(self, wanted: list[str]) -> None:
+        # DataTable.sort passes only cell values to the key function; the first
+        # cell object of each row is unique to that row, so rank it by identity.
+        first = self.COLUMNS[0].key
+        rank = {id(self.get_cell(key, first)): i for i, key in enumerate(wanted)}
+        self.sort(first, key=lambda value: rank.get(id(value), len(rank)))
+
+    def _restore_cursor(self, key: str | None) -> None:
+        if key is None or key not in self._rows or not self._shown:
+            return
+        try:
+            index = self.get_row_index(key)
+        except RowDoesNotExist:
+            return
+        if index != self.cursor_row:
+            self.move_cursor(row=index, animate=False)
+
+    def _update_subtitle(self) -> None:
+        parts = []
+        if self.filter_text:
+            parts.append(f"/{self.filter_text} {len(self._shown)} of {len(self._rows)}")
+        if self.sort_column is not None:
+            label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+            parts.append(f"sort {label}{' ▼' if self.sort_reverse else ' ▲'}")
+        self.border_subtitle = " · ".join(parts) or self.summary
+
+    # -- operator controls -------------------------------------------------------
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip()
+        self._sync()
+
+    def cycle_sort(self) -> str:
+        """Next sort column (urgency, then each column in turn); returns its name."""
+        keys = [c.key for c in self.COLUMNS]
+        if self.sort_column is None:
+            self.sort_column = keys[0]
+        else:
+            index = keys.index(self.sort_column) + 1
+            self.sort_column = keys[index] if index < len(keys) else None
+        self.sort_reverse = False
+        self._sync()
+        return self.sort_label()
+
+    def sort_by(self, column: str) -> str:
+        """Sort by `column`; choosing it again flips the direction (header clicks)."""
+        if self.sort_column == column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column, self.sort_reverse = column, False
+        self._sync()
+        return self.sort_label()
+
+    def reverse_sort(self) -> str:
+        self.sort_reverse = not self.sort_reverse
+        self._sync()
+        return self.sort_label()
+
+    def sort_label(self) -> str:
+        if self.sort_column is None:
+            return "most urgent first" if not self.sort_reverse else "least urgent first"
+        label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+        return f"{label} {'descending' if self.sort_reverse else 'ascending'}"
+
+    # -- reading it ----------------------------------------------------------------
+    def selected_key(self) -> str | None:
+        if not self._shown or self.cursor_row < 0 or self.cursor_row >= self.row_count:
+            return None
+        try:
+            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        except CellDoesNotExist:
+            return None
+        return row_key.value
+
+    def selected_record(self) -> Record | None:
+        key = self.selected_key()
+        return None if key is None else self._rows[key].record
+
+    def shown_records(self) -> list[Record]:
+        return [self._rows[k].record for k in self._shown]
+
+    def all_records(self) -> list[Record]:
+        return [self._rows[k].record for k in self._order]
+
+    def shown_keys(self) -> list[str]:
+        return list(self._shown)
+
+    def cell_text(self, key: str, column: str) -> str:
+        """The plain text a cell shows now (tests and CSV)."""
+        return self._rows[key].cells[column].plain if key in self._rows else ""
+
+    def to_csv(self) -> str:
+        """The rows shown (filter and sort applied) as CSV with full, uncut values."""
+        records = self.shown_records()
+        fields: list[str] = []
+        for record in records:
+            fields += [k for k in record if k not in fields]
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(fields)
+        for record in records:
+            writer.writerow([_csv_value(record.get(name)) for name in fields])
+        return out.getvalue()
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)

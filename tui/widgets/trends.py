@@ -1,0 +1,66 @@
+"""Sparklines of backlog, expired leases and receipt mismatches over the last minutes."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, Sparkline
+
+SERIES = (("backlog", "backlog"), ("expired_leases", "expired leases"), ("mismatches", "mismatches"))
+WINDOW_S = 10 * 60
+
+
+class Trends(Horizontal):
+    """Three labelled sparklines, one sample per clock second, ten minutes kept."""
+
+    DEFAULT_CSS = """
+    Trends {
+        height: 2;
+    }
+    Trends > Vertical {
+        width: 1fr;
+        padding: 0 1;
+    }
+    Trends Label {
+        width: 100%;
+        color: $text-muted;
+    }
+    Trends Sparkline {
+        height: 1;
+    }
+    Trends #trend-expired_leases > .sparkline--max-color, Trends #trend-mismatches > .sparkline--max-color {
+        color: $error;
+    }
+    """
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.history: dict[str, deque[tuple[int, int]]] = {
+            key: deque(maxlen=WINDOW_S) for key, _ in SERIES}
+
+    def compose(self) -> ComposeResult:
+        for key, label in SERIES:
+            with Vertical():
+                yield Label(label, id=f"label-{key}")
+                yield Sparkline([0], id=f"trend-{key}")
+
+    def record(self, now_ms: int, values: Mapping[str, int]) -> None:
+        """Sample the current values; repeated samples within one second replace each other."""
+        second = now_ms // 1000
+        for key, label in SERIES:
+            series = self.history[key]
+            value = int(values.get(key, 0))
+            if series and series[-1][0] == second:
+                series[-1] = (second, value)
+            else:
+                series.append((second, value))
+            while series and series[0][0] <= second - WINDOW_S:
+                series.popleft()
+            data = [v for _, v in series]
+            self.query_one(f"#trend-{key}", Sparkline).data = data
+            span = max(1, second - series[0][0] + 1)
+            self.query_one(f"#label-{key}", Label).update(
+                f"{label} {value}  (max {max(data)} / {span // 60}m{span % 60:02d}s)")
