@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -34,6 +34,7 @@ BUSY_TIMEOUT_MS = 10_000
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 Params = Sequence[Any] | dict[str, Any]
+T = TypeVar("T")
 
 
 def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | None:
@@ -165,6 +166,33 @@ class Database:
     async def scalar(self, sql: str, params: Params = ()) -> Any:
         row = await self.fetchone(sql, params)
         return None if row is None else row[0]
+
+    async def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(raw sqlite3 connection)` on the connection's own thread, in one hop.
+
+        For read paths that run many queries and build many rows (the status
+        snapshot): one thread hop instead of one per statement, and the row
+        building happens off the event loop. Uses aiosqlite's queue (pinned
+        version); `fn` must not leave a transaction open.
+        """
+        async with self._lock:
+            raw = self.conn._conn  # noqa: SLF001 - aiosqlite exposes no public hook for this
+            try:
+                return await self.conn._execute(fn, raw)  # noqa: SLF001
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    async def read_snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
+
+        def wrapped(raw: sqlite3.Connection) -> T:
+            raw.execute("BEGIN")
+            try:
+                return fn(raw)
+            finally:
+                raw.execute("ROLLBACK")
+
+        return await self.run_sync(wrapped)
 
     async def data_version(self) -> int:
         """`PRAGMA data_version`: changes whenever another connection commits."""

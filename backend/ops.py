@@ -8,11 +8,20 @@ refuse to run from a read-only context before touching anything.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from backend import chroma_server
+from backend import chroma_server, clock, workers
 from backend.context import Context
-from backend.errors import ChromaUnreachable, NotChroma, NotImplementedYet, RemError
+from backend.errors import (
+    ChromaUnreachable,
+    NotChroma,
+    NotImplementedYet,
+    Refused,
+    RemError,
+    UsageError,
+)
 from backend.schema import SCHEMA_VERSION, schema_version
 
 
@@ -64,8 +73,7 @@ async def status(ctx: Context) -> dict[str, Any]:
     from backend.status import snapshot
 
     db = await ctx.db()
-    async with db.snapshot() as conn:
-        snap = await snapshot(conn)
+    snap = await db.read_snapshot(snapshot)
     snap.update({
         "data_dir": str(ctx.data.root),
         "schema_version": await schema_version(db),
@@ -76,10 +84,83 @@ async def status(ctx: Context) -> dict[str, Any]:
     return snap
 
 
+async def drain(ctx: Context, owner_id: str, *, wait: bool = False, timeout_s: float = 60.0,
+                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Ask a worker to drain: stop claiming, finish or hand back its work, release, exit.
+
+    With `wait`, block until the worker has marked itself stopped (or the
+    timeout passes), calling `progress` with its state and leases held.
+    """
+    ctx.require_writable(f"drain {owner_id}")
+    db = await ctx.db()
+    result = await workers.request_drain(db, owner_id, ctx.operator)
+    if not wait:
+        return result
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        state = await workers.state_of(db, owner_id)
+        held = await workers.leases_held(db, owner_id)
+        report = {**result, "state": state, "leases_held": held,
+                  "waited_ms": int((loop.time() - started) * 1000)}
+        if progress is not None:
+            progress(report)
+        if state == "stopped":
+            return report
+        if loop.time() - started > timeout_s:
+            raise Refused(f"worker {owner_id} is still {state} after {timeout_s:.0f} s "
+                          f"({held} leases held); check its log, or release its leases")
+        await asyncio.sleep(0.1)
+
+
+LEASE_KINDS = ("execution", "summary_job", "dream")
+
+
+async def release(ctx: Context, lease_id: str, *, kind: str | None = None,
+                  expected_epoch: int | None = None, force: bool = False) -> dict[str, Any]:
+    """Expire a lease now and bump its epoch, so another worker takes over at once.
+
+    Refused when the lease's epoch is not `expected_epoch` (it was renewed or
+    taken over since the operator looked) unless `force`. The old owner's
+    late writes are fenced by the new epoch; the takeover follows the normal
+    recovery path. `kind` defaults to whichever lease `lease_id` names.
+    """
+    ctx.require_writable(f"release {lease_id}")
+    if kind is not None and kind not in LEASE_KINDS:
+        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LEASE_KINDS)}")
+    db = await ctx.db()
+    from backend.release import lease_kind, release_job_lease
+
+    kind = kind or await lease_kind(db, lease_id)
+    async with db.tx() as conn:
+        if kind == "execution":
+            from backend.leases import release_execution
+
+            return await release_execution(
+                conn, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
+                now=clock.now_ms())
+        return await release_job_lease(
+            conn, kind, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
+            now=clock.now_ms())
+
+
 def _not_yet(command: str) -> RemError:
     return NotImplementedYet(f"`rem {command}` is not implemented yet")
 
 
-async def check(ctx: Context) -> dict[str, Any]:
-    """Verify the invariants of DESIGN section 5 on the live data dir."""
-    raise _not_yet("check")
+async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
+    """Verify the invariants of DESIGN section 5 on the live data dir.
+
+    `settled=True` also counts in-flight work as a violation (for use once load
+    has stopped and leases have expired or been released). `verify_chroma`
+    compares every staged receipt and Dream overlay with its Chroma row.
+    """
+    from backend.check import check_chroma, check_database, summarize
+
+    db = await ctx.db()
+    report = await db.read_snapshot(check_database)
+    if verify_chroma:
+        await check_chroma(ctx, db, report)
+    result = summarize(report, settled=settled)
+    result["data_dir"] = str(ctx.data.root)
+    return result

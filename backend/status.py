@@ -12,8 +12,6 @@ import json
 import sqlite3
 from typing import Any
 
-import aiosqlite
-
 from backend import clock, workers
 from backend.ownership import summary_row_id
 
@@ -24,14 +22,36 @@ DRIFT_CLASSES = ("summary_stale", "dream_pending", "stale_completion", "deferred
                  "undigestible", "legacy_only")
 RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
 
-# name -> SQL; each is checked against EXPLAIN QUERY PLAN in the tests.
-STATUS_QUERIES: dict[str, str] = {
-    "inputs": """
+# Scalar counts, all fetched in ONE statement (one round trip to the db thread).
+_INPUT_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
+COUNT_QUERIES: dict[str, str] = {
+    "inputs_total": f"SELECT count(*) FROM session_input INDEXED BY {_INPUT_IDX} "
+                    "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL",
+    **{f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'"
+       for s in ("pending", "in_progress", "failed")},
+    "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
+    "dream_pending": "SELECT count(*) FROM dream_state "
+                     "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
+    **{f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
+       for s in ("pending", "in_progress", "deferred", "undigestible", "legacy")},
+    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'"
+       for v in RECEIPT_VERDICTS},
+    "receipt_unchecked": "SELECT count(*) FROM summary_job "
+                         "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
+    # walks the smallest index of session, not the table (~1 ms per 100 000 sessions)
+    "sessions": "SELECT count(*) FROM session",
+}
+COUNTS_SQL = "SELECT " + ", ".join(f"({sql}) AS {name}" for name, sql in COUNT_QUERIES.items())
+
+# name -> SQL; each (and each count above) is checked against EXPLAIN QUERY PLAN in
+# the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
+# plans where the planner, given statistics, would walk a big index in GROUP BY order.
+LIST_QUERIES: dict[str, str] = {
+    "inputs": f"""
         SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at
-        FROM session_input WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
+        FROM session_input INDEXED BY {_INPUT_IDX}
+        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
         GROUP BY session_id ORDER BY oldest_at LIMIT :cap""",
-    "inputs_total": """
-        SELECT count(*) FROM session_input WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL""",
     "recoveries": """
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
         FROM session_recovery WHERE wake_pending = 1
@@ -39,38 +59,28 @@ STATUS_QUERIES: dict[str, str] = {
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
         FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
         ORDER BY time_created LIMIT :cap""",
-    "summary_status_count": "SELECT count(*) FROM summary_job WHERE status = :status",
-    "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
     "summary_failed": """
         SELECT session_id, attempts, last_error, time_updated FROM summary_job
         WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
-    "dream_pending": """
-        SELECT count(*) FROM dream_state
-        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
-    "dream_state_count": "SELECT count(*) FROM dream_state WHERE digest_state = :state",
-    "execution_leases": """
-        SELECT e.id, e.session_id, e.owner_id, e.epoch, e.phase, e.expires_at,
-               w.state AS owner_state, w.heartbeat_at
+    "leases": """
+        SELECT 'execution' AS kind, e.id AS id, e.session_id, e.owner_id, e.epoch, e.phase,
+               e.expires_at, w.state AS owner_state, w.heartbeat_at
         FROM session_execution AS e LEFT JOIN worker AS w ON w.owner_id = e.owner_id
-        ORDER BY e.expires_at LIMIT :cap""",
-    "summary_leases": """
-        SELECT j.session_id, j.owner_id, j.epoch, j.lease_expires_at, w.state AS owner_state,
-               w.heartbeat_at
+        UNION ALL
+        SELECT 'summary_job', j.session_id, j.session_id, j.owner_id, j.epoch, NULL,
+               j.lease_expires_at, w.state, w.heartbeat_at
         FROM summary_job AS j LEFT JOIN worker AS w ON w.owner_id = j.owner_id
         WHERE j.lease_expires_at IS NOT NULL AND j.status = 'in_progress'
-        ORDER BY j.lease_expires_at LIMIT :cap""",
-    "dream_leases": """
-        SELECT d.session_id, d.owner_id, d.epoch, d.lease_expires_at, w.state AS owner_state,
-               w.heartbeat_at
+        UNION ALL
+        SELECT 'dream', d.session_id, d.session_id, d.owner_id, d.epoch, NULL,
+               d.lease_expires_at, w.state, w.heartbeat_at
         FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
         WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
-        ORDER BY d.lease_expires_at LIMIT :cap""",
-    "receipt_count": "SELECT count(*) FROM summary_job WHERE verdict = :verdict",
-    "receipt_unchecked": """
-        SELECT count(*) FROM summary_job WHERE verdict IS NULL AND result_staged_at IS NOT NULL""",
+        ORDER BY expires_at LIMIT :lease_cap""",
     "receipt_mismatched": """
         SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
-        FROM summary_job WHERE verdict IN ('missing', 'document_differs', 'keys_differ', 'quarantined')
+        FROM summary_job INDEXED BY summary_job_verdict_idx
+        WHERE verdict IN ('missing', 'document_differs', 'keys_differ', 'quarantined')
         ORDER BY verdict_checked_at DESC LIMIT :cap""",
     "dream_drift": """
         SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
@@ -81,42 +91,47 @@ STATUS_QUERIES: dict[str, str] = {
     "dream_legacy": """
         SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
                defer_reason, time_updated AS since
-        FROM dream_state WHERE digest_state = 'legacy' ORDER BY session_id LIMIT :cap""",
+        FROM dream_state INDEXED BY dream_state_digest_state_idx
+        WHERE digest_state = 'legacy' ORDER BY session_id LIMIT :cap""",
     "summary_stale_rows": """
         SELECT session_id, time_updated AS since FROM summary_job
         WHERE dirty_seq > clean_seq ORDER BY time_updated, session_id LIMIT :cap""",
     "workers": """
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at FROM worker
-        WHERE state IN ('running', 'draining')
+        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at
+        FROM worker INDEXED BY worker_state_heartbeat_idx WHERE state IN ('running', 'draining')
         UNION ALL
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at FROM worker
+        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at
+        FROM worker INDEXED BY worker_state_heartbeat_idx
         WHERE state = 'stopped' AND heartbeat_at > :recent
         ORDER BY role, started_at LIMIT :cap""",
     "recent_actions": """
-        SELECT id, time, kind, actor, session_id, target, data FROM event
+        SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_kind_idx
         WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release')
         ORDER BY id DESC LIMIT 20""",
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
-    "sessions": "SELECT count(*) FROM session",
 }
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES}
+LEASE_CAP = 5000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
 
 
-async def _rows(conn: aiosqlite.Connection, name: str, **params: Any) -> list[sqlite3.Row]:
-    return list(await conn.execute_fetchall(STATUS_QUERIES[name], params))
+def _rows(conn: sqlite3.Connection, name: str, **params: Any) -> list[dict[str, Any]]:
+    cursor = conn.execute(LIST_QUERIES[name], params)
+    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than sqlite3.Row
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-async def _count(conn: aiosqlite.Connection, name: str, **params: Any) -> int:
-    rows = await _rows(conn, name, **params)
-    return int(rows[0][0]) if rows else 0
+def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+    row = conn.execute(COUNTS_SQL).fetchone()
+    return {k: int(row[k]) for k in row.keys()}
 
 
-def _event(row: sqlite3.Row) -> dict[str, Any]:
-    event = dict(row)
+def _event(event: dict[str, Any]) -> dict[str, Any]:
     try:
         event["data"] = json.loads(event["data"] or "{}")
     except ValueError:
@@ -124,58 +139,39 @@ def _event(row: sqlite3.Row) -> dict[str, Any]:
     return event
 
 
-async def backlog(conn: aiosqlite.Connection, now: int) -> dict[str, Any]:
+def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[str, Any]:
     inputs = [
-        {**dict(r), "oldest_age_ms": now - r["oldest_at"]}
-        for r in await _rows(conn, "inputs", cap=LIST_CAP)
+        {**r, "oldest_age_ms": now - r["oldest_at"]}
+        for r in _rows(conn, "inputs", cap=LIST_CAP)
     ]
     recoveries = [
-        {**dict(r), "parked": r["recovery_error"] is not None}
-        for r in await _rows(conn, "recoveries", cap=LIST_CAP)
+        {**r, "parked": r["recovery_error"] is not None}
+        for r in _rows(conn, "recoveries", cap=LIST_CAP)
     ]
-    summary = {
-        status: await _count(conn, "summary_status_count", status=status)
-        for status in ("pending", "in_progress", "failed")
-    }
-    summary["stale"] = await _count(conn, "summary_stale")
-    summary["failed_rows"] = [dict(r) for r in await _rows(conn, "summary_failed", cap=50)]
-    by_state = {
-        state: await _count(conn, "dream_state_count", state=state)
-        for state in ("pending", "in_progress", "deferred", "undigestible")
-    }
+    summary: dict[str, Any] = {
+        s: counts[f"summary_{s}"] for s in ("pending", "in_progress", "failed", "stale")}
+    summary["failed_rows"] = _rows(conn, "summary_failed", cap=50)
+    by_state = {s: counts[f"dream_{s}"] for s in ("pending", "in_progress", "deferred", "undigestible")}
     return {
         "inputs": inputs,
-        "inputs_total": await _count(conn, "inputs_total"),
+        "inputs_total": counts["inputs_total"],
         "recoveries": recoveries,
         "summary_jobs": summary,
-        "dream": {"pending": await _count(conn, "dream_pending"), "by_state": by_state},
+        "dream": {"pending": counts["dream_pending"], "by_state": by_state},
     }
 
 
-def _lease(kind: str, row: sqlite3.Row, lease_id: str, expires_at: int, phase: str | None,
-           now: int) -> dict[str, Any]:
-    alive = row["owner_state"] in ("running", "draining") and workers.heartbeat_alive(
-        row["heartbeat_at"], now)
-    return {
-        "kind": kind, "id": lease_id, "session_id": row["session_id"],
-        "owner_id": row["owner_id"], "epoch": row["epoch"], "phase": phase,
-        "expires_at": expires_at, "time_left_ms": expires_at - now,
-        "expired": expires_at <= now, "owner_alive": alive, "owner_state": row["owner_state"],
-    }
-
-
-async def leases(conn: aiosqlite.Connection, now: int) -> list[dict[str, Any]]:
-    result = [
-        _lease("execution", r, r["id"], r["expires_at"], r["phase"], now)
-        for r in await _rows(conn, "execution_leases", cap=LIST_CAP * 4)
-    ]
-    for kind, query in (("summary_job", "summary_leases"), ("dream", "dream_leases")):
-        result += [
-            _lease(kind, r, r["session_id"], r["lease_expires_at"], None, now)
-            for r in await _rows(conn, query, cap=LIST_CAP)
-        ]
-    result.sort(key=lambda lease: lease["expires_at"])
-    return result
+def leases(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+    """Every execution, summary-job and Dream lease, soonest expiry first."""
+    out = _rows(conn, "leases", lease_cap=LEASE_CAP)
+    for lease in out:
+        heartbeat = lease.pop("heartbeat_at")
+        expires_at = lease["expires_at"]
+        lease["time_left_ms"] = expires_at - now
+        lease["expired"] = expires_at <= now
+        lease["owner_alive"] = (lease["owner_state"] in ("running", "draining")
+                                and workers.heartbeat_alive(heartbeat, now))
+    return out
 
 
 def receipt_keys(detail: Any) -> list[dict[str, Any]]:
@@ -192,11 +188,10 @@ def receipt_keys(detail: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def receipts(conn: aiosqlite.Connection) -> dict[str, Any]:
-    counts = {v: await _count(conn, "receipt_count", verdict=v) for v in RECEIPT_VERDICTS}
-    counts["unchecked"] = await _count(conn, "receipt_unchecked")
+def receipts(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]:
+    verdicts = {v: counts[f"receipt_{v}"] for v in (*RECEIPT_VERDICTS, "unchecked")}
     mismatched = []
-    for r in await _rows(conn, "receipt_mismatched", cap=LIST_CAP):
+    for r in _rows(conn, "receipt_mismatched", cap=LIST_CAP):
         try:
             detail = json.loads(r["verdict_detail"]) if r["verdict_detail"] else {}
         except ValueError:
@@ -206,7 +201,7 @@ async def receipts(conn: aiosqlite.Connection) -> dict[str, Any]:
             "verdict": r["verdict"], "keys": receipt_keys(detail), "detail": detail,
             "checked_at": r["verdict_checked_at"], "quarantine_reason": r["quarantine_reason"],
         })
-    return {"counts": counts, "mismatched": mismatched}
+    return {"counts": verdicts, "mismatched": mismatched}
 
 
 def classify_drift(row: dict[str, Any]) -> str:
@@ -221,62 +216,63 @@ def classify_drift(row: dict[str, Any]) -> str:
     return "dream_pending"
 
 
-async def dream_drift(conn: aiosqlite.Connection) -> tuple[list[dict[str, Any]], dict[str, int], int]:
-    rows = [dict(r) for r in await _rows(conn, "dream_drift", cap=LIST_CAP)]
-    rows += [dict(r) for r in await _rows(conn, "dream_legacy", cap=LIST_CAP)]
+def dream_drift(conn: sqlite3.Connection, counts: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    rows = _rows(conn, "dream_drift", cap=LIST_CAP) + _rows(conn, "dream_legacy", cap=LIST_CAP)
     drift = [{**r, "class": classify_drift(r)} for r in rows]
     seen = {d["session_id"] for d in drift}
-    for r in await _rows(conn, "summary_stale_rows", cap=LIST_CAP):
+    for r in _rows(conn, "summary_stale_rows", cap=LIST_CAP):
         if r["session_id"] not in seen:
             drift.append({"session_id": r["session_id"], "class": "summary_stale",
                           "input_revision": None, "completed_revision": None,
                           "digest_state": None, "digest_attempts": 0, "defer_reason": None,
                           "since": r["since"]})
-    counts = dict.fromkeys(DRIFT_CLASSES, 0)
+    by_class = dict.fromkeys(DRIFT_CLASSES, 0)
     for d in drift:
-        counts[d["class"]] += 1
-    counts["summary_stale"] = await _count(conn, "summary_stale")
-    counts["legacy_only"] = await _count(conn, "dream_state_count", state="legacy")
-    return drift, counts, counts["legacy_only"]
+        by_class[d["class"]] += 1
+    # the listed rows are capped; the totals of the big classes come from the counts
+    by_class["summary_stale"] = counts["summary_stale"]
+    by_class["legacy_only"] = counts["dream_legacy"]
+    by_class["deferred"] = counts["dream_deferred"]
+    by_class["undigestible"] = counts["dream_undigestible"]
+    return drift, by_class
 
 
-async def worker_rows(conn: aiosqlite.Connection, now: int) -> list[dict[str, Any]]:
-    rows = await _rows(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
+def worker_rows(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+    rows = _rows(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     return [
-        {**dict(r), "heartbeat_age_ms": now - r["heartbeat_at"],
+        {**r, "heartbeat_age_ms": now - r["heartbeat_at"],
          "alive": r["state"] != "stopped" and workers.heartbeat_alive(r["heartbeat_at"], now)}
         for r in rows
     ]
 
 
-async def snapshot(conn: aiosqlite.Connection, now: int | None = None) -> dict[str, Any]:
-    """Everything but Chroma health and identity, from one read transaction."""
+def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]:
+    """Everything but Chroma health and identity; run it inside one read transaction."""
     now = clock.now_ms() if now is None else now
-    drift, drift_counts, legacy = await dream_drift(conn)
-    lease_rows = await leases(conn, now)
-    receipt_view = await receipts(conn)
-    worker_view = await worker_rows(conn, now)
-    back = await backlog(conn, now)
-    snap = {
+    counts = _counts(conn)
+    drift, drift_counts = dream_drift(conn, counts)
+    lease_rows = leases(conn, now)
+    receipt_view = receipts(conn, counts)
+    worker_view = worker_rows(conn, now)
+    back = backlog(conn, counts, now)
+    return {
         "generated_at": now,
         "backlog": back,
         "leases": lease_rows,
         "receipts": receipt_view,
         "dream_drift": drift,
         "dream_counts": drift_counts,
-        "legacy_only": legacy,
+        "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
-        "recent_actions": [_event(r) for r in await _rows(conn, "recent_actions")],
-        "events": [_event(r) for r in await _rows(conn, "events", tail=EVENT_TAIL)],
+        "recent_actions": [_event(r) for r in _rows(conn, "recent_actions")],
+        "events": [_event(r) for r in _rows(conn, "events", tail=EVENT_TAIL)],
+        "counts": {
+            "backlog": back["inputs_total"] + sum(1 for r in back["recoveries"] if not r["parked"])
+            + counts["summary_pending"] + counts["dream_pending"],
+            "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
+            "mismatches": sum(counts[f"receipt_{v}"] for v in RECEIPT_VERDICTS if v != "present"),
+            "dream_pending": counts["dream_pending"],
+            "sessions": counts["sessions"],
+            "workers_alive": sum(1 for w in worker_view if w["alive"]),
+        },
     }
-    snap["counts"] = {
-        "backlog": back["inputs_total"] + sum(1 for r in back["recoveries"] if not r["parked"])
-        + back["summary_jobs"]["pending"] + back["dream"]["pending"],
-        "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
-        "mismatches": sum(v for k, v in receipt_view["counts"].items()
-                          if k not in ("present", "unchecked")),
-        "dream_pending": back["dream"]["pending"],
-        "sessions": await _count(conn, "sessions"),
-        "workers_alive": sum(1 for w in worker_view if w["alive"]),
-    }
-    return snap

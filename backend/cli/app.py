@@ -10,7 +10,7 @@ from typing import Annotated
 import click
 import typer
 
-from backend.cli import actions, admin, common, console, daemons, drill, sessions
+from backend.cli import actions, admin, common, console, daemons, drill, leases, sessions
 from backend.errors import ExitCode, RemError
 
 app = typer.Typer(
@@ -40,6 +40,7 @@ admin.register(app)
 sessions.register(app)
 daemons.register(app)
 actions.register(app)
+leases.register(app)
 console.register(app)
 drill.register(app)
 

@@ -1,6 +1,8 @@
-"""`rem drill` and `rem bench`."""
+"""`rem drill sigkill` and `rem bench`."""
 
 from __future__ import annotations
+
+from typing import Annotated, Any
 
 import typer
 
@@ -17,12 +19,37 @@ def register(app: typer.Typer) -> None:
 
 
 @drill_app.command("sigkill")
-def sigkill(data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
-    """SIGKILL daemons at random points under load, restart them, then `rem check`.
+def sigkill(
+    role: Annotated[str, typer.Option(help="executor, summarizer, dream, chroma or all.")] = "all",
+    rounds: Annotated[int, typer.Option(min=1, help="How many processes to kill.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for victims and kill moments.")] = 1,
+    release: Annotated[bool, typer.Option(
+        "--release", help="Release the dead process's leases via `rem release` instead of waiting.")] = False,
+    lease_ms: Annotated[int, typer.Option(min=500, help="Lease length of the drill's system.")] = 4000,
+    data: common.DataOpt = None,
+    json: common.JsonOpt = False,
+) -> int:
+    """SIGKILL daemons at random points under load, restart them, let it settle, then `rem check`.
+
+    Uses a private temporary data dir unless --data is given. Exit 1 on any violation.
 
     Example: rem drill sigkill --role all --rounds 20 --json
     """
-    raise NotImplementedYet("`rem drill sigkill` is not implemented yet")
+    from backend.cli.render import drill_round_printer, print_drill
+    from backend.context import Context
+    from backend.drill import DrillConfig, private_data_dir, run_drill
+
+    config = DrillConfig(role=role, rounds=rounds, seed=seed, release=release, lease_ms=lease_ms)
+    config.victims()
+    ctx = Context(common.make_context(data, None).data if data else private_data_dir())
+    common.note(f"rem drill: data dir {ctx.data.root}")
+    printer: Any = drill_round_printer()
+    report = common.run(lambda: common.with_context(ctx, lambda c: run_drill(c, config, printer)))
+    if json:
+        common.emit_json(report)
+    else:
+        print_drill(report)
+    return 0 if report["ok"] else 1
 
 
 def bench(json: common.JsonOpt = False) -> None:

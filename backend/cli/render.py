@@ -18,3 +18,48 @@ def print_status(result: dict[str, Any]) -> None:
     for name, count in result["tables"].items():
         table.add_row(name, str(count))
     console.print(table)
+
+
+def print_check(result: dict[str, Any]) -> None:
+    console = Console()
+    verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
+    console.print(f"[bold]rem check[/] {result['data_dir']}: {verdict} "
+                  f"({result['counts']['violations']} violations, "
+                  f"{result['counts']['unsettled']} in flight)")
+    for title, findings, style in (("violation", result["violations"], "red"),
+                                   ("in flight", result["unsettled"], "yellow")):
+        for finding in findings:
+            console.print(f"[{style}]{title}[/] (invariant {finding['invariant']}) "
+                          f"{finding['what']}: {finding['count']}")
+            for row in finding["rows"][:5]:
+                console.print(f"    {row}", markup=False)
+
+
+def drill_round_printer() -> Any:
+    """A callback printing one line per drill round on stderr as it happens."""
+    console = Console(stderr=True)
+
+    def show(rnd: Any) -> None:
+        took = f"{rnd.recovery_s:.2f} s" if rnd.recovery_s is not None else "-"
+        status = f"[red]{rnd.error}[/]" if rnd.error else rnd.recovered
+        console.print(f"round {rnd.number:>2}: SIGKILL {rnd.role} pid {rnd.pid} at "
+                      f"{rnd.killed_at_s:.1f} s -> {status} ({took})")
+
+    return show
+
+
+def print_drill(report: dict[str, Any]) -> None:
+    console = Console()
+    table = Table("round", "killed", "pid", "at (s)", "recovered", "recovery (s)", "released",
+                  title=f"rem drill sigkill ({report['data_dir']})")
+    for rnd in report["rounds"]:
+        table.add_row(str(rnd["number"]), rnd["role"], str(rnd["pid"]), f"{rnd['killed_at_s']:.1f}",
+                      rnd["error"] or rnd["recovered"],
+                      "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
+                      str(rnd["released"]))
+    console.print(table)
+    check = report["check"]
+    for finding in check.get("violations", []):
+        console.print(f"[red]violation[/] {finding['what']}: {finding['count']}")
+    verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
+    console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
