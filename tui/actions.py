@@ -19,7 +19,7 @@ from tui.widgets.leases import left_ms, owner_alive
 from tui.widgets.receipts import VERDICT_LABEL, differing_keys
 from tui.widgets.workers import worker_state
 
-RELEASABLE_KINDS = ("execution", "summary_job")
+RELEASABLE_KINDS = ("execution", "summary_job", "dream")
 ROW_LIST_KEYS = ("rows", "results", "receipts", "items", "details", "summaries")
 
 
@@ -151,8 +151,8 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     """Release one lease, fenced on the epoch shown; names owner, epoch and time left."""
     kind = str(lease.get("kind") or "execution")
     if kind not in RELEASABLE_KINDS:
-        raise NotActionable(f"{kind} leases are not released by operators; they expire on their own "
-                            "(select an execution or summary-job lease)")
+        raise NotActionable(f"unknown lease kind {kind!r}; select an execution, summary-job or "
+                            "Dream lease")
     lease_id = str(lease.get("id"))
     epoch = lease.get("epoch")
     left = left_ms(dict(lease), now)

@@ -11,6 +11,7 @@ keeps them (and `Database`'s asyncio lock) bound to one loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -45,10 +46,21 @@ class BackendLoop:
         """Block the calling thread on `coro` (shutdown only, never from the UI loop)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
+    async def _cancel_all(self) -> None:
+        await asyncio.sleep(0)  # let coroutines submitted just now become tasks first
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def stop(self, timeout: float = 5.0) -> None:
+        """Cancel whatever is still running there, then stop the loop and its thread."""
         if not self._started:
             self._loop.close()
             return
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(timeout)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():

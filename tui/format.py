@@ -61,8 +61,11 @@ def age(at_ms: int | None, now_ms: int) -> str:
 
 
 def time_left(ms: int) -> str:
-    """A lease countdown: `12s`, or `-3s` once it has run out (shown in the error colour)."""
-    return duration(ms) if ms > 0 else f"-{duration(-ms)}"
+    """A lease countdown in whole seconds: `12s` (rounded up), `-3s` once it has run out."""
+    if ms > 0:
+        return duration(-(-ms // 1000) * 1000)
+    whole = -ms // 1000 * 1000
+    return f"-{duration(whole) if whole else '0s'}"
 
 
 def clock_time(at_ms: int | None) -> str:

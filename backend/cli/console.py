@@ -51,4 +51,4 @@ def demo(
     """
     from backend.demo import run_demo
 
-    return run_demo(data, keep=keep)
+    return run_demo(data or common.Globals.data, keep=keep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -434,15 +435,131 @@ async def test_escape_cancels_the_drain_modal(incident_dir: DataDir) -> None:
         assert table(app, "actions").all_records()[0]["outcome"] == "cancelled"
 
 
-async def test_dream_leases_are_not_offered_for_release(incident_dir: DataDir) -> None:
+def journal(data: DataDir, kind: str) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(data.state_db)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = conn.execute("SELECT * FROM event WHERE kind = ? ORDER BY id", (kind,)).fetchall()
+        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+    finally:
+        conn.close()
+
+
+def scalar(data: DataDir, sql: str, *params: Any) -> Any:
+    conn = sqlite3.connect(data.state_db)
+    try:
+        return conn.execute(sql, params).fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def confirm_modal(pilot: Pilot[Any]) -> ConfirmScreen:
+    await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), "the confirmation")
+    screen = pilot.app.screen
+    assert isinstance(screen, ConfirmScreen)
+    assert pilot.app.focused is not None and pilot.app.focused.id == "cancel"
+    return screen
+
+
+async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_dir: DataDir) -> None:
     write(incident_dir, "UPDATE dream_state SET digest_state = 'in_progress', owner_id = ?, epoch = 2, "
           "lease_expires_at = ? WHERE session_id = 's-kilo'", scenes.DREAM, scenes.NOW - 60_000)
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
-        leases = table(app, "leases")
-        assert leases.shown_keys()[0] == "dream:s-kilo"
+        assert table(app, "leases").shown_keys()[0] == "dream:s-kilo"
         await pilot.press("2", "l")
-        assert not isinstance(app.screen, ConfirmScreen)
+        modal = await confirm_modal(pilot)
+        assert modal.plan.params == {"lease_id": "s-kilo", "kind": "dream", "expected_epoch": 2}
+        await pilot.press("tab", "enter")  # to the Release button, press it
+        log = table(app, "actions")
+        await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the release result")
+        assert "release s-kilo" in log.all_records()[0]["message"]
+        # the panel follows the database: expired now, at the new epoch, until Dream takes over
+        leases = table(app, "leases")
+        await until(pilot, lambda: leases.cell_text("dream:s-kilo", "epoch") == "3", "the new epoch")
+        assert leases.cell_text("dream:s-kilo", "left") == "-0s"
+    assert scalar(incident_dir, "SELECT epoch FROM dream_state WHERE session_id = 's-kilo'") == 3
+    assert scalar(incident_dir, "SELECT lease_expires_at FROM dream_state WHERE session_id = 's-kilo'") \
+        == scenes.NOW
+    (event,) = journal(incident_dir, "operator.release")
+    assert event["target"] == "s-kilo" and event["data"]["old_epoch"] == 2
+
+
+async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(
+        incident_dir: DataDir) -> None:
+    write(incident_dir, "UPDATE summary_job SET status = 'in_progress', owner_id = ?, epoch = 4, "
+          "lease_expires_at = ? WHERE session_id = 's-golf'", scenes.SUMM, scenes.NOW + 5_000)
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        leases = table(app, "leases")
+        await pilot.press("2")
+        while leases.selected_key() != "summary_job:s-golf":
+            await pilot.press("down")
+        await pilot.press("l")
+        modal = await confirm_modal(pilot)
+        assert "epoch 4" in "\n".join(modal.plan.lines) and "alive" in "\n".join(modal.plan.lines)
+        # the summarizer renews and is re-granted meanwhile: epoch 5
+        write(incident_dir, "UPDATE summary_job SET epoch = 5 WHERE session_id = 's-golf'")
+        await pilot.press("tab", "enter")
+        log = table(app, "actions")
+        await until(pilot, lambda: log.all_records()[0]["outcome"] == "refused", "the refusal")
+        assert "not 4" in log.all_records()[0]["message"]
+    assert scalar(incident_dir, "SELECT epoch FROM summary_job WHERE session_id = 's-golf'") == 5
+    assert journal(incident_dir, "operator.release") == []
+
+
+async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        await pilot.press("5")
+        while workers.selected_key() != scenes.EXEC_A:
+            await pilot.press("down")
+        await pilot.press("d")
+        modal = await confirm_modal(pilot)
+        assert modal.plan.targets == [scenes.EXEC_A]
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "draining",
+                    "the worker to show as draining")
+        assert table(app, "actions").all_records()[0]["outcome"] == "ok"
+    assert scalar(incident_dir, "SELECT state FROM worker WHERE owner_id = ?", scenes.EXEC_A) == "draining"
+    (event,) = journal(incident_dir, "operator.drain")
+    assert event["target"] == scenes.EXEC_A
+
+
+async def test_draining_a_dead_worker_is_refused_by_the_library(incident_dir: DataDir) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        await pilot.press("5")
+        while workers.selected_key() != scenes.EXEC_B:
+            await pilot.press("down")
+        await pilot.press("d")
+        modal = await confirm_modal(pilot)
+        assert "dead" in modal.plan.warning
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: table(app, "actions").all_records()[0]["outcome"] == "refused")
+        assert "presumed dead" in table(app, "actions").all_records()[0]["message"]
+    assert scalar(incident_dir, "SELECT state FROM worker WHERE owner_id = ?", scenes.EXEC_B) == "running"
+
+
+async def test_the_command_palette_has_an_entry_per_action(incident_dir: DataDir) -> None:
+    from tui.commands import COMMANDS
+
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        for action, _title, _help in COMMANDS:
+            assert hasattr(app, f"action_{action}"), action
+        await pilot.press("5")
+        workers = table(app, "workers")
+        while workers.selected_key() != scenes.EXEC_A:
+            await pilot.press("down")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"drain selected")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        modal = await confirm_modal(pilot)
+        assert modal.plan.action == "drain" and modal.plan.targets == [scenes.EXEC_A]
 
 
 async def test_read_only_greys_the_actions_out(incident_dir: DataDir) -> None:
@@ -459,20 +576,19 @@ async def test_read_only_greys_the_actions_out(incident_dir: DataDir) -> None:
 
 
 async def test_read_only_library_refuses_even_if_the_ui_is_bypassed(incident_dir: DataDir) -> None:
-    from tui.actions import release_plan
+    from tui.actions import drain_plan
 
-    requires_op("release")
-    before = lease_row(incident_dir, "exe_0002")
     async with console(incident_dir, read_only=True).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
-        lease = table(app, "leases").all_records()[0]
-        app.execute_plan(release_plan(lease, clock.now_ms()))
+        worker = next(w for w in table(app, "workers").all_records() if w["owner_id"] == scenes.EXEC_A)
+        app.execute_plan(drain_plan(worker, [], clock.now_ms()))
         await until(pilot, lambda: table(app, "actions").all_records()
                     and table(app, "actions").all_records()[0]["outcome"] == "refused", "the refusal")
         entry = table(app, "actions").all_records()[0]
-        assert entry["action"] == "release"
+        assert entry["action"] == "drain"
         assert "read-only" in entry["message"]
-    assert lease_row(incident_dir, "exe_0002") == before
+    assert scalar(incident_dir, "SELECT state FROM worker WHERE owner_id = ?", scenes.EXEC_A) == "running"
+    assert journal(incident_dir, "operator.drain") == []
 
 
 def test_every_panel_declares_a_name_and_columns() -> None:
