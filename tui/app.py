@@ -268,6 +268,7 @@ class ConsoleApp(App[None]):
             for table in self.panels():
                 table.show(snapshot, now, self._palette)
             self.query_one("#header", ConsoleHeader).set_state(snapshot=snapshot, now=now, waiting="")
+            self.query_one("#trends", Trends).record(now, trend_values(snapshot, now))
         self.applied = snapshot
         self.stats["applies"] += 1
         self.stats["apply_ms"].append((time.perf_counter() - started) * 1000)

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Footer, Label, Static
 
 from tui.actions import ActionPlan
 
@@ -80,6 +80,7 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.plan.confirm_label, id="confirm", variant="error")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()

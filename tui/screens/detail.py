@@ -15,7 +15,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+from textual.widgets import Footer, Label, Static
 
 from backend.errors import RemError
 from tui.actions import key_diff_lines, replay_preview
@@ -34,7 +34,7 @@ def row_table(record: Mapping[str, Any]) -> Table:
     table.add_column(overflow="fold")
     for name, value in record.items():
         if isinstance(value, dict | list):
-            shown = json.dumps(value, indent=1, sort_keys=True, default=str)
+            shown = json.dumps(value, sort_keys=True, default=str)
         else:
             shown = "-" if value is None else str(value)
         if name in TIME_FIELDS and isinstance(value, int):
@@ -132,15 +132,16 @@ class DetailScreen(ModalScreen[None]):
         with Vertical(id="detail"):
             yield Label(self.title_text, id="detail-title", markup=False)
             with VerticalScroll():
-                yield Label("Row", classes="section")
-                yield Static(row_table(self.record), id="row")
                 if self.receipt:
                     yield Label("Receipt vs Chroma (last verification)", classes="section")
                     yield Static(receipt_diff_table(self.record), id="receipt-diff")
                     yield Label("Receipt vs Chroma now (replay dry run)", classes="section")
                     yield Static("loading…", id="live-diff")
+                yield Label("Row", classes="section")
+                yield Static(row_table(self.record), id="row")
                 yield Label("History (event journal, newest first)", classes="section")
                 yield Static("loading…", id="history")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         if self._history is not None:

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Footer, Markdown
 
 INTRO = """\
 # rem console keys
@@ -77,6 +77,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Markdown(self.markdown, id="help-text")
+        yield Footer(compact=True)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
+from tui.format import duration
+
 SERIES = (("backlog", "backlog"), ("expired_leases", "expired leases"), ("mismatches", "mismatches"))
 WINDOW_S = 10 * 60
 
@@ -60,7 +62,8 @@ class Trends(Horizontal):
             while series and series[0][0] <= second - WINDOW_S:
                 series.popleft()
             data = [v for _, v in series]
-            self.query_one(f"#trend-{key}", Sparkline).data = data
+            # a leading zero pins the scale to 0..max, so a steady count is not drawn as a peak
+            self.query_one(f"#trend-{key}", Sparkline).data = [0, *data]
             span = max(1, second - series[0][0] + 1)
             self.query_one(f"#label-{key}", Label).update(
-                f"{label} {value}  (max {max(data)} / {span // 60}m{span % 60:02d}s)")
+                f"{label} {value} · max {max(data)} in {duration(span * 1000)}")
