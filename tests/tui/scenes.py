@@ -63,7 +63,10 @@ class Scene:
         self.close()
 
     def tx(self, fn: Callable[[], None]) -> None:
-        """Run `fn` as one committed write transaction (one data_version bump)."""
+        """Run `fn` as one committed write transaction (one data_version bump); nests."""
+        if self.conn.in_transaction:
+            fn()
+            return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             fn()

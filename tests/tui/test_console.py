@@ -200,10 +200,28 @@ async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident
               "INSERT INTO dream_state (session_id, input_revision, digest_state, time_published, "
               "time_updated) VALUES ('s-aaa', 'sha256:00', 'pending', 1, 1)")
         await until(pilot, lambda: "dream_pending:s-aaa" in drift.shown_keys(), "the new drift row")
+        assert drift.displayed_keys() == drift.shown_keys()  # drawn in urgency order
+        assert drift.displayed_keys()[0] == "dream_pending:s-aaa"
         assert drift.selected_key() == chosen
-        assert drift.shown_keys().index(chosen) == drift.cursor_row
+        assert drift.displayed_keys().index(chosen) == drift.cursor_row
         assert drift.cursor_row in (cursor_before, cursor_before + 1)
         assert drift.scroll_y == scroll_before
+
+
+async def test_the_event_tail_keeps_new_events_on_top_under_a_top_cursor(healthy_dir: DataDir) -> None:
+    async with console(healthy_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        events = table(app, "events")
+        await pilot.press("6")
+        first = events.selected_key()
+        before = len(events.shown_keys())
+        for i in range(12):
+            write(healthy_dir, "INSERT INTO event (time, kind, actor) VALUES (?, 'input.admitted', 'cli')",
+                  scenes.NOW + i)
+        await until(pilot, lambda: len(events.shown_keys()) == before + 12, "the new events")
+        assert events.displayed_keys() == events.shown_keys()
+        assert events.cursor_row == 0 and events.scroll_y == 0
+        assert events.selected_key() != first and int(events.selected_key() or 0) > int(first or 0)
 
 
 # -- bindings ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class EventTable(SnapshotTable):
 
     PANEL_TITLE = "Events"
     PANEL_NAME = "events"
+    STICKY_TOP = True
     COLUMNS = (
         Column("time", "time", 8, lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
                sort=lambda r: r.get("id")),

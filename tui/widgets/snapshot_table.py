@@ -109,6 +109,9 @@ class SnapshotTable(DataTable[Text]):
         Binding("enter", "select_cursor", "Detail", tooltip="detail of the selected row"),
     ]
     COLUMNS: ClassVar[tuple[Column, ...]] = ()
+    # tails (events, action log): a cursor on the first row stays on the first row, so new
+    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row
+    STICKY_TOP: ClassVar[bool] = False
     PANEL_TITLE: ClassVar[str] = ""
     # what the panel is called in help, the command palette and export file names
     PANEL_NAME: ClassVar[str] = ""
@@ -184,7 +187,8 @@ class SnapshotTable(DataTable[Text]):
         return keys
 
     def _sync(self) -> None:
-        selected = self.selected_key()
+        at_top = self.STICKY_TOP and self.cursor_row <= 0 and self.scroll_y == 0
+        selected = None if at_top else self.selected_key()
         wanted = self._visible()
         wanted_set = set(wanted)
         shown_before = dict.fromkeys(self._shown)
@@ -310,6 +314,10 @@ class SnapshotTable(DataTable[Text]):
 
     def shown_keys(self) -> list[str]:
         return list(self._shown)
+
+    def displayed_keys(self) -> list[str]:
+        """Row keys in the order the table actually draws them (tests check it matches)."""
+        return [str(row.key.value) for row in self.ordered_rows]
 
     def cell_text(self, key: str, column: str) -> str:
         """The plain text a cell shows now (tests and CSV)."""
