@@ -8,6 +8,7 @@ in place. The next refresh starts only after the previous one finished.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -20,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.events import DescendantFocus
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from backend import clock
@@ -43,6 +44,7 @@ from tui.widgets.events import EventTable
 from tui.widgets.filter_bar import FilterBar
 from tui.widgets.header import ConsoleHeader
 from tui.widgets.leases import LeaseTable
+from tui.widgets.panel_table import PanelTable
 from tui.widgets.receipts import ReceiptTable
 from tui.widgets.snapshot_table import SnapshotTable
 from tui.widgets.trends import Trends
@@ -51,6 +53,9 @@ from tui.widgets.workers import WorkerTable
 log = logging.getLogger("rem.console")
 
 WATCHED_FILES = frozenset({"state.db", "state.db-wal"})
+FRAME_BUDGET_MS = 15.0
+# panels with live (time-derived) cells, in the order the 1 s tick visits them
+TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
 ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release"})
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("backlog", BacklogTable), ("leases", LeaseTable), ("receipts", ReceiptTable),
@@ -88,7 +93,7 @@ class ConsoleApp(App[None]):
     | q | quit |
     """
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
     TITLE = "rem console"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
@@ -134,6 +139,10 @@ class ConsoleApp(App[None]):
         self._last_forced = 0.0
         self._last_panel = "leases"
         self._action_workers: dict[Worker[Any], ActionPlan] = {}
+        self._apply_gen = self._tick_count = 0
+        self._last_cycle_s = 0.0
+        self._apply_started = 0.0
+        self._showing: dict[str, Any] = {}
         self._palette = palette_from({})
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
@@ -157,13 +166,19 @@ class ConsoleApp(App[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        # widget references held from mount on: timers firing during shutdown find them too
+        self.header = self.query_one("#header", ConsoleHeader)
+        self.banner = self.query_one("#banner", Banner)
+        self.trends = self.query_one("#trends", Trends)
+        self.filter_bar = self.query_one("#filter", FilterBar)
+        self._panels = {name: self.query_one(f"#{name}", SnapshotTable) for name, _ in PANELS}
         self._palette = palette_from(self.get_css_variables())
         self.backend = ConsoleBackend(self.data, read_only=self.read_only, chroma_url=self.chroma_url,
                                       status_loader=self.status_loader)
-        self.query_one("#header", ConsoleHeader).set_state(palette=self._palette, now=clock.now_ms())
-        self.set_interval(1.0, self.tick)
+        self.header.set_state(palette=self._palette, now=clock.now_ms())
+        self.set_interval(1.0 / len(TICK_ORDER), self._tick_every_fifth_second)
         self.set_interval(self.poll_s, self._poll)
-        self.query_one("#leases", LeaseTable).focus()
+        self.panel("leases").focus()
         self.request_refresh(force=True)
         if self.watch_files:
             self.watch_data_dir()
@@ -173,7 +188,7 @@ class ConsoleApp(App[None]):
             self.backend.close()
 
     def panel(self, name: str) -> SnapshotTable:
-        return self.query_one(f"#{name}", SnapshotTable)
+        return self._panels[name]
 
     def panels(self) -> list[SnapshotTable]:
         return [self.panel(name) for name, _ in PANELS]
@@ -194,7 +209,10 @@ class ConsoleApp(App[None]):
         if self._refresh_running:
             self._refresh_wanted = True
             return
-        wait = self._last_refresh_start + self.min_interval_s - time.monotonic()
+        # at most one refresh per min_interval_s, and never more than half the time busy
+        # refreshing: a big data dir under heavy writes must not starve keys and daemons
+        gap = max(self.min_interval_s, self._last_cycle_s)
+        wait = self._last_refresh_start + gap - time.monotonic()
         if wait > 0:
             if not self._timer_pending:
                 self._timer_pending = True
@@ -250,7 +268,7 @@ class ConsoleApp(App[None]):
         self.latest = message.snapshot
         self.stats["loads"] += 1
         self.stats["load_ms"].append(message.took_ms)
-        banner = self.query_one("#banner", Banner)
+        banner = self.banner
         banner.set_problem("database", None)
         chroma = message.snapshot.get("chroma") or {}
         banner.set_problem("chroma", None if chroma.get("healthy") or not chroma else
@@ -262,17 +280,40 @@ class ConsoleApp(App[None]):
         self.apply_snapshot(message.snapshot)
 
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
-        started = time.perf_counter()
+        """Show a snapshot: header and trends at once, then one panel per frame.
+
+        On a big data dir a panel update costs 10-30 ms; doing all seven in one
+        frame would hold keys and mouse for over 100 ms, so once a frame has
+        spent FRAME_BUDGET_MS the rest wait for the next frame. `applied` is set
+        once every panel shows this snapshot.
+        """
         now = clock.now_ms()
-        with self.batch_update():
-            for table in self.panels():
-                table.show(snapshot, now, self._palette)
-            self.query_one("#header", ConsoleHeader).set_state(snapshot=snapshot, now=now, waiting="")
-            self.query_one("#trends", Trends).record(now, trend_values(snapshot, now))
-        self.applied = snapshot
+        self._apply_gen += 1
+        self._apply_started = time.perf_counter()
+        self._showing = snapshot
+        self.header.set_state(snapshot=snapshot, now=now, waiting="")
+        self.trends.record(now, trend_values(snapshot, now))
+        self._apply_next(self._apply_gen, list(self.panels()), now)
+
+    def _apply_next(self, generation: int, queue: list[SnapshotTable], now: int) -> None:
+        if generation != self._apply_gen:
+            return  # a newer snapshot took over
+        started = time.perf_counter()
+        while queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
+            queue.pop(0).show(self._showing, now, self._palette)
+        if queue:
+            self.call_after_refresh(self._apply_next, generation, queue, now)
+            return
+        if self.applied is None:
+            # Textual, the modules and the first snapshot are long-lived: keep them out of
+            # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms
+            # about once a second on a big data dir (refcounting still frees them)
+            gc.freeze()
+        self.applied = self._showing
         self.stats["applies"] += 1
-        self.stats["apply_ms"].append((time.perf_counter() - started) * 1000)
-        self.refresh_bindings()
+        took = time.perf_counter() - self._apply_started
+        self.stats["apply_ms"].append(took * 1000)
+        self._last_cycle_s = took + (self.stats["load_ms"][-1] / 1000 if self.stats["load_ms"] else 0)
 
     def apply_pending(self) -> None:
         """Show the latest snapshot if it was held back (pause ended, modal closed)."""
@@ -290,18 +331,28 @@ class ConsoleApp(App[None]):
         return f"{count}{more} new events"
 
     def _show_waiting(self) -> None:
-        self.query_one("#header", ConsoleHeader).set_state(paused=self.paused,
+        self.header.set_state(paused=self.paused,
                                                            waiting=self.waiting_changes())
 
     def tick(self) -> None:
-        """Once a second: countdowns, heartbeat ages, trends; never the database."""
+        """Countdowns, heartbeat ages and trends for every panel at once (never the database)."""
+        for step in range(len(TICK_ORDER)):
+            self._tick_step(step)
+
+    def _tick_every_fifth_second(self) -> None:
+        # Each panel re-renders its live cells once a second, the panels 200 ms apart, so
+        # no single frame redraws them all; the lease countdown keeps a steady 1 s beat.
+        self._tick_step(self._tick_count % len(TICK_ORDER))
+        self._tick_count += 1
+
+    def _tick_step(self, step: int) -> None:
         now = clock.now_ms()
-        with self.batch_update():
-            for table in self.panels():
-                table.tick(now)
-            self.query_one("#header", ConsoleHeader).set_state(now=now)
+        name = TICK_ORDER[step]
+        if name == "leases":
+            self.header.set_state(now=now)
             if self.latest is not None:
-                self.query_one("#trends", Trends).record(now, trend_values(self.latest, now))
+                self.trends.record(now, trend_values(self.latest, now))
+        self.panel(name).tick(now)
 
     # -- failures: one handler for every worker ------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -332,7 +383,7 @@ class ConsoleApp(App[None]):
         message = _one_line(error)
         if not isinstance(error, RemError):
             log.error("refresh failed", exc_info=error)
-        self.query_one("#banner", Banner).set_problem(
+        self.banner.set_problem(
             "database", f"database unreachable: {message} (retrying every {self.poll_s:g} s)")
 
     def _action_failed(self, plan: ActionPlan | None, name: str, error: BaseException | None) -> None:
@@ -442,20 +493,20 @@ class ConsoleApp(App[None]):
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
-        self.query_one("#header", ConsoleHeader).set_state(paused=self.paused, waiting=self.waiting_changes())
+        self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
         if not self.paused:
             self.apply_pending()
         self.notify("paused: tables frozen, press p to resume" if self.paused else "live again")
 
     def action_filter(self) -> None:
         table = self.focused_panel()
-        self.query_one("#filter", FilterBar).open_for(table.id or "", table.PANEL_NAME, table.filter_text)
+        self.filter_bar.open_for(table.id or "", table.PANEL_NAME, table.filter_text)
 
     def on_filter_bar_filter_changed(self, message: FilterBar.FilterChanged) -> None:
         table = self.panel(message.target)
         table.set_filter(message.text)
         if message.done:
-            self.query_one("#filter", FilterBar).close()
+            self.filter_bar.close()
             table.focus()
 
     def action_sort(self) -> None:
@@ -466,15 +517,15 @@ class ConsoleApp(App[None]):
         table = self.focused_panel()
         self.notify(f"{table.PANEL_NAME}: {table.reverse_sort()}", timeout=2)
 
-    @on(DataTable.HeaderSelected)
-    def _header_clicked(self, event: DataTable.HeaderSelected) -> None:
-        if isinstance(event.data_table, SnapshotTable):
-            event.data_table.sort_by(str(event.column_key.value))
+    @on(PanelTable.HeaderSelected)
+    def _header_clicked(self, event: PanelTable.HeaderSelected) -> None:
+        if isinstance(event.table, SnapshotTable):
+            event.table.sort_by(event.column_key)
 
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        if isinstance(event.data_table, SnapshotTable):
-            self.show_detail(event.data_table)
+    @on(PanelTable.RowSelected)
+    def _row_selected(self, event: PanelTable.RowSelected) -> None:
+        if isinstance(event.table, SnapshotTable):
+            self.show_detail(event.table)
 
     def action_detail(self) -> None:
         self.show_detail(self.focused_panel())
@@ -539,13 +590,12 @@ def trend_values(snapshot: dict[str, Any], now: int) -> dict[str, int]:
 
 def help_sections() -> list[tuple[str, list[tuple[str, str]]]]:
     """The help page, built from the BINDINGS that define each key."""
-    navigation = [("↑ ↓ PgUp PgDn Home End", "move in the focused panel"),
-                  ("Tab / Shift+Tab", "next / previous panel"),
+    navigation = [("Tab / Shift+Tab", "next / previous panel"),
                   ("mouse", "click a row to select it, click it again for detail; "
                             "click a column header to sort by it; wheel scrolls")]
     return [
         ("Anywhere", bindings_rows(ConsoleApp.BINDINGS) + [("Ctrl+P", "command palette: every action")]),
-        ("In a panel", bindings_rows(SnapshotTable.BINDINGS) + navigation),
+        ("In a panel", bindings_rows(PanelTable.BINDINGS) + navigation),
         ("Filter bar", [("Enter", "keep the filter")] + bindings_rows(FilterBar.BINDINGS)),
         ("Confirmation", [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
          + bindings_rows(ConfirmScreen.BINDINGS)),

@@ -56,8 +56,11 @@ def duration(ms: int | float | None) -> str:
 
 
 def age(at_ms: int | None, now_ms: int) -> str:
-    """How long ago a time was, or `-` when unknown."""
-    return "-" if at_ms is None else duration(max(0, now_ms - int(at_ms)))
+    """How long ago a time was, in whole seconds (`0s`, `12s`, `4m05s`), or `-` when unknown."""
+    if at_ms is None:
+        return "-"
+    whole = max(0, now_ms - int(at_ms)) // 1000 * 1000
+    return duration(whole) if whole else "0s"
 
 
 def time_left(ms: int) -> str:
@@ -103,7 +106,7 @@ def owner_short(owner_id: Any) -> str:
     parts = text.split("-")
     if len(parts) >= 4 and parts[-2].isdigit():
         return f"{parts[0][:4]}:{parts[-2]}"
-    return short_id(text, 12)
+    return short_id(text, 9)
 
 
 def short_revision(revision: str | None) -> str:

@@ -35,6 +35,7 @@ class ActionLogTable(SnapshotTable):
 
     PANEL_TITLE = "Action log"
     PANEL_NAME = "actions"
+    EMPTY_TEXT = "no actions yet"
     STICKY_TOP = True
     COLUMNS = (
         Column("time", "time", 8, lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),

@@ -66,6 +66,7 @@ class BacklogTable(SnapshotTable):
 
     PANEL_TITLE = "Backlog"
     PANEL_NAME = "backlog"
+    EMPTY_TEXT = "✓ nothing waiting"
     COLUMNS = (
         Column("what", "what", 6, _what, sort=lambda r: r.get("what")),
         Column("target", "session", 10, lambda r, n, p: cell(short_id(r.get("target"))),

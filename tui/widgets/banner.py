@@ -30,6 +30,7 @@ class Banner(Static):
     def __init__(self, id: str | None = None) -> None:
         super().__init__("", id=id, markup=False)
         self.problems: dict[str, str] = {}
+        self._text = ""
 
     def set_problem(self, source: str, message: str | None) -> None:
         """Set (or clear, with None) the problem reported by `source` ("database", "chroma")."""
@@ -40,4 +41,7 @@ class Banner(Static):
         self.set_class(bool(self.problems), "-shown")
         # Chroma alone is a warning: leases, backlog and drift are still live
         self.set_class(set(self.problems) == {"chroma"}, "-warning")
-        self.update("\n".join(f"⚠ {text}" for text in self.problems.values()))
+        text = "\n".join(f"⚠ {text}" for text in self.problems.values())
+        if text != self._text:
+            self._text = text
+            self.update(text)

@@ -40,6 +40,7 @@ class DriftTable(SnapshotTable):
 
     PANEL_TITLE = "Dream drift"
     PANEL_NAME = "drift"
+    EMPTY_TEXT = "✓ Dream up to date"
     COLUMNS = (
         Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
                sort=lambda r: r.get("session_id")),

@@ -33,6 +33,7 @@ class EventTable(SnapshotTable):
 
     PANEL_TITLE = "Events"
     PANEL_NAME = "events"
+    EMPTY_TEXT = "no journal rows yet"
     STICKY_TOP = True
     COLUMNS = (
         Column("time", "time", 8, lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),

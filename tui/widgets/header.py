@@ -48,6 +48,7 @@ class ConsoleHeader(Static):
         self.waiting = ""
         self.now = 0
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
+        self._shown = Text()
 
     def set_state(self, *, snapshot: Mapping[str, Any] | None = None, paused: bool | None = None,
                   waiting: str | None = None, now: int | None = None,
@@ -63,7 +64,10 @@ class ConsoleHeader(Static):
         if palette is not None:
             self.palette = palette
         self.set_class(self.paused, "-paused")
-        self.update(self.header_text())
+        text = self.header_text()
+        if text != self._shown:
+            self._shown = text
+            self.update(text, layout=False)  # one line, always: no relayout of the screen
 
     def _badge(self, text: str, tone: str) -> Text:
         return Text(f" {text} ", style=Style(color="#000000", bgcolor=self.palette[tone], bold=True))

@@ -52,6 +52,7 @@ class LeaseTable(SnapshotTable):
 
     PANEL_TITLE = "Leases"
     PANEL_NAME = "leases"
+    EMPTY_TEXT = "no leases held"
     COLUMNS = (
         Column("left", "left", 6, _left, sort=lambda r: r.get("expires_at"), live=True),
         Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),

@@ -42,6 +42,7 @@ class ReceiptTable(SnapshotTable):
 
     PANEL_TITLE = "Receipts"
     PANEL_NAME = "receipts"
+    EMPTY_TEXT = "✓ receipts all match"
     COLUMNS = (
         Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
                sort=lambda r: r.get("session_id")),

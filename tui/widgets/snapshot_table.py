@@ -1,7 +1,7 @@
-"""`SnapshotTable`: a keyed DataTable that mirrors one list of the status snapshot.
+"""`SnapshotTable`: a keyed table that mirrors one list of the status snapshot.
 
-Rows are keyed by the record's id and updated in place (changed cells only)
-so the cursor and the scroll position survive every refresh. Each panel
+Rows are keyed by the record's id and redrawn only when they changed, so the
+cursor (which follows its row) and the scroll position survive every refresh. Each panel
 declares its columns (how to render a cell, whether it is time-dependent,
 how to sort by it), how to turn a snapshot into records, and its title.
 Filtering and sorting happen here, over the full records, not the cut text.
@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.binding import Binding
-from textual.widgets import DataTable
-from textual.widgets.data_table import CellDoesNotExist, RowDoesNotExist
 
 from tui.format import DEFAULT_PALETTE
+from tui.widgets.panel_table import PanelTable, TableColumn
 
 Record = dict[str, Any]
 Palette = Mapping[str, str]
@@ -41,12 +39,32 @@ class Column:
     live: bool = False
 
 
+# Fields of snapshot rows that are derived from `now` (the live columns recompute
+# them from absolute times), so a row whose other fields are unchanged is not redrawn.
+VOLATILE = frozenset({"time_left_ms", "expired", "owner_alive", "heartbeat_age_ms", "alive",
+                      "oldest_age_ms", "owner_heartbeat_at"})
+
+
+def stable_part(record: Record) -> Record:
+    return {k: v for k, v in record.items() if k not in VOLATILE}
+
+
 @dataclass
 class Row:
     key: str
     record: Record
+    stable: Record
+    # what the table draws for this row now; empty until first drawn
     cells: dict[str, Text] = field(default_factory=dict)
-    search: str = ""
+    dirty: bool = True
+    version: int = 0
+    _search: str | None = None
+
+    @property
+    def search(self) -> str:
+        if self._search is None:
+            self._search = _search_text(self.record)
+        return self._search
 
 
 def same_text(a: Text | None, b: Text | None) -> bool:
@@ -69,7 +87,7 @@ def _sort_value(value: Any) -> tuple[int, Any]:
     return (1, str(value).lower())
 
 
-class SnapshotTable(DataTable[Text]):
+class SnapshotTable(PanelTable):
     """A panel table over one list of the status snapshot (subclasses fill in the blanks).
 
     | Key | Does |
@@ -99,15 +117,8 @@ class SnapshotTable(DataTable[Text]):
     SnapshotTable.-alert:focus {
         border: heavy $error;
     }
-    SnapshotTable > .datatable--header {
-        text-style: bold;
-        color: $text-muted;
-    }
     """
 
-    BINDINGS: ClassVar = [
-        Binding("enter", "select_cursor", "Detail", tooltip="detail of the selected row"),
-    ]
     COLUMNS: ClassVar[tuple[Column, ...]] = ()
     # tails (events, action log): a cursor on the first row stays on the first row, so new
     # rows arrive under it like `tail -f`; elsewhere the cursor follows its row
@@ -117,7 +128,7 @@ class SnapshotTable(DataTable[Text]):
     PANEL_NAME: ClassVar[str] = ""
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False, cursor_foreground_priority="renderable")
+        super().__init__(id=id)
         self._rows: dict[str, Row] = {}
         self._order: list[str] = []
         self._shown: list[str] = []
@@ -131,8 +142,14 @@ class SnapshotTable(DataTable[Text]):
         self.border_title = self.PANEL_TITLE
 
     def on_mount(self) -> None:
-        for column in self.COLUMNS:
-            self.add_column(column.label, key=column.key, width=column.width)
+        self.set_columns([TableColumn(c.key, c.label, c.width) for c in self.COLUMNS])
+
+    def row_cells(self, key: str) -> list[Text]:
+        cells = self._rows[key].cells
+        return [cells[c.key] for c in self.COLUMNS]
+
+    def row_version(self, key: str) -> int:
+        return self._rows[key].version
 
     # -- what subclasses provide ---------------------------------------------
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
@@ -149,7 +166,13 @@ class SnapshotTable(DataTable[Text]):
         self._now, self._palette = now, palette
         rows = {}
         for key, record in self.records(snapshot):
-            rows[key] = Row(key, record, self._render(record, now), _search_text(record))
+            old = self._rows.get(key)
+            stable = stable_part(record)
+            if old is not None and old.stable == stable:
+                old.record = record  # fresh time-derived values for the live cells
+                rows[key] = old
+            else:
+                rows[key] = Row(key, record, stable, cells=old.cells if old else {})
         self._rows = rows
         self._order = list(rows)
         title, alert = self.titles(snapshot)
@@ -160,16 +183,29 @@ class SnapshotTable(DataTable[Text]):
     def tick(self, now: int) -> None:
         """Re-render the time-dependent cells for a new `now` (no database access)."""
         self._now = now
+        self._refresh_live_cells()
+
+    def _visible_keys(self) -> list[str]:
+        top = max(0, int(self.scroll_y))
+        return self._shown[top: top + self.body_height + 1]
+
+    def _refresh_live_cells(self) -> None:
+        # Only the rows on screen: with thousands of leases, redrawing every countdown each
+        # second would block input; rows scrolled into view are refreshed as they appear.
         live = [c for c in self.COLUMNS if c.live]
-        if not live:
+        if not live or not self.is_mounted:
             return
-        for key in self._shown:
+        for key in self._visible_keys():
             row = self._rows[key]
             for column in live:
-                text = column.render(row.record, now, self._palette)
+                text = column.render(row.record, self._now, self._palette)
                 if not same_text(text, row.cells.get(column.key)):
                     row.cells[column.key] = text
                     self._set_cell(key, column.key, text)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._refresh_live_cells()
 
     def _render(self, record: Record, now: int) -> dict[str, Text]:
         return {c.key: c.render(record, now, self._palette) for c in self.COLUMNS}
@@ -190,61 +226,53 @@ class SnapshotTable(DataTable[Text]):
         at_top = self.STICKY_TOP and self.cursor_row <= 0 and self.scroll_y == 0
         selected = None if at_top else self.selected_key()
         wanted = self._visible()
-        wanted_set = set(wanted)
-        shown_before = dict.fromkeys(self._shown)
-        for key in self._shown:
-            if key not in wanted_set:
-                self.remove_row(key)
+        shown_before = set(self._shown)
+        redrawn = False
         for key in wanted:
             row = self._rows[key]
-            if key in shown_before:
-                self._update_row(row)
-            else:
-                self.add_row(*(row.cells[c.key] for c in self.COLUMNS), key=key)
-        current = [k for k in list(shown_before) + wanted if k in wanted_set]
-        current = list(dict.fromkeys(current))
+            if key not in shown_before or not row.cells:
+                row.cells = self._render(row.record, self._now)
+                row.version += 1
+                row.dirty, redrawn = False, True
+            elif row.dirty:
+                redrawn |= self._redraw(row)
         self._shown = wanted
-        if current != wanted and wanted:
-            self._reorder(wanted)
+        if redrawn and any(c.width is None for c in self.COLUMNS):
+            self.order = wanted
+            self.measure_columns()
+        self.set_order(wanted)
         self._restore_cursor(selected)
+        self._refresh_live_cells()
         self._update_subtitle()
 
-    def _update_row(self, row: Row) -> None:
-        old = self._row_cells(row.key)
+    def _redraw(self, row: Row) -> bool:
+        changed = False
         for column in self.COLUMNS:
-            text = row.cells[column.key]
-            if not same_text(old.get(column.key), text):
-                self._set_cell(row.key, column.key, text)
-
-    def _row_cells(self, key: str) -> dict[str, Text]:
-        try:
-            values = self.get_row(key)
-        except RowDoesNotExist:
-            return {}
-        return {c.key: v for c, v in zip(self.COLUMNS, values, strict=False)}
+            text = column.render(row.record, self._now, self._palette)
+            if not same_text(row.cells.get(column.key), text):
+                row.cells[column.key] = text
+                changed = True
+        if changed:
+            row.version += 1
+            self.refresh()
+        row.dirty = False
+        return changed
 
     def _set_cell(self, key: str, column: str, text: Text) -> None:
-        try:
-            self.update_cell(key, column, text, update_width=False)
-        except CellDoesNotExist:
-            pass
-
-    def _reorder(self, wanted: list[str]) -> None:
-        # DataTable.sort passes only cell values to the key function; the first
-        # cell object of each row is unique to that row, so rank it by identity.
-        first = self.COLUMNS[0].key
-        rank = {id(self.get_cell(key, first)): i for i, key in enumerate(wanted)}
-        self.sort(first, key=lambda value: rank.get(id(value), len(rank)))
+        row = self._rows[key]
+        row.cells[column] = text
+        row.version += 1
+        self.refresh()
 
     def _restore_cursor(self, key: str | None) -> None:
-        if key is None or key not in self._rows or not self._shown:
+        if key is None or not self._shown:
             return
         try:
-            index = self.get_row_index(key)
-        except RowDoesNotExist:
+            index = self._shown.index(key)
+        except ValueError:
             return
         if index != self.cursor_row:
-            self.move_cursor(row=index, animate=False)
+            self.cursor_row = index
 
     def _update_subtitle(self) -> None:
         parts = []
@@ -294,13 +322,9 @@ class SnapshotTable(DataTable[Text]):
 
     # -- reading it ----------------------------------------------------------------
     def selected_key(self) -> str | None:
-        if not self._shown or self.cursor_row < 0 or self.cursor_row >= self.row_count:
+        if not 0 <= self.cursor_row < len(self.order):
             return None
-        try:
-            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
-        except CellDoesNotExist:
-            return None
-        return row_key.value
+        return self.order[self.cursor_row]
 
     def selected_record(self) -> Record | None:
         key = self.selected_key()
@@ -317,11 +341,13 @@ class SnapshotTable(DataTable[Text]):
 
     def displayed_keys(self) -> list[str]:
         """Row keys in the order the table actually draws them (tests check it matches)."""
-        return [str(row.key.value) for row in self.ordered_rows]
+        return list(self.order)
 
     def cell_text(self, key: str, column: str) -> str:
         """The plain text a cell shows now (tests and CSV)."""
-        return self._rows[key].cells[column].plain if key in self._rows else ""
+        row = self._rows.get(key)
+        text = row.cells.get(column) if row is not None else None
+        return text.plain if text is not None else ""
 
     def to_csv(self) -> str:
         """The rows shown (filter and sort applied) as CSV with full, uncut values."""

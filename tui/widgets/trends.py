@@ -42,12 +42,16 @@ class Trends(Horizontal):
         super().__init__(id=id)
         self.history: dict[str, deque[tuple[int, int]]] = {
             key: deque(maxlen=WINDOW_S) for key, _ in SERIES}
+        self.labels: dict[str, Label] = {}
+        self.lines: dict[str, Sparkline] = {}
 
     def compose(self) -> ComposeResult:
         for key, label in SERIES:
             with Vertical():
-                yield Label(label, id=f"label-{key}")
-                yield Sparkline([0], id=f"trend-{key}")
+                self.labels[key] = Label(label, id=f"label-{key}")
+                self.lines[key] = Sparkline([0], id=f"trend-{key}")
+                yield self.labels[key]
+                yield self.lines[key]
 
     def record(self, now_ms: int, values: Mapping[str, int]) -> None:
         """Sample the current values; repeated samples within one second replace each other."""
@@ -63,7 +67,7 @@ class Trends(Horizontal):
                 series.popleft()
             data = [v for _, v in series]
             # a leading zero pins the scale to 0..max, so a steady count is not drawn as a peak
-            self.query_one(f"#trend-{key}", Sparkline).data = [0, *data]
+            self.lines[key].data = [0, *data]
             span = max(1, second - series[0][0] + 1)
-            self.query_one(f"#label-{key}", Label).update(
-                f"{label} {value} · max {max(data)} in {duration(span * 1000)}")
+            self.labels[key].update(
+                f"{label} {value} · max {max(data)} in {duration(span * 1000)}", layout=False)

@@ -45,6 +45,7 @@ class WorkerTable(SnapshotTable):
 
     PANEL_TITLE = "Workers"
     PANEL_NAME = "workers"
+    EMPTY_TEXT = "no workers registered (is `rem up` running?)"
     COLUMNS = (
         Column("worker", "worker", 10, lambda r, n, p: cell(owner_short(r.get("owner_id"))),
                sort=lambda r: r.get("owner_id")),
