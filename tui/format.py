@@ -55,20 +55,29 @@ def duration(ms: int | float | None) -> str:
     return f"{sign}{s // 86_400}d{s % 86_400 // 3_600:02d}h"
 
 
+def fitted(ms: int, width: int = 5) -> str:
+    """A non-negative duration in whole seconds, as precise as fits in `width` characters."""
+    s = max(0, int(ms)) // 1000
+    full = duration(s * 1000) if s else "0s"
+    if len(full) <= width:
+        return full
+    if s < 3_600:
+        return f"{s // 60}m"
+    if s < 86_400:
+        return f"{s // 3_600}h"
+    return f"{s // 86_400}d"
+
+
 def age(at_ms: int | None, now_ms: int) -> str:
-    """How long ago a time was, in whole seconds (`0s`, `12s`, `4m05s`), or `-` when unknown."""
-    if at_ms is None:
-        return "-"
-    whole = max(0, now_ms - int(at_ms)) // 1000 * 1000
-    return duration(whole) if whole else "0s"
+    """How long ago a time was (`0s`, `12s`, `4m05s`, `52m`, `3h05m`), or `-` when unknown."""
+    return "-" if at_ms is None else fitted(now_ms - int(at_ms))
 
 
 def time_left(ms: int) -> str:
-    """A lease countdown in whole seconds: `12s` (rounded up), `-3s` once it has run out."""
+    """A lease countdown: `12s` (rounded up), `-3s` once it has run out, `-47m` long after."""
     if ms > 0:
-        return duration(-(-ms // 1000) * 1000)
-    whole = -ms // 1000 * 1000
-    return f"-{duration(whole) if whole else '0s'}"
+        return fitted(-(-ms // 1000) * 1000)
+    return f"-{fitted(-ms)}"
 
 
 def clock_time(at_ms: int | None) -> str:
