@@ -122,7 +122,16 @@ def check_inputs(conn: sqlite3.Connection, report: Report) -> None:
 # -- invariant 3: a write after a lost lease changes nothing ----------------
 SQL_ASSISTANTS = """
 SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
+       json_extract(data, '$.step') AS step,
        json_extract(data, '$.status') AS status FROM session_message WHERE type = 'assistant'
+"""
+# exactly-once replies: every input a completed (or failed) reply answers, counted
+SQL_ANSWER_COUNTS = """
+SELECT m.session_id, j.value AS input_id, count(*) AS replies,
+       group_concat(m.id) AS messages
+FROM session_message AS m, json_each(m.data, '$.answers') AS j
+WHERE m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
+GROUP BY m.session_id, j.value
 """
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
@@ -137,10 +146,11 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
     live = {r[0] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
     completed: dict[Any, list[dict[str, Any]]] = {}
     for row in assistants:
+        # one reply per step: a steer adds a step (and a reply) to the running execution
         if row["status"] == "completed" and row["execution_id"] is not None:
-            completed.setdefault(row["execution_id"], []).append(row)
+            completed.setdefault((row["execution_id"], row["step"]), []).append(row)
     report.add(report.violations, "3", "executions that published more than one completed reply",
-               [{"execution_id": k, "messages": [r["message_id"] for r in v]}
+               [{"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
                 for k, v in completed.items() if len(v) > 1])
     open_rows = [r for r in assistants if r["status"] == "streaming"]
     report.add(report.unsettled, "3", "assistant rows still streaming under a live execution",
@@ -149,17 +159,22 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
                [r for r in open_rows if r["execution_id"] not in live])
     report.add(report.violations, "3", "more than one continuation message for one execution",
                _rows(conn, SQL_DOUBLE_CONTINUATION))
+    counts = _rows(conn, SQL_ANSWER_COUNTS)
+    report.add(report.violations, "3", "inputs answered by more than one reply (a late write landed)",
+               [r for r in counts if r["replies"] > 1])
+    answered = {r["input_id"] for r in counts}
+    users = _rows(conn, "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
+                        "FROM session_message AS m LEFT JOIN session_execution AS e "
+                        "ON e.session_id = m.session_id WHERE m.type = 'user'")
+    unanswered = [r for r in users if r["input_id"] not in answered]
+    report.add(report.unsettled, "2", "promoted inputs not answered yet",
+               [r for r in unanswered if r["execution_id"] is not None])
+    report.add(report.violations, "2", "promoted inputs no reply answers and no execution will",
+               [r for r in unanswered if r["execution_id"] is None])
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
-SQL_UNANSWERED = """
-SELECT u.session_id, u.id AS message_id, u.seq FROM session_message AS u
-WHERE u.type = 'user' AND u.seq = (SELECT max(seq) FROM session_message
-                                   WHERE session_id = u.session_id AND type = 'user')
-  AND NOT EXISTS (SELECT 1 FROM session_message AS a
-                  WHERE a.session_id = u.session_id AND a.type = 'assistant' AND a.seq > u.seq
-                    AND json_extract(a.data, '$.status') = 'completed')
-"""
+
 
 
 def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
@@ -173,8 +188,6 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
                [r for r in recoveries if r["recovery_error"] is None])
     report.add(report.unsettled, "2", "recoveries parked for the operator (attempt budget spent)",
                [r for r in recoveries if r["recovery_error"] is not None])
-    report.add(report.unsettled, "2", "latest user message has no completed reply yet",
-               _rows(conn, SQL_UNANSWERED))
     jobs = _rows(conn, "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
                        "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq")
     report.add(report.unsettled, "2", "summaries not at the current raw turns", jobs)
@@ -196,12 +209,65 @@ def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
 
 
 async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
-    """Invariants 2 and 4 against Chroma: receipts match their rows, Dream keys survive."""
+    """Invariants 2 and 4 against Chroma: receipts match their rows, Dream's keys survive.
+
+    Reads only: the receipt side is a dry-run recovery pass (the same decode
+    and ownership-aware predicate the summarizer uses), the Dream side compares
+    `dreamCompletedRevision` with state.db wherever no overlay write is pending.
+    """
+    from backend.errors import ChromaUnreachable
+
     try:
-        from backend import receipts  # noqa: F401  (built by the receipts work)
-    except ImportError:
+        await _check_receipts(ctx, db, report)
+        await _check_dream_overlay(ctx, db, report)
+    except ChromaUnreachable as exc:
+        report.add(report.violations, "2", "could not verify receipts and Dream keys against Chroma",
+                   [{"error": str(exc)}])
         return
     report.checked.append("chroma")
+
+
+async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
+    from backend.replay import Recovery, all_batches
+
+    result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
+    unacked = {r[0] for r in await db.fetchall(
+        "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
+        "AND result_acknowledged_at IS NULL")}
+    differs = [r for r in result.rows if r["outcome"] == "would_replay"]
+    report.add(report.violations, "2", "acknowledged receipts whose Chroma row does not match",
+               [r for r in differs if r["session_id"] not in unacked])
+    report.add(report.unsettled, "2", "staged receipts not acknowledged yet (recovery replays them)",
+               [r for r in differs if r["session_id"] in unacked])
+    report.add(report.violations, "5", "corrupt receipt envelopes (quarantined for the operator)",
+               [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")])
+    report.add(report.unsettled, "2", "receipts leased by a running synthesis or replay",
+               [r for r in result.rows if r["outcome"] == "skipped_active"])
+
+
+DREAM_DONE_SQL = """
+SELECT session_id, completed_revision, overlay_pending FROM dream_state
+WHERE completed_revision IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n
+"""
+
+
+async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 500) -> None:
+    from backend.ownership import summary_row_id
+
+    lost, pending, sid = [], [], ""
+    while rows := await db.fetchall(DREAM_DONE_SQL, {"sid": sid, "n": batch}):
+        sid = rows[-1]["session_id"]
+        settled = [r for r in rows if not r["overlay_pending"]]
+        pending += [{"session_id": r["session_id"]} for r in rows if r["overlay_pending"]]
+        live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
+        for r in settled:
+            row = live.get(summary_row_id(r["session_id"]))
+            stored = row[1].get("dreamCompletedRevision") if row else None
+            if row is not None and stored != r["completed_revision"]:
+                lost.append({"session_id": r["session_id"], "expected": r["completed_revision"],
+                             "chroma": stored, "graphDigested": row[1].get("graphDigested")})
+    report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
+    report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:

@@ -10,21 +10,28 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import aiosqlite
 
 from backend.db import execute
 
+MARK_TURNS_CHANGED_SQL = (
+    "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
+    "VALUES (?, 'pending', 1, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = dirty_seq + 1, "
+    "time_updated = excluded.time_updated"
+)
+
 
 async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one)."""
-    await execute(
-        conn,
-        "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
-        "VALUES (?, 'pending', 1, ?, ?) "
-        "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = dirty_seq + 1, "
-        "time_updated = excluded.time_updated",
-        (session_id, now, now),
-    )
+    await execute(conn, MARK_TURNS_CHANGED_SQL, (session_id, now, now))
+
+
+def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
+    """`mark_turns_changed` for code running on the connection's thread (`Database.write_sync`)."""
+    conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
 
 
 async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, revision: str, now: int) -> bool:
@@ -45,7 +52,10 @@ async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, re
         conn,
         "UPDATE dream_state SET input_revision = :rev, time_published = :now, time_updated = :now, "
         "state_revision = state_revision + 1, "
-        "digest_state = CASE WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
+        # a live Dream claim keeps 'in_progress' so its lease stays visible; Dream's own
+        # attest/release sets the state from the revisions when the claim ends
+        "digest_state = CASE WHEN digest_state = 'in_progress' THEN 'in_progress' "
+        "WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
         "digest_attempts = 0, attempts_revision = NULL, defer_reason = NULL, next_attempt_at = 0 "
         "WHERE session_id = :sid AND input_revision IS NOT :rev",
         {"rev": revision, "now": now, "sid": session_id},

@@ -39,6 +39,10 @@ from backend.errors import RemError, UsageError
 log = logging.getLogger("rem.drill")
 
 ROLES = ("executor", "summarizer", "dream", "chroma")
+# not a SIGKILL: SIGSTOP an executor past its lease, let another take over, then SIGCONT it.
+# The paused process wakes up believing it still holds its leases: only fencing stops
+# its late writes from landing, so this is the round that proves fencing.
+ZOMBIE = "zombie"
 
 
 @dataclass
@@ -54,12 +58,15 @@ class DrillConfig:
     load_sessions: int = 6
     executors: int = 2
     agent_delay_ms: int = 150
+    pause: bool = False
 
     def victims(self) -> list[str]:
+        roles = (*ROLES, ZOMBIE) if self.pause else ROLES
         if self.role == "all":
-            return [ROLES[i % len(ROLES)] for i in range(self.rounds)]
-        if self.role not in ROLES:
-            raise UsageError(f"unknown drill role {self.role!r}; use one of {', '.join(ROLES)} or all")
+            return [roles[i % len(roles)] for i in range(self.rounds)]
+        if self.role not in (*ROLES, ZOMBIE):
+            raise UsageError(f"unknown drill role {self.role!r}; use one of "
+                             f"{', '.join((*ROLES, ZOMBIE))} or all")
         return [self.role] * self.rounds
 
 
@@ -160,12 +167,36 @@ class Drill:
             self.up.wait(10)
 
     # -- one round ----------------------------------------------------------
-    def _victim_pid(self, role: str) -> int | None:
+    def _pick_victim(self, role: str) -> tuple[str, int] | None:
+        """(name, pid) of a live process of `role`, chosen by the seeded generator."""
         manifest = self.manifest() or {}
         if role == "chroma":
+            pid = (manifest.get("chroma") or {}).get("pid")
+            return ("chroma", pid) if pid else None
+        live = sorted((c["name"], c["pid"]) for c in manifest.get("children", [])
+                      if c["role"] == role and c["pid"])
+        return self.rng.choice(live) if live else None
+
+    def _pid_of(self, name: str) -> int | None:
+        manifest = self.manifest() or {}
+        if name == "chroma":
             return (manifest.get("chroma") or {}).get("pid")
-        pids = [c["pid"] for c in manifest.get("children", []) if c["role"] == role and c["pid"]]
-        return self.rng.choice(pids) if pids else None
+        return next((c["pid"] for c in manifest.get("children", []) if c["name"] == name), None)
+
+    async def _busy_victim(self, role: str, patience_s: float = 5.0
+                           ) -> tuple[str, int, str | None, list[dict[str, Any]]] | None:
+        """A victim, preferably caught holding a lease (mid-turn is where crashes hurt)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            victim = self._pick_victim(role)
+            if victim is None:
+                return None
+            name, pid = victim
+            owner = None if role == "chroma" else await self._owner_of(pid)
+            held = await self._leases_of(owner)
+            if held or role == "chroma" or time.monotonic() > deadline:
+                return name, pid, owner, held
+            await asyncio.sleep(self.rng.uniform(0.02, 0.15))
 
     async def _owner_of(self, pid: int) -> str | None:
         db = await self.ctx.db()
@@ -182,37 +213,71 @@ class Drill:
         rnd = Round(number=number, role=role)
         rnd.delay_s = round(self.rng.uniform(0.3, 2.5), 2)
         await asyncio.sleep(rnd.delay_s)
-        pid = self._victim_pid(role)
-        if pid is None:
+        victim = await self._busy_victim("executor" if role == ZOMBIE else role)
+        if victim is None:
             rnd.error = f"no live {role} to kill"
             return rnd
-        owner = None if role == "chroma" else await self._owner_of(pid)
+        name, pid, owner, held = victim
         rnd.pid = pid
         rnd.killed_at_s = round(time.monotonic() - self.started, 2)
         killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGSTOP if role == ZOMBIE else signal.SIGKILL)
         try:
-            rnd.recovered = await self._recover(role, pid, owner, rnd)
+            if role == ZOMBIE:
+                rnd.recovered = await self._recover_from_zombie(pid, owner, held)
+            else:
+                rnd.recovered = await self._recover(name, pid, owner, held, rnd)
             rnd.recovery_s = round(time.monotonic() - killed, 2)
         except (TimeoutError, RemError) as exc:
             rnd.error = str(exc)
+        finally:
+            if role == ZOMBIE:
+                with contextlib.suppress(ProcessLookupError):
+                    await self._zombie_wakes(pid, owner)
         return rnd
 
-    async def _recover(self, role: str, pid: int, owner: str | None, rnd: Round) -> str:
+    async def _recover_from_zombie(self, pid: int, owner: str | None,
+                                   held: list[dict[str, Any]]) -> str:
+        """The paused executor's leases expire and are taken over while it sleeps."""
+        held_ids = {lease["id"] for lease in held if lease["kind"] == "execution"}
+
+        async def taken_over() -> bool:
+            snap = await ops.status(self.ctx)
+            return not any(lease["id"] in held_ids and lease["owner_id"] == owner
+                           for lease in snap["leases"])
+
+        await self.wait_for(taken_over, self.config.recover_timeout_s + self.config.lease_ms / 1000,
+                            f"the leases of paused {owner} to be taken over")
+        return f"paused; {len(held_ids)} lease(s) taken over, then SIGCONT (late writes must be fenced)"
+
+    async def _zombie_wakes(self, pid: int, owner: str | None) -> None:
+        """After SIGCONT, give the zombie time to try its late writes (and find them fenced)."""
+        os.kill(pid, signal.SIGCONT)
+        db = await self.ctx.db()
+
+        async def noticed() -> bool:
+            return bool(await db.scalar(
+                "SELECT 1 FROM event WHERE kind = 'execution.lease_lost' AND actor = ?", (owner,)))
+
+        with contextlib.suppress(TimeoutError):
+            await self.wait_for(noticed, 3.0, f"{owner} to notice its lost lease")
+
+    async def _recover(self, name: str, pid: int, owner: str | None, held: list[dict[str, Any]],
+                       rnd: Round) -> str:
+        """Wait until the victim is replaced and every lease it held is taken over."""
         timeout = self.config.recover_timeout_s
 
-        def restarted() -> bool:
-            if role == "chroma":
+        def replaced() -> bool:
+            if name == "chroma":
                 url = chroma_server.recorded_url(self.ctx.data)
                 return bool(url and chroma_server.is_alive(url))
-            return self._victim_pid(role) not in (None, pid)
+            return self._pid_of(name) not in (None, pid)
 
-        await self.wait_for(restarted, timeout, f"the {role} to be restarted")
-        if role == "chroma":
-            return "chroma restarted"
-        leases = await self._leases_of(owner)
+        await self.wait_for(replaced, timeout, f"{name} to be restarted")
+        if name == "chroma":
+            return "chroma restarted on its port"
         if self.config.release:
-            for lease in leases:
+            for lease in await self._leases_of(owner):
                 with contextlib.suppress(RemError):
                     await ops.release(self.ctx, lease["id"], kind=lease["kind"], force=True)
                     rnd.released += 1
@@ -222,7 +287,9 @@ class Drill:
 
         await self.wait_for(taken_over, timeout + self.config.lease_ms / 1000,
                             f"the leases of {owner} to be taken over")
-        return f"restarted; {len(leases)} lease(s) taken over"
+        kinds = sorted({lease["kind"] for lease in held})
+        return (f"{name} restarted; {len(held)} lease(s) taken over"
+                + (f" ({', '.join(kinds)})" if kinds else ""))
 
     # -- the whole drill --------------------------------------------------------
     async def settle(self) -> float:

@@ -105,5 +105,13 @@ class UndeclaredReceiptKey(ReceiptError):
     """Synthesis tried to issue a receipt with a key it does not own."""
 
 
+class ReceiptIncomplete(ReceiptError):
+    """A receipt without a required key, or with a value Chroma cannot store."""
+
+
+class ReceiptNotFound(NotFound):
+    """A summary id with no staged receipt."""
+
+
 class FaultInjected(RemError):
     """Raised by a fault point configured to raise rather than kill."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import sqlite3
 from enum import StrEnum
 from typing import Any
 
@@ -27,11 +28,13 @@ class EventKind(StrEnum):
     EXECUTION_LEASE_LOST = "execution.lease_lost"
     EXECUTION_TAKEN_OVER = "execution.taken_over"
     EXECUTION_HANDED_BACK = "execution.handed_back"
+    EXECUTION_FAILED = "execution.failed"
     RECOVERY_PARKED = "recovery.parked"
     SUMMARY_CLAIMED = "summary.claimed"
     SUMMARY_STAGED = "summary.staged"
     SUMMARY_COMPLETED = "summary.completed"
     SUMMARY_FAILED = "summary.failed"
+    SUMMARY_RELEASED = "summary.released"
     RECEIPT_REPLAYED = "receipt.replayed"
     RECEIPT_QUARANTINED = "receipt.quarantined"
     RECEIPT_VERIFIED = "receipt.verified"
@@ -39,6 +42,10 @@ class EventKind(StrEnum):
     DREAM_STALE = "dream.stale"
     DREAM_DEFERRED = "dream.deferred"
     DREAM_UNDIGESTIBLE = "dream.undigestible"
+    DREAM_TAKEN_OVER = "dream.taken_over"
+    DREAM_OVERLAY_MISSING = "dream.overlay_missing"
+    DREAM_LEGACY_IMPORTED = "dream.legacy_imported"
+    DREAM_LEGACY_SUPERSEDED = "dream.legacy_superseded"
     WORKER_STARTED = "worker.started"
     WORKER_DRAINING = "worker.draining"
     WORKER_STOPPED = "worker.stopped"
@@ -55,6 +62,21 @@ def operator_name() -> str:
         return f"uid:{os.getuid()}"
 
 
+EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def _event_row(kind: EventKind | str, actor: str, session_id: str | None, target: str | None,
+               data: dict[str, Any] | None, now: int | None) -> tuple[Any, ...]:
+    return (
+        clock.now_ms() if now is None else now,
+        str(kind),
+        actor,
+        session_id,
+        target,
+        json.dumps(data or {}, separators=(",", ":"), sort_keys=True, default=str),
+    )
+
+
 async def append_event(
     conn: aiosqlite.Connection,
     *,
@@ -66,22 +88,26 @@ async def append_event(
     now: int | None = None,
 ) -> int:
     """Append one journal row inside the caller's transaction; returns its id."""
-    cursor = await conn.execute(
-        "INSERT INTO event (time, kind, actor, session_id, target, data) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (
-            clock.now_ms() if now is None else now,
-            str(kind),
-            actor,
-            session_id,
-            target,
-            json.dumps(data or {}, separators=(",", ":"), sort_keys=True, default=str),
-        ),
-    )
+    cursor = await conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
     try:
         return int(cursor.lastrowid or 0)
     finally:
         await cursor.close()
+
+
+def append_event_sync(
+    conn: sqlite3.Connection,
+    *,
+    kind: EventKind | str,
+    actor: str,
+    session_id: str | None = None,
+    target: str | None = None,
+    data: dict[str, Any] | None = None,
+    now: int | None = None,
+) -> int:
+    """`append_event` for code already running on the connection's thread (`Database.write_sync`)."""
+    cursor = conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
+    return int(cursor.lastrowid or 0)
 
 
 HISTORY_SQL = """

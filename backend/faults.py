@@ -23,9 +23,14 @@ POINTS = {
     "executor.after_promote": "after promotion, before the first streamed part",
     "executor.mid_stream": "between two streamed parts of the assistant reply",
     "executor.before_complete": "after the last part, before the turn is completed",
-    "summarizer.before_chroma_write": "after synthesis and staging, before the Chroma write",
-    "summarizer.after_chroma_write": "between the Chroma write and the receipt",
-    "summarizer.after_receipt": "between the durable receipt and acknowledge",
+    # the summarizer stages its receipt BEFORE the Chroma write (write-ahead), so only
+    # after_synthesis loses model output; every later point is replayed without the model
+    "summarizer.after_synthesis": "after the model call, before the receipt is staged (output not durable)",
+    "summarizer.after_receipt": "right after the receipt is staged durably, before the Chroma write",
+    "summarizer.before_chroma_write": "receipt durable, about to upsert the Chroma row",
+    "summarizer.after_chroma_write": "Chroma row written, before its read-back and acknowledge",
+    "summarizer.before_acknowledge": "row written and read back, before the acknowledge transaction",
+    "summarizer.after_acknowledge": "after the acknowledge transaction (job completed, revision published)",
     "dream.mid_graph": "after part of the graph is written, before completion",
     "dream.before_attest": "after the graph, before attesting completion",
 }

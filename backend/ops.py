@@ -15,6 +15,7 @@ from typing import Any
 from backend import chroma_server, clock, workers
 from backend.context import Context
 from backend.errors import (
+    BadInput,
     ChromaUnreachable,
     NotChroma,
     NotImplementedYet,
@@ -164,3 +165,31 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result
+
+
+async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
+    from backend import replay as receipt_replay
+
+    if bool(summary_ids) == all_mismatched:
+        raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    if not dry_run:
+        ctx.require_writable("replay")
+    db = await ctx.db()
+    store = ctx.store()
+    await store.count()  # Chroma down: say so now, before anything is read or written
+    report = await receipt_replay.replay_receipts(db, store, actor=ctx.operator,
+                                                  summary_ids=summary_ids, dry_run=dry_run)
+    return report.as_dict()
+
+
+async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "queue",
+               input_id: str | None = None) -> dict[str, Any]:
+    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
+    from backend import sessions
+
+    ctx.require_writable("send")
+    sessions.validate_input(session_id, text, delivery, input_id)
+    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id,
+                                actor=ctx.operator)

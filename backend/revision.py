@@ -45,9 +45,11 @@ def canonical_turns(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def canonical_json(value: Any) -> bytes:
     """Compact, key-sorted, UTF-8 JSON with explicit nulls."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    # A lone surrogate (json.loads turns "\\ud800" into one) has no UTF-8 form; strict
+    # encoding would make the session undigestible forever. surrogatepass keeps it
+    # deterministic and leaves every valid string's bytes exactly UTF-8.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def compute_revision(records: Iterable[dict[str, Any]]) -> str:
@@ -60,7 +62,9 @@ async def load_raw_turns(conn: aiosqlite.Connection, session_id: str) -> list[di
     rows = await conn.execute_fetchall(RAW_TURN_SQL, (session_id,))
     records = []
     for row in rows:
-        record = turn_record(row[0], row[1], row[2], json.loads(row[3]))
+        data = json.loads(row[3])
+        # data is json_valid but not necessarily an object; a non-object carries no text
+        record = turn_record(row[0], row[1], row[2], data if isinstance(data, Mapping) else {})
         if record is not None:
             records.append(record)
     return canonical_turns(records)

@@ -64,6 +64,9 @@ CREATE INDEX session_message_session_type_seq_idx ON session_message(session_id,
 CREATE INDEX session_message_session_time_created_id_idx
     ON session_message(session_id, time_created, id);
 CREATE INDEX session_message_time_created_idx ON session_message(time_created);
+-- incomplete assistant rows, so "a newer turn supersedes stale incomplete rows" is O(open rows)
+CREATE INDEX session_message_open_assistant_idx ON session_message(session_id)
+    WHERE type = 'assistant' AND json_extract(data, '$.status') = 'streaming';
 
 -- the parts of a message (streamed text, tool calls), in order
 CREATE TABLE session_part (
@@ -184,31 +187,44 @@ CREATE INDEX summary_job_lease_idx ON summary_job(lease_expires_at)
 CREATE INDEX summary_job_verdict_idx ON summary_job(verdict, verdict_checked_at);
 CREATE INDEX summary_job_staged_idx ON summary_job(result_staged_at)
     WHERE result_staged_at IS NOT NULL;
+-- receipt recovery: staged receipts never acknowledged (their summarizer died)
+CREATE INDEX summary_job_unacked_idx ON summary_job(result_staged_at, session_id)
+    WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL;
 
 CREATE TABLE dream_state (
     session_id         TEXT PRIMARY KEY REFERENCES session(id) ON DELETE CASCADE,
+    -- published by synthesis (backend.drift.publish_input_revision)
     input_revision     TEXT,
+    -- the exact revision Dream last attested (may lag input_revision: pending)
     completed_revision TEXT,
+    -- grows on every publication and every Dream transition; the Chroma overlay carries it
     state_revision     INTEGER NOT NULL DEFAULT 0,
     digest_state       TEXT NOT NULL DEFAULT 'pending'
         CHECK (digest_state IN ('pending', 'in_progress', 'digested', 'deferred',
                                 'undigestible', 'legacy')),
+    -- failed digestions of attempts_revision (reset when a new revision is published)
     digest_attempts    INTEGER NOT NULL DEFAULT 0,
     attempts_revision  TEXT,
     defer_reason       TEXT,
+    -- not before: 0 = ready since time_published; else retry/lease-expiry time
     next_attempt_at    INTEGER NOT NULL DEFAULT 0,
     owner_id           TEXT,
     epoch              INTEGER NOT NULL DEFAULT 0,
     lease_expires_at   INTEGER,
     legacy_digested    INTEGER NOT NULL DEFAULT 0,
+    -- 1 while the Chroma overlay (Dream-owned keys) lags this row
+    overlay_pending    INTEGER NOT NULL DEFAULT 0,
+    overlay_retry_at   INTEGER NOT NULL DEFAULT 0,
     time_published     INTEGER NOT NULL DEFAULT 0,
     time_completed     INTEGER,
     time_updated       INTEGER NOT NULL
 );
 -- Dream's selection: sessions whose completed revision differs from the
--- published one, oldest publication first (fair, no window skipped)
+-- published one, in ready-time order (fair, no window skipped; see backend/dream.py)
 CREATE INDEX dream_state_pending_idx ON dream_state(next_attempt_at, time_published, session_id)
     WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision;
+CREATE INDEX dream_state_overlay_idx ON dream_state(overlay_retry_at, session_id)
+    WHERE overlay_pending = 1;
 CREATE INDEX dream_state_digest_state_idx ON dream_state(digest_state);
 CREATE INDEX dream_state_lease_idx ON dream_state(lease_expires_at)
     WHERE lease_expires_at IS NOT NULL;
@@ -230,11 +246,12 @@ CREATE TABLE graph_edge (
     src          TEXT NOT NULL REFERENCES graph_node(id) ON DELETE CASCADE,
     dst          TEXT NOT NULL REFERENCES graph_node(id) ON DELETE CASCADE,
     kind         TEXT NOT NULL,
-    session_id   TEXT REFERENCES session(id) ON DELETE CASCADE,
+    -- the session whose raw turns support the edge (provenance; replaced per revision)
+    session_id   TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
     weight       REAL NOT NULL DEFAULT 1,
     revision     TEXT,
     time_created INTEGER NOT NULL,
-    PRIMARY KEY (src, dst, kind)
+    PRIMARY KEY (src, dst, kind, session_id)
 ) WITHOUT ROWID;
 CREATE INDEX graph_edge_dst_idx ON graph_edge(dst, kind);
 CREATE INDEX graph_edge_session_idx ON graph_edge(session_id);

@@ -13,13 +13,12 @@ import sqlite3
 from typing import Any
 
 from backend import clock, workers
+from backend.dream import DRIFT_CLASSES, classify_drift
 from backend.ownership import summary_row_id
 
 LIST_CAP = 500
 EVENT_TAIL = 100
 OPERATOR_KINDS = ("operator.replay", "operator.drain", "operator.release")
-DRIFT_CLASSES = ("summary_stale", "dream_pending", "stale_completion", "deferred",
-                 "undigestible", "legacy_only")
 RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
 
 # Scalar counts, all fetched in ONE statement (one round trip to the db thread).
@@ -202,18 +201,6 @@ def receipts(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]
             "checked_at": r["verdict_checked_at"], "quarantine_reason": r["quarantine_reason"],
         })
     return {"counts": verdicts, "mismatched": mismatched}
-
-
-def classify_drift(row: dict[str, Any]) -> str:
-    """The class of one dream_state row that is not at its published revision."""
-    state = row.get("digest_state")
-    if state == "legacy":
-        return "legacy_only"
-    if state in ("deferred", "undigestible"):
-        return str(state)
-    if row.get("completed_revision") is not None:
-        return "stale_completion"
-    return "dream_pending"
 
 
 def dream_drift(conn: sqlite3.Connection, counts: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:

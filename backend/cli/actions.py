@@ -2,19 +2,55 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import typer
 
+from backend import ops
 from backend.cli import common
-from backend.errors import NotImplementedYet
 
 
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
 
 
-def replay(data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
+def replay(
+    summary_ids: Annotated[list[str] | None, typer.Argument(
+        metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every receipt whose Chroma row does not match.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show which owned keys differ; write nothing.")] = False,
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    json: common.JsonOpt = False,
+) -> int:
     """Replay summary receipts into Chroma with no model call; `--dry-run` shows the diff.
+
+    Exits 1 when a receipt could not be verified or was quarantined.
 
     Example: rem replay --all --dry-run --json
     """
-    raise NotImplementedYet("`rem replay` is not implemented yet")
+    ctx = common.make_context(data, chroma_url, read_only=dry_run)
+    result = common.run(lambda: common.with_context(
+        ctx, lambda c: ops.replay(c, summary_ids, all_mismatched=all_, dry_run=dry_run)))
+    if json:
+        common.emit_json(result)
+    else:
+        _print_replay(result)
+    return 0 if result["ok"] else 1
+
+
+def _print_replay(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if result["rows"]:
+        table = Table("summary id", "outcome", "what differs", box=None)
+        for row in result["rows"]:
+            keys = ", ".join(f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})"
+                             for k in row["keys"])
+            what = "; ".join(filter(None, ["document" if row["document"] else "", keys, row["reason"] or ""]))
+            table.add_row(row["summary_id"], row["outcome"], what or "-")
+        console.print(table)
+    counters = "  ".join(f"{name} {value}" for name, value in result["counters"].items())
+    console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)

@@ -9,9 +9,16 @@ from typing import Annotated
 
 import click
 import typer
+from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
 from backend.cli import actions, admin, common, console, daemons, drill, leases, sessions
 from backend.errors import ExitCode, RemError
+
+# Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
+USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
+CLICK_ERRORS = (click.exceptions.ClickException, typer_click.ClickException)
+ABORTS = (click.exceptions.Abort, typer.Abort)
+EXITS = (click.exceptions.Exit, typer.Exit)
 
 app = typer.Typer(
     name="rem",
@@ -52,15 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     except RemError as exc:
         sys.stderr.write(f"rem: error: {exc}\n")
         code = int(exc.exit_code)
-    except click.exceptions.UsageError as exc:
+    except USAGE_ERRORS as exc:
         exc.show()
         code = int(ExitCode.USAGE)
-    except click.exceptions.Abort:
+    except ABORTS:
         sys.stderr.write("rem: interrupted\n")
         code = int(ExitCode.INTERRUPTED)
-    except click.exceptions.Exit as exc:
+    except EXITS as exc:
         code = int(exc.exit_code)
-    except click.exceptions.ClickException as exc:
+    except CLICK_ERRORS as exc:
         exc.show()
         code = int(exc.exit_code)
     except KeyboardInterrupt:

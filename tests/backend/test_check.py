@@ -31,7 +31,8 @@ SESSION = ("INSERT INTO session (id, last_seq, time_created, time_updated) VALUE
 
 async def _clean_turn(ctx: Context) -> None:
     await _exec(ctx, SESSION, _input("u1", 1, 2), _msg("u1", 2, "user", {"text": "hi"}),
-                _msg("a1", 3, "assistant", {"text": "hello", "status": "completed", "execution_id": "e1"}))
+                _msg("a1", 3, "assistant", {"text": "hello", "status": "completed", "execution_id": "e1",
+                                            "step": 1, "answers": ["u1"]}))
 
 
 def _whats(result: dict) -> list[str]:  # type: ignore[type-arg]
@@ -62,8 +63,21 @@ async def test_user_message_nobody_admitted(db_ctx: Context) -> None:
 async def test_reply_published_twice(db_ctx: Context) -> None:
     await _clean_turn(db_ctx)
     await _exec(db_ctx, _msg("a2", 4, "assistant", {"text": "again", "status": "completed",
-                                                    "execution_id": "e1"}))
+                                                    "execution_id": "e1", "step": 1}))
     assert "executions that published more than one completed reply" in _whats(await ops.check(db_ctx))
+
+
+async def test_input_answered_twice(db_ctx: Context) -> None:
+    await _clean_turn(db_ctx)
+    await _exec(db_ctx, _msg("a2", 4, "assistant", {"text": "late", "status": "completed",
+                                                    "execution_id": "e1", "step": 2, "answers": ["u1"]}))
+    assert "inputs answered by more than one reply (a late write landed)" in _whats(await ops.check(db_ctx))
+
+
+async def test_promoted_input_never_answered(db_ctx: Context) -> None:
+    await _clean_turn(db_ctx)
+    await _exec(db_ctx, _input("u2", 4, 5), _msg("u2", 5, "user", {"text": "anyone?"}))
+    assert "promoted inputs no reply answers and no execution will" in _whats(await ops.check(db_ctx))
 
 
 async def test_sequence_reuse_and_overrun(db_ctx: Context) -> None:

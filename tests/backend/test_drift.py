@@ -41,3 +41,15 @@ async def test_publishing_is_idempotent_and_a_new_revision_reopens(db_ctx: Conte
     async with db.tx() as conn:
         assert await publish_input_revision(conn, "s1", "sha256:a", 400)
     assert await db.scalar("SELECT digest_state FROM dream_state") == "digested"
+
+
+async def test_publishing_keeps_a_live_dream_claim_visible(db_ctx: Context) -> None:
+    await _session(db_ctx)
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        await publish_input_revision(conn, "s1", "sha256:a", 100)
+        await conn.execute("UPDATE dream_state SET digest_state = 'in_progress', owner_id = 'd1', "
+                           "lease_expires_at = 999999")
+        assert await publish_input_revision(conn, "s1", "sha256:b", 200)
+    row = await db.fetchone("SELECT input_revision, digest_state FROM dream_state")
+    assert tuple(row) == ("sha256:b", "in_progress")

@@ -1,0 +1,144 @@
+"""Benchmark the turn path: turns/s end to end with the instant agent, against bare SQLite writes.
+
+    python benchmarks/turns.py [--turns 2000] [--sessions 50] [--concurrency 8] [--bare 5000]
+
+1. Admits `--turns` queue inputs spread over `--sessions` sessions (`sessions.admit`).
+2. Runs one in-process `Executor` (`--once`, instant agent) until every input is
+   promoted and answered; counts its write transactions (every `db.tx()`).
+3. On the same state.db, through the same aiosqlite `Database`, times `--bare`
+   transactions of `BEGIN IMMEDIATE; INSERT; COMMIT`.
+4. Prints turns/s, write tx/s on the turn path, the bare rate, and their ratio
+   (target >= 0.5), as a table on stderr and one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend import sessions  # noqa: E402
+from backend.agent import OfflineResponder  # noqa: E402
+from backend.context import Context  # noqa: E402
+from backend.datadir import DataDir  # noqa: E402
+from backend.db import Database  # noqa: E402
+from backend.executor import Executor  # noqa: E402
+
+ASKS = ("Why did the nightly ledger export stall after the PgBouncer change?",
+        "Summarise what Priya said about the Canary Pipeline.",
+        "List the risks of moving the Invoice Service behind Stripe webhooks.",
+        "Draft a runbook step for when the Frankfurt region is late again.")
+
+
+def count_transactions(db: Database) -> dict[str, int]:
+    """Wrap `db.tx` and `db.write_sync` so every write transaction on this Database is counted."""
+    counter = {"tx": 0}
+    original_tx, original_write = db.tx, db.write_sync
+
+    @contextlib.asynccontextmanager
+    async def counted_tx() -> AsyncIterator[Any]:
+        async with original_tx() as conn:
+            yield conn
+        counter["tx"] += 1
+
+    async def counted_write(fn: Any) -> Any:
+        result = await original_write(fn)
+        counter["tx"] += 1
+        return result
+
+    db.tx = counted_tx  # type: ignore[method-assign]
+    db.write_sync = counted_write  # type: ignore[method-assign]
+    return counter
+
+
+async def admit_all(db: Database, turns: int, session_count: int) -> float:
+    start = time.perf_counter()
+    for i in range(turns):
+        await sessions.admit(db, f"bench-{i % session_count}", f"{ASKS[i % len(ASKS)]} (#{i})")
+    return time.perf_counter() - start
+
+
+WAL_FRAME = 4096 + 24
+
+
+async def wal_frames(db: Database, *, reset: bool = False) -> int:
+    """Frames in the WAL; `reset` checkpoints and truncates it first (autocheckpoint is off)."""
+    if reset:
+        await db.fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+    wal = Path(str(db.path) + "-wal")
+    return max(0, (wal.stat().st_size - 32) // WAL_FRAME) if wal.exists() else 0
+
+
+async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, Any]:
+    counter = count_transactions(db)
+    executor = Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), concurrency=concurrency)
+    await wal_frames(db, reset=True)
+    start = time.perf_counter()
+    await executor.run()
+    elapsed = time.perf_counter() - start
+    frames = await wal_frames(db)
+    return {"elapsed": elapsed, "tx": counter["tx"], "turns": executor.turns_completed, "frames": frames}
+
+
+async def bare_rate(db: Database, count: int) -> tuple[float, float]:
+    """(transactions/s, WAL frames per transaction) of BEGIN IMMEDIATE; INSERT; COMMIT."""
+    async with db.tx() as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id INTEGER PRIMARY KEY, v TEXT)")
+    await wal_frames(db, reset=True)
+    start = time.perf_counter()
+    for i in range(count):
+        async with db.tx() as conn:
+            await conn.execute("INSERT INTO bench_bare (v) VALUES (?)", (f"row {i}",))
+    rate = count / (time.perf_counter() - start)
+    return rate, await wal_frames(db) / count
+
+
+async def measure(root: Path, turns: int, session_count: int, concurrency: int, bare: int) -> dict[str, Any]:
+    ctx = Context(DataDir(root), start_chroma=False)
+    db = await ctx.db()
+    admit_s = await admit_all(db, turns, session_count)
+    # WAL frames (pages written) per transaction explain the ratio: measure them
+    # with autocheckpoint off, so the WAL only grows during each phase
+    await db.fetchall("PRAGMA wal_autocheckpoint = 0")
+    run = await run_turns(ctx, db, concurrency)  # the Executor shares ctx's Database, as a daemon does
+    bare_tps, bare_frames = await bare_rate(db, bare)
+    unpromoted = await db.scalar("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL")
+    await ctx.close()
+    tx, done, elapsed = run["tx"], run["turns"], run["elapsed"]
+    turn_tps = tx / elapsed
+    return {
+        "turns": done, "unpromoted": unpromoted, "sessions": session_count, "concurrency": concurrency,
+        "admit_per_s": round(turns / admit_s, 1), "turns_per_s": round(done / elapsed, 1),
+        "turn_path_tx": tx, "tx_per_turn": round(tx / max(done, 1), 2),
+        "turn_path_tx_per_s": round(turn_tps, 1), "bare_tx_per_s": round(bare_tps, 1),
+        "ratio": round(turn_tps / bare_tps, 3),
+        "wal_frames_per_turn_tx": round(run["frames"] / max(tx, 1), 1),
+        "wal_frames_per_bare_tx": round(bare_frames, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=2000)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--bare", type=int, default=5000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rem-turns-")) / "data"
+    result = asyncio.run(measure(root, args.turns, args.sessions, args.concurrency, args.bare))
+    print(json.dumps(result))
+    for key, value in result.items():
+        print(f"{key:>20}  {value}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""`rem replay` as a real subprocess: one JSON document, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from backend import receipts
+from backend.context import Context
+from tests.helpers import rem_env, run_rem
+from tests.summaries import base_metadata, job, row_id, stage_receipt
+
+
+async def _staged(ctx: Context, sessions: list[str]) -> None:
+    db = await ctx.db()
+    for sid in sessions:
+        metadata = base_metadata(sid)
+        await stage_receipt(db, sid, f"summary of {sid}", metadata, now=1_000)
+        await ctx.store().upsert([row_id(sid)], [f"summary of {sid}"], [metadata])
+
+
+def _rem(ctx: Context, chroma_url: str, *args: str) -> tuple[int, str, str]:
+    env = rem_env(REM_CHROMA_COLLECTION=ctx.collection, REM_OPERATOR="alice")
+    proc = run_rem("replay", *args, "--data", str(ctx.data.root), "--chroma-url", chroma_url, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+async def test_dry_run_json_is_one_document_naming_the_differing_keys(ctx: Context, chroma_url: str) -> None:
+    await _staged(ctx, ["s1", "s2"])
+    await ctx.store().update_metadata([row_id("s2")], [{"memoryCount": 6.0, "graphDigested": True}])
+    before = await job(await ctx.db(), "s2")
+
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--dry-run", "--json")
+
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["dry_run"] is True and doc["counters"]["present"] == 1 and doc["counters"]["mismatched"] == 1
+    (row,) = doc["rows"]
+    assert row["summary_id"] == "summary_s2" and row["outcome"] == "would_replay"
+    assert row["keys"] == [{"key": "memoryCount", "reason": "type_differs", "expected": 6, "actual": 6.0,
+                            "expected_type": "int", "actual_type": "float"}]
+    assert await job(await ctx.db(), "s2") == before
+
+
+async def test_replay_repairs_and_a_quarantined_receipt_exits_1(ctx: Context, chroma_url: str) -> None:
+    await _staged(ctx, ["s1", "s2"])
+    await ctx.store().delete([row_id("s1")])
+    db = await ctx.db()
+    async with db.tx() as conn:
+        await conn.execute("UPDATE summary_job SET result_envelope = x'00ff' WHERE session_id = 's2'")
+
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "summary_s1", "summary_s2")
+
+    assert rc == 1, err
+    assert "summary_s2" in out and "quarantined" in out and "replayed 1" in out
+    stored = (await ctx.store().get([row_id("s1")]))[row_id("s1")]
+    assert receipts.is_present(receipts.decode((await job(db, "s1"))["result_envelope"]), stored)
+    actor = await db.scalar("SELECT actor FROM event WHERE kind = 'operator.replay'")
+    assert actor == "alice"
+
+
+async def test_errors_are_one_line_with_the_right_exit_code(ctx: Context, chroma_url: str) -> None:
+    await _staged(ctx, ["s1"])
+    cases = [
+        ((), 2, "SUMMARY_ID"),
+        (("summary_missing",), 1, "no staged receipt for summary_missing"),
+    ]
+    for args, code, message in cases:
+        rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, *args)
+        assert (rc, out) == (code, ""), (args, err)
+        assert err.startswith("rem: error: ") and message in err and err.count("\n") == 1, err
+    rc, out, err = await asyncio.to_thread(_rem, ctx, "http://127.0.0.1:9", "--all", "--json")
+    assert (rc, out) == (3, "") and err.startswith("rem: error: ") and err.count("\n") == 1, err
