@@ -49,8 +49,11 @@ class NotActionable(Exception):
 
 # -- replay ---------------------------------------------------------------------
 def result_counts(result: Mapping[str, Any]) -> str:
-    """`scanned 3 · present 1 · replayed 2` from the integer fields of a result."""
-    parts = [f"{k} {v}" for k, v in result.items() if isinstance(v, int) and not isinstance(v, bool)]
+    """`scanned 3 · present 1 · replayed 2`: the non-zero counters of a replay report."""
+    counters = result.get("counters")
+    source = counters if isinstance(counters, Mapping) else result
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in source.items()
+             if isinstance(v, int) and not isinstance(v, bool) and (v or k == "scanned")]
     return " · ".join(parts)
 
 
@@ -69,9 +72,13 @@ def key_diff_lines(keys: Sequence[Any], indent: str = "    ") -> list[str]:
         if not isinstance(item, Mapping):
             lines.append(f"{indent}{item}")
             continue
-        why = f"  ({item['reason']})" if item.get("reason") else ""
+        reason = str(item.get("reason") or "")
+        if reason == "type_differs":
+            reason += f": {item.get('expected_type')} vs {item.get('actual_type')}"
+        why = f"  ({reason})" if reason else ""
+        actual = "(missing)" if item.get("reason") == "missing" else _json(item.get("actual"))
         lines.append(f"{indent}{item.get('key')}: receipt {_json(item.get('expected'))} "
-                     f"→ Chroma {_json(item.get('actual'))}{why}")
+                     f"→ Chroma {actual}{why}")
     return lines
 
 
@@ -91,8 +98,12 @@ def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, A
     if rows:
         for row in rows:
             ident = row.get("summary_id") or row.get("session_id") or "?"
-            verdict = row.get("verdict") or row.get("action") or row.get("outcome") or ""
-            lines.append(f"  {ident}  {verdict}")
+            verdict = VERDICT_LABEL.get(row.get("verdict"), row.get("verdict") or "")
+            outcome = row.get("outcome") or row.get("action") or ""
+            reason = f" ({row['reason']})" if row.get("reason") else ""
+            lines.append(f"  {ident}  {verdict}  → {outcome}{reason}".rstrip())
+            if row.get("document"):
+                lines.append(f"    document: {_json(row['document'])}")
             keys = row.get("keys") or row.get("differences") or row.get("diff") or []
             lines += key_diff_lines(keys if isinstance(keys, list) else [keys])
     else:
@@ -192,6 +203,13 @@ def describe_result(plan: ActionPlan, result: Mapping[str, Any]) -> str:
     counts = result_counts(result)
     if plan.action == "replay":
         return f"replay {plan.target_text}: {counts or compact_json(result, 120)}"
+    if plan.action == "release" and "new_epoch" in result:
+        return (f"released {result.get('kind')} lease {result.get('id')} of {result.get('owner_id')}: "
+                f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
+                + (" (forced)" if result.get("forced") else ""))
+    if plan.action == "drain" and "state" in result:
+        return (f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "
+                f"{result.get('state')}; it hands back its work and exits")
     detail = result.get("message") or compact_json(
         {k: v for k, v in result.items() if not isinstance(v, list | dict)}, 140)
     return f"{plan.action} {plan.target_text}: {detail}"
