@@ -139,10 +139,12 @@ class ConsoleApp(App[None]):
         self._last_forced = 0.0
         self._last_panel = "leases"
         self._action_workers: dict[Worker[Any], ActionPlan] = {}
-        self._apply_gen = self._tick_count = 0
-        self._last_cycle_s = 0.0
-        self._apply_started = 0.0
+        self._tick_count = 0
+        self._last_cycle_s = self._apply_started = 0.0
         self._showing: dict[str, Any] = {}
+        self._showing_now = 0
+        self._apply_queue: list[SnapshotTable] = []
+        self._chain_running = False
         self._palette = palette_from({})
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
@@ -280,30 +282,34 @@ class ConsoleApp(App[None]):
         self.apply_snapshot(message.snapshot)
 
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
-        """Show a snapshot: header and trends at once, then one panel per frame.
+        """Show a snapshot: header and trends at once, the panels as frames allow.
 
         On a big data dir a panel update costs 10-30 ms; doing all seven in one
         frame would hold keys and mouse for over 100 ms, so once a frame has
-        spent FRAME_BUDGET_MS the rest wait for the next frame. `applied` is set
-        once every panel shows this snapshot.
+        spent FRAME_BUDGET_MS the rest wait for the next frame. A snapshot that
+        arrives meanwhile continues the same queue (panels still waiting first),
+        so under constant writes no panel starves. `applied` is set once every
+        panel shows the newest snapshot.
         """
         now = clock.now_ms()
-        self._apply_gen += 1
         self._apply_started = time.perf_counter()
-        self._showing = snapshot
+        self._showing, self._showing_now = snapshot, now
         self.header.set_state(snapshot=snapshot, now=now, waiting="")
         self.trends.record(now, trend_values(snapshot, now))
-        self._apply_next(self._apply_gen, list(self.panels()), now)
+        waiting = self._apply_queue
+        self._apply_queue = waiting + [t for t in self.panels() if t not in waiting]
+        if not self._chain_running:
+            self._chain_running = True
+            self._apply_next()
 
-    def _apply_next(self, generation: int, queue: list[SnapshotTable], now: int) -> None:
-        if generation != self._apply_gen:
-            return  # a newer snapshot took over
+    def _apply_next(self) -> None:
         started = time.perf_counter()
-        while queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
-            queue.pop(0).show(self._showing, now, self._palette)
-        if queue:
-            self.call_after_refresh(self._apply_next, generation, queue, now)
+        while self._apply_queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
+            self._apply_queue.pop(0).show(self._showing, self._showing_now, self._palette)
+        if self._apply_queue:
+            self.call_after_refresh(self._apply_next)
             return
+        self._chain_running = False
         if self.applied is None:
             # Textual, the modules and the first snapshot are long-lived: keep them out of
             # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms

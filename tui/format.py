@@ -74,10 +74,10 @@ def age(at_ms: int | None, now_ms: int) -> str:
 
 
 def time_left(ms: int) -> str:
-    """A lease countdown: `12s` (rounded up), `-3s` once it has run out, `-47m` long after."""
+    """A lease countdown in five characters: `12s` (rounded up), `-3s` once run out, `-47m` later."""
     if ms > 0:
-        return fitted(-(-ms // 1000) * 1000)
-    return f"-{fitted(-ms)}"
+        return fitted(-(-ms // 1000) * 1000, 4)
+    return f"-{fitted(-ms, 4)}"
 
 
 def clock_time(at_ms: int | None) -> str:
@@ -101,12 +101,11 @@ def short(value: Any, width: int = 14) -> str:
 
 
 def short_id(value: Any, width: int = 10) -> str:
-    """An id cut in the middle (`ses_01…K3X9Q`): ids share prefixes and differ at the end."""
+    """An id cut from the front (`…deploys-1`): ids share prefixes and differ at the end."""
     text = "" if value is None else str(value)
     if len(text) <= width:
         return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[-(width - 1 - head):]
+    return "…" + text[-(width - 1):]
 
 
 def owner_short(owner_id: Any) -> str:

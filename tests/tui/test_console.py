@@ -226,6 +226,29 @@ async def test_the_event_tail_keeps_new_events_on_top_under_a_top_cursor(healthy
         assert events.selected_key() != first and int(events.selected_key() or 0) > int(first or 0)
 
 
+def rendered(panel: SnapshotTable) -> list[str]:
+    """The lines the panel actually draws (header first), from its line renderer."""
+    return [panel.render_line(y).text for y in range(panel.size.height)]
+
+
+async def test_what_is_drawn_follows_every_change_of_a_row(healthy_dir: DataDir) -> None:
+    async with console(healthy_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+
+        def drawn_beat() -> str:
+            line = next(line for line in rendered(workers) if "exec:4101" in line)
+            return line.split()[2]
+
+        for age_s in (3, 5, 3, 7):  # a repeat value must not be served from a stale cache
+            write(healthy_dir, "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?",
+                  scenes.NOW - age_s * 1000, scenes.EXEC_A)
+            await until(pilot, lambda a=age_s: workers.cell_text(scenes.EXEC_A, "heartbeat") == f"{a}s")
+            await pilot.pause()
+            assert drawn_beat() == f"{age_s}s"
+        assert rendered(workers)[0].split()[:3] == ["worker", "state", "beat"]
+
+
 # -- bindings ------------------------------------------------------------------------------
 async def test_pause_holds_updates_and_counts_what_waits(healthy_dir: DataDir) -> None:
     async with console(healthy_dir).run_test(size=SIZE) as pilot:
@@ -493,7 +516,8 @@ async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_d
         await pilot.press("tab", "enter")  # to the Release button, press it
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the release result")
-        assert "release s-kilo" in log.all_records()[0]["message"]
+        assert "released dream lease s-kilo" in log.all_records()[0]["message"]
+        assert "epoch 2 → 3" in log.all_records()[0]["message"]
         # the panel follows the database: expired now, at the new epoch, until Dream takes over
         leases = table(app, "leases")
         await until(pilot, lambda: leases.cell_text("dream:s-kilo", "epoch") == "3", "the new epoch")

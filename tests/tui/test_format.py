@@ -23,6 +23,8 @@ def test_countdowns_round_up_and_expired_ones_are_negative() -> None:
     assert time_left(0) == "-0s"
     assert time_left(-12_500) == "-12s"
     assert time_left(-3_133_000) == "-52m"
+    assert time_left(-65_000) == "-1m"  # four characters after the sign at most
+    assert time_left(-11_100_000) == "-3h"
 
 
 def test_age_of_unknown_time_is_a_dash() -> None:
@@ -32,7 +34,8 @@ def test_age_of_unknown_time_is_a_dash() -> None:
 
 
 def test_ids_are_cut_in_the_middle_and_owners_by_role_and_pid() -> None:
-    assert short_id("ses_01HX2ZK3ABCDEF9Q", 10) == "ses_…DEF9Q"
+    assert short_id("ses_01HX2ZK3ABCDEF9Q", 10) == "…3ABCDEF9Q"
+    assert short_id("demo-deploys-1") == "…deploys-1"
     assert short_id("s-alpha") == "s-alpha"
     assert owner_short("executor-ops-1-4102-d4e5f6") == "exec:4102"
-    assert owner_short("executor-live") == "exec…live"
+    assert owner_short("executor-live") == "…tor-live"

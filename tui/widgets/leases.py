@@ -54,10 +54,10 @@ class LeaseTable(SnapshotTable):
     PANEL_NAME = "leases"
     EMPTY_TEXT = "no leases held"
     COLUMNS = (
-        Column("left", "left", 6, _left, sort=lambda r: r.get("expires_at"), live=True),
+        Column("left", "left", 5, _left, sort=lambda r: r.get("expires_at"), live=True),
         Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
                sort=lambda r: r.get("session_id")),
-        Column("owner", "owner", 11, _owner, sort=lambda r: r.get("owner_id"), live=True),
+        Column("owner", "owner", 12, _owner, sort=lambda r: r.get("owner_id"), live=True),
         Column("kind", "kind", 5, lambda r, n, p: cell(KIND_LABEL.get(r.get("kind"), r.get("kind"))),
                sort=lambda r: r.get("kind")),
         Column("epoch", "epoch", 5, lambda r, n, p: cell(r.get("epoch")), sort=lambda r: r.get("epoch")),

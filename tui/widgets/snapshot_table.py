@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class Row:
     # what the table draws for this row now; empty until first drawn
     cells: dict[str, Text] = field(default_factory=dict)
     dirty: bool = True
+    # the strip cache key of this row's rendering: unique per table, never reused, because
+    # a row object is replaced when its record changes and a reused number would serve a
+    # stale cached rendering
     version: int = 0
     _search: str | None = None
 
@@ -130,6 +134,7 @@ class SnapshotTable(PanelTable):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._rows: dict[str, Row] = {}
+        self._versions = itertools.count(1)
         self._order: list[str] = []
         self._shown: list[str] = []
         self._palette: Palette = DEFAULT_PALETTE
@@ -232,7 +237,7 @@ class SnapshotTable(PanelTable):
             row = self._rows[key]
             if key not in shown_before or not row.cells:
                 row.cells = self._render(row.record, self._now)
-                row.version += 1
+                row.version = next(self._versions)
                 row.dirty, redrawn = False, True
             elif row.dirty:
                 redrawn |= self._redraw(row)
@@ -253,7 +258,7 @@ class SnapshotTable(PanelTable):
                 row.cells[column.key] = text
                 changed = True
         if changed:
-            row.version += 1
+            row.version = next(self._versions)
             self.refresh()
         row.dirty = False
         return changed
@@ -261,7 +266,7 @@ class SnapshotTable(PanelTable):
     def _set_cell(self, key: str, column: str, text: Text) -> None:
         row = self._rows[key]
         row.cells[column] = text
-        row.version += 1
+        row.version = next(self._versions)
         self.refresh()
 
     def _restore_cursor(self, key: str | None) -> None:
