@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-PAD = 1  # blank cells on each side of a column
+GAP = 1  # blank cells before each column: one space between columns, one before the first
 AUTO_MAX = 160
 
 
@@ -152,7 +152,7 @@ class PanelTable(ScrollView, can_focus=True):
 
     @property
     def row_width(self) -> int:
-        return sum(w + 2 * PAD for w in self._widths)
+        return sum(w + GAP for w in self._widths) + GAP
 
     @property
     def row_count(self) -> int:
@@ -169,9 +169,9 @@ class PanelTable(ScrollView, can_focus=True):
         for width, cell in zip(self._widths, cells, strict=False):
             piece = cell.copy()
             piece.truncate(width, overflow="ellipsis", pad=True)
-            line.append(" " * PAD)
+            line.append(" " * GAP)
             line.append_text(piece)
-            line.append(" " * PAD)
+        line.append(" " * GAP)
         return line
 
     def _strip(self, text: Text, style: Style) -> Strip:
@@ -283,9 +283,9 @@ class PanelTable(ScrollView, can_focus=True):
             self.move_cursor(index)
 
     def _column_at(self, x: int) -> str | None:
-        edge = 0
+        edge = GAP
         for column, width in zip(self.table_columns, self._widths, strict=False):
-            edge += width + 2 * PAD
+            edge += width + GAP
             if x < edge:
                 return column.key
         return None
