@@ -270,12 +270,11 @@ class ConsoleApp(App[None]):
         self.latest = message.snapshot
         self.stats["loads"] += 1
         self.stats["load_ms"].append(message.took_ms)
-        banner = self.banner
-        banner.set_problem("database", None)
+        self.banner.set_problem("database", None)
         chroma = message.snapshot.get("chroma") or {}
-        banner.set_problem("chroma", None if chroma.get("healthy") or not chroma else
-                           f"Chroma unreachable: {chroma.get('error') or 'no answer'} "
-                           "— replay needs it; everything else is live")
+        error = str(chroma.get("error") or "no answer").replace(str(self.data.root), self.data_label)
+        self.banner.set_problem("chroma", None if chroma.get("healthy") or not chroma else
+                                f"Chroma unreachable: {error} — replay needs it; everything else is live")
         if self.paused or len(self.screen_stack) > 1:
             self._show_waiting()
             return
@@ -381,12 +380,12 @@ class ConsoleApp(App[None]):
             self.notify(f"file watching stopped ({error}); polling every {self.poll_s:g} s",
                         severity="warning")
         elif worker.group != "snapshot":
-            self.notify(f"{worker.group}: {_one_line(error)}", severity="error")
+            self.notify(f"{worker.group}: {self.one_line(error)}", severity="error")
             log.error("worker %s failed", worker.name, exc_info=error)
 
     def _snapshot_failed(self, error: BaseException | None) -> None:
         self._seen_version = None  # force a full reload once it answers again
-        message = _one_line(error)
+        message = self.one_line(error)
         if not isinstance(error, RemError):
             log.error("refresh failed", exc_info=error)
         self.banner.set_problem(
@@ -398,13 +397,17 @@ class ConsoleApp(App[None]):
             outcome = "refused"
         action = plan.action if plan else name
         target = plan.target_text if plan else "-"
-        message = _one_line(error)
+        message = self.one_line(error)
         self.notify(f"{action} {target} {outcome}: {message}", title=f"{action} {outcome}",
                     severity="error", timeout=8)
         self.panel("actions").log_action(time=clock.now_ms(), action=action, target=target,
                                          outcome=outcome, message=message)  # type: ignore[attr-defined]
         if not isinstance(error, RemError):
             log.error("%s failed", action, exc_info=error)
+
+    def one_line(self, error: BaseException | None) -> str:
+        """An error as one line, the data dir shown as in the header (short, and stable)."""
+        return _one_line(error).replace(str(self.data.root), self.data_label)
 
     # -- actions -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -551,7 +554,7 @@ class ConsoleApp(App[None]):
 
         title = f"{table.PANEL_NAME}: {target or session_id or table.selected_key()}"
         self.push_screen(DetailScreen(title, record, history=history, live_diff=live_diff,
-                                      receipt=table.PANEL_NAME == "receipts"))
+                                      receipt=table.PANEL_NAME == "receipts", describe_error=self.one_line))
 
     def action_focus_panel(self, name: str) -> None:
         self.panel(name).focus()

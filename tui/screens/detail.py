@@ -120,8 +120,10 @@ class DetailScreen(ModalScreen[None]):
             self.error = error
 
     def __init__(self, title: str, record: Mapping[str, Any], *, history: HistoryLoader | None,
-                 live_diff: DiffLoader | None = None, receipt: bool = False) -> None:
+                 live_diff: DiffLoader | None = None, receipt: bool = False,
+                 describe_error: Callable[[BaseException], str] = str) -> None:
         super().__init__()
+        self.describe_error = describe_error
         self.title_text = title
         self.record = dict(record)
         self._history = history
@@ -157,7 +159,7 @@ class DetailScreen(ModalScreen[None]):
         try:
             self.post_message(self.HistoryLoaded(await self._history(), None))
         except RemError as exc:
-            self.post_message(self.HistoryLoaded(None, str(exc)))
+            self.post_message(self.HistoryLoaded(None, self.describe_error(exc)))
 
     @work(exclusive=True, group="detail-diff", exit_on_error=False)
     async def load_live_diff(self) -> None:
@@ -165,7 +167,7 @@ class DetailScreen(ModalScreen[None]):
         try:
             self.post_message(self.LiveDiffLoaded(await self._live_diff(), None))
         except RemError as exc:
-            self.post_message(self.LiveDiffLoaded(None, str(exc)))
+            self.post_message(self.LiveDiffLoaded(None, self.describe_error(exc)))
 
     def on_detail_screen_history_loaded(self, message: HistoryLoaded) -> None:
         target = self.query_one("#history", Static)
