@@ -31,11 +31,11 @@ from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
-from tui.format import palette_from
+from tui.format import home_short, one_line_error, palette_from
 from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotLoaded
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen
-from tui.screens.help import HelpScreen, bindings_rows, help_markdown
+from tui.screens.detail import DetailScreen, history_keys
+from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.backlog import BacklogTable
 from tui.widgets.banner import Banner
@@ -47,7 +47,7 @@ from tui.widgets.leases import LeaseTable
 from tui.widgets.panel_table import PanelTable
 from tui.widgets.receipts import ReceiptTable
 from tui.widgets.snapshot_table import SnapshotTable
-from tui.widgets.trends import Trends
+from tui.widgets.trends import Trends, trend_values
 from tui.widgets.workers import WorkerTable
 
 log = logging.getLogger("rem.console")
@@ -125,7 +125,7 @@ class ConsoleApp(App[None]):
         self.data = data if isinstance(data, DataDir) else DataDir.resolve(data)
         self.read_only = read_only
         self.chroma_url = chroma_url
-        self.data_label = data_label or _home_short(self.data.root)
+        self.data_label = data_label or home_short(self.data.root)
         self.status_loader = status_loader
         self.watch_files, self.poll_s, self.health_s = watch, poll_s, health_s
         self.min_interval_s = min_interval_s
@@ -407,7 +407,7 @@ class ConsoleApp(App[None]):
 
     def one_line(self, error: BaseException | None) -> str:
         """An error as one line, the data dir shown as in the header (short, and stable)."""
-        return _one_line(error).replace(str(self.data.root), self.data_label)
+        return one_line_error(error).replace(str(self.data.root), self.data_label)
 
     # -- actions -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -498,7 +498,7 @@ class ConsoleApp(App[None]):
 
     # -- operator comforts ------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_markdown(help_sections())))
+        self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
@@ -544,7 +544,7 @@ class ConsoleApp(App[None]):
         if record is None or self.backend is None:
             return
         backend = self.backend
-        session_id, target = _history_keys(table.PANEL_NAME, record)
+        session_id, target = history_keys(table.PANEL_NAME, record)
 
         async def history() -> list[dict[str, Any]]:
             return await backend.history(session_id=session_id, target=target)
@@ -588,53 +588,3 @@ class ConsoleApp(App[None]):
         table = self.focused_panel()
         self.copy_to_clipboard(table.to_csv())
         self.notify(f"copied {len(table.shown_keys())} {table.PANEL_NAME} rows as CSV")
-
-
-def trend_values(snapshot: dict[str, Any], now: int) -> dict[str, int]:
-    counts = snapshot.get("counts") or {}
-    expired = sum(1 for lease in snapshot.get("leases") or [] if (lease.get("expires_at") or 0) <= now)
-    return {"backlog": int(counts.get("backlog", 0)), "expired_leases": expired,
-            "mismatches": int(counts.get("mismatches", 0))}
-
-
-def help_sections() -> list[tuple[str, list[tuple[str, str]]]]:
-    """The help page, built from the BINDINGS that define each key."""
-    navigation = [("Tab / Shift+Tab", "next / previous panel"),
-                  ("mouse", "click a row to select it, click it again for detail; "
-                            "click a column header to sort by it; wheel scrolls")]
-    return [
-        ("Anywhere", bindings_rows(ConsoleApp.BINDINGS) + [("Ctrl+P", "command palette: every action")]),
-        ("In a panel", bindings_rows(PanelTable.BINDINGS) + navigation),
-        ("Filter bar", [("Enter", "keep the filter")] + bindings_rows(FilterBar.BINDINGS)),
-        ("Confirmation", [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
-         + bindings_rows(ConfirmScreen.BINDINGS)),
-        ("Detail", bindings_rows(DetailScreen.BINDINGS)),
-    ]
-
-
-def _history_keys(panel: str, record: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(session_id, target) whose journal rows the detail screen lists."""
-    if panel == "leases":
-        return record.get("session_id"), record.get("id")
-    if panel == "workers":
-        return None, record.get("owner_id")
-    if panel == "receipts":
-        return record.get("session_id"), record.get("summary_id")
-    if panel == "backlog":
-        return record.get("target") or record.get("session_id"), record.get("execution_id")
-    if panel == "actions":
-        return None, record.get("target")
-    return record.get("session_id"), record.get("target")
-
-
-def _one_line(error: BaseException | None) -> str:
-    if error is None:
-        return "unknown error"
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text if isinstance(error, RemError) else f"{type(error).__name__}: {text}"
-
-
-def _home_short(path: Path) -> str:
-    home = str(Path.home())
-    text = str(path)
-    return "~" + text[len(home):] if text.startswith(home + os.sep) else text

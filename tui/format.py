@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.style import Style
@@ -139,3 +141,20 @@ def _scalar(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + " ".join(f"{k}={_scalar(v)}" for k, v in value.items()) + "}"
     return str(value)
+
+
+def one_line_error(error: BaseException | None) -> str:
+    """An error as one line: rem's own errors as they are, others with their type."""
+    from backend.errors import RemError
+
+    if error is None:
+        return "unknown error"
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if isinstance(error, RemError) else f"{type(error).__name__}: {text}"
+
+
+def home_short(path: Path) -> str:
+    """`/home/me/rem-data` -> `~/rem-data`."""
+    home = str(Path.home())
+    text = str(path)
+    return "~" + text[len(home):] if text.startswith(home + os.sep) else text

@@ -16,10 +16,10 @@ from backend import clock
 from backend.datadir import DataDir
 from tests.helpers import await_until
 from tests.tui import scenes
-from tui.app import PANELS, ConsoleApp, help_sections
+from tui.app import PANELS, ConsoleApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
-from tui.screens.help import HelpScreen
+from tui.screens.help import HelpScreen, help_sections
 from tui.widgets.banner import Banner
 from tui.widgets.header import ConsoleHeader
 from tui.widgets.snapshot_table import SnapshotTable
@@ -354,7 +354,7 @@ async def test_help_lists_every_key(incident_dir: DataDir) -> None:
         text = app.screen.markdown
         for binding in ConsoleApp.BINDINGS:
             assert binding.description in text, binding
-        for section, rows in help_sections():
+        for section, rows in help_sections(ConsoleApp.BINDINGS):
             assert f"## {section}" in text
             for key, _ in rows:
                 assert f"`{key}`" in text

@@ -27,6 +27,21 @@ TIME_FIELDS = ("time", "time_created", "time_updated", "expires_at", "heartbeat_
                "checked_at", "since", "oldest_at", "owner_heartbeat_at")
 
 
+def history_keys(panel: str, record: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(session_id, target) whose journal rows the detail screen lists for a panel's row."""
+    if panel == "leases":
+        return record.get("session_id"), record.get("id")
+    if panel == "workers":
+        return None, record.get("owner_id")
+    if panel == "receipts":
+        return record.get("session_id"), record.get("summary_id")
+    if panel == "backlog":
+        return record.get("target") or record.get("session_id"), record.get("execution_id")
+    if panel == "actions":
+        return None, record.get("target")
+    return record.get("session_id"), record.get("target")
+
+
 def row_table(record: Mapping[str, Any]) -> Table:
     """Every field of the row, times also shown as wall-clock times."""
     table = Table.grid(padding=(0, 2))

@@ -34,6 +34,26 @@ def bindings_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
     return rows
 
 
+def help_sections(app_bindings: Iterable[BindingType]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The help page, built from the BINDINGS that define each key."""
+    from tui.screens.confirm import ConfirmScreen
+    from tui.screens.detail import DetailScreen
+    from tui.widgets.filter_bar import FilterBar
+    from tui.widgets.panel_table import PanelTable
+
+    navigation = [("Tab / Shift+Tab", "next / previous panel"),
+                  ("mouse", "click a row to select it, click it again for detail; "
+                            "click a column header to sort by it; wheel scrolls")]
+    return [
+        ("Anywhere", bindings_rows(app_bindings) + [("Ctrl+P", "command palette: every action")]),
+        ("In a panel", bindings_rows(PanelTable.BINDINGS) + navigation),
+        ("Filter bar", [("Enter", "keep the filter")] + bindings_rows(FilterBar.BINDINGS)),
+        ("Confirmation", [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
+         + bindings_rows(ConfirmScreen.BINDINGS)),
+        ("Detail", bindings_rows(DetailScreen.BINDINGS)),
+    ]
+
+
 def help_markdown(sections: Sequence[tuple[str, list[tuple[str, str]]]]) -> str:
     """A Markdown page with one key table per section."""
     parts = [INTRO]

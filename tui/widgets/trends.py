@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -71,3 +72,11 @@ class Trends(Horizontal):
             span = max(1, second - series[0][0] + 1)
             self.labels[key].update(
                 f"{label} {value} · max {max(data)} in {duration(span * 1000)}", layout=False)
+
+
+def trend_values(snapshot: Mapping[str, Any], now: int) -> dict[str, int]:
+    """The three series' values in a snapshot; expired leases counted against `now`."""
+    counts = snapshot.get("counts") or {}
+    expired = sum(1 for lease in snapshot.get("leases") or [] if (lease.get("expires_at") or 0) <= now)
+    return {"backlog": int(counts.get("backlog", 0)), "expired_leases": expired,
+            "mismatches": int(counts.get("mismatches", 0))}
