@@ -39,14 +39,17 @@ async def measure(root: Path, rounds: int = 200) -> dict[str, float]:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        root = Path(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    if args:
+        root = Path(args[0])
     else:
         from benchmarks.gen_big import generate  # type: ignore[import-not-found]
 
         root = Path(tempfile.mkdtemp(prefix="rem-big-")) / "data"
+        scale = 10 if "--quick" in sys.argv else 1
         print(f"generating {root} ...", file=sys.stderr)
-        generate(root, 100_000, 10, 10_000, 500, 2_000, 1_000, 20_000)
+        generate(root, 100_000 // scale, 10, 10_000 // scale, 500 // scale, 2_000 // scale,
+                 1_000 // scale, 20_000 // scale)
     result = asyncio.run(measure(root))
     print(json.dumps(result))
     print(f"status(): p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, max {result['max_ms']} ms "

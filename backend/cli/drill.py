@@ -7,7 +7,6 @@ from typing import Annotated, Any
 import typer
 
 from backend.cli import common
-from backend.errors import NotImplementedYet
 
 drill_app = typer.Typer(help="Chaos drills: kill real processes and prove nothing is lost.",
                         no_args_is_help=True)
@@ -57,9 +56,21 @@ def sigkill(
     return 0 if report["ok"] else 1
 
 
-def bench(json: common.JsonOpt = False) -> None:
-    """Run the benchmarks and print them as a table.
+def bench(
+    only: Annotated[list[str] | None, typer.Argument(
+        help="Benchmarks to run (turns, receipts, dream, status); default all.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
+    json: common.JsonOpt = False,
+) -> None:
+    """Run the benchmarks of benchmarks/ and print their headline figures as a table.
 
-    Example: rem bench --json
+    Example: rem bench --quick turns status
     """
-    raise NotImplementedYet("`rem bench` is not implemented yet")
+    from backend import bench as benches
+    from backend.cli.render import print_bench
+
+    report = benches.run(only, quick, progress=common.note)
+    if json:
+        common.emit_json(report)
+    else:
+        print_bench(report)

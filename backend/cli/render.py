@@ -63,3 +63,13 @@ def print_drill(report: dict[str, Any]) -> None:
         console.print(f"[red]violation[/] {finding['what']}: {finding['count']}")
     verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
     console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
+
+
+def print_bench(report: dict[str, Any]) -> None:
+    table = Table("benchmark", "what", "figure", "took (s)",
+                  title="rem bench" + (" (quick sizes)" if report["quick"] else ""))
+    for bench in report["benchmarks"]:
+        for i, line in enumerate(bench["headline"]):
+            table.add_row(bench["name"] if i == 0 else "", line["what"], line["figure"],
+                          str(bench["seconds"]) if i == 0 else "")
+    Console().print(table)
