@@ -94,6 +94,7 @@ async def soak(root: Path, seconds: float, interval_ms: float) -> dict[str, Any]
             probe.stop()
             callbacks.uninstall()
         return {
+            "sessions": (app.applied or {}).get("counts", {}).get("sessions"),
             "soak_s": round(time.monotonic() - started), "writes_every_ms": interval_ms,
             "refreshes": app.stats["applies"] - applies0, "keys_pressed": i,
             "loop_lag_ms": summary(probe.lags_ms),
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("dir", type=Path, nargs="?")
     parser.add_argument("--soak-s", type=float, default=600.0)
     parser.add_argument("--interval-ms", type=float, default=100.0)
+    parser.add_argument("--sessions", type=int, default=100_000,
+                        help="size of the generated data dir when DIR is omitted")
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_start:
@@ -121,8 +124,9 @@ def main() -> None:
         from benchmarks.gen_big import generate  # type: ignore[import-not-found]
 
         root = Path(tempfile.mkdtemp(prefix="rem-big-")) / "data"
-        print(f"generating {root} ...", file=sys.stderr)
-        generate(root, 100_000, 10, 10_000, 500, 2_000, 1_000, 20_000)
+        n = args.sessions
+        print(f"generating {root} ({n} sessions) ...", file=sys.stderr)
+        generate(root, n, 10, n // 10, n // 200, n // 50, n // 100, n // 5)
     starts = measure_start(root)
     result = {"data_dir": str(root), "start": starts, **asyncio.run(soak(root, args.soak_s, args.interval_ms))}
     print(json.dumps(result))
