@@ -61,7 +61,8 @@ def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
     start = max(s["start_s"] for s in r["start"])
-    return [(f"console start ({r.get('sessions') or '?':,} sessions)", f"{start:.2f} s"),
+    sessions = f"{r['sessions']:,}" if isinstance(r.get("sessions"), int) else "?"
+    return [(f"console start ({sessions} sessions)", f"{start:.2f} s"),
             (f"console under writes every {r['writes_every_ms']:g} ms ({r['soak_s']} s)",
              f"longest UI callback {r['callback_cpu_ms']['max']} ms CPU, "
              f"RSS max {r['rss_mb']['max']} MB")]
