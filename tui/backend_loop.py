@@ -26,6 +26,7 @@ class BackendLoop:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
+        self._stopping = False
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -39,6 +40,9 @@ class BackendLoop:
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the backend loop; cancelling the caller cancels it there too."""
+        if self._stopping:
+            coro.close()  # never started: close it rather than leave it un-awaited
+            raise asyncio.CancelledError("the console is shutting down")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return await asyncio.wrap_future(future)
 
@@ -55,6 +59,7 @@ class BackendLoop:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel whatever is still running there, then stop the loop and its thread."""
+        self._stopping = True
         if not self._started:
             self._loop.close()
             return
