@@ -354,6 +354,7 @@ async def test_help_lists_every_key(incident_dir: DataDir) -> None:
         text = app.screen.markdown
         for binding in ConsoleApp.BINDINGS:
             assert binding.description in text, binding
+        assert "| :- | :- |\n| `?` | Help |" in text  # rows directly under the header: a table
         for section, rows in help_sections(ConsoleApp.BINDINGS):
             assert f"## {section}" in text
             for key, _ in rows:

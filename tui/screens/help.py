@@ -58,8 +58,9 @@ def help_markdown(sections: Sequence[tuple[str, list[tuple[str, str]]]]) -> str:
     """A Markdown page with one key table per section."""
     parts = [INTRO]
     for title, rows in sections:
-        parts.append(f"## {title}\n\n| key | does |\n| :- | :- |")
-        parts.append("\n".join(f"| `{key}` | {what} |" for key, what in rows))
+        table = "\n".join(["| key | does |", "| :- | :- |",
+                           *(f"| `{key}` | {what} |" for key, what in rows)])
+        parts.append(f"## {title}\n\n{table}")
     return "\n\n".join(parts) + "\n"
 
 
