@@ -103,7 +103,8 @@ async def soak(root: Path, seconds: float, interval_ms: float) -> dict[str, Any]
             "slowest_callbacks": sorted(callbacks.slow, reverse=True)[:8],
             "apply_ms": summary(app.stats["apply_ms"][apply_ms0:]),
             "load_ms": summary(app.stats["load_ms"][apply_ms0:]),
-            "rss_mb": {"start": round(rss[0], 1), "max": round(max(rss), 1), "end": round(rss[-1], 1)},
+            "rss_mb": {"start": round(rss[0], 1), "max": round(max(rss), 1), "end": round(rss[-1], 1),
+                       "by_minute": [round(v, 1) for v in rss[::60]]},
         }
 
 

@@ -175,6 +175,7 @@ class ConsoleApp(App[None]):
         self.filter_bar = self.query_one("#filter", FilterBar)
         self._panels = {name: self.query_one(f"#{name}", SnapshotTable) for name, _ in PANELS}
         self._palette = palette_from(self.get_css_variables())
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
         self.backend = ConsoleBackend(self.data, read_only=self.read_only, chroma_url=self.chroma_url,
                                       status_loader=self.status_loader)
         self.header.set_state(palette=self._palette, now=clock.now_ms())
@@ -184,6 +185,13 @@ class ConsoleApp(App[None]):
         self.request_refresh(force=True)
         if self.watch_files:
             self.watch_data_dir()
+
+    def _theme_changed(self, _theme: object) -> None:
+        # cell colours are resolved from the theme when drawn: redraw them all
+        self._palette = palette_from(self.get_css_variables())
+        self.header.set_state(palette=self._palette)
+        for table in self.panels():
+            table.restyle(self._palette)
 
     def on_unmount(self) -> None:
         if self.backend is not None:

@@ -389,6 +389,20 @@ async def test_export_writes_csv_to_logs_and_copy_fills_the_clipboard(incident_d
         assert app.clipboard == files[0].read_text()
 
 
+async def test_changing_the_theme_recolours_the_cells(incident_dir: DataDir) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        leases = table(app, "leases")
+        before = leases._rows["execution:exe_0002"].cells["left"].style.color
+        app.theme = "textual-light"
+        await until(pilot, lambda: leases._rows["execution:exe_0002"].cells["left"].style.color != before,
+                    "the expired countdown in the new theme's error colour")
+        from rich.color import Color
+
+        assert leases._rows["execution:exe_0002"].cells["left"].style.color == Color.parse(
+            app.get_css_variables()["error"])
+
+
 async def test_ctrl_r_forces_a_reload(healthy_dir: DataDir) -> None:
     async with console(healthy_dir, watch=False, poll_s=3600).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)

@@ -25,6 +25,7 @@ from textual.strip import Strip
 
 GAP = 1  # blank cells before each column: one space between columns, one before the first
 AUTO_MAX = 160
+STRIP_CACHE = 128
 
 
 class TableColumn(NamedTuple):
@@ -112,7 +113,9 @@ class PanelTable(ScrollView, can_focus=True):
         self.table_columns: list[TableColumn] = []
         self.order: list[str] = []
         self._widths: list[int] = []
-        self._strips: LRUCache[tuple[object, ...], Strip] = LRUCache(2048)
+        # a few screens' worth: rows change version constantly, and a big cache of stale
+        # strips costs memory and (as GC-tracked objects) full-collection pauses
+        self._strips: LRUCache[tuple[object, ...], Strip] = LRUCache(STRIP_CACHE)
 
     # -- what a subclass provides ------------------------------------------------
     def row_cells(self, key: str) -> Sequence[Text]:

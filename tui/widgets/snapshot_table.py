@@ -185,6 +185,13 @@ class SnapshotTable(PanelTable):
         self.set_class(alert, "-alert")
         self._sync()
 
+    def restyle(self, palette: Palette) -> None:
+        """Redraw every row in a new palette (the theme changed)."""
+        self._palette = palette
+        for row in self._rows.values():
+            row.dirty = True
+        self._sync()
+
     def tick(self, now: int) -> None:
         """Re-render the time-dependent cells for a new `now` (no database access)."""
         self._now = now
