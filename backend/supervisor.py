@@ -1,9 +1,12 @@
 """`rem up`: the Chroma server and the daemons of one data dir, kept running.
 
 Each daemon is a `rem daemon --role R` child process. A child that dies (a
-crash, or a SIGKILL in a drill) is marked stopped in `worker` and restarted
-with backoff; its leases are left to expire and be taken over, exactly as
-if it had died on another machine. The Chroma server is restarted on its old
+crash, or a SIGKILL in a drill) is restarted with backoff and, unless
+`reap` is off, marked stopped in `worker` at once, which lets its leases be
+taken over without waiting for them to expire (fencing keeps that safe).
+With `reap` off a death looks as it would on another machine: the dead
+worker's heartbeat goes stale and its leases count down to expiry, or an
+operator releases them. The Chroma server is restarted on its old
 port when it dies. Children get SIGTERM when the supervisor dies, so no
 process outlives `rem up`. On SIGTERM/Ctrl-C every daemon is drained (it
 finishes or hands back its work and releases its leases) before exit.
@@ -67,6 +70,10 @@ class UpConfig:
     load: bool = False
     load_sessions: int = 6
     load_rate: float = 1.0
+    # record a dead child as stopped at once, so its leases are taken over without
+    # waiting for expiry; off, a kill looks as it would on another machine (the
+    # lease counts down, or an operator releases it): what the demo shows
+    reap: bool = True
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -207,8 +214,9 @@ class Supervisor:
         backoff = 0.0 if uptime > 10 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** min(child.restarts, 4))
         child.next_start = time.monotonic() + backoff
         log.warning("%s pid %s %s; restarting in %.1f s", child.name, proc.pid, reason, backoff)
-        with contextlib.suppress(Exception):
-            await workers.mark_exited(db, proc.pid, self._host, reason)
+        if self.config.reap:
+            with contextlib.suppress(Exception):
+                await workers.mark_exited(db, proc.pid, self._host, reason)
 
     async def _drain_all(self) -> None:
         live = [c for c in self.children if c.pid is not None]

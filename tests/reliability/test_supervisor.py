@@ -1,0 +1,78 @@
+"""`rem up`: restarts killed daemons; with --no-reap a killed executor's lease waits for
+expiry or an operator release, and release hands it over at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from backend import ops
+from backend.context import Context
+from backend.datadir import DataDir
+from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _manifest(root: Path) -> dict:  # type: ignore[type-arg]
+    try:
+        return json.loads((root / "up.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _executor_pid(root: Path) -> int | None:
+    kids = [c for c in _manifest(root).get("children", []) if c["role"] == "executor"]
+    return kids[0]["pid"] if kids else None
+
+
+async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    env = rem_env(REM_AGENT_DELAY_MS="400")  # a reply takes ~2 s: a kill lands mid-turn
+    up = spawn_rem("up", "--data", str(root), "--executors", "1", "--no-reap", env=env,
+                   log=tmp_path / "up.log")
+    ctx = Context(DataDir(root), start_chroma=False)
+    try:
+        first = wait_until(lambda: _executor_pid(root), timeout=60, message="the executor to start")
+        assert run_rem("send", "s1", "a question that takes a while", "--data", str(root)).returncode == 0
+
+        async def lease() -> dict | None:  # type: ignore[type-arg]
+            leases = (await ops.status(ctx))["leases"]
+            return leases[0] if leases else None
+
+        held = await await_until(lease, timeout=30, message="the executor to hold a lease")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: _executor_pid(root) not in (None, first), timeout=30,
+                   message="the supervisor to restart the executor")
+        # not reaped: the dead owner still looks alive on paper and its lease stands
+        snap = await ops.status(ctx)
+        (still,) = [x for x in snap["leases"] if x["id"] == held["id"]]
+        assert still["owner_id"] == held["owner_id"] and not still["expired"]
+        result = await ops.release(ctx, held["id"], expected_epoch=still["epoch"])
+        assert result["old_epoch"] == still["epoch"]
+
+        async def taken() -> bool:
+            leases = (await ops.status(ctx))["leases"]
+            return any(x["id"] == held["id"] and x["owner_id"] != held["owner_id"] for x in leases) \
+                or not any(x["id"] == held["id"] for x in leases)
+
+        await await_until(taken, timeout=1.5, interval=0.02,
+                          message="another executor to take over the released lease")
+        await await_until(lambda: _settled(ctx), timeout=60, message="the turn to finish")
+        result = await ops.check(ctx, settled=True)
+        assert result["ok"], result["violations"]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+        await ctx.close()
+    assert up.returncode == 0
+    assert not (root / "up.json").exists()
+
+
+async def _settled(ctx: Context) -> bool:
+    result = await ops.check(ctx, verify_chroma=False)
+    return result["ok"] and result["counts"]["unsettled"] == 0
