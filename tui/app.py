@@ -21,7 +21,6 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.events import DescendantFocus
 from textual.screen import Screen
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from backend import clock
@@ -43,6 +42,7 @@ from tui.widgets.drift import DriftTable
 from tui.widgets.events import EventTable
 from tui.widgets.filter_bar import FilterBar
 from tui.widgets.header import ConsoleHeader
+from tui.widgets.key_bar import KeyBar
 from tui.widgets.leases import LeaseTable
 from tui.widgets.panel_table import PanelTable
 from tui.widgets.receipts import ReceiptTable
@@ -98,16 +98,17 @@ class ConsoleApp(App[None]):
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (34, "-tall")]
+    # the order is the key bar's: what an incident needs first
     BINDINGS: ClassVar = [
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("p", "toggle_pause", "Pause"),
         Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("s", "sort", "Sort"),
-        Binding("S", "reverse_sort", "Reverse sort", show=False),
+        Binding("l", "release", "Release"),
+        Binding("d", "drain", "Drain"),
         Binding("r", "replay_selected", "Replay"),
         Binding("R", "replay_all", "Replay all"),
-        Binding("d", "drain", "Drain"),
-        Binding("l", "release", "Release"),
+        Binding("s", "sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse sort", show=False),
         Binding("e", "export_csv", "Export CSV"),
         Binding("c", "copy_csv", "Copy CSV", show=False),
         Binding("z", "toggle_maximize", "Zoom"),
@@ -165,7 +166,8 @@ class ConsoleApp(App[None]):
             yield EventTable(id="events")
             yield ActionLogTable(id="actions")
         yield FilterBar(id="filter")
-        yield Footer(compact=True)
+        yield KeyBar(self.BINDINGS, lead=[("⏎", "detail", "Detail")],
+                     tail=[("^p", "command_palette", "Palette")], id="keys")
 
     def on_mount(self) -> None:
         # widget references held from mount on: timers firing during shutdown find them too
@@ -173,6 +175,8 @@ class ConsoleApp(App[None]):
         self.banner = self.query_one("#banner", Banner)
         self.trends = self.query_one("#trends", Trends)
         self.filter_bar = self.query_one("#filter", FilterBar)
+        self.key_bar = self.query_one("#keys", KeyBar)
+        self._show_keys()
         self._panels = {name: self.query_one(f"#{name}", SnapshotTable) for name, _ in PANELS}
         self._palette = palette_from(self.get_css_variables())
         self.theme_changed_signal.subscribe(self, self._theme_changed)
@@ -508,8 +512,13 @@ class ConsoleApp(App[None]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 
+    def _show_keys(self) -> None:
+        self.key_bar.show_keys(lambda action: self.check_action(action, ()) is True,
+                               {"toggle_pause": "Resume" if self.paused else "Pause"})
+
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
+        self._show_keys()
         self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
         if not self.paused:
             self.apply_pending()

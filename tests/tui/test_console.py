@@ -255,6 +255,7 @@ async def test_pause_holds_updates_and_counts_what_waits(healthy_dir: DataDir) -
         app = await loaded(pilot)
         await pilot.press("p")
         assert app.paused
+        assert "Resume" in str(app.key_bar._shown)
         header = app.query_one(ConsoleHeader)
         assert header.has_class("-paused")
         write(healthy_dir, "INSERT INTO event (time, kind, actor) VALUES (1, 'input.admitted', 'cli');"
@@ -363,6 +364,14 @@ async def test_help_lists_every_key(incident_dir: DataDir) -> None:
         assert not isinstance(app.screen, HelpScreen)
 
 
+async def test_the_key_bar_is_clickable(incident_dir: DataDir) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        offset = app.key_bar.content.plain.index("? Help")  # type: ignore[union-attr]
+        await pilot.click("#keys", offset=(1 + offset + 2, 0))  # 1: the bar's left padding
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "help opened by a click")
+
+
 async def test_number_keys_focus_panels_and_z_zooms(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
@@ -394,7 +403,7 @@ async def test_changing_the_theme_recolours_the_cells(incident_dir: DataDir) -> 
         app = await loaded(pilot)
         leases = table(app, "leases")
         before = leases._rows["execution:exe_0002"].cells["left"].style.color
-        app.theme = "textual-light"
+        app.theme = "nord"
         await until(pilot, lambda: leases._rows["execution:exe_0002"].cells["left"].style.color != before,
                     "the expired countdown in the new theme's error colour")
         from rich.color import Color
@@ -626,9 +635,11 @@ async def test_read_only_greys_the_actions_out(incident_dir: DataDir) -> None:
         app = await loaded(pilot)
         for action in ("replay_selected", "replay_all", "drain", "release"):
             assert app.check_action(action, ()) is None
-        footer_keys = {k.action: k for k in app.query("FooterKey")}  # type: ignore[attr-defined]
-        assert footer_keys["release"].has_class("-disabled")
-        assert not footer_keys["filter"].has_class("-disabled")
+        shown = {description: enabled for _key, description, enabled in
+                 app.key_bar.state(lambda a: app.check_action(a, ()) is True)}
+        assert shown["Release"] is False and shown["Replay all"] is False and shown["Drain"] is False
+        assert shown["Filter"] is True and shown["Help"] is True
+        assert "[$text-disabled]l Release[/]" in str(app.key_bar._shown)
         await pilot.press("2", "l")
         assert not isinstance(app.screen, ConfirmScreen)
         assert "READ-ONLY" in app.query_one(ConsoleHeader).header_text().plain
