@@ -53,6 +53,21 @@ def _status(r: dict[str, Any]) -> list[tuple[str, str]]:
              f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms")]
 
 
+def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
+    lat = r["latency_ms"]
+    return [(f"console: commit by another process -> on screen ({r['commits']} commits)",
+             f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms")]
+
+
+def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
+    start = max(s["start_s"] for s in r["start"])
+    sessions = f"{r['sessions']:,}" if isinstance(r.get("sessions"), int) else "?"
+    return [(f"console start ({sessions} sessions)", f"{start:.2f} s"),
+            (f"console under writes every {r['writes_every_ms']:g} ms ({r['soak_s']} s)",
+             f"longest UI callback {r['callback_cpu_ms']['max']} ms CPU, "
+             f"RSS max {r['rss_mb']['max']} MB")]
+
+
 BENCHES = {
     "turns": Bench("turns", "turns.py", (), ("--turns", "400", "--sessions", "20", "--bare", "2000"),
                    _turns),
@@ -61,6 +76,9 @@ BENCHES = {
     "dream": Bench("dream", "dream.py", ("--json",),
                    ("--json", "--sessions", "10000", "--pending", "500", "--digest", "50"), _dream),
     "status": Bench("status", "status.py", (), ("--quick",), _status),
+    "console": Bench("console", "console_freshness.py", (), ("--commits", "30"), _console_freshness),
+    "console-scale": Bench("console-scale", "console_scale.py", ("--soak-s", "120"),
+                           ("--sessions", "20000", "--soak-s", "15"), _console_scale),
 }
 
 

@@ -108,3 +108,33 @@ def append_event_sync(
     """`append_event` for code already running on the connection's thread (`Database.write_sync`)."""
     cursor = conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
     return int(cursor.lastrowid or 0)
+
+
+HISTORY_SQL = """
+SELECT * FROM (SELECT id, time, kind, actor, session_id, target, data FROM event
+               WHERE target = :target ORDER BY id DESC LIMIT :limit)
+UNION
+SELECT * FROM (SELECT id, time, kind, actor, session_id, target, data FROM event
+               WHERE session_id = :session_id ORDER BY id DESC LIMIT :limit)
+ORDER BY id DESC LIMIT :limit
+"""
+
+
+def decode_event(row: Any) -> dict[str, Any]:
+    """One `event` row as a dict with its `data` JSON decoded (undecodable data kept raw)."""
+    event = dict(row)
+    try:
+        event["data"] = json.loads(event.get("data") or "{}")
+    except ValueError:
+        event["data"] = {"raw": event.get("data")}
+    return event
+
+
+async def history(db: Any, *, session_id: str | None = None, target: str | None = None,
+                  limit: int = 200) -> list[dict[str, Any]]:
+    """Journal rows about one target and/or one session, newest first (two indexed lookups)."""
+    if session_id is None and target is None:
+        return []
+    rows = await db.fetchall(HISTORY_SQL, {"target": target, "session_id": session_id,
+                                           "limit": limit})
+    return [decode_event(r) for r in rows]

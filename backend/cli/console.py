@@ -1,11 +1,14 @@
-"""`rem console` and `rem demo`."""
+"""`rem console` and `rem demo` (the console is imported lazily: backend never imports tui)."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 from backend.cli import common
-from backend.errors import NotImplementedYet
+from backend.datadir import DataDir
+from backend.errors import DataDirError
 
 
 def register(app: typer.Typer) -> None:
@@ -13,17 +16,39 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
 
 
-def console(data: common.DataOpt = None) -> None:
-    """Open the on-call console over a data dir.
+def _existing_data_dir(data: object) -> DataDir:
+    root = DataDir.resolve(data or common.Globals.data)  # type: ignore[arg-type]
+    root.check_usable()
+    if not root.exists():
+        raise DataDirError(f"no rem data at {root.root} (state.db missing); "
+                           f"run `rem init --data {root.root}` or `rem up --data {root.root}`")
+    return root
 
-    Example: rem console --read-only
+
+def console(
+    read_only: Annotated[bool, typer.Option("--read-only", help="Watch only: every action is "
+                                            "refused by the library and greyed out.")] = False,
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+) -> None:
+    """Open the live on-call console over a data dir (press ? inside for every key).
+
+    Example: rem console --read-only --data ./demo-data
     """
-    raise NotImplementedYet("`rem console` is not implemented yet")
+    root = _existing_data_dir(data)
+    from tui.app import ConsoleApp
+
+    ConsoleApp(root, read_only=read_only, chroma_url=chroma_url or common.Globals.chroma_url).run()
 
 
-def demo() -> None:
-    """A fresh demo data dir, `rem up`, synthetic load, and the console.
+def demo(
+    data: common.DataOpt = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
+) -> int:
+    """A fresh demo data dir, `rem up --load` (Chroma, daemons, synthetic load) and the console.
 
     Example: rem demo
     """
-    raise NotImplementedYet("`rem demo` is not implemented yet")
+    from backend.demo import run_demo
+
+    return run_demo(data or common.Globals.data, keep=keep)

@@ -1,0 +1,133 @@
+"""Shared pieces of the console benchmarks: a headless console, a writer process, a lag probe."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# A separate process committing to state.db like a daemon would: heartbeats, lease
+# renewals and one journal row per commit (`time` = just before COMMIT, ms).
+WRITER = r"""
+import json, random, sqlite3, sys, time
+path, interval_ms, count, run = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = random.Random(7)
+conn = sqlite3.connect(path, isolation_level=None, timeout=10)
+conn.execute("PRAGMA journal_mode = WAL")
+leases = [r[0] for r in conn.execute("SELECT id FROM session_execution LIMIT 5000")]
+i = 0
+while count < 0 or i < count:
+    conn.execute("BEGIN IMMEDIATE")
+    now = int(time.time() * 1000)
+    conn.execute("UPDATE worker SET heartbeat_at = ? WHERE state = 'running'", (now,))
+    for lease in rng.sample(leases, min(20, len(leases))):
+        conn.execute("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = ?",
+                     (now + 30000, now, lease))
+    now = int(time.time() * 1000)
+    conn.execute("INSERT INTO event (time, kind, actor, data) VALUES (?, 'bench.commit', 'bench', ?)",
+                 (now, json.dumps({"run": run, "seq": i})))
+    conn.execute("COMMIT")
+    i += 1
+    time.sleep(rng.uniform(0.5, 1.5) * interval_ms / 1000)
+"""
+
+
+def start_writer(state_db: Path, interval_ms: float, count: int = -1,
+                 run: str = "") -> subprocess.Popen[bytes]:
+    """The writer process; its journal rows carry `run` so reruns on one data dir do not mix."""
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(state_db), str(interval_ms), str(count),
+                             run or str(time.time())])
+
+
+class LagProbe:
+    """How late the event loop wakes a 10 ms sleeper: the longest the UI could not react."""
+
+    def __init__(self, period_s: float = 0.01) -> None:
+        self.period_s = period_s
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(self.period_s)
+            self.lags_ms.append((time.perf_counter() - start - self.period_s) * 1000)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class CallbackTimer:
+    """CPU and wall time of every event-loop callback on this thread (a task step, a timer,
+    a message): the longest one is the longest the console itself kept input waiting,
+    whatever else the (shared) machine was doing."""
+
+    def __init__(self) -> None:
+        self.cpu_ms: list[float] = []
+        self.wall_ms: list[float] = []
+        self.slow: list[tuple[float, str]] = []
+        self._original: Any = None
+
+    def install(self) -> None:
+        handle = asyncio.events.Handle
+        original = handle._run
+        timer = self
+
+        def timed_run(self: Any) -> None:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            try:
+                original(self)
+            finally:
+                cpu_ms = (time.thread_time() - cpu) * 1000
+                if cpu_ms > 0.5:
+                    timer.cpu_ms.append(cpu_ms)
+                    if cpu_ms > 50:
+                        owner = getattr(self._callback, "__self__", None)
+                        what = owner.get_coro() if isinstance(owner, asyncio.Task) else self._callback
+                        timer_obj = getattr(getattr(what, "cr_frame", None), "f_locals", {}).get("self")
+                        if timer_obj is not None and hasattr(timer_obj, "_callback"):
+                            what = f"Timer {timer_obj.name}: {getattr(timer_obj._callback, '__qualname__', timer_obj._callback)}"
+                        timer.slow.append((round(cpu_ms, 1), repr(what)[:160]))
+                    timer.wall_ms.append((time.perf_counter() - wall) * 1000)
+
+        self._original = original
+        handle._run = timed_run  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            asyncio.events.Handle._run = self._original  # type: ignore[method-assign]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50": round(statistics.median(values), 1), "p95": round(pct(values, 0.95), 1),
+            "p99": round(pct(values, 0.99), 1), "max": round(max(values), 1)}
+
+
+async def wait_for(predicate: Any, pilot: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await pilot.pause()
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise RuntimeError("timed out")

@@ -1,0 +1,144 @@
+"""Scale: the console over a 100 000-session data dir (start < 3 s, input never blocked > 100 ms, RSS < 250 MB).
+
+    python benchmarks/console_scale.py [DIR] [--soak-s 600] [--interval-ms 100]
+
+DIR comes from benchmarks/gen_big.py (generated in a temp dir when omitted).
+1. Start: `rem console`'s import + first snapshot applied, in a fresh process, 3 runs.
+2. Soak: the console (headless, 120x40, live refresh on) while a writer process
+   commits every INTERVAL_MS (heartbeats, 20 lease renewals, a journal row). A
+   probe coroutine on the console's event loop records how late a 10 ms sleep
+   wakes up: the longest stretch during which a key press could not have been
+   handled. The operator presses a key every second (↓, PgDn, Tab ...).
+   RSS of the console process is sampled every second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.console_common import CallbackTimer, LagProbe, start_writer, summary, wait_for  # noqa: E402
+
+KEYS = tuple(os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(","))
+
+
+def start_child(root: Path) -> None:
+    """In a fresh process: import the console, run it until the first snapshot is shown."""
+    t0 = float(os.environ["REM_BENCH_T0"])
+    from backend.datadir import DataDir
+    from tui.app import ConsoleApp
+
+    imported = time.time()
+
+    async def run() -> float:
+        app = ConsoleApp(DataDir(root))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(lambda: app.applied is not None, pilot)
+            await pilot.pause()
+            return time.time()
+
+    shown = asyncio.run(run())
+    print(json.dumps({"import_s": round(imported - t0, 3), "start_s": round(shown - t0, 3)}))
+
+
+def measure_start(root: Path, runs: int = 3) -> list[dict[str, float]]:
+    results = []
+    for _ in range(runs):
+        env = dict(os.environ, REM_BENCH_T0=str(time.time()))
+        proc = subprocess.run([sys.executable, __file__, "--child-start", str(root)], env=env,
+                              capture_output=True, text=True, check=True)
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return results
+
+
+async def soak(root: Path, seconds: float, interval_ms: float) -> dict[str, Any]:
+    import psutil
+
+    from backend.datadir import DataDir
+    from tui.app import ConsoleApp
+
+    me = psutil.Process()
+    app = ConsoleApp(DataDir(root))
+    rss: list[float] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(lambda: app.applied is not None, pilot)
+        await pilot.pause()
+        probe = LagProbe()
+        probe.start()
+        callbacks = CallbackTimer()
+        callbacks.install()
+        writer = start_writer(root / "state.db", interval_ms, run=f"soak-{time.time()}")
+        applies0 = app.stats["applies"]
+        apply_ms0 = len(app.stats["apply_ms"])
+        started = time.monotonic()
+        try:
+            i = 0
+            while time.monotonic() - started < seconds:
+                await pilot.press(KEYS[i % len(KEYS)])
+                i += 1
+                rss.append(me.memory_info().rss / 2**20)
+                await asyncio.sleep(1.0)
+        finally:
+            writer.kill()
+            writer.wait()
+            probe.stop()
+            callbacks.uninstall()
+        return {
+            "sessions": (app.applied or {}).get("counts", {}).get("sessions"),
+            "soak_s": round(time.monotonic() - started), "writes_every_ms": interval_ms,
+            "refreshes": app.stats["applies"] - applies0, "keys_pressed": i,
+            "loop_lag_ms": summary(probe.lags_ms),
+            "callback_cpu_ms": summary(callbacks.cpu_ms),
+            "callback_wall_ms": summary(callbacks.wall_ms),
+            "slowest_callbacks": sorted(callbacks.slow, reverse=True)[:8],
+            "apply_ms": summary(app.stats["apply_ms"][apply_ms0:]),
+            "load_ms": summary(app.stats["load_ms"][apply_ms0:]),
+            "rss_mb": {"start": round(rss[0], 1), "max": round(max(rss), 1), "end": round(rss[-1], 1),
+                       "by_minute": [round(v, 1) for v in rss[::60]]},
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, nargs="?")
+    parser.add_argument("--soak-s", type=float, default=600.0)
+    parser.add_argument("--interval-ms", type=float, default=100.0)
+    parser.add_argument("--sessions", type=int, default=100_000,
+                        help="size of the generated data dir when DIR is omitted")
+    parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_start:
+        start_child(args.child_start)
+        return
+    root = args.dir
+    if root is None:
+        from benchmarks.gen_big import generate  # type: ignore[import-not-found]
+
+        root = Path(tempfile.mkdtemp(prefix="rem-big-")) / "data"
+        n = args.sessions
+        print(f"generating {root} ({n} sessions) ...", file=sys.stderr)
+        generate(root, n, 10, n // 10, n // 200, n // 50, n // 100, n // 5)
+    starts = measure_start(root)
+    result = {"data_dir": str(root), "start": starts, **asyncio.run(soak(root, args.soak_s, args.interval_ms))}
+    print(json.dumps(result))
+    lag, rss = result["loop_lag_ms"], result["rss_mb"]
+    print(f"console scale ({root}): start {max(s['start_s'] for s in starts):.2f} s worst of 3 "
+          f"(target < 3 s); over a {result['soak_s']} s soak with a commit every {args.interval_ms:g} ms: "
+          f"{result['refreshes']} refreshes; longest UI callback {result['callback_cpu_ms']['max']} ms CPU "
+          f"(target < 100 ms); event-loop lag max {lag['max']} ms, p99 {lag['p99']} ms (includes "
+          f"waiting for a CPU on this machine: load {os.getloadavg()[0]:.1f}); apply p95 {result['apply_ms']['p95']} ms, RSS {rss['start']} -> max "
+          f"{rss['max']} MB (target < 250 MB)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Capture the console's README screenshots as SVG, deterministically.
+
+    .venv/bin/python screenshots/capture.py [--out screenshots]
+
+Each picture is the real console over a real data dir built by
+`tests/tui/scenes.py` (real schema, real rows) with a frozen clock, in UTC,
+at a fixed terminal size. A real Chroma server is started for the data dir
+so the header shows real health; only its random port is shown as 8000 so
+the SVGs do not change from run to run. The main picture (`console.svg`)
+replays three minutes of an incident step by step through the console, so
+its sparklines are the history the console itself recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backend import chroma_server, clock, ops  # noqa: E402
+from backend.context import Context  # noqa: E402
+from backend.datadir import DataDir  # noqa: E402
+from tests.tui import scenes  # noqa: E402
+from tui.app import ConsoleApp  # noqa: E402
+
+SIZE = (120, 40)
+STEP_MS = 10_000
+STEPS = 18
+
+
+async def fixed_port_status(ctx: Context) -> dict[str, Any]:
+    snap = await ops.status(ctx)
+    if snap.get("chroma", {}).get("url"):
+        snap["chroma"]["url"] = "http://127.0.0.1:8000"
+    return snap
+
+
+def new_app(data: DataDir, **kwargs: Any) -> ConsoleApp:
+    return ConsoleApp(data, data_label="~/demo-data", watch=False, poll_s=3600, health_s=3600,
+                      status_loader=fixed_port_status, **kwargs)
+
+
+async def wait_applied(app: ConsoleApp, pilot: Any, count: int) -> None:
+    for _ in range(400):
+        await pilot.pause()
+        if app.stats["applies"] >= count:
+            return
+        await asyncio.sleep(0.025)
+    raise RuntimeError("the console did not apply a snapshot within 10 s")
+
+
+async def settle(pilot: Any) -> None:
+    for _ in range(20):
+        await pilot.pause(0.025)
+
+
+def timeline_step(scene: scenes.Scene, k: int) -> None:
+    """Step k of the incident: load flows, executor B dies at step 9, receipts and drift appear."""
+    t = scene.now
+    killed = 9
+    scene.x("UPDATE worker SET heartbeat_at = ? WHERE owner_id IN (?, ?, ?)", t - 400,
+            scenes.EXEC_A, scenes.SUMM, scenes.DREAM)
+    if k < killed:
+        scene.x("UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?", t - 700, scenes.EXEC_B)
+        scene.x("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0002'",
+                t + 30_000, t)
+    scene.x("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0001'",
+            t + 27_000, t - 3_000)
+    # inputs arrive every step; executor A promotes the oldest two, so the backlog swells
+    # once executor B is gone
+    sid = ("s-charlie", "s-delta", "s-echo")[k % 3]
+    for i in range(3 if k >= killed else 2):
+        scene.x("INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                "wake_pending, time_created) VALUES (?,?,?,?,?,1,?)", f"tl_{k}_{i}", sid, "{}", "queue",
+                500 + k * 10 + i, t - 1_000 * i)
+    scene.x("UPDATE session_input SET promoted_seq = admitted_seq, wake_pending = 0 WHERE id IN "
+            "(SELECT id FROM session_input WHERE promoted_seq IS NULL AND id LIKE 'tl_%' "
+            "ORDER BY time_created LIMIT ?)", 2)
+    if k == 12:
+        scenes.receipt_mismatches(scene)
+    if k == 14:
+        scenes.dream_drift(scene)
+    scene.event("execution.step", scenes.EXEC_A, ago_ms=0, session_id="s-alpha", target="exe_0001",
+                step=k, phase="unknown")
+
+
+async def capture_timeline(out: Path, work: Path) -> None:
+    """console.svg: three minutes of an incident, replayed through the console."""
+    start = scenes.NOW - STEPS * STEP_MS
+    frozen = clock.FrozenClock(start)
+    clock.set_clock(frozen)
+    data = DataDir(work / "timeline")
+    with scenes.Scene(data.root, start) as scene:
+        scene.tx(lambda: scenes.healthy(scene))
+        server = chroma_server.resolve(data, start=True)
+        try:
+            app = new_app(data)
+            async with app.run_test(size=SIZE) as pilot:
+                await wait_applied(app, pilot, 1)
+                for k in range(1, STEPS + 1):
+                    scene.now = start + k * STEP_MS
+                    frozen.now = scene.now
+                    scene.tx(lambda k=k: timeline_step(scene, k))
+                    applies = app.stats["applies"]
+                    app.request_refresh(force=True)
+                    await wait_applied(app, pilot, applies + 1)
+                app.tick()
+                await settle(pilot)
+                app.save_screenshot("console.svg", str(out))
+        finally:
+            server.stop()
+
+
+async def capture_state(out: Path, name: str, data: DataDir, keys: tuple[str, ...] = (),
+                        size: tuple[int, int] = SIZE, chroma: bool = True, **kwargs: Any) -> None:
+    clock.set_clock(clock.FrozenClock(scenes.NOW))
+    server = chroma_server.resolve(data, start=True) if chroma else None
+    try:
+        app = new_app(data, **kwargs)
+        async with app.run_test(size=size) as pilot:
+            await wait_applied(app, pilot, 1)
+            if keys:
+                await pilot.press(*keys)
+            await settle(pilot)
+            app.save_screenshot(f"{name}.svg", str(out))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...], dict[str, Any]]]:
+    def build(name: str, *steps: Callable[[scenes.Scene], None]) -> Callable[[], DataDir]:
+        return lambda: scenes.build(work / name, *steps)
+    return [
+        ("healthy", build("healthy", scenes.healthy), (), {}),
+        ("killed-executor", build("killed", scenes.healthy, scenes.killed_executor), (), {}),
+        ("receipt-diff", build("receipts", scenes.healthy, scenes.receipt_mismatches), ("3", "enter"), {}),
+        ("dream-drift", build("drift", scenes.healthy, scenes.dream_drift), ("4",), {}),
+        ("confirm-release", build("confirm", scenes.incident), ("2", "l"), {}),
+        ("narrow-80x24", build("narrow", scenes.incident), (), {"size": (80, 24)}),
+    ]
+
+
+async def main(out: Path) -> None:
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rem-shots-") as tmp:
+        work = Path(tmp)
+        await capture_timeline(out, work)
+        print(f"wrote {out / 'console.svg'}")
+        for name, make, keys, extra in states(work):
+            await capture_state(out, name, make(), keys, **extra)
+            print(f"wrote {out / (name + '.svg')}")
+    clock.set_clock(None)
+
+
+def run(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
+    args = parser.parse_args(argv)
+    asyncio.run(main(args.out))
+
+
+if __name__ == "__main__":
+    run()

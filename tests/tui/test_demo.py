@@ -1,0 +1,70 @@
+"""`rem demo`: it starts `rem up --load`, opens the console, and stops everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from backend.datadir import DataDir
+from backend.demo import run_demo, stop
+from tests.helpers import rem_json, run_rem, wait_until
+
+
+def pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is gone for our purposes once it is not running
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit() -> None:
+    seen: dict[str, Any] = {}
+
+    def console(data: DataDir) -> None:
+        # what the console would see while the demo runs
+        manifest = json.loads((data.root / "up.json").read_text())
+        seen.update(root=data.root, supervisor=manifest["pid"], chroma=manifest["chroma"]["pid"])
+        assert pid_alive(seen["supervisor"]) and pid_alive(seen["chroma"])
+        seen["status"] = rem_json("status", "--data", str(data.root))
+
+    assert run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0",
+                                                    "--dreams", "0"]) == 0
+    assert seen["status"]["chroma"]["healthy"] is True
+    wait_until(lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
+               timeout=40, message="rem up and its Chroma server to exit")
+    assert not Path(seen["root"]).exists()  # a temp demo dir is removed unless --keep
+
+
+def test_stop_kills_the_group_of_a_supervisor_that_ignores_sigterm() -> None:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ok"
+    assert stop(proc, timeout_s=0.5) == "killed after 0 s"
+    assert proc.returncode is not None and proc.returncode < 0
+
+
+def test_demo_refuses_a_data_dir_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_text("x")
+    proc = run_rem("demo", "--data", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("rem: error: ") and "not empty" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_console_refuses_a_data_dir_without_state_db(tmp_path: Path) -> None:
+    proc = run_rem("console", "--data", str(tmp_path / "nothing"))
+    assert proc.returncode == 2
+    assert "state.db missing" in proc.stderr and "rem init" in proc.stderr
+    assert not (tmp_path / "nothing").exists()  # writes nothing

@@ -1,0 +1,97 @@
+"""Snapshot tests (pytest-textual-snapshot): the main states, frozen clock, fixed size, UTC.
+
+Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`
+and review the SVGs in tests/tui/__snapshots__/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from backend import ops
+from backend.context import Context
+from backend.datadir import DataDir
+from tests.tui import scenes
+from tui.app import ConsoleApp
+
+SnapCompare = Callable[..., bool]
+
+
+def fixed_chroma_label(loader: Callable[[Context], Awaitable[dict[str, Any]]] = ops.status):
+    """The real status, with the real Chroma server's random port shown as a fixed one."""
+    async def status(ctx: Context) -> dict[str, Any]:
+        snap = await loader(ctx)
+        if snap.get("chroma", {}).get("url"):
+            snap["chroma"]["url"] = "http://127.0.0.1:8000"
+        return snap
+    return status
+
+
+def app_for(data: DataDir, **kwargs: Any) -> ConsoleApp:
+    # no file watch and no poll: the picture is of one snapshot, taken once
+    return ConsoleApp(data, data_label="demo-data", watch=False, poll_s=3600, health_s=3600,
+                      status_loader=fixed_chroma_label(), **kwargs)
+
+
+def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
+    """Wait for the first snapshot (and anything it loads), then press `keys`."""
+    async def run_before(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, ConsoleApp)
+        for _ in range(400):
+            await pilot.pause()
+            if app.applied is not None:
+                break
+            await asyncio.sleep(0.025)
+        assert app.applied is not None, "no snapshot within 10 s"
+        if keys:
+            await pilot.press(*keys)
+        for _ in range(40):  # screens that load their own rows (detail) settle
+            await pilot.pause(0.025)
+    return run_before
+
+
+@pytest.fixture
+def scene_dir(tmp_path: Path, clock_at_scene: Any) -> Callable[..., DataDir]:
+    def build(*steps: Callable[[scenes.Scene], None]) -> DataDir:
+        return scenes.build(tmp_path / "data", *steps)
+    return build
+
+
+def test_healthy(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], chroma_url: str) -> None:
+    app = app_for(scene_dir(scenes.healthy), chroma_url=chroma_url)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after())
+
+
+def test_killed_executor_with_expired_lease(snap_compare: SnapCompare,
+                                            scene_dir: Callable[..., DataDir], chroma_url: str) -> None:
+    app = app_for(scene_dir(scenes.healthy, scenes.killed_executor), chroma_url=chroma_url)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after())
+
+
+def test_receipt_mismatch_detail(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir]) -> None:
+    app = app_for(scene_dir(scenes.healthy, scenes.receipt_mismatches))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("3", "enter"))
+
+
+def test_dream_drift(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], chroma_url: str) -> None:
+    app = app_for(scene_dir(scenes.healthy, scenes.dream_drift), chroma_url=chroma_url)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("4"))
+
+
+def test_release_confirmation(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir],
+                              chroma_url: str) -> None:
+    app = app_for(scene_dir(scenes.incident), chroma_url=chroma_url)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("2", "l"))
+
+
+def test_incident_at_80x24_read_only_paused(snap_compare: SnapCompare,
+                                            scene_dir: Callable[..., DataDir]) -> None:
+    app = app_for(scene_dir(scenes.incident), read_only=True)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=after("p"))

@@ -1,0 +1,1 @@
+"""The rem on-call console (Textual). Imports `backend`; nothing imports `tui`."""

@@ -1,0 +1,215 @@
+"""Operator action plans: what a confirmation names, and how the confirmed action is run.
+
+A plan is built from what the operator sees (the selected rows, and for
+replay the dry-run result the library returned), so the modal can name the
+exact targets and counts. Running it calls `backend.ops` through the
+console backend; the library re-checks every precondition against the
+database (the release is fenced on the epoch shown here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.console_backend import ConsoleBackend
+from tui.format import compact_json, duration, short
+from tui.widgets.leases import left_ms, owner_alive
+from tui.widgets.receipts import VERDICT_LABEL, differing_keys
+from tui.widgets.workers import worker_state
+
+RELEASABLE_KINDS = ("execution", "summary_job", "dream")
+ROW_LIST_KEYS = ("rows", "results", "receipts", "items", "details", "summaries")
+
+
+@dataclass
+class ActionPlan:
+    """One confirmed-before-run operator action and everything its modal shows."""
+
+    action: str  # replay | drain | release
+    title: str
+    targets: list[str]
+    lines: list[str]
+    confirm_label: str
+    params: dict[str, Any] = field(default_factory=dict)
+    preview: str = ""
+    warning: str = ""
+
+    @property
+    def target_text(self) -> str:
+        if len(self.targets) == 1:
+            return self.targets[0]
+        return f"{len(self.targets)} targets"
+
+
+class NotActionable(Exception):
+    """The selection cannot be acted on (explained in one line to the operator)."""
+
+
+# -- replay ---------------------------------------------------------------------
+def result_counts(result: Mapping[str, Any]) -> str:
+    """`scanned 3 · present 1 · replayed 2`: the non-zero counters of a replay report."""
+    counters = result.get("counters")
+    source = counters if isinstance(counters, Mapping) else result
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in source.items()
+             if isinstance(v, int) and not isinstance(v, bool) and (v or k == "scanned")]
+    return " · ".join(parts)
+
+
+def result_rows(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The per-receipt entries of a replay result, whatever the list is called."""
+    for name in ROW_LIST_KEYS:
+        rows = result.get(name)
+        if isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows):
+            return rows
+    return []
+
+
+def key_diff_lines(keys: Sequence[Any], indent: str = "    ") -> list[str]:
+    lines = []
+    for item in keys:
+        if not isinstance(item, Mapping):
+            lines.append(f"{indent}{item}")
+            continue
+        reason = str(item.get("reason") or "")
+        if reason == "type_differs":
+            reason += f": {item.get('expected_type')} vs {item.get('actual_type')}"
+        why = f"  ({reason})" if reason else ""
+        actual = "(missing)" if item.get("reason") == "missing" else _json(item.get("actual"))
+        lines.append(f"{indent}{item.get('key')}: receipt {_json(item.get('expected'))} "
+                     f"→ Chroma {actual}{why}")
+    return lines
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return short(json.dumps(value, default=str, sort_keys=True), 60)
+
+
+def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, Any]) -> str:
+    """The dry-run diff: the library's per-receipt verdicts, else the snapshot's key diffs."""
+    lines = []
+    counts = result_counts(dry_run)
+    if counts:
+        lines.append(f"dry run: {counts}")
+    rows = result_rows(dry_run)
+    if rows:
+        for row in rows:
+            ident = row.get("summary_id") or row.get("session_id") or "?"
+            verdict = VERDICT_LABEL.get(row.get("verdict"), row.get("verdict") or "")
+            outcome = row.get("outcome") or row.get("action") or ""
+            reason = f" ({row['reason']})" if row.get("reason") else ""
+            lines.append(f"  {ident}  {verdict}  → {outcome}{reason}".rstrip())
+            if row.get("document"):
+                lines.append(f"    document: {_json(row['document'])}")
+            keys = row.get("keys") or row.get("differences") or row.get("diff") or []
+            lines += key_diff_lines(keys if isinstance(keys, list) else [keys])
+    else:
+        for record in records:
+            lines.append(f"  {record.get('summary_id')}  {VERDICT_LABEL.get(record.get('verdict'), '')}"
+                         f"  {differing_keys(record)}")
+            lines += key_diff_lines(record.get("keys") or [])
+    return "\n".join(lines) or "dry run: nothing to replay"
+
+
+def replay_plan(records: Sequence[Mapping[str, Any]], *, all_mismatched: bool,
+                dry_run: Mapping[str, Any]) -> ActionPlan:
+    """Replay the selected receipt(s), or every mismatched one, with the dry-run diff shown."""
+    ids = [str(r.get("summary_id")) for r in records]
+    if all_mismatched:
+        title = f"Replay all {len(ids)} mismatched receipts"
+        lines = [f"Replays every receipt whose Chroma row differs ({len(ids)} shown in the panel; "
+                 "the library re-checks each one now)."]
+    else:
+        title = f"Replay receipt {ids[0]}" if len(ids) == 1 else f"Replay {len(ids)} receipts"
+        lines = [f"Replays {', '.join(ids)} into Chroma from its durable receipt."]
+    lines.append("No model call: the document and the synthesis-owned keys are upserted, read back "
+                 "and verified; Dream-owned keys are kept.")
+    return ActionPlan(
+        action="replay", title=title, targets=ids, lines=lines, confirm_label="Replay",
+        params={"summary_ids": None if all_mismatched else ids, "all_mismatched": all_mismatched},
+        preview=replay_preview(records, dry_run),
+    )
+
+
+# -- drain ------------------------------------------------------------------------
+def drain_plan(worker: Mapping[str, Any], leases: Sequence[Mapping[str, Any]], now: int) -> ActionPlan:
+    """Drain one worker; names its role, pid, host, state and the leases it holds."""
+    owner = str(worker.get("owner_id"))
+    state = worker_state(dict(worker), now)
+    held = [lease for lease in leases if lease.get("owner_id") == owner]
+    lines = [
+        f"Worker {owner}",
+        f"role {worker.get('role')} · pid {worker.get('pid')} on {worker.get('host')} · {state} · "
+        f"heartbeat {duration(now - int(worker.get('heartbeat_at') or now))} ago",
+        f"Holds {len(held)} lease{'s' if len(held) != 1 else ''}"
+        + (": " + ", ".join(f"{lease.get('session_id')} ({lease.get('kind')})" for lease in held[:6])
+           if held else "") + (" …" if len(held) > 6 else ""),
+        "It stops claiming, finishes or hands back in-flight work, releases its leases and exits.",
+    ]
+    warning = ""
+    if state in ("stopped", "dead"):
+        warning = (f"This worker is {state}: the library will refuse to drain it"
+                   + ("; release its leases instead." if state == "dead" else "."))
+    return ActionPlan(action="drain", title=f"Drain {owner}", targets=[owner], lines=lines,
+                      confirm_label="Drain", params={"owner_id": owner}, warning=warning)
+
+
+# -- release ----------------------------------------------------------------------
+def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
+    """Release one lease, fenced on the epoch shown; names owner, epoch and time left."""
+    kind = str(lease.get("kind") or "execution")
+    if kind not in RELEASABLE_KINDS:
+        raise NotActionable(f"unknown lease kind {kind!r}; select an execution, summary-job or "
+                            "Dream lease")
+    lease_id = str(lease.get("id"))
+    epoch = lease.get("epoch")
+    left = left_ms(dict(lease), now)
+    alive = owner_alive(dict(lease), now)
+    when = f"expired {duration(-left)} ago" if left <= 0 else f"expires in {duration(left)}"
+    lines = [
+        f"{kind} lease {lease_id} of session {lease.get('session_id')}",
+        f"owner {lease.get('owner_id')} ({'alive' if alive else 'DEAD'}) · epoch {epoch} · {when}",
+        f"Expires the lease now and bumps the epoch past {epoch}, fencing the old owner's late writes; "
+        "another worker takes over through the normal recovery path.",
+        f"Refused if the lease changed since epoch {epoch} (you saw an old state).",
+    ]
+    warning = ("The owner is alive and renewing this lease: release it only if it is stuck."
+               if alive else "")
+    return ActionPlan(
+        action="release", title=f"Release lease {short(lease_id, 40)}", targets=[lease_id],
+        lines=lines, confirm_label="Release", warning=warning,
+        params={"lease_id": lease_id, "kind": kind, "expected_epoch": epoch},
+    )
+
+
+# -- running and describing ----------------------------------------------------
+async def execute(plan: ActionPlan, backend: ConsoleBackend) -> dict[str, Any]:
+    """Run a confirmed plan through `backend.ops` (the library re-checks and journals it)."""
+    p = plan.params
+    if plan.action == "replay":
+        return await backend.replay(p["summary_ids"], all_mismatched=p["all_mismatched"])
+    if plan.action == "drain":
+        return await backend.drain(p["owner_id"])
+    if plan.action == "release":
+        return await backend.release(p["lease_id"], kind=p["kind"], expected_epoch=p["expected_epoch"])
+    raise ValueError(f"unknown action {plan.action!r}")
+
+
+def describe_result(plan: ActionPlan, result: Mapping[str, Any]) -> str:
+    """One line for the notification and the action log."""
+    counts = result_counts(result)
+    if plan.action == "replay":
+        return f"replay {plan.target_text}: {counts or compact_json(result, 120)}"
+    if plan.action == "release" and "new_epoch" in result:
+        return (f"released {result.get('kind')} lease {result.get('id')} of {result.get('owner_id')}: "
+                f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
+                + (" (forced)" if result.get("forced") else ""))
+    if plan.action == "drain" and "state" in result:
+        return (f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "
+                f"{result.get('state')}; it hands back its work and exits")
+    detail = result.get("message") or compact_json(
+        {k: v for k, v in result.items() if not isinstance(v, list | dict)}, 140)
+    return f"{plan.action} {plan.target_text}: {detail}"

@@ -1,0 +1,607 @@
+"""The rem console: wiring of panels, live refresh, and operator actions.
+
+Refresh: watchfiles sees state.db / state.db-wal change (or the slow poll
+fires) -> one worker reads `PRAGMA data_version` on the gate connection and,
+only if it moved, `ops.status` -> `SnapshotLoaded` -> the tables are updated
+in place. The next refresh starts only after the previous one finished.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal
+from textual.events import DescendantFocus
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from backend import clock
+from backend.datadir import DataDir
+from backend.errors import ReadOnly, Refused, RemError
+from tui import actions
+from tui.actions import ActionPlan, NotActionable
+from tui.commands import ConsoleCommands
+from tui.console_backend import ConsoleBackend, StatusLoader
+from tui.format import home_short, one_line_error, palette_from
+from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotLoaded
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.detail import DetailScreen, history_keys
+from tui.screens.help import HelpScreen, help_markdown, help_sections
+from tui.widgets.action_log import ActionLogTable
+from tui.widgets.backlog import BacklogTable
+from tui.widgets.banner import Banner
+from tui.widgets.drift import DriftTable
+from tui.widgets.events import EventTable
+from tui.widgets.filter_bar import FilterBar
+from tui.widgets.header import ConsoleHeader
+from tui.widgets.key_bar import KeyBar
+from tui.widgets.leases import LeaseTable
+from tui.widgets.panel_table import PanelTable
+from tui.widgets.receipts import ReceiptTable
+from tui.widgets.snapshot_table import SnapshotTable
+from tui.widgets.trends import Trends, trend_values
+from tui.widgets.workers import WorkerTable
+
+log = logging.getLogger("rem.console")
+
+WATCHED_FILES = frozenset({"state.db", "state.db-wal"})
+FRAME_BUDGET_MS = 15.0
+# panels with live (time-derived) cells, in the order the 1 s tick visits them
+TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
+ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release"})
+PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
+    ("backlog", BacklogTable), ("leases", LeaseTable), ("receipts", ReceiptTable),
+    ("drift", DriftTable), ("workers", WorkerTable), ("events", EventTable), ("actions", ActionLogTable),
+)
+
+
+class ConsoleScreen(Screen[None]):
+    """The main screen; coming back to it applies any snapshot held while a modal was open."""
+
+    def on_screen_resume(self) -> None:
+        app = self.app
+        if isinstance(app, ConsoleApp):
+            app.apply_pending()
+
+
+class ConsoleApp(App[None]):
+    """The on-call console over one rem data dir.
+
+    | Key | Does |
+    | :- | :- |
+    | ? | help: every key |
+    | p | pause / resume applying updates |
+    | / | filter the focused panel |
+    | s / S | cycle the sort column / reverse it |
+    | enter | detail of the selected row |
+    | 1 … 7 | focus backlog, leases, receipts, drift, workers, events, action log |
+    | z | maximize / restore the focused panel |
+    | r / R | replay the selected receipt / all mismatched (dry run first) |
+    | d | drain the selected worker |
+    | l | release the selected lease |
+    | e / c | export the focused panel as CSV / copy it to the clipboard |
+    | ctrl+r | refresh now |
+    | ctrl+p | command palette |
+    | q | quit |
+    """
+
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
+    TITLE = "rem console"
+    COMMANDS = App.COMMANDS | {ConsoleCommands}
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (34, "-tall")]
+    # the order is the key bar's: what an incident needs first
+    BINDINGS: ClassVar = [
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("l", "release", "Release"),
+        Binding("d", "drain", "Drain"),
+        Binding("r", "replay_selected", "Replay"),
+        Binding("R", "replay_all", "Replay all"),
+        Binding("s", "sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse sort", show=False),
+        Binding("e", "export_csv", "Export CSV"),
+        Binding("c", "copy_csv", "Copy CSV", show=False),
+        Binding("z", "toggle_maximize", "Zoom"),
+        Binding("ctrl+r", "refresh_now", "Refresh now", show=False),
+        *(Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
+          for i, (name, _) in enumerate(PANELS, start=1)),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, data: DataDir | str | os.PathLike[str], *, read_only: bool = False,
+                 chroma_url: str | None = None, data_label: str | None = None,
+                 status_loader: StatusLoader | None = None, watch: bool = True,
+                 poll_s: float = 2.0, health_s: float = 10.0, min_interval_s: float = 0.1) -> None:
+        super().__init__()
+        self.data = data if isinstance(data, DataDir) else DataDir.resolve(data)
+        self.read_only = read_only
+        self.chroma_url = chroma_url
+        self.data_label = data_label or home_short(self.data.root)
+        self.status_loader = status_loader
+        self.watch_files, self.poll_s, self.health_s = watch, poll_s, health_s
+        self.min_interval_s = min_interval_s
+        self.backend: ConsoleBackend | None = None
+        self.paused = False
+        self.latest: dict[str, Any] | None = None  # last snapshot loaded
+        self.applied: dict[str, Any] | None = None  # last snapshot shown
+        self._seen_version: int | None = None
+        self._refresh_running = self._refresh_wanted = self._force_next = self._timer_pending = False
+        self._last_refresh_start = 0.0
+        self._last_forced = 0.0
+        self._last_panel = "leases"
+        self._action_workers: dict[Worker[Any], ActionPlan] = {}
+        self._tick_count = 0
+        self._last_cycle_s = self._apply_started = 0.0
+        self._showing: dict[str, Any] = {}
+        self._showing_now = 0
+        self._apply_queue: list[SnapshotTable] = []
+        self._chain_running = False
+        self._palette = palette_from({})
+        # figures the benchmarks read: (load ms, apply ms) per applied snapshot
+        self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
+
+    # -- layout ------------------------------------------------------------------
+    def get_default_screen(self) -> Screen[Any]:
+        return ConsoleScreen(id="_default")
+
+    def compose(self) -> ComposeResult:
+        yield ConsoleHeader(self.data_label, read_only=self.read_only, id="header")
+        yield Banner(id="banner")
+        yield Trends(id="trends")
+        with Horizontal(id="panels"):
+            for name, cls in PANELS[:4]:
+                yield cls(id=name)
+        with Grid(id="bottom"):
+            yield WorkerTable(id="workers")
+            yield EventTable(id="events")
+            yield ActionLogTable(id="actions")
+        yield FilterBar(id="filter")
+        yield KeyBar(self.BINDINGS, lead=[("⏎", "detail", "Detail")],
+                     tail=[("^p", "command_palette", "Palette")], id="keys")
+
+    def on_mount(self) -> None:
+        # widget references held from mount on: timers firing during shutdown find them too
+        self.header = self.query_one("#header", ConsoleHeader)
+        self.banner = self.query_one("#banner", Banner)
+        self.trends = self.query_one("#trends", Trends)
+        self.filter_bar = self.query_one("#filter", FilterBar)
+        self.key_bar = self.query_one("#keys", KeyBar)
+        self._show_keys()
+        self._panels = {name: self.query_one(f"#{name}", SnapshotTable) for name, _ in PANELS}
+        self._palette = palette_from(self.get_css_variables())
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.backend = ConsoleBackend(self.data, read_only=self.read_only, chroma_url=self.chroma_url,
+                                      status_loader=self.status_loader)
+        self.header.set_state(palette=self._palette, now=clock.now_ms())
+        self.set_interval(1.0 / len(TICK_ORDER), self._tick_every_fifth_second)
+        self.set_interval(self.poll_s, self._poll)
+        self.panel("leases").focus()
+        self.request_refresh(force=True)
+        if self.watch_files:
+            self.watch_data_dir()
+
+    def _theme_changed(self, _theme: object) -> None:
+        # cell colours are resolved from the theme when drawn: redraw them all
+        self._palette = palette_from(self.get_css_variables())
+        self.header.set_state(palette=self._palette)
+        for table in self.panels():
+            table.restyle(self._palette)
+
+    def on_unmount(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+
+    def panel(self, name: str) -> SnapshotTable:
+        return self._panels[name]
+
+    def panels(self) -> list[SnapshotTable]:
+        return [self.panel(name) for name, _ in PANELS]
+
+    def focused_panel(self) -> SnapshotTable:
+        if isinstance(self.focused, SnapshotTable):
+            return self.focused
+        return self.panel(self._last_panel)
+
+    def on_descendant_focus(self, event: DescendantFocus) -> None:
+        if isinstance(event.widget, SnapshotTable) and event.widget.id:
+            self._last_panel = event.widget.id
+
+    # -- live refresh --------------------------------------------------------------
+    def request_refresh(self, force: bool = False) -> None:
+        """Start a refresh now, or right after the running one (never two at once)."""
+        self._force_next |= force
+        if self._refresh_running:
+            self._refresh_wanted = True
+            return
+        # at most one refresh per min_interval_s, and never more than half the time busy
+        # refreshing: a big data dir under heavy writes must not starve keys and daemons
+        gap = max(self.min_interval_s, self._last_cycle_s)
+        wait = self._last_refresh_start + gap - time.monotonic()
+        if wait > 0:
+            if not self._timer_pending:
+                self._timer_pending = True
+                self.set_timer(wait, self._start_refresh)
+            return
+        self._start_refresh()
+
+    def _start_refresh(self) -> None:
+        self._timer_pending = False
+        if self._refresh_running:
+            self._refresh_wanted = True
+            return
+        force, self._force_next = self._force_next, False
+        self._refresh_running, self._refresh_wanted = True, False
+        self._last_refresh_start = time.monotonic()
+        if force:
+            self._last_forced = self._last_refresh_start
+        self.load_snapshot(force)
+
+    @work(exclusive=True, group="snapshot", exit_on_error=False)
+    async def load_snapshot(self, force: bool) -> None:
+        """Read data_version; if it moved (or forced), read the snapshot and report it."""
+        assert self.backend is not None
+        started = time.perf_counter()
+        version = await self.backend.data_version()
+        if not force and version == self._seen_version:
+            return
+        snapshot = await self.backend.status()
+        self.post_message(SnapshotLoaded(snapshot, version, (time.perf_counter() - started) * 1000))
+
+    def _poll(self) -> None:
+        # Chroma health and heartbeat ages change without a commit: force now and then
+        force = time.monotonic() - self._last_forced >= self.health_s
+        self.request_refresh(force=force)
+
+    @work(exclusive=True, group="watch", exit_on_error=False)
+    async def watch_data_dir(self) -> None:
+        """Post DataDirChanged whenever state.db or its WAL changes (non-recursive watch)."""
+        from watchfiles import awatch
+
+        def only_state_db(_change: object, path: str) -> bool:
+            return os.path.basename(path) in WATCHED_FILES
+
+        async for _changes in awatch(self.data.root, watch_filter=only_state_db, recursive=False,
+                                     debounce=50, step=10, yield_on_timeout=False):
+            self.post_message(DataDirChanged())
+
+    def on_data_dir_changed(self, _message: DataDirChanged) -> None:
+        self.request_refresh()
+
+    def on_snapshot_loaded(self, message: SnapshotLoaded) -> None:
+        self._seen_version = message.data_version
+        self.latest = message.snapshot
+        self.stats["loads"] += 1
+        self.stats["load_ms"].append(message.took_ms)
+        self.banner.set_problem("database", None)
+        chroma = message.snapshot.get("chroma") or {}
+        error = str(chroma.get("error") or "no answer").replace(str(self.data.root), self.data_label)
+        self.banner.set_problem("chroma", None if chroma.get("healthy") or not chroma else
+                                f"Chroma unreachable: {error} — replay needs it; everything else is live")
+        if self.paused or len(self.screen_stack) > 1:
+            self._show_waiting()
+            return
+        self.apply_snapshot(message.snapshot)
+
+    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Show a snapshot: header and trends at once, the panels as frames allow.
+
+        On a big data dir a panel update costs 10-30 ms; doing all seven in one
+        frame would hold keys and mouse for over 100 ms, so once a frame has
+        spent FRAME_BUDGET_MS the rest wait for the next frame. A snapshot that
+        arrives meanwhile continues the same queue (panels still waiting first),
+        so under constant writes no panel starves. `applied` is set once every
+        panel shows the newest snapshot.
+        """
+        now = clock.now_ms()
+        self._apply_started = time.perf_counter()
+        self._showing, self._showing_now = snapshot, now
+        self.header.set_state(snapshot=snapshot, now=now, waiting="")
+        self.trends.record(now, trend_values(snapshot, now))
+        waiting = self._apply_queue
+        self._apply_queue = waiting + [t for t in self.panels() if t not in waiting]
+        if not self._chain_running:
+            self._chain_running = True
+            self._apply_next()
+
+    def _apply_next(self) -> None:
+        started = time.perf_counter()
+        while self._apply_queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
+            self._apply_queue.pop(0).show(self._showing, self._showing_now, self._palette)
+        if self._apply_queue:
+            self.call_after_refresh(self._apply_next)
+            return
+        self._chain_running = False
+        if self.applied is None:
+            # Textual, the modules and the first snapshot are long-lived: keep them out of
+            # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms
+            # about once a second on a big data dir (refcounting still frees them)
+            gc.freeze()
+        self.applied = self._showing
+        self.stats["applies"] += 1
+        took = time.perf_counter() - self._apply_started
+        self.stats["apply_ms"].append(took * 1000)
+        self._last_cycle_s = took + (self.stats["load_ms"][-1] / 1000 if self.stats["load_ms"] else 0)
+
+    def apply_pending(self) -> None:
+        """Show the latest snapshot if it was held back (pause ended, modal closed)."""
+        if not self.paused and self.latest is not None and self.latest is not self.applied:
+            self.apply_snapshot(self.latest)
+
+    def waiting_changes(self) -> str:
+        """How many journal events arrived since the snapshot shown (`100+` past the tail)."""
+        if self.latest is None or self.applied is None or self.latest is self.applied:
+            return "0 new events"
+        shown = max((e.get("id") or 0 for e in self.applied.get("events") or []), default=0)
+        new = [e.get("id") or 0 for e in self.latest.get("events") or []]
+        count = sum(1 for i in new if i > shown)
+        more = "+" if new and count == len(new) and min(new) > shown + 1 else ""
+        return f"{count}{more} new events"
+
+    def _show_waiting(self) -> None:
+        self.header.set_state(paused=self.paused,
+                                                           waiting=self.waiting_changes())
+
+    def tick(self) -> None:
+        """Countdowns, heartbeat ages and trends for every panel at once (never the database)."""
+        for step in range(len(TICK_ORDER)):
+            self._tick_step(step)
+
+    def _tick_every_fifth_second(self) -> None:
+        # Each panel re-renders its live cells once a second, the panels 200 ms apart, so
+        # no single frame redraws them all; the lease countdown keeps a steady 1 s beat.
+        self._tick_step(self._tick_count % len(TICK_ORDER))
+        self._tick_count += 1
+
+    def _tick_step(self, step: int) -> None:
+        now = clock.now_ms()
+        name = TICK_ORDER[step]
+        if name == "leases":
+            self.header.set_state(now=now)
+            if self.latest is not None:
+                self.trends.record(now, trend_values(self.latest, now))
+        self.panel(name).tick(now)
+
+    # -- failures: one handler for every worker ------------------------------------
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        finished = event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED)
+        if worker.group == "snapshot" and finished:
+            self._refresh_running = False
+            if event.state == WorkerState.ERROR:
+                self._snapshot_failed(worker.error)
+            if self._refresh_wanted or self._force_next:
+                self.request_refresh()
+        if event.state != WorkerState.ERROR:
+            if finished:
+                self._action_workers.pop(worker, None)
+            return
+        error = worker.error
+        if worker.group in ("action", "dry-run"):
+            self._action_failed(self._action_workers.pop(worker, None), worker.name, error)
+        elif worker.group == "watch":
+            self.notify(f"file watching stopped ({error}); polling every {self.poll_s:g} s",
+                        severity="warning")
+        elif worker.group != "snapshot":
+            self.notify(f"{worker.group}: {self.one_line(error)}", severity="error")
+            log.error("worker %s failed", worker.name, exc_info=error)
+
+    def _snapshot_failed(self, error: BaseException | None) -> None:
+        self._seen_version = None  # force a full reload once it answers again
+        message = self.one_line(error)
+        if not isinstance(error, RemError):
+            log.error("refresh failed", exc_info=error)
+        self.banner.set_problem(
+            "database", f"database unreachable: {message} (retrying every {self.poll_s:g} s)")
+
+    def _action_failed(self, plan: ActionPlan | None, name: str, error: BaseException | None) -> None:
+        outcome = "refused" if isinstance(error, Refused) else "failed"
+        if isinstance(error, ReadOnly):
+            outcome = "refused"
+        action = plan.action if plan else name
+        target = plan.target_text if plan else "-"
+        message = self.one_line(error)
+        self.notify(f"{action} {target} {outcome}: {message}", title=f"{action} {outcome}",
+                    severity="error", timeout=8)
+        self.panel("actions").log_action(time=clock.now_ms(), action=action, target=target,
+                                         outcome=outcome, message=message)  # type: ignore[attr-defined]
+        if not isinstance(error, RemError):
+            log.error("%s failed", action, exc_info=error)
+
+    def one_line(self, error: BaseException | None) -> str:
+        """An error as one line, the data dir shown as in the header (short, and stable)."""
+        return one_line_error(error).replace(str(self.data.root), self.data_label)
+
+    # -- actions -----------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ACTIONS and self.read_only:
+            return None  # shown greyed out; the library would refuse anyway
+        return True
+
+    def _selected(self, name: str, what: str) -> dict[str, Any] | None:
+        record = self.panel(name).selected_record()
+        if record is None:
+            self.notify(f"no {what} selected: focus the {name} panel "
+                        f"({[p for p, _ in PANELS].index(name) + 1}) and pick a row", severity="warning")
+        return record
+
+    def action_replay_selected(self) -> None:
+        record = self._selected("receipts", "receipt")
+        if record is not None:
+            self.prepare_replay([record], False)
+
+    def action_replay_all(self) -> None:
+        records = self.panel("receipts").all_records()
+        if not records:
+            self.notify("no mismatched receipts to replay", severity="information")
+            return
+        self.prepare_replay(records, True)
+
+    @work(exclusive=True, group="dry-run", exit_on_error=False, name="replay")
+    async def prepare_replay(self, records: list[dict[str, Any]], all_mismatched: bool) -> None:
+        """Ask the library for the dry-run diff, then confirm with it."""
+        assert self.backend is not None
+        ids = [str(r.get("summary_id")) for r in records]
+        result = await self.backend.replay(None if all_mismatched else ids,
+                                           all_mismatched=all_mismatched, dry_run=True)
+        self.post_message(DryRunReady(actions.replay_plan(records, all_mismatched=all_mismatched,
+                                                          dry_run=result)))
+
+    def on_dry_run_ready(self, message: DryRunReady) -> None:
+        self.panel("actions").log_action(  # type: ignore[attr-defined]
+            time=clock.now_ms(), action=message.plan.action, target=message.plan.target_text,
+            outcome="dry-run", message=message.plan.preview.splitlines()[0] if message.plan.preview else "")
+        self.confirm(message.plan)
+
+    def action_drain(self) -> None:
+        record = self._selected("workers", "worker")
+        if record is not None:
+            leases = (self.applied or {}).get("leases") or []
+            self.confirm(actions.drain_plan(record, leases, clock.now_ms()))
+
+    def action_release(self) -> None:
+        record = self._selected("leases", "lease")
+        if record is None:
+            return
+        try:
+            self.confirm(actions.release_plan(record, clock.now_ms()))
+        except NotActionable as exc:
+            self.notify(str(exc), severity="warning")
+
+    def confirm(self, plan: ActionPlan) -> None:
+        """Show the confirmation; run the plan only if the operator confirms."""
+        def decided(confirmed: bool | None) -> None:
+            if confirmed:
+                self.execute_plan(plan)
+            else:
+                self.panel("actions").log_action(  # type: ignore[attr-defined]
+                    time=clock.now_ms(), action=plan.action, target=plan.target_text,
+                    outcome="cancelled", message="cancelled at the confirmation")
+
+        self.push_screen(ConfirmScreen(plan), callback=decided)
+
+    def execute_plan(self, plan: ActionPlan) -> Worker[None]:
+        worker = self._run_plan(plan)
+        self._action_workers[worker] = plan
+        return worker
+
+    @work(group="action", exit_on_error=False)
+    async def _run_plan(self, plan: ActionPlan) -> None:
+        assert self.backend is not None
+        result = await actions.execute(plan, self.backend)
+        self.post_message(ActionCompleted(plan, result))
+
+    def on_action_completed(self, message: ActionCompleted) -> None:
+        text = actions.describe_result(message.plan, message.result)
+        self.notify(text, title=f"{message.plan.action} done", timeout=8)
+        self.panel("actions").log_action(  # type: ignore[attr-defined]
+            time=clock.now_ms(), action=message.plan.action, target=message.plan.target_text,
+            outcome="ok", message=text)
+        self.request_refresh(force=True)
+
+    # -- operator comforts ------------------------------------------------------------
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
+
+    def _show_keys(self) -> None:
+        self.key_bar.show_keys(lambda action: self.check_action(action, ()) is True,
+                               {"toggle_pause": "Resume" if self.paused else "Pause"})
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self._show_keys()
+        self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
+        if not self.paused:
+            self.apply_pending()
+        self.notify("paused: tables frozen, press p to resume" if self.paused else "live again")
+
+    def action_filter(self) -> None:
+        table = self.focused_panel()
+        self.filter_bar.open_for(table.id or "", table.PANEL_NAME, table.filter_text)
+
+    def on_filter_bar_filter_changed(self, message: FilterBar.FilterChanged) -> None:
+        table = self.panel(message.target)
+        table.set_filter(message.text)
+        if message.done:
+            self.filter_bar.close()
+            table.focus()
+
+    def action_sort(self) -> None:
+        table = self.focused_panel()
+        self.notify(f"{table.PANEL_NAME}: {table.cycle_sort()}", timeout=2)
+
+    def action_reverse_sort(self) -> None:
+        table = self.focused_panel()
+        self.notify(f"{table.PANEL_NAME}: {table.reverse_sort()}", timeout=2)
+
+    @on(PanelTable.HeaderSelected)
+    def _header_clicked(self, event: PanelTable.HeaderSelected) -> None:
+        if isinstance(event.table, SnapshotTable):
+            event.table.sort_by(event.column_key)
+
+    @on(PanelTable.RowSelected)
+    def _row_selected(self, event: PanelTable.RowSelected) -> None:
+        if isinstance(event.table, SnapshotTable):
+            self.show_detail(event.table)
+
+    def action_detail(self) -> None:
+        self.show_detail(self.focused_panel())
+
+    def show_detail(self, table: SnapshotTable) -> None:
+        record = table.selected_record()
+        if record is None or self.backend is None:
+            return
+        backend = self.backend
+        session_id, target = history_keys(table.PANEL_NAME, record)
+
+        async def history() -> list[dict[str, Any]]:
+            return await backend.history(session_id=session_id, target=target)
+
+        async def live_diff() -> dict[str, Any]:
+            return await backend.replay([str(record.get("summary_id"))], dry_run=True)
+
+        title = f"{table.PANEL_NAME}: {target or session_id or table.selected_key()}"
+        self.push_screen(DetailScreen(title, record, history=history, live_diff=live_diff,
+                                      receipt=table.PANEL_NAME == "receipts", describe_error=self.one_line))
+
+    def action_focus_panel(self, name: str) -> None:
+        self.panel(name).focus()
+
+    def action_toggle_maximize(self) -> None:
+        if self.screen.maximized is not None:
+            self.screen.minimize()
+        else:
+            self.screen.maximize(self.focused_panel())
+
+    def action_refresh_now(self) -> None:
+        self.request_refresh(force=True)
+
+    def action_export_csv(self) -> None:
+        table = self.focused_panel()
+        text = table.to_csv()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder in (self.data.logs, Path.cwd()):
+            path = folder / f"console-{table.PANEL_NAME}-{stamp}.csv"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            except OSError:
+                continue
+            self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {path}")
+            return
+        self.notify("could not write the CSV to the data dir's logs/ or the current directory",
+                    severity="error")
+
+    def action_copy_csv(self) -> None:
+        table = self.focused_panel()
+        self.copy_to_clipboard(table.to_csv())
+        self.notify(f"copied {len(table.shown_keys())} {table.PANEL_NAME} rows as CSV")

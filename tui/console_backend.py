@@ -1,0 +1,116 @@
+"""The console's only way into rem: `backend.ops` and read helpers, run on a private loop.
+
+It holds two connections: the `Context`'s (used by `ops.status` and the
+actions; read-only when the console is) and one persistent read-only
+connection used for nothing but `PRAGMA data_version`, the cheap gate in
+front of every refresh. Neither keeps a transaction open between calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from backend import events, ops
+from backend.context import Context
+from backend.datadir import DataDir
+from backend.db import Database
+from backend.errors import DataDirError, NotImplementedYet
+from tui.backend_loop import BackendLoop
+
+log = logging.getLogger("rem.console")
+
+StatusLoader = Callable[[Context], Awaitable[dict[str, Any]]]
+
+
+def _op(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """`ops.<name>`, or a clear refusal while that action has not landed yet."""
+    fn = getattr(ops, name, None)
+    if fn is None:
+        raise NotImplementedYet(f"`rem {name}` is not available in this build of rem")
+    return fn  # type: ignore[no-any-return]
+
+
+class ConsoleBackend:
+    """Status, journal history and operator actions for one data dir, off the UI loop."""
+
+    def __init__(self, data: DataDir, *, read_only: bool = False, chroma_url: str | None = None,
+                 status_loader: StatusLoader | None = None) -> None:
+        self.data = data
+        self.read_only = read_only
+        # never start a Chroma server from the console: a server tied to the
+        # console's lifetime would vanish under the daemons when it closes
+        self.ctx = Context(data, chroma_url=chroma_url, read_only=read_only, start_chroma=False)
+        self.loop = BackendLoop().start()
+        self._gate: Database | None = None
+        self._status_loader = status_loader or ops.status
+
+    def _require_state_db(self) -> None:
+        self.data.check_usable()
+        if not self.data.exists():
+            raise DataDirError(f"no rem data at {self.data.root} (state.db missing); "
+                               f"run `rem init --data {self.data.root}` or `rem up`")
+
+    async def _open_gate(self) -> Database:
+        if self._gate is None:
+            self._require_state_db()
+            self._gate = await Database.open(self.data.state_db, read_only=True)
+        return self._gate
+
+    async def _data_version(self) -> int:
+        gate = await self._open_gate()
+        try:
+            return await gate.data_version()
+        except Exception:
+            # a replaced or vanished file: reopen on the next call
+            self._gate = None
+            await gate.close()
+            raise
+
+    async def data_version(self) -> int:
+        """`PRAGMA data_version` of the gate connection (changes when anyone else commits)."""
+        return await self.loop.run(self._data_version())
+
+    async def _status(self) -> dict[str, Any]:
+        self._require_state_db()
+        return await self._status_loader(self.ctx)
+
+    async def status(self) -> dict[str, Any]:
+        return await self.loop.run(self._status())
+
+    async def _history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
+        return await events.history(await self.ctx.db(), session_id=session_id, target=target)
+
+    async def history(self, *, session_id: str | None = None,
+                      target: str | None = None) -> list[dict[str, Any]]:
+        """Journal rows about a session and/or a target (lease id, owner id), newest first."""
+        return await self.loop.run(self._history(session_id, target))
+
+    async def replay(self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
+                     dry_run: bool = False) -> dict[str, Any]:
+        fn = _op("replay")
+        return await self.loop.run(fn(self.ctx, summary_ids, all_mismatched=all_mismatched,
+                                      dry_run=dry_run))
+
+    async def drain(self, owner_id: str) -> dict[str, Any]:
+        fn = _op("drain")
+        return await self.loop.run(fn(self.ctx, owner_id, wait=False))
+
+    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
+        fn = _op("release")
+        return await self.loop.run(fn(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch))
+
+    async def _close(self) -> None:
+        if self._gate is not None:
+            await self._gate.close()
+            self._gate = None
+        await self.ctx.close()
+
+    def close(self) -> None:
+        """Close both connections and stop the loop (called once, at exit)."""
+        try:
+            self.loop.run_sync(self._close(), timeout=5)
+        except Exception:  # closing must never turn an exit into a crash
+            log.warning("closing the console backend failed", exc_info=True)
+        self.loop.stop()

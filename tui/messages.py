@@ -1,0 +1,40 @@
+"""What the console's workers report (past tense); workers never touch widgets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+from tui.actions import ActionPlan
+
+
+class SnapshotLoaded(Message):
+    """A status snapshot was read (in `took_ms`) at gate `data_version`."""
+
+    def __init__(self, snapshot: dict[str, Any], data_version: int, took_ms: float) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.data_version = data_version
+        self.took_ms = took_ms
+
+
+class DataDirChanged(Message):
+    """state.db or its WAL changed on disk (the watcher saw it)."""
+
+
+class DryRunReady(Message):
+    """The library's dry run finished; the plan carries its diff for the confirmation."""
+
+    def __init__(self, plan: ActionPlan) -> None:
+        super().__init__()
+        self.plan = plan
+
+
+class ActionCompleted(Message):
+    """A confirmed action returned from `backend.ops`."""
+
+    def __init__(self, plan: ActionPlan, result: dict[str, Any]) -> None:
+        super().__init__()
+        self.plan = plan
+        self.result = result

@@ -1,0 +1,99 @@
+"""The one-line header: data dir, Chroma health, schema, counts, read-only and paused badges."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.format import DEFAULT_PALETTE, clock_time
+
+
+def chroma_label(chroma: Mapping[str, Any] | None) -> tuple[str, bool | None]:
+    """A short Chroma description and whether it is healthy (None: not known yet)."""
+    if not chroma:
+        return "Chroma ?", None
+    url = str(chroma.get("url") or "").removeprefix("http://")
+    where = f" {url}" if url else ""
+    if chroma.get("external"):
+        where += " (ext)"
+    return (f"Chroma up{where}", True) if chroma.get("healthy") else (f"Chroma DOWN{where}", False)
+
+
+class ConsoleHeader(Static):
+    """Where this console looks and what state it is in, in one line."""
+
+    DEFAULT_CSS = """
+    ConsoleHeader {
+        dock: top;
+        height: 1;
+        background: $panel;
+        color: $text;
+        padding: 0 1;
+    }
+    ConsoleHeader.-paused {
+        background: $warning-muted;
+    }
+    """
+
+    def __init__(self, data_label: str, *, read_only: bool, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.data_label = data_label
+        self.read_only = read_only
+        self.snapshot: Mapping[str, Any] = {}
+        self.paused = False
+        self.waiting = ""
+        self.now = 0
+        self.palette: Mapping[str, str] = DEFAULT_PALETTE
+        self._shown = Text()
+
+    def set_state(self, *, snapshot: Mapping[str, Any] | None = None, paused: bool | None = None,
+                  waiting: str | None = None, now: int | None = None,
+                  palette: Mapping[str, str] | None = None) -> None:
+        if snapshot is not None:
+            self.snapshot = snapshot
+        if paused is not None:
+            self.paused = paused
+        if waiting is not None:
+            self.waiting = waiting
+        if now is not None:
+            self.now = now
+        if palette is not None:
+            self.palette = palette
+        self.set_class(self.paused, "-paused")
+        text = self.header_text()
+        if text != self._shown:
+            self._shown = text
+            self.update(text, layout=False)  # one line, always: no relayout of the screen
+
+    def _badge(self, text: str, tone: str) -> Text:
+        return Text(f" {text} ", style=Style(color="#000000", bgcolor=self.palette[tone], bold=True))
+
+    def header_text(self) -> Text:
+        snap = self.snapshot
+        line = Text()
+        line.append("rem ", style="bold")
+        line.append(self.data_label)
+        label, healthy = chroma_label(snap.get("chroma"))
+        tone = {True: "success", False: "error", None: "muted"}[healthy]
+        line.append("  ● ", style=Style(color=self.palette[tone]))
+        line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
+        if snap.get("schema_version") is not None:
+            line.append(f"  schema v{snap['schema_version']}")
+        counts = snap.get("counts") or {}
+        if counts:
+            line.append(f"  {counts.get('sessions', 0)} sessions")
+        line.append("  ")
+        if self.read_only:
+            line.append_text(self._badge("READ-ONLY", "warning"))
+            line.append(" ")
+        if self.paused:
+            line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
+            line.append(" ")
+        if snap.get("generated_at"):
+            line.append(f" as of {clock_time(snap['generated_at'])}",
+                        style=Style(color=self.palette["muted"]))
+        return line

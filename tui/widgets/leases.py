@@ -1,0 +1,92 @@
+"""The lease panel: every execution, summary-job and Dream lease, soonest expiry first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.text import Text
+
+from backend import workers
+from tui.format import cell, owner_short, short_id, time_left
+from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
+
+KIND_LABEL = {"execution": "exec", "summary_job": "sum", "dream": "dream"}
+WARN_BEFORE_MS = 5_000
+
+
+def lease_key(lease: Mapping[str, Any]) -> str:
+    return f"{lease.get('kind', 'execution')}:{lease.get('id')}"
+
+
+def owner_alive(record: Record, now: int) -> bool:
+    """Alive by the owner's last heartbeat as of `now` (ticks without a refresh)."""
+    beat = record.get("owner_heartbeat_at")
+    if beat is None:
+        return bool(record.get("owner_alive"))
+    return record.get("owner_state") in ("running", "draining") and workers.heartbeat_alive(beat, now)
+
+
+def left_ms(record: Record, now: int) -> int:
+    return int(record.get("expires_at") or 0) - now
+
+
+def _left(record: Record, now: int, palette: Palette) -> Text:
+    left = left_ms(record, now)
+    if left <= 0:
+        return cell(time_left(left), "error", palette, bold=True)
+    return cell(time_left(left), "warning" if left <= WARN_BEFORE_MS else None, palette)
+
+
+def _owner(record: Record, now: int, palette: Palette) -> Text:
+    owner = owner_short(record.get("owner_id"))
+    if not owner_alive(record, now):
+        return cell(f"✗ {owner}", "error", palette)
+    if record.get("owner_state") == "draining":
+        return cell(f"⇣ {owner}", "warning", palette)
+    return cell(f"● {owner}", None, palette)
+
+
+class LeaseTable(SnapshotTable):
+    """Leases with a live countdown; expired in the error colour, dead owners marked ✗."""
+
+    PANEL_TITLE = "Leases"
+    PANEL_NAME = "leases"
+    EMPTY_TEXT = "no leases held"
+    COLUMNS = (
+        Column("left", "left", 5, _left, sort=lambda r: r.get("expires_at"), live=True),
+        Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
+               sort=lambda r: r.get("session_id")),
+        Column("owner", "owner", 12, _owner, sort=lambda r: r.get("owner_id"), live=True),
+        Column("kind", "kind", 5, lambda r, n, p: cell(KIND_LABEL.get(r.get("kind"), r.get("kind"))),
+               sort=lambda r: r.get("kind")),
+        Column("epoch", "epoch", 5, lambda r, n, p: cell(r.get("epoch")), sort=lambda r: r.get("epoch")),
+        Column("phase", "phase", 8, lambda r, n, p: cell(r.get("phase") or "-"),
+               sort=lambda r: r.get("phase")),
+    )
+
+    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+        beats = {w.get("owner_id"): w for w in snapshot.get("workers") or []}
+        for lease in snapshot.get("leases") or []:
+            record = dict(lease)
+            worker = beats.get(lease.get("owner_id"))
+            if worker is not None:
+                record["owner_heartbeat_at"] = worker.get("heartbeat_at")
+                record.setdefault("owner_state", worker.get("state"))
+            yield lease_key(lease), record
+
+    def expired_count(self, now: int) -> int:
+        return sum(1 for r in self.all_records() if left_ms(r, now) <= 0)
+
+    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+        return self._title(self._now), self.expired_count(self._now) > 0
+
+    def _title(self, now: int) -> str:
+        expired = self.expired_count(now)
+        total = len(self._rows)
+        return f"Leases {total}" + (f" · {expired} expired" if expired else "")
+
+    def tick(self, now: int) -> None:
+        super().tick(now)
+        self.border_title = self._title(now)
+        self.set_class(self.expired_count(now) > 0, "-alert")

@@ -1,0 +1,383 @@
+"""`SnapshotTable`: a keyed table that mirrors one list of the status snapshot.
+
+Rows are keyed by the record's id and redrawn only when they changed, so the
+cursor (which follows its row) and the scroll position survive every refresh. Each panel
+declares its columns (how to render a cell, whether it is time-dependent,
+how to sort by it), how to turn a snapshot into records, and its title.
+Filtering and sorting happen here, over the full records, not the cut text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rich.text import Text
+
+from tui.format import DEFAULT_PALETTE
+from tui.widgets.panel_table import PanelTable, TableColumn
+
+Record = dict[str, Any]
+Palette = Mapping[str, str]
+Render = Callable[[Record, int, Palette], Text]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its key, header, width, and how to render and sort a record."""
+
+    key: str
+    label: str
+    width: int | None
+    render: Render
+    sort: Callable[[Record], Any] | None = None
+    # re-rendered by the 1 s tick (countdowns, ages) without touching the database
+    live: bool = False
+
+
+# Fields of snapshot rows that are derived from `now` (the live columns recompute
+# them from absolute times), so a row whose other fields are unchanged is not redrawn.
+VOLATILE = frozenset({"time_left_ms", "expired", "owner_alive", "heartbeat_age_ms", "alive",
+                      "oldest_age_ms", "owner_heartbeat_at"})
+
+
+def stable_part(record: Record) -> Record:
+    return {k: v for k, v in record.items() if k not in VOLATILE}
+
+
+@dataclass
+class Row:
+    key: str
+    record: Record
+    stable: Record
+    # what the table draws for this row now; empty until first drawn
+    cells: dict[str, Text] = field(default_factory=dict)
+    dirty: bool = True
+    # the strip cache key of this row's rendering: unique per table, never reused, because
+    # a row object is replaced when its record changes and a reused number would serve a
+    # stale cached rendering
+    version: int = 0
+    _search: str | None = None
+
+    @property
+    def search(self) -> str:
+        if self._search is None:
+            self._search = _search_text(self.record)
+        return self._search
+
+
+def same_text(a: Text | None, b: Text | None) -> bool:
+    """Equal text *and* look (Rich's own `==` ignores the base style)."""
+    if a is None or b is None:
+        return a is b
+    return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
+def _search_text(record: Record) -> str:
+    return json.dumps(record, default=str, sort_keys=True).lower()
+
+
+def _sort_value(value: Any) -> tuple[int, Any]:
+    # None sorts last; mixed types compare by their text
+    if value is None:
+        return (2, "")
+    if isinstance(value, int | float):
+        return (0, value)
+    return (1, str(value).lower())
+
+
+class SnapshotTable(PanelTable):
+    """A panel table over one list of the status snapshot (subclasses fill in the blanks).
+
+    | Key | Does |
+    | :- | :- |
+    | enter | open the detail of the selected row |
+    """
+
+    DEFAULT_CSS = """
+    SnapshotTable {
+        height: 1fr;
+        border: round $panel-lighten-2;
+        border-title-color: $text;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        background: $surface;
+        scrollbar-size-vertical: 1;
+        /* wide rows scroll with ← → (or z to zoom); a bar would cost a row */
+        scrollbar-size-horizontal: 0;
+    }
+    SnapshotTable:focus {
+        border: round $accent;
+    }
+    SnapshotTable.-alert {
+        border: round $error;
+        border-title-color: $error;
+    }
+    SnapshotTable.-alert:focus {
+        border: heavy $error;
+    }
+    """
+
+    COLUMNS: ClassVar[tuple[Column, ...]] = ()
+    # tails (events, action log): a cursor on the first row stays on the first row, so new
+    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row
+    STICKY_TOP: ClassVar[bool] = False
+    PANEL_TITLE: ClassVar[str] = ""
+    # what the panel is called in help, the command palette and export file names
+    PANEL_NAME: ClassVar[str] = ""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._rows: dict[str, Row] = {}
+        self._versions = itertools.count(1)
+        self._order: list[str] = []
+        self._shown: list[str] = []
+        self._palette: Palette = DEFAULT_PALETTE
+        self._now = 0
+        self.filter_text = ""
+        # aggregate counts shown under the table when no filter or sort is active
+        self.summary = ""
+        self.sort_column: str | None = None
+        self.sort_reverse = False
+        self.border_title = self.PANEL_TITLE
+
+    def on_mount(self) -> None:
+        self.set_columns([TableColumn(c.key, c.label, c.width) for c in self.COLUMNS])
+
+    def row_cells(self, key: str) -> list[Text]:
+        cells = self._rows[key].cells
+        return [cells[c.key] for c in self.COLUMNS]
+
+    def row_version(self, key: str) -> int:
+        return self._rows[key].version
+
+    # -- what subclasses provide ---------------------------------------------
+    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+        """(row key, record) pairs, most urgent first."""
+        raise NotImplementedError
+
+    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+        """The border title for this snapshot and whether the panel needs attention."""
+        return f"{self.PANEL_TITLE} {len(self._rows)}", False
+
+    # -- feeding it ------------------------------------------------------------
+    def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
+        """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
+        self._now, self._palette = now, palette
+        rows = {}
+        for key, record in self.records(snapshot):
+            old = self._rows.get(key)
+            stable = stable_part(record)
+            if old is not None and old.stable == stable:
+                old.record = record  # fresh time-derived values for the live cells
+                rows[key] = old
+            else:
+                rows[key] = Row(key, record, stable, cells=old.cells if old else {})
+        self._rows = rows
+        self._order = list(rows)
+        title, alert = self.titles(snapshot)
+        self.border_title = title
+        self.set_class(alert, "-alert")
+        self._sync()
+
+    def restyle(self, palette: Palette) -> None:
+        """Redraw every row in a new palette (the theme changed)."""
+        self._palette = palette
+        for row in self._rows.values():
+            row.dirty = True
+        self._sync()
+
+    def tick(self, now: int) -> None:
+        """Re-render the time-dependent cells for a new `now` (no database access)."""
+        self._now = now
+        self._refresh_live_cells()
+
+    def _visible_keys(self) -> list[str]:
+        top = max(0, int(self.scroll_y))
+        return self._shown[top: top + self.body_height + 1]
+
+    def _refresh_live_cells(self) -> None:
+        # Only the rows on screen: with thousands of leases, redrawing every countdown each
+        # second would block input; rows scrolled into view are refreshed as they appear.
+        live = [c for c in self.COLUMNS if c.live]
+        if not live or not self.is_mounted:
+            return
+        for key in self._visible_keys():
+            row = self._rows[key]
+            for column in live:
+                text = column.render(row.record, self._now, self._palette)
+                if not same_text(text, row.cells.get(column.key)):
+                    row.cells[column.key] = text
+                    self._set_cell(key, column.key, text)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._refresh_live_cells()
+
+    def _render(self, record: Record, now: int) -> dict[str, Text]:
+        return {c.key: c.render(record, now, self._palette) for c in self.COLUMNS}
+
+    def _visible(self) -> list[str]:
+        keys = self._order
+        if self.filter_text:
+            needle = self.filter_text.lower()
+            keys = [k for k in keys if needle in self._rows[k].search]
+        if self.sort_column is not None:
+            column = next(c for c in self.COLUMNS if c.key == self.sort_column)
+            get = column.sort or (lambda r, c=column: c.render(r, self._now, self._palette).plain)
+            keys = sorted(keys, key=lambda k: _sort_value(get(self._rows[k].record)),
+                          reverse=self.sort_reverse)
+        return keys
+
+    def _sync(self) -> None:
+        at_top = self.STICKY_TOP and self.cursor_row <= 0 and self.scroll_y == 0
+        selected = None if at_top else self.selected_key()
+        wanted = self._visible()
+        shown_before = set(self._shown)
+        redrawn = False
+        for key in wanted:
+            row = self._rows[key]
+            if key not in shown_before or not row.cells:
+                row.cells = self._render(row.record, self._now)
+                row.version = next(self._versions)
+                row.dirty, redrawn = False, True
+            elif row.dirty:
+                redrawn |= self._redraw(row)
+        self._shown = wanted
+        if redrawn and any(c.width is None for c in self.COLUMNS):
+            self.order = wanted
+            self.measure_columns()
+        self.set_order(wanted)
+        self._restore_cursor(selected)
+        self._refresh_live_cells()
+        self._update_subtitle()
+
+    def _redraw(self, row: Row) -> bool:
+        changed = False
+        for column in self.COLUMNS:
+            text = column.render(row.record, self._now, self._palette)
+            if not same_text(row.cells.get(column.key), text):
+                row.cells[column.key] = text
+                changed = True
+        if changed:
+            row.version = next(self._versions)
+            self.refresh()
+        row.dirty = False
+        return changed
+
+    def _set_cell(self, key: str, column: str, text: Text) -> None:
+        row = self._rows[key]
+        row.cells[column] = text
+        row.version = next(self._versions)
+        self.refresh()
+
+    def _restore_cursor(self, key: str | None) -> None:
+        if key is None or not self._shown:
+            return
+        try:
+            index = self._shown.index(key)
+        except ValueError:
+            return
+        if index != self.cursor_row:
+            self.cursor_row = index
+
+    def _update_subtitle(self) -> None:
+        parts = []
+        if self.filter_text:
+            parts.append(f"/{self.filter_text} {len(self._shown)} of {len(self._rows)}")
+        if self.sort_column is not None:
+            label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+            parts.append(f"sort {label}{' ▼' if self.sort_reverse else ' ▲'}")
+        self.border_subtitle = " · ".join(parts) or self.summary
+
+    # -- operator controls -------------------------------------------------------
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip()
+        self._sync()
+
+    def cycle_sort(self) -> str:
+        """Next sort column (urgency, then each column in turn); returns its name."""
+        keys = [c.key for c in self.COLUMNS]
+        if self.sort_column is None:
+            self.sort_column = keys[0]
+        else:
+            index = keys.index(self.sort_column) + 1
+            self.sort_column = keys[index] if index < len(keys) else None
+        self.sort_reverse = False
+        self._sync()
+        return self.sort_label()
+
+    def sort_by(self, column: str) -> str:
+        """Sort by `column`; choosing it again flips the direction (header clicks)."""
+        if self.sort_column == column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column, self.sort_reverse = column, False
+        self._sync()
+        return self.sort_label()
+
+    def reverse_sort(self) -> str:
+        self.sort_reverse = not self.sort_reverse
+        self._sync()
+        return self.sort_label()
+
+    def sort_label(self) -> str:
+        if self.sort_column is None:
+            return "most urgent first" if not self.sort_reverse else "least urgent first"
+        label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+        return f"{label} {'descending' if self.sort_reverse else 'ascending'}"
+
+    # -- reading it ----------------------------------------------------------------
+    def selected_key(self) -> str | None:
+        if not 0 <= self.cursor_row < len(self.order):
+            return None
+        return self.order[self.cursor_row]
+
+    def selected_record(self) -> Record | None:
+        key = self.selected_key()
+        return None if key is None else self._rows[key].record
+
+    def shown_records(self) -> list[Record]:
+        return [self._rows[k].record for k in self._shown]
+
+    def all_records(self) -> list[Record]:
+        return [self._rows[k].record for k in self._order]
+
+    def shown_keys(self) -> list[str]:
+        return list(self._shown)
+
+    def displayed_keys(self) -> list[str]:
+        """Row keys in the order the table actually draws them (tests check it matches)."""
+        return list(self.order)
+
+    def cell_text(self, key: str, column: str) -> str:
+        """The plain text a cell shows now (tests and CSV)."""
+        row = self._rows.get(key)
+        text = row.cells.get(column) if row is not None else None
+        return text.plain if text is not None else ""
+
+    def to_csv(self) -> str:
+        """The rows shown (filter and sort applied) as CSV with full, uncut values."""
+        records = self.shown_records()
+        fields: list[str] = []
+        for record in records:
+            fields += [k for k in record if k not in fields]
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(fields)
+        for record in records:
+            writer.writerow([_csv_value(record.get(name)) for name in fields])
+        return out.getvalue()
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)

@@ -1,0 +1,87 @@
+"""The workers strip: each daemon's role, pid, host, state and heartbeat age (live)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.text import Text
+
+from backend import workers
+from tui.format import age, cell, owner_short, short
+from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
+
+
+def worker_alive(record: Record, now: int) -> bool:
+    beat = record.get("heartbeat_at")
+    if beat is None:
+        return bool(record.get("alive"))
+    return record.get("state") != "stopped" and workers.heartbeat_alive(beat, now)
+
+
+def worker_state(record: Record, now: int) -> str:
+    """`running`, `draining`, `stopped`, or `dead` (not stopped, heartbeat too old)."""
+    state = str(record.get("state") or "?")
+    if state != "stopped" and not worker_alive(record, now):
+        return "dead"
+    return state
+
+
+STATE_TONE = {"dead": "error", "draining": "warning", "stopped": "muted", "running": "success"}
+
+
+def _state(record: Record, now: int, palette: Palette) -> Text:
+    state = worker_state(record, now)
+    return cell(state, STATE_TONE.get(state), palette, bold=state == "dead")
+
+
+def _beat(record: Record, now: int, palette: Palette) -> Text:
+    tone = None if worker_alive(record, now) or record.get("state") == "stopped" else "error"
+    return cell(age(record.get("heartbeat_at"), now), tone, palette)
+
+
+class WorkerTable(SnapshotTable):
+    """Live and recently stopped daemons; a dead heartbeat turns the row red."""
+
+    PANEL_TITLE = "Workers"
+    PANEL_NAME = "workers"
+    EMPTY_TEXT = "no workers registered (is `rem up` running?)"
+    COLUMNS = (
+        Column("worker", "worker", 10, lambda r, n, p: cell(owner_short(r.get("owner_id"))),
+               sort=lambda r: r.get("owner_id")),
+        Column("state", "state", 8, _state, sort=lambda r: r.get("state"), live=True),
+        Column("heartbeat", "beat", 6, _beat, sort=lambda r: -(r.get("heartbeat_at") or 0), live=True),
+        Column("leases", "leases", 6, lambda r, n, p: cell(r.get("leases", 0)),
+               sort=lambda r: r.get("leases", 0)),
+        Column("pid", "pid", 7, lambda r, n, p: cell(r.get("pid")), sort=lambda r: r.get("pid")),
+        Column("host", "host", 14, lambda r, n, p: cell(short(r.get("host"), 14)),
+               sort=lambda r: r.get("host")),
+        Column("up", "up", 7, lambda r, n, p: cell(age(r.get("started_at"), n)),
+               sort=lambda r: -(r.get("started_at") or 0), live=True),
+        Column("role", "role", 10, lambda r, n, p: cell(r.get("role")), sort=lambda r: r.get("role")),
+        Column("owner", "owner id", 40, lambda r, n, p: cell(short(r.get("owner_id"), 40)),
+               sort=lambda r: r.get("owner_id")),
+    )
+
+    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+        held: dict[str, int] = {}
+        for lease in snapshot.get("leases") or []:
+            held[lease.get("owner_id")] = held.get(lease.get("owner_id"), 0) + 1
+        for worker in snapshot.get("workers") or []:
+            yield str(worker.get("owner_id")), {**worker, "leases": held.get(worker.get("owner_id"), 0)}
+
+    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+        return self._title(self._now)
+
+    def _title(self, now: int) -> tuple[str, bool]:
+        records = self.all_records()
+        dead = sum(1 for r in records if worker_state(r, now) == "dead")
+        alive = sum(1 for r in records if worker_alive(r, now))
+        title = f"Workers {alive} alive" + (f" · {dead} dead" if dead else "")
+        return title, dead > 0
+
+    def tick(self, now: int) -> None:
+        super().tick(now)
+        title, alert = self._title(now)
+        self.border_title = title
+        self.set_class(alert, "-alert")
