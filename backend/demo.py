@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from backend.chroma_server import _die_with_parent
 from backend.datadir import DataDir
 from backend.errors import RemError, UsageError
 
@@ -56,11 +57,17 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
 def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
     """Start `rem up --load` in its own process group, logging to DATA/logs/up.log."""
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "backend.cli.app", "up", "--load", "--data", str(root),
-               *(extra or [])]
+    # --no-reap: a daemon killed during the demo leaves its lease counting down in the
+    # console (dead-worker marker, then expired in red) until it expires or the
+    # operator releases it with `l`; the supervisor still restarts the daemon.
+    command = [sys.executable, "-m", "backend.cli.app", "up", "--load", "--no-reap",
+               "--data", str(root), *(extra or [])]
     with open(root / "logs" / "up.log", "ab") as out:
+        # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
+        # gets SIGTERM and drains instead of running on as an orphan.
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
 
 
 def running_workers(root: Path) -> int:
@@ -128,11 +135,13 @@ def open_console(data: DataDir) -> None:
     from tui.app import ConsoleApp
 
     app = ConsoleApp(data)
-    previous = signal.signal(signal.SIGTERM, lambda *_: app.call_later(app.exit))
+    handlers = {sig: signal.signal(sig, lambda *_: app.call_later(app.exit))
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         app.run()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, previous in handlers.items():
+            signal.signal(sig, previous)
 
 
 def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,

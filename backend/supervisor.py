@@ -258,6 +258,7 @@ class Supervisor:
     def manifest(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
+            "reap": self.config.reap,
             "chroma": {"url": self.chroma.url if self.chroma else None,
                        "pid": self.chroma.pid if self.chroma else None,
                        "external": bool(self.chroma and self.chroma.external)},

@@ -19,7 +19,7 @@ from backend.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import job, row_id, seed_session
 from tests.tui import scenes
-from tests.tui.test_console import SIZE, confirm_modal, console, loaded, table, until, write
+from tests.tui.test_console import SIZE, confirm_modal, console, loaded, select, table, until, write
 from tui.app import ConsoleApp
 
 
@@ -66,8 +66,7 @@ async def test_replay_selected_shows_the_dry_run_diff_then_repairs_the_row(
         assert sorted(receipts_panel.shown_keys()) == [row_id("s1"), row_id("s2")]
         assert receipts_panel.cell_text(row_id("s1"), "keys") == "category"
         await pilot.press("3")
-        while receipts_panel.selected_key() != row_id("s1"):
-            await pilot.press("down")
+        await select(pilot, receipts_panel, row_id("s1"))
         await pilot.press("r")
         modal = await confirm_modal(pilot)
         assert modal.plan.targets == [row_id("s1")]

@@ -40,6 +40,16 @@ async def until(pilot: Pilot[Any], predicate: Callable[[], Any], message: str = 
     return await await_until(check, timeout=timeout, message=message)
 
 
+async def select(pilot: Pilot[Any], panel: SnapshotTable, key: str) -> None:
+    """Move the focused panel's cursor down to the row `key`, failing (not spinning) if it never comes."""
+    for _ in range(len(panel.shown_keys()) + 1):
+        if panel.selected_key() == key:
+            return
+        await pilot.press("down")
+    raise AssertionError(f"row {key!r} not reachable in {panel.id}: shown {panel.shown_keys()}, "
+                         f"cursor on {panel.selected_key()!r}")
+
+
 async def loaded(pilot: Pilot[Any]) -> ConsoleApp:
     app = pilot.app
     assert isinstance(app, ConsoleApp)
@@ -493,8 +503,7 @@ async def test_escape_cancels_the_drain_modal(incident_dir: DataDir) -> None:
         app = await loaded(pilot)
         await pilot.press("5")
         workers = table(app, "workers")
-        while workers.selected_key() != scenes.EXEC_A:
-            await pilot.press("down")
+        await select(pilot, workers, scenes.EXEC_A)
         await pilot.press("d")
         assert isinstance(app.screen, ConfirmScreen)
         assert "Holds 1 lease: s-alpha (execution)" in "\n".join(app.screen.plan.lines)
@@ -561,8 +570,7 @@ async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(
         app = await loaded(pilot)
         leases = table(app, "leases")
         await pilot.press("2")
-        while leases.selected_key() != "summary_job:s-golf":
-            await pilot.press("down")
+        await select(pilot, leases, "summary_job:s-golf")
         await pilot.press("l")
         modal = await confirm_modal(pilot)
         assert "epoch 4" in "\n".join(modal.plan.lines) and "alive" in "\n".join(modal.plan.lines)
@@ -581,8 +589,7 @@ async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) ->
         app = await loaded(pilot)
         workers = table(app, "workers")
         await pilot.press("5")
-        while workers.selected_key() != scenes.EXEC_A:
-            await pilot.press("down")
+        await select(pilot, workers, scenes.EXEC_A)
         await pilot.press("d")
         modal = await confirm_modal(pilot)
         assert modal.plan.targets == [scenes.EXEC_A]
@@ -600,8 +607,7 @@ async def test_draining_a_dead_worker_is_refused_by_the_library(incident_dir: Da
         app = await loaded(pilot)
         workers = table(app, "workers")
         await pilot.press("5")
-        while workers.selected_key() != scenes.EXEC_B:
-            await pilot.press("down")
+        await select(pilot, workers, scenes.EXEC_B)
         await pilot.press("d")
         modal = await confirm_modal(pilot)
         assert "dead" in modal.plan.warning
@@ -620,8 +626,7 @@ async def test_the_command_palette_has_an_entry_per_action(incident_dir: DataDir
             assert hasattr(app, f"action_{action}"), action
         await pilot.press("5")
         workers = table(app, "workers")
-        while workers.selected_key() != scenes.EXEC_A:
-            await pilot.press("down")
+        await select(pilot, workers, scenes.EXEC_A)
         await pilot.press("ctrl+p")
         await pilot.press(*"drain selected")
         await pilot.pause(0.3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,12 @@ def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit() -> None:
         seen.update(root=data.root, supervisor=manifest["pid"], chroma=manifest["chroma"]["pid"])
         assert pid_alive(seen["supervisor"]) and pid_alive(seen["chroma"])
         seen["status"] = rem_json("status", "--data", str(data.root))
+        seen["reap"] = manifest["reap"]
 
     assert run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0",
                                                     "--dreams", "0"]) == 0
     assert seen["status"]["chroma"]["healthy"] is True
+    assert seen["reap"] is False  # a killed daemon's lease stays visible in the demo
     wait_until(lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
                timeout=40, message="rem up and its Chroma server to exit")
     assert not Path(seen["root"]).exists()  # a temp demo dir is removed unless --keep
@@ -68,3 +71,35 @@ def test_console_refuses_a_data_dir_without_state_db(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "state.db missing" in proc.stderr and "rem init" in proc.stderr
     assert not (tmp_path / "nothing").exists()  # writes nothing
+
+
+DEMO_THAT_WAITS = """
+import json, sys, time
+from backend.demo import run_demo
+def console(data):
+    manifest = json.loads((data.root / "up.json").read_text())
+    print(json.dumps({"supervisor": manifest["pid"], "chroma": manifest["chroma"]["pid"],
+                      "root": str(data.root)}), flush=True)
+    time.sleep(120)
+run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0", "--dreams", "0"])
+"""
+
+
+def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
+    demo = subprocess.Popen([sys.executable, "-c", DEMO_THAT_WAITS], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert demo.stdout is not None
+        line = demo.stdout.readline()
+        assert line, "the demo never reached its console"
+        seen = json.loads(line)
+        assert pid_alive(seen["supervisor"]) and pid_alive(seen["chroma"])
+        demo.kill()  # SIGKILL: no finally runs in the demo
+        demo.wait(5)
+        wait_until(lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
+                   timeout=40, message="the orphaned rem up and its Chroma server to exit")
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        if "seen" in locals():
+            shutil.rmtree(seen["root"], ignore_errors=True)
