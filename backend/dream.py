@@ -322,7 +322,7 @@ class Dreamer(Daemon):
                                        self.chunk_rows)
             await self._write_graph(claim, chunks)
             faults.point("dream.before_attest")
-            return await self._attest(claim)
+            return await self._attest(claim, graph.plan_keys(chunks))
         except LeaseLost as exc:
             self.log.warning("dream %s: %s; published nothing", claim.session_id, exc)
             return "lost"
@@ -341,7 +341,7 @@ class Dreamer(Daemon):
             if index == 0:
                 faults.point("dream.mid_graph")
 
-    async def _attest(self, claim: Claim) -> str:
+    async def _attest(self, claim: Claim, plan: graph.Plan) -> str:
         """Sweep the previous revision's rows and record completion, by CAS on the claim epoch."""
         now = clock.now_ms()
         async with self.db.tx() as conn:
@@ -350,7 +350,7 @@ class Dreamer(Daemon):
                                  (claim.session_id, claim.owner_id, claim.epoch))
             if row is None:
                 raise LeaseLost(f"Dream lease on {claim.session_id} (epoch {claim.epoch}) was lost")
-            swept = await graph.sweep_session(conn, claim.session_id, claim.revision)
+            swept = await graph.sweep_session(conn, claim.session_id, plan)
             await execute(conn, ATTEST_SQL, {"rev": claim.revision, "now": now, "sid": claim.session_id,
                                              "owner": claim.owner_id, "epoch": claim.epoch})
             counts = await graph.session_graph_counts(conn, claim.session_id)

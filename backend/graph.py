@@ -14,14 +14,17 @@ provenance): `has_turn` (session -> turn), `follows` (turn -> previous turn),
 `depends_on`, `is_a`, `part_of`, `has_part`, `replaces`, `co_occurs`).
 
 A new revision of a session replaces its turn/mention structure by
-mark-and-sweep: every row written for revision R is upserted with
-`revision = R` (so re-running R after a crash rewrites the same keys and
-never duplicates), and the sweep, in the same transaction that attests R,
-deletes the session's edges and turn nodes whose revision is not R (a turn
-superseded or edited away) and then the shared nodes no edge reaches any
-more. Until that attestation commits, rows of the previous revision remain
-visible; readers wanting only attested rows compare `revision` with
-`dream_state.completed_revision`.
+difference, not by rewriting it: the chunks upsert only rows that are new or
+whose content (label, data, weight) changed, stamping them with the revision
+that wrote them, so a session that gained one turn costs a few row writes,
+not a rewrite of its whole graph (which made the WAL, and Dream's write
+time, grow with session length). Re-running a revision after a crash finds
+its rows already there and writes nothing twice. The sweep, in the same
+transaction that attests R, deletes the session's edges and turn nodes that
+R's plan does not contain (a turn superseded or edited away), and then the
+shared nodes no edge reaches any more. A row's `revision` is therefore the
+revision that last created or changed it; until the attestation commits,
+rows of the previous revision remain visible.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ INSERT INTO graph_node (id, kind, label, session_id, data, revision, time_create
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET label = excluded.label, data = excluded.data,
     revision = excluded.revision, time_updated = excluded.time_updated
-WHERE graph_node.revision IS NOT excluded.revision OR graph_node.data != excluded.data
+WHERE graph_node.label IS NOT excluded.label OR graph_node.data IS NOT excluded.data
 """
 # shared nodes keep the label their first writer gave them; nothing else to update
 INSERT_SHARED_NODE = """
@@ -56,7 +59,7 @@ INSERT INTO graph_edge (src, dst, kind, session_id, weight, revision, time_creat
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (src, dst, kind, session_id) DO UPDATE SET weight = excluded.weight,
     revision = excluded.revision
-WHERE graph_edge.revision IS NOT excluded.revision OR graph_edge.weight != excluded.weight
+WHERE graph_edge.weight IS NOT excluded.weight
 """
 
 
@@ -175,28 +178,42 @@ async def write_chunk(conn: aiosqlite.Connection, session_id: str, revision: str
         (e.src, e.dst, e.kind, session_id, e.weight, revision, now) for e in chunk.edges])
 
 
-async def sweep_session(conn: aiosqlite.Connection, session_id: str, revision: str) -> dict[str, int]:
-    """Delete the session's rows not written for `revision`, then orphaned shared nodes."""
-    stale_ends = await fetchall(
-        conn,
-        "SELECT src AS id FROM graph_edge WHERE session_id = ? AND revision IS NOT ? "
-        "UNION SELECT dst FROM graph_edge WHERE session_id = ? AND revision IS NOT ?",
-        (session_id, revision, session_id, revision),
-    )
-    edges = await execute(conn, "DELETE FROM graph_edge WHERE session_id = ? AND revision IS NOT ?",
-                          (session_id, revision))
-    turns = await execute(conn, "DELETE FROM graph_node WHERE session_id = ? AND kind = 'turn' "
-                          "AND revision IS NOT ?", (session_id, revision))
+@dataclass(frozen=True)
+class Plan:
+    """The keys a revision's graph consists of: what its sweep keeps."""
+
+    turn_nodes: frozenset[str]
+    edges: frozenset[tuple[str, str, str]]
+
+
+def plan_keys(chunks: Sequence[Chunk]) -> Plan:
+    turns = frozenset(n.id for c in chunks for n in c.nodes if n.kind == "turn" and n.session_id is not None)
+    edges = frozenset((e.src, e.dst, e.kind) for c in chunks for e in c.edges)
+    return Plan(turns, edges)
+
+
+async def sweep_session(conn: aiosqlite.Connection, session_id: str, plan: Plan) -> dict[str, int]:
+    """Delete the session's edges and turn nodes not in `plan`, then orphaned shared nodes."""
+    stale_edges = [(r["src"], r["dst"], r["kind"]) for r in await fetchall(
+        conn, "SELECT src, dst, kind FROM graph_edge WHERE session_id = ?", (session_id,))
+        if (r["src"], r["dst"], r["kind"]) not in plan.edges]
+    await executemany(conn, "DELETE FROM graph_edge WHERE src = ? AND dst = ? AND kind = ? AND session_id = ?",
+                      [(*key, session_id) for key in stale_edges])
+    stale_turns = [r["id"] for r in await fetchall(
+        conn, "SELECT id FROM graph_node WHERE session_id = ? AND kind = 'turn'", (session_id,))
+        if r["id"] not in plan.turn_nodes]
+    await executemany(conn, "DELETE FROM graph_node WHERE id = ? AND session_id = ?",
+                      [(node, session_id) for node in stale_turns])
     orphans = 0
-    for row in stale_ends:
+    for end in sorted({end for key in stale_edges for end in key[:2]}):
         orphans += await execute(
             conn,
             "DELETE FROM graph_node WHERE id = ? AND session_id IS NULL "
             "AND NOT EXISTS (SELECT 1 FROM graph_edge WHERE src = ?) "
             "AND NOT EXISTS (SELECT 1 FROM graph_edge WHERE dst = ?)",
-            (row["id"], row["id"], row["id"]),
+            (end, end, end),
         )
-    return {"edges_removed": edges, "turns_removed": turns, "orphans_removed": orphans}
+    return {"edges_removed": len(stale_edges), "turns_removed": len(stale_turns), "orphans_removed": orphans}
 
 
 async def session_graph_counts(conn: aiosqlite.Connection, session_id: str) -> dict[str, int]:

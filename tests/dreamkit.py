@@ -91,6 +91,13 @@ async def dream_row(db: Database, sid: str) -> dict[str, Any]:
     return dict(row)
 
 
+def without_revisions(snapshot: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+                      ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The graph's content (keys, labels, weights) without the revision that last wrote each row."""
+    nodes, edges = snapshot
+    return [n[:-1] for n in nodes], [e[:-1] for e in edges]
+
+
 async def graph_snapshot(db: Database) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Nodes (id, kind, label, session, revision) and edges (src, dst, kind, session, weight, revision)."""
     nodes = await db.fetchall("SELECT id, kind, label, session_id, revision FROM graph_node ORDER BY id")

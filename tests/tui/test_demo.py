@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,4 +103,8 @@ def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
         if demo.poll() is None:
             demo.kill()
         if "seen" in locals():
+            if pid_alive(seen["supervisor"]):  # the test failed: do not leak what it started
+                os.kill(seen["supervisor"], signal.SIGTERM)
+                wait_until(lambda: not pid_alive(seen["supervisor"]), timeout=40,
+                           message="the leaked rem up to drain")
             shutil.rmtree(seen["root"], ignore_errors=True)
