@@ -5,7 +5,7 @@ completed), the WAL size over time (it must stay bounded: readers must not
 starve checkpoints), the RSS of every process over time, and `rem check
 --settled` at the end.
 
-    python benchmarks/soak.py [--minutes 10] [--rate 4] [--json]
+    python benchmarks/soak.py [--minutes 10] [--rate 4] [--sessions 6] [--json]
 """
 
 from __future__ import annotations
@@ -88,11 +88,13 @@ async def sample(root: Path, stop: asyncio.Event, every: float, out: list[dict[s
             pass
 
 
-async def soak(root: Path, minutes: float, rate: float, reader_period: float) -> dict[str, Any]:
+async def soak(root: Path, minutes: float, rate: float, reader_period: float,
+               sessions: int = 6) -> dict[str, Any]:
     env = dict(os.environ, REM_AGENT_DELAY_MS=os.environ.get("REM_AGENT_DELAY_MS", "100"))
     up = subprocess.Popen(
         [sys.executable, "-m", "backend.cli.app", "up", "--data", str(root), "--load",
-         "--load-rate", str(rate)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--load-rate", str(rate), "--load-sessions", str(sessions)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     stop = asyncio.Event()
     samples: list[dict[str, Any]] = []
@@ -121,7 +123,7 @@ async def soak(root: Path, minutes: float, rate: float, reader_period: float) ->
         up.wait(60)
     latencies = sorted(r["answered"] - r["admitted"] for r in rows if r["answered"])
     return {
-        "minutes": minutes, "rate": rate, "turns_completed": len(latencies),
+        "minutes": minutes, "rate": rate, "sessions": sessions, "turns_completed": len(latencies),
         "latency_p50_ms": statistics.median(latencies) if latencies else None,
         "latency_p99_ms": latencies[int(len(latencies) * 0.99) - 1] if latencies else None,
         "status_reads": reads, "wal_mb_max": max((s["wal_mb"] for s in samples), default=0),
@@ -134,11 +136,13 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=4.0, help="load inputs per second")
     parser.add_argument("--reader-period", type=float, default=0.5)
+    parser.add_argument("--sessions", type=int, default=6,
+                        help="sessions the load spreads over (few: sessions grow long; many: they stay short)")
     parser.add_argument("--data", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = args.data or Path(tempfile.mkdtemp(prefix="rem-soak-")) / "data"
-    result = asyncio.run(soak(root, args.minutes, args.rate, args.reader_period))
+    result = asyncio.run(soak(root, args.minutes, args.rate, args.reader_period, args.sessions))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return
