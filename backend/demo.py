@@ -20,10 +20,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from backend.chroma_server import _die_with_parent
 from backend.datadir import DataDir
-from backend.errors import RemError, UsageError
+from backend.errors import ExitCode, RemError, UsageError
 
 log = logging.getLogger("rem.demo")
 
@@ -38,8 +39,10 @@ class DemoFailed(RemError):
 
 
 def note(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
+    """A line on stderr; a terminal that hung up (EIO) must not stop the clean-up that follows."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
 
 def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
@@ -144,6 +147,26 @@ def open_console(data: DataDir) -> None:
             signal.signal(sig, previous)
 
 
+class DemoInterrupted(RemError):
+    """SIGTERM or SIGHUP before the console was open."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+def _set_handlers(handler: Any) -> dict[int, Any]:
+    """Install `handler` for SIGTERM and SIGHUP; returns the previous ones (main thread only)."""
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise DemoInterrupted(f"{signal.Signals(signum).name} before the console opened; "
+                          "everything the demo started was stopped")
+
+
 def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
              console: ConsoleRunner | None = None, up_args: list[str] | None = None) -> int:
     """The whole demo; returns the exit code. Everything started here is stopped here."""
@@ -151,6 +174,7 @@ def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
     note(f"rem demo: data dir {root}")
     note("rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
          f"daemon, synthetic sessions); log in {root}/logs/up.log")
+    previous = _set_handlers(_interrupted)
     proc = start_up(root, up_args)
     try:
         count = wait_ready(root, proc)
@@ -158,10 +182,17 @@ def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
              "(q quits, ? lists every key)")
         (console or open_console)(DataDir(root))
     finally:
-        note(f"rem demo: stopping `rem up` (pid {proc.pid}): {stop(proc)}")
-        if created and not keep:
-            shutil.rmtree(root, ignore_errors=True)
-            note(f"rem demo: removed {root} (pass --keep to keep it)")
-        else:
-            note(f"rem demo: data kept in {root}; reopen with `rem console --data {root}`")
+        # the clean-up is bounded (stop() SIGKILLs after STOP_TIMEOUT_S): a second
+        # SIGTERM, or the SIGHUP of a closing terminal, must not cut it short
+        _set_handlers(signal.SIG_IGN)
+        try:
+            note(f"rem demo: stopping `rem up` (pid {proc.pid}): {stop(proc)}")
+            if created and not keep:
+                shutil.rmtree(root, ignore_errors=True)
+                note(f"rem demo: removed {root} (pass --keep to keep it)")
+            else:
+                note(f"rem demo: data kept in {root}; reopen with `rem console --data {root}`")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return 0

@@ -108,3 +108,30 @@ def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
                 wait_until(lambda: not pid_alive(seen["supervisor"]), timeout=40,
                            message="the leaked rem up to drain")
             shutil.rmtree(seen["root"], ignore_errors=True)
+
+
+def test_a_hangup_before_the_console_still_stops_rem_up_and_removes_the_dir() -> None:
+    # SIGHUP while waiting for `rem up` (before the console): `rem demo` stops it, removes its
+    # dir, and says so in one line with exit 130 (not a traceback, not an orphan)
+    code = (
+        "import os, signal, threading\n"
+        "from backend import demo\n"
+        "real_wait = demo.wait_ready\n"
+        "def wait_ready(root, proc, *a, **k):\n"
+        "    print(root, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGHUP)\n"
+        "    return real_wait(root, proc, *a, **k)\n"
+        "demo.wait_ready = wait_ready\n"
+        "real_start = demo.start_up\n"
+        "demo.start_up = lambda root, extra=None: real_start(root, ['--executors', '0', '--summarizers', '0', '--dreams', '0'])\n"
+        "import sys\n"
+        "sys.argv = ['rem', 'demo']\n"
+        "from backend.cli.app import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    root = Path(proc.stdout.strip().splitlines()[0])
+    assert proc.returncode == 130, proc.stderr
+    assert "SIGHUP before the console opened" in proc.stderr and "Traceback" not in proc.stderr
+    assert "stopping `rem up`" in proc.stderr and "removed" in proc.stderr
+    assert not root.exists()
