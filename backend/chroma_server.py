@@ -117,7 +117,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent_preexec() -> None:
     """preexec_fn: the child gets SIGTERM when the spawning thread's process dies."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -266,7 +266,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             pass_fds=(lock_fd,), env=env, start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=die_with_parent_preexec if die_with_parent else None,
         )
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, "started_at": time.time()}).encode(), 0)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backend.chroma_server import _die_with_parent
+from backend.chroma_server import die_with_parent_preexec
 from backend.datadir import DataDir
 from backend.errors import ExitCode, RemError, UsageError
 
@@ -70,7 +70,7 @@ def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[byt
         # gets SIGTERM and drains instead of running on as an orphan.
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent_preexec)
 
 
 def running_workers(root: Path) -> int:
@@ -133,20 +133,6 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> st
         return f"killed after {timeout_s:.0f} s"
 
 
-def open_console(data: DataDir) -> None:
-    """Run the console until the operator quits; SIGTERM quits it too."""
-    from tui.app import ConsoleApp
-
-    app = ConsoleApp(data)
-    handlers = {sig: signal.signal(sig, lambda *_: app.call_later(app.exit))
-                for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        app.run()
-    finally:
-        for sig, previous in handlers.items():
-            signal.signal(sig, previous)
-
-
 class DemoInterrupted(RemError):
     """SIGTERM or SIGHUP before the console was open."""
 
@@ -162,9 +148,26 @@ def _set_handlers(handler: Any) -> dict[int, Any]:
     return previous
 
 
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def _interrupted(signum: int, _frame: Any) -> None:
     raise DemoInterrupted(f"{signal.Signals(signum).name} before the console opened; "
                           "everything the demo started was stopped")
+
+
+def open_console(data: DataDir) -> None:
+    """Run the console until the operator quits; SIGTERM quits it too."""
+    from tui.app import ConsoleApp
+
+    app = ConsoleApp(data)
+    previous = _set_handlers(lambda *_: app.call_later(app.exit))
+    try:
+        app.run()
+    finally:
+        _restore_handlers(previous)
 
 
 def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
@@ -193,6 +196,5 @@ def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
             else:
                 note(f"rem demo: data kept in {root}; reopen with `rem console --data {root}`")
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            _restore_handlers(previous)
     return 0

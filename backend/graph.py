@@ -187,7 +187,7 @@ class Plan:
 
 
 def plan_keys(chunks: Sequence[Chunk]) -> Plan:
-    turns = frozenset(n.id for c in chunks for n in c.nodes if n.kind == "turn" and n.session_id is not None)
+    turns = frozenset(n.id for c in chunks for n in c.nodes if n.kind == "turn")
     edges = frozenset((e.src, e.dst, e.kind) for c in chunks for e in c.edges)
     return Plan(turns, edges)
 

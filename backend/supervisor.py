@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend import chroma_server, faults, maintenance, workers
-from backend.chroma_server import ChromaServer, _die_with_parent
+from backend.chroma_server import ChromaServer, die_with_parent_preexec
 from backend.context import Context
 from backend.errors import ChromaUnreachable, RemError
 
@@ -183,7 +183,7 @@ class Supervisor:
         with open(log_path, "ab") as out:
             child.proc = subprocess.Popen(
                 self._command(child), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent_preexec,
             )
         child.started_at = time.monotonic()
         log.info("started %s pid %s", child.name, child.proc.pid)

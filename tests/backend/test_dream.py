@@ -60,16 +60,17 @@ async def _events(db: Any, kind: str, sid: str | None = None) -> list[Any]:
     return await db.fetchall("SELECT * FROM event WHERE kind = ? AND session_id = ? ORDER BY id", (kind, sid))
 
 
-async def digested_from_scratch(ctx: Context, sid: str) -> tuple[list[Any], list[Any]]:
-    """The graph content one clean digestion of the session's current revision gives (graph reset)."""
+async def digested_from_scratch(ctx: Context, sid: str, chunk_rows: int | None = None
+                                ) -> tuple[list[Any], list[Any]]:
+    """The graph one clean digestion of the session's current revision gives (graph reset first)."""
     db = await ctx.db()
     async with db.tx() as conn:
         await conn.execute("DELETE FROM graph_edge")
         await conn.execute("DELETE FROM graph_node")
         await conn.execute("UPDATE dream_state SET completed_revision = NULL, digest_state = 'pending', "
                            "next_attempt_at = 0 WHERE session_id = ?", (sid,))
-    assert await Dreamer(ctx).run_pass() == 1
-    return without_revisions(await graph_snapshot(db))
+    assert await Dreamer(ctx, chunk_rows=chunk_rows).run_pass() == 1
+    return await graph_snapshot(db)
 
 
 async def test_a_published_session_is_digested_from_its_raw_turns(db_ctx: Context) -> None:
@@ -123,7 +124,8 @@ async def test_interleaving_completing_a_after_b_was_published_leaves_b_pending(
     assert ("session:s1", "turn:s1-m0000", "has_turn", "s1", 1.0, rev_a) in edges
     assert {e[5] for e in edges if e[3] == "s1"} == {rev_a, rev_b}
     assert await select_pending(db, clock.now_ms()) == []
-    assert without_revisions(await graph_snapshot(db)) == await digested_from_scratch(db_ctx, "s1")
+    assert without_revisions(await graph_snapshot(db)) == without_revisions(
+        await digested_from_scratch(db_ctx, "s1"))
 
 
 async def test_a_revision_the_raw_turns_no_longer_match_writes_nothing(db_ctx: Context,
@@ -187,7 +189,7 @@ async def test_count_only_collision_reopens_the_session_for_summarizer_and_dream
     ids = {n[0] for n in nodes}
     assert {"entity:postgres", "entity:kafka"} <= ids
     assert "entity:redis" not in ids and "entity:linux" not in ids  # swept: no edge reaches them now
-    assert without_revisions((nodes, edges)) == await digested_from_scratch(db_ctx, "s1")
+    assert without_revisions((nodes, edges)) == without_revisions(await digested_from_scratch(db_ctx, "s1"))
 
 
 async def test_failures_defer_then_make_only_that_revision_undigestible(db_ctx: Context,
@@ -379,13 +381,8 @@ async def test_a_raised_fault_counts_as_a_failure_and_a_rerun_is_idempotent(
     assert await Dreamer(db_ctx, chunk_rows=5).run_pass() == 1
     assert (await dream_row(db, "s1"))["completed_revision"] == rev
     rerun = await graph_snapshot(db)
-    async with db.tx() as conn:  # the reference: the same revision digested on a clean graph
-        await conn.execute("DELETE FROM graph_edge")
-        await conn.execute("DELETE FROM graph_node")
-        await conn.execute("UPDATE dream_state SET completed_revision = NULL, digest_state = 'pending', "
-                           "next_attempt_at = 0")
-    assert await Dreamer(db_ctx, chunk_rows=5).run_pass() == 1
-    assert await graph_snapshot(db) == rerun
+    # the reference: the same revision digested on a clean graph (revision stamps included)
+    assert await digested_from_scratch(db_ctx, "s1", chunk_rows=5) == rerun
 
 
 class BlockingExtractor:

@@ -17,7 +17,7 @@ from backend.context import Context
 from backend.datadir import DataDir
 from backend.dream import Dreamer
 from backend.ownership import summary_row_id
-from tests.dreamkit import add_session_with_turns, add_turn, publish, synthesize
+from tests.dreamkit import add_session_with_turns, add_turn, publish, synthesize, without_revisions
 from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
 
 WORDS = ["latency", "storage", "budget", "replica", "journal", "snapshot", "cursor", "backlog"]
@@ -54,11 +54,6 @@ def _graph(root: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         edges = [tuple(r) for r in conn.execute(
             "SELECT src, dst, kind, session_id, weight, revision FROM graph_edge ORDER BY 1, 2, 3, 4")]
     return nodes, edges
-
-
-def _content(graph: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]) -> tuple[list[Any], list[Any]]:
-    nodes, edges = graph
-    return [n[:-1] for n in nodes], [e[:-1] for e in edges]
 
 
 def _all_current(root: Path) -> bool:
@@ -162,7 +157,7 @@ async def test_sigkill_mid_pass_then_rerun_leaves_no_duplicates(ctx: Context, ch
     expected = await _reference(tmp_path / "ref", sessions, turns, extra=True)
     # no duplicate, missing or stale node or edge (revisions differ by history: a row
     # written for A that B left as it was keeps A's stamp)
-    assert _content(_graph(root)) == _content(expected)
+    assert without_revisions(_graph(root)) == without_revisions(expected)
     with _state(root) as conn:
         assert conn.execute("SELECT completed_revision FROM dream_state WHERE session_id = 's001'"
                             ).fetchone()[0] == rev_b

@@ -500,12 +500,8 @@ async def test_release_modal_names_owner_epoch_and_time_left_with_cancel_focused
 
 async def test_escape_cancels_the_drain_modal(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
-        app = await loaded(pilot)
-        await pilot.press("5")
-        workers = table(app, "workers")
-        await select(pilot, workers, scenes.EXEC_A)
-        await pilot.press("d")
-        assert isinstance(app.screen, ConfirmScreen)
+        app, _, modal = await drain_modal(pilot, scenes.EXEC_A)
+        assert app.screen is modal and isinstance(app.screen, ConfirmScreen)
         assert "Holds 1 lease: s-alpha (execution)" in "\n".join(app.screen.plan.lines)
         await pilot.press("escape")
         assert table(app, "actions").all_records()[0]["outcome"] == "cancelled"
@@ -535,6 +531,16 @@ async def confirm_modal(pilot: Pilot[Any]) -> ConfirmScreen:
     assert isinstance(screen, ConfirmScreen)
     assert pilot.app.focused is not None and pilot.app.focused.id == "cancel"
     return screen
+
+
+async def drain_modal(pilot: Pilot[Any], owner_id: str) -> tuple[ConsoleApp, SnapshotTable, ConfirmScreen]:
+    """Focus the workers strip, select `owner_id`, press d: the drain confirmation."""
+    app = await loaded(pilot)
+    workers = table(app, "workers")
+    await pilot.press("5")
+    await select(pilot, workers, owner_id)
+    await pilot.press("d")
+    return app, workers, await confirm_modal(pilot)
 
 
 async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_dir: DataDir) -> None:
@@ -586,12 +592,7 @@ async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(
 
 async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
-        app = await loaded(pilot)
-        workers = table(app, "workers")
-        await pilot.press("5")
-        await select(pilot, workers, scenes.EXEC_A)
-        await pilot.press("d")
-        modal = await confirm_modal(pilot)
+        app, workers, modal = await drain_modal(pilot, scenes.EXEC_A)
         assert modal.plan.targets == [scenes.EXEC_A]
         await pilot.press("tab", "enter")
         await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "draining",
@@ -604,12 +605,7 @@ async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) ->
 
 async def test_draining_a_dead_worker_is_refused_by_the_library(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
-        app = await loaded(pilot)
-        workers = table(app, "workers")
-        await pilot.press("5")
-        await select(pilot, workers, scenes.EXEC_B)
-        await pilot.press("d")
-        modal = await confirm_modal(pilot)
+        app, _, modal = await drain_modal(pilot, scenes.EXEC_B)
         assert "dead" in modal.plan.warning
         await pilot.press("tab", "enter")
         await until(pilot, lambda: table(app, "actions").all_records()[0]["outcome"] == "refused")

@@ -89,6 +89,7 @@ run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0
 def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
     demo = subprocess.Popen([sys.executable, "-c", DEMO_THAT_WAITS], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
+    seen: dict[str, Any] = {}
     try:
         assert demo.stdout is not None
         line = demo.stdout.readline()
@@ -102,7 +103,7 @@ def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
     finally:
         if demo.poll() is None:
             demo.kill()
-        if "seen" in locals():
+        if seen:
             if pid_alive(seen["supervisor"]):  # the test failed: do not leak what it started
                 os.kill(seen["supervisor"], signal.SIGTERM)
                 wait_until(lambda: not pid_alive(seen["supervisor"]), timeout=40,
