@@ -221,12 +221,21 @@ class Database:
         building happens off the event loop. Uses aiosqlite's queue (pinned
         version); `fn` must not leave a transaction open.
         """
-        async with self._lock:
-            raw = self.conn._conn  # noqa: SLF001 - aiosqlite exposes no public hook for this
-            try:
-                return await self.conn._execute(fn, raw)  # noqa: SLF001
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
+        # Single-hop calls need no turn-taking among themselves: each runs whole on
+        # the connection's one thread, in queue order, so several tasks may queue
+        # theirs at once (the thread never idles while the event loop prepares the
+        # next). Only a multi-hop transaction (`tx`, `snapshot`, `fetchall`) must
+        # not be entered: wait until none holds the lock. `_execute` enqueues
+        # synchronously before its first suspension, so a multi-hop transaction
+        # that takes the lock later queues its BEGIN behind this call.
+        while self._lock.locked():
+            async with self._lock:
+                pass
+        raw = self.conn._conn  # noqa: SLF001 - aiosqlite exposes no public hook for this
+        try:
+            return await self.conn._execute(fn, raw)  # noqa: SLF001
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, self.path) or exc from exc
 
     async def read_snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""

@@ -81,6 +81,9 @@ CHUNK_ROWS = 500
 NEVER = 2**62
 # the journal's retention window; legacy retires after one full window with zero legacy rows
 LEGACY_RETIREMENT_WINDOW_MS = 30 * 24 * 3600 * 1000
+# the literal kinds match event_legacy_idx's WHERE, so this reads that small index
+LAST_LEGACY_EVENT_SQL = (f"SELECT max(time) FROM event WHERE kind IN ('{EventKind.DREAM_LEGACY_IMPORTED}', "
+                         f"'{EventKind.DREAM_LEGACY_SUPERSEDED}')")
 INFRASTRUCTURE_ERRORS = (DatabaseLocked, DatabaseFull, DatabaseCorrupt, ChromaUnreachable)
 
 # Ready-time order over the partial index: each lane is an index range scan
@@ -478,8 +481,7 @@ async def legacy_retirement(db: Database, now: int | None = None) -> dict[str, A
     """Whether the legacy path may be deleted: zero legacy rows for one full retention window."""
     now = clock.now_ms() if now is None else now
     count = await legacy_only_count(db)
-    last = await db.scalar("SELECT max(time) FROM event WHERE kind IN (?, ?)",
-                           (str(EventKind.DREAM_LEGACY_IMPORTED), str(EventKind.DREAM_LEGACY_SUPERSEDED)))
+    last = await db.scalar(LAST_LEGACY_EVENT_SQL)
     quiet_since = None if count else last
     retired = count == 0 and (last is None or now - int(last) >= LEGACY_RETIREMENT_WINDOW_MS)
     return {"legacy_only": count, "last_legacy_event_at": last, "quiet_since": quiet_since,

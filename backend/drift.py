@@ -16,6 +16,12 @@ import aiosqlite
 
 from backend.db import execute
 
+# Already drifted: count the change, keep `time_updated` = when it first drifted.
+# The summarizer takes the oldest drift first, so a session that keeps talking
+# is not pushed to the back of the queue by every turn; and an UPDATE that
+# leaves `time_updated` out of its SET touches neither index on it (one page
+# written instead of three, twice per turn on the executor's hot path).
+BUMP_DRIFTED_SQL = "UPDATE summary_job SET dirty_seq = dirty_seq + 1 WHERE session_id = ? AND dirty_seq > clean_seq"
 MARK_TURNS_CHANGED_SQL = (
     "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
     "VALUES (?, 'pending', 1, ?, ?) "
@@ -26,12 +32,14 @@ MARK_TURNS_CHANGED_SQL = (
 
 async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one)."""
-    await execute(conn, MARK_TURNS_CHANGED_SQL, (session_id, now, now))
+    if await execute(conn, BUMP_DRIFTED_SQL, (session_id,)) == 0:
+        await execute(conn, MARK_TURNS_CHANGED_SQL, (session_id, now, now))
 
 
 def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
     """`mark_turns_changed` for code running on the connection's thread (`Database.write_sync`)."""
-    conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
+    if conn.execute(BUMP_DRIFTED_SQL, (session_id,)).rowcount == 0:
+        conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
 
 
 async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, revision: str, now: int) -> bool:

@@ -110,9 +110,12 @@ def append_event_sync(
     return int(cursor.lastrowid or 0)
 
 
+# A session's rows come by session (every row of an execution, a summary job or a
+# Dream pass carries its session); by target only the rows without one (worker
+# lifecycle, drains): the partial event_target_idx holds just those.
 HISTORY_SQL = """
 SELECT * FROM (SELECT id, time, kind, actor, session_id, target, data FROM event
-               WHERE target = :target ORDER BY id DESC LIMIT :limit)
+               WHERE target = :target AND session_id IS NULL ORDER BY id DESC LIMIT :limit)
 UNION
 SELECT * FROM (SELECT id, time, kind, actor, session_id, target, data FROM event
                WHERE session_id = :session_id ORDER BY id DESC LIMIT :limit)
@@ -132,7 +135,11 @@ def decode_event(row: Any) -> dict[str, Any]:
 
 async def history(db: Any, *, session_id: str | None = None, target: str | None = None,
                   limit: int = 200) -> list[dict[str, Any]]:
-    """Journal rows about one target and/or one session, newest first (two indexed lookups)."""
+    """Journal rows about one session and/or one session-less target, newest first (two indexed lookups).
+
+    A target that belongs to a session (an execution, a summary id) is found
+    through its session: pass both.
+    """
     if session_id is None and target is None:
         return []
     rows = await db.fetchall(HISTORY_SQL, {"target": target, "session_id": session_id,

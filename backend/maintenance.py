@@ -44,15 +44,26 @@ async def checkpoint(db: Database) -> dict[str, Any]:
     return {"busy": bool(busy), "frames": frames, "checkpointed": done}
 
 
+# The journal is appended in time order, so its old end is a prefix in id order:
+# delete up to the first row inside the window. Finding that row walks only
+# the rows about to go (no time index to maintain on every write). A row
+# stamped by a clock running ahead holds the rows after it until it ages out.
+PRUNE_SQL = """
+DELETE FROM event WHERE id IN (
+    SELECT id FROM event
+    WHERE id < coalesce((SELECT id FROM event WHERE time >= :cutoff ORDER BY id LIMIT 1),
+                        (SELECT max(id) FROM event) + 1)
+    ORDER BY id LIMIT :chunk)
+"""
+
+
 async def prune_events(db: Database, now: int | None = None) -> int:
     """Delete journal rows older than the retention window; returns rows deleted."""
     cutoff = (clock.now_ms() if now is None else now) - retention_ms()
     deleted = 0
     while True:
         async with db.tx() as conn:
-            changed = await execute(
-                conn, "DELETE FROM event WHERE id IN (SELECT id FROM event WHERE time < ? "
-                "ORDER BY time LIMIT ?)", (cutoff, PRUNE_CHUNK))
+            changed = await execute(conn, PRUNE_SQL, {"cutoff": cutoff, "chunk": PRUNE_CHUNK})
         deleted += changed
         if changed < PRUNE_CHUNK:
             return deleted

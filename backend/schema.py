@@ -292,8 +292,25 @@ BEGIN
 END;
 """
 
+# v2: the journal is written in every transaction of the turn path, so each of its
+# indexes costs a page per transaction. Keep one index on that path (by session);
+# index the rest only where it is read: target lookups of session-less rows
+# (workers, drains), the operator actions the console lists, and the legacy
+# Dream events of the retirement rule. Pruning walks the journal in id order
+# (`backend.maintenance`), so it needs no time index.
+V2 = """
+DROP INDEX event_target_idx;
+DROP INDEX event_kind_idx;
+DROP INDEX event_time_idx;
+CREATE INDEX event_target_idx ON event(target, id) WHERE target IS NOT NULL AND session_id IS NULL;
+CREATE INDEX event_operator_idx ON event(id)
+    WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release');
+CREATE INDEX event_legacy_idx ON event(time)
+    WHERE kind IN ('dream.legacy_imported', 'dream.legacy_superseded');
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1]
+MIGRATIONS: list[str] = [V1, V2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

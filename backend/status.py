@@ -104,7 +104,7 @@ LIST_QUERIES: dict[str, str] = {
         WHERE state = 'stopped' AND heartbeat_at > :recent
         ORDER BY role, started_at LIMIT :cap""",
     "recent_actions": """
-        SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_kind_idx
+        SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
         WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release')
         ORDER BY id DESC LIMIT 20""",
     "events": """

@@ -37,6 +37,41 @@ async def test_tx_rolls_back_on_error(db_ctx: Context) -> None:
     assert not db.conn.in_transaction
 
 
+async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx: Context) -> None:
+    """Tasks queue `write_sync` calls without taking turns; none runs inside an open `tx()`."""
+    import asyncio
+
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        await conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, who TEXT)")
+
+    def one_hop(raw: sqlite3.Connection, i: int) -> int:
+        raw.execute("INSERT INTO t (who) VALUES (?)", (f"hop-{i}",))
+        return int(raw.execute("SELECT count(*) FROM t").fetchone()[0])
+
+    async def multi_hop(i: int) -> tuple[int, int]:
+        async with db.tx() as conn:
+            before = (await (await conn.execute("SELECT count(*) FROM t")).fetchone())[0]
+            await asyncio.sleep(0)  # let every other task queue its work meanwhile
+            await conn.execute("INSERT INTO t (who) VALUES (?)", (f"tx-{i}",))
+            await asyncio.sleep(0)
+            after = (await (await conn.execute("SELECT count(*) FROM t")).fetchone())[0]
+        return before, after
+
+    hops = [db.write_sync(lambda raw, i=i: one_hop(raw, i)) for i in range(300)]
+    txs = [multi_hop(i) for i in range(30)]
+    reads = [db.read_snapshot(lambda raw: raw.execute("SELECT count(*) FROM t").fetchone()[0])
+             for _ in range(30)]
+    # started interleaved: a hop, a multi-hop transaction, a snapshot, a hop, ...
+    order = [c for trio in zip(hops[:30], txs, reads, strict=True) for c in trio] + hops[30:]
+    results = await asyncio.gather(*order)
+    spans = [r for r in results if isinstance(r, tuple)]
+    assert len(spans) == 30 and all(after == before + 1 for before, after in spans)  # nothing ran inside
+    hop_counts = results[0:90:3] + results[90:]
+    assert len(set(hop_counts)) == 300  # each hop ran whole, alone, and saw its own insert
+    assert await db.scalar("SELECT count(*) FROM t") == 330
+
+
 async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:
     ro = await Database.open(db_ctx.data.state_db, read_only=True)
     try:

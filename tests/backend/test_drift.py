@@ -24,6 +24,25 @@ async def test_mark_turns_changed_bumps_the_drift_queue(db_ctx: Context) -> None
     assert [r[0] for r in pending] == ["s1"]
 
 
+async def test_a_drifted_session_keeps_its_place_in_the_queue(db_ctx: Context) -> None:
+    """Marks on an already-drifted session count the change but keep when it first drifted."""
+    await _session(db_ctx)
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s2', 1, 1)")
+        await mark_turns_changed(conn, "s1", 10)
+        await mark_turns_changed(conn, "s2", 20)
+        await mark_turns_changed(conn, "s1", 30)  # s1 keeps talking: it must not go behind s2
+    rows = await db.fetchall("SELECT session_id, dirty_seq, time_updated FROM summary_job "
+                             "WHERE dirty_seq > clean_seq ORDER BY time_updated, session_id")
+    assert [tuple(r) for r in rows] == [("s1", 2, 10), ("s2", 1, 20)]
+    async with db.tx() as conn:  # summarized: the next change starts a new drift, stamped now
+        await conn.execute("UPDATE summary_job SET clean_seq = dirty_seq WHERE session_id = 's1'")
+        await mark_turns_changed(conn, "s1", 40)
+    row = await db.fetchone("SELECT dirty_seq, clean_seq, time_updated FROM summary_job WHERE session_id = 's1'")
+    assert tuple(row) == (3, 2, 40)
+
+
 async def test_publishing_is_idempotent_and_a_new_revision_reopens(db_ctx: Context) -> None:
     await _session(db_ctx)
     db = await db_ctx.db()

@@ -19,14 +19,46 @@ async def test_checkpoint_truncates_the_wal(db_ctx: Context) -> None:
     assert wal.stat().st_size == 0
 
 
+async def _journal_by_day(db, days: range, *, kind: str = "test.old") -> None:  # type: ignore[no-untyped-def]
+    """A journal appended in time order: the fixture's own (real-time) rows go first."""
+    async with db.tx() as conn:
+        await conn.execute("DELETE FROM event")
+        for day in days:
+            await append_event(conn, kind=kind, actor="t", now=day * maintenance.DAY_MS + 5)
+
+
 async def test_prune_deletes_only_rows_past_retention(db_ctx: Context, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(maintenance, "PRUNE_CHUNK", 7)
     db = await db_ctx.db()
-    now = 100 * maintenance.DAY_MS
-    async with db.tx() as conn:
-        for day in range(100):
-            await append_event(conn, kind="test.old", actor="t", now=day * maintenance.DAY_MS + 5)
-    deleted = await maintenance.prune_events(db, now=now)
+    await _journal_by_day(db, range(100))
+    deleted = await maintenance.prune_events(db, now=100 * maintenance.DAY_MS)
     assert deleted == 70  # days 0..69 are more than 30 days before day 100
-    kept = await db.fetchall("SELECT time FROM event WHERE kind = 'test.old' ORDER BY time")
+    kept = await db.fetchall("SELECT time FROM event ORDER BY id")
     assert [r[0] // maintenance.DAY_MS for r in kept] == list(range(70, 100))
+    assert await maintenance.prune_events(db, now=100 * maintenance.DAY_MS) == 0
+
+
+async def test_prune_of_a_journal_all_past_retention_keeps_ids_increasing(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _journal_by_day(db, range(10))
+    last = await db.scalar("SELECT max(id) FROM event")
+    assert await maintenance.prune_events(db, now=1000 * maintenance.DAY_MS) == 10
+    async with db.tx() as conn:
+        new_id = await append_event(conn, kind="test.new", actor="t")
+    assert new_id > last  # a console tailing by id never sees an id twice
+
+
+async def test_prune_stops_at_a_row_stamped_by_a_clock_running_ahead(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _journal_by_day(db, range(10))
+    await _journal_by_day_append(db, 95)  # a writer whose clock ran ~85 days ahead
+    await _journal_by_day_append(db, 11)
+    deleted = await maintenance.prune_events(db, now=50 * maintenance.DAY_MS)
+    assert deleted == 10  # days 0..9; the day-11 row waits behind the day-95 row
+    kept = await db.fetchall("SELECT time FROM event ORDER BY id")
+    assert [r[0] // maintenance.DAY_MS for r in kept] == [95, 11]
+
+
+async def _journal_by_day_append(db, day: int) -> None:  # type: ignore[no-untyped-def]
+    async with db.tx() as conn:
+        await append_event(conn, kind="test.old", actor="t", now=day * maintenance.DAY_MS + 5)

@@ -47,6 +47,42 @@ async def test_migrate_sets_user_version_and_is_idempotent(db_ctx: Context) -> N
     assert migrations == 1
 
 
+async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A state.db made by schema v1 keeps its journal; v2 swaps the journal's indexes."""
+    from backend import events, schema
+    from backend.maintenance import PRUNE_SQL
+
+    db = await Database.open(tmp_path / "state.db")
+    try:
+        async with db.tx() as conn:
+            await schema._apply(conn, schema.V1)  # noqa: SLF001 - build exactly what v1 built
+            await conn.execute("PRAGMA user_version = 1")
+            await events.append_event(conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1")
+            await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
+        assert await migrate(db) == SCHEMA_VERSION == 2
+        names = {r[0] for r in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                                 "AND tbl_name = 'event'")}
+        assert names == {"event_session_idx", "event_target_idx", "event_operator_idx", "event_legacy_idx"}
+        assert await db.scalar("SELECT count(*) FROM event") == 3  # two rows kept, one migration row added
+        shown = await events.history(db, session_id="s1", target="e1")
+        assert [e["kind"] for e in shown] == ["execution.claimed"]
+        assert [e["kind"] for e in await events.history(db, target="x1")] == ["worker.started"]
+        plans = {
+            "history": events.HISTORY_SQL,
+            "legacy": __import__("backend.dream", fromlist=["x"]).LAST_LEGACY_EVENT_SQL,
+            "prune": PRUNE_SQL,
+        }
+        params = {"history": {"target": "e1", "session_id": "s1", "limit": 5},
+                  "legacy": {}, "prune": {"cutoff": 0, "chunk": 5}}
+        detail = {name: " | ".join(r[3] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params[name]))
+                  for name, sql in plans.items()}
+        assert "event_target_idx" in detail["history"] and "event_session_idx" in detail["history"]
+        assert "event_legacy_idx" in detail["legacy"]
+        assert "SCAN event" in detail["prune"]  # in id order, stopping at the first row kept
+    finally:
+        await db.close()
+
+
 async def test_every_seed_index_exists(db_ctx: Context) -> None:
     db = await db_ctx.db()
     names = {r[0] for r in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index'")}

@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 
 from backend import clock
 from backend.datadir import DataDir
+from backend.schema import SCHEMA_VERSION
 from tests.helpers import await_until
 from tests.tui import scenes
 from tui.app import PANELS, ConsoleApp
@@ -110,7 +111,7 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
         events = table(app, "events").all_records()
         assert [e["id"] for e in events] == sorted((e["id"] for e in events), reverse=True)
         header = app.query_one(ConsoleHeader).header_text().plain
-        assert "data" in header and "schema v1" in header and "Chroma DOWN" in header
+        assert "data" in header and f"schema v{SCHEMA_VERSION}" in header and "Chroma DOWN" in header
 
 
 async def test_a_commit_by_another_connection_shows_without_a_key_press(healthy_dir: DataDir) -> None:

@@ -38,7 +38,7 @@ def history_keys(panel: str, record: Mapping[str, Any]) -> tuple[str | None, str
     if panel == "backlog":
         return record.get("target") or record.get("session_id"), record.get("execution_id")
     if panel == "actions":
-        return None, record.get("target")
+        return record.get("session_id"), record.get("target")
     return record.get("session_id"), record.get("target")
 
 

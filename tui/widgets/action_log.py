@@ -24,7 +24,8 @@ def _outcome(record: Record, now: int, palette: Palette) -> Text:
 def _journal_record(event: Mapping[str, Any]) -> Record:
     return {
         "time": event.get("time"), "action": str(event.get("kind", "")).removeprefix("operator."),
-        "target": event.get("target") or event.get("session_id"), "outcome": "journal",
+        "target": event.get("target") or event.get("session_id"), "session_id": event.get("session_id"),
+        "outcome": "journal",
         "message": f"{event.get('actor')}: {compact_json(event.get('data'), 160)}",
         "by": event.get("actor"), "event_id": event.get("id"), "data": event.get("data"),
     }
