@@ -103,14 +103,17 @@ class OfflineResponder:
 
     def __init__(self, delay_ms: int | None = None) -> None:
         self.delay_ms = agent_delay_ms() if delay_ms is None else delay_ms
+        self._snapshot: dict[str, Any] | None = None
 
     def system_prompt(self) -> str:
         return ("You are rem's offline responder: restate what was asked, name its key terms, "
                 "and answer plainly. No model, no network.")
 
     def snapshot(self) -> dict[str, Any]:
-        return {"agent": self.name, "version": self.version,
-                "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest()}
+        if self._snapshot is None:  # constant for an instance; read at every turn start
+            self._snapshot = {"agent": self.name, "version": self.version,
+                              "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest()}
+        return dict(self._snapshot)
 
     def compose(self, request: StepRequest) -> list[str]:
         """The reply's parts, derived from the prompts (pure, so tests can predict it)."""

@@ -62,6 +62,7 @@ def operator_name() -> str:
         return f"uid:{os.getuid()}"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str)  # reused: see sessions.dumps
 EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
 
 
@@ -73,7 +74,7 @@ def _event_row(kind: EventKind | str, actor: str, session_id: str | None, target
         actor,
         session_id,
         target,
-        json.dumps(data or {}, separators=(",", ":"), sort_keys=True, default=str),
+        _ENCODER.encode(data or {}),
     )
 
 

@@ -47,6 +47,14 @@ ORDER BY i.wake_attempts, i.time_created, i.id LIMIT :limit
 """
 
 
+BUMP_OLDEST_SQL = """
+UPDATE session_input SET wake_attempts = wake_attempts + 1
+WHERE id = (SELECT id FROM session_input WHERE session_id = ? AND promoted_seq IS NULL
+            ORDER BY admitted_seq LIMIT 1)
+RETURNING id
+"""
+
+
 def _env_int(name: str, default: int, minimum: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -169,15 +177,14 @@ class Executor(Daemon):
         return lease
 
     def _claim_tx(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
-        oldest = conn.execute(
-            "SELECT id FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
-            "ORDER BY admitted_seq LIMIT 1", (session_id,)).fetchone()
-        if oldest is None:
+        if leases.session_busy(conn, session_id):
             return None
-        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
-        if lease is None:
+        # the oldest waiting input's attempt is counted before the work (none waiting: nothing written)
+        if conn.execute(BUMP_OLDEST_SQL, (session_id,)).fetchone() is None:
             return None
-        conn.execute("UPDATE session_input SET wake_attempts = wake_attempts + 1 WHERE id = ?", (oldest[0],))
+        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms,
+                                       known_idle=True)
+        assert lease is not None  # the session is idle: checked above, in this transaction
         append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=self.owner_id, session_id=session_id,
                           target=lease.execution_id, data={"epoch": lease.epoch}, now=now)
         return lease

@@ -79,10 +79,18 @@ def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
+def session_busy(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Whether the session has an execution row (live, expired or parked)."""
+    return conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone() is not None
+
+
 def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int,
-                    length_ms: int | None = None) -> Lease | None:
-    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
-    if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
+                    length_ms: int | None = None, known_idle: bool = False) -> Lease | None:
+    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists.
+
+    `known_idle`: the caller checked `session_busy` in this same transaction.
+    """
+    if not known_idle and session_busy(conn, session_id):
         return None
     length = length_ms or lease_ms()
     epoch = next_epoch(conn, session_id)
@@ -144,19 +152,18 @@ UNSAFE_NO_FENCING = os.environ.get("REM_UNSAFE_DISABLE_FENCING") == "1"
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 
-def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> sqlite3.Row:
+def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
-    row = conn.execute(
+    changed = conn.execute(
         f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
-        f"WHERE {FENCE} RETURNING *",
+        f"WHERE {FENCE}",
         {**changes, "expires": now + lease.length_ms, "now": now, "id": lease.execution_id,
          "owner": lease.owner_id, "epoch": lease.epoch},
-    ).fetchone()
-    if row is None:
+    ).rowcount
+    if not changed:
         raise _lost(lease)
     lease.expires_at = now + lease.length_ms
-    return row
 
 
 def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:

@@ -139,9 +139,14 @@ def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, del
             "duplicate": True, "session_created": False}
 
 
+# one encoder for every call: `json.dumps` with non-default options builds a new
+# JSONEncoder each time, which costs more than encoding a message row
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps(data: dict[str, Any]) -> str:
     """Compact JSON for the data columns (UTF-8 kept as is)."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(data)
 
 
 def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
@@ -169,22 +174,20 @@ def reserve_seqs(conn: sqlite3.Connection, session_id: str, count: int, now: int
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
 
 
+PENDING_SQL = f"""
+SELECT {PENDING_COLUMNS} FROM session_input
+WHERE session_id = :sid AND promoted_seq IS NULL
+  AND (delivery = 'steer'
+       OR (:turn_start AND delivery = 'queue'
+           AND id = (SELECT id FROM session_input WHERE session_id = :sid AND promoted_seq IS NULL
+                     ORDER BY admitted_seq LIMIT 1)))
+ORDER BY admitted_seq
+"""  # noqa: S608
+
+
 def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
-    rows = conn.execute(
-        f"SELECT {PENDING_COLUMNS} FROM session_input "  # noqa: S608
-        "WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq",
-        (session_id,),
-    ).fetchall()
-    if turn_start:
-        oldest = conn.execute(
-            f"SELECT {PENDING_COLUMNS} FROM session_input "  # noqa: S608
-            "WHERE session_id = ? AND promoted_seq IS NULL ORDER BY admitted_seq LIMIT 1",
-            (session_id,),
-        ).fetchone()
-        if oldest is not None and oldest["delivery"] == "queue":
-            rows = [oldest, *rows]
-    return rows
+    return conn.execute(PENDING_SQL, {"sid": session_id, "turn_start": int(turn_start)}).fetchall()
 
 
 def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs: list[sqlite3.Row],

@@ -87,11 +87,13 @@ async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, A
     counter = count_transactions(db)
     executor = Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), concurrency=concurrency)
     await wal_frames(db, reset=True)
+    groups = db.groups_committed
     start = time.perf_counter()
     await executor.run()
     elapsed = time.perf_counter() - start
     frames = await wal_frames(db)
-    return {"elapsed": elapsed, "tx": counter["tx"], "turns": executor.turns_completed, "frames": frames}
+    return {"elapsed": elapsed, "tx": counter["tx"], "turns": executor.turns_completed, "frames": frames,
+            "commits": db.groups_committed - groups}
 
 
 async def bare_rate(db: Database, count: int) -> tuple[float, float]:
@@ -126,7 +128,9 @@ async def measure(root: Path, turns: int, session_count: int, concurrency: int, 
         "turn_path_tx": tx, "tx_per_turn": round(tx / max(done, 1), 2),
         "turn_path_tx_per_s": round(turn_tps, 1), "bare_tx_per_s": round(bare_tps, 1),
         "ratio": round(turn_tps / bare_tps, 3),
+        "commits_per_s": round(run["commits"] / elapsed, 1), "tx_per_commit": round(tx / max(run["commits"], 1), 2),
         "wal_frames_per_turn_tx": round(run["frames"] / max(tx, 1), 1),
+        "wal_frames_per_commit": round(run["frames"] / max(run["commits"], 1), 1),
         "wal_frames_per_bare_tx": round(bare_frames, 1),
     }
 

@@ -72,6 +72,90 @@ async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx
     assert await db.scalar("SELECT count(*) FROM t") == 330
 
 
+async def _grouped(db: Database, fns: list, *, cancel: tuple[int, ...] = (),  # type: ignore[type-arg]
+                   committed: int = 2) -> list:  # type: ignore[type-arg]
+    """Run `fns` through write_sync as one group: a blocker holds the thread until all are queued."""
+    import asyncio
+    import threading
+
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write_sync(lambda raw: gate.wait(10)))
+    await asyncio.sleep(0.05)  # the blocker's group is on the thread now
+    calls = [asyncio.ensure_future(db.write_sync(fn)) for fn in fns]
+    await asyncio.sleep(0)  # every call is queued for the next group
+    for i in cancel:
+        calls[i].cancel()
+    before = db.groups_committed
+    gate.set()
+    assert await blocker is True
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert db.groups_committed - before == committed  # the blocker's group, then all of these together
+    return results
+
+
+async def _table(db: Database) -> None:
+    async with db.tx() as conn:
+        await conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, who TEXT UNIQUE)")
+
+
+async def _rows(db: Database) -> list[str]:
+    return [r[0] for r in await db.fetchall("SELECT who FROM t ORDER BY id")]
+
+
+async def test_writes_that_arrive_together_commit_together_each_atomic(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _table(db)
+
+    def insert(*names: str, fail: Exception | None = None):  # type: ignore[no-untyped-def]
+        def fn(raw: sqlite3.Connection) -> int:
+            for name in names:
+                raw.execute("INSERT INTO t (who) VALUES (?)", (name,))
+            if fail is not None:
+                raise fail
+            return int(raw.execute("SELECT count(*) FROM t").fetchone()[0])
+        return fn
+
+    results = await _grouped(db, [insert("a1", "a2"), insert("b1", fail=ValueError("b failed")),
+                                  insert("c1", "a1"), insert("d1", "d2")])
+    assert results[0] == 2 and results[3] == 4  # each saw the writes before it, and only those kept
+    assert isinstance(results[1], ValueError) and str(results[1]) == "b failed"
+    assert isinstance(results[2], sqlite3.IntegrityError)  # c1 was written, then a1 collided
+    assert await _rows(db) == ["a1", "a2", "d1", "d2"]  # b1 and c1 rolled back with their callers
+
+
+async def test_a_write_cancelled_before_its_group_never_runs(db_ctx: Context) -> None:
+    import asyncio
+
+    db = await db_ctx.db()
+    await _table(db)
+    results = await _grouped(db, [lambda raw: raw.execute("INSERT INTO t (who) VALUES ('kept')").rowcount,
+                                  lambda raw: raw.execute("INSERT INTO t (who) VALUES ('cancelled')").rowcount],
+                             cancel=(1,))
+    assert results[0] == 1 and isinstance(results[1], asyncio.CancelledError)
+    assert await _rows(db) == ["kept"]
+
+
+async def test_a_transaction_dropped_under_a_group_fails_every_write_in_it(db_ctx: Context) -> None:
+    """SQLite may roll a whole transaction back (full disk): nobody in the group may think it committed."""
+    from backend.db import TransactionDropped
+
+    db = await db_ctx.db()
+    await _table(db)
+
+    def dropper(raw: sqlite3.Connection) -> None:
+        raw.execute("INSERT INTO t (who) VALUES ('dropper')")
+        raw.execute("ROLLBACK")  # what SQLite does itself on SQLITE_FULL or an I/O error
+
+    results = await _grouped(db, [lambda raw: raw.execute("INSERT INTO t (who) VALUES ('first')").rowcount,
+                                  dropper,
+                                  lambda raw: raw.execute("INSERT INTO t (who) VALUES ('third')").rowcount],
+                             committed=1)  # the blocker's only: this group never committed
+    assert all(isinstance(r, TransactionDropped) for r in results), results
+    assert await _rows(db) == []  # not even 'third' slipped in outside a transaction
+    assert not db.conn.in_transaction
+    assert await db.write_sync(lambda raw: raw.execute("INSERT INTO t (who) VALUES ('after')").rowcount) == 1
+
+
 async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:
     ro = await Database.open(db_ctx.data.state_db, read_only=True)
     try:
