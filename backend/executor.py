@@ -47,10 +47,9 @@ ORDER BY i.wake_attempts, i.time_created, i.id LIMIT :limit
 """
 
 
-BUMP_OLDEST_SQL = """
+BUMP_OLDEST_SQL = f"""
 UPDATE session_input SET wake_attempts = wake_attempts + 1
-WHERE id = (SELECT id FROM session_input WHERE session_id = ? AND promoted_seq IS NULL
-            ORDER BY admitted_seq LIMIT 1)
+WHERE id = ({sessions.OLDEST_PENDING_SQL})
 RETURNING id
 """
 
@@ -180,7 +179,7 @@ class Executor(Daemon):
         if leases.session_busy(conn, session_id):
             return None
         # the oldest waiting input's attempt is counted before the work (none waiting: nothing written)
-        if conn.execute(BUMP_OLDEST_SQL, (session_id,)).fetchone() is None:
+        if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
         lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms,
                                        known_idle=True)

@@ -174,20 +174,38 @@ def reserve_seqs(conn: sqlite3.Connection, session_id: str, count: int, now: int
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
 
 
-PENDING_SQL = f"""
+# Both served in order by session_input_session_promoted_delivery_admitted_idx
+# (no sort, however many inputs wait): the pending steers, and the oldest
+# pending queue input.
+PENDING_STEERS_SQL = f"""
 SELECT {PENDING_COLUMNS} FROM session_input
-WHERE session_id = :sid AND promoted_seq IS NULL
-  AND (delivery = 'steer'
-       OR (:turn_start AND delivery = 'queue'
-           AND id = (SELECT id FROM session_input WHERE session_id = :sid AND promoted_seq IS NULL
-                     ORDER BY admitted_seq LIMIT 1)))
-ORDER BY admitted_seq
+WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq
 """  # noqa: S608
+OLDEST_QUEUED_SQL = f"""
+SELECT {PENDING_COLUMNS} FROM session_input
+WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1
+"""  # noqa: S608
+# The oldest pending input of either delivery, from the same index (two seeks).
+OLDEST_PENDING_SQL = """
+SELECT id FROM (
+    SELECT * FROM (SELECT id, admitted_seq FROM session_input WHERE session_id = :sid
+                   AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT id, admitted_seq FROM session_input WHERE session_id = :sid
+                   AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq LIMIT 1))
+ORDER BY admitted_seq LIMIT 1
+"""
 
 
 def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
-    return conn.execute(PENDING_SQL, {"sid": session_id, "turn_start": int(turn_start)}).fetchall()
+    rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
+    if turn_start:
+        oldest = conn.execute(OLDEST_QUEUED_SQL, (session_id,)).fetchone()
+        # a queue input starts the turn only when no steer waits from before it
+        if oldest is not None and (not rows or oldest["admitted_seq"] < rows[0]["admitted_seq"]):
+            rows = [oldest, *rows]
+    return rows
 
 
 def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs: list[sqlite3.Row],

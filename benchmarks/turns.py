@@ -8,7 +8,8 @@ Each round, on a fresh data dir:
    promoted and answered, counting its write transactions (every `db.tx()` and
    `db.write_sync()`) and the WAL frames (pages) they write;
 3. on the same state.db, through the same aiosqlite `Database`, times `--bare`
-   transactions of `BEGIN IMMEDIATE; INSERT; COMMIT`, one statement per call.
+   transactions of `BEGIN IMMEDIATE; INSERT; COMMIT`, one statement per call,
+   half right before the turn run and half right after it.
 The turn run and the bare run alternate, so a slow patch of the machine hits
 both; the headline is the median round (the machine's jitter is +-15 %).
 Prints the median figures and every round's, as a table on stderr and one
@@ -116,8 +117,13 @@ async def measure(root: Path, turns: int, session_count: int, concurrency: int, 
     # WAL frames (pages) per transaction explain the ratio: measure them
     # with autocheckpoint off, so the WAL only grows during each phase
     await db.fetchall("PRAGMA wal_autocheckpoint = 0")
+    # the bare rate is timed right before and right after the turn run (half each),
+    # so a slow or fast patch of the machine weighs on both sides of the ratio alike
+    before_tps, before_frames = await bare_rate(db, bare // 2)
     run = await run_turns(ctx, db, concurrency)  # the Executor shares ctx's Database, as a daemon does
-    bare_tps, bare_frames = await bare_rate(db, bare)
+    after_tps, after_frames = await bare_rate(db, bare - bare // 2)
+    bare_tps = 2 / (1 / before_tps + 1 / after_tps)  # the rate over both halves together
+    bare_frames = (before_frames + after_frames) / 2
     unpromoted = await db.scalar("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL")
     await ctx.close()
     tx, done, elapsed = run["tx"], run["turns"], run["elapsed"]
