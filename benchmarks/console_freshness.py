@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -78,6 +80,8 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=200.0)
     args = parser.parse_args()
     data = DataDir(args.data) if args.data else small_data_dir()
+    if args.data is None:
+        atexit.register(shutil.rmtree, data.root.parent, True)
     result = asyncio.run(measure(data, args.commits, args.interval_ms))
     result["data_dir"] = str(data.root)
     print(json.dumps(result))

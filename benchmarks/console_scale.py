@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,6 +123,7 @@ def main() -> None:
                         help="first soak this long with no key presses: what refreshes alone cost the UI")
     parser.add_argument("--sessions", type=int, default=100_000,
                         help="size of the generated data dir when DIR is omitted")
+    parser.add_argument("--keep", action="store_true", help="keep the generated data dir (printed)")
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_start:
@@ -134,6 +137,8 @@ def main() -> None:
         n = args.sessions
         print(f"generating {root} ({n} sessions) ...", file=sys.stderr)
         generate(root, n, 10, n // 10, n // 200, n // 50, n // 100, n // 5)
+        if not args.keep:  # hundreds of MB: gone when the run ends, whatever happens
+            atexit.register(shutil.rmtree, root.parent, True)
     starts = measure_start(root)
     quiet = asyncio.run(soak(root, args.quiet_s, args.interval_ms, keys=False)) if args.quiet_s > 0 else None
     result = {"data_dir": str(root), "start": starts, **asyncio.run(soak(root, args.soak_s, args.interval_ms))}

@@ -1,12 +1,14 @@
 """Benchmark `ops.status()` on a large data dir (issue 6 target: p95 < 50 ms).
 
-    python benchmarks/status.py [DIR]   # DIR from gen_big.py; generated in a temp dir if omitted
+    python benchmarks/status.py [DIR] [--quick] [--keep]   # DIR from gen_big.py; else generated in a temp dir, removed unless --keep
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,13 +41,15 @@ async def measure(root: Path, rounds: int = 200) -> dict[str, float]:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--quick"]
+    args = [a for a in sys.argv[1:] if a not in ("--quick", "--keep")]
     if args:
         root = Path(args[0])
     else:
         from benchmarks.gen_big import generate  # type: ignore[import-not-found]
 
         root = Path(tempfile.mkdtemp(prefix="rem-big-")) / "data"
+        if "--keep" not in sys.argv:  # ~300 MB: gone when the run ends, whatever happens
+            atexit.register(shutil.rmtree, root.parent, True)
         scale = 10 if "--quick" in sys.argv else 1
         print(f"generating {root} ...", file=sys.stderr)
         generate(root, 100_000 // scale, 10, 10_000 // scale, 500 // scale, 2_000 // scale,

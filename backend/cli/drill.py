@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated, Any
 
 import typer
@@ -34,7 +35,8 @@ def sigkill(
 ) -> int:
     """SIGKILL daemons at random points under load, restart them, let it settle, then `rem check`.
 
-    Uses a private temporary data dir unless --data is given. Exit 1 on any violation.
+    Uses a private temporary data dir unless --data is given: removed when the
+    drill passes, kept (and named) when it fails. Exit 1 on any violation.
 
     Example: rem drill sigkill --role all --rounds 20 --json
     """
@@ -53,6 +55,11 @@ def sigkill(
         common.emit_json(report)
     else:
         print_drill(report)
+    if data is None:
+        if report["ok"]:
+            shutil.rmtree(ctx.data.root.parent, ignore_errors=True)
+        else:
+            common.note(f"rem drill: kept {ctx.data.root} (state.db, logs/) for inspection")
     return 0 if report["ok"] else 1
 
 
