@@ -290,13 +290,11 @@ class Database:
                     continue
                 try:
                     outcomes = await self.run_sync(partial(commit_group, fns=[fn for fn, _ in group]))
-                except (Exception, asyncio.CancelledError) as exc:
+                except Exception as exc:
                     # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
                     for _, fut in group:
                         if not fut.done():
                             fut.set_exception(exc)
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
                     continue
                 self.groups_committed += 1
                 for (_, fut), (ok, value) in zip(group, outcomes, strict=True):
@@ -308,7 +306,7 @@ class Database:
                         fut.set_exception(translate_sqlite_error(value, self.path) or value)
                     else:
                         fut.set_exception(value)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
             for _, fut in group + self._writes:
                 fut.cancel()
             self._writes.clear()

@@ -156,6 +156,24 @@ async def test_a_transaction_dropped_under_a_group_fails_every_write_in_it(db_ct
     assert await db.write_sync(lambda raw: raw.execute("INSERT INTO t (who) VALUES ('after')").rowcount) == 1
 
 
+async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: Context) -> None:
+    import asyncio
+    import threading
+
+    db = await db_ctx.db()
+    gate = threading.Event()
+    first = asyncio.ensure_future(db.write_sync(lambda raw: gate.wait(10)))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(db.write_sync(lambda raw: 1))
+    await asyncio.sleep(0)
+    assert db._committer is not None  # noqa: SLF001
+    db._committer.cancel()  # noqa: SLF001 - what loop shutdown does to it
+    gate.set()
+    results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 10)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+    assert await db.write_sync(lambda raw: 7) == 7  # a new committer serves the next write
+
+
 async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:
     ro = await Database.open(db_ctx.data.state_db, read_only=True)
     try:
