@@ -5,15 +5,17 @@ completed), the WAL size over time (it must stay bounded: readers must not
 starve checkpoints), the RSS of every process over time, and `rem check
 --settled` at the end.
 
-    python benchmarks/soak.py [--minutes 10] [--rate 4] [--sessions 6] [--json]
+    python benchmarks/soak.py [--minutes 10] [--rate 4] [--sessions 6] [--json] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -140,8 +142,11 @@ def main() -> None:
                         help="sessions the load spreads over (few: sessions grow long; many: they stay short)")
     parser.add_argument("--data", type=Path)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the generated data dir (logs, state.db)")
     args = parser.parse_args()
     root = args.data or Path(tempfile.mkdtemp(prefix="rem-soak-")) / "data"
+    if args.data is None and not args.keep:
+        atexit.register(shutil.rmtree, root.parent, True)
     result = asyncio.run(soak(root, args.minutes, args.rate, args.reader_period, args.sessions))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
