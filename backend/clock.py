@@ -18,20 +18,14 @@ import time
 from collections.abc import Callable
 
 _source: Callable[[], int] | None = None
-_skew: tuple[str | None, int] = (None, 0)
 
 
 def _skew_ms() -> int:
-    # read on every call (a test may set it in-process), parsed only when it changes
-    global _skew
-    raw = os.environ.get("REM_CLOCK_SKEW_MS")
-    if raw != _skew[0]:
-        try:
-            value = int((raw or "0").strip() or "0")
-        except ValueError:
-            value = 0
-        _skew = (raw, value)
-    return _skew[1]
+    raw = os.environ.get("REM_CLOCK_SKEW_MS", "0").strip() or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
 
 
 def now_ms() -> int:

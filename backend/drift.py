@@ -14,7 +14,7 @@ import sqlite3
 
 import aiosqlite
 
-from backend.db import execute
+from backend.db import execute, in_thread
 
 # Already drifted: count the change, keep `time_updated` = when it first drifted.
 # The summarizer takes the oldest drift first, so a session that keeps talking
@@ -30,16 +30,18 @@ MARK_TURNS_CHANGED_SQL = (
 )
 
 
-async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: int) -> None:
-    """Queue the session for the summarizer (idempotent per change, never loses one)."""
-    if await execute(conn, BUMP_DRIFTED_SQL, (session_id,)) == 0:
-        await execute(conn, MARK_TURNS_CHANGED_SQL, (session_id, now, now))
-
-
 def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
-    """`mark_turns_changed` for code running on the connection's thread (`Database.write_sync`)."""
+    """Queue the session for the summarizer (idempotent per change, never loses one).
+
+    For code running on the connection's thread (`Database.write_sync`).
+    """
     if conn.execute(BUMP_DRIFTED_SQL, (session_id,)).rowcount == 0:
         conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
+
+
+async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: int) -> None:
+    """`mark_turns_changed_sync` inside an open aiosqlite transaction, in one thread hop."""
+    await in_thread(conn, mark_turns_changed_sync, session_id, now)
 
 
 async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, revision: str, now: int) -> bool:

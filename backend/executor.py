@@ -50,6 +50,7 @@ ORDER BY i.wake_attempts, i.time_created, i.id LIMIT :limit
 BUMP_OLDEST_SQL = f"""
 UPDATE session_input SET wake_attempts = wake_attempts + 1
 WHERE id = ({sessions.OLDEST_PENDING_SQL})
+  AND NOT EXISTS (SELECT 1 FROM session_execution WHERE session_id = :sid)
 RETURNING id
 """
 
@@ -176,14 +177,13 @@ class Executor(Daemon):
         return lease
 
     def _claim_tx(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
-        if leases.session_busy(conn, session_id):
-            return None
-        # the oldest waiting input's attempt is counted before the work (none waiting: nothing written)
+        # the oldest waiting input's attempt is counted before the work; nothing waiting
+        # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
-        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms,
-                                       known_idle=True)
-        assert lease is not None  # the session is idle: checked above, in this transaction
+        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
+        if lease is None:
+            return None
         append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=self.owner_id, session_id=session_id,
                           target=lease.execution_id, data={"epoch": lease.epoch}, now=now)
         return lease

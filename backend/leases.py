@@ -79,18 +79,10 @@ def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
-def session_busy(conn: sqlite3.Connection, session_id: str) -> bool:
-    """Whether the session has an execution row (live, expired or parked)."""
-    return conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone() is not None
-
-
 def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int,
-                    length_ms: int | None = None, known_idle: bool = False) -> Lease | None:
-    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists.
-
-    `known_idle`: the caller checked `session_busy` in this same transaction.
-    """
-    if not known_idle and session_busy(conn, session_id):
+                    length_ms: int | None = None) -> Lease | None:
+    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
+    if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
     length = length_ms or lease_ms()
     epoch = next_epoch(conn, session_id)

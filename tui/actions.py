@@ -9,6 +9,7 @@ database (the release is fenced on the epoch shown here).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,8 +84,6 @@ def key_diff_lines(keys: Sequence[Any], indent: str = "    ") -> list[str]:
 
 
 def _json(value: Any) -> str:
-    import json
-
     return short(json.dumps(value, default=str, sort_keys=True), 60)
 
 

@@ -25,7 +25,7 @@ from textual.worker import Worker, WorkerState
 
 from backend import clock
 from backend.datadir import DataDir
-from backend.errors import ReadOnly, Refused, RemError
+from backend.errors import Refused, RemError
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
@@ -348,8 +348,7 @@ class ConsoleApp(App[None]):
         return f"{count}{more} new events"
 
     def _show_waiting(self) -> None:
-        self.header.set_state(paused=self.paused,
-                                                           waiting=self.waiting_changes())
+        self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
 
     def tick(self) -> None:
         """Countdowns, heartbeat ages and trends for every panel at once (never the database)."""
@@ -404,18 +403,22 @@ class ConsoleApp(App[None]):
             "database", f"database unreachable: {message} (retrying every {self.poll_s:g} s)")
 
     def _action_failed(self, plan: ActionPlan | None, name: str, error: BaseException | None) -> None:
-        outcome = "refused" if isinstance(error, Refused) else "failed"
-        if isinstance(error, ReadOnly):
-            outcome = "refused"
+        outcome = "refused" if isinstance(error, Refused) else "failed"  # ReadOnly is a Refused
         action = plan.action if plan else name
         target = plan.target_text if plan else "-"
         message = self.one_line(error)
         self.notify(f"{action} {target} {outcome}: {message}", title=f"{action} {outcome}",
                     severity="error", timeout=8)
-        self.panel("actions").log_action(time=clock.now_ms(), action=action, target=target,
-                                         outcome=outcome, message=message)  # type: ignore[attr-defined]
+        self._log_action(action, target, outcome, message)
         if not isinstance(error, RemError):
             log.error("%s failed", action, exc_info=error)
+
+    def _log_action(self, action: str, target: str, outcome: str, message: str) -> None:
+        """One line in the action log, stamped now."""
+        action_log = self.panel("actions")
+        assert isinstance(action_log, ActionLogTable)
+        action_log.log_action(time=clock.now_ms(), action=action, target=target, outcome=outcome,
+                              message=message)
 
     def one_line(self, error: BaseException | None) -> str:
         """An error as one line, the data dir shown as in the header (short, and stable)."""
@@ -457,9 +460,9 @@ class ConsoleApp(App[None]):
                                                           dry_run=result)))
 
     def on_dry_run_ready(self, message: DryRunReady) -> None:
-        self.panel("actions").log_action(  # type: ignore[attr-defined]
-            time=clock.now_ms(), action=message.plan.action, target=message.plan.target_text,
-            outcome="dry-run", message=message.plan.preview.splitlines()[0] if message.plan.preview else "")
+        plan = message.plan
+        self._log_action(plan.action, plan.target_text, "dry-run",
+                         plan.preview.splitlines()[0] if plan.preview else "")
         self.confirm(message.plan)
 
     def action_drain(self) -> None:
@@ -483,9 +486,8 @@ class ConsoleApp(App[None]):
             if confirmed:
                 self.execute_plan(plan)
             else:
-                self.panel("actions").log_action(  # type: ignore[attr-defined]
-                    time=clock.now_ms(), action=plan.action, target=plan.target_text,
-                    outcome="cancelled", message="cancelled at the confirmation")
+                self._log_action(plan.action, plan.target_text, "cancelled",
+                                 "cancelled at the confirmation")
 
         self.push_screen(ConfirmScreen(plan), callback=decided)
 
@@ -503,9 +505,7 @@ class ConsoleApp(App[None]):
     def on_action_completed(self, message: ActionCompleted) -> None:
         text = actions.describe_result(message.plan, message.result)
         self.notify(text, title=f"{message.plan.action} done", timeout=8)
-        self.panel("actions").log_action(  # type: ignore[attr-defined]
-            time=clock.now_ms(), action=message.plan.action, target=message.plan.target_text,
-            outcome="ok", message=text)
+        self._log_action(message.plan.action, message.plan.target_text, "ok", text)
         self.request_refresh(force=True)
 
     # -- operator comforts ------------------------------------------------------------
@@ -519,7 +519,7 @@ class ConsoleApp(App[None]):
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
         self._show_keys()
-        self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
+        self._show_waiting()
         if not self.paused:
             self.apply_pending()
         self.notify("paused: tables frozen, press p to resume" if self.paused else "live again")

@@ -72,17 +72,27 @@ async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx
     assert await db.scalar("SELECT count(*) FROM t") == 330
 
 
+async def _on_the_thread(started) -> None:  # type: ignore[no-untyped-def]
+    from tests.helpers import await_until
+
+    async def is_set() -> bool:
+        return started.is_set()
+
+    await await_until(is_set, timeout=10, interval=0.005, message="the blocking write to start")
+
+
 async def _grouped(db: Database, fns: list, *, cancel: tuple[int, ...] = (),  # type: ignore[type-arg]
                    committed: int = 2) -> list:  # type: ignore[type-arg]
     """Run `fns` through write_sync as one group: a blocker holds the thread until all are queued."""
     import asyncio
     import threading
 
-    gate = threading.Event()
-    blocker = asyncio.ensure_future(db.write_sync(lambda raw: gate.wait(10)))
-    await asyncio.sleep(0.05)  # the blocker's group is on the thread now
+    started, gate = threading.Event(), threading.Event()
+    blocker = asyncio.ensure_future(db.write_sync(lambda raw: started.set() or gate.wait(10)))
+    await _on_the_thread(started)  # the blocker's group holds the connection's thread
     calls = [asyncio.ensure_future(db.write_sync(fn)) for fn in fns]
-    await asyncio.sleep(0)  # every call is queued for the next group
+    await asyncio.sleep(0)  # one loop turn: each call queues itself for the next group
+    assert len(db._writes) == len(fns)  # noqa: SLF001
     for i in cancel:
         calls[i].cancel()
     before = db.groups_committed
@@ -161,11 +171,12 @@ async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: C
     import threading
 
     db = await db_ctx.db()
-    gate = threading.Event()
-    first = asyncio.ensure_future(db.write_sync(lambda raw: gate.wait(10)))
-    await asyncio.sleep(0.05)
+    started, gate = threading.Event(), threading.Event()
+    first = asyncio.ensure_future(db.write_sync(lambda raw: started.set() or gate.wait(10)))
+    await _on_the_thread(started)
     second = asyncio.ensure_future(db.write_sync(lambda raw: 1))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the second call queues itself
+    assert len(db._writes) == 1  # noqa: SLF001
     assert db._committer is not None  # noqa: SLF001
     db._committer.cancel()  # noqa: SLF001 - what loop shutdown does to it
     gate.set()

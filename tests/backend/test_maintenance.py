@@ -19,12 +19,13 @@ async def test_checkpoint_truncates_the_wal(db_ctx: Context) -> None:
     assert wal.stat().st_size == 0
 
 
-async def _journal_by_day(db, days: range, *, kind: str = "test.old") -> None:  # type: ignore[no-untyped-def]
-    """A journal appended in time order: the fixture's own (real-time) rows go first."""
+async def _journal_by_day(db, days, *, fresh: bool = True) -> None:  # type: ignore[no-untyped-def]
+    """Append one row per day, in order; `fresh` first drops the fixture's own (real-time) rows."""
     async with db.tx() as conn:
-        await conn.execute("DELETE FROM event")
+        if fresh:
+            await conn.execute("DELETE FROM event")
         for day in days:
-            await append_event(conn, kind=kind, actor="t", now=day * maintenance.DAY_MS + 5)
+            await append_event(conn, kind="test.old", actor="t", now=day * maintenance.DAY_MS + 5)
 
 
 async def test_prune_deletes_only_rows_past_retention(db_ctx: Context, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -51,14 +52,9 @@ async def test_prune_of_a_journal_all_past_retention_keeps_ids_increasing(db_ctx
 async def test_prune_stops_at_a_row_stamped_by_a_clock_running_ahead(db_ctx: Context) -> None:
     db = await db_ctx.db()
     await _journal_by_day(db, range(10))
-    await _journal_by_day_append(db, 95)  # a writer whose clock ran ~85 days ahead
-    await _journal_by_day_append(db, 11)
+    await _journal_by_day(db, [95, 11], fresh=False)  # day 95: a writer whose clock ran ~85 days ahead
     deleted = await maintenance.prune_events(db, now=50 * maintenance.DAY_MS)
     assert deleted == 10  # days 0..9; the day-11 row waits behind the day-95 row
     kept = await db.fetchall("SELECT time FROM event ORDER BY id")
     assert [r[0] // maintenance.DAY_MS for r in kept] == [95, 11]
 
-
-async def _journal_by_day_append(db, day: int) -> None:  # type: ignore[no-untyped-def]
-    async with db.tx() as conn:
-        await append_event(conn, kind="test.old", actor="t", now=day * maintenance.DAY_MS + 5)

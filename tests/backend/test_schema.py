@@ -50,6 +50,7 @@ async def test_migrate_sets_user_version_and_is_idempotent(db_ctx: Context) -> N
 async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A state.db made by schema v1 keeps its journal; v2 swaps the journal's indexes."""
     from backend import events, schema
+    from backend.dream import LAST_LEGACY_EVENT_SQL
     from backend.maintenance import PRUNE_SQL
 
     db = await Database.open(tmp_path / "state.db")
@@ -69,7 +70,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
         assert [e["kind"] for e in await events.history(db, target="x1")] == ["worker.started"]
         plans = {
             "history": events.HISTORY_SQL,
-            "legacy": __import__("backend.dream", fromlist=["x"]).LAST_LEGACY_EVENT_SQL,
+            "legacy": LAST_LEGACY_EVENT_SQL,
             "prune": PRUNE_SQL,
         }
         params = {"history": {"target": "e1", "session_id": "s1", "limit": 5},

@@ -615,6 +615,8 @@ async def test_draining_a_dead_worker_is_refused_by_the_library(incident_dir: Da
 
 
 async def test_the_command_palette_has_an_entry_per_action(incident_dir: DataDir) -> None:
+    from textual.command import CommandList
+
     from tui.commands import COMMANDS
 
     async with console(incident_dir).run_test(size=SIZE) as pilot:
@@ -626,7 +628,13 @@ async def test_the_command_palette_has_an_entry_per_action(incident_dir: DataDir
         await select(pilot, workers, scenes.EXEC_A)
         await pilot.press("ctrl+p")
         await pilot.press(*"drain selected")
-        await pilot.pause(0.3)
+
+        def drain_highlighted() -> bool:  # the palette gathers its hits in batches
+            hits = app.screen.query(CommandList)
+            index = hits.first().highlighted if hits else None
+            return index is not None and hits.first().get_option_at_index(index).hit.text == \
+                "Drain selected worker"
+        await until(pilot, drain_highlighted, "the drain command highlighted in the palette")
         await pilot.press("enter")
         modal = await confirm_modal(pilot)
         assert modal.plan.action == "drain" and modal.plan.targets == [scenes.EXEC_A]

@@ -37,8 +37,6 @@ def history_keys(panel: str, record: Mapping[str, Any]) -> tuple[str | None, str
         return record.get("session_id"), record.get("summary_id")
     if panel == "backlog":
         return record.get("target") or record.get("session_id"), record.get("execution_id")
-    if panel == "actions":
-        return record.get("session_id"), record.get("target")
     return record.get("session_id"), record.get("target")
 
 
@@ -171,18 +169,22 @@ class DetailScreen(ModalScreen[None]):
     @work(exclusive=True, group="detail-history", exit_on_error=False)
     async def load_history(self) -> None:
         assert self._history is not None
-        try:
-            self.post_message(self.HistoryLoaded(await self._history(), None))
-        except RemError as exc:
-            self.post_message(self.HistoryLoaded(None, self.describe_error(exc)))
+        await self._load(self._history, self.HistoryLoaded)
 
     @work(exclusive=True, group="detail-diff", exit_on_error=False)
     async def load_live_diff(self) -> None:
         assert self._live_diff is not None
+        await self._load(self._live_diff, self.LiveDiffLoaded)
+
+    async def _load(self, loader: Callable[[], Awaitable[Any]],
+                    loaded: Callable[[Any, str | None], Message]) -> None:
+        """Post `loaded(result, None)`, or `loaded(None, error)` when rem refuses or fails."""
         try:
-            self.post_message(self.LiveDiffLoaded(await self._live_diff(), None))
+            result = await loader()
         except RemError as exc:
-            self.post_message(self.LiveDiffLoaded(None, self.describe_error(exc)))
+            self.post_message(loaded(None, self.describe_error(exc)))
+        else:
+            self.post_message(loaded(result, None))
 
     def on_detail_screen_history_loaded(self, message: HistoryLoaded) -> None:
         target = self.query_one("#history", Static)

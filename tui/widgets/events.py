@@ -53,7 +53,3 @@ class EventTable(SnapshotTable):
 
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
         return f"Events · last {len(self._rows)}", False
-
-    def newest_id(self) -> int | None:
-        ids = [int(r["id"]) for r in self.all_records() if r.get("id") is not None]
-        return max(ids) if ids else None

@@ -79,14 +79,8 @@ class LeaseTable(SnapshotTable):
         return sum(1 for r in self.all_records() if left_ms(r, now) <= 0)
 
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        return self._title(self._now), self.expired_count(self._now) > 0
+        return self.live_title(self._now)
 
-    def _title(self, now: int) -> str:
+    def live_title(self, now: int) -> tuple[str, bool]:
         expired = self.expired_count(now)
-        total = len(self._rows)
-        return f"Leases {total}" + (f" · {expired} expired" if expired else "")
-
-    def tick(self, now: int) -> None:
-        super().tick(now)
-        self.border_title = self._title(now)
-        self.set_class(self.expired_count(now) > 0, "-alert")
+        return f"Leases {len(self._rows)}" + (f" · {expired} expired" if expired else ""), expired > 0

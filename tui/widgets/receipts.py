@@ -60,10 +60,5 @@ class ReceiptTable(SnapshotTable):
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
         counts = (snapshot.get("receipts") or {}).get("counts") or {}
         mismatched = (snapshot.get("counts") or {}).get("mismatches", len(self._rows))
-        self.summary = (f"present {counts.get('present', 0)} · "
-                                     f"unchecked {counts.get('unchecked', 0)}")
+        self.summary = f"present {counts.get('present', 0)} · unchecked {counts.get('unchecked', 0)}"
         return f"Receipts · {mismatched} mismatched", mismatched > 0
-
-
-    def mismatched_ids(self) -> list[str]:
-        return [str(r.get("summary_id")) for r in self.all_records()]

@@ -156,6 +156,9 @@ class SnapshotTable(PanelTable):
     def row_version(self, key: str) -> int:
         return self._rows[key].version
 
+    def _column(self, key: str) -> Column:
+        return next(c for c in self.COLUMNS if c.key == key)
+
     # -- what subclasses provide ---------------------------------------------
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
         """(row key, record) pairs, most urgent first."""
@@ -164,6 +167,10 @@ class SnapshotTable(PanelTable):
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
         """The border title for this snapshot and whether the panel needs attention."""
         return f"{self.PANEL_TITLE} {len(self._rows)}", False
+
+    def live_title(self, now: int) -> tuple[str, bool] | None:
+        """The title as of `now`, for panels whose title ages between snapshots (else None)."""
+        return None
 
     # -- feeding it ------------------------------------------------------------
     def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
@@ -180,10 +187,12 @@ class SnapshotTable(PanelTable):
                 rows[key] = Row(key, record, stable, cells=old.cells if old else {})
         self._rows = rows
         self._order = list(rows)
-        title, alert = self.titles(snapshot)
+        self._show_title(*self.titles(snapshot))
+        self._sync()
+
+    def _show_title(self, title: str, alert: bool) -> None:
         self.border_title = title
         self.set_class(alert, "-alert")
-        self._sync()
 
     def restyle(self, palette: Palette) -> None:
         """Redraw every row in a new palette (the theme changed)."""
@@ -196,6 +205,9 @@ class SnapshotTable(PanelTable):
         """Re-render the time-dependent cells for a new `now` (no database access)."""
         self._now = now
         self._refresh_live_cells()
+        title = self.live_title(now)
+        if title is not None:
+            self._show_title(*title)
 
     def _visible_keys(self) -> list[str]:
         top = max(0, int(self.scroll_y))
@@ -208,18 +220,13 @@ class SnapshotTable(PanelTable):
         if not live or not self.is_mounted:
             return
         for key in self._visible_keys():
-            row = self._rows[key]
-            for column in live:
-                text = column.render(row.record, self._now, self._palette)
-                if not same_text(text, row.cells.get(column.key)):
-                    row.cells[column.key] = text
-                    self._set_cell(key, column.key, text)
+            self._update_cells(self._rows[key], live)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         self._refresh_live_cells()
 
-    def _render(self, record: Record, now: int) -> dict[str, Text]:
+    def _render_cells(self, record: Record, now: int) -> dict[str, Text]:
         return {c.key: c.render(record, now, self._palette) for c in self.COLUMNS}
 
     def _visible(self) -> list[str]:
@@ -228,7 +235,7 @@ class SnapshotTable(PanelTable):
             needle = self.filter_text.lower()
             keys = [k for k in keys if needle in self._rows[k].search]
         if self.sort_column is not None:
-            column = next(c for c in self.COLUMNS if c.key == self.sort_column)
+            column = self._column(self.sort_column)
             get = column.sort or (lambda r, c=column: c.render(r, self._now, self._palette).plain)
             keys = sorted(keys, key=lambda k: _sort_value(get(self._rows[k].record)),
                           reverse=self.sort_reverse)
@@ -243,7 +250,7 @@ class SnapshotTable(PanelTable):
         for key in wanted:
             row = self._rows[key]
             if key not in shown_before or not row.cells:
-                row.cells = self._render(row.record, self._now)
+                row.cells = self._render_cells(row.record, self._now)
                 row.version = next(self._versions)
                 row.dirty, redrawn = False, True
             elif row.dirty:
@@ -258,8 +265,14 @@ class SnapshotTable(PanelTable):
         self._update_subtitle()
 
     def _redraw(self, row: Row) -> bool:
+        changed = self._update_cells(row, self.COLUMNS)
+        row.dirty = False
+        return changed
+
+    def _update_cells(self, row: Row, columns: Iterable[Column]) -> bool:
+        """Re-render `columns` of `row`; if any cell changed, the row gets a new version."""
         changed = False
-        for column in self.COLUMNS:
+        for column in columns:
             text = column.render(row.record, self._now, self._palette)
             if not same_text(row.cells.get(column.key), text):
                 row.cells[column.key] = text
@@ -267,14 +280,7 @@ class SnapshotTable(PanelTable):
         if changed:
             row.version = next(self._versions)
             self.refresh()
-        row.dirty = False
         return changed
-
-    def _set_cell(self, key: str, column: str, text: Text) -> None:
-        row = self._rows[key]
-        row.cells[column] = text
-        row.version = next(self._versions)
-        self.refresh()
 
     def _restore_cursor(self, key: str | None) -> None:
         if key is None or not self._shown:
@@ -291,7 +297,7 @@ class SnapshotTable(PanelTable):
         if self.filter_text:
             parts.append(f"/{self.filter_text} {len(self._shown)} of {len(self._rows)}")
         if self.sort_column is not None:
-            label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+            label = self._column(self.sort_column).label
             parts.append(f"sort {label}{' ▼' if self.sort_reverse else ' ▲'}")
         self.border_subtitle = " · ".join(parts) or self.summary
 
@@ -329,7 +335,7 @@ class SnapshotTable(PanelTable):
     def sort_label(self) -> str:
         if self.sort_column is None:
             return "most urgent first" if not self.sort_reverse else "least urgent first"
-        label = next(c.label for c in self.COLUMNS if c.key == self.sort_column)
+        label = self._column(self.sort_column).label
         return f"{label} {'descending' if self.sort_reverse else 'ascending'}"
 
     # -- reading it ----------------------------------------------------------------

@@ -71,17 +71,11 @@ class WorkerTable(SnapshotTable):
             yield str(worker.get("owner_id")), {**worker, "leases": held.get(worker.get("owner_id"), 0)}
 
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        return self._title(self._now)
+        return self.live_title(self._now)
 
-    def _title(self, now: int) -> tuple[str, bool]:
+    def live_title(self, now: int) -> tuple[str, bool]:
         records = self.all_records()
         dead = sum(1 for r in records if worker_state(r, now) == "dead")
         alive = sum(1 for r in records if worker_alive(r, now))
         title = f"Workers {alive} alive" + (f" · {dead} dead" if dead else "")
         return title, dead > 0
-
-    def tick(self, now: int) -> None:
-        super().tick(now)
-        title, alert = self._title(now)
-        self.border_title = title
-        self.set_class(alert, "-alert")
