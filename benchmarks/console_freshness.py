@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.datadir import DataDir  # noqa: E402
-from benchmarks.console_common import start_writer, summary, wait_for  # noqa: E402
-from tui.app import ConsoleApp  # noqa: E402
+from backend.core.datadir import DataDir
+from benchmarks.console_common import start_writer, summary, wait_for
+from tui.app import ConsoleApp
 
 
 class MeasuredConsole(ConsoleApp):

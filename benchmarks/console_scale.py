@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.console_common import CallbackTimer, LagProbe, start_writer, summary, wait_for  # noqa: E402
+from benchmarks.console_common import CallbackTimer, LagProbe, start_writer, summary, wait_for
 
 KEYS = tuple(os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(","))
 
@@ -40,7 +40,7 @@ KEYS = tuple(os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,h
 def start_child(root: Path) -> None:
     """In a fresh process: import the console, run it until the first snapshot is shown."""
     t0 = float(os.environ["REM_BENCH_T0"])
-    from backend.datadir import DataDir
+    from backend.core.datadir import DataDir
     from tui.app import ConsoleApp
 
     imported = time.time()
@@ -69,7 +69,7 @@ def measure_start(root: Path, runs: int = 3) -> list[dict[str, float]]:
 async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True) -> dict[str, Any]:
     import psutil
 
-    from backend.datadir import DataDir
+    from backend.core.datadir import DataDir
     from tui.app import ConsoleApp
 
     me = psutil.Process()

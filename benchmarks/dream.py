@@ -23,14 +23,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend import chroma_server  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
-from backend.db import Database  # noqa: E402
-from backend.dream import SELECT_PENDING_SQL, Dreamer, select_pending  # noqa: E402
-from backend.drift import publish_input_revision  # noqa: E402
-from backend.ownership import summary_row_id  # noqa: E402
-from backend.revision import raw_revision  # noqa: E402
+from backend.chroma import server as chroma_server
+from backend.chroma.ownership import summary_row_id
+from backend.core.datadir import DataDir
+from backend.dream.digester import SELECT_PENDING_SQL, Dreamer, select_pending
+from backend.runtime.context import Context
+from backend.store.db import Database
+from backend.store.handoffs import publish_input_revision
+from backend.store.revision import raw_revision
 
 NOW = 1_800_000_000_000
 

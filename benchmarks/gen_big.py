@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 
 WORDS = ("lease recovery summary receipt chroma dream graph executor session turn input "
          "steer queue epoch fence revision digest operator console drain replay").split()

@@ -5,7 +5,7 @@ Chroma server this script starts in a temp dir, then measures, in the same
 run and over the same ids:
 
 * raw: `collection.get(ids=batch, include=[documents, metadatas])`, rows/s;
-* verify: a full recovery sweep (`replay.Recovery` over `all_batches`):
+* verify: a full recovery sweep (`receipt_replay.Recovery` over `all_batches`):
   read envelopes from state.db, decode + checksum them, one Chroma get per
   batch, the ownership-aware predicate; receipts/s (all present, nothing written).
 
@@ -27,10 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend import chroma_server, receipts, replay  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
-from backend.ownership import summary_row_id  # noqa: E402
+from backend.chroma import server as chroma_server
+from backend.chroma.ownership import summary_row_id
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
+from backend.summaries import receipt_replay, receipts
 
 WORDS = "restart drain latency alert service deploy rollback node cluster python test import".split()
 
@@ -89,7 +90,7 @@ async def _raw_get(ctx: Context, n: int, batch: int) -> float:
 async def _verify(ctx: Context, n: int, batch: int) -> float:
     db = await ctx.db()
     started = time.perf_counter()
-    report = await replay.Recovery(db, ctx.store(), actor="bench").run(replay.all_batches(db, batch))
+    report = await receipt_replay.Recovery(db, ctx.store(), actor="bench").run(receipt_replay.all_batches(db, batch))
     elapsed = time.perf_counter() - started
     c = report.counters
     assert (c.present, c.replayed, report.rows_written) == (n, 0, 0), report.as_dict()["counters"]
@@ -124,7 +125,7 @@ async def main(n: int, batch: int, rounds: int) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--receipts", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=replay.BATCH_SIZE)
+    parser.add_argument("--batch", type=int, default=receipt_replay.BATCH_SIZE)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

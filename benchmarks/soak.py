@@ -27,12 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psutil  # noqa: E402
+import psutil
 
-from backend import ops  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
-from backend.supervisor import read_manifest  # noqa: E402
+from backend import ops
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
+from backend.tools.supervisor import read_manifest
 
 LATENCY_SQL = """
 SELECT i.time_created AS admitted,

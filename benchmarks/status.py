@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend import ops  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
+from backend import ops
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 
 
 async def measure(root: Path, rounds: int = 200) -> dict[str, float]:

@@ -32,12 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend import sessions  # noqa: E402
-from backend.agent import OfflineResponder  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
-from backend.db import Database  # noqa: E402
-from backend.executor import Executor  # noqa: E402
+from backend.core.datadir import DataDir
+from backend.execution import sessions
+from backend.execution.agent import OfflineResponder
+from backend.execution.executor import Executor
+from backend.runtime.context import Context
+from backend.store.db import Database
 
 ASKS = ("Why did the nightly ledger export stall after the PgBouncer change?",
         "Summarise what Priya said about the Canary Pipeline.",

@@ -26,11 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend import chroma_server, clock, ops  # noqa: E402
-from backend.context import Context  # noqa: E402
-from backend.datadir import DataDir  # noqa: E402
-from tests.tui import scenes  # noqa: E402
-from tui.app import ConsoleApp  # noqa: E402
+from backend import ops
+from backend.chroma import server as chroma_server
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
+from tests.tui import scenes
+from tui.app import ConsoleApp
 
 SIZE = (120, 40)
 STEP_MS = 10_000

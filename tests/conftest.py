@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from backend import chroma_server, clock, faults
-from backend.chroma_server import ChromaServer
-from backend.context import Context
-from backend.datadir import DataDir
+from backend.chroma import server as chroma_server
+from backend.chroma.server import ChromaServer
+from backend.core import clock, faults
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from backend.synthesizer import ExtractiveSynthesizer, Synthesis, Turn
+from backend.summaries.synthesizer import ExtractiveSynthesizer, Synthesis, Turn
 
 
 class CountingSynthesizer(ExtractiveSynthesizer):

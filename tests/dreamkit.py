@@ -6,12 +6,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from backend import clock
-from backend.chroma_store import ChromaStore
-from backend.db import Database, execute, fetchone
-from backend.drift import mark_turns_changed, publish_input_revision
-from backend.ownership import summary_row_id
-from backend.revision import raw_revision
+from backend.chroma.collection import ChromaStore
+from backend.chroma.ownership import summary_row_id
+from backend.core import clock
+from backend.store.db import Database, execute, fetchone
+from backend.store.handoffs import mark_turns_changed, publish_input_revision
+from backend.store.revision import raw_revision
 
 
 async def add_session(db: Database, sid: str, title: str = "", now: int | None = None) -> None:

@@ -6,10 +6,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from backend import receipts
-from backend.db import Database
-from backend.drift import mark_turns_changed
-from backend.ownership import summary_row_id
+from backend.chroma.ownership import summary_row_id
+from backend.store.db import Database
+from backend.store.handoffs import mark_turns_changed
+from backend.summaries import receipts
 
 TOPICS = [
     ("How do I restart the payments service without dropping requests?",

@@ -23,9 +23,9 @@ from textual.events import DescendantFocus
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend import clock
-from backend.datadir import DataDir
-from backend.errors import Refused, RemError
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.core.errors import Refused, RemError
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands

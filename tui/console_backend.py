@@ -12,11 +12,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backend import events, ops
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.db import Database
-from backend.errors import DataDirError, NotImplementedYet
+from backend import ops
+from backend.core.datadir import DataDir
+from backend.core.errors import DataDirError, NotImplementedYet
+from backend.runtime.context import Context
+from backend.store import events
+from backend.store.db import Database
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")

@@ -145,7 +145,7 @@ def _scalar(value: Any) -> str:
 
 def one_line_error(error: BaseException | None) -> str:
     """An error as one line: rem's own errors as they are, others with their type."""
-    from backend.errors import RemError
+    from backend.core.errors import RemError
 
     if error is None:
         return "unknown error"

@@ -11,8 +11,23 @@ import click
 import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
-from backend.cli import actions, admin, common, console, daemons, drill, leases, sessions
-from backend.errors import ExitCode, RemError
+from backend.cli import (
+    bench,
+    check,
+    common,
+    console,
+    daemon,
+    demo,
+    drain,
+    drill,
+    init,
+    release,
+    replay,
+    send,
+    status,
+    up,
+)
+from backend.core.errors import ExitCode, RemError
 
 # Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
 USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
@@ -43,13 +58,9 @@ def _globals(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-admin.register(app)
-sessions.register(app)
-daemons.register(app)
-actions.register(app)
-leases.register(app)
-console.register(app)
-drill.register(app)
+# in the order `rem --help` lists them: set up, run, operate, inspect, prove
+for command in (init, up, daemon, send, status, replay, drain, release, check, console, demo, drill, bench):
+    command.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

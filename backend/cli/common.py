@@ -11,9 +11,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.errors import BadInput
+from backend.core.datadir import DataDir
+from backend.core.errors import BadInput
+from backend.runtime.context import Context
 
 T = TypeVar("T")
 

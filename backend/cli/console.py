@@ -1,4 +1,4 @@
-"""`rem console` and `rem demo` (the console is imported lazily: backend never imports tui)."""
+"""`rem console`: the live on-call console over a data dir (the CLI is where `tui` is imported)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from typing import Annotated
 import typer
 
 from backend.cli import common
-from backend.datadir import DataDir
-from backend.errors import DataDirError
+from backend.core.datadir import DataDir
+from backend.core.errors import DataDirError
 
 
 def register(app: typer.Typer) -> None:
     app.command("console")(console)
-    app.command("demo")(demo)
 
 
-def _existing_data_dir(data: object) -> DataDir:
+def existing_data_dir(data: object) -> DataDir:
+    """The data dir the console opens: it must already hold a rem state.db."""
     root = DataDir.resolve(data or common.Globals.data)  # type: ignore[arg-type]
     root.check_usable()
     if not root.exists():
@@ -35,20 +35,7 @@ def console(
 
     Example: rem console --read-only --data ./demo-data
     """
-    root = _existing_data_dir(data)
+    root = existing_data_dir(data)
     from tui.app import ConsoleApp
 
     ConsoleApp(root, read_only=read_only, chroma_url=chroma_url or common.Globals.chroma_url).run()
-
-
-def demo(
-    data: common.DataOpt = None,
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
-) -> int:
-    """A fresh demo data dir, `rem up --load` (Chroma, daemons, synthetic load) and the console.
-
-    Example: rem demo
-    """
-    from backend.demo import run_demo
-
-    return run_demo(data or common.Globals.data, keep=keep)

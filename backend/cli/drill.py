@@ -1,4 +1,4 @@
-"""`rem drill sigkill` and `rem bench`."""
+"""`rem drill sigkill`: kill real processes under load and prove nothing is lost."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ drill_app = typer.Typer(help="Chaos drills: kill real processes and prove nothin
 
 def register(app: typer.Typer) -> None:
     app.add_typer(drill_app, name="drill")
-    app.command("bench")(bench)
 
 
 @drill_app.command("sigkill")
@@ -41,8 +40,8 @@ def sigkill(
     Example: rem drill sigkill --role all --rounds 20 --json
     """
     from backend.cli.render import drill_round_printer, print_drill
-    from backend.context import Context
-    from backend.drill import DrillConfig, private_data_dir, run_drill
+    from backend.runtime.context import Context
+    from backend.tools.drill import DrillConfig, private_data_dir, run_drill
 
     config = DrillConfig(role=role, rounds=rounds, seed=seed, release=release, lease_ms=lease_ms,
                          pause=pause, settle_timeout_s=settle_timeout)
@@ -61,23 +60,3 @@ def sigkill(
         else:
             common.note(f"rem drill: kept {ctx.data.root} (state.db, logs/) for inspection")
     return 0 if report["ok"] else 1
-
-
-def bench(
-    only: Annotated[list[str] | None, typer.Argument(
-        help="Benchmarks to run (turns, receipts, dream, status); default all.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
-    json: common.JsonOpt = False,
-) -> None:
-    """Run the benchmarks of benchmarks/ and print their headline figures as a table.
-
-    Example: rem bench --quick turns status
-    """
-    from backend import bench as benches
-    from backend.cli.render import print_bench
-
-    report = benches.run(only, quick, progress=common.note)
-    if json:
-        common.emit_json(report)
-    else:
-        print_bench(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -73,3 +74,33 @@ def print_bench(report: dict[str, Any]) -> None:
             table.add_row(bench["name"] if i == 0 else "", line["what"], line["figure"],
                           str(bench["seconds"]) if i == 0 else "")
     Console().print(table)
+
+
+def print_replay(result: dict[str, Any]) -> None:
+    console = Console()
+    if result["rows"]:
+        table = Table("summary id", "outcome", "what differs", box=None)
+        for row in result["rows"]:
+            keys = ", ".join(f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})"
+                             for k in row["keys"])
+            what = "; ".join(filter(None, ["document" if row["document"] else "", keys, row["reason"] or ""]))
+            table.add_row(row["summary_id"], row["outcome"], what or "-")
+        console.print(table)
+    counters = "  ".join(f"{name} {value}" for name, value in result["counters"].items())
+    console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)
+
+
+def drain_progress_printer() -> Any:
+    last: list[str] = []
+
+    def show(report: dict[str, Any]) -> None:
+        line = (f"\r{report['owner_id']}: {report['state']}, {report['leases_held']} leases held, "
+                f"{report['waited_ms'] / 1000:.1f} s")
+        if line != (last[0] if last else None):
+            sys.stderr.write(line.ljust(90))
+            sys.stderr.flush()
+            last[:] = [line]
+        if report["state"] == "stopped":
+            sys.stderr.write("\n")
+
+    return show

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from backend.agent import OfflineResponder, StepRequest, agent_delay_ms, key_terms, load_agent
-from backend.errors import UsageError
+from backend.core.errors import UsageError
+from backend.execution.agent import OfflineResponder, StepRequest, agent_delay_ms, key_terms, load_agent
 
 
 def test_the_reply_is_derived_from_the_prompt_and_deterministic() -> None:
@@ -49,7 +49,7 @@ def test_the_delay_and_the_agent_come_from_the_environment(monkeypatch: pytest.M
     with pytest.raises(UsageError, match="negative"):
         agent_delay_ms()
     monkeypatch.setenv("REM_AGENT_DELAY_MS", "0")
-    monkeypatch.setenv("REM_AGENT", "backend.agent:OfflineResponder")
+    monkeypatch.setenv("REM_AGENT", "backend.execution.agent:OfflineResponder")
     assert isinstance(load_agent(), OfflineResponder)
     monkeypatch.setenv("REM_AGENT", "no.such.module:make")
     with pytest.raises(UsageError, match="cannot be loaded"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from backend import ops
-from backend.context import Context
+from backend.runtime.context import Context
 
 
 async def _exec(ctx: Context, *statements: tuple[str, tuple]) -> None:  # type: ignore[type-arg]

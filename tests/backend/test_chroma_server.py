@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from backend import chroma_server
-from backend.chroma_store import ChromaStore
-from backend.datadir import DataDir
-from backend.errors import ChromaUnreachable
+from backend.chroma import server as chroma_server
+from backend.chroma.collection import ChromaStore
+from backend.core.datadir import DataDir
+from backend.core.errors import ChromaUnreachable
 
 ASK = textwrap.dedent(
     """
     import json, sys
-    from backend import chroma_server
-    from backend.datadir import DataDir
+    from backend.chroma import server as chroma_server
+    from backend.core.datadir import DataDir
     server = chroma_server.resolve(DataDir.resolve(sys.argv[1]))
     print(json.dumps({"url": server.url, "started": server.started_here, "pid": server.pid}), flush=True)
     sys.stdin.read()  # hold the server until the test closes our stdin

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.context import Context
+from backend.runtime.context import Context
 
 
 async def test_upsert_merges_metadata_keeping_foreign_keys(ctx: Context) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.context import Context
-from backend.db import BUSY_TIMEOUT_MS, Database
-from backend.errors import DatabaseFull, DatabaseIOError, ReadOnly
-from backend.events import append_event
+from backend.core.errors import DatabaseFull, DatabaseIOError, ReadOnly
+from backend.runtime.context import Context
+from backend.store.db import BUSY_TIMEOUT_MS, Database
+from backend.store.events import append_event
 
 
 async def test_connection_pragmas(db_ctx: Context) -> None:
@@ -147,7 +147,7 @@ async def test_a_write_cancelled_before_its_group_never_runs(db_ctx: Context) ->
 
 async def test_a_transaction_dropped_under_a_group_fails_every_write_in_it(db_ctx: Context) -> None:
     """SQLite may roll a whole transaction back (full disk): nobody in the group may think it committed."""
-    from backend.db import TransactionDropped
+    from backend.store.db import TransactionDropped
 
     db = await db_ctx.db()
     await _table(db)
@@ -199,8 +199,8 @@ async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:
 
 
 async def test_read_only_context_refuses_a_missing_data_dir(tmp_path: Path) -> None:
-    from backend.datadir import DataDir
-    from backend.errors import DataDirError
+    from backend.core.datadir import DataDir
+    from backend.core.errors import DataDirError
 
     ctx = Context(DataDir(tmp_path / "nothing"), read_only=True)
     with pytest.raises(DataDirError, match="rem init"):
@@ -212,7 +212,7 @@ WRITER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from backend.db import Database
+    from backend.store.db import Database
 
     async def main(path, n, name):
         db = await Database.open(Path(path))
@@ -267,7 +267,7 @@ def test_a_disk_io_error_is_a_full_disk_or_an_io_error_never_corruption(
         monkeypatch: pytest.MonkeyPatch, free: int, expected: type, needle: str) -> None:
     import shutil
 
-    from backend import db as db_module
+    from backend.store import db as db_module
 
     monkeypatch.setattr(db_module.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 0, free))
     exc = sqlite3.OperationalError("disk I/O error")

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from backend import clock
-from backend.context import Context
-from backend.dream import (
+from backend.core import clock
+from backend.dream.digester import (
     MAX_DIGEST_ATTEMPTS,
     NEVER,
     SELECT_PENDING_SQL,
@@ -22,8 +21,9 @@ from backend.dream import (
     legacy_retirement,
     select_pending,
 )
-from backend.extractor import Extraction, KeywordExtractor
-from backend.revision import raw_revision
+from backend.dream.extractor import Extraction, KeywordExtractor
+from backend.runtime.context import Context
+from backend.store.revision import raw_revision
 from tests.dreamkit import (
     add_session_with_turns,
     add_turn,
@@ -335,14 +335,14 @@ async def test_drift_classes(db_ctx: Context) -> None:
 
 async def test_legacy_retirement_needs_zero_rows_for_a_full_window(db_ctx: Context,
                                                                    frozen_clock: clock.FrozenClock) -> None:
-    from backend.dream import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
+    from backend.dream.digester import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
 
     db = await db_ctx.db()
     assert (await legacy_retirement(db))["retired"]  # never had legacy rows
     await add_session_with_turns(db, "s1", TEXTS)
     assert await _mark_legacy(db, ["s1", "no-such-session"]) == 1
     async with db.tx() as conn:
-        from backend.events import append_event
+        from backend.store.events import append_event
         await append_event(conn, kind="dream.legacy_imported", actor="t", data={"marked": 1})
     assert await legacy_only_count(db) == 1
     assert await select_pending(db, frozen_clock.now) == []  # honoured as digested
@@ -362,7 +362,7 @@ async def test_legacy_retirement_needs_zero_rows_for_a_full_window(db_ctx: Conte
 @pytest.mark.parametrize("point", ["dream.mid_graph", "dream.before_attest"])
 async def test_a_raised_fault_counts_as_a_failure_and_a_rerun_is_idempotent(
         db_ctx: Context, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
-    from backend import faults
+    from backend.core import faults
 
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS * 4)
@@ -426,7 +426,7 @@ async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(db_ctx: Contex
 
 async def test_an_operator_release_lets_another_worker_take_over_at_once(db_ctx: Context,
                                                                          frozen_clock: clock.FrozenClock) -> None:
-    from backend.release import release_job_lease
+    from backend.ops.lease_release import release_job_lease
 
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)

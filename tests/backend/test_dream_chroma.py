@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from backend import chroma_server, clock
-from backend.context import Context
-from backend.dream import Dreamer, classify_drift, import_legacy, legacy_only_count, select_pending
-from backend.dream_overlay import OVERLAY_MISSING_RETRY_MS, overlay_pending_count
-from backend.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS, summary_row_id
+from backend.chroma import server as chroma_server
+from backend.chroma.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS, summary_row_id
+from backend.core import clock
+from backend.dream.digester import Dreamer, classify_drift, import_legacy, legacy_only_count, select_pending
+from backend.dream.overlay import OVERLAY_MISSING_RETRY_MS, overlay_pending_count
+from backend.runtime.context import Context
 from tests.dreamkit import add_session_with_turns, add_turn, dream_row, synthesize
 
 TEXTS = ["The Chroma Server uses SQLite for durable storage.",

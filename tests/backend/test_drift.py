@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.context import Context
-from backend.drift import mark_turns_changed, publish_input_revision
+from backend.runtime.context import Context
+from backend.store.handoffs import mark_turns_changed, publish_input_revision
 
 
 async def _session(ctx: Context) -> None:

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-from backend import clock, leases, ops, projection, recovery, sessions
-from backend.agent import OfflineResponder, StepRequest
-from backend.context import Context
-from backend.db import Database
-from backend.errors import LeaseLost
-from backend.executor import WAKE_SQL, Executor, TurnState
+from backend import ops
+from backend.core import clock
+from backend.core.errors import LeaseLost
+from backend.execution import leases, projection, recovery, sessions
+from backend.execution.agent import OfflineResponder, StepRequest
+from backend.execution.executor import WAKE_SQL, Executor, TurnState
+from backend.runtime.context import Context
+from backend.store.db import Database
 from tests.helpers import await_until
 
 LEASE = 2_000
@@ -179,7 +181,7 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
     dead, state, first_id = await _dead_executor_mid_step(db_ctx, parts=0)
     await sessions.admit(db, "s1", "and steer", delivery="steer", input_id="s2")
     step = projection.assistant_id(state.lease.execution_id, 1)
-    from backend.executor import Step
+    from backend.execution.executor import Step
 
     done = Step(1, step, (await _messages(db, "s1"))[1], StepRequest("s1", ["first"]), parts=["ok"])
     assert await db.write_sync(lambda conn: dead._finish_step(conn, state, done, ["ok"]))  # steer waits
@@ -231,7 +233,7 @@ async def test_the_attempt_budget_parks_and_release_retries(db_ctx: Context,
 
 async def test_an_injected_fault_is_a_crash_not_an_agent_error(db_ctx: Context, frozen_clock: clock.FrozenClock,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend import faults
+    from backend.core import faults
 
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "Interrupt me in the middle.", input_id="q1")

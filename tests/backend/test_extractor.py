@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.extractor import KeywordExtractor
+from backend.dream.extractor import KeywordExtractor
 
 
 def _keys(found: object) -> set[str]:

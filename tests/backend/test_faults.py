@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from backend import faults
-from backend.errors import FaultInjected, UsageError
+from backend.core import faults
+from backend.core.errors import FaultInjected, UsageError
 from tests.helpers import rem_env, run_rem
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_declared_point_is_reached_somewhere_in_the_backend() -> None:
-    source = "\n".join(p.read_text() for p in (ROOT / "backend").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "backend").rglob("*.py"))
     used = set(re.findall(r'faults\.point\("([a-z_.]+)"\)', source))
     assert used == set(faults.POINTS)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend import graph
-from backend.context import Context
-from backend.extractor import KeywordExtractor
+from backend.dream import graph
+from backend.dream.extractor import KeywordExtractor
+from backend.runtime.context import Context
 from tests.dreamkit import add_session, graph_snapshot
 
 

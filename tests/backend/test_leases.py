@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from backend import clock, leases
-from backend.context import Context
-from backend.db import Database
-from backend.errors import LeaseLost, LeaseNotFound, Refused, UsageError
+from backend.core import clock
+from backend.core.errors import LeaseLost, LeaseNotFound, Refused, UsageError
+from backend.execution import leases
+from backend.runtime.context import Context
+from backend.store.db import Database
 
 LEASE = 1_000
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from backend import maintenance
-from backend.context import Context
-from backend.events import append_event
+from backend.runtime.context import Context
+from backend.store import maintenance
+from backend.store.events import append_event
 
 
 async def test_checkpoint_truncates_the_wal(db_ctx: Context) -> None:

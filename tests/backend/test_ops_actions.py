@@ -10,15 +10,15 @@ import textwrap
 import pytest
 
 from backend import ops
-from backend.context import Context
-from backend.errors import LeaseNotFound, ReadOnly, Refused, UsageError, WorkerNotFound
+from backend.core.errors import LeaseNotFound, ReadOnly, Refused, UsageError, WorkerNotFound
+from backend.runtime.context import Context
 
 IDLE_DAEMON = textwrap.dedent(
     """
     import asyncio, sys
-    from backend.context import Context
-    from backend.daemon import Daemon
-    from backend.datadir import DataDir
+    from backend.runtime.context import Context
+    from backend.runtime.daemon import Daemon
+    from backend.core.datadir import DataDir
 
     class Idle(Daemon):
         role = "dream"

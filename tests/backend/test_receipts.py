@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend import receipts
-from backend.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
-from backend.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS
+from backend.chroma.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS
+from backend.core.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
+from backend.summaries import receipts
 from tests.summaries import base_metadata
 
 DOC = "Restarting the payments service.\nuser: how do I restart it?"

@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
-from backend import ops, receipts, replay
-from backend.chroma_store import ChromaStore
-from backend.context import Context
-from backend.db import Database
-from backend.errors import BadInput, ChromaUnreachable, ReadOnly, ReceiptNotFound
-from backend.summarizer import Summarizer
+from backend import ops
+from backend.chroma.collection import ChromaStore
+from backend.core.errors import BadInput, ChromaUnreachable, ReadOnly, ReceiptNotFound
+from backend.runtime.context import Context
+from backend.store.db import Database
+from backend.summaries import receipt_replay, receipts
+from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import all_jobs, job, row_id, seed_session
 
@@ -36,9 +37,9 @@ async def events(db: Database, kind: str) -> list[dict[str, Any]]:
 
 
 async def recover(ctx: Context, db: Database, *, everything: bool = True, store: ChromaStore | None = None,
-                  actor: str = "test-recovery") -> replay.Report:
-    batches = replay.all_batches(db, batch_size=2) if everything else replay.pending_batches(db, batch_size=2)
-    return await replay.Recovery(db, store or ctx.store(), actor=actor).run(batches)
+                  actor: str = "test-recovery") -> receipt_replay.Report:
+    batches = receipt_replay.all_batches(db, batch_size=2) if everything else receipt_replay.pending_batches(db, batch_size=2)
+    return await receipt_replay.Recovery(db, store or ctx.store(), actor=actor).run(batches)
 
 
 def _receipt(j: dict[str, Any]) -> receipts.Receipt:
@@ -333,7 +334,7 @@ async def test_a_row_that_does_not_verify_after_replay_is_reported_and_retried_l
     assert (j["status"], j["verdict"], j["owner_id"], j["result_acknowledged_at"]) == ("pending", "missing", None, None)
     assert j["result_last_replayed_at"] == frozen_clock.now
     assert (await recover(ctx, db, everything=False)).counters.scanned == 0  # backing off, no hot loop
-    frozen_clock.advance(replay.RETRY_AFTER_MS)
+    frozen_clock.advance(receipt_replay.RETRY_AFTER_MS)
     again = await recover(ctx, db, everything=False)
     assert (again.counters.replayed, again.counters.acknowledged, again.ok) == (1, 1, True)
     assert (await job(db, "s1"))["status"] == "completed"

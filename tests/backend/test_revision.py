@@ -12,11 +12,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.db import execute
-from backend.dream import Dreamer
-from backend.revision import compute_revision, load_raw_turns, turn_record
+from backend.core.datadir import DataDir
+from backend.dream.digester import Dreamer
+from backend.runtime.context import Context
+from backend.store.db import execute
+from backend.store.revision import compute_revision, load_raw_turns, turn_record
 from tests.dreamkit import add_session, add_turn, publish
 
 turn_ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=6)

@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from backend.context import Context
-from backend.db import Database
-from backend.errors import SchemaTooNew
-from backend.schema import SCHEMA_VERSION, migrate, schema_version
+from backend.core.errors import SchemaTooNew
+from backend.runtime.context import Context
+from backend.store.db import Database
+from backend.store.schema import SCHEMA_VERSION, migrate, schema_version
 
 SEED_004_INDEXES = {
     "session_message_session_seq_idx",
@@ -49,9 +49,9 @@ async def test_migrate_sets_user_version_and_is_idempotent(db_ctx: Context) -> N
 
 async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A state.db made by schema v1 keeps its journal; v2 swaps the journal's indexes."""
-    from backend import events, schema
-    from backend.dream import LAST_LEGACY_EVENT_SQL
-    from backend.maintenance import PRUNE_SQL
+    from backend.dream.digester import LAST_LEGACY_EVENT_SQL
+    from backend.store import events, schema
+    from backend.store.maintenance import PRUNE_SQL
 
     db = await Database.open(tmp_path / "state.db")
     try:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from backend import ops, sessions
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.errors import BadInput
+from backend import ops
+from backend.core.datadir import DataDir
+from backend.core.errors import BadInput
+from backend.execution import sessions
+from backend.runtime.context import Context
 
 TABLES = ("session", "session_input", "session_message", "event")
 
@@ -120,7 +121,7 @@ async def test_send_with_bad_input_does_not_even_create_the_data_dir(data_dir: D
 
 
 async def test_send_refuses_a_read_only_context(db_ctx: Context) -> None:
-    from backend.errors import ReadOnly
+    from backend.core.errors import ReadOnly
 
     ro = Context(db_ctx.data, read_only=True, start_chroma=False)
     with pytest.raises(ReadOnly, match="send"):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from backend import ops
-from backend.context import Context
-from backend.db import Database
-from backend.status import STATUS_QUERIES
+from backend.ops.snapshot import STATUS_QUERIES
+from backend.runtime.context import Context
+from backend.store.db import Database
 
 # Tables that grow without bound; a full SCAN of one is a bug in the snapshot.
 BIG_TABLES = ("session", "session_message", "session_input", "session_recovery", "summary_job",

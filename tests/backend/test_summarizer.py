@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from backend import receipts, replay
-from backend.context import Context
-from backend.embedder import HashingEmbedder
-from backend.errors import ChromaUnreachable
-from backend.revision import raw_revision
-from backend.summarizer import DRIFTED_SQL, MAX_ATTEMPTS, Summarizer
-from backend.synthesizer import Synthesis, Turn
+from backend.chroma.embedder import HashingEmbedder
+from backend.core.errors import ChromaUnreachable
+from backend.runtime.context import Context
+from backend.store.revision import raw_revision
+from backend.summaries import receipt_replay, receipts
+from backend.summaries.summarizer import DRIFTED_SQL, MAX_ATTEMPTS, Summarizer
+from backend.summaries.synthesizer import Synthesis, Turn
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import add_turn, job, row_id, seed_session
 
@@ -118,7 +118,7 @@ async def test_a_failing_model_is_retried_with_backoff_then_parked(ctx: Context,
 
 async def test_drift_and_recovery_selections_use_their_partial_indexes(ctx: Context) -> None:
     db = await ctx.db()
-    for sql, index in ((DRIFTED_SQL, "summary_job_drift_idx"), (replay.PENDING_SQL, "summary_job_unacked_idx")):
+    for sql, index in ((DRIFTED_SQL, "summary_job_drift_idx"), (receipt_replay.PENDING_SQL, "summary_job_unacked_idx")):
         plan = " ".join(str(tuple(r)) for r in await db.fetchall(
             "EXPLAIN QUERY PLAN " + sql, {"now": 0, "n": 1, "staged": 0, "sid": ""}))
         assert index in plan, plan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.synthesizer import ExtractiveSynthesizer, load_synthesizer
+from backend.summaries.synthesizer import ExtractiveSynthesizer, load_synthesizer
 
 TURNS = [
     {"id": "m1", "role": "user", "text": "The payments service keeps timing out. How do I restart the service safely?"},

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backend.cli.app import app
-from backend.schema import SCHEMA_VERSION
+from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import run_rem
 
 DESIGN_COMMANDS = ["init", "up", "daemon", "send", "status", "replay", "drain", "release",

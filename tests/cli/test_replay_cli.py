@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from backend import receipts
-from backend.context import Context
+from backend.runtime.context import Context
+from backend.summaries import receipts
 from tests.helpers import rem_env, run_rem
 from tests.summaries import base_metadata, job, row_id, stage_receipt
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend import ops, sessions
-from backend.context import Context
+from backend import ops
+from backend.execution import sessions
+from backend.runtime.context import Context
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem
 
 LEASE_MS = 1500

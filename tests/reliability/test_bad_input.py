@@ -27,14 +27,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend import ops, receipts, sessions
-from backend.chroma_store import ChromaStore
+from backend import ops
+from backend.chroma.collection import ChromaStore
+from backend.chroma.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS
 from backend.cli.app import main
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.errors import RemError
-from backend.ownership import DREAM_OWNED_KEYS, SYNTHESIS_OWNED_KEYS
-from backend.replay import Recovery, all_batches
+from backend.core.datadir import DataDir
+from backend.core.errors import RemError
+from backend.execution import sessions
+from backend.runtime.context import Context
+from backend.summaries import receipts
+from backend.summaries.receipt_replay import Recovery, all_batches
 from tests.helpers import REM, rem_env, run_rem
 from tests.summaries import base_metadata, row_id, stage_receipt
 
@@ -349,8 +351,8 @@ async def test_a_summary_row_deleted_by_hand_is_shown_by_check_and_repaired_by_r
 
 async def _turns_and_summaries(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the executor and the summarizer once, in this process (instant agent)."""
-    from backend.executor import Executor
-    from backend.summarizer import Summarizer
+    from backend.execution.executor import Executor
+    from backend.summaries.summarizer import Summarizer
 
     monkeypatch.setenv("REM_AGENT_DELAY_MS", "0")
     await Executor(ctx, once=True).run()
@@ -441,7 +443,7 @@ async def _damage_and_recover(root: Path, chroma_url: str, owned: dict[str, Any]
 async def test_a_deleted_row_replayed_gets_its_dream_keys_back(ctx: Context,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from backend import ops
-    from backend.dream import Dreamer
+    from backend.dream.digester import Dreamer
 
     await ops.send(ctx, "s1", "Why did the Invoice Service reject Stripe webhooks for Maria Lopez?")
     await _turns_and_summaries(ctx, monkeypatch)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.context import Context
+from backend.runtime.context import Context
 from tests.helpers import wait_until
 from tests.reliability.rig import Rig
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from backend import chroma_server, ops, sessions
-from backend.context import Context
-from backend.datadir import DataDir
+from backend import ops
+from backend.chroma import server as chroma_server
+from backend.core.datadir import DataDir
+from backend.execution import sessions
+from backend.runtime.context import Context
 from tests.helpers import run_rem, wait_until
 from tests.reliability.rig import WORK, Rig
 
@@ -245,8 +247,8 @@ async def test_a_full_disk_is_one_line_no_corruption_and_work_resumes(small_disk
 
 
 async def _summarize_and_dream(ctx: Context) -> None:
-    from backend.dream import Dreamer
-    from backend.summarizer import Summarizer
+    from backend.dream.digester import Dreamer
+    from backend.summaries.summarizer import Summarizer
 
     await Summarizer(ctx, once=True).run()
     await Dreamer(ctx, once=True).run()

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.dream import Dreamer
-from backend.ownership import summary_row_id
+from backend.chroma.ownership import summary_row_id
+from backend.core.datadir import DataDir
+from backend.dream.digester import Dreamer
+from backend.runtime.context import Context
 from tests.dreamkit import add_session_with_turns, add_turn, publish, synthesize, without_revisions
 from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from backend import clock, leases, projection, sessions
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.db import Database
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.execution import leases, projection, sessions
+from backend.runtime.context import Context
+from backend.store.db import Database
 from tests.helpers import rem_env, rem_json, spawn_rem, wait_until
 
 LEASE_MS = 1500

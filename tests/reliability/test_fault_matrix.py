@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import faults, ops
-from backend.context import Context
+from backend import ops
+from backend.core import faults
+from backend.runtime.context import Context
 from tests.reliability.rig import Rig
 
 

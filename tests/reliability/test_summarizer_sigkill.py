@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from backend import clock, receipts
-from backend.context import Context
-from backend.datadir import DataDir
-from backend.revision import raw_revision
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
+from backend.store.revision import raw_revision
+from backend.summaries import receipts
 from tests.counting_synthesizer import calls_in
 from tests.helpers import await_until, rem_env, run_rem
 from tests.summaries import all_jobs, row_id, seed_session

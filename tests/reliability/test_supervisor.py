@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from backend import ops
-from backend.context import Context
-from backend.datadir import DataDir
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,13 @@ async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Pa
 
         held = await await_until(lease, timeout=30, message="the executor to hold a lease")
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: _executor_pid(root) not in (None, first), timeout=30,
-                   message="the supervisor to restart the executor")
+        second = wait_until(lambda: _executor_pid(root) not in (None, first) and _executor_pid(root),
+                            timeout=30, message="the supervisor to restart the executor")
+
+        async def registered() -> bool:  # "within a second" is from a live executor, not one still importing
+            return any(w["pid"] == second and w["state"] == "running" for w in (await ops.status(ctx))["workers"])
+
+        await await_until(registered, timeout=60, message="the restarted executor to register")
         # not reaped: the dead owner still looks alive on paper and its lease stands
         snap = await ops.status(ctx)
         (still,) = [x for x in snap["leases"] if x["id"] == held["id"]]

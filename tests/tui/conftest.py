@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend import clock
-from backend.datadir import DataDir
+from backend.core import clock
+from backend.core.datadir import DataDir
 from tests.tui import scenes
 
 

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from backend.context import Context
-from backend.datadir import DataDir
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 
 NOW = 1_800_000_000_000  # FrozenClock's default start
 REV_A = "sha256:" + "a1" * 32

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from backend import clock, receipts
-from backend.context import Context
-from backend.db import Database
-from backend.summarizer import Summarizer
+from backend.core import clock
+from backend.runtime.context import Context
+from backend.store.db import Database
+from backend.summaries import receipts
+from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import job, row_id, seed_session
 from tests.tui import scenes

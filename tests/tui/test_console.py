@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
-from backend import clock
-from backend.datadir import DataDir
-from backend.schema import SCHEMA_VERSION
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import await_until
 from tests.tui import scenes
 from tui.app import PANELS, ConsoleApp

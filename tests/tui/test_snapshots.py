@@ -15,8 +15,8 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import ops
-from backend.context import Context
-from backend.datadir import DataDir
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 from tests.tui import scenes
 from tui.app import ConsoleApp
 

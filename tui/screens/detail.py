@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from backend.errors import RemError
+from backend.core.errors import RemError
 from tui.actions import key_diff_lines, replay_preview
 from tui.format import clock_time, compact_json, full_time
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from backend import workers
+from backend.store import workers
 from tui.format import cell, owner_short, short_id, time_left
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from backend import workers
+from backend.store import workers
 from tui.format import age, cell, owner_short, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 

@@ -1,0 +1,144 @@
+"""rem's access to its Chroma collection over HTTP, with rem's own embeddings.
+
+All calls run in a thread (the chromadb client is synchronous) and map
+transport failures to `ChromaUnreachable`. On failure the client is dropped
+and the server re-resolved on the next call, so a Chroma restart (even on a
+new port) is picked up without restarting the daemon.
+
+Semantics relied on (and proven by tests/backend/test_chroma_witness.py
+against a real server): `upsert` and `update` *merge* metadata (keys not named
+are kept, a `None` value deletes a key, `{}` is refused), and values round-trip
+with their type (`1`, `1.0` and `True` stay distinct).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from backend.chroma.embedder import Embedder, load_embedder
+from backend.core.errors import ChromaUnreachable
+
+log = logging.getLogger("rem.chroma_store")
+
+COLLECTION = "rem_summaries"
+Metadata = dict[str, Any]
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    module = type(exc).__module__
+    return (
+        isinstance(exc, (ConnectionError, TimeoutError, OSError))
+        or module.startswith(("httpx", "httpcore", "urllib3", "requests"))
+        or name in {"ConnectError", "ReadTimeout", "RemoteProtocolError", "ReadError"}
+    )
+
+
+class ChromaStore:
+    """The summary collection. `url_resolver` returns the URL to use right now."""
+
+    def __init__(self, url_resolver: Callable[[], str], embedder: Embedder | None = None,
+                 collection: str = COLLECTION) -> None:
+        self._resolve = url_resolver
+        self.collection_name = collection
+        self.embedder = embedder or load_embedder()
+        self._collection: Any = None
+        self._url: str | None = None
+        self._guard = threading.Lock()
+
+    @property
+    def url(self) -> str | None:
+        return self._url
+
+    def _connect(self) -> Any:
+        import chromadb
+        from chromadb.config import Settings
+
+        url = self._resolve()
+        from urllib.parse import urlparse
+
+        parsed = urlparse(url)
+        client = chromadb.HttpClient(
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or (443 if parsed.scheme == "https" else 80),
+            ssl=parsed.scheme == "https",
+            settings=Settings(anonymized_telemetry=False),
+        )
+        # embedding_function=None: Chroma's default would download a model.
+        collection = client.get_or_create_collection(
+            self.collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+        )
+        self._url = url
+        return collection
+
+    def _call(self, fn: Callable[[Any], Any]) -> Any:
+        with self._guard:
+            try:
+                if self._collection is None:
+                    self._collection = self._connect()
+                return fn(self._collection)
+            except ChromaUnreachable:
+                self._collection = None
+                raise
+            except Exception as exc:
+                if _is_transport_error(exc):
+                    self._collection = None
+                    raise ChromaUnreachable(
+                        f"Chroma at {self._url or 'its URL'} stopped answering ({type(exc).__name__}); "
+                        "rem retries, or check `rem status`"
+                    ) from exc
+                raise
+
+    async def _run(self, fn: Callable[[Any], Any]) -> Any:
+        return await asyncio.to_thread(self._call, fn)
+
+    async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, tuple[str | None, Metadata]]:
+        """`{id: (document, metadata)}` for the ids that exist (one round trip)."""
+        include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
+        if not ids:
+            return {}
+        result = await self._run(lambda c: c.get(ids=list(ids), include=include))
+        rows: dict[str, tuple[str | None, Metadata]] = {}
+        for i, row_id in enumerate(result["ids"]):
+            rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
+        return rows
+
+    async def upsert(self, ids: Sequence[str], documents: Sequence[str], metadatas: Sequence[Metadata]) -> None:
+        """Write rows with rem's embeddings; metadata merges into what is there."""
+        if not ids:
+            return
+        embeddings = self.embedder.embed(list(documents))
+        await self._run(
+            lambda c: c.upsert(
+                ids=list(ids), documents=list(documents), embeddings=embeddings,
+                metadatas=[dict(m) for m in metadatas],
+            )
+        )
+
+    async def update_metadata(self, ids: Sequence[str], metadatas: Sequence[Metadata]) -> None:
+        """Merge metadata into existing rows (`None` deletes a key)."""
+        if not ids:
+            return
+        await self._run(lambda c: c.update(ids=list(ids), metadatas=[dict(m) for m in metadatas]))
+
+    async def delete(self, ids: Sequence[str]) -> None:
+        if ids:
+            await self._run(lambda c: c.delete(ids=list(ids)))
+
+    async def count(self) -> int:
+        return int(await self._run(lambda c: c.count()))
+
+    async def all_ids(self, page: int = 5000) -> list[str]:
+        """Every id in the collection, paged."""
+        ids: list[str] = []
+        offset = 0
+        while True:
+            batch = await self._run(lambda c, o=offset: c.get(include=[], limit=page, offset=o))
+            ids.extend(batch["ids"])
+            if len(batch["ids"]) < page:
+                return ids
+            offset += page

@@ -1,0 +1,307 @@
+"""The Chroma server lifecycle: one `chroma run` per data dir, guarded by a file lock.
+
+Chroma is not process-safe as an embedded `PersistentClient`, so rem runs it
+as a server and every process talks to it over HTTP. The lock protocol:
+
+* `chroma.lock` is `flock`ed by whoever starts a server, and the lock's open
+  file description is inherited by the `chroma run` child, whose parent then
+  drops its own copy. So the lock is held exactly while that server lives,
+  and the kernel releases it when the server dies, even by SIGKILL.
+* `chroma.url` records where the live server listens. A reader trusts it only
+  if the lock is held *and* the URL answers Chroma's heartbeat; otherwise it
+  is stale and the reader takes the lock and starts a fresh server (on the
+  same port when it is free, so clients that cached the URL keep working).
+* `--chroma-url` / `REM_CHROMA_URL` bypass all of this for an external server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from backend.core.datadir import DataDir
+from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
+
+log = logging.getLogger("rem.chroma_server")
+
+HEARTBEAT_PATH = "/api/v2/heartbeat"
+START_TIMEOUT_S = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+def external_url(explicit: str | None = None) -> str | None:
+    """The external Chroma URL from `--chroma-url` or `REM_CHROMA_URL`, if any."""
+    url = explicit or os.environ.get("REM_CHROMA_URL") or None
+    if url is None:
+        return None
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UsageError(f"--chroma-url {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
+    return url.rstrip("/")
+
+
+def heartbeat(url: str, timeout: float = 2.0) -> int:
+    """Chroma's heartbeat in ns; raises ChromaUnreachable naming what is wrong."""
+    try:
+        with urllib.request.urlopen(url + HEARTBEAT_PATH, timeout=timeout) as resp:  # noqa: S310
+            body = resp.read(4096)
+    except urllib.error.HTTPError as exc:
+        raise NotChroma(
+            f"{url} answered HTTP {exc.code} to Chroma's heartbeat; it is not a Chroma server "
+            "(check --chroma-url)"
+        ) from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ChromaUnreachable(
+            f"Chroma at {url} is unreachable ({reason}); start it with `rem up` or check --chroma-url"
+        ) from exc
+    try:
+        payload = json.loads(body)
+        return int(payload["nanosecond heartbeat"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise NotChroma(
+            f"{url} is not a Chroma server (its heartbeat reply is not Chroma's); check --chroma-url"
+        ) from exc
+
+
+def is_alive(url: str, timeout: float = 1.0) -> bool:
+    try:
+        heartbeat(url, timeout)
+    except ChromaUnreachable:
+        return False
+    return True
+
+
+def chroma_binary() -> str:
+    """The `chroma` executable of the environment rem runs in."""
+    sibling = Path(sys.executable).parent / "chroma"
+    if sibling.exists():
+        return str(sibling)
+    found = shutil.which("chroma")
+    if found:
+        return found
+    raise ChromaStartFailed(
+        "the `chroma` executable was not found next to Python or on PATH; "
+        "reinstall rem (`pip install -e .`) so chromadb is installed"
+    )
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def die_with_parent_preexec() -> None:
+    """preexec_fn: the child gets SIGTERM when the spawning thread's process dies."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class ChromaServer:
+    """A handle on the Chroma server a process uses (started by it or not)."""
+
+    url: str
+    data: DataDir | None = None
+    process: subprocess.Popen[bytes] | None = None
+    external: bool = False
+    started_here: bool = field(default=False)
+
+    @property
+    def pid(self) -> int | None:
+        if self.process is not None:
+            return self.process.pid
+        return read_lock_info(self.data).get("pid") if self.data else None
+
+    def alive(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            return False
+        return is_alive(self.url)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server if this process started it (SIGTERM, then SIGKILL)."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+        log.info("stopped chroma server pid %s at %s", proc.pid, self.url)
+        if self.data is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if self.data.chroma_url_file.read_text().strip() == self.url:
+                    self.data.chroma_url_file.unlink()
+
+
+def read_lock_info(data: DataDir) -> dict[str, object]:
+    try:
+        info = json.loads(data.chroma_lock.read_text() or "{}")
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def lock_is_held(data: DataDir) -> bool:
+    """True while some process holds `chroma.lock` (a server is alive or starting)."""
+    try:
+        fd = os.open(data.chroma_lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def recorded_url(data: DataDir) -> str | None:
+    try:
+        return data.chroma_url_file.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def live_server(data: DataDir) -> ChromaServer | None:
+    """The data dir's running server, if `chroma.url` is live and the lock is held."""
+    url = recorded_url(data)
+    if url and lock_is_held(data) and is_alive(url):
+        return ChromaServer(url=url, data=data)
+    return None
+
+
+def resolve(data: DataDir, explicit_url: str | None = None, *, start: bool = True,
+            die_with_parent: bool = True) -> ChromaServer:
+    """The server to use: external URL, else the live one, else a new one (if `start`)."""
+    ext = external_url(explicit_url)
+    if ext is not None:
+        heartbeat(ext)
+        return ChromaServer(url=ext, external=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        server = live_server(data)
+        if server is not None:
+            return server
+        if not start:
+            raise ChromaUnreachable(
+                f"no Chroma server is running for {data.root}; start one with `rem up`"
+            )
+        started = try_start(data, die_with_parent=die_with_parent)
+        if started is not None:
+            return started
+        # Another process holds the lock: its server is starting (or dying). Wait for it.
+        if time.monotonic() > deadline:
+            raise ChromaStartFailed(
+                f"{data.chroma_lock} is held but no Chroma answers at {recorded_url(data)}; "
+                "stop the process holding it (`fuser` the lock file) and retry"
+            )
+        time.sleep(0.1)
+
+
+def try_start(data: DataDir, *, die_with_parent: bool = True) -> ChromaServer | None:
+    """Take the lock and start `chroma run`; None when another process holds the lock."""
+    data.ensure()
+    fd = os.open(data.chroma_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        return _spawn_locked(data, fd, die_with_parent)
+    finally:
+        # The child holds the lock through its inherited copy of the description.
+        os.close(fd)
+
+
+def _preferred_port(data: DataDir) -> int:
+    url = recorded_url(data)
+    if url:
+        port = urlparse(url).port
+        if port and port_is_free(port):
+            return port
+    return free_port()
+
+
+def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaServer:
+    data.chroma_dir.mkdir(parents=True, exist_ok=True)
+    port = _preferred_port(data)
+    url = f"http://127.0.0.1:{port}"
+    log_path = data.logs / "chroma.log"
+    env = dict(os.environ, ANONYMIZED_TELEMETRY="False", CHROMA_TELEMETRY="False",
+               NO_COLOR="1", RUST_LOG=os.environ.get("REM_CHROMA_LOG", "warn"))
+    cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir),
+           "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            pass_fds=(lock_fd,), env=env, start_new_session=True,
+            preexec_fn=die_with_parent_preexec if die_with_parent else None,
+        )
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, "started_at": time.time()}).encode(), 0)
+    server = ChromaServer(url=url, data=data, process=proc, started_here=True)
+    try:
+        _wait_ready(server, log_path)
+    except BaseException:
+        server.stop(timeout=5)
+        raise
+    tmp = data.chroma_url_file.with_suffix(".url.tmp")
+    tmp.write_text(url + "\n")
+    tmp.replace(data.chroma_url_file)
+    log.info("started chroma server pid %s at %s for %s", proc.pid, url, data.chroma_dir)
+    return server
+
+
+def _wait_ready(server: ChromaServer, log_path: Path) -> None:
+    assert server.process is not None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            tail = _tail(log_path)
+            raise ChromaStartFailed(
+                f"`chroma run` exited with code {server.process.returncode} before answering "
+                f"(see {log_path}): {tail}"
+            )
+        if is_alive(server.url, timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise ChromaStartFailed(f"`chroma run` did not answer within {START_TIMEOUT_S:.0f} s (see {log_path})")
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])

@@ -1,0 +1,33 @@
+"""`rem bench`: run benchmarks/ and print their headline figures."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from backend.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+
+
+def bench(
+    only: Annotated[list[str] | None, typer.Argument(
+        help="Benchmarks to run (turns, receipts, dream, status); default all.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
+    json: common.JsonOpt = False,
+) -> None:
+    """Run the benchmarks of benchmarks/ and print their headline figures as a table.
+
+    Example: rem bench --quick turns status
+    """
+    from backend.cli.render import print_bench
+    from backend.tools import bench as benches
+
+    report = benches.run(only, quick, progress=common.note)
+    if json:
+        common.emit_json(report)
+    else:
+        print_bench(report)

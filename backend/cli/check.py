@@ -1,0 +1,35 @@
+"""`rem check`: verify the invariants on a live data dir."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from backend import ops
+from backend.cli import common
+from backend.cli.render import print_check
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check)
+
+
+def check(
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    settled: Annotated[bool, typer.Option(
+        "--settled", help="Also fail on work still in flight (use once load has stopped).")] = False,
+    json: common.JsonOpt = False,
+) -> int:
+    """Verify the invariants of DESIGN section 5 on the live data dir; exit 1 on any violation.
+
+    Example: rem check --settled --json
+    """
+    ctx = common.make_context(data, chroma_url, read_only=True)
+    result = common.run(lambda: common.with_context(ctx, lambda c: ops.check(c, settled=settled)))
+    if json:
+        common.emit_json(result)
+    else:
+        print_check(result)
+    return 0 if result["ok"] else 1

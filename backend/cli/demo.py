@@ -1,0 +1,38 @@
+"""`rem demo`: a fresh data dir, `rem up --load`, and the console over it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from backend.cli import common
+from backend.core.datadir import DataDir
+from backend.tools import demo as demo_run
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
+
+
+def open_console(data: DataDir) -> None:
+    """Run the console until the operator quits; SIGTERM quits it too."""
+    from tui.app import ConsoleApp
+
+    app = ConsoleApp(data)
+    previous = demo_run.set_signal_handlers(lambda *_: app.call_later(app.exit))
+    try:
+        app.run()
+    finally:
+        demo_run.restore_signal_handlers(previous)
+
+
+def demo(
+    data: common.DataOpt = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
+) -> int:
+    """A fresh demo data dir, `rem up --load` (Chroma, daemons, synthetic load) and the console.
+
+    Example: rem demo
+    """
+    return demo_run.run_demo(data or common.Globals.data, keep=keep, console=open_console)

@@ -1,0 +1,52 @@
+"""`rem send`."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from backend import ops
+from backend.cli import common
+from backend.execution import sessions
+
+
+class Delivery(str, Enum):
+    queue = "queue"
+    steer = "steer"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("send")(send)
+
+
+def send(
+    session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
+    text: Annotated[str, typer.Argument(
+        help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False)],
+    delivery: Annotated[Delivery, typer.Option(
+        "--delivery", help="queue: start the next turn when idle; steer: join the running turn.")]
+    = Delivery.queue,
+    input_id: Annotated[str | None, typer.Option(
+        "--id", help="Input id, for idempotent resends (letters, digits, . _ -; at most 100).",
+        show_default=False)] = None,
+    data: common.DataOpt = None,
+    json: common.JsonOpt = False,
+) -> None:
+    """Admit an input into a session (idempotent on --id).
+
+    Example: rem send s1 "summarise yesterday's run" --delivery queue
+    """
+    if text == "-":
+        text = sessions.decode_text(sys.stdin.buffer.read())
+    ctx = common.make_context(data, None)
+    result = common.run(lambda: common.with_context(ctx, lambda c: ops.send(
+        c, session, text, delivery=delivery.value, input_id=input_id)))
+    if json:
+        common.emit_json(result)
+        return
+    verb = "already admitted" if result["duplicate"] else "admitted"
+    common.note(f"rem: {verb} {result['input_id']} into session {result['session_id']} "
+                f"({result['delivery']}, seq {result['admitted_seq']})")

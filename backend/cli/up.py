@@ -1,0 +1,39 @@
+"""`rem up`: the Chroma server and the daemons of one data dir, kept running."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from backend.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+
+
+def up(
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    executors: Annotated[int, typer.Option(min=0, help="Executor daemons.")] = 2,
+    summarizers: Annotated[int, typer.Option(min=0, help="Summarizer daemons.")] = 1,
+    dreams: Annotated[int, typer.Option(min=0, help="Dream daemons.")] = 1,
+    load: Annotated[bool, typer.Option("--load", help="Also drive synthetic sessions.")] = False,
+    load_sessions: Annotated[int, typer.Option(min=1, help="Sessions the load uses.")] = 6,
+    load_rate: Annotated[float, typer.Option(min=0.01, help="Load inputs per second.")] = 1.0,
+    reap: Annotated[bool, typer.Option(
+        "--reap/--no-reap", help="Record a dead daemon as stopped at once so its leases are taken "
+        "over without waiting for expiry (--no-reap: they count down, or you release them).")] = True,
+) -> int:
+    """Start the Chroma server and the daemons, restart any that die; Ctrl-C drains and stops them.
+
+    Example: rem up --executors 2 --load
+    """
+    from backend.tools.supervisor import Supervisor, UpConfig
+
+    ctx = common.make_context(data, chroma_url)
+    config = UpConfig(executors=executors, summarizers=summarizers, dreams=dreams, load=load,
+                      load_sessions=load_sessions, load_rate=load_rate, reap=reap)
+    common.note(f"rem up: data dir {ctx.data.root}; Ctrl-C drains and stops everything")
+    return common.run(lambda: common.with_context(ctx, lambda c: Supervisor(c, config).run()))

@@ -1,0 +1,175 @@
+"""The agent the executor runs: a pluggable interface and rem's offline default.
+
+An agent turns a step's prompts into a reply streamed as text parts. The
+default, `OfflineResponder`, needs no model and no network: it reads the
+prompts (sentences, questions, key terms) and writes a reply about them,
+deterministically, in several parts with a pause between parts
+(`REM_AGENT_DELAY_MS`, default 250 ms between parts, about a second a reply) so a
+drill can SIGKILL an executor mid-stream. `REM_AGENT_DELAY_MS=0` is instant
+(benchmarks). `REM_AGENT=module:factory` swaps in another agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import os
+import re
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from backend.core.errors import UsageError
+
+# five parts a reply, four pauses: about a second per reply, so a drill can kill it mid-stream
+DEFAULT_DELAY_MS = 250
+
+STOPWORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have how i if in into is "
+    "it its just me my no not of on or our please so than that the their them then there these this "
+    "those to up us was we were what when where which who why will with would you your".split()
+)
+
+
+@dataclass
+class StepRequest:
+    """What one step of a turn asks the agent to answer."""
+
+    session_id: str
+    prompts: list[str]
+    step: int = 1
+    # set when this step re-runs a step an interrupted execution left incomplete
+    resumed_from: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Agent(Protocol):
+    """The pluggable agent: a name, its system context, and a streamed reply."""
+
+    name: str
+
+    def system_prompt(self) -> str:
+        """The baseline context the session's context epoch records."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the agent's context is made of (JSON); a change moves the baseline."""
+        ...
+
+    def stream(self, request: StepRequest) -> AsyncIterator[str]:
+        """Yield the reply in parts; the executor projects each part as it arrives."""
+        ...
+
+
+def agent_delay_ms() -> int:
+    """The pause between streamed parts: `REM_AGENT_DELAY_MS` (0 = instant)."""
+    raw = os.environ.get("REM_AGENT_DELAY_MS", "").strip()
+    if not raw:
+        return DEFAULT_DELAY_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"REM_AGENT_DELAY_MS={raw!r} is not a whole number of ms") from None
+    if value < 0:
+        raise UsageError(f"REM_AGENT_DELAY_MS={value} is negative")
+    return value
+
+
+def sentences(text: str) -> list[str]:
+    parts = re.split(r"(?<=[.!?])\s+|\n+", text.strip())
+    return [p.strip() for p in parts if p.strip()]
+
+
+def key_terms(text: str, limit: int = 4) -> list[str]:
+    """The most frequent non-trivial words, first occurrence breaking ties."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9_'-]+", text)]
+    counts = Counter(w for w in words if w not in STOPWORDS and len(w) > 2)
+    order = {w: i for i, w in reversed(list(enumerate(words)))}
+    return sorted(counts, key=lambda w: (-counts[w], order[w]))[:limit]
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+class OfflineResponder:
+    """A deterministic offline agent that answers from what the prompt says."""
+
+    name = "offline-responder"
+    version = "1"
+
+    def __init__(self, delay_ms: int | None = None) -> None:
+        self.delay_ms = agent_delay_ms() if delay_ms is None else delay_ms
+        self._snapshot: dict[str, Any] | None = None
+
+    def system_prompt(self) -> str:
+        return ("You are rem's offline responder: restate what was asked, name its key terms, "
+                "and answer plainly. No model, no network.")
+
+    def snapshot(self) -> dict[str, Any]:
+        if self._snapshot is None:  # constant for an instance; read at every turn start
+            self._snapshot = {"agent": self.name, "version": self.version,
+                              "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest()}
+        return dict(self._snapshot)
+
+    def compose(self, request: StepRequest) -> list[str]:
+        """The reply's parts, derived from the prompts (pure, so tests can predict it)."""
+        text = "\n".join(request.prompts)
+        said = sentences(text)
+        questions = [s for s in said if s.endswith("?")]
+        terms = key_terms(text)
+        parts = []
+        if request.resumed_from:
+            parts.append(f"(Resuming after execution {request.resumed_from} was interrupted.) ")
+        if len(request.prompts) > 1:
+            parts.append(f"Taking your {len(request.prompts)} messages together. ")
+        words = len(text.split())
+        parts.append(f"You wrote {words} word{'s' if words != 1 else ''} in {len(said)} sentence"
+                     f"{'s' if len(said) != 1 else ''}. ")
+        if questions:
+            parts.append(f"You asked: \"{_clip(questions[0])}\". ")
+        else:
+            parts.append(f"You said: \"{_clip(said[0] if said else text)}\". ")
+        parts.append(f"Key terms: {', '.join(terms)}. " if terms else "There are no key terms to pick out. ")
+        parts.append(self._focus(text, terms))
+        parts.append(self._closing(request, questions, terms))
+        return parts
+
+    @staticmethod
+    def _focus(text: str, terms: list[str]) -> str:
+        if not terms:
+            return "Nothing in it stands out as the subject. "
+        mentions = len(re.findall(rf"\b{re.escape(terms[0])}\b", text, flags=re.IGNORECASE))
+        times = f", mentioned {mentions} times" if mentions > 1 else ""
+        return f"The main subject looks like {terms[0]}{times}. "
+
+    @staticmethod
+    def _closing(request: StepRequest, questions: list[str], terms: list[str]) -> str:
+        focus = terms[0] if terms else "that"
+        if questions:
+            return f"Short answer on {focus}: it depends on what you need next; ask for detail on any term."
+        return f"Noted on {focus} (step {request.step})."
+
+    async def stream(self, request: StepRequest) -> AsyncIterator[str]:
+        parts = self.compose(request)
+        for index, part in enumerate(parts):
+            if index and self.delay_ms:
+                await asyncio.sleep(self.delay_ms / 1000)
+            yield part
+
+
+def load_agent() -> Agent:
+    """The agent named by `REM_AGENT=module:factory`, else the offline responder."""
+    spec = os.environ.get("REM_AGENT", "").strip()
+    if not spec:
+        return OfflineResponder()
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr or "make_agent")
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"REM_AGENT={spec!r} cannot be loaded ({exc}); use module:factory") from exc
+    agent: Agent = factory()
+    return agent

@@ -1,0 +1,259 @@
+"""Execution leases: one `session_execution` row per session, fenced by a growing epoch.
+
+The epoch is drawn from `session.lease_epoch`, so it grows on every grant
+(claim, takeover, operator release) and survives the row's deletion: an
+owner that lost its lease can never hold a matching epoch again. Every
+lease-dependent transaction starts with `guard`, an UPDATE whose WHERE names
+`(id, owner_id, epoch)`; 0 rows changed raises `LeaseLost` and the
+transaction rolls back. Because every write transaction is BEGIN IMMEDIATE
+(SQLite's single writer), nobody can take the lease over between the guard
+and the rest of that transaction, so the whole transaction is fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from backend.core import clock
+from backend.core.errors import LeaseLost, LeaseNotFound, Refused, UsageError
+from backend.store import workers
+from backend.store.db import Database, in_thread
+from backend.store.events import EventKind, append_event_sync
+from backend.store.schema import SESSION_EXECUTION_LEASE_MS
+
+log = logging.getLogger("rem.leases")
+
+MIN_LEASE_MS = 100
+
+
+def lease_ms() -> int:
+    """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (seed 004)."""
+    raw = os.environ.get("REM_EXECUTION_LEASE_MS", "").strip()
+    if not raw:
+        return SESSION_EXECUTION_LEASE_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"REM_EXECUTION_LEASE_MS={raw!r} is not a whole number of ms") from None
+    if value < MIN_LEASE_MS:
+        raise UsageError(f"REM_EXECUTION_LEASE_MS={value} is below {MIN_LEASE_MS} ms")
+    return value
+
+
+def renew_every_ms(length_ms: int | None = None) -> int:
+    """Renew at a third of the lease, so two renewals can fail before it expires."""
+    return (length_ms or lease_ms()) // 3
+
+
+def new_execution_id() -> str:
+    """A fresh, time-ordered execution id."""
+    return f"exe_{clock.now_ms():013x}{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class Lease:
+    """What an owner holds: the fence every write of the execution names."""
+
+    execution_id: str
+    session_id: str
+    owner_id: str
+    epoch: int
+    expires_at: int
+    length_ms: int
+    # set by the renewer when a renewal found the lease gone: stop, publish nothing
+    lost: bool = False
+
+
+def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
+    """Bump and return the session's lease epoch (inside the granting transaction)."""
+    row = conn.execute("UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch",
+                       (session_id,)).fetchone()
+    if row is None:
+        raise LeaseNotFound(f"no session {session_id!r}")
+    return int(row[0])
+
+
+def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int,
+                    length_ms: int | None = None) -> Lease | None:
+    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
+    if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
+        return None
+    length = length_ms or lease_ms()
+    epoch = next_epoch(conn, session_id)
+    lease = Lease(new_execution_id(), session_id, owner_id, epoch, now + length, length)
+    conn.execute(
+        "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, step, time_created, "
+        "time_renewed, expires_at) VALUES (?, ?, ?, ?, 'ready', 0, ?, ?, ?)",
+        (lease.execution_id, session_id, owner_id, epoch, now, now, lease.expires_at),
+    )
+    return lease
+
+
+def owner_stopped(conn: sqlite3.Connection, owner_id: str) -> bool:
+    """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
+    return conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'",
+                        (owner_id,)).fetchone() is not None
+
+
+def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str | None:
+    """Why the execution may be taken over now (`expired`, `owner_stopped`), or None if it may not.
+
+    An owner recorded as stopped cannot renew, so waiting out its lease only
+    delays recovery; fencing keeps an early takeover safe even if it were alive.
+    """
+    if row["recovery_error"] is not None:
+        return None
+    if row["expires_at"] <= now:
+        return "expired"
+    return "owner_stopped" if owner_stopped(conn, row["owner_id"]) else None
+
+
+def take_over_execution(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
+                        length_ms: int | None = None) -> tuple[Lease, dict[str, Any]] | None:
+    """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
+    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
+    if old is None or takeover_reason(conn, old, now) is None:
+        return None
+    length = length_ms or lease_ms()
+    epoch = next_epoch(conn, old["session_id"])
+    # the caller's BEGIN IMMEDIATE holds the write lock since the read; the epoch check is belt and braces
+    changed = conn.execute(
+        "UPDATE session_execution SET owner_id = ?, epoch = ?, expires_at = ?, time_renewed = ? "
+        "WHERE id = ? AND epoch = ?",
+        (owner_id, epoch, now + length, now, execution_id, old["epoch"]),
+    ).rowcount
+    if not changed:
+        return None
+    return Lease(execution_id, old["session_id"], owner_id, epoch, now + length, length), dict(old)
+
+
+def _lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id} "
+                     f"at epoch {lease.epoch}")
+
+
+# A deliberately broken build for proving the drills can fail: fenced writes stop
+# checking (owner, epoch). Never set outside tests.
+UNSAFE_NO_FENCING = os.environ.get("REM_UNSAFE_DISABLE_FENCING") == "1"
+FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
+
+
+def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
+    """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
+    sets = "".join(f", {column} = :{column}" for column in changes)
+    changed = conn.execute(
+        f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
+        f"WHERE {FENCE}",
+        {**changes, "expires": now + lease.length_ms, "now": now, "id": lease.execution_id,
+         "owner": lease.owner_id, "epoch": lease.epoch},
+    ).rowcount
+    if not changed:
+        raise _lost(lease)
+    lease.expires_at = now + lease.length_ms
+
+
+def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
+    """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
+    if not conn.execute(f"DELETE FROM session_execution WHERE {FENCE}",  # noqa: S608
+                        {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch}).rowcount:
+        raise _lost(lease)
+
+
+def hand_back_execution(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
+    """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
+    epoch = next_epoch(conn, lease.session_id)
+    if not conn.execute(
+        "UPDATE session_execution SET epoch = ?, expires_at = ? WHERE id = ? AND owner_id = ? AND epoch = ?",
+        (epoch, now, lease.execution_id, lease.owner_id, lease.epoch),
+    ).rowcount:
+        raise _lost(lease)
+    append_event_sync(conn, kind=EventKind.EXECUTION_HANDED_BACK, actor=actor, session_id=lease.session_id,
+                      target=lease.execution_id, data={"epoch_before": lease.epoch, "epoch": epoch}, now=now)
+
+
+async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
+    """Renew several leases in one transaction; returns the ones that were lost."""
+    now = clock.now_ms()
+
+    def renew_all(conn: sqlite3.Connection) -> list[Lease]:
+        lost = []
+        for lease in leases:
+            try:
+                guard(conn, lease, now=now)
+            except LeaseLost:
+                lost.append(lease)
+        return lost
+
+    return await db.write_sync(renew_all)
+
+
+async def claim(db: Database, session_id: str, owner_id: str, *, length_ms: int | None = None) -> Lease | None:
+    """Claim a session's execution lease in its own transaction (journaled)."""
+    now = clock.now_ms()
+
+    def claim_journaled(conn: sqlite3.Connection) -> Lease | None:
+        lease = claim_execution(conn, session_id, owner_id, now=now, length_ms=length_ms)
+        if lease is not None:
+            append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=owner_id,
+                              session_id=session_id, target=lease.execution_id,
+                              data={"epoch": lease.epoch}, now=now)
+        return lease
+
+    return await db.write_sync(claim_journaled)
+
+
+async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
+                            expected_epoch: int | None = None, force: bool = False,
+                            actor: str, now: int) -> dict[str, Any]:
+    """Expire an execution lease now and bump its epoch so any executor takes it over at once.
+
+    Runs inside the caller's `db.tx()`. The old owner is fenced (its epoch no
+    longer matches). Refused when the lease was re-granted since the operator
+    saw `expected_epoch`, unless `force`. A parked execution (recovery budget
+    spent) is un-parked with a fresh budget: releasing it is the operator's
+    "try again".
+    """
+    return await in_thread(conn, release_execution_sync, execution_id, expected_epoch, force, actor, now)
+
+
+def release_execution_sync(conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None,
+                           force: bool, actor: str, now: int) -> dict[str, Any]:
+    """The body of `release_execution`, on the connection's thread."""
+    row = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
+    if row is None:
+        raise LeaseNotFound(f"no execution lease {execution_id!r}: it may have completed; "
+                            "see `rem status` for the current leases")
+    if expected_epoch is not None and row["epoch"] != expected_epoch and not force:
+        raise Refused(
+            f"execution {execution_id} is at epoch {row['epoch']}, not the epoch {expected_epoch} "
+            "you saw: it was taken over or released since; look again, or pass --force"
+        )
+    epoch = next_epoch(conn, row["session_id"])
+    conn.execute("UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
+                 (epoch, now, execution_id))
+    unparked = conn.execute(
+        "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
+        "WHERE execution_id = ? AND recovery_error IS NOT NULL", (execution_id,)).rowcount > 0
+    owner = conn.execute("SELECT state, heartbeat_at FROM worker WHERE owner_id = ?",
+                         (row["owner_id"],)).fetchone()
+    alive = bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
+    seen = {"owner_id": row["owner_id"], "epoch": row["epoch"], "phase": row["phase"],
+            "expires_at": row["expires_at"], "time_left_ms": row["expires_at"] - now}
+    result = {
+        "kind": "execution", "id": execution_id, "execution_id": execution_id,
+        "session_id": row["session_id"], "owner_id": row["owner_id"], "owner_alive": alive,
+        "old_epoch": row["epoch"], "new_epoch": epoch, "expected_epoch": expected_epoch,
+        "forced": force, "seen": seen, "unparked": unparked or row["recovery_error"] is not None,
+        "released_at": now,
+    }
+    append_event_sync(conn, kind=EventKind.OPERATOR_RELEASE, actor=actor, session_id=row["session_id"],
+                      target=execution_id, data=result, now=now)
+    log.info("released execution %s (epoch %s -> %s) by %s", execution_id, row["epoch"], epoch, actor)
+    return result

@@ -1,0 +1,188 @@
+"""Projecting a turn into the transcript: assistant rows, parts, supersession, context epochs.
+
+The projection rule of seed 004: a newer turn supersedes stale incomplete
+assistant rows; an older assistant projection is never resumed; only the
+assistant owned by the running execution is mutated. Every write here runs
+inside a transaction that `leases.guard` already fenced, and assistant
+updates also require the row to still be `streaming`, so a closed row can
+never be reopened. Raw turns (for the summarizer and Dream) are user rows
+and assistant rows whose `data.status == "completed"`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from backend.core.errors import LeaseLost
+from backend.execution.leases import UNSAFE_NO_FENCING
+from backend.execution.sessions import dumps
+
+# Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
+# superseded (closed by a newer turn or a recovery), error (the agent failed).
+ANSWERED = ("completed", "error")
+
+
+def assistant_id(execution_id: str, step: int) -> str:
+    """The id of a step's assistant row: derived, so a caller's id can never collide (`:`)."""
+    return f"{execution_id}:{step}"
+
+
+def continuation_id(execution_id: str) -> str:
+    """The one continuation message of an interrupted execution: `recovery:<execution_id>`."""
+    return f"recovery:{execution_id}"
+
+
+def unanswered_prompts(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """User rows after the newest answered assistant row: what the next step must answer."""
+    row = conn.execute(
+        "SELECT seq FROM session_message WHERE session_id = ? AND type = 'assistant' "
+        "AND json_extract(data, '$.status') IN ('completed', 'error') ORDER BY seq DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    rows = conn.execute(
+        "SELECT id, seq, data FROM session_message WHERE session_id = ? AND type = 'user' AND seq > ? "
+        "ORDER BY seq",
+        (session_id, row[0] if row else 0),
+    ).fetchall()
+    return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
+
+
+def execution_started_turn(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
+    """Whether this execution already promoted its turn's first input (executions are serial)."""
+    row = conn.execute(
+        "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    return row is not None and json.loads(row[0]).get("execution_id") == execution_id
+
+
+def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
+    """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
+    # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
+    # would walk every assistant row of a long session
+    rows = conn.execute(
+        "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
+        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by) "
+        "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
+        "RETURNING id",
+        {"now": now, "by": by, "sid": session_id},
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def write_parts(conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int,
+                parts: list[str], now: int) -> None:
+    """Append streamed text parts to a message (ids derived from the message id and index)."""
+    conn.executemany(
+        "INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data) "
+        "VALUES (?, ?, ?, ?, 'text', ?, ?)",
+        [(f"{message_id}:p{first_idx + i}", message_id, session_id, first_idx + i, now,
+          dumps({"text": text})) for i, text in enumerate(parts)],
+    )
+
+
+def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int) -> None:
+    """Rewrite the running execution's own assistant row; a closed row is never reopened."""
+    # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
+    still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
+    changed = conn.execute(
+        "UPDATE session_message SET data = ?, time_updated = ? "  # noqa: S608
+        f"WHERE id = ? AND type = 'assistant'{still_open}",
+        (dumps(data), now, message_id),
+    ).rowcount
+    if not changed:
+        raise LeaseLost(f"assistant {message_id} is no longer open for this execution")
+
+
+def record_context_epoch(conn: sqlite3.Connection, session_id: str, baseline: str,
+                         snapshot: dict[str, Any], seq: int, now: int) -> bool:
+    """Create the session's context epoch, or move its baseline forward when the context changed."""
+    snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+    return conn.execute(
+        "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
+        "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
+        "time_updated = excluded.time_updated "
+        "WHERE excluded.baseline_seq > session_context_epoch.baseline_seq "
+        "AND (excluded.snapshot != session_context_epoch.snapshot "
+        "OR excluded.baseline != session_context_epoch.baseline)",
+        (session_id, baseline, snap, seq, now),
+    ).rowcount > 0
+
+
+def transcript_violations(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict[str, Any]]:
+    """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
+
+    Checks: every promoted input is exactly one `user` row with the input's
+    id and its promoted seq; no user row without its input; one continuation
+    per recovery and none without one; no open (`streaming`) assistant row
+    that no live execution owns; no user row answered twice; and, for
+    sessions with no execution in progress, no promoted user row left
+    unanswered. Reads only; O(messages) of the sessions checked.
+    """
+    params = {"sid": session_id}
+    return (_input_violations(conn, params) + _continuation_violations(conn, params)
+            + _answer_violations(conn, params))
+
+
+def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -> dict[str, Any]:
+    return {"kind": kind, "session_id": session_id, "id": item, "detail": detail}
+
+
+def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
+        "LEFT JOIN session_message AS m ON m.id = i.id "
+        "WHERE i.promoted_seq IS NOT NULL AND (:sid IS NULL OR i.session_id = :sid) "
+        "AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq)", params).fetchall()
+    found = [_violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
+             for r in rows]
+    rows = conn.execute(
+        "SELECT m.session_id, m.id FROM session_message AS m LEFT JOIN session_input AS i ON i.id = m.id "
+        "WHERE m.type = 'user' AND (:sid IS NULL OR m.session_id = :sid) "
+        "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)", params).fetchall()
+    return found + [_violation("user_message_without_input", r[0], r[1]) for r in rows]
+
+
+def _continuation_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
+        "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
+        "WHERE m.type = 'synthetic' AND (:sid IS NULL OR m.session_id = :sid)", params).fetchall()
+    found = []
+    per_execution: dict[str, int] = {}
+    for sid, mid, eid, rid in rows:
+        per_execution[eid] = per_execution.get(eid, 0) + 1
+        if rid is None or mid != continuation_id(rid):
+            found.append(_violation("continuation_without_recovery", sid, mid))
+    return found + [_violation("several_continuations", None, eid, f"{n} messages")
+                    for eid, n in per_execution.items() if n > 1]
+
+
+def _answer_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    live = dict(conn.execute("SELECT session_id, assistant_message_id FROM session_execution "
+                             "WHERE :sid IS NULL OR session_id = :sid", params).fetchall())
+    owned = set(live.values())
+    answered: dict[str, int] = {}
+    found, users = [], []
+    for sid, mid, kind, raw in conn.execute(
+            "SELECT session_id, id, type, data FROM session_message WHERE (:sid IS NULL OR session_id = :sid) "
+            "AND type IN ('user', 'assistant')", params):
+        if kind == "user":
+            users.append((sid, mid))
+            continue
+        data = json.loads(raw)
+        if data.get("status") == "streaming" and mid not in owned:
+            found.append(_violation("open_assistant_without_execution", sid, mid, "never closed, not owned"))
+        if data.get("status") in ANSWERED:
+            for uid in data.get("answers", []):
+                answered[uid] = answered.get(uid, 0) + 1
+    for sid, uid in users:
+        count = answered.get(uid, 0)
+        if count > 1:
+            found.append(_violation("answered_twice", sid, uid, f"{count} replies"))
+        elif count == 0 and sid not in live:
+            found.append(_violation("unanswered", sid, uid, "promoted, no execution in progress, no reply"))
+    return found

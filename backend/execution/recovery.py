@@ -1,0 +1,184 @@
+"""Taking over interrupted executions: recovery rows, continuation messages, the attempt budget.
+
+An execution whose lease expired (its owner died or stalled) or was released
+by an operator is taken over by any executor. The takeover transaction bumps
+the epoch (fencing the old owner), counts the attempt *before* any work,
+writes one `session_recovery` row keyed by the execution id (phase `unknown`
+when the execution died mid-step, else `ready`), appends the one
+continuation message `recovery:<execution_id>` (type `synthetic`; a second
+takeover of the same execution reuses it), and closes the stale assistant
+row. The new owner moves the recovery to `continue` when it resumes work.
+Past the budget the execution is parked with `recovery_error` for the
+operator (`rem release` retries it), never retried in a hot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from backend.core.errors import UsageError
+from backend.execution import projection, sessions
+from backend.execution.leases import Lease, take_over_execution, takeover_reason
+from backend.store import handoffs
+from backend.store.events import EventKind, append_event_sync
+
+log = logging.getLogger("rem.recovery")
+
+RECOVERY_BUDGET = 10  # opencode's budget
+
+# The recovery wake scan, served by the seed's index
+# session_recovery_wake_pending_error_attempts_created_execution_idx.
+RECOVERY_WAKE_SQL = """
+SELECT r.execution_id, r.session_id FROM session_recovery AS r
+JOIN session_execution AS e ON e.id = r.execution_id
+WHERE r.wake_pending = 1 AND r.recovery_error IS NULL
+  AND e.expires_at <= :now AND e.recovery_error IS NULL
+ORDER BY r.wake_attempts, r.time_created, r.execution_id LIMIT :limit
+"""
+# First interruptions: expired executions with no recovery row yet (session_execution_expires_idx).
+EXPIRED_SQL = """
+SELECT e.id, e.session_id FROM session_execution AS e
+WHERE e.expires_at <= :now AND e.recovery_error IS NULL
+  AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
+ORDER BY e.expires_at LIMIT :limit
+"""
+# Executions whose owner the worker registry records as stopped (a supervisor saw it
+# exit, or it shut down without handing back): no need to wait out their leases.
+ORPHANED_SQL = """
+SELECT e.id, e.session_id FROM worker AS w
+JOIN session_execution AS e ON e.owner_id = w.owner_id
+WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
+ORDER BY e.expires_at LIMIT :limit
+"""
+# Only workers stopped within one lease can still hold an unexpired lease.
+ORPHAN_WINDOW_MS = 10 * 60_000
+
+
+def recovery_budget() -> int:
+    """Takeovers allowed per execution before it is parked: `REM_RECOVERY_BUDGET`, default 10."""
+    raw = os.environ.get("REM_RECOVERY_BUDGET", "").strip()
+    if not raw:
+        return RECOVERY_BUDGET
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"REM_RECOVERY_BUDGET={raw!r} is not a whole number") from None
+    if value < 1:
+        raise UsageError(f"REM_RECOVERY_BUDGET={value} must be at least 1")
+    return value
+
+
+@dataclass
+class Takeover:
+    """What the new owner needs to continue an interrupted execution."""
+
+    lease: Lease
+    step: int
+    interrupted_phase: str
+    attempt: int
+    continuation_id: str
+    superseded: list[str]
+
+
+def recoverable(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
+    """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
+    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS}
+    rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
+    rows += conn.execute(EXPIRED_SQL, params).fetchall()
+    rows += conn.execute(ORPHANED_SQL, params).fetchall()
+    return list(dict.fromkeys((r[0], r[1]) for r in rows))
+
+
+def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
+              budget: int, length_ms: int | None = None) -> Takeover | None:
+    """Take over one expired execution (inside the caller's tx), or park it past the budget."""
+    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
+    reason = None if old is None else takeover_reason(conn, old, now)
+    if reason is None:
+        return None
+    recovery = conn.execute("SELECT wake_attempts FROM session_recovery WHERE execution_id = ?",
+                            (execution_id,)).fetchone()
+    attempt = (recovery["wake_attempts"] if recovery else 0) + 1
+    if recovery is not None and attempt > budget:
+        park(conn, dict(old), attempt - 1, owner_id, now)
+        return None
+    taken = take_over_execution(conn, execution_id, owner_id, now=now, length_ms=length_ms)
+    if taken is None:
+        return None
+    lease, _ = taken
+    phase = "unknown" if old["phase"] == "unknown" else "ready"
+    cont = _ensure_continuation(conn, dict(old), lease, phase, now)
+    superseded = projection.supersede_open(conn, lease.session_id, cont, now)
+    _upsert_recovery(conn, dict(old), cont, phase, now)
+    conn.execute("UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
+    handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+    append_event_sync(conn, kind=EventKind.EXECUTION_TAKEN_OVER, actor=owner_id,
+                      session_id=lease.session_id, target=execution_id,
+                      data={"reason": reason, "from_owner": old["owner_id"], "from_epoch": old["epoch"],
+                            "epoch": lease.epoch, "interrupted_phase": phase, "attempt": attempt,
+                            "continuation_id": cont, "superseded": superseded}, now=now)
+    log.info("took over execution %s of session %s (was %s, phase %s, attempt %d)", execution_id,
+             lease.session_id, old["owner_id"], phase, attempt)
+    return Takeover(lease, int(old["step"]), phase, attempt, cont, superseded)
+
+
+def _ensure_continuation(conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str,
+                         now: int) -> str:
+    """Append the execution's one continuation message (a later takeover only reopens it)."""
+    cont = projection.continuation_id(lease.execution_id)
+    reopened = conn.execute(
+        "UPDATE session_message SET data = json_set(data, '$.status', 'continue'), time_updated = ? "
+        "WHERE id = ?", (now, cont)).rowcount
+    if reopened:
+        return cont
+    seq = sessions.reserve_seqs(conn, lease.session_id, 1, now, messages=1)
+    text = (f"Execution {lease.execution_id} was interrupted (phase {phase}, owner {old['owner_id']}, "
+            f"epoch {old['epoch']}); {lease.owner_id} continues it at epoch {lease.epoch}. "
+            "Any incomplete reply was superseded and the step is re-run.")
+    data = {"key": cont, "execution_id": lease.execution_id, "status": "continue", "text": text,
+            "interrupted_phase": phase, "interrupted_owner": old["owner_id"],
+            "interrupted_epoch": old["epoch"], "interrupted_assistant_id": old["assistant_message_id"]}
+    sessions.insert_message(conn, cont, lease.session_id, "synthetic", seq, data, now)
+    return cont
+
+
+def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str,
+                     now: int) -> None:
+    conn.execute(
+        "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "
+        "continuation_message_id, phase, wake_pending, wake_attempts, time_created) "
+        "VALUES (?, ?, ?, ?, ?, 1, 1, ?) ON CONFLICT (execution_id) DO UPDATE SET "
+        "phase = excluded.phase, wake_pending = 1, wake_attempts = wake_attempts + 1, "
+        "assistant_message_id = coalesce(excluded.assistant_message_id, assistant_message_id)",
+        (old["id"], old["session_id"], old["assistant_message_id"], cont, phase, now),
+    )
+
+
+def park(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
+    """Stop retrying an execution: record why on both rows and on its continuation message."""
+    reason = (f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
+              f"`rem release {old['id']}` to retry it")
+    conn.execute("UPDATE session_execution SET recovery_error = ? WHERE id = ?", (reason, old["id"]))
+    conn.execute("UPDATE session_recovery SET recovery_error = ? WHERE execution_id = ?",
+                 (reason, old["id"]))
+    conn.execute(
+        "UPDATE session_message SET data = json_set(data, '$.status', 'error', '$.error', ?), "
+        "time_updated = ? WHERE id = ?", (reason, now, projection.continuation_id(old["id"])))
+    append_event_sync(conn, kind=EventKind.RECOVERY_PARKED, actor=actor, session_id=old["session_id"],
+                      target=old["id"], data={"attempts": attempts, "reason": reason}, now=now)
+    log.warning("parked execution %s of session %s: %s", old["id"], old["session_id"], reason)
+
+
+def mark_continuing(conn: sqlite3.Connection, execution_id: str) -> None:
+    """The new owner resumed work: the recovery moves to `continue`."""
+    conn.execute("UPDATE session_recovery SET phase = 'continue' WHERE execution_id = ?", (execution_id,))
+
+
+def finish(conn: sqlite3.Connection, execution_id: str) -> None:
+    """The recovered execution ended cleanly: its recovery needs no more wakes."""
+    conn.execute("UPDATE session_recovery SET wake_pending = 0, phase = 'continue' "
+                 "WHERE execution_id = ?", (execution_id,))

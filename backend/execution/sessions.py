@@ -1,0 +1,239 @@
+"""Sessions and their inputs: admission (`rem send`), the per-session sequence, promotion.
+
+Admission is idempotent on the input id and draws `admitted_seq` from
+`session.last_seq` in the same transaction; promotion (done by the executor
+under its lease) draws `promoted_seq` from the same sequence, sets it exactly
+once, and writes the `user` message with the input's id and that seq. Bad
+input raises `BadInput` before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import uuid
+from typing import Any
+
+from backend.core import clock
+from backend.core.errors import BadInput
+from backend.store.db import Database
+from backend.store.events import EventKind, append_event_sync
+
+DELIVERIES = ("queue", "steer")
+# 256 KiB of UTF-8: a prompt is a message, not a document upload.
+MAX_TEXT_BYTES = 256 * 1024
+# Ids (session ids and input ids): 1-100 chars of letters, digits, `.`, `_`, `-`,
+# starting with a letter or digit. Ids rem derives itself contain `:`, so a
+# caller's id can never collide with one (e.g. `recovery:<execution_id>`).
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+ID_RULE = "1-100 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def new_input_id() -> str:
+    """A fresh, time-ordered input id (it becomes the user message id)."""
+    return f"in_{clock.now_ms():013x}{uuid.uuid4().hex[:12]}"
+
+
+def validate_id(kind: str, value: str, flag: str) -> str:
+    """Return `value` if it is a well-formed id, else raise BadInput naming the fix."""
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        shown = value if len(str(value)) <= 40 else str(value)[:37] + "..."
+        raise BadInput(f"malformed {kind} {shown!r}: use {ID_RULE} ({flag})")
+    return value
+
+
+def validate_input(session_id: str, text: str, delivery: str, input_id: str | None) -> None:
+    """Refuse bad admission input with one line that names the fix; writes nothing."""
+    validate_id("session id", session_id, "SESSION")
+    if input_id is not None:
+        validate_id("input id", input_id, "--id")
+    if delivery not in DELIVERIES:
+        raise BadInput(f"unknown delivery {delivery!r}: use --delivery queue or --delivery steer")
+    if not isinstance(text, str) or not text.strip():
+        raise BadInput("the input text is empty: pass the prompt as TEXT")
+    size = _utf8_size(text)
+    if size > MAX_TEXT_BYTES:
+        raise BadInput(
+            f"the input text is {size} bytes, over the {MAX_TEXT_BYTES} byte (256 KiB) limit: "
+            "send a shorter prompt or split it into several inputs"
+        )
+
+
+def _utf8_size(text: str) -> int:
+    """The text's size in UTF-8; refuses text that is not valid Unicode (e.g. bytes from a shell)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Python hands undecodable argv bytes over as lone surrogates U+DC80..U+DCFF
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise BadInput(f"the input text is not valid UTF-8 ({what} at character {exc.start}): "
+                       "send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
+
+
+def decode_text(raw: bytes, source: str = "stdin") -> str:
+    """Strict UTF-8 text from raw bytes (`rem send -`), or BadInput naming the bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"the text on {source} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                       f"{exc.start}): send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
+
+
+async def admit(
+    db: Database,
+    session_id: str,
+    text: str,
+    *,
+    delivery: str = "queue",
+    input_id: str | None = None,
+    now: int | None = None,
+    actor: str = "send",
+) -> dict[str, Any]:
+    """Admit one input (idempotent on its id), creating the session on first use."""
+    validate_input(session_id, text, delivery, input_id)
+    input_id = input_id or new_input_id()
+    now = clock.now_ms() if now is None else now
+    return await db.write_sync(lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor))
+
+
+def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: str, input_id: str,
+               now: int, actor: str = "send") -> dict[str, Any]:
+    """The admission transaction body (validated input, on the connection's thread)."""
+    existing = conn.execute(
+        "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq FROM session_input WHERE id = ?",
+        (input_id,)).fetchone()
+    if existing is not None:
+        return _readmitted(existing, session_id, input_id, text, delivery)
+    if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
+        # the input id becomes a session_message id at promotion; it must be free
+        raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
+    created = ensure_session(conn, session_id, now)
+    seq = reserve_seqs(conn, session_id, 1, now, inputs=1)
+    conn.execute(
+        "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+        "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
+        (input_id, session_id, dumps({"text": text}), delivery, seq, now),
+    )
+    append_event_sync(conn, kind=EventKind.INPUT_ADMITTED, actor=actor, session_id=session_id,
+                      target=input_id, now=now,
+                      data={"delivery": delivery, "admitted_seq": seq,
+                            "bytes": len(text.encode("utf-8", "surrogatepass"))})
+    return {"session_id": session_id, "input_id": input_id, "delivery": delivery,
+            "admitted_seq": seq, "promoted_seq": None, "duplicate": False,
+            "session_created": created}
+
+
+def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
+    """The answer to a re-admission: the original admission, or a refusal if it differs."""
+    same = (row["session_id"] == session_id and row["delivery"] == delivery
+            and json.loads(row["prompt"]).get("text") == text)
+    if not same:
+        raise BadInput(
+            f"input id {input_id!r} was already admitted to session {row['session_id']!r} with "
+            "different text or delivery: resend the same input, or use a new --id"
+        )
+    return {"session_id": session_id, "input_id": input_id, "delivery": delivery,
+            "admitted_seq": row["admitted_seq"], "promoted_seq": row["promoted_seq"],
+            "duplicate": True, "session_created": False}
+
+
+# one encoder for every call: `json.dumps` with non-default options builds a new
+# JSONEncoder each time, which costs more than encoding a message row
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def dumps(data: dict[str, Any]) -> str:
+    """Compact JSON for the data columns (UTF-8 kept as is)."""
+    return _ENCODER.encode(data)
+
+
+def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
+    """Create the session row if missing; True when it was created."""
+    return conn.execute(
+        "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) "
+        "ON CONFLICT (id) DO NOTHING",
+        (session_id, now, now),
+    ).rowcount > 0
+
+
+def reserve_seqs(conn: sqlite3.Connection, session_id: str, count: int, now: int, *,
+                 inputs: int = 0, messages: int = 0) -> int:
+    """Take `count` numbers from the session sequence; returns the first of them."""
+    row = conn.execute(
+        "UPDATE session SET last_seq = last_seq + :n, input_count = input_count + :i, "
+        "message_count = message_count + :m, time_updated = :now WHERE id = :sid RETURNING last_seq",
+        {"n": count, "i": inputs, "m": messages, "now": now, "sid": session_id},
+    ).fetchone()
+    if row is None:
+        raise BadInput(f"no session {session_id!r}")
+    return int(row[0]) - count + 1
+
+
+PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
+
+
+# Both served in order by session_input_session_promoted_delivery_admitted_idx
+# (no sort, however many inputs wait): the pending steers, and the oldest
+# pending queue input.
+PENDING_STEERS_SQL = f"""
+SELECT {PENDING_COLUMNS} FROM session_input
+WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq
+"""  # noqa: S608
+OLDEST_QUEUED_SQL = f"""
+SELECT {PENDING_COLUMNS} FROM session_input
+WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1
+"""  # noqa: S608
+# The oldest pending input of either delivery, from the same index (two seeks).
+OLDEST_PENDING_SQL = """
+SELECT id FROM (
+    SELECT * FROM (SELECT id, admitted_seq FROM session_input WHERE session_id = :sid
+                   AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1)
+    UNION ALL
+    SELECT * FROM (SELECT id, admitted_seq FROM session_input WHERE session_id = :sid
+                   AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq LIMIT 1))
+ORDER BY admitted_seq LIMIT 1
+"""
+
+
+def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
+    """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
+    rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
+    if turn_start:
+        oldest = conn.execute(OLDEST_QUEUED_SQL, (session_id,)).fetchone()
+        # a queue input starts the turn only when no steer waits from before it
+        if oldest is not None and (not rows or oldest["admitted_seq"] < rows[0]["admitted_seq"]):
+            rows = [oldest, *rows]
+    return rows
+
+
+def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs: list[sqlite3.Row],
+            first_seq: int, now: int) -> list[dict[str, Any]]:
+    """Turn admitted inputs into `user` messages at the given seqs (exactly once each)."""
+    promoted = []
+    for offset, row in enumerate(inputs):
+        seq = first_seq + offset
+        changed = conn.execute(
+            "UPDATE session_input SET promoted_seq = ?, wake_pending = 0 "
+            "WHERE id = ? AND promoted_seq IS NULL",
+            (seq, row["id"]),
+        ).rowcount
+        if not changed:  # unreachable under the lease; refuse rather than promote twice
+            raise RuntimeError(f"input {row['id']} was promoted concurrently")
+        text = json.loads(row["prompt"]).get("text", "")
+        data = {"text": text, "delivery": row["delivery"], "input_id": row["id"],
+                "admitted_seq": row["admitted_seq"], "execution_id": execution_id}
+        insert_message(conn, row["id"], session_id, "user", seq, data, now)
+        promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
+    return promoted
+
+
+def insert_message(conn: sqlite3.Connection, message_id: str, session_id: str, kind: str,
+                   seq: int, data: dict[str, Any], now: int) -> None:
+    """Insert one transcript row (seq must come from `reserve_seqs`)."""
+    conn.execute(
+        "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (message_id, session_id, kind, seq, now, now, dumps(data)),
+    )

@@ -1,0 +1,197 @@
+"""Operator-facing library: one function per `rem` command, shared by CLI, console and daemons.
+
+Each function takes a `Context`, checks its preconditions against the
+database at the moment it runs, journals what it did in `event` (same
+transaction as the effect) and returns a JSON-serialisable dict. Actions
+refuse to run from a read-only context before touching anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from backend.chroma import server as chroma_server
+from backend.core import clock
+from backend.core.errors import (
+    BadInput,
+    ChromaUnreachable,
+    NotChroma,
+    NotImplementedYet,
+    Refused,
+    RemError,
+    UsageError,
+)
+from backend.runtime.context import Context
+from backend.store import workers
+from backend.store.schema import SCHEMA_VERSION, schema_version
+
+
+async def init(ctx: Context) -> dict[str, Any]:
+    """Create the data dir and migrate state.db to the current schema."""
+    ctx.require_writable("init")
+    existed = ctx.data.exists()
+    db = await ctx.db()
+    return {
+        "data_dir": str(ctx.data.root),
+        "state_db": str(ctx.data.state_db),
+        "schema_version": await schema_version(db),
+        "created": not existed,
+    }
+
+
+def chroma_health(ctx: Context) -> dict[str, Any]:
+    """Where Chroma is and whether it answers, without starting a server.
+
+    Down is a state to report; a URL the operator gave that is malformed or
+    is not Chroma at all is a usage error and raises.
+    """
+    external = chroma_server.external_url(ctx.chroma_url)
+    if external is not None:
+        url, is_external = external, True
+    else:
+        url, is_external = chroma_server.recorded_url(ctx.data), False
+    health: dict[str, Any] = {"url": url, "external": is_external, "healthy": False, "error": None}
+    if not is_external:
+        health["lock_held"] = chroma_server.lock_is_held(ctx.data)
+        health["pid"] = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+    if url is None:
+        health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
+        return health
+    try:
+        chroma_server.heartbeat(url, timeout=1.0)
+        health["healthy"] = True
+    except NotChroma:
+        if is_external:
+            raise
+        health["error"] = f"{url} (from chroma.url) is not a Chroma server"
+    except ChromaUnreachable as exc:
+        health["error"] = str(exc)
+    return health
+
+
+async def status(ctx: Context) -> dict[str, Any]:
+    """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
+    from backend.ops.snapshot import snapshot
+
+    db = await ctx.db()
+    snap = await db.read_snapshot(snapshot)
+    snap.update({
+        "data_dir": str(ctx.data.root),
+        "schema_version": await schema_version(db),
+        "schema_version_supported": SCHEMA_VERSION,
+        "read_only": ctx.read_only,
+        "chroma": chroma_health(ctx),
+    })
+    return snap
+
+
+async def drain(ctx: Context, owner_id: str, *, wait: bool = False, timeout_s: float = 60.0,
+                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Ask a worker to drain: stop claiming, finish or hand back its work, release, exit.
+
+    With `wait`, block until the worker has marked itself stopped (or the
+    timeout passes), calling `progress` with its state and leases held.
+    """
+    ctx.require_writable(f"drain {owner_id}")
+    db = await ctx.db()
+    result = await workers.request_drain(db, owner_id, ctx.operator)
+    if not wait:
+        return result
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        state = await workers.state_of(db, owner_id)
+        held = await workers.leases_held(db, owner_id)
+        report = {**result, "state": state, "leases_held": held,
+                  "waited_ms": int((loop.time() - started) * 1000)}
+        if progress is not None:
+            progress(report)
+        if state == "stopped":
+            return report
+        if loop.time() - started > timeout_s:
+            raise Refused(f"worker {owner_id} is still {state} after {timeout_s:.0f} s "
+                          f"({held} leases held); check its log, or release its leases")
+        await asyncio.sleep(0.1)
+
+
+LEASE_KINDS = ("execution", "summary_job", "dream")
+
+
+async def release(ctx: Context, lease_id: str, *, kind: str | None = None,
+                  expected_epoch: int | None = None, force: bool = False) -> dict[str, Any]:
+    """Expire a lease now and bump its epoch, so another worker takes over at once.
+
+    Refused when the lease's epoch is not `expected_epoch` (it was renewed or
+    taken over since the operator looked) unless `force`. The old owner's
+    late writes are fenced by the new epoch; the takeover follows the normal
+    recovery path. `kind` defaults to whichever lease `lease_id` names.
+    """
+    ctx.require_writable(f"release {lease_id}")
+    if kind is not None and kind not in LEASE_KINDS:
+        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LEASE_KINDS)}")
+    db = await ctx.db()
+    from backend.ops.lease_release import lease_kind, release_job_lease
+
+    kind = kind or await lease_kind(db, lease_id)
+    async with db.tx() as conn:
+        if kind == "execution":
+            from backend.execution.leases import release_execution
+
+            return await release_execution(
+                conn, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
+                now=clock.now_ms())
+        return await release_job_lease(
+            conn, kind, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
+            now=clock.now_ms())
+
+
+def _not_yet(command: str) -> RemError:
+    return NotImplementedYet(f"`rem {command}` is not implemented yet")
+
+
+async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
+    """Verify the invariants of DESIGN section 5 on the live data dir.
+
+    `settled=True` also counts in-flight work as a violation (for use once load
+    has stopped and leases have expired or been released). `verify_chroma`
+    compares every staged receipt and Dream overlay with its Chroma row.
+    """
+    from backend.ops.checks import check_chroma, check_database, summarize
+
+    db = await ctx.db()
+    report = await db.read_snapshot(check_database)
+    if verify_chroma:
+        await check_chroma(ctx, db, report)
+    result = summarize(report, settled=settled)
+    result["data_dir"] = str(ctx.data.root)
+    return result
+
+
+async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
+    from backend.summaries import receipt_replay
+
+    if bool(summary_ids) == all_mismatched:
+        raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    if not dry_run:
+        ctx.require_writable("replay")
+    db = await ctx.db()
+    store = ctx.store()
+    await store.count()  # Chroma down: say so now, before anything is read or written
+    report = await receipt_replay.replay_receipts(db, store, actor=ctx.operator,
+                                                  summary_ids=summary_ids, dry_run=dry_run)
+    return report.as_dict()
+
+
+async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "queue",
+               input_id: str | None = None) -> dict[str, Any]:
+    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
+    from backend.execution import sessions
+
+    ctx.require_writable("send")
+    sessions.validate_input(session_id, text, delivery, input_id)
+    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id,
+                                actor=ctx.operator)

@@ -1,0 +1,190 @@
+"""The shared daemon loop: register, heartbeat, run passes, drain, stop.
+
+A role subclasses `Daemon` and implements `run_pass` (one bounded unit of
+work; returns how many items it handled) and, if it holds leases,
+`hand_back` (release them so another worker can take over at once). SIGTERM
+and SIGINT drain gracefully, exactly like `rem drain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from backend.core import faults
+from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
+from backend.runtime.context import Context
+from backend.store import workers
+from backend.store.db import Database
+
+IDLE_POLL_S = 0.05
+# run a pass at least this often even when nothing was committed (lease expiry is time-based)
+MAX_IDLE_S = 1.0
+MAX_BACKOFF_S = 5.0
+# a dependency that is down for now: the pass is retried with backoff, nothing is lost
+# (a corrupt database is not in here: it needs an operator, so the daemon stops with one line)
+TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError)
+
+
+class Daemon:
+    role: str = ""
+
+    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None) -> None:
+        faults.validate()  # a typo in REM_FAULTS fails here, in one line, not inside a task
+        self.ctx = ctx
+        self.once = once
+        self.owner_id = owner_id or workers.new_owner_id(self.role)
+        self.log = logging.getLogger(f"rem.{self.role}")
+        self.draining = asyncio.Event()
+        self.db: Database
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # -- hooks for roles -------------------------------------------------
+    async def run_pass(self) -> int:
+        """Do one bounded unit of work; return the number of items handled."""
+        raise NotImplementedError
+
+    async def hand_back(self) -> None:
+        """Release any lease still held (draining or shutting down)."""
+
+    async def on_heartbeat(self) -> None:
+        """Called every heartbeat (lease renewal lives here)."""
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    # -- the loop ----------------------------------------------------------
+    async def run(self) -> int:
+        """Run until drained (or one pass with `once`); returns an exit code."""
+        self.db = await self.ctx.db()
+        await self._register()
+        self.log.info("%s %s started", self.role, self.owner_id)
+        self._install_signal_handlers()
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        reason = "once" if self.once else "drained"
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            reason = "cancelled"
+            raise
+        finally:
+            await self._shutdown(reason)
+        return 0
+
+    async def _register(self) -> None:
+        """Join the worker registry, waiting out a locked or full database like any pass would."""
+        backoff = 0.1
+        while True:
+            try:
+                await workers.register(self.db, self.owner_id, self.role, self.info())
+                return
+            except TRANSIENT_ERRORS as exc:
+                if self.once:
+                    raise
+                self.log.warning("%s cannot register yet: %s; retrying in %.1f s", self.owner_id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        while not self.draining.is_set():
+            try:
+                handled = await self.run_pass()
+                backoff = 0.1
+            except TRANSIENT_ERRORS as exc:
+                self.log.warning("%s: %s; retrying in %.1f s", self.owner_id, exc, backoff)
+                if self.once:
+                    raise
+                await self._sleep_or_drain(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            if self.once:
+                if handled == 0:
+                    return
+                continue
+            if handled == 0:
+                await self._idle_wait()
+
+    async def _idle_wait(self) -> None:
+        """Sleep until another process commits, a wake is requested, or MAX_IDLE_S passes."""
+        start_version = await self.db.data_version()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MAX_IDLE_S
+        while loop.time() < deadline and not self.draining.is_set():
+            if self._wake.is_set():
+                self._wake.clear()
+                return
+            await asyncio.sleep(IDLE_POLL_S)
+            if await self.db.data_version() != start_version:
+                return
+
+    async def _sleep_or_drain(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.draining.wait(), seconds)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(workers.HEARTBEAT_INTERVAL_MS / 1000)
+            try:
+                state = await workers.beat(self.db, self.owner_id)
+                if state == "draining" and not self.draining.is_set():
+                    self.log.info("%s asked to drain", self.owner_id)
+                    self.draining.set()
+                await self.on_heartbeat()
+            except RemError as exc:
+                self.log.warning("%s heartbeat failed: %s", self.owner_id, exc)
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.request_stop)
+
+    def request_stop(self) -> None:
+        self.log.info("%s stopping (signal)", self.owner_id)
+        self.draining.set()
+
+    async def _shutdown(self, reason: str) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._heartbeat_task
+        try:
+            await self.hand_back()
+        finally:
+            await workers.mark_stopped(self.db, self.owner_id, reason)
+            self.log.info("%s %s stopped (%s)", self.role, self.owner_id, reason)
+
+
+# The role classes, imported lazily so `rem send` never pays for Chroma's import.
+ROLE_CLASSES = {
+    "executor": "backend.execution.executor:Executor",
+    "summarizer": "backend.summaries.summarizer:Summarizer",
+    "dream": "backend.dream.digester:Dreamer",
+}
+
+
+def daemon_class(role: str) -> type[Daemon]:
+    """The `Daemon` subclass for a role."""
+    import importlib
+
+    from backend.core.errors import NotImplementedYet, UsageError
+
+    if role not in ROLE_CLASSES:
+        raise UsageError(f"unknown role {role!r}; use one of {', '.join(ROLE_CLASSES)}")
+    module_name, _, attr = ROLE_CLASSES[role].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise NotImplementedYet(f"the {role} daemon is not implemented yet") from exc
+    cls: type[Daemon] = getattr(module, attr)
+    return cls

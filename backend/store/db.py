@@ -1,0 +1,393 @@
+"""state.db access on aiosqlite: one connection factory, one write-transaction helper.
+
+Every connection runs with `isolation_level=None` (we issue BEGIN ourselves),
+WAL, `synchronous=NORMAL`, a busy timeout, foreign keys and a journal size
+limit. Every write transaction is `BEGIN IMMEDIATE`: a deferred transaction
+that reads and then writes fails at once with SQLITE_BUSY under contention,
+ignoring `busy_timeout`, because SQLite cannot upgrade its read snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from backend.core.errors import (
+    DatabaseCorrupt,
+    DatabaseFull,
+    DatabaseIOError,
+    DatabaseLocked,
+    DataDirError,
+    ReadOnly,
+    RemError,
+)
+
+log = logging.getLogger("rem.db")
+
+# >= 5 s per the contract; tests of lock contention shorten it through the environment
+BUSY_TIMEOUT_MS = int(os.environ.get("REM_BUSY_TIMEOUT_MS", "10000"))
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+Params = Sequence[Any] | dict[str, Any]
+T = TypeVar("T")
+
+
+def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | None:
+    """Map an sqlite3 error to the one-line RemError an operator can act on."""
+    msg = str(exc).lower()
+    if "locked" in msg or "busy" in msg:
+        return DatabaseLocked(
+            f"{path} stayed locked by another writer for more than "
+            f"{BUSY_TIMEOUT_MS / 1000:g} s; retry, or find the holder with `fuser {path}`"
+        )
+    if "disk is full" in msg or "database or disk is full" in msg:
+        return DatabaseFull(f"no space left for {path}; free disk space, then retry")
+    if "disk i/o error" in msg:
+        return _io_error(exc, path)
+    if "not a database" in msg or "malformed" in msg:
+        return DatabaseCorrupt(
+            f"{path} is not a readable rem database ({exc}); restore it from a backup "
+            "or move it aside and run `rem init`"
+        )
+    if "unable to open" in msg:
+        return DataDirError(f"cannot open {path}: {exc}; check --data and its permissions")
+    if "readonly" in msg or "read-only" in msg or "attempt to write" in msg:
+        return ReadOnly(f"{path} is opened read-only; this action needs a writable rem")
+    return None
+
+
+# below this much free space, a disk I/O error is a full disk (SQLite reports a
+# -shm or -wal file it could not grow as SQLITE_IOERR_*, not SQLITE_FULL)
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def _io_error(exc: sqlite3.Error, path: Path | str) -> RemError:
+    """A disk I/O error: a full disk when the filesystem is (nearly) full, never "corrupt"."""
+    name = getattr(exc, "sqlite_errorname", "SQLITE_IOERR")
+    try:
+        free = shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        return DatabaseFull(f"no space left for {path} ({free} bytes free, {name}); "
+                            "free disk space, then retry")
+    return DatabaseIOError(f"disk I/O error on {path} ({name}); check the disk (`df`, `dmesg`) "
+                           "and retry; if it persists, restore state.db from a backup")
+
+
+# what an unversioned (user_version 0) database already holds; a new rem database holds nothing
+FOREIGN_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+
+
+def refuse_foreign(path: Path | str, user_version: int, tables: list[str]) -> None:
+    """Never touch another program's SQLite database: rem's is versioned, or empty."""
+    if user_version == 0 and tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise DataDirError(
+            f"{path} is a SQLite database, but not rem's (no rem schema; tables: {shown}); "
+            "move it aside or pass another --data"
+        )
+
+
+class Database:
+    """One aiosqlite connection to state.db, shared by the tasks of a process.
+
+    Tasks take turns through an asyncio lock: SQLite transactions belong to a
+    connection, so two tasks must never interleave statements inside one.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path, read_only: bool) -> None:
+        self.conn = conn
+        self.path = path
+        self.read_only = read_only
+        self._lock = asyncio.Lock()
+        # group commit: write_sync calls waiting for the next group, and the task committing them
+        self._writes: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._committer: asyncio.Task[None] | None = None
+        self.groups_committed = 0
+
+    @classmethod
+    async def open(cls, path: Path, *, read_only: bool = False) -> Database:
+        """Open state.db with rem's PRAGMAs; read-only opens set `query_only`."""
+        try:
+            conn = await aiosqlite.connect(str(path), isolation_level=None)
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, path) or exc from exc
+        conn.row_factory = sqlite3.Row
+        db = cls(conn, path, read_only)
+        try:
+            await db._apply_pragmas()
+        except sqlite3.Error as exc:
+            await conn.close()
+            raise translate_sqlite_error(exc, path) or exc from exc
+        except BaseException:
+            await conn.close()
+            raise
+        return db
+
+    async def _apply_pragmas(self) -> None:
+        c = self.conn
+        await c.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not self.read_only and await self.scalar("PRAGMA journal_mode") != "wal":
+            # switching to WAL rewrites the file header: refuse another program's database first
+            refuse_foreign(self.path, await self.scalar("PRAGMA user_version"),
+                           [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)])
+            await c.execute("PRAGMA journal_mode = WAL")
+        await c.execute("PRAGMA synchronous = NORMAL")
+        await c.execute("PRAGMA foreign_keys = ON")
+        await c.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        if self.read_only:
+            await c.execute("PRAGMA query_only = ON")
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
+        if self.read_only:
+            raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+        async with self._lock:
+            try:
+                await self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+            try:
+                yield self.conn
+            except sqlite3.Error as exc:
+                # a statement in the body failed (full disk, corrupt page): one clear RemError
+                await self._rollback_quietly()
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+            except BaseException:
+                await self._rollback_quietly()
+                raise
+            try:
+                await self.conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                await self._rollback_quietly()
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A short read transaction so several queries see one consistent state."""
+        async with self._lock:
+            try:
+                await self.conn.execute("BEGIN")
+                yield self.conn
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+            finally:
+                await self._rollback_quietly()
+
+    async def _rollback_quietly(self) -> None:
+        if self.conn.in_transaction:
+            try:
+                await self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.warning("rollback failed on %s", self.path, exc_info=True)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+        """Run one autocommit query and return all rows."""
+        async with self._lock:
+            try:
+                return list(await self.conn.execute_fetchall(sql, params))
+            except sqlite3.Error as exc:
+                raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    async def fetchone(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def scalar(self, sql: str, params: Params = ()) -> Any:
+        row = await self.fetchone(sql, params)
+        return None if row is None else row[0]
+
+    async def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(raw sqlite3 connection)` on the connection's own thread, in one hop.
+
+        For read paths that run many queries and build many rows (the status
+        snapshot): one thread hop instead of one per statement, and the row
+        building happens off the event loop. Uses aiosqlite's queue (pinned
+        version); `fn` must not leave a transaction open.
+        """
+        # Single-hop calls need no turn-taking among themselves: each runs whole on
+        # the connection's one thread, in queue order, so several tasks may queue
+        # theirs at once (the thread never idles while the event loop prepares the
+        # next). Only a multi-hop transaction (`tx`, `snapshot`, `fetchall`) must
+        # not be entered: wait until none holds the lock. `_execute` enqueues
+        # synchronously before its first suspension, so a multi-hop transaction
+        # that takes the lock later queues its BEGIN behind this call.
+        while self._lock.locked():
+            async with self._lock:
+                pass
+        raw = self.conn._conn  # noqa: SLF001 - aiosqlite exposes no public hook for this
+        try:
+            return await self.conn._execute(fn, raw)  # noqa: SLF001
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, self.path) or exc from exc
+
+    async def read_snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
+
+        def wrapped(raw: sqlite3.Connection) -> T:
+            raw.execute("BEGIN")
+            try:
+                return fn(raw)
+            finally:
+                raw.execute("ROLLBACK")
+
+        return await self.run_sync(wrapped)
+
+    async def write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
+
+        For hot write paths (the executor's turn transactions). `fn` runs on
+        the connection's thread and must not await. Group commit: the calls
+        that arrive while a group is being written go together in the next
+        one: one `BEGIN IMMEDIATE ... COMMIT` and one thread hop for all of
+        them, each `fn` in its own SAVEPOINT, in arrival order, so each is
+        still atomic and sees the ones before it. An `fn` that raises rolls
+        back its own writes only and its caller gets the exception; the others
+        commit. A caller is answered only after the group's COMMIT (durable as
+        any single transaction), and a failed COMMIT fails every caller in the
+        group. A call cancelled before its group starts never runs.
+        """
+        if self.read_only:
+            raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._writes.append((fn, future))
+        if self._committer is None:
+            self._committer = loop.create_task(self._commit_groups(), name="rem-db-group-commit")
+        return await future
+
+    async def _commit_groups(self) -> None:
+        group: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        try:
+            while True:
+                await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
+                group = [(fn, fut) for fn, fut in self._writes[:WRITE_GROUP_MAX] if not fut.done()]
+                del self._writes[:WRITE_GROUP_MAX]
+                if not group:
+                    if not self._writes:
+                        return
+                    continue
+                try:
+                    outcomes = await self.run_sync(partial(commit_group, fns=[fn for fn, _ in group]))
+                except Exception as exc:
+                    # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                self.groups_committed += 1
+                for (_, fut), (ok, value) in zip(group, outcomes, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    elif isinstance(value, sqlite3.Error):
+                        fut.set_exception(translate_sqlite_error(value, self.path) or value)
+                    else:
+                        fut.set_exception(value)
+        except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
+            for _, fut in group + self._writes:
+                fut.cancel()
+            self._writes.clear()
+            raise
+        finally:
+            self._committer = None
+
+    async def data_version(self) -> int:
+        """`PRAGMA data_version`: changes whenever another connection commits."""
+        return int(await self.scalar("PRAGMA data_version"))
+
+
+# At most this many write_sync calls share one commit: bounds how long one group
+# holds SQLite's write lock (each turn-path transaction body takes ~0.2 ms).
+WRITE_GROUP_MAX = 32
+
+
+class TransactionDropped(DatabaseIOError):
+    """SQLite rolled the whole transaction back under a group (full disk, I/O error)."""
+
+
+def commit_group(raw: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+    """On the connection's thread: run `fns` in one write transaction; (ok, result or exception) each.
+
+    A lone function needs no savepoint: the transaction is its unit, and its
+    exception rolls it back and propagates, as a plain transaction would.
+    """
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        if len(fns) == 1:
+            outcomes: list[tuple[bool, Any]] = [(True, fns[0](raw))]
+        else:
+            outcomes = [_in_savepoint(raw, fn) for fn in fns]
+        raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    return outcomes
+
+
+def _in_savepoint(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
+    raw.execute("SAVEPOINT rem_write")
+    try:
+        value = fn(raw)
+    except Exception as exc:
+        if not raw.in_transaction:  # SQLite rolled back the whole transaction (SQLITE_FULL, IOERR)
+            raise
+        raw.execute("ROLLBACK TO rem_write")
+        raw.execute("RELEASE rem_write")
+        return False, exc
+    if not raw.in_transaction:
+        raise TransactionDropped("the write transaction ended inside a group; nothing of the group was written")
+    raw.execute("RELEASE rem_write")
+    return True, value
+
+
+async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(raw sqlite3 connection, *args)` on an aiosqlite connection's thread, inside its open tx."""
+    return await conn._execute(fn, conn._conn, *args)  # noqa: SLF001 - same hook as run_sync
+
+
+async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+    """Rows of one query on a connection already inside a transaction."""
+    return list(await conn.execute_fetchall(sql, params))
+
+
+async def fetchone(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> sqlite3.Row | None:
+    rows = await fetchall(conn, sql, params)
+    return rows[0] if rows else None
+
+
+async def execute(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> int:
+    """Run one statement inside the current transaction; return rows changed."""
+    cursor = await conn.execute(sql, params)
+    try:
+        return cursor.rowcount
+    finally:
+        await cursor.close()
+
+
+async def executemany(conn: aiosqlite.Connection, sql: str, rows: Iterable[Params]) -> None:
+    cursor = await conn.executemany(sql, rows)
+    await cursor.close()

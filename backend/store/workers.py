@@ -1,0 +1,121 @@
+"""The `worker` registry: live daemons, their heartbeats and drain requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from typing import Any
+
+from backend.core import clock
+from backend.store.db import Database, execute
+from backend.store.events import EventKind, append_event
+
+HEARTBEAT_INTERVAL_MS = 2_000
+# a worker whose heartbeat is older than this is presumed dead
+WORKER_DEAD_AFTER_MS = 10_000
+ROLES = ("executor", "summarizer", "dream")
+
+
+def new_owner_id(role: str) -> str:
+    """A unique owner id that names the role, host and pid for operators."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
+    return heartbeat_at is not None and now - heartbeat_at <= WORKER_DEAD_AFTER_MS
+
+
+async def register(db: Database, owner_id: str, role: str, info: dict[str, Any] | None = None) -> None:
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        await execute(
+            conn,
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+            (owner_id, role, os.getpid(), socket.gethostname(), now, now, json.dumps(info or {})),
+        )
+        await append_event(conn, kind=EventKind.WORKER_STARTED, actor=owner_id, target=owner_id,
+                           data={"role": role, "pid": os.getpid()}, now=now)
+
+
+async def beat(db: Database, owner_id: str) -> str | None:
+    """Record a heartbeat; returns the worker's state (`draining` asks it to stop)."""
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        rows = await conn.execute_fetchall(
+            "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ? RETURNING state", (now, owner_id)
+        )
+    rows = list(rows)
+    return rows[0][0] if rows else None
+
+
+async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        changed = await execute(
+            conn,
+            "UPDATE worker SET state = 'stopped', stopped_at = ?, heartbeat_at = ? "
+            "WHERE owner_id = ? AND state != 'stopped'",
+            (now, now, owner_id),
+        )
+        if changed:
+            await append_event(conn, kind=EventKind.WORKER_STOPPED, actor=owner_id, target=owner_id,
+                               data={"reason": reason}, now=now)
+
+
+async def state_of(db: Database, owner_id: str) -> str | None:
+    return await db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner_id,))
+
+
+async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[str]:
+    """Mark the worker rows of a process that died (seen by its supervisor) as stopped."""
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        rows = list(await conn.execute_fetchall(
+            "UPDATE worker SET state = 'stopped', stopped_at = ? "
+            "WHERE pid = ? AND host = ? AND state != 'stopped' RETURNING owner_id",
+            (now, pid, host),
+        ))
+        for row in rows:
+            await append_event(conn, kind=EventKind.WORKER_STOPPED, actor="supervisor",
+                               target=row[0], data={"reason": reason, "pid": pid}, now=now)
+    return [row[0] for row in rows]
+
+
+async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str, Any]:
+    """Ask a live worker to drain; refuses unknown, stopped or dead workers (journaled)."""
+    from backend.core.errors import Refused, WorkerNotFound
+
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        rows = list(await conn.execute_fetchall(
+            "SELECT role, pid, host, state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)))
+        if not rows:
+            raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
+        role, pid, host, state, heartbeat_at = rows[0]
+        seen = {"state": state, "heartbeat_age_ms": now - heartbeat_at, "pid": pid, "host": host}
+        if state == "stopped":
+            raise Refused(f"worker {owner_id} is already stopped; nothing to drain")
+        if not heartbeat_alive(heartbeat_at, now):
+            raise Refused(
+                f"worker {owner_id} has not heartbeated for {(now - heartbeat_at) // 1000} s and is "
+                "presumed dead, so it cannot drain; release its leases with `rem release`"
+            )
+        if state == "running":
+            await execute(conn, "UPDATE worker SET state = 'draining', drain_requested_at = ? "
+                          "WHERE owner_id = ? AND state = 'running'", (now, owner_id))
+        await append_event(conn, kind=EventKind.OPERATOR_DRAIN, actor=operator, target=owner_id,
+                           data={"seen": seen, "result": "draining",
+                                 "already_draining": state == "draining", "role": role}, now=now)
+    return {"owner_id": owner_id, "role": role, "previous_state": state, "state": "draining"}
+
+
+async def leases_held(db: Database, owner_id: str) -> int:
+    """How many leases (execution, summary job, Dream) the worker still holds."""
+    return int(await db.scalar(
+        "SELECT (SELECT count(*) FROM session_execution WHERE owner_id = :o) "
+        "+ (SELECT count(*) FROM summary_job WHERE owner_id = :o AND status = 'in_progress') "
+        "+ (SELECT count(*) FROM dream_state WHERE owner_id = :o AND digest_state = 'in_progress')",
+        {"o": owner_id}))

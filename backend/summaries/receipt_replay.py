@@ -1,0 +1,518 @@
+"""Receipt recovery: put every staged receipt back on its Chroma row, with no model call.
+
+One pass works in batches: one Chroma `get` for the batch, one `upsert` of the
+rows that are not present, one read-back `get` of those, each judged by the
+same ownership-aware predicate (`receipts.verify`). Rows it re-writes are
+leased first (fencing epoch), so a summarizer cannot stage a newer receipt
+underneath a replay and have it overwritten by the older one. Finalization is
+a compare-and-swap on the envelope bytes and `result_staged_at`: a row
+re-staged meanwhile is counted `superseded` and left alone.
+
+A corrupt envelope is quarantined (bytes kept, reason recorded, journaled)
+and the pass goes on. A row whose verdict has not changed is not rewritten,
+so a pass over a healthy store writes nothing at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiosqlite
+
+from backend.chroma.collection import ChromaStore
+from backend.chroma.ownership import session_id_of, summary_row_id
+from backend.core import clock, faults
+from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
+from backend.store.db import Database, execute, fetchone
+from backend.store.events import EventKind, append_event
+from backend.store.handoffs import publish_input_revision
+from backend.summaries import receipts
+from backend.summaries.receipts import Receipt, Verdict
+
+log = logging.getLogger("rem.replay")
+
+DEFAULT_LEASE_MS = 300_000
+BATCH_SIZE = 500
+# a row that stayed mismatched after a replay is retried no sooner than this
+RETRY_AFTER_MS = 30_000
+# quarantined envelopes up to this size are copied into the journal as evidence
+JOURNAL_ENVELOPE_MAX = 64 * 1024
+
+JOB_COLUMNS = (
+    "session_id, status, owner_id, epoch, lease_expires_at, result_envelope, result_encoding, "
+    "result_staged_at, result_acknowledged_at, result_last_replayed_at, quarantined_at, verdict, "
+    "verdict_detail"
+)
+PENDING_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
+  AND (result_staged_at, session_id) > (:staged, :sid)
+ORDER BY result_staged_at, session_id LIMIT :n"""
+ALL_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
+# a live lease: someone holds the row right now (a synthesis or another replay)
+NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
+
+
+def summary_lease_ms() -> int:
+    """The summary_job lease length (`REM_SUMMARY_LEASE_MS`, default 5 min)."""
+    raw = os.environ.get("REM_SUMMARY_LEASE_MS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_LEASE_MS
+
+
+@dataclass
+class Job:
+    """One summary_job row as recovery sees it."""
+
+    session_id: str
+    status: str
+    owner_id: str | None
+    epoch: int
+    lease_expires_at: int | None
+    envelope: Any
+    encoding: str | None
+    staged_at: int | None
+    acknowledged_at: int | None
+    last_replayed_at: int | None
+    quarantined_at: int | None
+    verdict: str | None
+    verdict_detail: str | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Job:
+        return cls(*tuple(row))
+
+    @property
+    def summary_id(self) -> str:
+        return summary_row_id(self.session_id)
+
+    def leased(self, now: int) -> bool:
+        return self.owner_id is not None and (self.lease_expires_at or 0) > now
+
+    def cas(self) -> dict[str, Any]:
+        return {"sid": self.session_id, "env": self.envelope, "staged": self.staged_at}
+
+
+@dataclass
+class Counters:
+    """What one recovery pass did."""
+
+    scanned: int = 0
+    present: int = 0
+    mismatched: int = 0
+    replayed: int = 0
+    completed: int = 0
+    acknowledged: int = 0
+    skipped_active: int = 0
+    superseded: int = 0
+    quarantined: int = 0
+    unverified: int = 0
+
+    def add(self, other: Counters) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass
+class Checked:
+    """A decoded receipt and the verdict on its live row."""
+
+    job: Job
+    receipt: Receipt
+    verdict: Verdict
+    epoch: int = 0  # the epoch of the lease this pass took to re-write the row
+
+
+@dataclass
+class Report:
+    counters: Counters = field(default_factory=Counters)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    dry_run: bool = False
+    # summary_job rows this pass changed (0 on a healthy store: the pass is idempotent)
+    rows_written: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.counters.unverified == 0 and self.counters.quarantined == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counters": asdict(self.counters), "rows": self.rows, "dry_run": self.dry_run, "ok": self.ok,
+                "rows_written": self.rows_written}
+
+
+def _row_report(job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None) -> dict[str, Any]:
+    detail = verdict.detail() if verdict is not None else None
+    return {
+        "summary_id": job.summary_id, "session_id": job.session_id, "outcome": outcome,
+        "verdict": verdict.verdict if verdict is not None else None,
+        "keys": (detail or {}).get("keys", []), "document": (detail or {}).get("document"),
+        "reason": reason,
+    }
+
+
+class Recovery:
+    """One recovery pass over batches of summary_job rows."""
+
+    def __init__(self, db: Database, store: ChromaStore, *, actor: str, dry_run: bool = False,
+                 lease_ms: int | None = None, report_present: bool = False,
+                 final_event: dict[str, Any] | None = None) -> None:
+        self.db = db
+        self.store = store
+        self.actor = actor
+        self.dry_run = dry_run
+        self.lease_ms = lease_ms or summary_lease_ms()
+        self.report_present = report_present
+        # an event (kind, data) appended in the same transaction as the pass's last effects
+        self.final_event = final_event
+        self.report = Report(dry_run=dry_run)
+
+    @property
+    def counters(self) -> Counters:
+        return self.report.counters
+
+    async def run(self, batches: AsyncIterator[list[Job]]) -> Report:
+        """Process every batch; the final event lands with the last batch's effects."""
+        batch = await anext(batches, None)
+        if batch is None and self.final_event is not None and not self.dry_run:
+            async with self.db.tx() as conn:
+                await self._final_event(conn)
+        while batch is not None:
+            # read the next batch from state.db while this one waits on Chroma
+            following = asyncio.ensure_future(anext(batches, None))
+            try:
+                await self._process(batch, following)
+            except BaseException:
+                following.cancel()
+                raise
+            batch = await following
+        return self.report
+
+    def _note(self, job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None) -> None:
+        if outcome != "present" or self.report_present:
+            self.report.rows.append(_row_report(job, outcome, verdict, reason))
+
+    # -- one batch -------------------------------------------------------------
+
+    async def _process(self, batch: list[Job], following: asyncio.Future[list[Job] | None]) -> None:
+        now = clock.now_ms()
+        self.counters.scanned += len(batch)
+        checked, corrupt = await self._check(batch, now)
+        present = [c for c in checked if c.verdict.present]
+        mismatched = [c for c in checked if not c.verdict.present]
+        self.counters.mismatched += len(mismatched)
+        if self.dry_run:
+            self._report_dry(present, mismatched, corrupt)
+            return
+        leased = await self._lease(mismatched, now) if mismatched else []
+        replayed = await self._rewrite(leased) if leased else []
+        if replayed:
+            faults.point("replay.after_rewrite")
+        last = self.final_event is not None and await following is None
+        if corrupt or replayed or last or any(_needs_write(c) for c in present):
+            async with self.db.tx() as conn:
+                await self._finalize(conn, corrupt, present, replayed, clock.now_ms())
+                if last:
+                    await self._final_event(conn)
+        else:
+            for c in present:
+                self._count_completed(c, "present")
+
+    async def _check(self, batch: list[Job], now: int) -> tuple[list[Checked], list[tuple[Job, str]]]:
+        """Decode every envelope and judge it against its live row (one Chroma get)."""
+        eligible = []
+        for job in batch:
+            if job.leased(now):
+                self.counters.skipped_active += 1
+                self._note(job, "skipped_active", reason=f"leased by {job.owner_id}")
+            else:
+                eligible.append(job)
+        # decode while Chroma answers: the get runs in a thread
+        fetch = asyncio.ensure_future(self.store.get([job.summary_id for job in eligible]))
+        decoded: list[tuple[Job, Receipt]] = []
+        corrupt: list[tuple[Job, str]] = []
+        try:
+            for job in eligible:
+                try:
+                    decoded.append((job, receipts.decode(job.envelope, job.encoding)))
+                except ReceiptCorrupt as exc:
+                    corrupt.append((job, str(exc)))
+        finally:
+            rows = await fetch
+        return [Checked(job, r, receipts.verify(r, rows.get(job.summary_id))) for job, r in decoded], corrupt
+
+    def _report_dry(self, present: list[Checked], mismatched: list[Checked], corrupt: list[tuple[Job, str]]) -> None:
+        self.counters.present += len(present)
+        for c in present:
+            self._note(c.job, "present", c.verdict)
+        for c in mismatched:
+            self._note(c.job, "would_replay", c.verdict)
+        for job, reason in corrupt:
+            self.counters.quarantined += 1
+            self._note(job, "quarantined" if job.quarantined_at else "would_quarantine", reason=reason)
+
+    async def _lease(self, mismatched: list[Checked], now: int) -> list[Checked]:
+        """Take the lease on every row this pass will re-write (CAS on envelope and staged_at)."""
+        leased: list[Checked] = []
+        async with self.db.tx() as conn:
+            for c in mismatched:
+                rows = await conn.execute_fetchall(
+                    "UPDATE summary_job SET owner_id = :owner, epoch = epoch + 1, lease_expires_at = :until "
+                    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED} "
+                    "RETURNING epoch",
+                    {**c.job.cas(), "owner": self.actor, "until": now + self.lease_ms, "now": now},
+                )
+                rows = list(rows)
+                if rows:
+                    c.epoch = int(rows[0][0])
+                    leased.append(c)
+                else:
+                    await self._lost(conn, c.job, now)
+        return leased
+
+    async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
+        """One upsert of the leased rows and one read-back get; releases the leases on failure."""
+        ids = [c.job.summary_id for c in leased]
+        try:
+            await self.store.upsert(ids, [c.receipt.document for c in leased],
+                                    [receipts.chroma_metadata(c.receipt) for c in leased])
+            back = await self.store.get(ids)
+        except BaseException:
+            await self._release(leased)
+            raise
+        return [(c, receipts.verify(c.receipt, back.get(c.job.summary_id))) for c in leased]
+
+    async def _release(self, leased: list[Checked]) -> None:
+        try:
+            async with self.db.tx() as conn:
+                for c in leased:
+                    await execute(conn, "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL "
+                                  "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
+                                  (c.job.session_id, self.actor, c.epoch))
+        except Exception:  # the leases expire on their own; the original error matters more
+            log.warning("could not release %d replay leases", len(leased), exc_info=True)
+
+    # -- finalization (one transaction per batch) ------------------------------
+
+    async def _finalize(self, conn: aiosqlite.Connection, corrupt: list[tuple[Job, str]],
+                        present: list[Checked], replayed: list[tuple[Checked, Verdict]], now: int) -> None:
+        for job, reason in corrupt:
+            await self._quarantine(conn, job, reason, now)
+        for c in present:
+            await self._confirm(conn, c, now)
+        for c, after in replayed:
+            await self._settle(conn, c, after, now)
+
+    async def _quarantine(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
+        self.counters.quarantined += 1
+        self._note(job, "quarantined", reason=reason)
+        if job.quarantined_at is not None:
+            return
+        detail = json.dumps({"verdict": receipts.QUARANTINED, "reason": reason, "keys": []})
+        changed = await execute(
+            conn,
+            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = 'quarantined', "
+            "verdict_detail = :detail, verdict_checked_at = :now "
+            "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
+            {**job.cas(), "now": now, "reason": reason, "detail": detail},
+        )
+        if not changed:
+            self.counters.quarantined -= 1
+            self.counters.superseded += 1
+            return
+        self.report.rows_written += 1
+        log.warning("receipt %s quarantined: %s", job.summary_id, reason)
+        await append_event(conn, kind=EventKind.RECEIPT_QUARANTINED, actor=self.actor,
+                           session_id=job.session_id, target=job.summary_id,
+                           data={"reason": reason, **_evidence(job.envelope)}, now=now)
+
+    async def _confirm(self, conn: aiosqlite.Connection, c: Checked, now: int) -> None:
+        """A row found present: acknowledge it if unacknowledged, refresh a stale verdict."""
+        if not _needs_write(c):
+            self._count_completed(c, "present")
+            return
+        ack = c.job.acknowledged_at is None
+        changed = await execute(
+            conn,
+            "UPDATE summary_job SET " + _ACK_SET * ack + _VERDICT_SET +
+            f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
+            {**c.job.cas(), "now": now, "rev": c.receipt.revision, "verdict": receipts.PRESENT, "detail": None},
+        )
+        if not changed:
+            await self._lost(conn, c.job, now)
+            return
+        self.report.rows_written += 1
+        if ack:
+            await self._acknowledged(conn, c, now, replayed=False)
+        self._count_completed(c, "present")
+
+    async def _settle(self, conn: aiosqlite.Connection, c: Checked, after: Verdict, now: int) -> None:
+        """A row this pass re-wrote: release the lease, record the read-back verdict."""
+        ack = after.present and c.job.acknowledged_at is None
+        detail = after.detail()
+        changed = await execute(
+            conn,
+            "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
+            # an unacknowledged row that still differs waits for the next attempt, owned by nobody
+            + (_ACK_SET if ack else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, ")
+            + _VERDICT_SET + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
+            {"sid": c.job.session_id, "owner": self.actor, "epoch": c.epoch, "now": now,
+             "rev": c.receipt.revision, "verdict": after.verdict, "detail": json.dumps(detail) if detail else None},
+        )
+        if not changed:
+            log.warning("replay of %s lost its lease (epoch %d)", c.job.summary_id, c.epoch)
+            self.counters.superseded += 1
+            self._note(c.job, "superseded", reason="lease lost during replay")
+            return
+        self.report.rows_written += 1
+        self.counters.replayed += 1
+        await append_event(conn, kind=EventKind.RECEIPT_REPLAYED, actor=self.actor, session_id=c.job.session_id,
+                           target=c.job.summary_id,
+                           data={"before": c.verdict.detail(), "verified": after.present, "after": detail}, now=now)
+        if ack:
+            await self._acknowledged(conn, c, now, replayed=True)
+        if c.verdict.verdict == "missing":
+            # the row was re-created from the receipt: Dream's keys went with the old row,
+            # so ask Dream to write its overlay again (it never creates rows itself)
+            await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
+                          "WHERE session_id = ? AND (completed_revision IS NOT NULL "
+                          "OR digest_state IN ('deferred', 'undigestible'))", (c.job.session_id,))
+        if after.present:
+            self._count_completed(c, "replayed")
+        else:
+            self.counters.unverified += 1
+            self._note(c.job, "unverified", after, reason="read-back after replay still differs")
+
+    def _count_completed(self, c: Checked, outcome: str) -> None:
+        self.counters.completed += 1
+        if outcome == "present":
+            self.counters.present += 1
+        self._note(c.job, outcome, c.verdict)
+
+    async def _acknowledged(self, conn: aiosqlite.Connection, c: Checked, now: int, *, replayed: bool) -> None:
+        """Recovery completed a job its summarizer never acknowledged: publish its revision too."""
+        self.counters.acknowledged += 1
+        await publish_input_revision(conn, c.job.session_id, c.receipt.revision, now)
+        await append_event(conn, kind=EventKind.SUMMARY_COMPLETED, actor=self.actor, session_id=c.job.session_id,
+                           target=c.job.summary_id,
+                           data={"revision": c.receipt.revision, "recovered": True, "replayed": replayed}, now=now)
+        log.info("summary %s completed by recovery (replayed=%s)", c.job.summary_id, replayed)
+
+    async def _lost(self, conn: aiosqlite.Connection, job: Job, now: int) -> None:
+        """Count a row whose compare-and-swap failed: re-staged meanwhile, or leased by someone."""
+        row = await fetchone(conn, "SELECT result_envelope, result_staged_at, owner_id, lease_expires_at "
+                             "FROM summary_job WHERE session_id = ?", (job.session_id,))
+        if row is not None and row[0] == job.envelope and row[1] == job.staged_at and row[2] and (row[3] or 0) > now:
+            self.counters.skipped_active += 1
+            self._note(job, "skipped_active", reason=f"leased by {row[2]}")
+        else:
+            self.counters.superseded += 1
+            self._note(job, "superseded", reason="re-staged since it was read")
+
+    async def _final_event(self, conn: aiosqlite.Connection) -> None:
+        if self.final_event is None:
+            return
+        data = {**self.final_event.get("data", {}), "counters": asdict(self.counters), "ok": self.report.ok}
+        await append_event(conn, kind=self.final_event["kind"], actor=self.actor, data=data)
+
+
+_ACK_SET = (
+    "status = 'completed', result_acknowledged_at = :now, summarized_revision = :rev, owner_id = NULL, "
+    "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
+)
+_VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+
+
+def _needs_write(c: Checked) -> bool:
+    """A present row needs a write only to acknowledge it or to correct a stale verdict."""
+    return c.job.acknowledged_at is None or c.job.verdict != receipts.PRESENT or c.job.verdict_detail is not None
+
+
+def _evidence(envelope: Any) -> dict[str, Any]:
+    raw = envelope.encode("utf-8", "surrogatepass") if isinstance(envelope, str) else bytes(envelope or b"")
+    evidence: dict[str, Any] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    if len(raw) <= JOURNAL_ENVELOPE_MAX:
+        evidence["envelope_b64"] = base64.b64encode(raw).decode("ascii")
+    return evidence
+
+
+# -- selections ------------------------------------------------------------------
+
+
+async def pending_batches(db: Database, batch_size: int = BATCH_SIZE, *, now: int | None = None) -> AsyncIterator[list[Job]]:
+    """Staged receipts never acknowledged (a summarizer died), oldest first.
+
+    A row that stayed mismatched after a replay waits RETRY_AFTER_MS before
+    the next attempt, so a stubborn row cannot turn the daemon into a hot loop.
+    """
+    now = clock.now_ms() if now is None else now
+    staged, sid = -1, ""
+    while True:
+        rows = await db.fetchall(PENDING_SQL, {"staged": staged, "sid": sid, "n": batch_size})
+        if not rows:
+            return
+        jobs = [Job.from_row(r) for r in rows]
+        staged, sid = jobs[-1].staged_at or 0, jobs[-1].session_id
+        ready = [j for j in jobs if not _backing_off(j, now)]
+        if ready:
+            yield ready
+
+
+def _backing_off(job: Job, now: int) -> bool:
+    return (job.verdict not in (None, receipts.PRESENT) and job.last_replayed_at is not None
+            and now - job.last_replayed_at < RETRY_AFTER_MS)
+
+
+async def all_batches(db: Database, batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
+    """Every staged receipt, by session id."""
+    sid = ""
+    while True:
+        rows = await db.fetchall(ALL_SQL, {"sid": sid, "n": batch_size})
+        if not rows:
+            return
+        jobs = [Job.from_row(r) for r in rows]
+        sid = jobs[-1].session_id
+        yield jobs
+
+
+async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
+    """The rows behind the given summary ids; refuses bad or unknown ids before anything runs."""
+    session_ids = []
+    for summary_id in dict.fromkeys(summary_ids):
+        session_id = session_id_of(summary_id)
+        if not session_id:
+            raise BadInput(f"{summary_id!r} is not a summary id; summary ids look like summary_<session_id>")
+        session_ids.append(session_id)
+    marks = ",".join("?" * len(session_ids))
+    rows = await db.fetchall(f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "  # noqa: S608
+                             "AND result_staged_at IS NOT NULL", session_ids)
+    jobs = {r["session_id"]: Job.from_row(r) for r in rows}
+    unknown = [summary_row_id(s) for s in session_ids if s not in jobs]
+    if unknown:
+        raise ReceiptNotFound(f"no staged receipt for {', '.join(unknown)}; `rem status` lists the receipts")
+    return [jobs[s] for s in session_ids]
+
+
+async def in_batches(jobs: list[Job], batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
+    for start in range(0, len(jobs), batch_size):
+        yield jobs[start:start + batch_size]
+
+
+async def replay_receipts(db: Database, store: ChromaStore, *, actor: str, summary_ids: Sequence[str] | None = None,
+                          dry_run: bool = False) -> Report:
+    """Replay the named receipts (or all of them), journaling one `operator.replay` with the last effects."""
+    jobs = await named_jobs(db, summary_ids) if summary_ids else None
+    batches = in_batches(jobs) if jobs is not None else all_batches(db)
+    targets: list[str] | str = list(dict.fromkeys(summary_ids)) if summary_ids else "all"
+    final = None if dry_run else {"kind": EventKind.OPERATOR_REPLAY, "data": {"operator": actor, "targets": targets}}
+    recovery = Recovery(db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final)
+    return await recovery.run(batches)

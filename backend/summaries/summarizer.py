@@ -1,0 +1,338 @@
+"""The summarizer daemon: recover receipts, then summarize sessions whose raw turns drifted.
+
+Order of one synthesis, chosen so that every point of death is recoverable
+without calling the model again (write-ahead receipt):
+
+1. claim   (tx)  lease + fencing epoch; the raw turns and their revision are read in
+                 the same transaction, so the revision matches the turns exactly.
+2. synthesize    the model call. Death here loses only this call: nothing durable yet.
+3. stage   (tx)  the receipt envelope into summary_job, fenced on (owner, epoch).
+                 From here on the output is durable; the model is never called again.
+4. write         Chroma upsert of `summary_<session_id>` (metadata merges: Dream's
+                 keys survive), then a read-back verified with `receipts.verify`.
+5. acknowledge (tx)  status completed, clean_seq, summarized_revision, verdict, and
+                 `publish_input_revision` for Dream, all in one transaction.
+
+A death after 3 leaves an unacknowledged staged receipt; once its lease
+expires, the next pass's recovery (which always runs first) replays it if the
+row is missing or differs, and acknowledges it, publishing the revision.
+Drift is decided by revision: a session whose turns hash to the revision it
+was last summarized at is just marked clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from backend.chroma.ownership import summary_row_id
+from backend.core import clock, faults
+from backend.core.errors import ChromaUnreachable, LeaseLost, ReceiptCorrupt
+from backend.runtime.context import Context
+from backend.runtime.daemon import Daemon
+from backend.store.db import execute, fetchone
+from backend.store.events import EventKind, append_event
+from backend.store.handoffs import publish_input_revision
+from backend.store.revision import raw_revision
+from backend.summaries import receipt_replay, receipts
+from backend.summaries.synthesizer import Synthesis, Synthesizer, load_synthesizer
+
+DEFAULT_SWEEP_MS = 600_000
+DRIFT_BATCH = 50
+MAX_ATTEMPTS = 3
+RETRY_BASE_MS = 5_000
+
+DRIFTED_SQL = """
+SELECT session_id FROM summary_job
+WHERE dirty_seq > clean_seq AND (lease_expires_at IS NULL OR lease_expires_at <= :now)
+ORDER BY time_updated, session_id LIMIT :n"""
+CLAIM_READ_SQL = """
+SELECT dirty_seq, clean_seq, epoch, lease_expires_at, summarized_revision, input_revision,
+       result_envelope, result_encoding, result_acknowledged_at, quarantined_at
+FROM summary_job WHERE session_id = ?"""
+FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
+
+
+def _env_ms(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else default
+
+
+@dataclass
+class Claim:
+    """A summary_job lease this summarizer holds, and the turns it read under it."""
+
+    session_id: str
+    epoch: int
+    revision: str
+    turns: list[dict[str, Any]]
+    dirty_seq: int
+    attempts: int
+    expires_at: int
+
+    @property
+    def summary_id(self) -> str:
+        return summary_row_id(self.session_id)
+
+
+CLEAN = "clean"
+
+
+class Summarizer(Daemon):
+    role = "summarizer"
+
+    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None,
+                 synthesizer: Synthesizer | None = None) -> None:
+        super().__init__(ctx, once=once, owner_id=owner_id)
+        self.synthesizer = synthesizer or load_synthesizer()
+        self.lease_ms = receipt_replay.summary_lease_ms()
+        # a full verification sweep runs on the first pass and then at this interval
+        self.sweep_ms = _env_ms("REM_RECEIPT_SWEEP_MS", DEFAULT_SWEEP_MS)
+        self.batch = _env_ms("REM_SUMMARY_BATCH", DRIFT_BATCH) or DRIFT_BATCH
+        self._last_sweep: int | None = None
+        self._claim: Claim | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"synthesizer": self.synthesizer.name, "lease_ms": self.lease_ms}
+
+    async def run_pass(self) -> int:
+        """Recover receipts first, then summarize drifted sessions."""
+        handled = await self.recover()
+        for session_id in await self._drifted():
+            if self.draining.is_set():
+                break
+            handled += await self.summarize(session_id)
+        return handled
+
+    # -- recovery -------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Replay unacknowledged receipts (and, periodically, verify all of them)."""
+        now = clock.now_ms()
+        sweep = self._last_sweep is None or now - self._last_sweep >= self.sweep_ms
+        batches = receipt_replay.all_batches(self.db) if sweep else receipt_replay.pending_batches(self.db, now=now)
+        recovery = receipt_replay.Recovery(self.db, self.ctx.store(), actor=self.owner_id, lease_ms=self.lease_ms)
+        report = await recovery.run(batches)
+        if sweep:
+            self._last_sweep = now
+        c = report.counters
+        if report.rows_written or c.quarantined or c.unverified:
+            self.log.info("%s recovery (%s): scanned %d present %d replayed %d acknowledged %d "
+                          "quarantined %d unverified %d superseded %d", self.owner_id,
+                          "sweep" if sweep else "pending", c.scanned, c.present, c.replayed,
+                          c.acknowledged, c.quarantined, c.unverified, c.superseded)
+        return report.rows_written
+
+    # -- drift and synthesis ----------------------------------------------------
+
+    async def _drifted(self) -> list[str]:
+        rows = await self.db.fetchall(DRIFTED_SQL, {"now": clock.now_ms(), "n": self.batch})
+        return [r[0] for r in rows]
+
+    async def summarize(self, session_id: str) -> int:
+        """Claim (or mark clean) one drifted session and summarize it; 1 when its state changed."""
+        claim = await self._claim_or_clean(session_id)
+        if claim is None:
+            return 0
+        if isinstance(claim, Claim):
+            await self.summarize_claimed(claim)
+        return 1
+
+    async def summarize_claimed(self, claim: Claim) -> None:
+        """Synthesize, stage, write and acknowledge under a lease; a lost lease stops it cold."""
+        self._claim = claim
+        try:
+            await self._synthesize_and_write(claim)
+        except LeaseLost as exc:
+            self.log.warning("%s lost the lease on %s: %s", self.owner_id, claim.summary_id, exc)
+        finally:
+            self._claim = None
+
+    async def _claim_or_clean(self, session_id: str) -> Claim | str | None:
+        """In one transaction: read the turns, decide drift by revision, then claim or mark clean."""
+        async with self.db.tx() as conn:
+            now = clock.now_ms()
+            row = await fetchone(conn, CLAIM_READ_SQL, (session_id,))
+            if row is None or row["dirty_seq"] <= row["clean_seq"] or (row["lease_expires_at"] or 0) > now:
+                return None
+            revision, turns = await raw_revision(conn, session_id)
+            if not _needs_synthesis(row, revision, turns):
+                await execute(conn, "UPDATE summary_job SET clean_seq = MAX(clean_seq, ?) WHERE session_id = ?",
+                              (row["dirty_seq"], session_id))
+                self.log.info("%s: summary_%s already at %s, marked clean", self.owner_id, session_id, revision)
+                return CLEAN
+            claimed = list(await conn.execute_fetchall(
+                "UPDATE summary_job SET status = 'in_progress', owner_id = :owner, epoch = epoch + 1, "
+                "lease_expires_at = :until, input_revision = :rev, last_error = NULL, time_updated = :now, "
+                "attempts = CASE WHEN input_revision IS :rev THEN attempts + 1 ELSE 1 END "
+                "WHERE session_id = :sid AND epoch = :epoch RETURNING epoch, attempts",
+                {"owner": self.owner_id, "until": now + self.lease_ms, "rev": revision, "now": now,
+                 "sid": session_id, "epoch": row["epoch"]},
+            ))
+            epoch, attempts = int(claimed[0][0]), int(claimed[0][1])
+            await append_event(conn, kind=EventKind.SUMMARY_CLAIMED, actor=self.owner_id, session_id=session_id,
+                               target=summary_row_id(session_id),
+                               data={"epoch": epoch, "revision": revision, "turns": len(turns)}, now=now)
+        self.log.info("%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns))
+        return Claim(session_id, epoch, revision, turns, int(row["dirty_seq"]), attempts, now + self.lease_ms)
+
+    async def _synthesize_and_write(self, claim: Claim) -> None:
+        try:
+            synthesis = await self.synthesizer.synthesize(claim.session_id, claim.turns)
+            receipt = receipts.issue(synthesis.document, self._metadata(claim, synthesis))
+        except Exception as exc:  # any model or plugin failure: counted, retried with backoff
+            await self._fail(claim, exc)
+            return
+        faults.point("summarizer.after_synthesis")
+        await self._stage(claim, receipt)
+        faults.point("summarizer.after_receipt")
+        try:
+            faults.point("summarizer.before_chroma_write")
+            store = self.ctx.store()
+            await store.upsert([claim.summary_id], [receipt.document], [receipts.chroma_metadata(receipt)])
+            faults.point("summarizer.after_chroma_write")
+            row = (await store.get([claim.summary_id])).get(claim.summary_id)
+        except ChromaUnreachable:
+            # the receipt is staged: hand the row to recovery instead of holding the lease
+            await self._release(claim, "chroma unreachable; recovery replays the staged receipt")
+            raise
+        verdict = receipts.verify(receipt, row)
+        faults.point("summarizer.before_acknowledge")
+        if verdict.present:
+            await self._acknowledge(claim, receipt)
+        else:
+            await self._release(claim, f"read-back {verdict.verdict}; recovery replays it", verdict)
+        faults.point("summarizer.after_acknowledge")
+
+    def _metadata(self, claim: Claim, synthesis: Synthesis) -> dict[str, Any]:
+        metadata: dict[str, Any] = {
+            "sessionId": claim.session_id, "memoryCount": len(claim.turns), "timestamp": clock.now_ms(),
+            "title": synthesis.title, "category": synthesis.category,
+            "dreamInputRevision": claim.revision, "summarizer": self.synthesizer.name,
+        }
+        if synthesis.keywords:  # Chroma refuses empty lists
+            metadata["keywords"] = list(synthesis.keywords)
+        return metadata
+
+    def _fence(self, claim: Claim, **params: Any) -> dict[str, Any]:
+        return {"sid": claim.session_id, "owner": self.owner_id, "epoch": claim.epoch, **params}
+
+    async def _stage(self, claim: Claim, receipt: receipts.Receipt) -> None:
+        """Make the synthesis durable before anything is written to Chroma (write-ahead)."""
+        envelope = receipts.encode(receipt)
+        async with self.db.tx() as conn:
+            now = clock.now_ms()
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET result_envelope = :env, result_encoding = :enc, result_staged_at = :now, "
+                "result_acknowledged_at = NULL, result_last_replayed_at = NULL, quarantined_at = NULL, "
+                "quarantine_reason = NULL, verdict = NULL, verdict_detail = NULL, verdict_checked_at = NULL, "
+                "time_updated = :now " + FENCE,
+                self._fence(claim, env=envelope, enc=receipts.ENCODING, now=now),
+            )
+            if not changed:
+                raise LeaseLost(f"{claim.summary_id}: lease epoch {claim.epoch} is no longer ours; staged nothing")
+            await append_event(conn, kind=EventKind.SUMMARY_STAGED, actor=self.owner_id, session_id=claim.session_id,
+                               target=claim.summary_id,
+                               data={"epoch": claim.epoch, "revision": claim.revision, "bytes": len(envelope)},
+                               now=now)
+
+    async def _acknowledge(self, claim: Claim, receipt: receipts.Receipt) -> None:
+        """Complete the job and publish the revision for Dream, in one transaction."""
+        async with self.db.tx() as conn:
+            now = clock.now_ms()
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET status = 'completed', result_acknowledged_at = :now, "
+                "summarized_revision = :rev, clean_seq = MAX(clean_seq, :dirty), owner_id = NULL, "
+                "lease_expires_at = NULL, attempts = 0, last_error = NULL, verdict = 'present', "
+                "verdict_detail = NULL, verdict_checked_at = :now, time_updated = :now " + FENCE,
+                self._fence(claim, now=now, rev=receipt.revision, dirty=claim.dirty_seq),
+            )
+            if not changed:
+                raise LeaseLost(f"{claim.summary_id}: lease epoch {claim.epoch} lost before acknowledge; "
+                                "published nothing (recovery completes the staged receipt)")
+            await publish_input_revision(conn, claim.session_id, receipt.revision, now)
+            await append_event(conn, kind=EventKind.SUMMARY_COMPLETED, actor=self.owner_id,
+                               session_id=claim.session_id, target=claim.summary_id,
+                               data={"epoch": claim.epoch, "revision": receipt.revision}, now=now)
+        self.log.info("%s completed %s at %s", self.owner_id, claim.summary_id, receipt.revision)
+
+    async def _release(self, claim: Claim, reason: str, verdict: receipts.Verdict | None = None) -> None:
+        """Give the lease back, keeping the staged receipt for recovery."""
+        detail = verdict.detail() if verdict is not None else None
+        async with self.db.tx() as conn:
+            now = clock.now_ms()
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET status = 'pending', owner_id = NULL, lease_expires_at = NULL, "
+                "last_error = :reason, time_updated = :now"
+                + (", verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now " if verdict else " ")
+                + FENCE,
+                self._fence(claim, now=now, reason=reason, verdict=verdict.verdict if verdict else None,
+                            detail=json.dumps(detail) if detail else None),
+            )
+            if changed:
+                await append_event(conn, kind=EventKind.SUMMARY_RELEASED, actor=self.owner_id,
+                                   session_id=claim.session_id, target=claim.summary_id,
+                                   data={"epoch": claim.epoch, "reason": reason}, now=now)
+        self.log.warning("%s released %s: %s", self.owner_id, claim.summary_id, reason)
+
+    async def _fail(self, claim: Claim, exc: Exception) -> None:
+        """A synthesis that failed: retry with backoff, and park it after MAX_ATTEMPTS."""
+        final = claim.attempts >= MAX_ATTEMPTS
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        async with self.db.tx() as conn:
+            now = clock.now_ms()
+            # a pending row's lease_expires_at (with no owner) is its retry-after time
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET status = :status, owner_id = NULL, last_error = :error, time_updated = :now, "
+                "lease_expires_at = :retry, clean_seq = CASE WHEN :final THEN MAX(clean_seq, :dirty) "
+                "ELSE clean_seq END " + FENCE,
+                self._fence(claim, status="failed" if final else "pending", error=error, now=now, final=final,
+                            retry=None if final else now + RETRY_BASE_MS * 2 ** (claim.attempts - 1),
+                            dirty=claim.dirty_seq),
+            )
+            if changed:
+                await append_event(conn, kind=EventKind.SUMMARY_FAILED, actor=self.owner_id,
+                                   session_id=claim.session_id, target=claim.summary_id,
+                                   data={"error": error, "attempts": claim.attempts, "parked": final}, now=now)
+        self.log.warning("%s synthesis of %s failed (attempt %d%s): %s", self.owner_id, claim.summary_id,
+                         claim.attempts, ", parked" if final else "", error)
+
+    # -- lease upkeep ------------------------------------------------------------
+
+    async def on_heartbeat(self) -> None:
+        """Renew the lease of a long synthesis when half of it is used up."""
+        claim = self._claim
+        now = clock.now_ms()
+        if claim is None or claim.expires_at - now > self.lease_ms // 2:
+            return
+        async with self.db.tx() as conn:
+            changed = await execute(conn, "UPDATE summary_job SET lease_expires_at = :until " + FENCE,
+                                    self._fence(claim, until=now + self.lease_ms))
+        if changed:
+            claim.expires_at = now + self.lease_ms
+
+    async def hand_back(self) -> None:
+        if self._claim is not None:
+            await self._release(self._claim, "summarizer stopped")
+
+
+def _needs_synthesis(row: Any, revision: str, turns: list[dict[str, Any]]) -> bool:
+    """Drift by revision: synthesize only when no durable output covers these exact turns."""
+    if not turns:
+        return False
+    if row["quarantined_at"] is not None:
+        return True  # the receipt is unusable; only a fresh synthesis replaces it
+    if row["result_acknowledged_at"] is None and row["result_envelope"] is not None:
+        try:
+            staged = receipts.decode(row["result_envelope"], row["result_encoding"])
+        except ReceiptCorrupt:
+            staged = None  # recovery quarantines it
+        if staged is not None and staged.revision == revision:
+            return False  # durable but unacknowledged: recovery completes it without the model
+    return bool(row["summarized_revision"] != revision)

@@ -1,0 +1,117 @@
+"""`rem bench`: run the benchmark scripts of `benchmarks/` and collect their headline figures.
+
+Each benchmark is a script in the source tree that prints one JSON document
+(the scripts are the measurement; this only runs them and picks the figures
+the README table shows). `quick=True` runs smaller sizes for a fast look.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.core.errors import RemError, UsageError
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    script: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+    headline: Callable[[dict[str, Any]], list[tuple[str, str]]]
+
+
+def _turns(r: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("turns/s (instant agent)", f"{r['turns_per_s']:,.0f}"),
+            ("turn-path write tx/s vs bare BEGIN;INSERT;COMMIT (median round)",
+             f"{r['turn_path_tx_per_s']:,.0f} vs {r['bare_tx_per_s']:,.0f} (ratio {r['ratio']}; "
+             f"{r.get('rounds', 1)} rounds {r.get('ratio_min', r['ratio'])}-{r.get('ratio_max', r['ratio'])})")]
+
+
+def _receipts(r: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(f"receipts verified/s vs raw batched get ({r['receipts']:,} receipts)",
+             f"{r['verified_receipts_per_s']:,} vs {r['raw_get_rows_per_s']:,} rows/s (ratio {r['ratio']})")]
+
+
+def _dream(r: dict[str, Any]) -> list[tuple[str, str]]:
+    sel, dig = r["selection"], r["digest_with_chroma"]
+    return [(f"Dream selection ({sel['sessions']:,} sessions, {sel['pending']:,} pending)",
+             f"median {sel['select_ms_median']} ms, p99 {sel['select_ms_p99']} ms"),
+            ("Dream sessions digested/s (with Chroma overlay)", f"{dig['sessions_per_s']}")]
+
+
+def _status(r: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(f"status() at {r['sessions']:,} sessions / {r['leases']:,} leases",
+             f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms")]
+
+
+def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
+    lat = r["latency_ms"]
+    return [(f"console: commit by another process -> on screen ({r['commits']} commits)",
+             f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms")]
+
+
+def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
+    start = max(s["start_s"] for s in r["start"])
+    sessions = f"{r['sessions']:,}" if isinstance(r.get("sessions"), int) else "?"
+    return [(f"console start ({sessions} sessions)", f"{start:.2f} s"),
+            (f"console under writes every {r['writes_every_ms']:g} ms ({r['soak_s']} s, a key/s)",
+             f"longest UI callback {r['callback_cpu_ms']['max']} ms CPU "
+             + (f"({r['refresh_only']['callback_cpu_ms']['max']} ms with refreshes alone), "
+                if r.get("refresh_only") else ", ")
+             + f"RSS max {r['rss_mb']['max']} MB")]
+
+
+BENCHES = {
+    "turns": Bench("turns", "turns.py", (), ("--turns", "400", "--sessions", "20", "--bare", "2000",
+                                                  "--rounds", "3"),
+                   _turns),
+    "receipts": Bench("receipts", "receipts.py", ("--json",),
+                      ("--json", "--receipts", "2000", "--rounds", "3"), _receipts),
+    "dream": Bench("dream", "dream.py", ("--json",),
+                   ("--json", "--sessions", "10000", "--pending", "500", "--digest", "50"), _dream),
+    "status": Bench("status", "status.py", (), ("--quick",), _status),
+    "console": Bench("console", "console_freshness.py", (), ("--commits", "30"), _console_freshness),
+    "console-scale": Bench("console-scale", "console_scale.py", ("--soak-s", "120"),
+                           ("--sessions", "20000", "--soak-s", "15", "--quiet-s", "10"), _console_scale),
+}
+
+
+def run_one(bench: Bench, quick: bool, timeout_s: float = 1800) -> dict[str, Any]:
+    script = BENCH_DIR / bench.script
+    if not script.exists():
+        raise UsageError(f"{script} not found: `rem bench` runs from a source checkout (pip install -e .)")
+    args = bench.quick if quick else bench.full
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=BENCH_DIR.parent, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RemError(f"benchmark {bench.name} failed (exit {proc.returncode}): {tail}")
+    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    return {"name": bench.name, "seconds": round(time.monotonic() - started, 1), "result": result,
+            "headline": [{"what": w, "figure": f} for w, f in bench.headline(result)]}
+
+
+def run(names: list[str] | None, quick: bool,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the named benchmarks (default: all) and return their results and headlines."""
+    chosen = names or list(BENCHES)
+    unknown = [n for n in chosen if n not in BENCHES]
+    if unknown:
+        raise UsageError(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
+    results = []
+    for name in chosen:
+        if progress is not None:
+            progress(f"running {name} ...")
+        results.append(run_one(BENCHES[name], quick))
+    return {"quick": quick, "benchmarks": results}

@@ -1,0 +1,189 @@
+"""`rem demo`: a fresh data dir, `rem up --load` as a child process, and the console over it.
+
+On exit (q in the console, SIGTERM, or an error) the demo stops everything it
+started: SIGTERM to the supervisor (which drains its daemons and stops
+Chroma), then SIGKILL to its process group if it has not exited in time.
+The console itself is passed in by the CLI (`backend.cli.demo`): `backend` never imports `tui`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from backend.chroma.server import die_with_parent_preexec
+from backend.core.datadir import DataDir
+from backend.core.errors import ExitCode, RemError, UsageError
+
+log = logging.getLogger("rem.demo")
+
+READY_TIMEOUT_S = 90.0
+# the supervisor drains each daemon for up to 20 s, then stops Chroma
+STOP_TIMEOUT_S = 35.0
+ConsoleRunner = Callable[[DataDir], object]
+
+
+class DemoFailed(RemError):
+    """`rem up` did not come up (its log says why)."""
+
+
+def note(message: str) -> None:
+    """A line on stderr; a terminal that hung up (EIO) must not stop the clean-up that follows."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """The demo's data dir and whether the demo created it (a new temp dir by default)."""
+    if data is None:
+        return Path(tempfile.mkdtemp(prefix="rem-demo-")), True
+    root = Path(data).expanduser().absolute()
+    if root.exists() and any(root.iterdir()):
+        raise UsageError(f"{root} is not empty; `rem demo` wants a fresh data dir "
+                         "(omit --data for a temporary one)")
+    root.mkdir(parents=True, exist_ok=True)
+    return root, False
+
+
+def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `rem up --load` in its own process group, logging to DATA/logs/up.log."""
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    # --no-reap: a daemon killed during the demo leaves its lease counting down in the
+    # console (dead-worker marker, then expired in red) until it expires or the
+    # operator releases it with `l`; the supervisor still restarts the daemon.
+    command = [sys.executable, "-m", "backend.cli.app", "up", "--load", "--no-reap",
+               "--data", str(root), *(extra or [])]
+    with open(root / "logs" / "up.log", "ab") as out:
+        # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
+        # gets SIGTERM and drains instead of running on as an orphan.
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent_preexec)
+
+
+def running_workers(root: Path) -> int:
+    """How many workers have registered and are running (0 while state.db is being made)."""
+    path = root / "state.db"
+    if not path.is_file():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+        try:
+            return int(conn.execute("SELECT count(*) FROM worker WHERE state = 'running'").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def log_tail(root: Path, lines: int = 5) -> str:
+    with contextlib.suppress(OSError):
+        text = (root / "logs" / "up.log").read_text(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:])
+    return "(no log)"
+
+
+def wait_ready(root: Path, proc: subprocess.Popen[bytes], timeout_s: float = READY_TIMEOUT_S,
+               settle_s: float = 15.0) -> int:
+    """Block until `rem up` is up (Chroma started, daemons spawned), then briefly for daemons.
+
+    Fails fast, quoting its log, if `rem up` exits. Returns how many daemons
+    have registered (the console shows the rest arriving live).
+    """
+    deadline = time.monotonic() + timeout_s
+    settle: float | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoFailed(f"`rem up` exited with code {proc.returncode}: {log_tail(root)}")
+        count = running_workers(root)
+        if settle is None and (root / "up.json").is_file() and (root / "state.db").is_file():
+            settle = time.monotonic() + settle_s
+        if settle is not None and (count > 0 or time.monotonic() > settle):
+            return count
+        time.sleep(0.2)
+    raise DemoFailed(f"`rem up` did not start within {timeout_s:.0f} s; see {root}/logs/up.log")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> str:
+    """SIGTERM the supervisor (it drains everything), SIGKILL its group after `timeout_s`."""
+    if proc.poll() is not None:
+        return f"already exited ({proc.returncode})"
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+        return "drained and stopped"
+    except subprocess.TimeoutExpired:
+        # the group is the one start_up created for the supervisor and its children
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        return f"killed after {timeout_s:.0f} s"
+
+
+class DemoInterrupted(RemError):
+    """SIGTERM or SIGHUP before the console was open."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+def set_signal_handlers(handler: Any) -> dict[int, Any]:
+    """Install `handler` for SIGTERM and SIGHUP; returns the previous ones (main thread only)."""
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise DemoInterrupted(f"{signal.Signals(signum).name} before the console opened; "
+                          "everything the demo started was stopped")
+
+
+
+def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
+             console: ConsoleRunner, up_args: list[str] | None = None) -> int:
+    """The whole demo; returns the exit code. Everything started here is stopped here."""
+    root, created = fresh_data_dir(data)
+    note(f"rem demo: data dir {root}")
+    note("rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
+         f"daemon, synthetic sessions); log in {root}/logs/up.log")
+    previous = set_signal_handlers(_interrupted)
+    proc = start_up(root, up_args)
+    try:
+        count = wait_ready(root, proc)
+        note(f"rem demo: up, {count} daemon(s) registered so far; opening the console "
+             "(q quits, ? lists every key)")
+        console(DataDir(root))
+    finally:
+        # the clean-up is bounded (stop() SIGKILLs after STOP_TIMEOUT_S): a second
+        # SIGTERM, or the SIGHUP of a closing terminal, must not cut it short
+        set_signal_handlers(signal.SIG_IGN)
+        try:
+            note(f"rem demo: stopping `rem up` (pid {proc.pid}): {stop(proc)}")
+            if created and not keep:
+                shutil.rmtree(root, ignore_errors=True)
+                note(f"rem demo: removed {root} (pass --keep to keep it)")
+            else:
+                note(f"rem demo: data kept in {root}; reopen with `rem console --data {root}`")
+        finally:
+            restore_signal_handlers(previous)
+    return 0

@@ -1,0 +1,349 @@
+"""`rem drill sigkill`: kill real processes under load and prove nothing is lost.
+
+The drill runs `rem up --load` on a data dir (a private temporary one unless
+`--data` is given), then for each round picks a victim (an executor, the
+summarizer, the Dream daemon or the Chroma server), waits a seeded random
+moment, SIGKILLs it, and measures how long the system takes to recover: the
+supervisor restarts the process, and every lease the dead process held is
+taken over (after expiry, or at once with `release=True`, which releases them
+through `backend.ops.release` as an operator would). After the last round the
+load stops, the system settles, and `rem check --settled` must find nothing.
+
+Leases are shortened for the drill's own system (`lease_ms`) so twenty rounds
+fit in minutes; the mechanism under test is the same as with 30 s leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend import ops
+from backend.chroma import server as chroma_server
+from backend.core.datadir import DataDir
+from backend.core.errors import RemError, UsageError
+from backend.runtime.context import Context
+
+log = logging.getLogger("rem.drill")
+
+ROLES = ("executor", "summarizer", "dream", "chroma")
+# not a SIGKILL: SIGSTOP an executor past its lease, let another take over, then SIGCONT it.
+# The paused process wakes up believing it still holds its leases: only fencing stops
+# its late writes from landing, so this is the round that proves fencing.
+ZOMBIE = "zombie"
+
+
+@dataclass
+class DrillConfig:
+    role: str = "all"
+    rounds: int = 5
+    seed: int = 1
+    release: bool = False
+    lease_ms: int = 4_000
+    settle_timeout_s: float = 180.0
+    recover_timeout_s: float = 60.0
+    load_rate: float = 4.0
+    load_sessions: int = 6
+    executors: int = 2
+    agent_delay_ms: int = 150
+    pause: bool = False
+
+    def victims(self) -> list[str]:
+        roles = (*ROLES, ZOMBIE) if self.pause else ROLES
+        if self.role == "all":
+            return [roles[i % len(roles)] for i in range(self.rounds)]
+        if self.role not in (*ROLES, ZOMBIE):
+            raise UsageError(f"unknown drill role {self.role!r}; use one of "
+                             f"{', '.join((*ROLES, ZOMBIE))} or all")
+        return [self.role] * self.rounds
+
+
+@dataclass
+class Round:
+    number: int
+    role: str
+    pid: int | None = None
+    killed_at_s: float = 0.0
+    delay_s: float = 0.0
+    recovered: str = ""
+    recovery_s: float | None = None
+    released: int = 0
+    error: str | None = None
+
+
+@dataclass
+class DrillResult:
+    data_dir: str
+    rounds: list[Round] = field(default_factory=list)
+    settle_s: float | None = None
+    check: dict[str, Any] = field(default_factory=dict)
+    ok: bool = False
+    duration_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = "pass" if self.ok else "FAIL"
+        return data
+
+
+class Drill:
+    """One drill run: a supervised system under load, and a sequence of SIGKILLs."""
+
+    def __init__(self, ctx: Context, config: DrillConfig,
+                 on_round: Callable[[Round], None] | None = None) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.on_round = on_round
+        self.up: subprocess.Popen[bytes] | None = None
+        self.started = time.monotonic()
+
+    # -- the system under test -------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
+            "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
+            "REM_DREAM_LEASE_MS": str(self.config.lease_ms),
+            "REM_AGENT_DELAY_MS": str(self.config.agent_delay_ms),
+        })
+        return env
+
+    def start_system(self) -> None:
+        cmd = [sys.executable, "-m", "backend.cli.app", "up", "--data", str(self.ctx.data.root),
+               "--executors", str(self.config.executors), "--load",
+               "--load-rate", str(self.config.load_rate),
+               "--load-sessions", str(self.config.load_sessions)]
+        log_path = self.ctx.data.logs / "drill-up.log"
+        self.ctx.data.ensure()
+        with open(log_path, "ab") as out:
+            self.up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
+                                       start_new_session=True)
+
+    def manifest(self) -> dict[str, Any] | None:
+        from backend.tools.supervisor import read_manifest
+
+        return read_manifest(self.ctx)
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    async def wait_ready(self) -> None:
+        def ready() -> bool:
+            manifest = self.manifest()
+            return bool(manifest and manifest["chroma"]["url"]
+                        and all(c["pid"] for c in manifest["children"]))
+
+        await self.wait_for(ready, 90, "rem up to start every process")
+
+    def stop_system(self) -> None:
+        if self.up is None or self.up.poll() is not None:
+            return
+        self.up.send_signal(signal.SIGTERM)
+        try:
+            self.up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.up.pid, signal.SIGKILL)
+            self.up.wait(10)
+
+    # -- one round ----------------------------------------------------------
+    def _pick_victim(self, role: str) -> tuple[str, int] | None:
+        """(name, pid) of a live process of `role`, chosen by the seeded generator."""
+        manifest = self.manifest() or {}
+        if role == "chroma":
+            pid = (manifest.get("chroma") or {}).get("pid")
+            return ("chroma", pid) if pid else None
+        live = sorted((c["name"], c["pid"]) for c in manifest.get("children", [])
+                      if c["role"] == role and c["pid"])
+        return self.rng.choice(live) if live else None
+
+    def _pid_of(self, name: str) -> int | None:
+        manifest = self.manifest() or {}
+        if name == "chroma":
+            return (manifest.get("chroma") or {}).get("pid")
+        return next((c["pid"] for c in manifest.get("children", []) if c["name"] == name), None)
+
+    async def _busy_victim(self, role: str, patience_s: float = 5.0
+                           ) -> tuple[str, int, str | None, list[dict[str, Any]]] | None:
+        """A victim, preferably caught holding a lease (mid-turn is where crashes hurt)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            victim = self._pick_victim(role)
+            if victim is None:
+                return None
+            name, pid = victim
+            owner = None if role == "chroma" else await self._owner_of(pid)
+            held = await self._leases_of(owner)
+            if held or role == "chroma" or time.monotonic() > deadline:
+                return name, pid, owner, held
+            await asyncio.sleep(self.rng.uniform(0.02, 0.15))
+
+    async def _owner_of(self, pid: int) -> str | None:
+        db = await self.ctx.db()
+        return await db.scalar("SELECT owner_id FROM worker WHERE pid = ? ORDER BY started_at DESC "
+                               "LIMIT 1", (pid,))
+
+    async def _leases_of(self, owner: str | None) -> list[dict[str, Any]]:
+        if owner is None:
+            return []
+        snap = await ops.status(self.ctx)
+        return [lease for lease in snap["leases"] if lease["owner_id"] == owner]
+
+    async def run_round(self, number: int, role: str) -> Round:
+        rnd = Round(number=number, role=role)
+        rnd.delay_s = round(self.rng.uniform(0.3, 2.5), 2)
+        await asyncio.sleep(rnd.delay_s)
+        victim = await self._busy_victim("executor" if role == ZOMBIE else role)
+        if victim is None:
+            rnd.error = f"no live {role} to kill"
+            return rnd
+        name, pid, owner, held = victim
+        rnd.pid = pid
+        rnd.killed_at_s = round(time.monotonic() - self.started, 2)
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGSTOP if role == ZOMBIE else signal.SIGKILL)
+        try:
+            if role == ZOMBIE:
+                rnd.recovered = await self._recover_from_zombie(pid, owner, held)
+            else:
+                rnd.recovered = await self._recover(name, pid, owner, held, rnd)
+            rnd.recovery_s = round(time.monotonic() - killed, 2)
+        except (TimeoutError, RemError) as exc:
+            rnd.error = str(exc)
+        finally:
+            if role == ZOMBIE:
+                with contextlib.suppress(ProcessLookupError):
+                    await self._zombie_wakes(pid, owner)
+        return rnd
+
+    async def _recover_from_zombie(self, pid: int, owner: str | None,
+                                   held: list[dict[str, Any]]) -> str:
+        """The paused executor's leases expire and are taken over while it sleeps."""
+        held_ids = {lease["id"] for lease in held if lease["kind"] == "execution"}
+
+        async def taken_over() -> bool:
+            snap = await ops.status(self.ctx)
+            return not any(lease["id"] in held_ids and lease["owner_id"] == owner
+                           for lease in snap["leases"])
+
+        await self.wait_for(taken_over, self.config.recover_timeout_s + self.config.lease_ms / 1000,
+                            f"the leases of paused {owner} to be taken over")
+        return f"paused; {len(held_ids)} lease(s) taken over, then SIGCONT (late writes must be fenced)"
+
+    async def _zombie_wakes(self, pid: int, owner: str | None) -> None:
+        """After SIGCONT, give the zombie time to try its late writes (and find them fenced)."""
+        os.kill(pid, signal.SIGCONT)
+        db = await self.ctx.db()
+
+        async def noticed() -> bool:
+            return bool(await db.scalar(
+                "SELECT 1 FROM event WHERE kind = 'execution.lease_lost' AND actor = ?", (owner,)))
+
+        with contextlib.suppress(TimeoutError):
+            await self.wait_for(noticed, 3.0, f"{owner} to notice its lost lease")
+
+    async def _recover(self, name: str, pid: int, owner: str | None, held: list[dict[str, Any]],
+                       rnd: Round) -> str:
+        """Wait until the victim is replaced and every lease it held is taken over."""
+        timeout = self.config.recover_timeout_s
+
+        def replaced() -> bool:
+            if name == "chroma":
+                url = chroma_server.recorded_url(self.ctx.data)
+                return bool(url and chroma_server.is_alive(url))
+            return self._pid_of(name) not in (None, pid)
+
+        await self.wait_for(replaced, timeout, f"{name} to be restarted")
+        if name == "chroma":
+            return "chroma restarted on its port"
+        if self.config.release:
+            for lease in await self._leases_of(owner):
+                with contextlib.suppress(RemError):
+                    await ops.release(self.ctx, lease["id"], kind=lease["kind"], force=True)
+                    rnd.released += 1
+
+        async def taken_over() -> bool:
+            return not await self._leases_of(owner)
+
+        await self.wait_for(taken_over, timeout + self.config.lease_ms / 1000,
+                            f"the leases of {owner} to be taken over")
+        kinds = sorted({lease["kind"] for lease in held})
+        return (f"{name} restarted; {len(held)} lease(s) taken over"
+                + (f" ({', '.join(kinds)})" if kinds else ""))
+
+    # -- the whole drill --------------------------------------------------------
+    async def settle(self) -> float:
+        """Stop the load, then wait until nothing is in flight."""
+        started = time.monotonic()
+        from backend.tools.supervisor import read_manifest
+
+        manifest = read_manifest(self.ctx)
+        if manifest is not None:
+            # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(manifest["pid"]), signal.SIGUSR1)
+
+        async def quiet() -> bool:
+            result = await ops.check(self.ctx)
+            return result["ok"] and result["counts"]["unsettled"] == 0
+
+        await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle")
+        return round(time.monotonic() - started, 2)
+
+    async def run(self) -> DrillResult:
+        result = DrillResult(data_dir=str(self.ctx.data.root))
+        self.start_system()
+        try:
+            await self.wait_ready()
+            for number, role in enumerate(self.config.victims(), start=1):
+                rnd = await self.run_round(number, role)
+                result.rounds.append(rnd)
+                if self.on_round is not None:
+                    self.on_round(rnd)
+            try:
+                result.settle_s = await self.settle()
+            except TimeoutError as exc:
+                log.warning("%s", exc)
+            result.check = await ops.check(self.ctx, settled=True, verify_chroma=True)
+        finally:
+            self.stop_system()
+        result.ok = bool(result.check.get("ok")) and not any(r.error for r in result.rounds)
+        result.duration_s = round(time.monotonic() - self.started, 1)
+        return result
+
+
+def private_data_dir() -> DataDir:
+    return DataDir(Path(tempfile.mkdtemp(prefix="rem-drill-")) / "data")
+
+
+async def run_drill(ctx: Context, config: DrillConfig,
+                    on_round: Callable[[Round], None] | None = None) -> dict[str, Any]:
+    """Run the drill and return its JSON-able report."""
+    config.victims()  # validate the role before starting anything
+    result = await Drill(ctx, config, on_round).run()
+    return result.as_dict()
+
+
+def dumps(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=str)

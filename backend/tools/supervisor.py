@@ -1,0 +1,311 @@
+"""`rem up`: the Chroma server and the daemons of one data dir, kept running.
+
+Each daemon is a `rem daemon --role R` child process. A child that dies (a
+crash, or a SIGKILL in a drill) is restarted with backoff and, unless
+`reap` is off, marked stopped in `worker` at once, which lets its leases be
+taken over without waiting for them to expire (fencing keeps that safe).
+With `reap` off a death looks as it would on another machine: the dead
+worker's heartbeat goes stale and its leases count down to expiry, or an
+operator releases them. The Chroma server is restarted on its old
+port when it dies. Children get SIGTERM when the supervisor dies, so no
+process outlives `rem up`. On SIGTERM/Ctrl-C every daemon is drained (it
+finishes or hands back its work and releases its leases) before exit.
+
+`up.json` in the data dir lists the live children for drills and the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.chroma import server as chroma_server
+from backend.chroma.server import ChromaServer, die_with_parent_preexec
+from backend.core import faults
+from backend.core.errors import ChromaUnreachable, RemError
+from backend.runtime.context import Context
+from backend.store import maintenance, workers
+
+log = logging.getLogger("rem.supervisor")
+
+DRAIN_TIMEOUT_S = 20.0
+MONITOR_INTERVAL_S = 0.2
+MAX_RESTART_BACKOFF_S = 5.0
+
+
+@dataclass
+class Child:
+    """One daemon process the supervisor keeps alive."""
+
+    role: str
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+    exits: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+
+@dataclass
+class UpConfig:
+    executors: int = 2
+    summarizers: int = 1
+    dreams: int = 1
+    load: bool = False
+    load_sessions: int = 6
+    load_rate: float = 1.0
+    # record a dead child as stopped at once, so its leases are taken over without
+    # waiting for expiry; off, a kill looks as it would on another machine (the
+    # lease counts down, or an operator releases it): what the demo shows
+    reap: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    """Runs and watches the Chroma server and the daemons of one data dir."""
+
+    def __init__(self, ctx: Context, config: UpConfig | None = None) -> None:
+        self.ctx = ctx
+        self.config = config or UpConfig()
+        self.children = [
+            Child(role, i)
+            for role, count in (("executor", self.config.executors),
+                                ("summarizer", self.config.summarizers),
+                                ("dream", self.config.dreams))
+            for i in range(1, count + 1)
+        ]
+        self.chroma: ChromaServer | None = None
+        self.stopping = asyncio.Event()
+        self.load_stop = asyncio.Event()
+        self._host = socket.gethostname()
+
+    # -- lifecycle -------------------------------------------------------
+    async def run(self) -> int:
+        """Start everything, keep it alive until asked to stop, then drain it all."""
+        faults.validate()  # refuse a typo before any child starts (they would crash-loop on it)
+        db = await self.ctx.db()
+        self._install_signal_handlers()
+        self._ensure_chroma()
+        for child in self.children:
+            self._start(child)
+        self._write_manifest()
+        load_task = asyncio.create_task(self._run_load()) if self.config.load else None
+        next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
+        try:
+            while not self.stopping.is_set():
+                await self._monitor(db)
+                if time.monotonic() >= next_housekeeping:
+                    next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
+                    await self._housekeeping(db)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), MONITOR_INTERVAL_S)
+        finally:
+            if load_task is not None:
+                load_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await load_task
+            await self._drain_all()
+            self._stop_chroma()
+            with contextlib.suppress(FileNotFoundError):
+                self.manifest_path.unlink()
+        return 0
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.request_stop)
+        # SIGUSR1 stops only the synthetic load (drills use it to let the system settle)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGUSR1, self.load_stop.set)
+
+    # -- Chroma ------------------------------------------------------------
+    def _ensure_chroma(self) -> None:
+        if self.ctx.chroma_url or os.environ.get("REM_CHROMA_URL"):
+            self.chroma = chroma_server.resolve(self.ctx.data, self.ctx.chroma_url)
+            return
+        # blocking on purpose, in the main thread: PDEATHSIG binds to the spawning thread
+        self.chroma = chroma_server.resolve(self.ctx.data, start=True)
+        log.info("chroma at %s (pid %s, started here: %s)", self.chroma.url, self.chroma.pid,
+                 self.chroma.started_here)
+
+    def _chroma_dead(self) -> bool:
+        server = self.chroma
+        if server is None or server.external:
+            return False
+        if server.process is not None:
+            return server.process.poll() is not None
+        return not chroma_server.lock_is_held(self.ctx.data)
+
+    def _stop_chroma(self) -> None:
+        if self.chroma is not None and self.chroma.started_here:
+            self.chroma.stop()
+
+    # -- children --------------------------------------------------------------
+    def _command(self, child: Child) -> list[str]:
+        cmd = [sys.executable, "-m", "backend.cli.app", "daemon", "--role", child.role,
+               "--data", str(self.ctx.data.root)]
+        if self.chroma is not None and self.chroma.external:
+            cmd += ["--chroma-url", self.chroma.url]
+        return cmd
+
+    def _start(self, child: Child) -> None:
+        env = dict(os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG=os.environ.get("REM_LOG", "1"),
+                   **self.config.env)
+        log_path = self.ctx.data.logs / f"{child.name}.log"
+        with open(log_path, "ab") as out:
+            child.proc = subprocess.Popen(
+                self._command(child), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent_preexec,
+            )
+        child.started_at = time.monotonic()
+        log.info("started %s pid %s", child.name, child.proc.pid)
+
+    async def _monitor(self, db: Any) -> None:
+        changed = False
+        if self._chroma_dead():
+            log.warning("chroma server died; restarting it")
+            try:
+                self._ensure_chroma()
+                changed = True
+            except ChromaUnreachable as exc:
+                log.error("cannot restart chroma: %s", exc)
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if proc is not None and proc.poll() is not None:
+                await self._record_exit(db, child, proc)
+                child.proc = None
+                changed = True
+            if child.proc is None and now >= child.next_start and not self.stopping.is_set():
+                self._start(child)
+                child.restarts += 1
+                changed = True
+        if changed:
+            self._write_manifest()
+
+    async def _housekeeping(self, db: Any) -> None:
+        try:
+            result = await maintenance.run_once(db)
+            log.info("housekeeping: %s", result)
+        except RemError as exc:  # a locked or full database: try again next interval
+            log.warning("housekeeping skipped: %s", exc)
+
+    async def _record_exit(self, db: Any, child: Child, proc: subprocess.Popen[bytes]) -> None:
+        reason = describe_exit(proc.returncode)
+        uptime = time.monotonic() - child.started_at
+        child.exits.append({"pid": proc.pid, "reason": reason, "at": time.time()})
+        # a child that keeps dying right after start backs off instead of spinning
+        backoff = 0.0 if uptime > 10 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** min(child.restarts, 4))
+        child.next_start = time.monotonic() + backoff
+        log.warning("%s pid %s %s; restarting in %.1f s", child.name, proc.pid, reason, backoff)
+        if self.config.reap:
+            with contextlib.suppress(Exception):
+                await workers.mark_exited(db, proc.pid, self._host, reason)
+
+    async def _drain_all(self) -> None:
+        live = [c for c in self.children if c.pid is not None]
+        for child in live:
+            with contextlib.suppress(ProcessLookupError):
+                assert child.proc is not None
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while any(c.proc is not None and c.proc.poll() is None for c in live):
+            if time.monotonic() > deadline:
+                for child in live:
+                    if child.proc is not None and child.proc.poll() is None:
+                        log.warning("%s did not drain in %.0f s; killing it", child.name, DRAIN_TIMEOUT_S)
+                        child.proc.kill()
+                break
+            await asyncio.sleep(0.05)
+        for child in live:
+            if child.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(5)
+
+    # -- manifest and load -----------------------------------------------------
+    @property
+    def manifest_path(self) -> Any:
+        return self.ctx.data.root / "up.json"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "reap": self.config.reap,
+            "chroma": {"url": self.chroma.url if self.chroma else None,
+                       "pid": self.chroma.pid if self.chroma else None,
+                       "external": bool(self.chroma and self.chroma.external)},
+            "children": [{"name": c.name, "role": c.role, "pid": c.pid, "restarts": c.restarts}
+                         for c in self.children],
+        }
+
+    def _write_manifest(self) -> None:
+        tmp = self.manifest_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.manifest(), indent=2))
+        tmp.replace(self.manifest_path)
+
+    async def _run_load(self) -> None:
+        from backend.tools.load import LoadGenerator
+
+        generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions,
+                                  rate=self.config.load_rate)
+        stop = asyncio.Event()
+
+        async def either() -> None:
+            await asyncio.wait([asyncio.create_task(self.stopping.wait()),
+                                asyncio.create_task(self.load_stop.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            stop.set()
+
+        watcher = asyncio.create_task(either())
+        try:
+            await generator.run(stop)
+        finally:
+            watcher.cancel()
+        log.info("load stopped after %d inputs", generator.sent)
+
+
+def read_manifest(ctx: Context) -> dict[str, Any] | None:
+    """The live `rem up` manifest of a data dir, if its supervisor is alive."""
+    try:
+        manifest = json.loads((ctx.data.root / "up.json").read_text())
+    except (OSError, ValueError):
+        return None
+    pid = manifest.get("pid")
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+__all__ = ["Supervisor", "UpConfig", "read_manifest", "workers"]
