@@ -39,11 +39,13 @@ while count < 0 or i < count:
 """
 
 
-def start_writer(state_db: Path, interval_ms: float, count: int = -1,
-                 run: str = "") -> subprocess.Popen[bytes]:
+def start_writer(
+    state_db: Path, interval_ms: float, count: int = -1, run: str = ""
+) -> subprocess.Popen[bytes]:
     """The writer process; its journal rows carry `run` so reruns on one data dir do not mix."""
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(state_db), str(interval_ms), str(count),
-                             run or str(time.time())])
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state_db), str(interval_ms), str(count), run or str(time.time())]
+    )
 
 
 class LagProbe:
@@ -119,8 +121,13 @@ def pct(values: list[float], q: float) -> float:
 def summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "p50": round(statistics.median(values), 1), "p95": round(pct(values, 0.95), 1),
-            "p99": round(pct(values, 0.99), 1), "max": round(max(values), 1)}
+    return {
+        "n": len(values),
+        "p50": round(statistics.median(values), 1),
+        "p95": round(pct(values, 0.95), 1),
+        "p99": round(pct(values, 0.99), 1),
+        "max": round(max(values), 1),
+    }
 
 
 async def wait_for(predicate: Any, pilot: Any, timeout_s: float = 30.0) -> None:

@@ -54,16 +54,24 @@ async def measure(data: DataDir, commits: int, interval_ms: float) -> dict[str, 
         await wait_for(lambda: app.applied is not None, pilot)
         writer = start_writer(data.state_db, interval_ms, commits, app.run_id)
         try:
-            await wait_for(lambda: len(app.seen) >= commits or writer.poll() is not None, pilot,
-                           timeout_s=commits * interval_ms / 1000 * 3 + 30)
+            await wait_for(
+                lambda: len(app.seen) >= commits or writer.poll() is not None,
+                pilot,
+                timeout_s=commits * interval_ms / 1000 * 3 + 30,
+            )
             await wait_for(lambda: len(app.seen) >= commits, pilot, timeout_s=10)
         finally:
             writer.kill()
             writer.wait()
         latencies = [app.seen[i] for i in sorted(app.seen)]
-        return {"commits": commits, "seen": len(app.seen), "latency_ms": summary(latencies),
-                "refreshes": app.stats["applies"], "load_ms": summary(app.stats["load_ms"]),
-                "apply_ms": summary(app.stats["apply_ms"])}
+        return {
+            "commits": commits,
+            "seen": len(app.seen),
+            "latency_ms": summary(latencies),
+            "refreshes": app.stats["applies"],
+            "load_ms": summary(app.stats["load_ms"]),
+            "apply_ms": summary(app.stats["apply_ms"]),
+        }
 
 
 def small_data_dir() -> DataDir:
@@ -86,10 +94,12 @@ def main() -> None:
     result["data_dir"] = str(data.root)
     print(json.dumps(result))
     lat = result["latency_ms"]
-    print(f"console freshness: {result['seen']}/{args.commits} commits seen; latency p50 {lat['p50']} ms, "
-          f"p95 {lat['p95']} ms, max {lat['max']} ms (target p95 < 300 ms); "
-          f"snapshot load p95 {result['load_ms']['p95']} ms, apply p95 {result['apply_ms']['p95']} ms",
-          file=sys.stderr)
+    print(
+        f"console freshness: {result['seen']}/{args.commits} commits seen; latency p50 {lat['p50']} ms, "
+        f"p95 {lat['p95']} ms, max {lat['max']} ms (target p95 < 300 ms); "
+        f"snapshot load p95 {result['load_ms']['p95']} ms, apply p95 {result['apply_ms']['p95']} ms",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

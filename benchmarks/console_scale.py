@@ -34,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.console_common import CallbackTimer, LagProbe, start_writer, summary, wait_for
 
-KEYS = tuple(os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(","))
+KEYS = tuple(
+    os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(",")
+)
 
 
 def start_child(root: Path) -> None:
@@ -60,8 +62,13 @@ def measure_start(root: Path, runs: int = 3) -> list[dict[str, float]]:
     results = []
     for _ in range(runs):
         env = dict(os.environ, REM_BENCH_T0=str(time.time()))
-        proc = subprocess.run([sys.executable, __file__, "--child-start", str(root)], env=env,
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child-start", str(root)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return results
 
@@ -101,16 +108,22 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
             callbacks.uninstall()
         return {
             "sessions": (app.applied or {}).get("counts", {}).get("sessions"),
-            "soak_s": round(time.monotonic() - started), "writes_every_ms": interval_ms,
-            "refreshes": app.stats["applies"] - applies0, "keys_pressed": i,
+            "soak_s": round(time.monotonic() - started),
+            "writes_every_ms": interval_ms,
+            "refreshes": app.stats["applies"] - applies0,
+            "keys_pressed": i,
             "loop_lag_ms": summary(probe.lags_ms),
             "callback_cpu_ms": summary(callbacks.cpu_ms),
             "callback_wall_ms": summary(callbacks.wall_ms),
             "slowest_callbacks": sorted(callbacks.slow, reverse=True)[:8],
             "apply_ms": summary(app.stats["apply_ms"][apply_ms0:]),
             "load_ms": summary(app.stats["load_ms"][apply_ms0:]),
-            "rss_mb": {"start": round(rss[0], 1), "max": round(max(rss), 1), "end": round(rss[-1], 1),
-                       "by_minute": [round(v, 1) for v in rss[::60]]},
+            "rss_mb": {
+                "start": round(rss[0], 1),
+                "max": round(max(rss), 1),
+                "end": round(rss[-1], 1),
+                "by_minute": [round(v, 1) for v in rss[::60]],
+            },
         }
 
 
@@ -119,10 +132,15 @@ def main() -> None:
     parser.add_argument("dir", type=Path, nargs="?")
     parser.add_argument("--soak-s", type=float, default=600.0)
     parser.add_argument("--interval-ms", type=float, default=100.0)
-    parser.add_argument("--quiet-s", type=float, default=60.0,
-                        help="first soak this long with no key presses: what refreshes alone cost the UI")
-    parser.add_argument("--sessions", type=int, default=100_000,
-                        help="size of the generated data dir when DIR is omitted")
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=60.0,
+        help="first soak this long with no key presses: what refreshes alone cost the UI",
+    )
+    parser.add_argument(
+        "--sessions", type=int, default=100_000, help="size of the generated data dir when DIR is omitted"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the generated data dir (printed)")
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -141,21 +159,33 @@ def main() -> None:
             atexit.register(shutil.rmtree, root.parent, True)
     starts = measure_start(root)
     quiet = asyncio.run(soak(root, args.quiet_s, args.interval_ms, keys=False)) if args.quiet_s > 0 else None
-    result = {"data_dir": str(root), "start": starts, **asyncio.run(soak(root, args.soak_s, args.interval_ms))}
+    result = {
+        "data_dir": str(root),
+        "start": starts,
+        **asyncio.run(soak(root, args.soak_s, args.interval_ms)),
+    }
     if quiet is not None:
-        result["refresh_only"] = {k: quiet[k] for k in ("soak_s", "refreshes", "callback_cpu_ms",
-                                                        "slowest_callbacks", "apply_ms")}
+        result["refresh_only"] = {
+            k: quiet[k] for k in ("soak_s", "refreshes", "callback_cpu_ms", "slowest_callbacks", "apply_ms")
+        }
     print(json.dumps(result))
     lag, rss = result["loop_lag_ms"], result["rss_mb"]
-    print(f"console scale ({root}): start {max(s['start_s'] for s in starts):.2f} s worst of 3 "
-          f"(target < 3 s); over a {result['soak_s']} s soak with a commit every {args.interval_ms:g} ms: "
-          f"{result['refreshes']} refreshes; longest UI callback {result['callback_cpu_ms']['max']} ms CPU "
-          f"with a navigation key every second, "
-          + (f"{result['refresh_only']['callback_cpu_ms']['max']} ms with refreshes alone "
-             f"({result['refresh_only']['soak_s']} s, no keys) " if quiet is not None else "")
-          + f"(target: a refresh never blocks input > 100 ms); event-loop lag max {lag['max']} ms, p99 {lag['p99']} ms (includes "
-          f"waiting for a CPU on this machine: load {os.getloadavg()[0]:.1f}); apply p95 {result['apply_ms']['p95']} ms, RSS {rss['start']} -> max "
-          f"{rss['max']} MB (target < 250 MB)", file=sys.stderr)
+    print(
+        f"console scale ({root}): start {max(s['start_s'] for s in starts):.2f} s worst of 3 "
+        f"(target < 3 s); over a {result['soak_s']} s soak with a commit every {args.interval_ms:g} ms: "
+        f"{result['refreshes']} refreshes; longest UI callback {result['callback_cpu_ms']['max']} ms CPU "
+        f"with a navigation key every second, "
+        + (
+            f"{result['refresh_only']['callback_cpu_ms']['max']} ms with refreshes alone "
+            f"({result['refresh_only']['soak_s']} s, no keys) "
+            if quiet is not None
+            else ""
+        )
+        + f"(target: a refresh never blocks input > 100 ms); event-loop lag max {lag['max']} ms, p99 {lag['p99']} ms (includes "
+        f"waiting for a CPU on this machine: load {os.getloadavg()[0]:.1f}); apply p95 {result['apply_ms']['p95']} ms, RSS {rss['start']} -> max "
+        f"{rss['max']} MB (target < 250 MB)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,16 @@ def _document(i: int) -> str:
 
 
 def _metadata(i: int) -> dict[str, Any]:
-    return {"sessionId": f"s{i:06d}", "memoryCount": i % 40 + 2, "timestamp": 1_800_000_000_000 + i,
-            "title": f"Session {i}", "category": "operations", "keywords": WORDS[i % 5: i % 5 + 4],
-            "dreamInputRevision": f"sha256:{i:064x}", "summarizer": "rem-extractive-v1"}
+    return {
+        "sessionId": f"s{i:06d}",
+        "memoryCount": i % 40 + 2,
+        "timestamp": 1_800_000_000_000 + i,
+        "title": f"Session {i}",
+        "category": "operations",
+        "keywords": WORDS[i % 5 : i % 5 + 4],
+        "dreamInputRevision": f"sha256:{i:064x}",
+        "summarizer": "rem-extractive-v1",
+    }
 
 
 async def _stage(ctx: Context, n: int, batch: int) -> None:
@@ -55,21 +62,29 @@ async def _stage(ctx: Context, n: int, batch: int) -> None:
         envelope = receipts.encode(receipts.issue(_document(i), meta))
         rows.append((meta["sessionId"], envelope))
     async with db.tx() as conn:
-        await conn.executemany("INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)",
-                               [(sid,) for sid, _ in rows])
+        await conn.executemany(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)",
+            [(sid,) for sid, _ in rows],
+        )
         await conn.executemany(
             "INSERT INTO summary_job (session_id, status, result_envelope, result_encoding, result_staged_at, "
             "result_acknowledged_at, verdict, verdict_checked_at, time_created, time_updated) "
             "VALUES (?, 'completed', ?, ?, 1, 1, 'present', 1, 1, 1)",
-            [(sid, env, receipts.ENCODING) for sid, env in rows])
+            [(sid, env, receipts.ENCODING) for sid, env in rows],
+        )
     store = ctx.store()
     for start in range(0, n, batch):
         ids = range(start, min(n, start + batch))
-        await store.upsert([summary_row_id(f"s{i:06d}") for i in ids], [_document(i) for i in ids],
-                           [_metadata(i) for i in ids])
+        await store.upsert(
+            [summary_row_id(f"s{i:06d}") for i in ids],
+            [_document(i) for i in ids],
+            [_metadata(i) for i in ids],
+        )
         # a Dream overlay on some rows: foreign keys the predicate must tolerate
-        await store.update_metadata([summary_row_id(f"s{i:06d}") for i in ids if i % 3 == 0],
-                                    [{"graphDigested": True, "digestState": "digested"} for i in ids if i % 3 == 0])
+        await store.update_metadata(
+            [summary_row_id(f"s{i:06d}") for i in ids if i % 3 == 0],
+            [{"graphDigested": True, "digestState": "digested"} for i in ids if i % 3 == 0],
+        )
 
 
 async def _raw_get(ctx: Context, n: int, batch: int) -> float:
@@ -80,7 +95,7 @@ async def _raw_get(ctx: Context, n: int, batch: int) -> float:
     started = time.perf_counter()
     got = 0
     for start in range(0, n, batch):
-        result = collection.get(ids=ids[start:start + batch], include=["documents", "metadatas"])
+        result = collection.get(ids=ids[start : start + batch], include=["documents", "metadatas"])
         got += len(result["ids"])
     elapsed = time.perf_counter() - started
     assert got == n, got
@@ -90,7 +105,9 @@ async def _raw_get(ctx: Context, n: int, batch: int) -> float:
 async def _verify(ctx: Context, n: int, batch: int) -> float:
     db = await ctx.db()
     started = time.perf_counter()
-    report = await receipt_replay.Recovery(db, ctx.store(), actor="bench").run(receipt_replay.all_batches(db, batch))
+    report = await receipt_replay.Recovery(db, ctx.store(), actor="bench").run(
+        receipt_replay.all_batches(db, batch)
+    )
     elapsed = time.perf_counter() - started
     c = report.counters
     assert (c.present, c.replayed, report.rows_written) == (n, 0, 0), report.as_dict()["counters"]
@@ -115,11 +132,17 @@ async def main(n: int, batch: int, rounds: int) -> dict[str, Any]:
             server.stop()
     # rounds interleave raw and verify, so the median of per-round ratios is robust to a noisy host
     ratios = [v / r for r, v in zip(raw, verify, strict=True)]
-    return {"receipts": n, "batch": batch, "rounds": rounds, "stage_seconds": round(staged_s, 1),
-            "raw_get_rows_per_s": round(statistics.median(raw)),
-            "verified_receipts_per_s": round(statistics.median(verify)),
-            "ratio": round(statistics.median(ratios), 3), "round_ratios": [round(x, 3) for x in ratios],
-            "target_ratio": 0.5}
+    return {
+        "receipts": n,
+        "batch": batch,
+        "rounds": rounds,
+        "stage_seconds": round(staged_s, 1),
+        "raw_get_rows_per_s": round(statistics.median(raw)),
+        "verified_receipts_per_s": round(statistics.median(verify)),
+        "ratio": round(statistics.median(ratios), 3),
+        "round_ratios": [round(x, 3) for x in ratios],
+        "target_ratio": 0.5,
+    }
 
 
 if __name__ == "__main__":
@@ -133,9 +156,13 @@ if __name__ == "__main__":
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"receipts {result['receipts']}  batch {result['batch']}  (staged in {result['stage_seconds']} s, "
-              f"median of {result['rounds']} rounds)")
+        print(
+            f"receipts {result['receipts']}  batch {result['batch']}  (staged in {result['stage_seconds']} s, "
+            f"median of {result['rounds']} rounds)"
+        )
         print(f"raw batched collection.get   {result['raw_get_rows_per_s']:>9,} rows/s")
         print(f"receipts verified            {result['verified_receipts_per_s']:>9,} receipts/s")
-        print(f"ratio                        {result['ratio']:>9}   (target >= {result['target_ratio']}; "
-              f"per round {result['round_ratios']})")
+        print(
+            f"ratio                        {result['ratio']:>9}   (target >= {result['target_ratio']}; "
+            f"per round {result['round_ratios']})"
+        )

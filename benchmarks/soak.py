@@ -79,33 +79,52 @@ async def sample(root: Path, stop: asyncio.Event, every: float, out: list[dict[s
     started = time.monotonic()
     while not stop.is_set():
         wal = root / "state.db-wal"
-        out.append({
-            "t_s": round(time.monotonic() - started, 1),
-            "wal_mb": round(wal.stat().st_size / 2**20, 2) if wal.exists() else 0.0,
-            "rss_mb": {name: _rss_mb(pid) for name, pid in _pids(root).items()},
-        })
+        out.append(
+            {
+                "t_s": round(time.monotonic() - started, 1),
+                "wal_mb": round(wal.stat().st_size / 2**20, 2) if wal.exists() else 0.0,
+                "rss_mb": {name: _rss_mb(pid) for name, pid in _pids(root).items()},
+            }
+        )
         try:
             await asyncio.wait_for(stop.wait(), every)
         except TimeoutError:
             pass
 
 
-async def soak(root: Path, minutes: float, rate: float, reader_period: float,
-               sessions: int = 6) -> dict[str, Any]:
+async def soak(
+    root: Path, minutes: float, rate: float, reader_period: float, sessions: int = 6
+) -> dict[str, Any]:
     env = dict(os.environ, REM_AGENT_DELAY_MS=os.environ.get("REM_AGENT_DELAY_MS", "100"))
     up = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli.app", "up", "--data", str(root), "--load",
-         "--load-rate", str(rate), "--load-sessions", str(sessions)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "backend.cli.app",
+            "up",
+            "--data",
+            str(root),
+            "--load",
+            "--load-rate",
+            str(rate),
+            "--load-sessions",
+            str(sessions),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     stop = asyncio.Event()
     samples: list[dict[str, Any]] = []
     try:
         deadline = time.monotonic() + 60
         while not _pids(root).get("chroma") and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        tasks = [asyncio.create_task(reader(root, stop, reader_period)),
-                 asyncio.create_task(sample(root, stop, 10.0, samples))]
+        tasks = [
+            asyncio.create_task(reader(root, stop, reader_period)),
+            asyncio.create_task(sample(root, stop, 10.0, samples)),
+        ]
         await asyncio.sleep(minutes * 60)
         os.kill(up.pid, signal.SIGUSR1)  # stop the load, let the daemons finish
         ctx = Context(DataDir(root), read_only=True)
@@ -125,21 +144,33 @@ async def soak(root: Path, minutes: float, rate: float, reader_period: float,
         up.wait(60)
     latencies = sorted(r["answered"] - r["admitted"] for r in rows if r["answered"])
     return {
-        "minutes": minutes, "rate": rate, "sessions": sessions, "turns_completed": len(latencies),
+        "minutes": minutes,
+        "rate": rate,
+        "sessions": sessions,
+        "turns_completed": len(latencies),
         "latency_p50_ms": statistics.median(latencies) if latencies else None,
         "latency_p99_ms": latencies[int(len(latencies) * 0.99) - 1] if latencies else None,
-        "status_reads": reads, "wal_mb_max": max((s["wal_mb"] for s in samples), default=0),
-        "samples": samples, "check_ok": check["ok"], "check": check,
+        "status_reads": reads,
+        "wal_mb_max": max((s["wal_mb"] for s in samples), default=0),
+        "samples": samples,
+        "check_ok": check["ok"],
+        "check": check,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=4.0, help="load inputs per second")
     parser.add_argument("--reader-period", type=float, default=0.5)
-    parser.add_argument("--sessions", type=int, default=6,
-                        help="sessions the load spreads over (few: sessions grow long; many: they stay short)")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=6,
+        help="sessions the load spreads over (few: sessions grow long; many: they stay short)",
+    )
     parser.add_argument("--data", type=Path)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the generated data dir (logs, state.db)")
@@ -151,10 +182,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return
-    print(f"soak {args.minutes} min at {args.rate} inputs/s: {result['turns_completed']} turns, "
-          f"latency p50 {result['latency_p50_ms']} ms p99 {result['latency_p99_ms']} ms, "
-          f"WAL max {result['wal_mb_max']} MB, status reads {result['status_reads']}, "
-          f"check {'ok' if result['check_ok'] else 'FAILED'}")
+    print(
+        f"soak {args.minutes} min at {args.rate} inputs/s: {result['turns_completed']} turns, "
+        f"latency p50 {result['latency_p50_ms']} ms p99 {result['latency_p99_ms']} ms, "
+        f"WAL max {result['wal_mb_max']} MB, status reads {result['status_reads']}, "
+        f"check {'ok' if result['check_ok'] else 'FAILED'}"
+    )
     for s in result["samples"]:
         print(f"  t={s['t_s']:>6}s wal={s['wal_mb']:>6} MB rss={s['rss_mb']}")
 

@@ -1,6 +1,6 @@
 """Benchmark `ops.status()` on a large data dir (issue 6 target: p95 < 50 ms).
 
-    python benchmarks/status.py [DIR] [--quick] [--keep]   # DIR from gen_big.py; else generated in a temp dir, removed unless --keep
+python benchmarks/status.py [DIR] [--quick] [--keep]   # DIR from gen_big.py; else generated in a temp dir, removed unless --keep
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ async def measure(root: Path, rounds: int = 200) -> dict[str, float]:
     await ctx.close()
     times.sort()
     return {
-        "rounds": rounds, "p50_ms": round(statistics.median(times), 2),
-        "p95_ms": round(times[int(len(times) * 0.95) - 1], 2), "max_ms": round(times[-1], 2),
-        "leases": len(snap["leases"]), "mismatched": len(snap["receipts"]["mismatched"]),
-        "sessions": snap["counts"]["sessions"], "dream_pending": snap["counts"]["dream_pending"],
+        "rounds": rounds,
+        "p50_ms": round(statistics.median(times), 2),
+        "p95_ms": round(times[int(len(times) * 0.95) - 1], 2),
+        "max_ms": round(times[-1], 2),
+        "leases": len(snap["leases"]),
+        "mismatched": len(snap["receipts"]["mismatched"]),
+        "sessions": snap["counts"]["sessions"],
+        "dream_pending": snap["counts"]["dream_pending"],
     }
 
 
@@ -52,13 +56,24 @@ def main() -> None:
             atexit.register(shutil.rmtree, root.parent, True)
         scale = 10 if "--quick" in sys.argv else 1
         print(f"generating {root} ...", file=sys.stderr)
-        generate(root, 100_000 // scale, 10, 10_000 // scale, 500 // scale, 2_000 // scale,
-                 1_000 // scale, 20_000 // scale)
+        generate(
+            root,
+            100_000 // scale,
+            10,
+            10_000 // scale,
+            500 // scale,
+            2_000 // scale,
+            1_000 // scale,
+            20_000 // scale,
+        )
     result = asyncio.run(measure(root))
     print(json.dumps(result))
-    print(f"status(): p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, max {result['max_ms']} ms "
-          f"over {result['rounds']} rounds ({result['sessions']} sessions, {result['leases']} leases, "
-          f"{result['mismatched']} mismatched receipts)", file=sys.stderr)
+    print(
+        f"status(): p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, max {result['max_ms']} ms "
+        f"over {result['rounds']} rounds ({result['sessions']} sessions, {result['leases']} leases, "
+        f"{result['mismatched']} mismatched receipts)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

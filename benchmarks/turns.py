@@ -39,10 +39,12 @@ from backend.execution.executor import Executor
 from backend.runtime.context import Context
 from backend.store.db import Database
 
-ASKS = ("Why did the nightly ledger export stall after the PgBouncer change?",
-        "Summarise what Priya said about the Canary Pipeline.",
-        "List the risks of moving the Invoice Service behind Stripe webhooks.",
-        "Draft a runbook step for when the Frankfurt region is late again.")
+ASKS = (
+    "Why did the nightly ledger export stall after the PgBouncer change?",
+    "Summarise what Priya said about the Canary Pipeline.",
+    "List the risks of moving the Invoice Service behind Stripe webhooks.",
+    "Draft a runbook step for when the Frankfurt region is late again.",
+)
 
 
 def count_transactions(db: Database) -> dict[str, int]:
@@ -93,8 +95,13 @@ async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, A
     await executor.run()
     elapsed = time.perf_counter() - start
     frames = await wal_frames(db)
-    return {"elapsed": elapsed, "tx": counter["tx"], "turns": executor.turns_completed, "frames": frames,
-            "commits": db.groups_committed - groups}
+    return {
+        "elapsed": elapsed,
+        "tx": counter["tx"],
+        "turns": executor.turns_completed,
+        "frames": frames,
+        "commits": db.groups_committed - groups,
+    }
 
 
 async def bare_rate(db: Database, count: int) -> tuple[float, float]:
@@ -129,12 +136,19 @@ async def measure(root: Path, turns: int, session_count: int, concurrency: int, 
     tx, done, elapsed = run["tx"], run["turns"], run["elapsed"]
     turn_tps = tx / elapsed
     return {
-        "turns": done, "unpromoted": unpromoted, "sessions": session_count, "concurrency": concurrency,
-        "admit_per_s": round(turns / admit_s, 1), "turns_per_s": round(done / elapsed, 1),
-        "turn_path_tx": tx, "tx_per_turn": round(tx / max(done, 1), 2),
-        "turn_path_tx_per_s": round(turn_tps, 1), "bare_tx_per_s": round(bare_tps, 1),
+        "turns": done,
+        "unpromoted": unpromoted,
+        "sessions": session_count,
+        "concurrency": concurrency,
+        "admit_per_s": round(turns / admit_s, 1),
+        "turns_per_s": round(done / elapsed, 1),
+        "turn_path_tx": tx,
+        "tx_per_turn": round(tx / max(done, 1), 2),
+        "turn_path_tx_per_s": round(turn_tps, 1),
+        "bare_tx_per_s": round(bare_tps, 1),
         "ratio": round(turn_tps / bare_tps, 3),
-        "commits_per_s": round(run["commits"] / elapsed, 1), "tx_per_commit": round(tx / max(run["commits"], 1), 2),
+        "commits_per_s": round(run["commits"] / elapsed, 1),
+        "tx_per_commit": round(tx / max(run["commits"], 1), 2),
         "wal_frames_per_turn_tx": round(run["frames"] / max(tx, 1), 1),
         "wal_frames_per_commit": round(run["frames"] / max(run["commits"], 1), 1),
         "wal_frames_per_bare_tx": round(bare_frames, 1),
@@ -149,8 +163,9 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     result["ratio_median"] = round(statistics.median(r["ratio"] for r in rounds), 3)
     result["ratio_min"], result["ratio_max"] = ranked[0]["ratio"], ranked[-1]["ratio"]
     result["turns_per_s_median"] = round(statistics.median(r["turns_per_s"] for r in rounds), 1)
-    result["per_round"] = [{k: r[k] for k in ("turns_per_s", "turn_path_tx_per_s", "bare_tx_per_s", "ratio")}
-                           for r in rounds]
+    result["per_round"] = [
+        {k: r[k] for k in ("turns_per_s", "turn_path_tx_per_s", "bare_tx_per_s", "ratio")} for r in rounds
+    ]
     result["all_promoted"] = all(r["unpromoted"] == 0 and r["turns"] > 0 for r in rounds)
     return result
 
@@ -168,8 +183,10 @@ def main() -> None:
         for n in range(max(1, args.rounds)):
             root = Path(tmp) / f"round-{n}"
             rounds.append(asyncio.run(measure(root, args.turns, args.sessions, args.concurrency, args.bare)))
-            print(f"round {n + 1}: {rounds[-1]['turns_per_s']} turns/s, ratio {rounds[-1]['ratio']}",
-                  file=sys.stderr)
+            print(
+                f"round {n + 1}: {rounds[-1]['turns_per_s']} turns/s, ratio {rounds[-1]['ratio']}",
+                file=sys.stderr,
+            )
     result = median_round(rounds)
     print(json.dumps(result))
     for key, value in result.items():

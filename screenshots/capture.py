@@ -47,8 +47,15 @@ async def fixed_port_status(ctx: Context) -> dict[str, Any]:
 
 
 def new_app(data: DataDir, **kwargs: Any) -> ConsoleApp:
-    return ConsoleApp(data, data_label="~/demo-data", watch=False, poll_s=3600, health_s=3600,
-                      status_loader=fixed_port_status, **kwargs)
+    return ConsoleApp(
+        data,
+        data_label="~/demo-data",
+        watch=False,
+        poll_s=3600,
+        health_s=3600,
+        status_loader=fixed_port_status,
+        **kwargs,
+    )
 
 
 async def wait_applied(app: ConsoleApp, pilot: Any, count: int) -> None:
@@ -69,30 +76,58 @@ def timeline_step(scene: scenes.Scene, k: int) -> None:
     """Step k of the incident: load flows, executor B dies at step 9, receipts and drift appear."""
     t = scene.now
     killed = 9
-    scene.x("UPDATE worker SET heartbeat_at = ? WHERE owner_id IN (?, ?, ?)", t - 400,
-            scenes.EXEC_A, scenes.SUMM, scenes.DREAM)
+    scene.x(
+        "UPDATE worker SET heartbeat_at = ? WHERE owner_id IN (?, ?, ?)",
+        t - 400,
+        scenes.EXEC_A,
+        scenes.SUMM,
+        scenes.DREAM,
+    )
     if k < killed:
         scene.x("UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?", t - 700, scenes.EXEC_B)
-        scene.x("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0002'",
-                t + 30_000, t)
-    scene.x("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0001'",
-            t + 27_000, t - 3_000)
+        scene.x(
+            "UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0002'",
+            t + 30_000,
+            t,
+        )
+    scene.x(
+        "UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0001'",
+        t + 27_000,
+        t - 3_000,
+    )
     # inputs arrive every step; executor A promotes the oldest two, so the backlog swells
     # once executor B is gone
     sid = ("s-charlie", "s-delta", "s-echo")[k % 3]
     for i in range(3 if k >= killed else 2):
-        scene.x("INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-                "wake_pending, time_created) VALUES (?,?,?,?,?,1,?)", f"tl_{k}_{i}", sid, "{}", "queue",
-                500 + k * 10 + i, t - 1_000 * i)
-    scene.x("UPDATE session_input SET promoted_seq = admitted_seq, wake_pending = 0 WHERE id IN "
-            "(SELECT id FROM session_input WHERE promoted_seq IS NULL AND id LIKE 'tl_%' "
-            "ORDER BY time_created LIMIT ?)", 2)
+        scene.x(
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+            "wake_pending, time_created) VALUES (?,?,?,?,?,1,?)",
+            f"tl_{k}_{i}",
+            sid,
+            "{}",
+            "queue",
+            500 + k * 10 + i,
+            t - 1_000 * i,
+        )
+    scene.x(
+        "UPDATE session_input SET promoted_seq = admitted_seq, wake_pending = 0 WHERE id IN "
+        "(SELECT id FROM session_input WHERE promoted_seq IS NULL AND id LIKE 'tl_%' "
+        "ORDER BY time_created LIMIT ?)",
+        2,
+    )
     if k == 12:
         scenes.receipt_mismatches(scene)
     if k == 14:
         scenes.dream_drift(scene)
-    scene.event("execution.step", scenes.EXEC_A, ago_ms=0, session_id="s-alpha", target="exe_0001",
-                step=k, phase="unknown")
+    scene.event(
+        "execution.step",
+        scenes.EXEC_A,
+        ago_ms=0,
+        session_id="s-alpha",
+        target="exe_0001",
+        step=k,
+        phase="unknown",
+    )
 
 
 async def capture_timeline(out: Path, work: Path) -> None:
@@ -122,8 +157,15 @@ async def capture_timeline(out: Path, work: Path) -> None:
             server.stop()
 
 
-async def capture_state(out: Path, name: str, data: DataDir, keys: tuple[str, ...] = (),
-                        size: tuple[int, int] = SIZE, chroma: bool = True, **kwargs: Any) -> None:
+async def capture_state(
+    out: Path,
+    name: str,
+    data: DataDir,
+    keys: tuple[str, ...] = (),
+    size: tuple[int, int] = SIZE,
+    chroma: bool = True,
+    **kwargs: Any,
+) -> None:
     clock.set_clock(clock.FrozenClock(scenes.NOW))
     server = chroma_server.resolve(data, start=True) if chroma else None
     try:
@@ -142,6 +184,7 @@ async def capture_state(out: Path, name: str, data: DataDir, keys: tuple[str, ..
 def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...], dict[str, Any]]]:
     def build(name: str, *steps: Callable[[scenes.Scene], None]) -> Callable[[], DataDir]:
         return lambda: scenes.build(work / name, *steps)
+
     return [
         ("healthy", build("healthy", scenes.healthy), (), {}),
         ("killed-executor", build("killed", scenes.healthy, scenes.killed_executor), (), {}),

@@ -24,12 +24,17 @@ def rem_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_rem(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
-            input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+def run_rem(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, input: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the installed `rem` script as a real subprocess."""
     return subprocess.run(
-        [REM, *args], capture_output=True, text=True, timeout=timeout,
-        env=env or rem_env(), input=input.decode() if input is not None else None,
+        [REM, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or rem_env(),
+        input=input.decode() if input is not None else None,
     )
 
 
@@ -39,15 +44,19 @@ def rem_json(*args: str, env: dict[str, str] | None = None, expect_rc: int = 0) 
     return json.loads(proc.stdout)
 
 
-def spawn_rem(*args: str, env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn_rem(
+    *args: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start `rem` as a background process (stdout/stderr to `log`)."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen([REM, *args], stdout=out, stderr=subprocess.STDOUT,
-                            env=env or rem_env(), start_new_session=True)
+    return subprocess.Popen(
+        [REM, *args], stdout=out, stderr=subprocess.STDOUT, env=env or rem_env(), start_new_session=True
+    )
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
-               message: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -59,8 +68,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
     raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message} (last={last!r})")
 
 
-async def await_until(predicate: Callable[[], Awaitable[Any]], timeout: float = 30.0,
-                      interval: float = 0.05, message: str = "condition") -> Any:
+async def await_until(
+    predicate: Callable[[], Awaitable[Any]],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> Any:
     """Async `wait_until`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

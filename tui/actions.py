@@ -53,8 +53,11 @@ def result_counts(result: Mapping[str, Any]) -> str:
     """`scanned 3 · present 1 · replayed 2`: the non-zero counters of a replay report."""
     counters = result.get("counters")
     source = counters if isinstance(counters, Mapping) else result
-    parts = [f"{k.replace('_', ' ')} {v}" for k, v in source.items()
-             if isinstance(v, int) and not isinstance(v, bool) and (v or k == "scanned")]
+    parts = [
+        f"{k.replace('_', ' ')} {v}"
+        for k, v in source.items()
+        if isinstance(v, int) and not isinstance(v, bool) and (v or k == "scanned")
+    ]
     return " · ".join(parts)
 
 
@@ -78,8 +81,9 @@ def key_diff_lines(keys: Sequence[Any], indent: str = "    ") -> list[str]:
             reason += f": {item.get('expected_type')} vs {item.get('actual_type')}"
         why = f"  ({reason})" if reason else ""
         actual = "(missing)" if item.get("reason") == "missing" else _json(item.get("actual"))
-        lines.append(f"{indent}{item.get('key')}: receipt {_json(item.get('expected'))} "
-                     f"→ Chroma {actual}{why}")
+        lines.append(
+            f"{indent}{item.get('key')}: receipt {_json(item.get('expected'))} → Chroma {actual}{why}"
+        )
     return lines
 
 
@@ -107,27 +111,38 @@ def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, A
             lines += key_diff_lines(keys if isinstance(keys, list) else [keys])
     else:
         for record in records:
-            lines.append(f"  {record.get('summary_id')}  {VERDICT_LABEL.get(record.get('verdict'), '')}"
-                         f"  {differing_keys(record)}")
+            lines.append(
+                f"  {record.get('summary_id')}  {VERDICT_LABEL.get(record.get('verdict'), '')}"
+                f"  {differing_keys(record)}"
+            )
             lines += key_diff_lines(record.get("keys") or [])
     return "\n".join(lines) or "dry run: nothing to replay"
 
 
-def replay_plan(records: Sequence[Mapping[str, Any]], *, all_mismatched: bool,
-                dry_run: Mapping[str, Any]) -> ActionPlan:
+def replay_plan(
+    records: Sequence[Mapping[str, Any]], *, all_mismatched: bool, dry_run: Mapping[str, Any]
+) -> ActionPlan:
     """Replay the selected receipt(s), or every mismatched one, with the dry-run diff shown."""
     ids = [str(r.get("summary_id")) for r in records]
     if all_mismatched:
         title = f"Replay all {len(ids)} mismatched receipts"
-        lines = [f"Replays every receipt whose Chroma row differs ({len(ids)} shown in the panel; "
-                 "the library re-checks each one now)."]
+        lines = [
+            f"Replays every receipt whose Chroma row differs ({len(ids)} shown in the panel; "
+            "the library re-checks each one now)."
+        ]
     else:
         title = f"Replay receipt {ids[0]}" if len(ids) == 1 else f"Replay {len(ids)} receipts"
         lines = [f"Replays {', '.join(ids)} into Chroma from its durable receipt."]
-    lines.append("No model call: the document and the synthesis-owned keys are upserted, read back "
-                 "and verified; Dream-owned keys are kept.")
+    lines.append(
+        "No model call: the document and the synthesis-owned keys are upserted, read back "
+        "and verified; Dream-owned keys are kept."
+    )
     return ActionPlan(
-        action="replay", title=title, targets=ids, lines=lines, confirm_label="Replay",
+        action="replay",
+        title=title,
+        targets=ids,
+        lines=lines,
+        confirm_label="Replay",
         params={"summary_ids": None if all_mismatched else ids, "all_mismatched": all_mismatched},
         preview=replay_preview(records, dry_run),
     )
@@ -144,16 +159,28 @@ def drain_plan(worker: Mapping[str, Any], leases: Sequence[Mapping[str, Any]], n
         f"role {worker.get('role')} · pid {worker.get('pid')} on {worker.get('host')} · {state} · "
         f"heartbeat {duration(now - int(worker.get('heartbeat_at') or now))} ago",
         f"Holds {len(held)} lease{'s' if len(held) != 1 else ''}"
-        + (": " + ", ".join(f"{lease.get('session_id')} ({lease.get('kind')})" for lease in held[:6])
-           if held else "") + (" …" if len(held) > 6 else ""),
+        + (
+            ": " + ", ".join(f"{lease.get('session_id')} ({lease.get('kind')})" for lease in held[:6])
+            if held
+            else ""
+        )
+        + (" …" if len(held) > 6 else ""),
         "It stops claiming, finishes or hands back in-flight work, releases its leases and exits.",
     ]
     warning = ""
     if state in ("stopped", "dead"):
-        warning = (f"This worker is {state}: the library will refuse to drain it"
-                   + ("; release its leases instead." if state == "dead" else "."))
-    return ActionPlan(action="drain", title=f"Drain {owner}", targets=[owner], lines=lines,
-                      confirm_label="Drain", params={"owner_id": owner}, warning=warning)
+        warning = f"This worker is {state}: the library will refuse to drain it" + (
+            "; release its leases instead." if state == "dead" else "."
+        )
+    return ActionPlan(
+        action="drain",
+        title=f"Drain {owner}",
+        targets=[owner],
+        lines=lines,
+        confirm_label="Drain",
+        params={"owner_id": owner},
+        warning=warning,
+    )
 
 
 # -- release ----------------------------------------------------------------------
@@ -161,8 +188,7 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     """Release one lease, fenced on the epoch shown; names owner, epoch and time left."""
     kind = str(lease.get("kind") or "execution")
     if kind not in RELEASABLE_KINDS:
-        raise NotActionable(f"unknown lease kind {kind!r}; select an execution, summary-job or "
-                            "Dream lease")
+        raise NotActionable(f"unknown lease kind {kind!r}; select an execution, summary-job or Dream lease")
     lease_id = str(lease.get("id"))
     epoch = lease.get("epoch")
     left = left_ms(dict(lease), now)
@@ -175,11 +201,14 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
         "another worker takes over through the normal recovery path.",
         f"Refused if the lease changed since epoch {epoch} (you saw an old state).",
     ]
-    warning = ("The owner is alive and renewing this lease: release it only if it is stuck."
-               if alive else "")
+    warning = "The owner is alive and renewing this lease: release it only if it is stuck." if alive else ""
     return ActionPlan(
-        action="release", title=f"Release lease {short(lease_id, 40)}", targets=[lease_id],
-        lines=lines, confirm_label="Release", warning=warning,
+        action="release",
+        title=f"Release lease {short(lease_id, 40)}",
+        targets=[lease_id],
+        lines=lines,
+        confirm_label="Release",
+        warning=warning,
         params={"lease_id": lease_id, "kind": kind, "expected_epoch": epoch},
     )
 
@@ -203,12 +232,17 @@ def describe_result(plan: ActionPlan, result: Mapping[str, Any]) -> str:
     if plan.action == "replay":
         return f"replay {plan.target_text}: {counts or compact_json(result, 120)}"
     if plan.action == "release" and "new_epoch" in result:
-        return (f"released {result.get('kind')} lease {result.get('id')} of {result.get('owner_id')}: "
-                f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
-                + (" (forced)" if result.get("forced") else ""))
+        return (
+            f"released {result.get('kind')} lease {result.get('id')} of {result.get('owner_id')}: "
+            f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
+            + (" (forced)" if result.get("forced") else "")
+        )
     if plan.action == "drain" and "state" in result:
-        return (f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "
-                f"{result.get('state')}; it hands back its work and exits")
+        return (
+            f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "
+            f"{result.get('state')}; it hands back its work and exits"
+        )
     detail = result.get("message") or compact_json(
-        {k: v for k, v in result.items() if not isinstance(v, list | dict)}, 140)
+        {k: v for k, v in result.items() if not isinstance(v, list | dict)}, 140
+    )
     return f"{plan.action} {plan.target_text}: {detail}"

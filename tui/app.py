@@ -58,8 +58,13 @@ FRAME_BUDGET_MS = 15.0
 TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
 ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release"})
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
-    ("backlog", BacklogTable), ("leases", LeaseTable), ("receipts", ReceiptTable),
-    ("drift", DriftTable), ("workers", WorkerTable), ("events", EventTable), ("actions", ActionLogTable),
+    ("backlog", BacklogTable),
+    ("leases", LeaseTable),
+    ("receipts", ReceiptTable),
+    ("drift", DriftTable),
+    ("workers", WorkerTable),
+    ("events", EventTable),
+    ("actions", ActionLogTable),
 )
 
 
@@ -113,15 +118,26 @@ class ConsoleApp(App[None]):
         Binding("c", "copy_csv", "Copy CSV", show=False),
         Binding("z", "toggle_maximize", "Zoom"),
         Binding("ctrl+r", "refresh_now", "Refresh now", show=False),
-        *(Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
-          for i, (name, _) in enumerate(PANELS, start=1)),
+        *(
+            Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
+            for i, (name, _) in enumerate(PANELS, start=1)
+        ),
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, data: DataDir | str | os.PathLike[str], *, read_only: bool = False,
-                 chroma_url: str | None = None, data_label: str | None = None,
-                 status_loader: StatusLoader | None = None, watch: bool = True,
-                 poll_s: float = 2.0, health_s: float = 10.0, min_interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        data: DataDir | str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        chroma_url: str | None = None,
+        data_label: str | None = None,
+        status_loader: StatusLoader | None = None,
+        watch: bool = True,
+        poll_s: float = 2.0,
+        health_s: float = 10.0,
+        min_interval_s: float = 0.1,
+    ) -> None:
         super().__init__()
         self.data = data if isinstance(data, DataDir) else DataDir.resolve(data)
         self.read_only = read_only
@@ -166,8 +182,12 @@ class ConsoleApp(App[None]):
             yield EventTable(id="events")
             yield ActionLogTable(id="actions")
         yield FilterBar(id="filter")
-        yield KeyBar(self.BINDINGS, lead=[("⏎", "detail", "Detail")],
-                     tail=[("^p", "command_palette", "Palette")], id="keys")
+        yield KeyBar(
+            self.BINDINGS,
+            lead=[("⏎", "detail", "Detail")],
+            tail=[("^p", "command_palette", "Palette")],
+            id="keys",
+        )
 
     def on_mount(self) -> None:
         # widget references held from mount on: timers firing during shutdown find them too
@@ -180,8 +200,9 @@ class ConsoleApp(App[None]):
         self._panels = {name: self.query_one(f"#{name}", SnapshotTable) for name, _ in PANELS}
         self._palette = palette_from(self.get_css_variables())
         self.theme_changed_signal.subscribe(self, self._theme_changed)
-        self.backend = ConsoleBackend(self.data, read_only=self.read_only, chroma_url=self.chroma_url,
-                                      status_loader=self.status_loader)
+        self.backend = ConsoleBackend(
+            self.data, read_only=self.read_only, chroma_url=self.chroma_url, status_loader=self.status_loader
+        )
         self.header.set_state(palette=self._palette, now=clock.now_ms())
         self.set_interval(1.0 / len(TICK_ORDER), self._tick_every_fifth_second)
         self.set_interval(self.poll_s, self._poll)
@@ -270,8 +291,14 @@ class ConsoleApp(App[None]):
         def only_state_db(_change: object, path: str) -> bool:
             return os.path.basename(path) in WATCHED_FILES
 
-        async for _changes in awatch(self.data.root, watch_filter=only_state_db, recursive=False,
-                                     debounce=50, step=10, yield_on_timeout=False):
+        async for _changes in awatch(
+            self.data.root,
+            watch_filter=only_state_db,
+            recursive=False,
+            debounce=50,
+            step=10,
+            yield_on_timeout=False,
+        ):
             self.post_message(DataDirChanged())
 
     def on_data_dir_changed(self, _message: DataDirChanged) -> None:
@@ -285,8 +312,12 @@ class ConsoleApp(App[None]):
         self.banner.set_problem("database", None)
         chroma = message.snapshot.get("chroma") or {}
         error = str(chroma.get("error") or "no answer").replace(str(self.data.root), self.data_label)
-        self.banner.set_problem("chroma", None if chroma.get("healthy") or not chroma else
-                                f"Chroma unreachable: {error} — replay needs it; everything else is live")
+        self.banner.set_problem(
+            "chroma",
+            None
+            if chroma.get("healthy") or not chroma
+            else f"Chroma unreachable: {error} — replay needs it; everything else is live",
+        )
         if self.paused or len(self.screen_stack) > 1:
             self._show_waiting()
             return
@@ -388,8 +419,9 @@ class ConsoleApp(App[None]):
         if worker.group in ("action", "dry-run"):
             self._action_failed(self._action_workers.pop(worker, None), worker.name, error)
         elif worker.group == "watch":
-            self.notify(f"file watching stopped ({error}); polling every {self.poll_s:g} s",
-                        severity="warning")
+            self.notify(
+                f"file watching stopped ({error}); polling every {self.poll_s:g} s", severity="warning"
+            )
         elif worker.group != "snapshot":
             self.notify(f"{worker.group}: {self.one_line(error)}", severity="error")
             log.error("worker %s failed", worker.name, exc_info=error)
@@ -400,15 +432,20 @@ class ConsoleApp(App[None]):
         if not isinstance(error, RemError):
             log.error("refresh failed", exc_info=error)
         self.banner.set_problem(
-            "database", f"database unreachable: {message} (retrying every {self.poll_s:g} s)")
+            "database", f"database unreachable: {message} (retrying every {self.poll_s:g} s)"
+        )
 
     def _action_failed(self, plan: ActionPlan | None, name: str, error: BaseException | None) -> None:
         outcome = "refused" if isinstance(error, Refused) else "failed"  # ReadOnly is a Refused
         action = plan.action if plan else name
         target = plan.target_text if plan else "-"
         message = self.one_line(error)
-        self.notify(f"{action} {target} {outcome}: {message}", title=f"{action} {outcome}",
-                    severity="error", timeout=8)
+        self.notify(
+            f"{action} {target} {outcome}: {message}",
+            title=f"{action} {outcome}",
+            severity="error",
+            timeout=8,
+        )
         self._log_action(action, target, outcome, message)
         if not isinstance(error, RemError):
             log.error("%s failed", action, exc_info=error)
@@ -417,8 +454,9 @@ class ConsoleApp(App[None]):
         """One line in the action log, stamped now."""
         action_log = self.panel("actions")
         assert isinstance(action_log, ActionLogTable)
-        action_log.log_action(time=clock.now_ms(), action=action, target=target, outcome=outcome,
-                              message=message)
+        action_log.log_action(
+            time=clock.now_ms(), action=action, target=target, outcome=outcome, message=message
+        )
 
     def one_line(self, error: BaseException | None) -> str:
         """An error as one line, the data dir shown as in the header (short, and stable)."""
@@ -433,8 +471,11 @@ class ConsoleApp(App[None]):
     def _selected(self, name: str, what: str) -> dict[str, Any] | None:
         record = self.panel(name).selected_record()
         if record is None:
-            self.notify(f"no {what} selected: focus the {name} panel "
-                        f"({[p for p, _ in PANELS].index(name) + 1}) and pick a row", severity="warning")
+            self.notify(
+                f"no {what} selected: focus the {name} panel "
+                f"({[p for p, _ in PANELS].index(name) + 1}) and pick a row",
+                severity="warning",
+            )
         return record
 
     def action_replay_selected(self) -> None:
@@ -454,15 +495,18 @@ class ConsoleApp(App[None]):
         """Ask the library for the dry-run diff, then confirm with it."""
         assert self.backend is not None
         ids = [str(r.get("summary_id")) for r in records]
-        result = await self.backend.replay(None if all_mismatched else ids,
-                                           all_mismatched=all_mismatched, dry_run=True)
-        self.post_message(DryRunReady(actions.replay_plan(records, all_mismatched=all_mismatched,
-                                                          dry_run=result)))
+        result = await self.backend.replay(
+            None if all_mismatched else ids, all_mismatched=all_mismatched, dry_run=True
+        )
+        self.post_message(
+            DryRunReady(actions.replay_plan(records, all_mismatched=all_mismatched, dry_run=result))
+        )
 
     def on_dry_run_ready(self, message: DryRunReady) -> None:
         plan = message.plan
-        self._log_action(plan.action, plan.target_text, "dry-run",
-                         plan.preview.splitlines()[0] if plan.preview else "")
+        self._log_action(
+            plan.action, plan.target_text, "dry-run", plan.preview.splitlines()[0] if plan.preview else ""
+        )
         self.confirm(message.plan)
 
     def action_drain(self) -> None:
@@ -482,12 +526,12 @@ class ConsoleApp(App[None]):
 
     def confirm(self, plan: ActionPlan) -> None:
         """Show the confirmation; run the plan only if the operator confirms."""
+
         def decided(confirmed: bool | None) -> None:
             if confirmed:
                 self.execute_plan(plan)
             else:
-                self._log_action(plan.action, plan.target_text, "cancelled",
-                                 "cancelled at the confirmation")
+                self._log_action(plan.action, plan.target_text, "cancelled", "cancelled at the confirmation")
 
         self.push_screen(ConfirmScreen(plan), callback=decided)
 
@@ -513,8 +557,10 @@ class ConsoleApp(App[None]):
         self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 
     def _show_keys(self) -> None:
-        self.key_bar.show_keys(lambda action: self.check_action(action, ()) is True,
-                               {"toggle_pause": "Resume" if self.paused else "Pause"})
+        self.key_bar.show_keys(
+            lambda action: self.check_action(action, ()) is True,
+            {"toggle_pause": "Resume" if self.paused else "Pause"},
+        )
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
@@ -570,8 +616,16 @@ class ConsoleApp(App[None]):
             return await backend.replay([str(record.get("summary_id"))], dry_run=True)
 
         title = f"{table.PANEL_NAME}: {target or session_id or table.selected_key()}"
-        self.push_screen(DetailScreen(title, record, history=history, live_diff=live_diff,
-                                      receipt=table.PANEL_NAME == "receipts", describe_error=self.one_line))
+        self.push_screen(
+            DetailScreen(
+                title,
+                record,
+                history=history,
+                live_diff=live_diff,
+                receipt=table.PANEL_NAME == "receipts",
+                describe_error=self.one_line,
+            )
+        )
 
     def action_focus_panel(self, name: str) -> None:
         self.panel(name).focus()
@@ -598,8 +652,9 @@ class ConsoleApp(App[None]):
                 continue
             self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {path}")
             return
-        self.notify("could not write the CSV to the data dir's logs/ or the current directory",
-                    severity="error")
+        self.notify(
+            "could not write the CSV to the data dir's logs/ or the current directory", severity="error"
+        )
 
     def action_copy_csv(self) -> None:
         table = self.focused_panel()

@@ -44,5 +44,6 @@ class ConsoleCommands(Provider):
         for action, title, help_text in self._enabled():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), partial(self._run, action), text=title,
-                          help=help_text)
+                yield Hit(
+                    score, matcher.highlight(title), partial(self._run, action), text=title, help=help_text
+                )

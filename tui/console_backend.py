@@ -36,8 +36,14 @@ def _op(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
 class ConsoleBackend:
     """Status, journal history and operator actions for one data dir, off the UI loop."""
 
-    def __init__(self, data: DataDir, *, read_only: bool = False, chroma_url: str | None = None,
-                 status_loader: StatusLoader | None = None) -> None:
+    def __init__(
+        self,
+        data: DataDir,
+        *,
+        read_only: bool = False,
+        chroma_url: str | None = None,
+        status_loader: StatusLoader | None = None,
+    ) -> None:
         self.data = data
         self.read_only = read_only
         # never start a Chroma server from the console: a server tied to the
@@ -50,8 +56,10 @@ class ConsoleBackend:
     def _require_state_db(self) -> None:
         self.data.check_usable()
         if not self.data.exists():
-            raise DataDirError(f"no rem data at {self.data.root} (state.db missing); "
-                               f"run `rem init --data {self.data.root}` or `rem up`")
+            raise DataDirError(
+                f"no rem data at {self.data.root} (state.db missing); "
+                f"run `rem init --data {self.data.root}` or `rem up`"
+            )
 
     async def _open_gate(self) -> Database:
         if self._gate is None:
@@ -83,16 +91,17 @@ class ConsoleBackend:
     async def _history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
         return await events.history(await self.ctx.db(), session_id=session_id, target=target)
 
-    async def history(self, *, session_id: str | None = None,
-                      target: str | None = None) -> list[dict[str, Any]]:
+    async def history(
+        self, *, session_id: str | None = None, target: str | None = None
+    ) -> list[dict[str, Any]]:
         """Journal rows about a session and/or a target (lease id, owner id), newest first."""
         return await self.loop.run(self._history(session_id, target))
 
-    async def replay(self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
-                     dry_run: bool = False) -> dict[str, Any]:
+    async def replay(
+        self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
+    ) -> dict[str, Any]:
         fn = _op("replay")
-        return await self.loop.run(fn(self.ctx, summary_ids, all_mismatched=all_mismatched,
-                                      dry_run=dry_run))
+        return await self.loop.run(fn(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run))
 
     async def drain(self, owner_id: str) -> dict[str, Any]:
         fn = _op("drain")

@@ -13,8 +13,13 @@ from rich.text import Text
 
 # Fallbacks when no app (and so no theme) is around, e.g. in unit tests.
 DEFAULT_PALETTE = {
-    "error": "#B93C5B", "warning": "#FEA62B", "success": "#4EBF71", "accent": "#FEA62B",
-    "primary": "#0178D4", "muted": "#B6B6B6", "foreground": "#E0E0E0",
+    "error": "#B93C5B",
+    "warning": "#FEA62B",
+    "success": "#4EBF71",
+    "accent": "#FEA62B",
+    "primary": "#0178D4",
+    "muted": "#B6B6B6",
+    "foreground": "#E0E0E0",
 }
 
 
@@ -28,8 +33,9 @@ def palette_from(variables: Mapping[str, str]) -> dict[str, str]:
     return palette
 
 
-def cell(value: Any, tone: str | None = None, palette: Mapping[str, str] | None = None,
-         *, bold: bool = False) -> Text:
+def cell(
+    value: Any, tone: str | None = None, palette: Mapping[str, str] | None = None, *, bold: bool = False
+) -> Text:
     """A table cell as plain Rich text (never markup: ids may contain brackets)."""
     text = "" if value is None else str(value)
     color = (palette or DEFAULT_PALETTE).get(tone) if tone else None
@@ -107,7 +113,7 @@ def short_id(value: Any, width: int = 10) -> str:
     text = "" if value is None else str(value)
     if len(text) <= width:
         return text
-    return "…" + text[-(width - 1):]
+    return "…" + text[-(width - 1) :]
 
 
 def owner_short(owner_id: Any) -> str:
@@ -157,4 +163,4 @@ def home_short(path: Path) -> str:
     """`/home/me/rem-data` -> `~/rem-data`."""
     home = str(Path.home())
     text = str(path)
-    return "~" + text[len(home):] if text.startswith(home + os.sep) else text
+    return "~" + text[len(home) :] if text.startswith(home + os.sep) else text

@@ -41,8 +41,9 @@ def _is_transport_error(exc: BaseException) -> bool:
 class ChromaStore:
     """The summary collection. `url_resolver` returns the URL to use right now."""
 
-    def __init__(self, url_resolver: Callable[[], str], embedder: Embedder | None = None,
-                 collection: str = COLLECTION) -> None:
+    def __init__(
+        self, url_resolver: Callable[[], str], embedder: Embedder | None = None, collection: str = COLLECTION
+    ) -> None:
         self._resolve = url_resolver
         self.collection_name = collection
         self.embedder = embedder or load_embedder()
@@ -96,7 +97,9 @@ class ChromaStore:
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
         return await asyncio.to_thread(self._call, fn)
 
-    async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, tuple[str | None, Metadata]]:
+    async def get(
+        self, ids: Sequence[str], *, include_embeddings: bool = False
+    ) -> dict[str, tuple[str | None, Metadata]]:
         """`{id: (document, metadata)}` for the ids that exist (one round trip)."""
         include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
         if not ids:
@@ -107,14 +110,18 @@ class ChromaStore:
             rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
         return rows
 
-    async def upsert(self, ids: Sequence[str], documents: Sequence[str], metadatas: Sequence[Metadata]) -> None:
+    async def upsert(
+        self, ids: Sequence[str], documents: Sequence[str], metadatas: Sequence[Metadata]
+    ) -> None:
         """Write rows with rem's embeddings; metadata merges into what is there."""
         if not ids:
             return
         embeddings = self.embedder.embed(list(documents))
         await self._run(
             lambda c: c.upsert(
-                ids=list(ids), documents=list(documents), embeddings=embeddings,
+                ids=list(ids),
+                documents=list(documents),
+                embeddings=embeddings,
                 metadatas=[dict(m) for m in metadatas],
             )
         )

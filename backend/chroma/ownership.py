@@ -15,7 +15,7 @@ def summary_row_id(session_id: str) -> str:
 
 
 def session_id_of(summary_id: str) -> str | None:
-    return summary_id[len("summary_"):] if summary_id.startswith("summary_") else None
+    return summary_id[len("summary_") :] if summary_id.startswith("summary_") else None
 
 
 # Written by synthesis and carried in its receipt (validated at issuance).

@@ -201,8 +201,9 @@ def live_server(data: DataDir) -> ChromaServer | None:
     return None
 
 
-def resolve(data: DataDir, explicit_url: str | None = None, *, start: bool = True,
-            die_with_parent: bool = True) -> ChromaServer:
+def resolve(
+    data: DataDir, explicit_url: str | None = None, *, start: bool = True, die_with_parent: bool = True
+) -> ChromaServer:
     """The server to use: external URL, else the live one, else a new one (if `start`)."""
     ext = external_url(explicit_url)
     if ext is not None:
@@ -214,9 +215,7 @@ def resolve(data: DataDir, explicit_url: str | None = None, *, start: bool = Tru
         if server is not None:
             return server
         if not start:
-            raise ChromaUnreachable(
-                f"no Chroma server is running for {data.root}; start one with `rem up`"
-            )
+            raise ChromaUnreachable(f"no Chroma server is running for {data.root}; start one with `rem up`")
         started = try_start(data, die_with_parent=die_with_parent)
         if started is not None:
             return started
@@ -258,14 +257,23 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     port = _preferred_port(data)
     url = f"http://127.0.0.1:{port}"
     log_path = data.logs / "chroma.log"
-    env = dict(os.environ, ANONYMIZED_TELEMETRY="False", CHROMA_TELEMETRY="False",
-               NO_COLOR="1", RUST_LOG=os.environ.get("REM_CHROMA_LOG", "warn"))
-    cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir),
-           "--host", "127.0.0.1", "--port", str(port)]
+    env = dict(
+        os.environ,
+        ANONYMIZED_TELEMETRY="False",
+        CHROMA_TELEMETRY="False",
+        NO_COLOR="1",
+        RUST_LOG=os.environ.get("REM_CHROMA_LOG", "warn"),
+    )
+    cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            pass_fds=(lock_fd,), env=env, start_new_session=True,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            pass_fds=(lock_fd,),
+            env=env,
+            start_new_session=True,
             preexec_fn=die_with_parent_preexec if die_with_parent else None,
         )
     os.ftruncate(lock_fd, 0)

@@ -54,8 +54,9 @@ def _globals(
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url
     level = logging.INFO if verbose or os.environ.get("REM_LOG") else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 # in the order `rem --help` lists them: set up, run, operate, inspect, prove

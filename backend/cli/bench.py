@@ -14,8 +14,10 @@ def register(app: typer.Typer) -> None:
 
 
 def bench(
-    only: Annotated[list[str] | None, typer.Argument(
-        help="Benchmarks to run (turns, receipts, dream, status); default all.")] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Argument(help="Benchmarks to run (turns, receipts, dream, status); default all."),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
     json: common.JsonOpt = False,
 ) -> None:

@@ -18,8 +18,9 @@ def register(app: typer.Typer) -> None:
 def check(
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
-    settled: Annotated[bool, typer.Option(
-        "--settled", help="Also fail on work still in flight (use once load has stopped).")] = False,
+    settled: Annotated[
+        bool, typer.Option("--settled", help="Also fail on work still in flight (use once load has stopped).")
+    ] = False,
     json: common.JsonOpt = False,
 ) -> int:
     """Verify the invariants of DESIGN section 5 on the live data dir; exit 1 on any violation.

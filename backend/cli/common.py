@@ -27,13 +27,20 @@ def _data_path(value: str) -> Path:
 
 DataOpt = Annotated[
     Path | None,
-    typer.Option("--data", help="Data dir (default: $REM_DATA, else the user data dir).",
-                 show_default=False, parser=_data_path),
+    typer.Option(
+        "--data",
+        help="Data dir (default: $REM_DATA, else the user data dir).",
+        show_default=False,
+        parser=_data_path,
+    ),
 ]
 ChromaOpt = Annotated[
     str | None,
-    typer.Option("--chroma-url", help="Use this Chroma server instead of the data dir's own "
-                 "(default: $REM_CHROMA_URL).", show_default=False),
+    typer.Option(
+        "--chroma-url",
+        help="Use this Chroma server instead of the data dir's own (default: $REM_CHROMA_URL).",
+        show_default=False,
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 

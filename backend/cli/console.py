@@ -20,14 +20,20 @@ def existing_data_dir(data: object) -> DataDir:
     root = DataDir.resolve(data or common.Globals.data)  # type: ignore[arg-type]
     root.check_usable()
     if not root.exists():
-        raise DataDirError(f"no rem data at {root.root} (state.db missing); "
-                           f"run `rem init --data {root.root}` or `rem up --data {root.root}`")
+        raise DataDirError(
+            f"no rem data at {root.root} (state.db missing); "
+            f"run `rem init --data {root.root}` or `rem up --data {root.root}`"
+        )
     return root
 
 
 def console(
-    read_only: Annotated[bool, typer.Option("--read-only", help="Watch only: every action is "
-                                            "refused by the library and greyed out.")] = False,
+    read_only: Annotated[
+        bool,
+        typer.Option(
+            "--read-only", help="Watch only: every action is refused by the library and greyed out."
+        ),
+    ] = False,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
 ) -> None:

@@ -28,8 +28,11 @@ def drain(
     """
     ctx = common.make_context(data, None)
     show = drain_progress_printer() if wait and not json else None
-    result = common.run(lambda: common.with_context(
-        ctx, lambda c: ops.drain(c, owner_id, wait=wait, timeout_s=timeout, progress=show)))
+    result = common.run(
+        lambda: common.with_context(
+            ctx, lambda c: ops.drain(c, owner_id, wait=wait, timeout_s=timeout, progress=show)
+        )
+    )
     if json:
         common.emit_json(result)
     else:

@@ -9,8 +9,9 @@ import typer
 
 from backend.cli import common
 
-drill_app = typer.Typer(help="Chaos drills: kill real processes and prove nothing is lost.",
-                        no_args_is_help=True)
+drill_app = typer.Typer(
+    help="Chaos drills: kill real processes and prove nothing is lost.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -22,13 +23,22 @@ def sigkill(
     role: Annotated[str, typer.Option(help="executor, summarizer, dream, chroma, zombie or all.")] = "all",
     rounds: Annotated[int, typer.Option(min=1, help="How many processes to kill.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for victims and kill moments.")] = 1,
-    release: Annotated[bool, typer.Option(
-        "--release", help="Release the dead process's leases via `rem release` instead of waiting.")] = False,
+    release: Annotated[
+        bool,
+        typer.Option(
+            "--release", help="Release the dead process's leases via `rem release` instead of waiting."
+        ),
+    ] = False,
     lease_ms: Annotated[int, typer.Option(min=500, help="Lease length of the drill's system.")] = 4000,
-    settle_timeout: Annotated[float, typer.Option(
-        min=5, help="Seconds to wait for the system to settle before checking.")] = 180.0,
-    pause: Annotated[bool, typer.Option(
-        "--pause", help="Add zombie rounds: SIGSTOP an executor past its lease, SIGCONT after takeover.")] = False,
+    settle_timeout: Annotated[
+        float, typer.Option(min=5, help="Seconds to wait for the system to settle before checking.")
+    ] = 180.0,
+    pause: Annotated[
+        bool,
+        typer.Option(
+            "--pause", help="Add zombie rounds: SIGSTOP an executor past its lease, SIGCONT after takeover."
+        ),
+    ] = False,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> int:
@@ -43,8 +53,15 @@ def sigkill(
     from backend.runtime.context import Context
     from backend.tools.drill import DrillConfig, private_data_dir, run_drill
 
-    config = DrillConfig(role=role, rounds=rounds, seed=seed, release=release, lease_ms=lease_ms,
-                         pause=pause, settle_timeout_s=settle_timeout)
+    config = DrillConfig(
+        role=role,
+        rounds=rounds,
+        seed=seed,
+        release=release,
+        lease_ms=lease_ms,
+        pause=pause,
+        settle_timeout_s=settle_timeout,
+    )
     config.victims()
     ctx = Context(common.make_context(data, None).data if data else private_data_dir())
     common.note(f"rem drill: data dir {ctx.data.root}")

@@ -15,12 +15,15 @@ def register(app: typer.Typer) -> None:
 
 
 def release(
-    lease_id: Annotated[str, typer.Argument(
-        help="An execution id, or a session id for its summary-job or Dream lease.")],
-    kind: Annotated[str | None, typer.Option(
-        help="execution, summary_job or dream (default: whichever the id names).")] = None,
-    expected_epoch: Annotated[int | None, typer.Option(
-        help="The epoch you saw; refused if the lease moved since (unless --force).")] = None,
+    lease_id: Annotated[
+        str, typer.Argument(help="An execution id, or a session id for its summary-job or Dream lease.")
+    ],
+    kind: Annotated[
+        str | None, typer.Option(help="execution, summary_job or dream (default: whichever the id names).")
+    ] = None,
+    expected_epoch: Annotated[
+        int | None, typer.Option(help="The epoch you saw; refused if the lease moved since (unless --force).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Release even if renewed since.")] = False,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
@@ -30,10 +33,15 @@ def release(
     Example: rem release exe_01J9Z3 --expected-epoch 3
     """
     ctx = common.make_context(data, None)
-    result = common.run(lambda: common.with_context(
-        ctx, lambda c: ops.release(c, lease_id, kind=kind, expected_epoch=expected_epoch, force=force)))
+    result = common.run(
+        lambda: common.with_context(
+            ctx, lambda c: ops.release(c, lease_id, kind=kind, expected_epoch=expected_epoch, force=force)
+        )
+    )
     if json:
         common.emit_json(result)
     else:
-        common.note(f"rem: released {result['kind']} lease {lease_id} of {result['owner_id']} "
-                    f"(epoch {result['old_epoch']} -> {result['new_epoch']})")
+        common.note(
+            f"rem: released {result['kind']} lease {lease_id} of {result['owner_id']} "
+            f"(epoch {result['old_epoch']} -> {result['new_epoch']})"
+        )

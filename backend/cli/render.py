@@ -24,14 +24,20 @@ def print_status(result: dict[str, Any]) -> None:
 def print_check(result: dict[str, Any]) -> None:
     console = Console()
     verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
-    console.print(f"[bold]rem check[/] {result['data_dir']}: {verdict} "
-                  f"({result['counts']['violations']} violations, "
-                  f"{result['counts']['unsettled']} in flight)")
-    for title, findings, style in (("violation", result["violations"], "red"),
-                                   ("in flight", result["unsettled"], "yellow")):
+    console.print(
+        f"[bold]rem check[/] {result['data_dir']}: {verdict} "
+        f"({result['counts']['violations']} violations, "
+        f"{result['counts']['unsettled']} in flight)"
+    )
+    for title, findings, style in (
+        ("violation", result["violations"], "red"),
+        ("in flight", result["unsettled"], "yellow"),
+    ):
         for finding in findings:
-            console.print(f"[{style}]{title}[/] (invariant {finding['invariant']}) "
-                          f"{finding['what']}: {finding['count']}")
+            console.print(
+                f"[{style}]{title}[/] (invariant {finding['invariant']}) "
+                f"{finding['what']}: {finding['count']}"
+            )
             for row in finding["rows"][:5]:
                 console.print(f"    {row}", markup=False)
 
@@ -43,21 +49,36 @@ def drill_round_printer() -> Any:
     def show(rnd: Any) -> None:
         took = f"{rnd.recovery_s:.2f} s" if rnd.recovery_s is not None else "-"
         status = f"[red]{rnd.error}[/]" if rnd.error else rnd.recovered
-        console.print(f"round {rnd.number:>2}: SIGKILL {rnd.role} pid {rnd.pid} at "
-                      f"{rnd.killed_at_s:.1f} s -> {status} ({took})")
+        console.print(
+            f"round {rnd.number:>2}: SIGKILL {rnd.role} pid {rnd.pid} at "
+            f"{rnd.killed_at_s:.1f} s -> {status} ({took})"
+        )
 
     return show
 
 
 def print_drill(report: dict[str, Any]) -> None:
     console = Console()
-    table = Table("round", "killed", "pid", "at (s)", "recovered", "recovery (s)", "released",
-                  title=f"rem drill sigkill ({report['data_dir']})")
+    table = Table(
+        "round",
+        "killed",
+        "pid",
+        "at (s)",
+        "recovered",
+        "recovery (s)",
+        "released",
+        title=f"rem drill sigkill ({report['data_dir']})",
+    )
     for rnd in report["rounds"]:
-        table.add_row(str(rnd["number"]), rnd["role"], str(rnd["pid"]), f"{rnd['killed_at_s']:.1f}",
-                      rnd["error"] or rnd["recovered"],
-                      "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
-                      str(rnd["released"]))
+        table.add_row(
+            str(rnd["number"]),
+            rnd["role"],
+            str(rnd["pid"]),
+            f"{rnd['killed_at_s']:.1f}",
+            rnd["error"] or rnd["recovered"],
+            "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
+            str(rnd["released"]),
+        )
     console.print(table)
     check = report["check"]
     for finding in check.get("violations", []):
@@ -67,12 +88,21 @@ def print_drill(report: dict[str, Any]) -> None:
 
 
 def print_bench(report: dict[str, Any]) -> None:
-    table = Table("benchmark", "what", "figure", "took (s)",
-                  title="rem bench" + (" (quick sizes)" if report["quick"] else ""))
+    table = Table(
+        "benchmark",
+        "what",
+        "figure",
+        "took (s)",
+        title="rem bench" + (" (quick sizes)" if report["quick"] else ""),
+    )
     for bench in report["benchmarks"]:
         for i, line in enumerate(bench["headline"]):
-            table.add_row(bench["name"] if i == 0 else "", line["what"], line["figure"],
-                          str(bench["seconds"]) if i == 0 else "")
+            table.add_row(
+                bench["name"] if i == 0 else "",
+                line["what"],
+                line["figure"],
+                str(bench["seconds"]) if i == 0 else "",
+            )
     Console().print(table)
 
 
@@ -81,8 +111,9 @@ def print_replay(result: dict[str, Any]) -> None:
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
         for row in result["rows"]:
-            keys = ", ".join(f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})"
-                             for k in row["keys"])
+            keys = ", ".join(
+                f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})" for k in row["keys"]
+            )
             what = "; ".join(filter(None, ["document" if row["document"] else "", keys, row["reason"] or ""]))
             table.add_row(row["summary_id"], row["outcome"], what or "-")
         console.print(table)
@@ -94,8 +125,10 @@ def drain_progress_printer() -> Any:
     last: list[str] = []
 
     def show(report: dict[str, Any]) -> None:
-        line = (f"\r{report['owner_id']}: {report['state']}, {report['leases_held']} leases held, "
-                f"{report['waited_ms'] / 1000:.1f} s")
+        line = (
+            f"\r{report['owner_id']}: {report['state']}, {report['leases_held']} leases held, "
+            f"{report['waited_ms'] / 1000:.1f} s"
+        )
         if line != (last[0] if last else None):
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()

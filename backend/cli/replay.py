@@ -16,10 +16,16 @@ def register(app: typer.Typer) -> None:
 
 
 def replay(
-    summary_ids: Annotated[list[str] | None, typer.Argument(
-        metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False)] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every receipt whose Chroma row does not match.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show which owned keys differ; write nothing.")] = False,
+    summary_ids: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False),
+    ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every receipt whose Chroma row does not match.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show which owned keys differ; write nothing.")
+    ] = False,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     json: common.JsonOpt = False,
@@ -31,8 +37,11 @@ def replay(
     Example: rem replay --all --dry-run --json
     """
     ctx = common.make_context(data, chroma_url, read_only=dry_run)
-    result = common.run(lambda: common.with_context(
-        ctx, lambda c: ops.replay(c, summary_ids, all_mismatched=all_, dry_run=dry_run)))
+    result = common.run(
+        lambda: common.with_context(
+            ctx, lambda c: ops.replay(c, summary_ids, all_mismatched=all_, dry_run=dry_run)
+        )
+    )
     if json:
         common.emit_json(result)
     else:

@@ -24,14 +24,26 @@ def register(app: typer.Typer) -> None:
 
 def send(
     session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
-    text: Annotated[str, typer.Argument(
-        help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False)],
-    delivery: Annotated[Delivery, typer.Option(
-        "--delivery", help="queue: start the next turn when idle; steer: join the running turn.")]
-    = Delivery.queue,
-    input_id: Annotated[str | None, typer.Option(
-        "--id", help="Input id, for idempotent resends (letters, digits, . _ -; at most 100).",
-        show_default=False)] = None,
+    text: Annotated[
+        str,
+        typer.Argument(
+            help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False
+        ),
+    ],
+    delivery: Annotated[
+        Delivery,
+        typer.Option(
+            "--delivery", help="queue: start the next turn when idle; steer: join the running turn."
+        ),
+    ] = Delivery.queue,
+    input_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="Input id, for idempotent resends (letters, digits, . _ -; at most 100).",
+            show_default=False,
+        ),
+    ] = None,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -42,11 +54,16 @@ def send(
     if text == "-":
         text = sessions.decode_text(sys.stdin.buffer.read())
     ctx = common.make_context(data, None)
-    result = common.run(lambda: common.with_context(ctx, lambda c: ops.send(
-        c, session, text, delivery=delivery.value, input_id=input_id)))
+    result = common.run(
+        lambda: common.with_context(
+            ctx, lambda c: ops.send(c, session, text, delivery=delivery.value, input_id=input_id)
+        )
+    )
     if json:
         common.emit_json(result)
         return
     verb = "already admitted" if result["duplicate"] else "admitted"
-    common.note(f"rem: {verb} {result['input_id']} into session {result['session_id']} "
-                f"({result['delivery']}, seq {result['admitted_seq']})")
+    common.note(
+        f"rem: {verb} {result['input_id']} into session {result['session_id']} "
+        f"({result['delivery']}, seq {result['admitted_seq']})"
+    )

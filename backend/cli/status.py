@@ -13,8 +13,9 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
 
 
-def status(data: common.DataOpt = None, chroma_url: common.ChromaOpt = None,
-           json: common.JsonOpt = False) -> None:
+def status(
+    data: common.DataOpt = None, chroma_url: common.ChromaOpt = None, json: common.JsonOpt = False
+) -> None:
     """Show the snapshot the console shows: backlog, leases, receipts, Dream drift, workers.
 
     Example: rem status --json --data ./demo

@@ -22,9 +22,14 @@ def up(
     load: Annotated[bool, typer.Option("--load", help="Also drive synthetic sessions.")] = False,
     load_sessions: Annotated[int, typer.Option(min=1, help="Sessions the load uses.")] = 6,
     load_rate: Annotated[float, typer.Option(min=0.01, help="Load inputs per second.")] = 1.0,
-    reap: Annotated[bool, typer.Option(
-        "--reap/--no-reap", help="Record a dead daemon as stopped at once so its leases are taken "
-        "over without waiting for expiry (--no-reap: they count down, or you release them).")] = True,
+    reap: Annotated[
+        bool,
+        typer.Option(
+            "--reap/--no-reap",
+            help="Record a dead daemon as stopped at once so its leases are taken "
+            "over without waiting for expiry (--no-reap: they count down, or you release them).",
+        ),
+    ] = True,
 ) -> int:
     """Start the Chroma server and the daemons, restart any that die; Ctrl-C drains and stops them.
 
@@ -33,7 +38,14 @@ def up(
     from backend.tools.supervisor import Supervisor, UpConfig
 
     ctx = common.make_context(data, chroma_url)
-    config = UpConfig(executors=executors, summarizers=summarizers, dreams=dreams, load=load,
-                      load_sessions=load_sessions, load_rate=load_rate, reap=reap)
+    config = UpConfig(
+        executors=executors,
+        summarizers=summarizers,
+        dreams=dreams,
+        load=load,
+        load_sessions=load_sessions,
+        load_rate=load_rate,
+        reap=reap,
+    )
     common.note(f"rem up: data dir {ctx.data.root}; Ctrl-C drains and stops everything")
     return common.run(lambda: common.with_context(ctx, lambda c: Supervisor(c, config).run()))

@@ -54,13 +54,11 @@ class DataDir:
         """Refuse a data dir that is a file or cannot be written."""
         if self.root.exists() and not self.root.is_dir():
             raise DataDirError(
-                f"data dir {self.root} is a file, not a directory; "
-                "pass --data with a directory path"
+                f"data dir {self.root} is a file, not a directory; pass --data with a directory path"
             )
         if self.root.is_dir() and not os.access(self.root, os.W_OK | os.X_OK):
             raise DataDirError(
-                f"data dir {self.root} is not writable; fix its permissions or pass "
-                "another --data"
+                f"data dir {self.root} is not writable; fix its permissions or pass another --data"
             )
         if self.state_db.exists() and self.state_db.is_dir():
             raise DataDirError(f"{self.state_db} is a directory; remove it or pass another --data")

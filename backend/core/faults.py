@@ -69,8 +69,9 @@ def _parse(raw: str) -> dict[str, _Fault]:
         name, _, action = item.partition("=")
         name, _, at = name.partition("@")
         if name not in POINTS:
-            raise UsageError(f"REM_FAULTS names an unknown fault point {name!r}; "
-                             f"known points: {', '.join(sorted(POINTS))}")
+            raise UsageError(
+                f"REM_FAULTS names an unknown fault point {name!r}; known points: {', '.join(sorted(POINTS))}"
+            )
         if action and action not in ACTIONS:
             raise UsageError(f"REM_FAULTS: unknown action {action!r} for {name}; use =kill or =raise")
         if at and not (at.isdigit() and int(at) >= 1):

@@ -83,8 +83,10 @@ NEVER = 2**62
 # the journal's retention window; legacy retires after one full window with zero legacy rows
 LEGACY_RETIREMENT_WINDOW_MS = 30 * 24 * 3600 * 1000
 # the literal kinds match event_legacy_idx's WHERE, so this reads that small index
-LAST_LEGACY_EVENT_SQL = (f"SELECT max(time) FROM event WHERE kind IN ('{EventKind.DREAM_LEGACY_IMPORTED}', "
-                         f"'{EventKind.DREAM_LEGACY_SUPERSEDED}')")
+LAST_LEGACY_EVENT_SQL = (
+    f"SELECT max(time) FROM event WHERE kind IN ('{EventKind.DREAM_LEGACY_IMPORTED}', "
+    f"'{EventKind.DREAM_LEGACY_SUPERSEDED}')"
+)
 INFRASTRUCTURE_ERRORS = (DatabaseLocked, DatabaseFull, DatabaseCorrupt, ChromaUnreachable)
 
 # Ready-time order over the partial index: each lane is an index range scan
@@ -179,40 +181,60 @@ async def select_pending(db: Database, now: int, limit: int = BATCH) -> list[Can
     return [Candidate(r["session_id"], r["input_revision"], int(r["ready_at"])) for r in rows]
 
 
-async def claim_session(db: Database, session_id: str, owner_id: str, now: int,
-                        lease_ms: int = DREAM_LEASE_MS) -> Claim | None:
+async def claim_session(
+    db: Database, session_id: str, owner_id: str, now: int, lease_ms: int = DREAM_LEASE_MS
+) -> Claim | None:
     """Claim a pending session and capture its published revision (None: not claimable now)."""
     async with db.tx() as conn:
         before = await fetchone(conn, "SELECT owner_id FROM dream_state WHERE session_id = ?", (session_id,))
-        rows = await fetchall(conn, CLAIM_SQL, {"owner": owner_id, "expires": now + lease_ms, "now": now,
-                                                "sid": session_id})
+        rows = await fetchall(
+            conn, CLAIM_SQL, {"owner": owner_id, "expires": now + lease_ms, "now": now, "sid": session_id}
+        )
         if not rows:
             return None
         claim = Claim(session_id, rows[0]["input_revision"], int(rows[0]["epoch"]), owner_id)
         if before is not None and before["owner_id"] not in (None, owner_id):
             # the previous holder died or stalled past its lease: journal the takeover
-            await append_event(conn, kind=EventKind.DREAM_TAKEN_OVER, actor=owner_id, session_id=session_id,
-                               data={"from": before["owner_id"], "epoch": claim.epoch,
-                                     "revision": claim.revision}, now=now)
+            await append_event(
+                conn,
+                kind=EventKind.DREAM_TAKEN_OVER,
+                actor=owner_id,
+                session_id=session_id,
+                data={"from": before["owner_id"], "epoch": claim.epoch, "revision": claim.revision},
+                now=now,
+            )
     return claim
 
 
 async def fence(conn: aiosqlite.Connection, claim: Claim, now: int, lease_ms: int) -> None:
     """Prove the claim is still ours (and extend it) inside the caller's transaction."""
-    changed = await execute(conn, FENCE_SQL, {"expires": now + lease_ms, "sid": claim.session_id,
-                                              "owner": claim.owner_id, "epoch": claim.epoch})
+    changed = await execute(
+        conn,
+        FENCE_SQL,
+        {"expires": now + lease_ms, "sid": claim.session_id, "owner": claim.owner_id, "epoch": claim.epoch},
+    )
     if changed == 0:
         raise LeaseLost(f"Dream lease on {claim.session_id} (epoch {claim.epoch}) was lost")
 
 
-async def release_claim(db: Database, claim: Claim, *, next_attempt_at: int | None = None,
-                        reason: str | None = None) -> bool:
+async def release_claim(
+    db: Database, claim: Claim, *, next_attempt_at: int | None = None, reason: str | None = None
+) -> bool:
     """Hand a claim back without attesting anything (keeping its place); False when already lost."""
     now = clock.now_ms()
     async with db.tx() as conn:
-        changed = await execute(conn, RELEASE_SQL, {"next": next_attempt_at, "reason": reason, "now": now,
-                                                    "sid": claim.session_id, "owner": claim.owner_id,
-                                                    "epoch": claim.epoch})
+        changed = await execute(
+            conn,
+            RELEASE_SQL,
+            {
+                "next": next_attempt_at,
+                "reason": reason,
+                "now": now,
+                "sid": claim.session_id,
+                "owner": claim.owner_id,
+                "epoch": claim.epoch,
+            },
+        )
     return changed > 0
 
 
@@ -221,17 +243,28 @@ class Dreamer(Daemon):
 
     role = "dream"
 
-    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None,
-                 extractor: Extractor | None = None, lease_ms: int | None = None,
-                 batch: int | None = None, chunk_rows: int | None = None,
-                 retry_base_ms: int = RETRY_BASE_MS, legacy_scan: bool | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        once: bool = False,
+        owner_id: str | None = None,
+        extractor: Extractor | None = None,
+        lease_ms: int | None = None,
+        batch: int | None = None,
+        chunk_rows: int | None = None,
+        retry_base_ms: int = RETRY_BASE_MS,
+        legacy_scan: bool | None = None,
+    ) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
         self.extractor: Extractor = extractor or KeywordExtractor()
         self.lease_ms = lease_ms or _env_int("REM_DREAM_LEASE_MS", DREAM_LEASE_MS)
         self.batch = batch or _env_int("REM_DREAM_BATCH", BATCH)
         self.chunk_rows = chunk_rows or _env_int("REM_DREAM_CHUNK_ROWS", CHUNK_ROWS)
         self.retry_base_ms = retry_base_ms
-        self.legacy_scan = os.environ.get("REM_DREAM_LEGACY_SCAN") == "1" if legacy_scan is None else legacy_scan
+        self.legacy_scan = (
+            os.environ.get("REM_DREAM_LEGACY_SCAN") == "1" if legacy_scan is None else legacy_scan
+        )
         self._current: Claim | None = None
         self._chroma_retry_at = 0
         self._chroma_backoff_ms = 500
@@ -268,8 +301,9 @@ class Dreamer(Daemon):
 
     async def digest_candidate(self, candidate: Candidate) -> str | None:
         """Claim and digest one selected session; None when it is not claimable any more."""
-        claim = await claim_session(self.db, candidate.session_id, self.owner_id, clock.now_ms(),
-                                    self.lease_ms)
+        claim = await claim_session(
+            self.db, candidate.session_id, self.owner_id, clock.now_ms(), self.lease_ms
+        )
         if claim is None:
             return None  # another worker holds it, or it was completed meanwhile
         return await self.digest(claim)
@@ -301,20 +335,37 @@ class Dreamer(Daemon):
         now = clock.now_ms()
         reason = f"stale: raw turns are at {raw}, published {claim.revision}; waiting for synthesis"
         async with self.db.tx() as conn:
-            row = await fetchone(conn, "SELECT input_revision, defer_reason FROM dream_state "
-                                 "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
-                                 (claim.session_id, claim.owner_id, claim.epoch))
+            row = await fetchone(
+                conn,
+                "SELECT input_revision, defer_reason FROM dream_state "
+                "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
+                (claim.session_id, claim.owner_id, claim.epoch),
+            )
             if row is None:
                 return
             # published already moved on: ready at once; else recheck after synthesis had its turn
             moved = row["input_revision"] != claim.revision
-            await execute(conn, RELEASE_SQL, {
-                "next": 0 if moved else now + STALE_RECHECK_MS, "reason": None if moved else reason,
-                "now": now, "sid": claim.session_id, "owner": claim.owner_id, "epoch": claim.epoch})
+            await execute(
+                conn,
+                RELEASE_SQL,
+                {
+                    "next": 0 if moved else now + STALE_RECHECK_MS,
+                    "reason": None if moved else reason,
+                    "now": now,
+                    "sid": claim.session_id,
+                    "owner": claim.owner_id,
+                    "epoch": claim.epoch,
+                },
+            )
             if row["defer_reason"] != reason:
-                await append_event(conn, kind=EventKind.DREAM_STALE, actor=claim.owner_id,
-                                   session_id=claim.session_id,
-                                   data={"published": claim.revision, "raw": raw}, now=now)
+                await append_event(
+                    conn,
+                    kind=EventKind.DREAM_STALE,
+                    actor=claim.owner_id,
+                    session_id=claim.session_id,
+                    data={"published": claim.revision, "raw": raw},
+                    now=now,
+                )
         self.log.info("dream %s stale: published %s, raw %s", claim.session_id, claim.revision, raw)
 
     async def complete(self, prepared: Prepared) -> str:
@@ -322,8 +373,9 @@ class Dreamer(Daemon):
         claim = prepared.claim
         try:
             extraction = await asyncio.to_thread(self.extractor.extract, prepared.turns)
-            chunks = graph.plan_chunks(claim.session_id, prepared.title, prepared.turns, extraction,
-                                       self.chunk_rows)
+            chunks = graph.plan_chunks(
+                claim.session_id, prepared.title, prepared.turns, extraction, self.chunk_rows
+            )
             await self._write_graph(claim, chunks)
             faults.point("dream.before_attest")
             return await self._attest(claim, graph.plan_keys(chunks))
@@ -349,26 +401,58 @@ class Dreamer(Daemon):
         """Sweep the previous revision's rows and record completion, by CAS on the claim epoch."""
         now = clock.now_ms()
         async with self.db.tx() as conn:
-            row = await fetchone(conn, "SELECT input_revision, legacy_digested FROM dream_state "
-                                 "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
-                                 (claim.session_id, claim.owner_id, claim.epoch))
+            row = await fetchone(
+                conn,
+                "SELECT input_revision, legacy_digested FROM dream_state "
+                "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
+                (claim.session_id, claim.owner_id, claim.epoch),
+            )
             if row is None:
                 raise LeaseLost(f"Dream lease on {claim.session_id} (epoch {claim.epoch}) was lost")
             swept = await graph.sweep_session(conn, claim.session_id, plan)
-            await execute(conn, ATTEST_SQL, {"rev": claim.revision, "now": now, "sid": claim.session_id,
-                                             "owner": claim.owner_id, "epoch": claim.epoch})
+            await execute(
+                conn,
+                ATTEST_SQL,
+                {
+                    "rev": claim.revision,
+                    "now": now,
+                    "sid": claim.session_id,
+                    "owner": claim.owner_id,
+                    "epoch": claim.epoch,
+                },
+            )
             counts = await graph.session_graph_counts(conn, claim.session_id)
             current = row["input_revision"] == claim.revision
-            await append_event(conn, kind=EventKind.DREAM_COMPLETED, actor=claim.owner_id,
-                               session_id=claim.session_id,
-                               data={"revision": claim.revision, "current": current,
-                                     "published": row["input_revision"], "epoch": claim.epoch,
-                                     **counts, **swept}, now=now)
+            await append_event(
+                conn,
+                kind=EventKind.DREAM_COMPLETED,
+                actor=claim.owner_id,
+                session_id=claim.session_id,
+                data={
+                    "revision": claim.revision,
+                    "current": current,
+                    "published": row["input_revision"],
+                    "epoch": claim.epoch,
+                    **counts,
+                    **swept,
+                },
+                now=now,
+            )
             if row["legacy_digested"]:
-                await append_event(conn, kind=EventKind.DREAM_LEGACY_SUPERSEDED, actor=claim.owner_id,
-                                   session_id=claim.session_id, data={"revision": claim.revision}, now=now)
-        self.log.info("dream %s completed %s (%s)", claim.session_id, claim.revision,
-                      "current" if current else f"published moved on to {row['input_revision']}")
+                await append_event(
+                    conn,
+                    kind=EventKind.DREAM_LEGACY_SUPERSEDED,
+                    actor=claim.owner_id,
+                    session_id=claim.session_id,
+                    data={"revision": claim.revision},
+                    now=now,
+                )
+        self.log.info(
+            "dream %s completed %s (%s)",
+            claim.session_id,
+            claim.revision,
+            "current" if current else f"published moved on to {row['input_revision']}",
+        )
         return "completed" if current else "completed_superseded"
 
     async def _record_failure(self, claim: Claim, exc: BaseException) -> str:
@@ -376,30 +460,63 @@ class Dreamer(Daemon):
         now = clock.now_ms()
         reason = f"{type(exc).__name__}: {exc}"[:500]
         async with self.db.tx() as conn:
-            row = await fetchone(conn, "SELECT input_revision, attempts_revision, digest_attempts "
-                                 "FROM dream_state WHERE session_id = ? AND owner_id = ? AND epoch = ?",
-                                 (claim.session_id, claim.owner_id, claim.epoch))
+            row = await fetchone(
+                conn,
+                "SELECT input_revision, attempts_revision, digest_attempts "
+                "FROM dream_state WHERE session_id = ? AND owner_id = ? AND epoch = ?",
+                (claim.session_id, claim.owner_id, claim.epoch),
+            )
             if row is None:
                 return "lost"
             if row["input_revision"] != claim.revision:
                 # a failure of A must not block B, published meanwhile
-                await execute(conn, RELEASE_SQL, {"next": 0, "reason": None, "now": now, "sid": claim.session_id,
-                                                  "owner": claim.owner_id, "epoch": claim.epoch})
+                await execute(
+                    conn,
+                    RELEASE_SQL,
+                    {
+                        "next": 0,
+                        "reason": None,
+                        "now": now,
+                        "sid": claim.session_id,
+                        "owner": claim.owner_id,
+                        "epoch": claim.epoch,
+                    },
+                )
                 return "superseded"
             same = row["attempts_revision"] == claim.revision
             attempts = (int(row["digest_attempts"]) if same else 0) + 1
             undigestible = attempts >= MAX_DIGEST_ATTEMPTS
-            await execute(conn, FAIL_SQL, {
-                "state": "undigestible" if undigestible else "deferred", "attempts": attempts,
-                "rev": claim.revision, "reason": reason, "now": now, "sid": claim.session_id,
-                "next": NEVER if undigestible else now + retry_delay_ms(attempts, self.retry_base_ms),
-                "owner": claim.owner_id, "epoch": claim.epoch})
+            await execute(
+                conn,
+                FAIL_SQL,
+                {
+                    "state": "undigestible" if undigestible else "deferred",
+                    "attempts": attempts,
+                    "rev": claim.revision,
+                    "reason": reason,
+                    "now": now,
+                    "sid": claim.session_id,
+                    "next": NEVER if undigestible else now + retry_delay_ms(attempts, self.retry_base_ms),
+                    "owner": claim.owner_id,
+                    "epoch": claim.epoch,
+                },
+            )
             kind = EventKind.DREAM_UNDIGESTIBLE if undigestible else EventKind.DREAM_DEFERRED
-            await append_event(conn, kind=kind, actor=claim.owner_id, session_id=claim.session_id,
-                               data={"revision": claim.revision, "attempts": attempts, "reason": reason},
-                               now=now)
-        self.log.warning("dream %s %s after attempt %d: %s", claim.session_id,
-                         "undigestible" if undigestible else "deferred", attempts, reason)
+            await append_event(
+                conn,
+                kind=kind,
+                actor=claim.owner_id,
+                session_id=claim.session_id,
+                data={"revision": claim.revision, "attempts": attempts, "reason": reason},
+                now=now,
+            )
+        self.log.warning(
+            "dream %s %s after attempt %d: %s",
+            claim.session_id,
+            "undigestible" if undigestible else "deferred",
+            attempts,
+            reason,
+        )
         return "undigestible" if undigestible else "deferred"
 
     async def _release_quietly(self, claim: Claim) -> None:
@@ -446,8 +563,14 @@ class Dreamer(Daemon):
 
 
 # -- status helpers for the lead's ops.status / check --------------------------
-DRIFT_CLASSES = ("summary_stale", "dream_pending", "stale_completion", "deferred", "undigestible",
-                 "legacy_only")
+DRIFT_CLASSES = (
+    "summary_stale",
+    "dream_pending",
+    "stale_completion",
+    "deferred",
+    "undigestible",
+    "legacy_only",
+)
 
 
 def classify_drift(row: Mapping[str, Any]) -> str:
@@ -485,9 +608,14 @@ async def legacy_retirement(db: Database, now: int | None = None) -> dict[str, A
     last = await db.scalar(LAST_LEGACY_EVENT_SQL)
     quiet_since = None if count else last
     retired = count == 0 and (last is None or now - int(last) >= LEGACY_RETIREMENT_WINDOW_MS)
-    return {"legacy_only": count, "last_legacy_event_at": last, "quiet_since": quiet_since,
-            "window_ms": LEGACY_RETIREMENT_WINDOW_MS, "retired": retired,
-            "condition": "zero legacy-only rows and no legacy event for one full retention window"}
+    return {
+        "legacy_only": count,
+        "last_legacy_event_at": last,
+        "quiet_since": quiet_since,
+        "window_ms": LEGACY_RETIREMENT_WINDOW_MS,
+        "retired": retired,
+        "condition": "zero legacy-only rows and no legacy event for one full retention window",
+    }
 
 
 def is_legacy_only(metadata: Mapping[str, Any]) -> bool:
@@ -503,14 +631,18 @@ async def import_legacy(ctx: Context, *, actor: str = "dream", page: int = 500) 
     ids = [i for i in await store.all_ids() if session_id_of(i)]
     marked = scanned = 0
     for start in range(0, len(ids), page):
-        rows = await store.get(ids[start:start + page])
+        rows = await store.get(ids[start : start + page])
         legacy = [session_id_of(i) for i, (_, meta) in rows.items() if is_legacy_only(meta)]
         scanned += len(rows)
         marked += await _mark_legacy(db, [s for s in legacy if s])
     if marked:
         async with db.tx() as conn:
-            await append_event(conn, kind=EventKind.DREAM_LEGACY_IMPORTED, actor=actor,
-                               data={"scanned": scanned, "marked": marked})
+            await append_event(
+                conn,
+                kind=EventKind.DREAM_LEGACY_IMPORTED,
+                actor=actor,
+                data={"scanned": scanned, "marked": marked},
+            )
     return {"scanned": scanned, "marked": marked}
 
 
@@ -521,10 +653,18 @@ async def _mark_legacy(db: Database, session_ids: Sequence[str]) -> int:
         for sid in session_ids:
             if await fetchone(conn, "SELECT 1 FROM session WHERE id = ?", (sid,)) is None:
                 continue  # a summary row for a session state.db does not know: nothing to honour
-            await execute(conn, "INSERT INTO dream_state (session_id, time_updated) VALUES (?, ?) "
-                          "ON CONFLICT (session_id) DO NOTHING", (sid, now))
+            await execute(
+                conn,
+                "INSERT INTO dream_state (session_id, time_updated) VALUES (?, ?) "
+                "ON CONFLICT (session_id) DO NOTHING",
+                (sid, now),
+            )
             # only rows synthesis never published a revision for: a revision always wins
-            marked += await execute(conn, "UPDATE dream_state SET digest_state = 'legacy', legacy_digested = 1, "
-                                    "time_updated = ? WHERE session_id = ? AND input_revision IS NULL "
-                                    "AND completed_revision IS NULL AND digest_state != 'legacy'", (now, sid))
+            marked += await execute(
+                conn,
+                "UPDATE dream_state SET digest_state = 'legacy', legacy_digested = 1, "
+                "time_updated = ? WHERE session_id = ? AND input_revision IS NULL "
+                "AND completed_revision IS NULL AND digest_state != 'legacy'",
+                (now, sid),
+            )
     return marked

@@ -24,7 +24,8 @@ MAX_ENTITY_WORDS = 4
 MAX_TERM_CHARS = 40
 RELATION_GAP_WORDS = 4
 
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are aren't as at be because been before
 being below between both but by can can't cannot could couldn't did didn't do does doesn't doing
 don't down during each either else etc even ever every few for from further get gets got had hadn't
@@ -38,7 +39,8 @@ under until up upon us use used uses using very via was wasn't we we'd we'll we'
 weren't what what's when when's where where's whether which while who who's whom whose why why's will
 with within without won't would wouldn't yes yet you you'd you'll you're you've your yours yourself
 yourselves ok okay sure really thing things want wants way ways also just still yeah
-""".split())
+""".split()
+)
 
 # words between two entities of a sentence -> relation kind (first match wins)
 RELATION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -140,8 +142,7 @@ def _entity_term(words: list[str], sentence_start: bool, known: frozenset[str]) 
         return None
     # "Redis depends on ..." : a capitalised first word is a name only if it is
     # one elsewhere in the session (mid-sentence) or looks like one (SQLite, GPT-4)
-    if len(words) == 1 and sentence_start and not _is_strong(words[0]) \
-            and words[0].casefold() not in known:
+    if len(words) == 1 and sentence_start and not _is_strong(words[0]) and words[0].casefold() not in known:
         return None
     label = " ".join(words)
     return Term("entity", label.casefold(), label)
@@ -191,7 +192,9 @@ class KeywordExtractor:
         for turn in turns:
             found, turn_relations = self.extract_text(turn.get("text") or "", known)
             concepts = Counter({t: n for t, n in found.items() if t.kind == "concept"})
-            kept = dict(sorted(concepts.items(), key=lambda item: (-item[1], item[0].key))[:CONCEPTS_PER_TURN])
+            kept = dict(
+                sorted(concepts.items(), key=lambda item: (-item[1], item[0].key))[:CONCEPTS_PER_TURN]
+            )
             kept.update({t: n for t, n in found.items() if t.kind == "entity"})
             per_turn.append(TurnExtraction(str(turn["id"]), kept))
             topics.update(concepts)
@@ -210,7 +213,9 @@ class KeywordExtractor:
             known.update(t.key for t in found if t.kind == "entity")
         return frozenset(known)
 
-    def extract_text(self, text: str, known: frozenset[str] = frozenset()) -> tuple[Counter[Term], list[Relation]]:
+    def extract_text(
+        self, text: str, known: frozenset[str] = frozenset()
+    ) -> tuple[Counter[Term], list[Relation]]:
         """Terms (with counts) and relations of one text."""
         found: Counter[Term] = Counter()
         relations: list[Relation] = []

@@ -108,15 +108,30 @@ def _shared(term: Term) -> Node:
     return Node(term.node_id, term.kind, term.label)
 
 
-def plan_nodes(session_id: str, title: str, turns: Sequence[Mapping[str, Any]],
-               extraction: Extraction) -> tuple[list[Node], dict[str, Node]]:
+def plan_nodes(
+    session_id: str, title: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction
+) -> tuple[list[Node], dict[str, Node]]:
     """The session's own nodes (session, then turns) and the shared nodes by id."""
-    nodes = [Node(session_node_id(session_id), "session", title or session_id, session_id,
-                  json.dumps({"turns": len(turns)}))]
+    nodes = [
+        Node(
+            session_node_id(session_id),
+            "session",
+            title or session_id,
+            session_id,
+            json.dumps({"turns": len(turns)}),
+        )
+    ]
     for turn in turns:
         data = {"role": turn["role"], "time": turn["time"], "chars": len(str(turn.get("text") or ""))}
-        nodes.append(Node(turn_node_id(turn["id"]), "turn", _turn_label(turn.get("text")), session_id,
-                          json.dumps(data, sort_keys=True, ensure_ascii=False)))
+        nodes.append(
+            Node(
+                turn_node_id(turn["id"]),
+                "turn",
+                _turn_label(turn.get("text")),
+                session_id,
+                json.dumps(data, sort_keys=True, ensure_ascii=False),
+            )
+        )
     shared: dict[str, Node] = {}
     terms = [t for te in extraction.turns for t in te.mentions] + list(extraction.topics)
     terms += [t for r in extraction.relations for t in (r.src, r.dst)]
@@ -141,14 +156,17 @@ def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: 
             edges.append(Edge(turn_node_id(te.turn_id), term.node_id, "mentions", float(count)))
     for term, count in sorted(extraction.topics.items(), key=lambda item: item[0].node_id):
         edges.append(Edge(sid, term.node_id, "about" if term.kind == "concept" else "involves", float(count)))
-    for rel, count in sorted(extraction.relations.items(),
-                             key=lambda item: (item[0].src.node_id, item[0].kind, item[0].dst.node_id)):
+    for rel, count in sorted(
+        extraction.relations.items(),
+        key=lambda item: (item[0].src.node_id, item[0].kind, item[0].dst.node_id),
+    ):
         edges.append(Edge(rel.src.node_id, rel.dst.node_id, rel.kind, float(count)))
     return edges
 
 
-def plan_chunks(session_id: str, title: str, turns: Sequence[Mapping[str, Any]],
-                extraction: Extraction, chunk_rows: int) -> list[Chunk]:
+def plan_chunks(
+    session_id: str, title: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction, chunk_rows: int
+) -> list[Chunk]:
     """The session's graph split into transactions of about `chunk_rows` rows.
 
     Each chunk carries the shared nodes its edges reach: another session's
@@ -160,22 +178,28 @@ def plan_chunks(session_id: str, title: str, turns: Sequence[Mapping[str, Any]],
     size = max(1, chunk_rows)
     chunks = []
     for start in range(0, len(rows), size):
-        part = rows[start:start + size]
+        part = rows[start : start + size]
         edges = [r for r in part if isinstance(r, Edge)]
         needed = sorted({end for e in edges for end in (e.src, e.dst) if end in shared})
         chunks.append(Chunk([r for r in part if isinstance(r, Node)] + [shared[i] for i in needed], edges))
     return chunks
 
 
-async def write_chunk(conn: aiosqlite.Connection, session_id: str, revision: str, chunk: Chunk, now: int) -> None:
+async def write_chunk(
+    conn: aiosqlite.Connection, session_id: str, revision: str, chunk: Chunk, now: int
+) -> None:
     """Upsert one chunk's rows (inside the caller's transaction); idempotent per revision."""
     owned = [n for n in chunk.nodes if n.session_id is not None]
     shared = [n for n in chunk.nodes if n.session_id is None]
-    await executemany(conn, UPSERT_OWNED_NODE, [
-        (n.id, n.kind, n.label, n.session_id, n.data, revision, now, now) for n in owned])
+    await executemany(
+        conn,
+        UPSERT_OWNED_NODE,
+        [(n.id, n.kind, n.label, n.session_id, n.data, revision, now, now) for n in owned],
+    )
     await executemany(conn, INSERT_SHARED_NODE, [(n.id, n.kind, n.label, now, now) for n in shared])
-    await executemany(conn, UPSERT_EDGE, [
-        (e.src, e.dst, e.kind, session_id, e.weight, revision, now) for e in chunk.edges])
+    await executemany(
+        conn, UPSERT_EDGE, [(e.src, e.dst, e.kind, session_id, e.weight, revision, now) for e in chunk.edges]
+    )
 
 
 @dataclass(frozen=True)
@@ -194,16 +218,30 @@ def plan_keys(chunks: Sequence[Chunk]) -> Plan:
 
 async def sweep_session(conn: aiosqlite.Connection, session_id: str, plan: Plan) -> dict[str, int]:
     """Delete the session's edges and turn nodes not in `plan`, then orphaned shared nodes."""
-    stale_edges = [(r["src"], r["dst"], r["kind"]) for r in await fetchall(
-        conn, "SELECT src, dst, kind FROM graph_edge WHERE session_id = ?", (session_id,))
-        if (r["src"], r["dst"], r["kind"]) not in plan.edges]
-    await executemany(conn, "DELETE FROM graph_edge WHERE src = ? AND dst = ? AND kind = ? AND session_id = ?",
-                      [(*key, session_id) for key in stale_edges])
-    stale_turns = [r["id"] for r in await fetchall(
-        conn, "SELECT id FROM graph_node WHERE session_id = ? AND kind = 'turn'", (session_id,))
-        if r["id"] not in plan.turn_nodes]
-    await executemany(conn, "DELETE FROM graph_node WHERE id = ? AND session_id = ?",
-                      [(node, session_id) for node in stale_turns])
+    stale_edges = [
+        (r["src"], r["dst"], r["kind"])
+        for r in await fetchall(
+            conn, "SELECT src, dst, kind FROM graph_edge WHERE session_id = ?", (session_id,)
+        )
+        if (r["src"], r["dst"], r["kind"]) not in plan.edges
+    ]
+    await executemany(
+        conn,
+        "DELETE FROM graph_edge WHERE src = ? AND dst = ? AND kind = ? AND session_id = ?",
+        [(*key, session_id) for key in stale_edges],
+    )
+    stale_turns = [
+        r["id"]
+        for r in await fetchall(
+            conn, "SELECT id FROM graph_node WHERE session_id = ? AND kind = 'turn'", (session_id,)
+        )
+        if r["id"] not in plan.turn_nodes
+    ]
+    await executemany(
+        conn,
+        "DELETE FROM graph_node WHERE id = ? AND session_id = ?",
+        [(node, session_id) for node in stale_turns],
+    )
     orphans = 0
     for end in sorted({end for key in stale_edges for end in key[:2]}):
         orphans += await execute(

@@ -75,8 +75,9 @@ def _same_value(stored: Any, wanted: Any) -> bool:
     return stored == wanted and type(stored) is type(wanted)
 
 
-async def settle_overlays(db: Database, rows: Sequence[Mapping[str, Any]], outcome: Mapping[str, str],
-                          actor: str) -> None:
+async def settle_overlays(
+    db: Database, rows: Sequence[Mapping[str, Any]], outcome: Mapping[str, str], actor: str
+) -> None:
     """Clear the flag where the written state is still current; back off missing rows."""
     now = clock.now_ms()
     async with db.tx() as conn:
@@ -84,16 +85,29 @@ async def settle_overlays(db: Database, rows: Sequence[Mapping[str, Any]], outco
             sid, result = row["session_id"], outcome.get(row["session_id"])
             if result == "confirmed":
                 # a state that moved on since the read (or a concurrent writer) keeps it pending
-                await execute(conn, "UPDATE dream_state SET overlay_pending = CASE WHEN state_revision = ? "
-                              "THEN 0 ELSE 1 END, overlay_retry_at = 0 WHERE session_id = ?",
-                              (row["state_revision"], sid))
+                await execute(
+                    conn,
+                    "UPDATE dream_state SET overlay_pending = CASE WHEN state_revision = ? "
+                    "THEN 0 ELSE 1 END, overlay_retry_at = 0 WHERE session_id = ?",
+                    (row["state_revision"], sid),
+                )
             elif result == "missing":
-                await execute(conn, "UPDATE dream_state SET overlay_retry_at = ? "
-                              "WHERE session_id = ? AND overlay_pending = 1", (now + OVERLAY_MISSING_RETRY_MS, sid))
+                await execute(
+                    conn,
+                    "UPDATE dream_state SET overlay_retry_at = ? "
+                    "WHERE session_id = ? AND overlay_pending = 1",
+                    (now + OVERLAY_MISSING_RETRY_MS, sid),
+                )
                 if not row["overlay_retry_at"]:
-                    await append_event(conn, kind=EventKind.DREAM_OVERLAY_MISSING, actor=actor, session_id=sid,
-                                       target=summary_row_id(sid),
-                                       data={"retry_in_ms": OVERLAY_MISSING_RETRY_MS}, now=now)
+                    await append_event(
+                        conn,
+                        kind=EventKind.DREAM_OVERLAY_MISSING,
+                        actor=actor,
+                        session_id=sid,
+                        target=summary_row_id(sid),
+                        data={"retry_in_ms": OVERLAY_MISSING_RETRY_MS},
+                        now=now,
+                    )
 
 
 async def overlay_pending_count(db: Database) -> int:
@@ -106,10 +120,15 @@ async def request_overlay_resync(db: Database, session_ids: Sequence[str] | None
     where = "completed_revision IS NOT NULL OR digest_state IN ('deferred', 'undigestible')"
     async with db.tx() as conn:
         if session_ids is None:
-            return await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                                 f"WHERE {where}")
+            return await execute(
+                conn, f"UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 WHERE {where}"
+            )
         total = 0
         for sid in session_ids:
-            total += await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                                   f"WHERE session_id = ? AND ({where})", (sid,))
+            total += await execute(
+                conn,
+                "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
+                f"WHERE session_id = ? AND ({where})",
+                (sid,),
+            )
         return total

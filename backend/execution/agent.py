@@ -106,13 +106,18 @@ class OfflineResponder:
         self._snapshot: dict[str, Any] | None = None
 
     def system_prompt(self) -> str:
-        return ("You are rem's offline responder: restate what was asked, name its key terms, "
-                "and answer plainly. No model, no network.")
+        return (
+            "You are rem's offline responder: restate what was asked, name its key terms, "
+            "and answer plainly. No model, no network."
+        )
 
     def snapshot(self) -> dict[str, Any]:
         if self._snapshot is None:  # constant for an instance; read at every turn start
-            self._snapshot = {"agent": self.name, "version": self.version,
-                              "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest()}
+            self._snapshot = {
+                "agent": self.name,
+                "version": self.version,
+                "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest(),
+            }
         return dict(self._snapshot)
 
     def compose(self, request: StepRequest) -> list[str]:
@@ -127,12 +132,14 @@ class OfflineResponder:
         if len(request.prompts) > 1:
             parts.append(f"Taking your {len(request.prompts)} messages together. ")
         words = len(text.split())
-        parts.append(f"You wrote {words} word{'s' if words != 1 else ''} in {len(said)} sentence"
-                     f"{'s' if len(said) != 1 else ''}. ")
+        parts.append(
+            f"You wrote {words} word{'s' if words != 1 else ''} in {len(said)} sentence"
+            f"{'s' if len(said) != 1 else ''}. "
+        )
         if questions:
-            parts.append(f"You asked: \"{_clip(questions[0])}\". ")
+            parts.append(f'You asked: "{_clip(questions[0])}". ')
         else:
-            parts.append(f"You said: \"{_clip(said[0] if said else text)}\". ")
+            parts.append(f'You said: "{_clip(said[0] if said else text)}". ')
         parts.append(f"Key terms: {', '.join(terms)}. " if terms else "There are no key terms to pick out. ")
         parts.append(self._focus(text, terms))
         parts.append(self._closing(request, questions, terms))

@@ -97,9 +97,16 @@ class Step:
 class Executor(Daemon):
     role = "executor"
 
-    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None,
-                 agent: Agent | None = None, concurrency: int | None = None,
-                 lease_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        once: bool = False,
+        owner_id: str | None = None,
+        agent: Agent | None = None,
+        concurrency: int | None = None,
+        lease_ms: int | None = None,
+    ) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
         self.agent = agent or load_agent()
         self.concurrency = concurrency or _env_int("REM_EXECUTOR_CONCURRENCY", DEFAULT_CONCURRENCY, 1)
@@ -139,7 +146,8 @@ class Executor(Daemon):
             return 0
         limit = self._capacity() * 2
         candidates = await self.db.read_snapshot(
-            lambda conn: recovery.recoverable(conn, clock.now_ms(), limit))
+            lambda conn: recovery.recoverable(conn, clock.now_ms(), limit)
+        )
         started = 0
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
@@ -152,8 +160,9 @@ class Executor(Daemon):
         return started
 
     def _take_over_tx(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
-        return recovery.take_over(conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget,
-                                  length_ms=self.lease_ms)
+        return recovery.take_over(
+            conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
+        )
 
     async def _claim_waiting(self) -> int:
         if self._capacity() <= 0:
@@ -186,8 +195,15 @@ class Executor(Daemon):
         lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
         if lease is None:
             return None
-        append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=self.owner_id, session_id=session_id,
-                          target=lease.execution_id, data={"epoch": lease.epoch}, now=now)
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_CLAIMED,
+            actor=self.owner_id,
+            session_id=session_id,
+            target=lease.execution_id,
+            data={"epoch": lease.epoch},
+            now=now,
+        )
         return lease
 
     def _spawn(self, session_id: str, work: Coroutine[Any, Any, None]) -> None:
@@ -214,8 +230,11 @@ class Executor(Daemon):
             # the lease stays; it expires and any executor recovers the turn
             self.log.warning("session %s execution %s stopped: %s", session_id, state.lease.execution_id, exc)
         except Exception:
-            self.log.exception("session %s execution %s crashed; recovery will retry it",
-                               session_id, state.lease.execution_id)
+            self.log.exception(
+                "session %s execution %s crashed; recovery will retry it",
+                session_id,
+                state.lease.execution_id,
+            )
         finally:
             self.held.pop(state.lease.execution_id, None)
             self.tasks.pop(session_id, None)
@@ -248,8 +267,11 @@ class Executor(Daemon):
         aid = projection.assistant_id(lease.execution_id, number)
         leases.guard(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
         unanswered = self._recovered_prompts(conn, state)
-        inputs = [] if self.draining.is_set() else sessions.pending_inputs(
-            conn, lease.session_id, turn_start=not state.turn_started)
+        inputs = (
+            []
+            if self.draining.is_set()
+            else sessions.pending_inputs(conn, lease.session_id, turn_start=not state.turn_started)
+        )
         if not unanswered and not inputs:
             self._end(conn, state, now)
             return None
@@ -267,30 +289,56 @@ class Executor(Daemon):
         recovery.mark_continuing(conn, eid)
         return projection.unanswered_prompts(conn, sid)
 
-    def _open_step(self, conn: sqlite3.Connection, state: TurnState, number: int, aid: str,
-                   unanswered: list[dict[str, Any]], inputs: list[Any], now: int) -> Step:
+    def _open_step(
+        self,
+        conn: sqlite3.Connection,
+        state: TurnState,
+        number: int,
+        aid: str,
+        unanswered: list[dict[str, Any]],
+        inputs: list[Any],
+        now: int,
+    ) -> Step:
         lease, sid = state.lease, state.lease.session_id
         first = sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
         promoted = sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
         if promoted and not state.turn_started:
-            projection.record_context_epoch(conn, sid, self.agent.system_prompt(), self.agent.snapshot(),
-                                            promoted[0]["seq"], now)
+            projection.record_context_epoch(
+                conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
+            )
         superseded = projection.supersede_open(conn, sid, aid, now)
         prompts = unanswered + promoted
-        data = {"execution_id": lease.execution_id, "status": "streaming", "text": "",
-                "parent_id": prompts[-1]["id"], "answers": [p["id"] for p in prompts],
-                "step": number, "epoch": lease.epoch, "agent": self.agent.name}
+        data = {
+            "execution_id": lease.execution_id,
+            "status": "streaming",
+            "text": "",
+            "parent_id": prompts[-1]["id"],
+            "answers": [p["id"] for p in prompts],
+            "step": number,
+            "epoch": lease.epoch,
+            "agent": self.agent.name,
+        }
         sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
-            append_event_sync(conn, kind=EventKind.INPUT_PROMOTED, actor=self.owner_id, session_id=sid,
-                              target=lease.execution_id, now=now,
-                              data={"inputs": [p["id"] for p in promoted],
-                                    "seqs": [p["seq"] for p in promoted], "step": number,
-                                    "superseded": superseded})
+            append_event_sync(
+                conn,
+                kind=EventKind.INPUT_PROMOTED,
+                actor=self.owner_id,
+                session_id=sid,
+                target=lease.execution_id,
+                now=now,
+                data={
+                    "inputs": [p["id"] for p in promoted],
+                    "seqs": [p["seq"] for p in promoted],
+                    "step": number,
+                    "superseded": superseded,
+                },
+            )
         resumed = lease.execution_id if state.recovering else None
-        request = StepRequest(session_id=sid, prompts=[p["text"] for p in prompts], step=number,
-                              resumed_from=resumed)
+        request = StepRequest(
+            session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
+        )
         return Step(number, aid, data, request)
 
     async def _stream(self, state: TurnState, step: Step) -> list[str]:
@@ -315,8 +363,9 @@ class Executor(Daemon):
         now = clock.now_ms()
         leases.guard(conn, state.lease, now=now)
         projection.write_parts(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
-        projection.update_owned_assistant(conn, step.assistant_id, {**step.data, "text": "".join(step.parts)},
-                                          now)
+        projection.update_owned_assistant(
+            conn, step.assistant_id, {**step.data, "text": "".join(step.parts)}, now
+        )
 
     def _finish_step(self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]) -> bool:
         """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
@@ -327,13 +376,24 @@ class Executor(Daemon):
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
         projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-        append_event_sync(conn, kind=EventKind.EXECUTION_STEP, actor=self.owner_id, session_id=lease.session_id,
-                          target=lease.execution_id, now=now,
-                          data={"step": step.number, "assistant_id": step.assistant_id,
-                                "parts": len(step.parts)})
-        more = not self.draining.is_set() and conn.execute(
-            "SELECT 1 FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
-            "AND delivery = 'steer' LIMIT 1", (lease.session_id,)).fetchone() is not None
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_STEP,
+            actor=self.owner_id,
+            session_id=lease.session_id,
+            target=lease.execution_id,
+            now=now,
+            data={"step": step.number, "assistant_id": step.assistant_id, "parts": len(step.parts)},
+        )
+        more = (
+            not self.draining.is_set()
+            and conn.execute(
+                "SELECT 1 FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
+                "AND delivery = 'steer' LIMIT 1",
+                (lease.session_id,),
+            ).fetchone()
+            is not None
+        )
         if not more:
             self._end(conn, state, now)
         return more
@@ -343,13 +403,20 @@ class Executor(Daemon):
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
         leases.guard(conn, lease, now=now, phase="safe")
-        step.data.update(status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}",
-                         time_completed=now)
+        step.data.update(
+            status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}", time_completed=now
+        )
         projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-        append_event_sync(conn, kind=EventKind.EXECUTION_FAILED, actor=self.owner_id,
-                          session_id=lease.session_id, target=lease.execution_id, now=now,
-                          data={"step": step.number, "error": step.data["error"]})
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_FAILED,
+            actor=self.owner_id,
+            session_id=lease.session_id,
+            target=lease.execution_id,
+            now=now,
+            data={"step": step.number, "error": step.data["error"]},
+        )
         self._end(conn, state, now)
 
     def _end(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
@@ -360,19 +427,36 @@ class Executor(Daemon):
             recovery.finish(conn, lease.execution_id)
         if state.turn_started:
             conn.execute("UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,))
-        append_event_sync(conn, kind=EventKind.EXECUTION_COMPLETED, actor=self.owner_id,
-                          session_id=lease.session_id, target=lease.execution_id, now=now,
-                          data={"epoch": lease.epoch, "steps": state.step, "recovered": state.recovered,
-                                "turn": state.turn_started})
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_COMPLETED,
+            actor=self.owner_id,
+            session_id=lease.session_id,
+            target=lease.execution_id,
+            now=now,
+            data={
+                "epoch": lease.epoch,
+                "steps": state.step,
+                "recovered": state.recovered,
+                "turn": state.turn_started,
+            },
+        )
         self.turns_completed += int(state.turn_started)
 
     async def _journal_lost(self, lease: Lease, reason: str) -> None:
         """Record the loss; the owner publishes nothing more for this execution."""
         self.log.warning("lost execution %s of session %s: %s", lease.execution_id, lease.session_id, reason)
         with contextlib.suppress(RemError):
-            await self.db.write_sync(lambda conn: append_event_sync(
-                conn, kind=EventKind.EXECUTION_LEASE_LOST, actor=self.owner_id, session_id=lease.session_id,
-                target=lease.execution_id, data={"epoch": lease.epoch, "reason": reason}))
+            await self.db.write_sync(
+                lambda conn: append_event_sync(
+                    conn,
+                    kind=EventKind.EXECUTION_LEASE_LOST,
+                    actor=self.owner_id,
+                    session_id=lease.session_id,
+                    target=lease.execution_id,
+                    data={"epoch": lease.epoch, "reason": reason},
+                )
+            )
 
     # -- renewal and hand-back ---------------------------------------------
     async def _renew_loop(self) -> None:
@@ -407,8 +491,8 @@ class Executor(Daemon):
     async def _hand_back_lease(self, lease: Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""
         try:
-            await self.db.write_sync(lambda conn: leases.hand_back_execution(
-                conn, lease, actor=self.owner_id, now=clock.now_ms()))
+            await self.db.write_sync(
+                lambda conn: leases.hand_back_execution(conn, lease, actor=self.owner_id, now=clock.now_ms())
+            )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.execution_id, exc)
-

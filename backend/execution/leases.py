@@ -73,15 +73,17 @@ class Lease:
 
 def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
     """Bump and return the session's lease epoch (inside the granting transaction)."""
-    row = conn.execute("UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch",
-                       (session_id,)).fetchone()
+    row = conn.execute(
+        "UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch", (session_id,)
+    ).fetchone()
     if row is None:
         raise LeaseNotFound(f"no session {session_id!r}")
     return int(row[0])
 
 
-def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int,
-                    length_ms: int | None = None) -> Lease | None:
+def claim_execution(
+    conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+) -> Lease | None:
     """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
@@ -98,8 +100,10 @@ def claim_execution(conn: sqlite3.Connection, session_id: str, owner_id: str, *,
 
 def owner_stopped(conn: sqlite3.Connection, owner_id: str) -> bool:
     """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
-    return conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'",
-                        (owner_id,)).fetchone() is not None
+    return (
+        conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'", (owner_id,)).fetchone()
+        is not None
+    )
 
 
 def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str | None:
@@ -115,8 +119,9 @@ def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str
     return "owner_stopped" if owner_stopped(conn, row["owner_id"]) else None
 
 
-def take_over_execution(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
-                        length_ms: int | None = None) -> tuple[Lease, dict[str, Any]] | None:
+def take_over_execution(
+    conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     if old is None or takeover_reason(conn, old, now) is None:
@@ -135,8 +140,9 @@ def take_over_execution(conn: sqlite3.Connection, execution_id: str, owner_id: s
 
 
 def _lost(lease: Lease) -> LeaseLost:
-    return LeaseLost(f"execution {lease.execution_id} is no longer held by {lease.owner_id} "
-                     f"at epoch {lease.epoch}")
+    return LeaseLost(
+        f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
+    )
 
 
 # A deliberately broken build for proving the drills can fail: fenced writes stop
@@ -151,8 +157,14 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
     changed = conn.execute(
         f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
         f"WHERE {FENCE}",
-        {**changes, "expires": now + lease.length_ms, "now": now, "id": lease.execution_id,
-         "owner": lease.owner_id, "epoch": lease.epoch},
+        {
+            **changes,
+            "expires": now + lease.length_ms,
+            "now": now,
+            "id": lease.execution_id,
+            "owner": lease.owner_id,
+            "epoch": lease.epoch,
+        },
     ).rowcount
     if not changed:
         raise _lost(lease)
@@ -161,8 +173,10 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
 
 def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
-    if not conn.execute(f"DELETE FROM session_execution WHERE {FENCE}",  # noqa: S608
-                        {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch}).rowcount:
+    if not conn.execute(
+        f"DELETE FROM session_execution WHERE {FENCE}",  # noqa: S608
+        {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch},
+    ).rowcount:
         raise _lost(lease)
 
 
@@ -174,8 +188,15 @@ def hand_back_execution(conn: sqlite3.Connection, lease: Lease, *, actor: str, n
         (epoch, now, lease.execution_id, lease.owner_id, lease.epoch),
     ).rowcount:
         raise _lost(lease)
-    append_event_sync(conn, kind=EventKind.EXECUTION_HANDED_BACK, actor=actor, session_id=lease.session_id,
-                      target=lease.execution_id, data={"epoch_before": lease.epoch, "epoch": epoch}, now=now)
+    append_event_sync(
+        conn,
+        kind=EventKind.EXECUTION_HANDED_BACK,
+        actor=actor,
+        session_id=lease.session_id,
+        target=lease.execution_id,
+        data={"epoch_before": lease.epoch, "epoch": epoch},
+        now=now,
+    )
 
 
 async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
@@ -194,24 +215,38 @@ async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
     return await db.write_sync(renew_all)
 
 
-async def claim(db: Database, session_id: str, owner_id: str, *, length_ms: int | None = None) -> Lease | None:
+async def claim(
+    db: Database, session_id: str, owner_id: str, *, length_ms: int | None = None
+) -> Lease | None:
     """Claim a session's execution lease in its own transaction (journaled)."""
     now = clock.now_ms()
 
     def claim_journaled(conn: sqlite3.Connection) -> Lease | None:
         lease = claim_execution(conn, session_id, owner_id, now=now, length_ms=length_ms)
         if lease is not None:
-            append_event_sync(conn, kind=EventKind.EXECUTION_CLAIMED, actor=owner_id,
-                              session_id=session_id, target=lease.execution_id,
-                              data={"epoch": lease.epoch}, now=now)
+            append_event_sync(
+                conn,
+                kind=EventKind.EXECUTION_CLAIMED,
+                actor=owner_id,
+                session_id=session_id,
+                target=lease.execution_id,
+                data={"epoch": lease.epoch},
+                now=now,
+            )
         return lease
 
     return await db.write_sync(claim_journaled)
 
 
-async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
-                            expected_epoch: int | None = None, force: bool = False,
-                            actor: str, now: int) -> dict[str, Any]:
+async def release_execution(
+    conn: aiosqlite.Connection,
+    execution_id: str,
+    *,
+    expected_epoch: int | None = None,
+    force: bool = False,
+    actor: str,
+    now: int,
+) -> dict[str, Any]:
     """Expire an execution lease now and bump its epoch so any executor takes it over at once.
 
     Runs inside the caller's `db.tx()`. The old owner is fenced (its epoch no
@@ -223,37 +258,70 @@ async def release_execution(conn: aiosqlite.Connection, execution_id: str, *,
     return await in_thread(conn, release_execution_sync, execution_id, expected_epoch, force, actor, now)
 
 
-def release_execution_sync(conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None,
-                           force: bool, actor: str, now: int) -> dict[str, Any]:
+def release_execution_sync(
+    conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None, force: bool, actor: str, now: int
+) -> dict[str, Any]:
     """The body of `release_execution`, on the connection's thread."""
     row = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     if row is None:
-        raise LeaseNotFound(f"no execution lease {execution_id!r}: it may have completed; "
-                            "see `rem status` for the current leases")
+        raise LeaseNotFound(
+            f"no execution lease {execution_id!r}: it may have completed; "
+            "see `rem status` for the current leases"
+        )
     if expected_epoch is not None and row["epoch"] != expected_epoch and not force:
         raise Refused(
             f"execution {execution_id} is at epoch {row['epoch']}, not the epoch {expected_epoch} "
             "you saw: it was taken over or released since; look again, or pass --force"
         )
     epoch = next_epoch(conn, row["session_id"])
-    conn.execute("UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
-                 (epoch, now, execution_id))
-    unparked = conn.execute(
-        "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
-        "WHERE execution_id = ? AND recovery_error IS NOT NULL", (execution_id,)).rowcount > 0
-    owner = conn.execute("SELECT state, heartbeat_at FROM worker WHERE owner_id = ?",
-                         (row["owner_id"],)).fetchone()
-    alive = bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
-    seen = {"owner_id": row["owner_id"], "epoch": row["epoch"], "phase": row["phase"],
-            "expires_at": row["expires_at"], "time_left_ms": row["expires_at"] - now}
+    conn.execute(
+        "UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
+        (epoch, now, execution_id),
+    )
+    unparked = (
+        conn.execute(
+            "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
+            "WHERE execution_id = ? AND recovery_error IS NOT NULL",
+            (execution_id,),
+        ).rowcount
+        > 0
+    )
+    owner = conn.execute(
+        "SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (row["owner_id"],)
+    ).fetchone()
+    alive = (
+        bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
+    )
+    seen = {
+        "owner_id": row["owner_id"],
+        "epoch": row["epoch"],
+        "phase": row["phase"],
+        "expires_at": row["expires_at"],
+        "time_left_ms": row["expires_at"] - now,
+    }
     result = {
-        "kind": "execution", "id": execution_id, "execution_id": execution_id,
-        "session_id": row["session_id"], "owner_id": row["owner_id"], "owner_alive": alive,
-        "old_epoch": row["epoch"], "new_epoch": epoch, "expected_epoch": expected_epoch,
-        "forced": force, "seen": seen, "unparked": unparked or row["recovery_error"] is not None,
+        "kind": "execution",
+        "id": execution_id,
+        "execution_id": execution_id,
+        "session_id": row["session_id"],
+        "owner_id": row["owner_id"],
+        "owner_alive": alive,
+        "old_epoch": row["epoch"],
+        "new_epoch": epoch,
+        "expected_epoch": expected_epoch,
+        "forced": force,
+        "seen": seen,
+        "unparked": unparked or row["recovery_error"] is not None,
         "released_at": now,
     }
-    append_event_sync(conn, kind=EventKind.OPERATOR_RELEASE, actor=actor, session_id=row["session_id"],
-                      target=execution_id, data=result, now=now)
+    append_event_sync(
+        conn,
+        kind=EventKind.OPERATOR_RELEASE,
+        actor=actor,
+        session_id=row["session_id"],
+        target=execution_id,
+        data=result,
+        now=now,
+    )
     log.info("released execution %s (epoch %s -> %s) by %s", execution_id, row["epoch"], epoch, actor)
     return result

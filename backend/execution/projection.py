@@ -72,14 +72,24 @@ def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int)
     return [r[0] for r in rows]
 
 
-def write_parts(conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int,
-                parts: list[str], now: int) -> None:
+def write_parts(
+    conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
+) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
     conn.executemany(
         "INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data) "
         "VALUES (?, ?, ?, ?, 'text', ?, ?)",
-        [(f"{message_id}:p{first_idx + i}", message_id, session_id, first_idx + i, now,
-          dumps({"text": text})) for i, text in enumerate(parts)],
+        [
+            (
+                f"{message_id}:p{first_idx + i}",
+                message_id,
+                session_id,
+                first_idx + i,
+                now,
+                dumps({"text": text}),
+            )
+            for i, text in enumerate(parts)
+        ],
     )
 
 
@@ -96,20 +106,24 @@ def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict
         raise LeaseLost(f"assistant {message_id} is no longer open for this execution")
 
 
-def record_context_epoch(conn: sqlite3.Connection, session_id: str, baseline: str,
-                         snapshot: dict[str, Any], seq: int, now: int) -> bool:
+def record_context_epoch(
+    conn: sqlite3.Connection, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
+) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
     snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
-    return conn.execute(
-        "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
-        "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
-        "time_updated = excluded.time_updated "
-        "WHERE excluded.baseline_seq > session_context_epoch.baseline_seq "
-        "AND (excluded.snapshot != session_context_epoch.snapshot "
-        "OR excluded.baseline != session_context_epoch.baseline)",
-        (session_id, baseline, snap, seq, now),
-    ).rowcount > 0
+    return (
+        conn.execute(
+            "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
+            "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
+            "time_updated = excluded.time_updated "
+            "WHERE excluded.baseline_seq > session_context_epoch.baseline_seq "
+            "AND (excluded.snapshot != session_context_epoch.snapshot "
+            "OR excluded.baseline != session_context_epoch.baseline)",
+            (session_id, baseline, snap, seq, now),
+        ).rowcount
+        > 0
+    )
 
 
 def transcript_violations(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict[str, Any]]:
@@ -123,8 +137,11 @@ def transcript_violations(conn: sqlite3.Connection, session_id: str | None = Non
     unanswered. Reads only; O(messages) of the sessions checked.
     """
     params = {"sid": session_id}
-    return (_input_violations(conn, params) + _continuation_violations(conn, params)
-            + _answer_violations(conn, params))
+    return (
+        _input_violations(conn, params)
+        + _continuation_violations(conn, params)
+        + _answer_violations(conn, params)
+    )
 
 
 def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -> dict[str, Any]:
@@ -136,13 +153,19 @@ def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[
         "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
         "LEFT JOIN session_message AS m ON m.id = i.id "
         "WHERE i.promoted_seq IS NOT NULL AND (:sid IS NULL OR i.session_id = :sid) "
-        "AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq)", params).fetchall()
-    found = [_violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
-             for r in rows]
+        "AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq)",
+        params,
+    ).fetchall()
+    found = [
+        _violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
+        for r in rows
+    ]
     rows = conn.execute(
         "SELECT m.session_id, m.id FROM session_message AS m LEFT JOIN session_input AS i ON i.id = m.id "
         "WHERE m.type = 'user' AND (:sid IS NULL OR m.session_id = :sid) "
-        "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)", params).fetchall()
+        "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)",
+        params,
+    ).fetchall()
     return found + [_violation("user_message_without_input", r[0], r[1]) for r in rows]
 
 
@@ -150,26 +173,38 @@ def _continuation_violations(conn: sqlite3.Connection, params: dict[str, Any]) -
     rows = conn.execute(
         "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
         "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
-        "WHERE m.type = 'synthetic' AND (:sid IS NULL OR m.session_id = :sid)", params).fetchall()
+        "WHERE m.type = 'synthetic' AND (:sid IS NULL OR m.session_id = :sid)",
+        params,
+    ).fetchall()
     found = []
     per_execution: dict[str, int] = {}
     for sid, mid, eid, rid in rows:
         per_execution[eid] = per_execution.get(eid, 0) + 1
         if rid is None or mid != continuation_id(rid):
             found.append(_violation("continuation_without_recovery", sid, mid))
-    return found + [_violation("several_continuations", None, eid, f"{n} messages")
-                    for eid, n in per_execution.items() if n > 1]
+    return found + [
+        _violation("several_continuations", None, eid, f"{n} messages")
+        for eid, n in per_execution.items()
+        if n > 1
+    ]
 
 
 def _answer_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
-    live = dict(conn.execute("SELECT session_id, assistant_message_id FROM session_execution "
-                             "WHERE :sid IS NULL OR session_id = :sid", params).fetchall())
+    live = dict(
+        conn.execute(
+            "SELECT session_id, assistant_message_id FROM session_execution "
+            "WHERE :sid IS NULL OR session_id = :sid",
+            params,
+        ).fetchall()
+    )
     owned = set(live.values())
     answered: dict[str, int] = {}
     found, users = [], []
     for sid, mid, kind, raw in conn.execute(
-            "SELECT session_id, id, type, data FROM session_message WHERE (:sid IS NULL OR session_id = :sid) "
-            "AND type IN ('user', 'assistant')", params):
+        "SELECT session_id, id, type, data FROM session_message WHERE (:sid IS NULL OR session_id = :sid) "
+        "AND type IN ('user', 'assistant')",
+        params,
+    ):
         if kind == "user":
             users.append((sid, mid))
             continue

@@ -93,15 +93,23 @@ def recoverable(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[st
     return list(dict.fromkeys((r[0], r[1]) for r in rows))
 
 
-def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int,
-              budget: int, length_ms: int | None = None) -> Takeover | None:
+def take_over(
+    conn: sqlite3.Connection,
+    execution_id: str,
+    owner_id: str,
+    *,
+    now: int,
+    budget: int,
+    length_ms: int | None = None,
+) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
     reason = None if old is None else takeover_reason(conn, old, now)
     if reason is None:
         return None
-    recovery = conn.execute("SELECT wake_attempts FROM session_recovery WHERE execution_id = ?",
-                            (execution_id,)).fetchone()
+    recovery = conn.execute(
+        "SELECT wake_attempts FROM session_recovery WHERE execution_id = ?", (execution_id,)
+    ).fetchone()
     attempt = (recovery["wake_attempts"] if recovery else 0) + 1
     if recovery is not None and attempt > budget:
         park(conn, dict(old), attempt - 1, owner_id, now)
@@ -116,38 +124,68 @@ def take_over(conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now
     _upsert_recovery(conn, dict(old), cont, phase, now)
     conn.execute("UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
     handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-    append_event_sync(conn, kind=EventKind.EXECUTION_TAKEN_OVER, actor=owner_id,
-                      session_id=lease.session_id, target=execution_id,
-                      data={"reason": reason, "from_owner": old["owner_id"], "from_epoch": old["epoch"],
-                            "epoch": lease.epoch, "interrupted_phase": phase, "attempt": attempt,
-                            "continuation_id": cont, "superseded": superseded}, now=now)
-    log.info("took over execution %s of session %s (was %s, phase %s, attempt %d)", execution_id,
-             lease.session_id, old["owner_id"], phase, attempt)
+    append_event_sync(
+        conn,
+        kind=EventKind.EXECUTION_TAKEN_OVER,
+        actor=owner_id,
+        session_id=lease.session_id,
+        target=execution_id,
+        data={
+            "reason": reason,
+            "from_owner": old["owner_id"],
+            "from_epoch": old["epoch"],
+            "epoch": lease.epoch,
+            "interrupted_phase": phase,
+            "attempt": attempt,
+            "continuation_id": cont,
+            "superseded": superseded,
+        },
+        now=now,
+    )
+    log.info(
+        "took over execution %s of session %s (was %s, phase %s, attempt %d)",
+        execution_id,
+        lease.session_id,
+        old["owner_id"],
+        phase,
+        attempt,
+    )
     return Takeover(lease, int(old["step"]), phase, attempt, cont, superseded)
 
 
-def _ensure_continuation(conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str,
-                         now: int) -> str:
+def _ensure_continuation(
+    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str, now: int
+) -> str:
     """Append the execution's one continuation message (a later takeover only reopens it)."""
     cont = projection.continuation_id(lease.execution_id)
     reopened = conn.execute(
         "UPDATE session_message SET data = json_set(data, '$.status', 'continue'), time_updated = ? "
-        "WHERE id = ?", (now, cont)).rowcount
+        "WHERE id = ?",
+        (now, cont),
+    ).rowcount
     if reopened:
         return cont
     seq = sessions.reserve_seqs(conn, lease.session_id, 1, now, messages=1)
-    text = (f"Execution {lease.execution_id} was interrupted (phase {phase}, owner {old['owner_id']}, "
-            f"epoch {old['epoch']}); {lease.owner_id} continues it at epoch {lease.epoch}. "
-            "Any incomplete reply was superseded and the step is re-run.")
-    data = {"key": cont, "execution_id": lease.execution_id, "status": "continue", "text": text,
-            "interrupted_phase": phase, "interrupted_owner": old["owner_id"],
-            "interrupted_epoch": old["epoch"], "interrupted_assistant_id": old["assistant_message_id"]}
+    text = (
+        f"Execution {lease.execution_id} was interrupted (phase {phase}, owner {old['owner_id']}, "
+        f"epoch {old['epoch']}); {lease.owner_id} continues it at epoch {lease.epoch}. "
+        "Any incomplete reply was superseded and the step is re-run."
+    )
+    data = {
+        "key": cont,
+        "execution_id": lease.execution_id,
+        "status": "continue",
+        "text": text,
+        "interrupted_phase": phase,
+        "interrupted_owner": old["owner_id"],
+        "interrupted_epoch": old["epoch"],
+        "interrupted_assistant_id": old["assistant_message_id"],
+    }
     sessions.insert_message(conn, cont, lease.session_id, "synthetic", seq, data, now)
     return cont
 
 
-def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str,
-                     now: int) -> None:
+def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str, now: int) -> None:
     conn.execute(
         "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "
         "continuation_message_id, phase, wake_pending, wake_attempts, time_created) "
@@ -160,16 +198,26 @@ def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, p
 
 def park(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
     """Stop retrying an execution: record why on both rows and on its continuation message."""
-    reason = (f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
-              f"`rem release {old['id']}` to retry it")
+    reason = (
+        f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
+        f"`rem release {old['id']}` to retry it"
+    )
     conn.execute("UPDATE session_execution SET recovery_error = ? WHERE id = ?", (reason, old["id"]))
-    conn.execute("UPDATE session_recovery SET recovery_error = ? WHERE execution_id = ?",
-                 (reason, old["id"]))
+    conn.execute("UPDATE session_recovery SET recovery_error = ? WHERE execution_id = ?", (reason, old["id"]))
     conn.execute(
         "UPDATE session_message SET data = json_set(data, '$.status', 'error', '$.error', ?), "
-        "time_updated = ? WHERE id = ?", (reason, now, projection.continuation_id(old["id"])))
-    append_event_sync(conn, kind=EventKind.RECOVERY_PARKED, actor=actor, session_id=old["session_id"],
-                      target=old["id"], data={"attempts": attempts, "reason": reason}, now=now)
+        "time_updated = ? WHERE id = ?",
+        (reason, now, projection.continuation_id(old["id"])),
+    )
+    append_event_sync(
+        conn,
+        kind=EventKind.RECOVERY_PARKED,
+        actor=actor,
+        session_id=old["session_id"],
+        target=old["id"],
+        data={"attempts": attempts, "reason": reason},
+        now=now,
+    )
     log.warning("parked execution %s of session %s: %s", old["id"], old["session_id"], reason)
 
 
@@ -180,5 +228,7 @@ def mark_continuing(conn: sqlite3.Connection, execution_id: str) -> None:
 
 def finish(conn: sqlite3.Connection, execution_id: str) -> None:
     """The recovered execution ended cleanly: its recovery needs no more wakes."""
-    conn.execute("UPDATE session_recovery SET wake_pending = 0, phase = 'continue' "
-                 "WHERE execution_id = ?", (execution_id,))
+    conn.execute(
+        "UPDATE session_recovery SET wake_pending = 0, phase = 'continue' WHERE execution_id = ?",
+        (execution_id,),
+    )

@@ -68,8 +68,10 @@ def _utf8_size(text: str) -> int:
         # Python hands undecodable argv bytes over as lone surrogates U+DC80..U+DCFF
         code = ord(text[exc.start])
         what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
-        raise BadInput(f"the input text is not valid UTF-8 ({what} at character {exc.start}): "
-                       "send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
+        raise BadInput(
+            f"the input text is not valid UTF-8 ({what} at character {exc.start}): "
+            "send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)"
+        ) from None
 
 
 def decode_text(raw: bytes, source: str = "stdin") -> str:
@@ -77,8 +79,10 @@ def decode_text(raw: bytes, source: str = "stdin") -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadInput(f"the text on {source} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
-                       f"{exc.start}): send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)") from None
+        raise BadInput(
+            f"the text on {source} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}): send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)"
+        ) from None
 
 
 async def admit(
@@ -95,15 +99,25 @@ async def admit(
     validate_input(session_id, text, delivery, input_id)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
-    return await db.write_sync(lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor))
+    return await db.write_sync(
+        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor)
+    )
 
 
-def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: str, input_id: str,
-               now: int, actor: str = "send") -> dict[str, Any]:
+def admit_sync(
+    conn: sqlite3.Connection,
+    session_id: str,
+    text: str,
+    delivery: str,
+    input_id: str,
+    now: int,
+    actor: str = "send",
+) -> dict[str, Any]:
     """The admission transaction body (validated input, on the connection's thread)."""
     existing = conn.execute(
         "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq FROM session_input WHERE id = ?",
-        (input_id,)).fetchone()
+        (input_id,),
+    ).fetchone()
     if existing is not None:
         return _readmitted(existing, session_id, input_id, text, delivery)
     if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
@@ -116,27 +130,47 @@ def admit_sync(conn: sqlite3.Connection, session_id: str, text: str, delivery: s
         "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
         (input_id, session_id, dumps({"text": text}), delivery, seq, now),
     )
-    append_event_sync(conn, kind=EventKind.INPUT_ADMITTED, actor=actor, session_id=session_id,
-                      target=input_id, now=now,
-                      data={"delivery": delivery, "admitted_seq": seq,
-                            "bytes": len(text.encode("utf-8", "surrogatepass"))})
-    return {"session_id": session_id, "input_id": input_id, "delivery": delivery,
-            "admitted_seq": seq, "promoted_seq": None, "duplicate": False,
-            "session_created": created}
+    append_event_sync(
+        conn,
+        kind=EventKind.INPUT_ADMITTED,
+        actor=actor,
+        session_id=session_id,
+        target=input_id,
+        now=now,
+        data={"delivery": delivery, "admitted_seq": seq, "bytes": len(text.encode("utf-8", "surrogatepass"))},
+    )
+    return {
+        "session_id": session_id,
+        "input_id": input_id,
+        "delivery": delivery,
+        "admitted_seq": seq,
+        "promoted_seq": None,
+        "duplicate": False,
+        "session_created": created,
+    }
 
 
 def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
     """The answer to a re-admission: the original admission, or a refusal if it differs."""
-    same = (row["session_id"] == session_id and row["delivery"] == delivery
-            and json.loads(row["prompt"]).get("text") == text)
+    same = (
+        row["session_id"] == session_id
+        and row["delivery"] == delivery
+        and json.loads(row["prompt"]).get("text") == text
+    )
     if not same:
         raise BadInput(
             f"input id {input_id!r} was already admitted to session {row['session_id']!r} with "
             "different text or delivery: resend the same input, or use a new --id"
         )
-    return {"session_id": session_id, "input_id": input_id, "delivery": delivery,
-            "admitted_seq": row["admitted_seq"], "promoted_seq": row["promoted_seq"],
-            "duplicate": True, "session_created": False}
+    return {
+        "session_id": session_id,
+        "input_id": input_id,
+        "delivery": delivery,
+        "admitted_seq": row["admitted_seq"],
+        "promoted_seq": row["promoted_seq"],
+        "duplicate": True,
+        "session_created": False,
+    }
 
 
 # one encoder for every call: `json.dumps` with non-default options builds a new
@@ -151,15 +185,19 @@ def dumps(data: dict[str, Any]) -> str:
 
 def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     """Create the session row if missing; True when it was created."""
-    return conn.execute(
-        "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) "
-        "ON CONFLICT (id) DO NOTHING",
-        (session_id, now, now),
-    ).rowcount > 0
+    return (
+        conn.execute(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) "
+            "ON CONFLICT (id) DO NOTHING",
+            (session_id, now, now),
+        ).rowcount
+        > 0
+    )
 
 
-def reserve_seqs(conn: sqlite3.Connection, session_id: str, count: int, now: int, *,
-                 inputs: int = 0, messages: int = 0) -> int:
+def reserve_seqs(
+    conn: sqlite3.Connection, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
+) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
     row = conn.execute(
         "UPDATE session SET last_seq = last_seq + :n, input_count = input_count + :i, "
@@ -208,8 +246,14 @@ def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: boo
     return rows
 
 
-def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs: list[sqlite3.Row],
-            first_seq: int, now: int) -> list[dict[str, Any]]:
+def promote(
+    conn: sqlite3.Connection,
+    session_id: str,
+    execution_id: str,
+    inputs: list[sqlite3.Row],
+    first_seq: int,
+    now: int,
+) -> list[dict[str, Any]]:
     """Turn admitted inputs into `user` messages at the given seqs (exactly once each)."""
     promoted = []
     for offset, row in enumerate(inputs):
@@ -222,15 +266,27 @@ def promote(conn: sqlite3.Connection, session_id: str, execution_id: str, inputs
         if not changed:  # unreachable under the lease; refuse rather than promote twice
             raise RuntimeError(f"input {row['id']} was promoted concurrently")
         text = json.loads(row["prompt"]).get("text", "")
-        data = {"text": text, "delivery": row["delivery"], "input_id": row["id"],
-                "admitted_seq": row["admitted_seq"], "execution_id": execution_id}
+        data = {
+            "text": text,
+            "delivery": row["delivery"],
+            "input_id": row["id"],
+            "admitted_seq": row["admitted_seq"],
+            "execution_id": execution_id,
+        }
         insert_message(conn, row["id"], session_id, "user", seq, data, now)
         promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
     return promoted
 
 
-def insert_message(conn: sqlite3.Connection, message_id: str, session_id: str, kind: str,
-                   seq: int, data: dict[str, Any], now: int) -> None:
+def insert_message(
+    conn: sqlite3.Connection,
+    message_id: str,
+    session_id: str,
+    kind: str,
+    seq: int,
+    data: dict[str, Any],
+    now: int,
+) -> None:
     """Insert one transcript row (seq must come from `reserve_seqs`)."""
     conn.execute(
         "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "

@@ -77,18 +77,26 @@ async def status(ctx: Context) -> dict[str, Any]:
 
     db = await ctx.db()
     snap = await db.read_snapshot(snapshot)
-    snap.update({
-        "data_dir": str(ctx.data.root),
-        "schema_version": await schema_version(db),
-        "schema_version_supported": SCHEMA_VERSION,
-        "read_only": ctx.read_only,
-        "chroma": chroma_health(ctx),
-    })
+    snap.update(
+        {
+            "data_dir": str(ctx.data.root),
+            "schema_version": await schema_version(db),
+            "schema_version_supported": SCHEMA_VERSION,
+            "read_only": ctx.read_only,
+            "chroma": chroma_health(ctx),
+        }
+    )
     return snap
 
 
-async def drain(ctx: Context, owner_id: str, *, wait: bool = False, timeout_s: float = 60.0,
-                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+async def drain(
+    ctx: Context,
+    owner_id: str,
+    *,
+    wait: bool = False,
+    timeout_s: float = 60.0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Ask a worker to drain: stop claiming, finish or hand back its work, release, exit.
 
     With `wait`, block until the worker has marked itself stopped (or the
@@ -104,23 +112,35 @@ async def drain(ctx: Context, owner_id: str, *, wait: bool = False, timeout_s: f
     while True:
         state = await workers.state_of(db, owner_id)
         held = await workers.leases_held(db, owner_id)
-        report = {**result, "state": state, "leases_held": held,
-                  "waited_ms": int((loop.time() - started) * 1000)}
+        report = {
+            **result,
+            "state": state,
+            "leases_held": held,
+            "waited_ms": int((loop.time() - started) * 1000),
+        }
         if progress is not None:
             progress(report)
         if state == "stopped":
             return report
         if loop.time() - started > timeout_s:
-            raise Refused(f"worker {owner_id} is still {state} after {timeout_s:.0f} s "
-                          f"({held} leases held); check its log, or release its leases")
+            raise Refused(
+                f"worker {owner_id} is still {state} after {timeout_s:.0f} s "
+                f"({held} leases held); check its log, or release its leases"
+            )
         await asyncio.sleep(0.1)
 
 
 LEASE_KINDS = ("execution", "summary_job", "dream")
 
 
-async def release(ctx: Context, lease_id: str, *, kind: str | None = None,
-                  expected_epoch: int | None = None, force: bool = False) -> dict[str, Any]:
+async def release(
+    ctx: Context,
+    lease_id: str,
+    *,
+    kind: str | None = None,
+    expected_epoch: int | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Expire a lease now and bump its epoch, so another worker takes over at once.
 
     Refused when the lease's epoch is not `expected_epoch` (it was renewed or
@@ -140,11 +160,22 @@ async def release(ctx: Context, lease_id: str, *, kind: str | None = None,
             from backend.execution.leases import release_execution
 
             return await release_execution(
-                conn, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
-                now=clock.now_ms())
+                conn,
+                lease_id,
+                expected_epoch=expected_epoch,
+                force=force,
+                actor=ctx.operator,
+                now=clock.now_ms(),
+            )
         return await release_job_lease(
-            conn, kind, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator,
-            now=clock.now_ms())
+            conn,
+            kind,
+            lease_id,
+            expected_epoch=expected_epoch,
+            force=force,
+            actor=ctx.operator,
+            now=clock.now_ms(),
+        )
 
 
 def _not_yet(command: str) -> RemError:
@@ -169,8 +200,9 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
     return result
 
 
-async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False,
-                 dry_run: bool = False) -> dict[str, Any]:
+async def replay(
+    ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
     from backend.summaries import receipt_replay
 
@@ -181,17 +213,20 @@ async def replay(ctx: Context, summary_ids: list[str] | None = None, *, all_mism
     db = await ctx.db()
     store = ctx.store()
     await store.count()  # Chroma down: say so now, before anything is read or written
-    report = await receipt_replay.replay_receipts(db, store, actor=ctx.operator,
-                                                  summary_ids=summary_ids, dry_run=dry_run)
+    report = await receipt_replay.replay_receipts(
+        db, store, actor=ctx.operator, summary_ids=summary_ids, dry_run=dry_run
+    )
     return report.as_dict()
 
 
-async def send(ctx: Context, session_id: str, text: str, *, delivery: str = "queue",
-               input_id: str | None = None) -> dict[str, Any]:
+async def send(
+    ctx: Context, session_id: str, text: str, *, delivery: str = "queue", input_id: str | None = None
+) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions
 
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id)
-    return await sessions.admit(await ctx.db(), session_id, text, delivery=delivery, input_id=input_id,
-                                actor=ctx.operator)
+    return await sessions.admit(
+        await ctx.db(), session_id, text, delivery=delivery, input_id=input_id, actor=ctx.operator
+    )

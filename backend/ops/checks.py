@@ -34,8 +34,12 @@ class Finding:
     count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "what": self.what, "count": self.count,
-                "rows": self.rows[:ROW_CAP]}
+        return {
+            "invariant": self.invariant,
+            "what": self.what,
+            "count": self.count,
+            "rows": self.rows[:ROW_CAP],
+        }
 
 
 @dataclass
@@ -60,8 +64,12 @@ def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str
 def check_structure(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("structure")
     problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
-    report.add(report.violations, "structure", "state.db fails PRAGMA quick_check",
-               [{"problem": p} for p in problems])
+    report.add(
+        report.violations,
+        "structure",
+        "state.db fails PRAGMA quick_check",
+        [{"problem": p} for p in problems],
+    )
     orphans = _rows(conn, "PRAGMA foreign_key_check")
     report.add(report.violations, "structure", "rows whose foreign key points at nothing", orphans)
 
@@ -103,20 +111,38 @@ WHERE i.promoted_seq IS NULL
 
 def check_inputs(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("inputs")
-    report.add(report.violations, "1", "promoted inputs whose user message is missing or wrong",
-               _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE))
-    report.add(report.violations, "1", "user messages that no admitted input produced",
-               _rows(conn, SQL_USER_WITHOUT_INPUT))
-    report.add(report.violations, "1", "sequence numbers ahead of their session's sequence",
-               _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE))
-    report.add(report.violations, "1", "one sequence number used twice in a session",
-               _rows(conn, SQL_SEQ_SHARED))
+    report.add(
+        report.violations,
+        "1",
+        "promoted inputs whose user message is missing or wrong",
+        _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE),
+    )
+    report.add(
+        report.violations,
+        "1",
+        "user messages that no admitted input produced",
+        _rows(conn, SQL_USER_WITHOUT_INPUT),
+    )
+    report.add(
+        report.violations,
+        "1",
+        "sequence numbers ahead of their session's sequence",
+        _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE),
+    )
+    report.add(
+        report.violations, "1", "one sequence number used twice in a session", _rows(conn, SQL_SEQ_SHARED)
+    )
     unpromoted = _rows(conn, SQL_UNPROMOTED)
     stranded = [r for r in unpromoted if not r["wake_pending"] and r["execution_id"] is None]
-    report.add(report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)",
-               stranded)
-    report.add(report.unsettled, "1", "admitted inputs not promoted yet",
-               [r for r in unpromoted if r not in stranded])
+    report.add(
+        report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)", stranded
+    )
+    report.add(
+        report.unsettled,
+        "1",
+        "admitted inputs not promoted yet",
+        [r for r in unpromoted if r not in stranded],
+    )
 
 
 # -- invariant 3: a write after a lost lease changes nothing ----------------
@@ -149,51 +175,100 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         # one reply per step: a steer adds a step (and a reply) to the running execution
         if row["status"] == "completed" and row["execution_id"] is not None:
             completed.setdefault((row["execution_id"], row["step"]), []).append(row)
-    report.add(report.violations, "3", "executions that published more than one completed reply",
-               [{"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
-                for k, v in completed.items() if len(v) > 1])
+    report.add(
+        report.violations,
+        "3",
+        "executions that published more than one completed reply",
+        [
+            {"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
+            for k, v in completed.items()
+            if len(v) > 1
+        ],
+    )
     open_rows = [r for r in assistants if r["status"] == "streaming"]
-    report.add(report.unsettled, "3", "assistant rows still streaming under a live execution",
-               [r for r in open_rows if r["execution_id"] in live])
-    report.add(report.unsettled, "3", "stale assistant rows not closed yet (their execution is gone)",
-               [r for r in open_rows if r["execution_id"] not in live])
-    report.add(report.violations, "3", "more than one continuation message for one execution",
-               _rows(conn, SQL_DOUBLE_CONTINUATION))
+    report.add(
+        report.unsettled,
+        "3",
+        "assistant rows still streaming under a live execution",
+        [r for r in open_rows if r["execution_id"] in live],
+    )
+    report.add(
+        report.unsettled,
+        "3",
+        "stale assistant rows not closed yet (their execution is gone)",
+        [r for r in open_rows if r["execution_id"] not in live],
+    )
+    report.add(
+        report.violations,
+        "3",
+        "more than one continuation message for one execution",
+        _rows(conn, SQL_DOUBLE_CONTINUATION),
+    )
     counts = _rows(conn, SQL_ANSWER_COUNTS)
-    report.add(report.violations, "3", "inputs answered by more than one reply (a late write landed)",
-               [r for r in counts if r["replies"] > 1])
+    report.add(
+        report.violations,
+        "3",
+        "inputs answered by more than one reply (a late write landed)",
+        [r for r in counts if r["replies"] > 1],
+    )
     answered = {r["input_id"] for r in counts}
-    users = _rows(conn, "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
-                        "FROM session_message AS m LEFT JOIN session_execution AS e "
-                        "ON e.session_id = m.session_id WHERE m.type = 'user'")
+    users = _rows(
+        conn,
+        "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
+        "FROM session_message AS m LEFT JOIN session_execution AS e "
+        "ON e.session_id = m.session_id WHERE m.type = 'user'",
+    )
     unanswered = [r for r in users if r["input_id"] not in answered]
-    report.add(report.unsettled, "2", "promoted inputs not answered yet",
-               [r for r in unanswered if r["execution_id"] is not None])
-    report.add(report.violations, "2", "promoted inputs no reply answers and no execution will",
-               [r for r in unanswered if r["execution_id"] is None])
+    report.add(
+        report.unsettled,
+        "2",
+        "promoted inputs not answered yet",
+        [r for r in unanswered if r["execution_id"] is not None],
+    )
+    report.add(
+        report.violations,
+        "2",
+        "promoted inputs no reply answers and no execution will",
+        [r for r in unanswered if r["execution_id"] is None],
+    )
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-
 def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.checked.append("progress")
-    executions = _rows(conn, "SELECT id AS execution_id, session_id, owner_id, epoch, phase, "
-                             "expires_at FROM session_execution")
+    executions = _rows(
+        conn,
+        "SELECT id AS execution_id, session_id, owner_id, epoch, phase, expires_at FROM session_execution",
+    )
     report.add(report.unsettled, "2", "executions in progress or awaiting takeover", executions)
-    recoveries = _rows(conn, "SELECT execution_id, session_id, phase, wake_attempts, recovery_error "
-                             "FROM session_recovery WHERE wake_pending = 1 OR recovery_error IS NOT NULL")
-    report.add(report.unsettled, "2", "recoveries waiting",
-               [r for r in recoveries if r["recovery_error"] is None])
-    report.add(report.unsettled, "2", "recoveries parked for the operator (attempt budget spent)",
-               [r for r in recoveries if r["recovery_error"] is not None])
-    jobs = _rows(conn, "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
-                       "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq")
+    recoveries = _rows(
+        conn,
+        "SELECT execution_id, session_id, phase, wake_attempts, recovery_error "
+        "FROM session_recovery WHERE wake_pending = 1 OR recovery_error IS NOT NULL",
+    )
+    report.add(
+        report.unsettled, "2", "recoveries waiting", [r for r in recoveries if r["recovery_error"] is None]
+    )
+    report.add(
+        report.unsettled,
+        "2",
+        "recoveries parked for the operator (attempt budget spent)",
+        [r for r in recoveries if r["recovery_error"] is not None],
+    )
+    jobs = _rows(
+        conn,
+        "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
+        "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq",
+    )
     report.add(report.unsettled, "2", "summaries not at the current raw turns", jobs)
-    dream = _rows(conn, "SELECT session_id, input_revision, completed_revision, digest_state, "
-                        "digest_attempts, defer_reason FROM dream_state "
-                        "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision")
+    dream = _rows(
+        conn,
+        "SELECT session_id, input_revision, completed_revision, digest_state, "
+        "digest_attempts, defer_reason FROM dream_state "
+        "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
+    )
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
@@ -221,8 +296,12 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
         await _check_receipts(ctx, db, report)
         await _check_dream_overlay(ctx, db, report)
     except ChromaUnreachable as exc:
-        report.add(report.violations, "2", "could not verify receipts and Dream keys against Chroma",
-                   [{"error": str(exc)}])
+        report.add(
+            report.violations,
+            "2",
+            "could not verify receipts and Dream keys against Chroma",
+            [{"error": str(exc)}],
+        )
         return
     report.checked.append("chroma")
 
@@ -231,18 +310,38 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
     from backend.summaries.receipt_replay import Recovery, all_batches
 
     result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
-    unacked = {r[0] for r in await db.fetchall(
-        "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
-        "AND result_acknowledged_at IS NULL")}
+    unacked = {
+        r[0]
+        for r in await db.fetchall(
+            "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
+            "AND result_acknowledged_at IS NULL"
+        )
+    }
     differs = [r for r in result.rows if r["outcome"] == "would_replay"]
-    report.add(report.violations, "2", "acknowledged receipts whose Chroma row does not match",
-               [r for r in differs if r["session_id"] not in unacked])
-    report.add(report.unsettled, "2", "staged receipts not acknowledged yet (recovery replays them)",
-               [r for r in differs if r["session_id"] in unacked])
-    report.add(report.violations, "5", "corrupt receipt envelopes (quarantined for the operator)",
-               [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")])
-    report.add(report.unsettled, "2", "receipts leased by a running synthesis or replay",
-               [r for r in result.rows if r["outcome"] == "skipped_active"])
+    report.add(
+        report.violations,
+        "2",
+        "acknowledged receipts whose Chroma row does not match",
+        [r for r in differs if r["session_id"] not in unacked],
+    )
+    report.add(
+        report.unsettled,
+        "2",
+        "staged receipts not acknowledged yet (recovery replays them)",
+        [r for r in differs if r["session_id"] in unacked],
+    )
+    report.add(
+        report.violations,
+        "5",
+        "corrupt receipt envelopes (quarantined for the operator)",
+        [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")],
+    )
+    report.add(
+        report.unsettled,
+        "2",
+        "receipts leased by a running synthesis or replay",
+        [r for r in result.rows if r["outcome"] == "skipped_active"],
+    )
 
 
 DREAM_DONE_SQL = """
@@ -264,8 +363,14 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
             row = live.get(summary_row_id(r["session_id"]))
             stored = row[1].get("dreamCompletedRevision") if row else None
             if row is not None and stored != r["completed_revision"]:
-                lost.append({"session_id": r["session_id"], "expected": r["completed_revision"],
-                             "chroma": stored, "graphDigested": row[1].get("graphDigested")})
+                lost.append(
+                    {
+                        "session_id": r["session_id"],
+                        "expected": r["completed_revision"],
+                        "chroma": stored,
+                        "graphDigested": row[1].get("graphDigested"),
+                    }
+                )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
     report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
 
@@ -274,16 +379,19 @@ def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
     violations = [f.as_dict() for f in report.violations]
     unsettled = [f.as_dict() for f in report.unsettled]
     if settled:
-        violations += [{**f, "invariant": f["invariant"], "what": "not settled: " + f["what"]}
-                       for f in unsettled]
+        violations += [
+            {**f, "invariant": f["invariant"], "what": "not settled: " + f["what"]} for f in unsettled
+        ]
     return {
         "ok": not violations,
         "settled_mode": settled,
         "checked": report.checked,
         "violations": violations,
         "unsettled": unsettled,
-        "counts": {"violations": sum(f["count"] for f in violations),
-                   "unsettled": sum(f["count"] for f in unsettled)},
+        "counts": {
+            "violations": sum(f["count"] for f in violations),
+            "unsettled": sum(f["count"] for f in unsettled),
+        },
     }
 
 

@@ -39,14 +39,25 @@ async def lease_kind(db: Database, lease_id: str) -> str:
     )
 
 
-async def release_job_lease(conn: aiosqlite.Connection, kind: str, session_id: str, *,
-                            expected_epoch: int | None, force: bool, actor: str,
-                            now: int) -> dict[str, Any]:
+async def release_job_lease(
+    conn: aiosqlite.Connection,
+    kind: str,
+    session_id: str,
+    *,
+    expected_epoch: int | None,
+    force: bool,
+    actor: str,
+    now: int,
+) -> dict[str, Any]:
     """Expire a summary-job or Dream lease now and bump its epoch (fenced, journaled)."""
     table, held = JOB_LEASES[kind]
-    rows = list(await conn.execute_fetchall(
-        f"SELECT owner_id, epoch, lease_expires_at FROM {table} "
-        f"WHERE session_id = ? AND {held} AND lease_expires_at IS NOT NULL", (session_id,)))
+    rows = list(
+        await conn.execute_fetchall(
+            f"SELECT owner_id, epoch, lease_expires_at FROM {table} "
+            f"WHERE session_id = ? AND {held} AND lease_expires_at IS NOT NULL",
+            (session_id,),
+        )
+    )
     if not rows:
         raise LeaseNotFound(f"no live {kind} lease for session {session_id!r}; see `rem status`")
     owner, epoch, expires_at = rows[0]
@@ -57,10 +68,26 @@ async def release_job_lease(conn: aiosqlite.Connection, kind: str, session_id: s
             "or taken over since you looked; re-check `rem status`, or pass --force"
         )
     await execute(
-        conn, f"UPDATE {table} SET lease_expires_at = ?, epoch = epoch + 1 "
-        f"WHERE session_id = ? AND epoch = ?", (now, session_id, epoch))
-    result = {"kind": kind, "id": session_id, "owner_id": owner, "old_epoch": epoch,
-              "new_epoch": epoch + 1, "forced": force, "seen": seen}
-    await append_event(conn, kind=EventKind.OPERATOR_RELEASE, actor=actor, session_id=session_id,
-                       target=session_id, data=result, now=now)
+        conn,
+        f"UPDATE {table} SET lease_expires_at = ?, epoch = epoch + 1 WHERE session_id = ? AND epoch = ?",
+        (now, session_id, epoch),
+    )
+    result = {
+        "kind": kind,
+        "id": session_id,
+        "owner_id": owner,
+        "old_epoch": epoch,
+        "new_epoch": epoch + 1,
+        "forced": force,
+        "seen": seen,
+    }
+    await append_event(
+        conn,
+        kind=EventKind.OPERATOR_RELEASE,
+        actor=actor,
+        session_id=session_id,
+        target=session_id,
+        data=result,
+        now=now,
+    )
     return result

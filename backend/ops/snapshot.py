@@ -26,18 +26,21 @@ RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "qu
 _INPUT_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
 COUNT_QUERIES: dict[str, str] = {
     "inputs_total": f"SELECT count(*) FROM session_input INDEXED BY {_INPUT_IDX} "
-                    "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL",
-    **{f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'"
-       for s in ("pending", "in_progress", "failed")},
+    "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL",
+    **{
+        f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'"
+        for s in ("pending", "in_progress", "failed")
+    },
     "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
     "dream_pending": "SELECT count(*) FROM dream_state "
-                     "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
-    **{f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
-       for s in ("pending", "in_progress", "deferred", "undigestible", "legacy")},
-    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'"
-       for v in RECEIPT_VERDICTS},
+    "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
+    **{
+        f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
+        for s in ("pending", "in_progress", "deferred", "undigestible", "legacy")
+    },
+    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in RECEIPT_VERDICTS},
     "receipt_unchecked": "SELECT count(*) FROM summary_job "
-                         "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
+    "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
     # walks the smallest index of session, not the table (~1 ms per 100 000 sessions)
     "sessions": "SELECT count(*) FROM session",
 }
@@ -140,16 +143,13 @@ def _event(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[str, Any]:
-    inputs = [
-        {**r, "oldest_age_ms": now - r["oldest_at"]}
-        for r in _rows(conn, "inputs", cap=LIST_CAP)
-    ]
+    inputs = [{**r, "oldest_age_ms": now - r["oldest_at"]} for r in _rows(conn, "inputs", cap=LIST_CAP)]
     recoveries = [
-        {**r, "parked": r["recovery_error"] is not None}
-        for r in _rows(conn, "recoveries", cap=LIST_CAP)
+        {**r, "parked": r["recovery_error"] is not None} for r in _rows(conn, "recoveries", cap=LIST_CAP)
     ]
     summary: dict[str, Any] = {
-        s: counts[f"summary_{s}"] for s in ("pending", "in_progress", "failed", "stale")}
+        s: counts[f"summary_{s}"] for s in ("pending", "in_progress", "failed", "stale")
+    }
     summary["failed_rows"] = _rows(conn, "summary_failed", cap=50)
     by_state = {s: counts[f"dream_{s}"] for s in ("pending", "in_progress", "deferred", "undigestible")}
     return {
@@ -169,8 +169,9 @@ def leases(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
         expires_at = lease["expires_at"]
         lease["time_left_ms"] = expires_at - now
         lease["expired"] = expires_at <= now
-        lease["owner_alive"] = (lease["owner_state"] in ("running", "draining")
-                                and workers.heartbeat_alive(heartbeat, now))
+        lease["owner_alive"] = lease["owner_state"] in ("running", "draining") and workers.heartbeat_alive(
+            heartbeat, now
+        )
     return out
 
 
@@ -196,24 +197,40 @@ def receipts(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]
             detail = json.loads(r["verdict_detail"]) if r["verdict_detail"] else {}
         except ValueError:
             detail = {}
-        mismatched.append({
-            "summary_id": summary_row_id(r["session_id"]), "session_id": r["session_id"],
-            "verdict": r["verdict"], "keys": receipt_keys(detail), "detail": detail,
-            "checked_at": r["verdict_checked_at"], "quarantine_reason": r["quarantine_reason"],
-        })
+        mismatched.append(
+            {
+                "summary_id": summary_row_id(r["session_id"]),
+                "session_id": r["session_id"],
+                "verdict": r["verdict"],
+                "keys": receipt_keys(detail),
+                "detail": detail,
+                "checked_at": r["verdict_checked_at"],
+                "quarantine_reason": r["quarantine_reason"],
+            }
+        )
     return {"counts": verdicts, "mismatched": mismatched}
 
 
-def dream_drift(conn: sqlite3.Connection, counts: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def dream_drift(
+    conn: sqlite3.Connection, counts: dict[str, int]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     rows = _rows(conn, "dream_drift", cap=LIST_CAP) + _rows(conn, "dream_legacy", cap=LIST_CAP)
     drift = [{**r, "class": classify_drift(r)} for r in rows]
     seen = {d["session_id"] for d in drift}
     for r in _rows(conn, "summary_stale_rows", cap=LIST_CAP):
         if r["session_id"] not in seen:
-            drift.append({"session_id": r["session_id"], "class": "summary_stale",
-                          "input_revision": None, "completed_revision": None,
-                          "digest_state": None, "digest_attempts": 0, "defer_reason": None,
-                          "since": r["since"]})
+            drift.append(
+                {
+                    "session_id": r["session_id"],
+                    "class": "summary_stale",
+                    "input_revision": None,
+                    "completed_revision": None,
+                    "digest_state": None,
+                    "digest_attempts": 0,
+                    "defer_reason": None,
+                    "since": r["since"],
+                }
+            )
     by_class = dict.fromkeys(DRIFT_CLASSES, 0)
     for d in drift:
         by_class[d["class"]] += 1
@@ -228,8 +245,11 @@ def dream_drift(conn: sqlite3.Connection, counts: dict[str, int]) -> tuple[list[
 def worker_rows(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
     rows = _rows(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     return [
-        {**r, "heartbeat_age_ms": now - r["heartbeat_at"],
-         "alive": r["state"] != "stopped" and workers.heartbeat_alive(r["heartbeat_at"], now)}
+        {
+            **r,
+            "heartbeat_age_ms": now - r["heartbeat_at"],
+            "alive": r["state"] != "stopped" and workers.heartbeat_alive(r["heartbeat_at"], now),
+        }
         for r in rows
     ]
 
@@ -255,8 +275,10 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
         "recent_actions": [_event(r) for r in _rows(conn, "recent_actions")],
         "events": [_event(r) for r in _rows(conn, "events", tail=EVENT_TAIL)],
         "counts": {
-            "backlog": back["inputs_total"] + sum(1 for r in back["recoveries"] if not r["parked"])
-            + counts["summary_pending"] + counts["dream_pending"],
+            "backlog": back["inputs_total"]
+            + sum(1 for r in back["recoveries"] if not r["parked"])
+            + counts["summary_pending"]
+            + counts["dream_pending"],
             "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
             "mismatches": sum(counts[f"receipt_{v}"] for v in RECEIPT_VERDICTS if v != "present"),
             "dream_pending": counts["dream_pending"],

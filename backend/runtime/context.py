@@ -27,8 +27,7 @@ class Context:
     read_only: bool = False
     operator: str = field(default_factory=operator_name)
     # start a Chroma server for this process's lifetime when none is running
-    start_chroma: bool = field(
-        default_factory=lambda: os.environ.get("REM_CHROMA_AUTOSTART", "1") != "0")
+    start_chroma: bool = field(default_factory=lambda: os.environ.get("REM_CHROMA_AUTOSTART", "1") != "0")
     # the Chroma collection of summary rows (tests use one per test)
     collection: str = field(default_factory=lambda: os.environ.get("REM_CHROMA_COLLECTION", COLLECTION))
     _db: Database | None = field(default=None, repr=False)

@@ -85,7 +85,9 @@ class Daemon:
             except TRANSIENT_ERRORS as exc:
                 if self.once:
                     raise
-                self.log.warning("%s cannot register yet: %s; retrying in %.1f s", self.owner_id, exc, backoff)
+                self.log.warning(
+                    "%s cannot register yet: %s; retrying in %.1f s", self.owner_id, exc, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 

@@ -79,14 +79,19 @@ def _io_error(exc: sqlite3.Error, path: Path | str) -> RemError:
     except OSError:
         free = None
     if free is not None and free < FULL_BELOW_BYTES:
-        return DatabaseFull(f"no space left for {path} ({free} bytes free, {name}); "
-                            "free disk space, then retry")
-    return DatabaseIOError(f"disk I/O error on {path} ({name}); check the disk (`df`, `dmesg`) "
-                           "and retry; if it persists, restore state.db from a backup")
+        return DatabaseFull(
+            f"no space left for {path} ({free} bytes free, {name}); free disk space, then retry"
+        )
+    return DatabaseIOError(
+        f"disk I/O error on {path} ({name}); check the disk (`df`, `dmesg`) "
+        "and retry; if it persists, restore state.db from a backup"
+    )
 
 
 # what an unversioned (user_version 0) database already holds; a new rem database holds nothing
-FOREIGN_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+FOREIGN_TABLES_SQL = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+)
 
 
 def refuse_foreign(path: Path | str, user_version: int, tables: list[str]) -> None:
@@ -140,8 +145,11 @@ class Database:
         await c.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not self.read_only and await self.scalar("PRAGMA journal_mode") != "wal":
             # switching to WAL rewrites the file header: refuse another program's database first
-            refuse_foreign(self.path, await self.scalar("PRAGMA user_version"),
-                           [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)])
+            refuse_foreign(
+                self.path,
+                await self.scalar("PRAGMA user_version"),
+                [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
+            )
             await c.execute("PRAGMA journal_mode = WAL")
         await c.execute("PRAGMA synchronous = NORMAL")
         await c.execute("PRAGMA foreign_keys = ON")
@@ -328,7 +336,9 @@ class TransactionDropped(DatabaseIOError):
     """SQLite rolled the whole transaction back under a group (full disk, I/O error)."""
 
 
-def commit_group(raw: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+def commit_group(
+    raw: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
+) -> list[tuple[bool, Any]]:
     """On the connection's thread: run `fns` in one write transaction; (ok, result or exception) each.
 
     A lone function needs no savepoint: the transaction is its unit, and its
@@ -359,7 +369,9 @@ def _in_savepoint(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], An
         raw.execute("RELEASE rem_write")
         return False, exc
     if not raw.in_transaction:
-        raise TransactionDropped("the write transaction ended inside a group; nothing of the group was written")
+        raise TransactionDropped(
+            "the write transaction ended inside a group; nothing of the group was written"
+        )
     raw.execute("RELEASE rem_write")
     return True, value
 

@@ -66,8 +66,14 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str) 
 EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
 
 
-def _event_row(kind: EventKind | str, actor: str, session_id: str | None, target: str | None,
-               data: dict[str, Any] | None, now: int | None) -> tuple[Any, ...]:
+def _event_row(
+    kind: EventKind | str,
+    actor: str,
+    session_id: str | None,
+    target: str | None,
+    data: dict[str, Any] | None,
+    now: int | None,
+) -> tuple[Any, ...]:
     return (
         clock.now_ms() if now is None else now,
         str(kind),
@@ -134,8 +140,9 @@ def decode_event(row: Any) -> dict[str, Any]:
     return event
 
 
-async def history(db: Any, *, session_id: str | None = None, target: str | None = None,
-                  limit: int = 200) -> list[dict[str, Any]]:
+async def history(
+    db: Any, *, session_id: str | None = None, target: str | None = None, limit: int = 200
+) -> list[dict[str, Any]]:
     """Journal rows about one session and/or one session-less target, newest first (two indexed lookups).
 
     A target that belongs to a session (an execution, a summary id) is found
@@ -143,6 +150,5 @@ async def history(db: Any, *, session_id: str | None = None, target: str | None 
     """
     if session_id is None and target is None:
         return []
-    rows = await db.fetchall(HISTORY_SQL, {"target": target, "session_id": session_id,
-                                           "limit": limit})
+    rows = await db.fetchall(HISTORY_SQL, {"target": target, "session_id": session_id, "limit": limit})
     return [decode_event(r) for r in rows]

@@ -21,7 +21,9 @@ from backend.store.db import execute, in_thread
 # is not pushed to the back of the queue by every turn; and an UPDATE that
 # leaves `time_updated` out of its SET touches neither index on it (one page
 # written instead of three, twice per turn on the executor's hot path).
-BUMP_DRIFTED_SQL = "UPDATE summary_job SET dirty_seq = dirty_seq + 1 WHERE session_id = ? AND dirty_seq > clean_seq"
+BUMP_DRIFTED_SQL = (
+    "UPDATE summary_job SET dirty_seq = dirty_seq + 1 WHERE session_id = ? AND dirty_seq > clean_seq"
+)
 MARK_TURNS_CHANGED_SQL = (
     "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
     "VALUES (?, 'pending', 1, ?, ?) "
@@ -44,7 +46,9 @@ async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: i
     await in_thread(conn, mark_turns_changed_sync, session_id, now)
 
 
-async def publish_input_revision(conn: aiosqlite.Connection, session_id: str, revision: str, now: int) -> bool:
+async def publish_input_revision(
+    conn: aiosqlite.Connection, session_id: str, revision: str, now: int
+) -> bool:
     """Record the published Dream input revision; True when it changed.
 
     Publishing the revision already published is a no-op, so a replayed or

@@ -24,7 +24,9 @@ ORDER BY time_created, id
 """
 
 
-def turn_record(message_id: str, message_type: str, time_created: int, data: Mapping[str, Any]) -> dict[str, Any] | None:
+def turn_record(
+    message_id: str, message_type: str, time_created: int, data: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The canonical record of one raw turn, or None when it is not a raw turn yet."""
     if message_type == "assistant" and data.get("status") != "completed":
         return None

@@ -36,8 +36,14 @@ async def register(db: Database, owner_id: str, role: str, info: dict[str, Any] 
             "VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
             (owner_id, role, os.getpid(), socket.gethostname(), now, now, json.dumps(info or {})),
         )
-        await append_event(conn, kind=EventKind.WORKER_STARTED, actor=owner_id, target=owner_id,
-                           data={"role": role, "pid": os.getpid()}, now=now)
+        await append_event(
+            conn,
+            kind=EventKind.WORKER_STARTED,
+            actor=owner_id,
+            target=owner_id,
+            data={"role": role, "pid": os.getpid()},
+            now=now,
+        )
 
 
 async def beat(db: Database, owner_id: str) -> str | None:
@@ -61,8 +67,14 @@ async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
             (now, now, owner_id),
         )
         if changed:
-            await append_event(conn, kind=EventKind.WORKER_STOPPED, actor=owner_id, target=owner_id,
-                               data={"reason": reason}, now=now)
+            await append_event(
+                conn,
+                kind=EventKind.WORKER_STOPPED,
+                actor=owner_id,
+                target=owner_id,
+                data={"reason": reason},
+                now=now,
+            )
 
 
 async def state_of(db: Database, owner_id: str) -> str | None:
@@ -73,14 +85,22 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[st
     """Mark the worker rows of a process that died (seen by its supervisor) as stopped."""
     now = clock.now_ms()
     async with db.tx() as conn:
-        rows = list(await conn.execute_fetchall(
-            "UPDATE worker SET state = 'stopped', stopped_at = ? "
-            "WHERE pid = ? AND host = ? AND state != 'stopped' RETURNING owner_id",
-            (now, pid, host),
-        ))
+        rows = list(
+            await conn.execute_fetchall(
+                "UPDATE worker SET state = 'stopped', stopped_at = ? "
+                "WHERE pid = ? AND host = ? AND state != 'stopped' RETURNING owner_id",
+                (now, pid, host),
+            )
+        )
         for row in rows:
-            await append_event(conn, kind=EventKind.WORKER_STOPPED, actor="supervisor",
-                               target=row[0], data={"reason": reason, "pid": pid}, now=now)
+            await append_event(
+                conn,
+                kind=EventKind.WORKER_STOPPED,
+                actor="supervisor",
+                target=row[0],
+                data={"reason": reason, "pid": pid},
+                now=now,
+            )
     return [row[0] for row in rows]
 
 
@@ -90,8 +110,11 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str,
 
     now = clock.now_ms()
     async with db.tx() as conn:
-        rows = list(await conn.execute_fetchall(
-            "SELECT role, pid, host, state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)))
+        rows = list(
+            await conn.execute_fetchall(
+                "SELECT role, pid, host, state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)
+            )
+        )
         if not rows:
             raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
         role, pid, host, state, heartbeat_at = rows[0]
@@ -104,18 +127,30 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str,
                 "presumed dead, so it cannot drain; release its leases with `rem release`"
             )
         if state == "running":
-            await execute(conn, "UPDATE worker SET state = 'draining', drain_requested_at = ? "
-                          "WHERE owner_id = ? AND state = 'running'", (now, owner_id))
-        await append_event(conn, kind=EventKind.OPERATOR_DRAIN, actor=operator, target=owner_id,
-                           data={"seen": seen, "result": "draining",
-                                 "already_draining": state == "draining", "role": role}, now=now)
+            await execute(
+                conn,
+                "UPDATE worker SET state = 'draining', drain_requested_at = ? "
+                "WHERE owner_id = ? AND state = 'running'",
+                (now, owner_id),
+            )
+        await append_event(
+            conn,
+            kind=EventKind.OPERATOR_DRAIN,
+            actor=operator,
+            target=owner_id,
+            data={"seen": seen, "result": "draining", "already_draining": state == "draining", "role": role},
+            now=now,
+        )
     return {"owner_id": owner_id, "role": role, "previous_state": state, "state": "draining"}
 
 
 async def leases_held(db: Database, owner_id: str) -> int:
     """How many leases (execution, summary job, Dream) the worker still holds."""
-    return int(await db.scalar(
-        "SELECT (SELECT count(*) FROM session_execution WHERE owner_id = :o) "
-        "+ (SELECT count(*) FROM summary_job WHERE owner_id = :o AND status = 'in_progress') "
-        "+ (SELECT count(*) FROM dream_state WHERE owner_id = :o AND digest_state = 'in_progress')",
-        {"o": owner_id}))
+    return int(
+        await db.scalar(
+            "SELECT (SELECT count(*) FROM session_execution WHERE owner_id = :o) "
+            "+ (SELECT count(*) FROM summary_job WHERE owner_id = :o AND status = 'in_progress') "
+            "+ (SELECT count(*) FROM dream_state WHERE owner_id = :o AND digest_state = 'in_progress')",
+            {"o": owner_id},
+        )
+    )

@@ -146,16 +146,26 @@ class Report:
         return self.counters.unverified == 0 and self.counters.quarantined == 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"counters": asdict(self.counters), "rows": self.rows, "dry_run": self.dry_run, "ok": self.ok,
-                "rows_written": self.rows_written}
+        return {
+            "counters": asdict(self.counters),
+            "rows": self.rows,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "rows_written": self.rows_written,
+        }
 
 
-def _row_report(job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None) -> dict[str, Any]:
+def _row_report(
+    job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
+) -> dict[str, Any]:
     detail = verdict.detail() if verdict is not None else None
     return {
-        "summary_id": job.summary_id, "session_id": job.session_id, "outcome": outcome,
+        "summary_id": job.summary_id,
+        "session_id": job.session_id,
+        "outcome": outcome,
         "verdict": verdict.verdict if verdict is not None else None,
-        "keys": (detail or {}).get("keys", []), "document": (detail or {}).get("document"),
+        "keys": (detail or {}).get("keys", []),
+        "document": (detail or {}).get("document"),
         "reason": reason,
     }
 
@@ -163,9 +173,17 @@ def _row_report(job: Job, outcome: str, verdict: Verdict | None = None, reason: 
 class Recovery:
     """One recovery pass over batches of summary_job rows."""
 
-    def __init__(self, db: Database, store: ChromaStore, *, actor: str, dry_run: bool = False,
-                 lease_ms: int | None = None, report_present: bool = False,
-                 final_event: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: ChromaStore,
+        *,
+        actor: str,
+        dry_run: bool = False,
+        lease_ms: int | None = None,
+        report_present: bool = False,
+        final_event: dict[str, Any] | None = None,
+    ) -> None:
         self.db = db
         self.store = store
         self.actor = actor
@@ -197,7 +215,9 @@ class Recovery:
             batch = await following
         return self.report
 
-    def _note(self, job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None) -> None:
+    def _note(
+        self, job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
+    ) -> None:
         if outcome != "present" or self.report_present:
             self.report.rows.append(_row_report(job, outcome, verdict, reason))
 
@@ -250,7 +270,9 @@ class Recovery:
             rows = await fetch
         return [Checked(job, r, receipts.verify(r, rows.get(job.summary_id))) for job, r in decoded], corrupt
 
-    def _report_dry(self, present: list[Checked], mismatched: list[Checked], corrupt: list[tuple[Job, str]]) -> None:
+    def _report_dry(
+        self, present: list[Checked], mismatched: list[Checked], corrupt: list[tuple[Job, str]]
+    ) -> None:
         self.counters.present += len(present)
         for c in present:
             self._note(c.job, "present", c.verdict)
@@ -283,8 +305,11 @@ class Recovery:
         """One upsert of the leased rows and one read-back get; releases the leases on failure."""
         ids = [c.job.summary_id for c in leased]
         try:
-            await self.store.upsert(ids, [c.receipt.document for c in leased],
-                                    [receipts.chroma_metadata(c.receipt) for c in leased])
+            await self.store.upsert(
+                ids,
+                [c.receipt.document for c in leased],
+                [receipts.chroma_metadata(c.receipt) for c in leased],
+            )
             back = await self.store.get(ids)
         except BaseException:
             await self._release(leased)
@@ -295,16 +320,25 @@ class Recovery:
         try:
             async with self.db.tx() as conn:
                 for c in leased:
-                    await execute(conn, "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL "
-                                  "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
-                                  (c.job.session_id, self.actor, c.epoch))
+                    await execute(
+                        conn,
+                        "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL "
+                        "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
+                        (c.job.session_id, self.actor, c.epoch),
+                    )
         except Exception:  # the leases expire on their own; the original error matters more
             log.warning("could not release %d replay leases", len(leased), exc_info=True)
 
     # -- finalization (one transaction per batch) ------------------------------
 
-    async def _finalize(self, conn: aiosqlite.Connection, corrupt: list[tuple[Job, str]],
-                        present: list[Checked], replayed: list[tuple[Checked, Verdict]], now: int) -> None:
+    async def _finalize(
+        self,
+        conn: aiosqlite.Connection,
+        corrupt: list[tuple[Job, str]],
+        present: list[Checked],
+        replayed: list[tuple[Checked, Verdict]],
+        now: int,
+    ) -> None:
         for job, reason in corrupt:
             await self._quarantine(conn, job, reason, now)
         for c in present:
@@ -331,9 +365,15 @@ class Recovery:
             return
         self.report.rows_written += 1
         log.warning("receipt %s quarantined: %s", job.summary_id, reason)
-        await append_event(conn, kind=EventKind.RECEIPT_QUARANTINED, actor=self.actor,
-                           session_id=job.session_id, target=job.summary_id,
-                           data={"reason": reason, **_evidence(job.envelope)}, now=now)
+        await append_event(
+            conn,
+            kind=EventKind.RECEIPT_QUARANTINED,
+            actor=self.actor,
+            session_id=job.session_id,
+            target=job.summary_id,
+            data={"reason": reason, **_evidence(job.envelope)},
+            now=now,
+        )
 
     async def _confirm(self, conn: aiosqlite.Connection, c: Checked, now: int) -> None:
         """A row found present: acknowledge it if unacknowledged, refresh a stale verdict."""
@@ -343,9 +383,17 @@ class Recovery:
         ack = c.job.acknowledged_at is None
         changed = await execute(
             conn,
-            "UPDATE summary_job SET " + _ACK_SET * ack + _VERDICT_SET +
-            f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
-            {**c.job.cas(), "now": now, "rev": c.receipt.revision, "verdict": receipts.PRESENT, "detail": None},
+            "UPDATE summary_job SET "
+            + _ACK_SET * ack
+            + _VERDICT_SET
+            + f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
+            {
+                **c.job.cas(),
+                "now": now,
+                "rev": c.receipt.revision,
+                "verdict": receipts.PRESENT,
+                "detail": None,
+            },
         )
         if not changed:
             await self._lost(conn, c.job, now)
@@ -363,10 +411,22 @@ class Recovery:
             conn,
             "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
             # an unacknowledged row that still differs waits for the next attempt, owned by nobody
-            + (_ACK_SET if ack else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, ")
-            + _VERDICT_SET + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
-            {"sid": c.job.session_id, "owner": self.actor, "epoch": c.epoch, "now": now,
-             "rev": c.receipt.revision, "verdict": after.verdict, "detail": json.dumps(detail) if detail else None},
+            + (
+                _ACK_SET
+                if ack
+                else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, "
+            )
+            + _VERDICT_SET
+            + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
+            {
+                "sid": c.job.session_id,
+                "owner": self.actor,
+                "epoch": c.epoch,
+                "now": now,
+                "rev": c.receipt.revision,
+                "verdict": after.verdict,
+                "detail": json.dumps(detail) if detail else None,
+            },
         )
         if not changed:
             log.warning("replay of %s lost its lease (epoch %d)", c.job.summary_id, c.epoch)
@@ -375,17 +435,27 @@ class Recovery:
             return
         self.report.rows_written += 1
         self.counters.replayed += 1
-        await append_event(conn, kind=EventKind.RECEIPT_REPLAYED, actor=self.actor, session_id=c.job.session_id,
-                           target=c.job.summary_id,
-                           data={"before": c.verdict.detail(), "verified": after.present, "after": detail}, now=now)
+        await append_event(
+            conn,
+            kind=EventKind.RECEIPT_REPLAYED,
+            actor=self.actor,
+            session_id=c.job.session_id,
+            target=c.job.summary_id,
+            data={"before": c.verdict.detail(), "verified": after.present, "after": detail},
+            now=now,
+        )
         if ack:
             await self._acknowledged(conn, c, now, replayed=True)
         if c.verdict.verdict == "missing":
             # the row was re-created from the receipt: Dream's keys went with the old row,
             # so ask Dream to write its overlay again (it never creates rows itself)
-            await execute(conn, "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                          "WHERE session_id = ? AND (completed_revision IS NOT NULL "
-                          "OR digest_state IN ('deferred', 'undigestible'))", (c.job.session_id,))
+            await execute(
+                conn,
+                "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
+                "WHERE session_id = ? AND (completed_revision IS NOT NULL "
+                "OR digest_state IN ('deferred', 'undigestible'))",
+                (c.job.session_id,),
+            )
         if after.present:
             self._count_completed(c, "replayed")
         else:
@@ -398,20 +468,38 @@ class Recovery:
             self.counters.present += 1
         self._note(c.job, outcome, c.verdict)
 
-    async def _acknowledged(self, conn: aiosqlite.Connection, c: Checked, now: int, *, replayed: bool) -> None:
+    async def _acknowledged(
+        self, conn: aiosqlite.Connection, c: Checked, now: int, *, replayed: bool
+    ) -> None:
         """Recovery completed a job its summarizer never acknowledged: publish its revision too."""
         self.counters.acknowledged += 1
         await publish_input_revision(conn, c.job.session_id, c.receipt.revision, now)
-        await append_event(conn, kind=EventKind.SUMMARY_COMPLETED, actor=self.actor, session_id=c.job.session_id,
-                           target=c.job.summary_id,
-                           data={"revision": c.receipt.revision, "recovered": True, "replayed": replayed}, now=now)
+        await append_event(
+            conn,
+            kind=EventKind.SUMMARY_COMPLETED,
+            actor=self.actor,
+            session_id=c.job.session_id,
+            target=c.job.summary_id,
+            data={"revision": c.receipt.revision, "recovered": True, "replayed": replayed},
+            now=now,
+        )
         log.info("summary %s completed by recovery (replayed=%s)", c.job.summary_id, replayed)
 
     async def _lost(self, conn: aiosqlite.Connection, job: Job, now: int) -> None:
         """Count a row whose compare-and-swap failed: re-staged meanwhile, or leased by someone."""
-        row = await fetchone(conn, "SELECT result_envelope, result_staged_at, owner_id, lease_expires_at "
-                             "FROM summary_job WHERE session_id = ?", (job.session_id,))
-        if row is not None and row[0] == job.envelope and row[1] == job.staged_at and row[2] and (row[3] or 0) > now:
+        row = await fetchone(
+            conn,
+            "SELECT result_envelope, result_staged_at, owner_id, lease_expires_at "
+            "FROM summary_job WHERE session_id = ?",
+            (job.session_id,),
+        )
+        if (
+            row is not None
+            and row[0] == job.envelope
+            and row[1] == job.staged_at
+            and row[2]
+            and (row[3] or 0) > now
+        ):
             self.counters.skipped_active += 1
             self._note(job, "skipped_active", reason=f"leased by {row[2]}")
         else:
@@ -434,7 +522,9 @@ _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at
 
 def _needs_write(c: Checked) -> bool:
     """A present row needs a write only to acknowledge it or to correct a stale verdict."""
-    return c.job.acknowledged_at is None or c.job.verdict != receipts.PRESENT or c.job.verdict_detail is not None
+    return (
+        c.job.acknowledged_at is None or c.job.verdict != receipts.PRESENT or c.job.verdict_detail is not None
+    )
 
 
 def _evidence(envelope: Any) -> dict[str, Any]:
@@ -448,7 +538,9 @@ def _evidence(envelope: Any) -> dict[str, Any]:
 # -- selections ------------------------------------------------------------------
 
 
-async def pending_batches(db: Database, batch_size: int = BATCH_SIZE, *, now: int | None = None) -> AsyncIterator[list[Job]]:
+async def pending_batches(
+    db: Database, batch_size: int = BATCH_SIZE, *, now: int | None = None
+) -> AsyncIterator[list[Job]]:
     """Staged receipts never acknowledged (a summarizer died), oldest first.
 
     A row that stayed mismatched after a replay waits RETRY_AFTER_MS before
@@ -468,8 +560,11 @@ async def pending_batches(db: Database, batch_size: int = BATCH_SIZE, *, now: in
 
 
 def _backing_off(job: Job, now: int) -> bool:
-    return (job.verdict not in (None, receipts.PRESENT) and job.last_replayed_at is not None
-            and now - job.last_replayed_at < RETRY_AFTER_MS)
+    return (
+        job.verdict not in (None, receipts.PRESENT)
+        and job.last_replayed_at is not None
+        and now - job.last_replayed_at < RETRY_AFTER_MS
+    )
 
 
 async def all_batches(db: Database, batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
@@ -493,8 +588,11 @@ async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
             raise BadInput(f"{summary_id!r} is not a summary id; summary ids look like summary_<session_id>")
         session_ids.append(session_id)
     marks = ",".join("?" * len(session_ids))
-    rows = await db.fetchall(f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "  # noqa: S608
-                             "AND result_staged_at IS NOT NULL", session_ids)
+    rows = await db.fetchall(
+        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "  # noqa: S608
+        "AND result_staged_at IS NOT NULL",
+        session_ids,
+    )
     jobs = {r["session_id"]: Job.from_row(r) for r in rows}
     unknown = [summary_row_id(s) for s in session_ids if s not in jobs]
     if unknown:
@@ -504,15 +602,27 @@ async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
 
 async def in_batches(jobs: list[Job], batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
     for start in range(0, len(jobs), batch_size):
-        yield jobs[start:start + batch_size]
+        yield jobs[start : start + batch_size]
 
 
-async def replay_receipts(db: Database, store: ChromaStore, *, actor: str, summary_ids: Sequence[str] | None = None,
-                          dry_run: bool = False) -> Report:
+async def replay_receipts(
+    db: Database,
+    store: ChromaStore,
+    *,
+    actor: str,
+    summary_ids: Sequence[str] | None = None,
+    dry_run: bool = False,
+) -> Report:
     """Replay the named receipts (or all of them), journaling one `operator.replay` with the last effects."""
     jobs = await named_jobs(db, summary_ids) if summary_ids else None
     batches = in_batches(jobs) if jobs is not None else all_batches(db)
     targets: list[str] | str = list(dict.fromkeys(summary_ids)) if summary_ids else "all"
-    final = None if dry_run else {"kind": EventKind.OPERATOR_REPLAY, "data": {"operator": actor, "targets": targets}}
-    recovery = Recovery(db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final)
+    final = (
+        None
+        if dry_run
+        else {"kind": EventKind.OPERATOR_REPLAY, "data": {"operator": actor, "targets": targets}}
+    )
+    recovery = Recovery(
+        db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final
+    )
     return await recovery.run(batches)

@@ -93,8 +93,12 @@ def _metadata_problem(metadata: Mapping[str, Any]) -> tuple[type[Exception], str
     for key, value in metadata.items():
         # scalars are settled inline: decoding runs this for every receipt of a sweep
         kind = type(value)
-        if kind is str or kind is bool or (kind is int and INT64[0] <= value <= INT64[1]) or (
-                kind is float and math.isfinite(value)):
+        if (
+            kind is str
+            or kind is bool
+            or (kind is int and INT64[0] <= value <= INT64[1])
+            or (kind is float and math.isfinite(value))
+        ):
             continue
         problem = _value_problem(value)
         if problem:
@@ -124,8 +128,9 @@ def _copy(value: Any) -> Any:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
 
 
 def _checksum(document: str, metadata: Mapping[str, Any]) -> str:
@@ -134,10 +139,14 @@ def _checksum(document: str, metadata: Mapping[str, Any]) -> str:
 
 def encode(receipt: Receipt) -> bytes:
     """The v1 envelope bytes of a receipt (deterministic: equal receipts, equal bytes)."""
-    return _canonical({
-        "v": VERSION, "document": receipt.document, "metadata": receipt.metadata,
-        "sha256": _checksum(receipt.document, receipt.metadata),
-    })
+    return _canonical(
+        {
+            "v": VERSION,
+            "document": receipt.document,
+            "metadata": receipt.metadata,
+            "sha256": _checksum(receipt.document, receipt.metadata),
+        }
+    )
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -187,7 +196,9 @@ def decode(blob: Any, encoding: str | None = ENCODING) -> Receipt:
     if type(version) is not int or version != VERSION:
         raise ReceiptCorrupt(f"unknown receipt version {version!r} (this rem reads {VERSION})")
     if parsed.keys() != {"v", "document", "metadata", "sha256"}:
-        raise ReceiptCorrupt(f"receipt envelope has fields {sorted(parsed)}, expected v/document/metadata/sha256")
+        raise ReceiptCorrupt(
+            f"receipt envelope has fields {sorted(parsed)}, expected v/document/metadata/sha256"
+        )
     document, metadata = parsed["document"], parsed["metadata"]
     if not isinstance(document, str) or not isinstance(metadata, dict):
         raise ReceiptCorrupt("receipt envelope document is not text or its metadata is not an object")
@@ -208,7 +219,9 @@ def strict_equal(expected: Any, actual: Any) -> bool:
     if isinstance(expected, list):
         return len(expected) == len(actual) and all(map(strict_equal, expected, actual))
     if isinstance(expected, dict):
-        return expected.keys() == actual.keys() and all(strict_equal(v, actual[k]) for k, v in expected.items())
+        return expected.keys() == actual.keys() and all(
+            strict_equal(v, actual[k]) for k, v in expected.items()
+        )
     return bool(expected == actual)
 
 
@@ -238,9 +251,14 @@ class KeyDifference:
     actual: Any = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "reason": self.reason, "expected": self.expected,
-                "actual": self.actual, "expected_type": _type_name(self.expected),
-                "actual_type": None if self.reason == "missing" else _type_name(self.actual)}
+        return {
+            "key": self.key,
+            "reason": self.reason,
+            "expected": self.expected,
+            "actual": self.actual,
+            "expected_type": _type_name(self.expected),
+            "actual_type": None if self.reason == "missing" else _type_name(self.actual),
+        }
 
 
 @dataclass(frozen=True)
@@ -285,10 +303,17 @@ def _key_difference(key: str, expected: Any, live: Mapping[str, Any]) -> KeyDiff
 def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
     if not isinstance(actual, str):
         return {"expected_chars": len(expected), "actual_chars": None, "first_difference_at": 0}
-    at = next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b),
-              min(len(expected), len(actual)))
-    return {"expected_chars": len(expected), "actual_chars": len(actual), "first_difference_at": at,
-            "expected_excerpt": expected[at:at + 60], "actual_excerpt": actual[at:at + 60]}
+    at = next(
+        (i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b),
+        min(len(expected), len(actual)),
+    )
+    return {
+        "expected_chars": len(expected),
+        "actual_chars": len(actual),
+        "first_difference_at": at,
+        "expected_excerpt": expected[at : at + 60],
+        "actual_excerpt": actual[at : at + 60],
+    }
 
 
 def verify(receipt: Receipt, row: Row | None) -> Verdict:

@@ -83,8 +83,14 @@ CLEAN = "clean"
 class Summarizer(Daemon):
     role = "summarizer"
 
-    def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None,
-                 synthesizer: Synthesizer | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        once: bool = False,
+        owner_id: str | None = None,
+        synthesizer: Synthesizer | None = None,
+    ) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
         self.synthesizer = synthesizer or load_synthesizer()
         self.lease_ms = receipt_replay.summary_lease_ms()
@@ -112,17 +118,30 @@ class Summarizer(Daemon):
         """Replay unacknowledged receipts (and, periodically, verify all of them)."""
         now = clock.now_ms()
         sweep = self._last_sweep is None or now - self._last_sweep >= self.sweep_ms
-        batches = receipt_replay.all_batches(self.db) if sweep else receipt_replay.pending_batches(self.db, now=now)
-        recovery = receipt_replay.Recovery(self.db, self.ctx.store(), actor=self.owner_id, lease_ms=self.lease_ms)
+        batches = (
+            receipt_replay.all_batches(self.db) if sweep else receipt_replay.pending_batches(self.db, now=now)
+        )
+        recovery = receipt_replay.Recovery(
+            self.db, self.ctx.store(), actor=self.owner_id, lease_ms=self.lease_ms
+        )
         report = await recovery.run(batches)
         if sweep:
             self._last_sweep = now
         c = report.counters
         if report.rows_written or c.quarantined or c.unverified:
-            self.log.info("%s recovery (%s): scanned %d present %d replayed %d acknowledged %d "
-                          "quarantined %d unverified %d superseded %d", self.owner_id,
-                          "sweep" if sweep else "pending", c.scanned, c.present, c.replayed,
-                          c.acknowledged, c.quarantined, c.unverified, c.superseded)
+            self.log.info(
+                "%s recovery (%s): scanned %d present %d replayed %d acknowledged %d "
+                "quarantined %d unverified %d superseded %d",
+                self.owner_id,
+                "sweep" if sweep else "pending",
+                c.scanned,
+                c.present,
+                c.replayed,
+                c.acknowledged,
+                c.quarantined,
+                c.unverified,
+                c.superseded,
+            )
         return report.rows_written
 
     # -- drift and synthesis ----------------------------------------------------
@@ -159,23 +178,44 @@ class Summarizer(Daemon):
                 return None
             revision, turns = await raw_revision(conn, session_id)
             if not _needs_synthesis(row, revision, turns):
-                await execute(conn, "UPDATE summary_job SET clean_seq = MAX(clean_seq, ?) WHERE session_id = ?",
-                              (row["dirty_seq"], session_id))
-                self.log.info("%s: summary_%s already at %s, marked clean", self.owner_id, session_id, revision)
+                await execute(
+                    conn,
+                    "UPDATE summary_job SET clean_seq = MAX(clean_seq, ?) WHERE session_id = ?",
+                    (row["dirty_seq"], session_id),
+                )
+                self.log.info(
+                    "%s: summary_%s already at %s, marked clean", self.owner_id, session_id, revision
+                )
                 return CLEAN
-            claimed = list(await conn.execute_fetchall(
-                "UPDATE summary_job SET status = 'in_progress', owner_id = :owner, epoch = epoch + 1, "
-                "lease_expires_at = :until, input_revision = :rev, last_error = NULL, time_updated = :now, "
-                "attempts = CASE WHEN input_revision IS :rev THEN attempts + 1 ELSE 1 END "
-                "WHERE session_id = :sid AND epoch = :epoch RETURNING epoch, attempts",
-                {"owner": self.owner_id, "until": now + self.lease_ms, "rev": revision, "now": now,
-                 "sid": session_id, "epoch": row["epoch"]},
-            ))
+            claimed = list(
+                await conn.execute_fetchall(
+                    "UPDATE summary_job SET status = 'in_progress', owner_id = :owner, epoch = epoch + 1, "
+                    "lease_expires_at = :until, input_revision = :rev, last_error = NULL, time_updated = :now, "
+                    "attempts = CASE WHEN input_revision IS :rev THEN attempts + 1 ELSE 1 END "
+                    "WHERE session_id = :sid AND epoch = :epoch RETURNING epoch, attempts",
+                    {
+                        "owner": self.owner_id,
+                        "until": now + self.lease_ms,
+                        "rev": revision,
+                        "now": now,
+                        "sid": session_id,
+                        "epoch": row["epoch"],
+                    },
+                )
+            )
             epoch, attempts = int(claimed[0][0]), int(claimed[0][1])
-            await append_event(conn, kind=EventKind.SUMMARY_CLAIMED, actor=self.owner_id, session_id=session_id,
-                               target=summary_row_id(session_id),
-                               data={"epoch": epoch, "revision": revision, "turns": len(turns)}, now=now)
-        self.log.info("%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns))
+            await append_event(
+                conn,
+                kind=EventKind.SUMMARY_CLAIMED,
+                actor=self.owner_id,
+                session_id=session_id,
+                target=summary_row_id(session_id),
+                data={"epoch": epoch, "revision": revision, "turns": len(turns)},
+                now=now,
+            )
+        self.log.info(
+            "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns)
+        )
         return Claim(session_id, epoch, revision, turns, int(row["dirty_seq"]), attempts, now + self.lease_ms)
 
     async def _synthesize_and_write(self, claim: Claim) -> None:
@@ -208,9 +248,13 @@ class Summarizer(Daemon):
 
     def _metadata(self, claim: Claim, synthesis: Synthesis) -> dict[str, Any]:
         metadata: dict[str, Any] = {
-            "sessionId": claim.session_id, "memoryCount": len(claim.turns), "timestamp": clock.now_ms(),
-            "title": synthesis.title, "category": synthesis.category,
-            "dreamInputRevision": claim.revision, "summarizer": self.synthesizer.name,
+            "sessionId": claim.session_id,
+            "memoryCount": len(claim.turns),
+            "timestamp": clock.now_ms(),
+            "title": synthesis.title,
+            "category": synthesis.category,
+            "dreamInputRevision": claim.revision,
+            "summarizer": self.synthesizer.name,
         }
         if synthesis.keywords:  # Chroma refuses empty lists
             metadata["keywords"] = list(synthesis.keywords)
@@ -233,11 +277,18 @@ class Summarizer(Daemon):
                 self._fence(claim, env=envelope, enc=receipts.ENCODING, now=now),
             )
             if not changed:
-                raise LeaseLost(f"{claim.summary_id}: lease epoch {claim.epoch} is no longer ours; staged nothing")
-            await append_event(conn, kind=EventKind.SUMMARY_STAGED, actor=self.owner_id, session_id=claim.session_id,
-                               target=claim.summary_id,
-                               data={"epoch": claim.epoch, "revision": claim.revision, "bytes": len(envelope)},
-                               now=now)
+                raise LeaseLost(
+                    f"{claim.summary_id}: lease epoch {claim.epoch} is no longer ours; staged nothing"
+                )
+            await append_event(
+                conn,
+                kind=EventKind.SUMMARY_STAGED,
+                actor=self.owner_id,
+                session_id=claim.session_id,
+                target=claim.summary_id,
+                data={"epoch": claim.epoch, "revision": claim.revision, "bytes": len(envelope)},
+                now=now,
+            )
 
     async def _acknowledge(self, claim: Claim, receipt: receipts.Receipt) -> None:
         """Complete the job and publish the revision for Dream, in one transaction."""
@@ -252,12 +303,20 @@ class Summarizer(Daemon):
                 self._fence(claim, now=now, rev=receipt.revision, dirty=claim.dirty_seq),
             )
             if not changed:
-                raise LeaseLost(f"{claim.summary_id}: lease epoch {claim.epoch} lost before acknowledge; "
-                                "published nothing (recovery completes the staged receipt)")
+                raise LeaseLost(
+                    f"{claim.summary_id}: lease epoch {claim.epoch} lost before acknowledge; "
+                    "published nothing (recovery completes the staged receipt)"
+                )
             await publish_input_revision(conn, claim.session_id, receipt.revision, now)
-            await append_event(conn, kind=EventKind.SUMMARY_COMPLETED, actor=self.owner_id,
-                               session_id=claim.session_id, target=claim.summary_id,
-                               data={"epoch": claim.epoch, "revision": receipt.revision}, now=now)
+            await append_event(
+                conn,
+                kind=EventKind.SUMMARY_COMPLETED,
+                actor=self.owner_id,
+                session_id=claim.session_id,
+                target=claim.summary_id,
+                data={"epoch": claim.epoch, "revision": receipt.revision},
+                now=now,
+            )
         self.log.info("%s completed %s at %s", self.owner_id, claim.summary_id, receipt.revision)
 
     async def _release(self, claim: Claim, reason: str, verdict: receipts.Verdict | None = None) -> None:
@@ -269,15 +328,30 @@ class Summarizer(Daemon):
                 conn,
                 "UPDATE summary_job SET status = 'pending', owner_id = NULL, lease_expires_at = NULL, "
                 "last_error = :reason, time_updated = :now"
-                + (", verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now " if verdict else " ")
+                + (
+                    ", verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+                    if verdict
+                    else " "
+                )
                 + FENCE,
-                self._fence(claim, now=now, reason=reason, verdict=verdict.verdict if verdict else None,
-                            detail=json.dumps(detail) if detail else None),
+                self._fence(
+                    claim,
+                    now=now,
+                    reason=reason,
+                    verdict=verdict.verdict if verdict else None,
+                    detail=json.dumps(detail) if detail else None,
+                ),
             )
             if changed:
-                await append_event(conn, kind=EventKind.SUMMARY_RELEASED, actor=self.owner_id,
-                                   session_id=claim.session_id, target=claim.summary_id,
-                                   data={"epoch": claim.epoch, "reason": reason}, now=now)
+                await append_event(
+                    conn,
+                    kind=EventKind.SUMMARY_RELEASED,
+                    actor=self.owner_id,
+                    session_id=claim.session_id,
+                    target=claim.summary_id,
+                    data={"epoch": claim.epoch, "reason": reason},
+                    now=now,
+                )
         self.log.warning("%s released %s: %s", self.owner_id, claim.summary_id, reason)
 
     async def _fail(self, claim: Claim, exc: Exception) -> None:
@@ -292,16 +366,34 @@ class Summarizer(Daemon):
                 "UPDATE summary_job SET status = :status, owner_id = NULL, last_error = :error, time_updated = :now, "
                 "lease_expires_at = :retry, clean_seq = CASE WHEN :final THEN MAX(clean_seq, :dirty) "
                 "ELSE clean_seq END " + FENCE,
-                self._fence(claim, status="failed" if final else "pending", error=error, now=now, final=final,
-                            retry=None if final else now + RETRY_BASE_MS * 2 ** (claim.attempts - 1),
-                            dirty=claim.dirty_seq),
+                self._fence(
+                    claim,
+                    status="failed" if final else "pending",
+                    error=error,
+                    now=now,
+                    final=final,
+                    retry=None if final else now + RETRY_BASE_MS * 2 ** (claim.attempts - 1),
+                    dirty=claim.dirty_seq,
+                ),
             )
             if changed:
-                await append_event(conn, kind=EventKind.SUMMARY_FAILED, actor=self.owner_id,
-                                   session_id=claim.session_id, target=claim.summary_id,
-                                   data={"error": error, "attempts": claim.attempts, "parked": final}, now=now)
-        self.log.warning("%s synthesis of %s failed (attempt %d%s): %s", self.owner_id, claim.summary_id,
-                         claim.attempts, ", parked" if final else "", error)
+                await append_event(
+                    conn,
+                    kind=EventKind.SUMMARY_FAILED,
+                    actor=self.owner_id,
+                    session_id=claim.session_id,
+                    target=claim.summary_id,
+                    data={"error": error, "attempts": claim.attempts, "parked": final},
+                    now=now,
+                )
+        self.log.warning(
+            "%s synthesis of %s failed (attempt %d%s): %s",
+            self.owner_id,
+            claim.summary_id,
+            claim.attempts,
+            ", parked" if final else "",
+            error,
+        )
 
     # -- lease upkeep ------------------------------------------------------------
 
@@ -312,8 +404,11 @@ class Summarizer(Daemon):
         if claim is None or claim.expires_at - now > self.lease_ms // 2:
             return
         async with self.db.tx() as conn:
-            changed = await execute(conn, "UPDATE summary_job SET lease_expires_at = :until " + FENCE,
-                                    self._fence(claim, until=now + self.lease_ms))
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET lease_expires_at = :until " + FENCE,
+                self._fence(claim, until=now + self.lease_ms),
+            )
         if changed:
             claim.expires_at = now + self.lease_ms
 

@@ -22,7 +22,8 @@ Turn = Mapping[str, Any]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[^\W\d_][\w'-]*", re.UNICODE)
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are as at be because been before being
 below between both but by can could did do does doing down during each few for from further had has
 have having he her here hers herself him himself his how i if in into is it its itself just let me
@@ -31,22 +32,33 @@ she should so some such than that the their theirs them themselves then there th
 through to too under until up very was we were what when where which while who whom why will with
 would you your yours yourself yourselves ok okay yes please thanks thank sure like get got one two
 use using want need make made see say said well still even much many may might must shall
-""".split())
+""".split()
+)
 
 # category -> words that vote for it; the category with most votes wins
 CATEGORIES: dict[str, frozenset[str]] = {
-    "code": frozenset("""code python function error bug test tests stack traceback compile api sql
+    "code": frozenset(
+        """code python function error bug test tests stack traceback compile api sql
         database query class method exception import module script debug refactor type types
-        variable commit branch merge build""".split()),
-    "operations": frozenset("""deploy deployment server incident outage latency restart kubernetes
+        variable commit branch merge build""".split()
+    ),
+    "operations": frozenset(
+        """deploy deployment server incident outage latency restart kubernetes
         disk memory cpu alert alerts pager rollback backup cluster node nodes service logs
-        monitoring uptime load""".split()),
-    "planning": frozenset("""plan plans schedule roadmap deadline meeting milestone milestones
-        priority priorities timeline goal goals week weeks quarter sprint task tasks""".split()),
-    "writing": frozenset("""write draft essay email letter edit rewrite paragraph story article
-        blog tone wording outline""".split()),
-    "research": frozenset("""research paper papers study data analysis compare evidence source
-        sources experiment results hypothesis""".split()),
+        monitoring uptime load""".split()
+    ),
+    "planning": frozenset(
+        """plan plans schedule roadmap deadline meeting milestone milestones
+        priority priorities timeline goal goals week weeks quarter sprint task tasks""".split()
+    ),
+    "writing": frozenset(
+        """write draft essay email letter edit rewrite paragraph story article
+        blog tone wording outline""".split()
+    ),
+    "research": frozenset(
+        """research paper papers study data analysis compare evidence source
+        sources experiment results hypothesis""".split()
+    ),
 }
 
 
@@ -116,8 +128,9 @@ class ExtractiveSynthesizer:
         lines = [f"{role}: {_shorten(text, 400)}" for role, text in chosen]
         header = f"{title} ({len(turns)} turns)"
         document = "\n".join([header, *lines]) if lines else header
-        return Synthesis(document=document, title=title, category=self._category(freq, sentences),
-                         keywords=keywords)
+        return Synthesis(
+            document=document, title=title, category=self._category(freq, sentences), keywords=keywords
+        )
 
     def _top_sentences(self, sentences: list[tuple[str, str]], freq: Counter[str]) -> list[tuple[str, str]]:
         def score(item: tuple[int, tuple[str, str]]) -> tuple[float, int]:

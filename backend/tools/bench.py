@@ -31,58 +31,100 @@ class Bench:
 
 
 def _turns(r: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("turns/s (instant agent)", f"{r['turns_per_s']:,.0f}"),
-            ("turn-path write tx/s vs bare BEGIN;INSERT;COMMIT (median round)",
-             f"{r['turn_path_tx_per_s']:,.0f} vs {r['bare_tx_per_s']:,.0f} (ratio {r['ratio']}; "
-             f"{r.get('rounds', 1)} rounds {r.get('ratio_min', r['ratio'])}-{r.get('ratio_max', r['ratio'])})")]
+    return [
+        ("turns/s (instant agent)", f"{r['turns_per_s']:,.0f}"),
+        (
+            "turn-path write tx/s vs bare BEGIN;INSERT;COMMIT (median round)",
+            f"{r['turn_path_tx_per_s']:,.0f} vs {r['bare_tx_per_s']:,.0f} (ratio {r['ratio']}; "
+            f"{r.get('rounds', 1)} rounds {r.get('ratio_min', r['ratio'])}-{r.get('ratio_max', r['ratio'])})",
+        ),
+    ]
 
 
 def _receipts(r: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(f"receipts verified/s vs raw batched get ({r['receipts']:,} receipts)",
-             f"{r['verified_receipts_per_s']:,} vs {r['raw_get_rows_per_s']:,} rows/s (ratio {r['ratio']})")]
+    return [
+        (
+            f"receipts verified/s vs raw batched get ({r['receipts']:,} receipts)",
+            f"{r['verified_receipts_per_s']:,} vs {r['raw_get_rows_per_s']:,} rows/s (ratio {r['ratio']})",
+        )
+    ]
 
 
 def _dream(r: dict[str, Any]) -> list[tuple[str, str]]:
     sel, dig = r["selection"], r["digest_with_chroma"]
-    return [(f"Dream selection ({sel['sessions']:,} sessions, {sel['pending']:,} pending)",
-             f"median {sel['select_ms_median']} ms, p99 {sel['select_ms_p99']} ms"),
-            ("Dream sessions digested/s (with Chroma overlay)", f"{dig['sessions_per_s']}")]
+    return [
+        (
+            f"Dream selection ({sel['sessions']:,} sessions, {sel['pending']:,} pending)",
+            f"median {sel['select_ms_median']} ms, p99 {sel['select_ms_p99']} ms",
+        ),
+        ("Dream sessions digested/s (with Chroma overlay)", f"{dig['sessions_per_s']}"),
+    ]
 
 
 def _status(r: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(f"status() at {r['sessions']:,} sessions / {r['leases']:,} leases",
-             f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms")]
+    return [
+        (
+            f"status() at {r['sessions']:,} sessions / {r['leases']:,} leases",
+            f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms",
+        )
+    ]
 
 
 def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
     lat = r["latency_ms"]
-    return [(f"console: commit by another process -> on screen ({r['commits']} commits)",
-             f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms")]
+    return [
+        (
+            f"console: commit by another process -> on screen ({r['commits']} commits)",
+            f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms",
+        )
+    ]
 
 
 def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
     start = max(s["start_s"] for s in r["start"])
     sessions = f"{r['sessions']:,}" if isinstance(r.get("sessions"), int) else "?"
-    return [(f"console start ({sessions} sessions)", f"{start:.2f} s"),
-            (f"console under writes every {r['writes_every_ms']:g} ms ({r['soak_s']} s, a key/s)",
-             f"longest UI callback {r['callback_cpu_ms']['max']} ms CPU "
-             + (f"({r['refresh_only']['callback_cpu_ms']['max']} ms with refreshes alone), "
-                if r.get("refresh_only") else ", ")
-             + f"RSS max {r['rss_mb']['max']} MB")]
+    return [
+        (f"console start ({sessions} sessions)", f"{start:.2f} s"),
+        (
+            f"console under writes every {r['writes_every_ms']:g} ms ({r['soak_s']} s, a key/s)",
+            f"longest UI callback {r['callback_cpu_ms']['max']} ms CPU "
+            + (
+                f"({r['refresh_only']['callback_cpu_ms']['max']} ms with refreshes alone), "
+                if r.get("refresh_only")
+                else ", "
+            )
+            + f"RSS max {r['rss_mb']['max']} MB",
+        ),
+    ]
 
 
 BENCHES = {
-    "turns": Bench("turns", "turns.py", (), ("--turns", "400", "--sessions", "20", "--bare", "2000",
-                                                  "--rounds", "3"),
-                   _turns),
-    "receipts": Bench("receipts", "receipts.py", ("--json",),
-                      ("--json", "--receipts", "2000", "--rounds", "3"), _receipts),
-    "dream": Bench("dream", "dream.py", ("--json",),
-                   ("--json", "--sessions", "10000", "--pending", "500", "--digest", "50"), _dream),
+    "turns": Bench(
+        "turns",
+        "turns.py",
+        (),
+        ("--turns", "400", "--sessions", "20", "--bare", "2000", "--rounds", "3"),
+        _turns,
+    ),
+    "receipts": Bench(
+        "receipts", "receipts.py", ("--json",), ("--json", "--receipts", "2000", "--rounds", "3"), _receipts
+    ),
+    "dream": Bench(
+        "dream",
+        "dream.py",
+        ("--json",),
+        ("--json", "--sessions", "10000", "--pending", "500", "--digest", "50"),
+        _dream,
+    ),
     "status": Bench("status", "status.py", (), ("--quick",), _status),
     "console": Bench("console", "console_freshness.py", (), ("--commits", "30"), _console_freshness),
-    "console-scale": Bench("console-scale", "console_scale.py", ("--soak-s", "120"),
-                           ("--sessions", "20000", "--soak-s", "15", "--quiet-s", "10"), _console_scale),
+    "console-scale": Bench(
+        "console-scale",
+        "console_scale.py",
+        ("--soak-s", "120"),
+        ("--sessions", "20000", "--soak-s", "15", "--quiet-s", "10"),
+        _console_scale,
+    ),
 }
 
 
@@ -92,18 +134,29 @@ def run_one(bench: Bench, quick: bool, timeout_s: float = 1800) -> dict[str, Any
         raise UsageError(f"{script} not found: `rem bench` runs from a source checkout (pip install -e .)")
     args = bench.quick if quick else bench.full
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=BENCH_DIR.parent, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=BENCH_DIR.parent,
+        check=False,
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RemError(f"benchmark {bench.name} failed (exit {proc.returncode}): {tail}")
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
-    return {"name": bench.name, "seconds": round(time.monotonic() - started, 1), "result": result,
-            "headline": [{"what": w, "figure": f} for w, f in bench.headline(result)]}
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])
+    return {
+        "name": bench.name,
+        "seconds": round(time.monotonic() - started, 1),
+        "result": result,
+        "headline": [{"what": w, "figure": f} for w, f in bench.headline(result)],
+    }
 
 
-def run(names: list[str] | None, quick: bool,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    names: list[str] | None, quick: bool, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Run the named benchmarks (default: all) and return their results and headlines."""
     chosen = names or list(BENCHES)
     unknown = [n for n in chosen if n not in BENCHES]

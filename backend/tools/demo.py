@@ -51,8 +51,9 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
         return Path(tempfile.mkdtemp(prefix="rem-demo-")), True
     root = Path(data).expanduser().absolute()
     if root.exists() and any(root.iterdir()):
-        raise UsageError(f"{root} is not empty; `rem demo` wants a fresh data dir "
-                         "(omit --data for a temporary one)")
+        raise UsageError(
+            f"{root} is not empty; `rem demo` wants a fresh data dir (omit --data for a temporary one)"
+        )
     root.mkdir(parents=True, exist_ok=True)
     return root, False
 
@@ -63,14 +64,28 @@ def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[byt
     # --no-reap: a daemon killed during the demo leaves its lease counting down in the
     # console (dead-worker marker, then expired in red) until it expires or the
     # operator releases it with `l`; the supervisor still restarts the daemon.
-    command = [sys.executable, "-m", "backend.cli.app", "up", "--load", "--no-reap",
-               "--data", str(root), *(extra or [])]
+    command = [
+        sys.executable,
+        "-m",
+        "backend.cli.app",
+        "up",
+        "--load",
+        "--no-reap",
+        "--data",
+        str(root),
+        *(extra or []),
+    ]
     with open(root / "logs" / "up.log", "ab") as out:
         # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
         # gets SIGTERM and drains instead of running on as an orphan.
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=die_with_parent_preexec)
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent_preexec,
+        )
 
 
 def running_workers(root: Path) -> int:
@@ -95,8 +110,9 @@ def log_tail(root: Path, lines: int = 5) -> str:
     return "(no log)"
 
 
-def wait_ready(root: Path, proc: subprocess.Popen[bytes], timeout_s: float = READY_TIMEOUT_S,
-               settle_s: float = 15.0) -> int:
+def wait_ready(
+    root: Path, proc: subprocess.Popen[bytes], timeout_s: float = READY_TIMEOUT_S, settle_s: float = 15.0
+) -> int:
     """Block until `rem up` is up (Chroma started, daemons spawned), then briefly for daemons.
 
     Fails fast, quoting its log, if `rem up` exits. Returns how many daemons
@@ -154,24 +170,33 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
 
 
 def _interrupted(signum: int, _frame: Any) -> None:
-    raise DemoInterrupted(f"{signal.Signals(signum).name} before the console opened; "
-                          "everything the demo started was stopped")
+    raise DemoInterrupted(
+        f"{signal.Signals(signum).name} before the console opened; everything the demo started was stopped"
+    )
 
 
-
-def run_demo(data: str | os.PathLike[str] | None = None, *, keep: bool = False,
-             console: ConsoleRunner, up_args: list[str] | None = None) -> int:
+def run_demo(
+    data: str | os.PathLike[str] | None = None,
+    *,
+    keep: bool = False,
+    console: ConsoleRunner,
+    up_args: list[str] | None = None,
+) -> int:
     """The whole demo; returns the exit code. Everything started here is stopped here."""
     root, created = fresh_data_dir(data)
     note(f"rem demo: data dir {root}")
-    note("rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
-         f"daemon, synthetic sessions); log in {root}/logs/up.log")
+    note(
+        "rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
+        f"daemon, synthetic sessions); log in {root}/logs/up.log"
+    )
     previous = set_signal_handlers(_interrupted)
     proc = start_up(root, up_args)
     try:
         count = wait_ready(root, proc)
-        note(f"rem demo: up, {count} daemon(s) registered so far; opening the console "
-             "(q quits, ? lists every key)")
+        note(
+            f"rem demo: up, {count} daemon(s) registered so far; opening the console "
+            "(q quits, ? lists every key)"
+        )
         console(DataDir(root))
     finally:
         # the clean-up is bounded (stop() SIGKILLs after STOP_TIMEOUT_S): a second

@@ -66,8 +66,9 @@ class DrillConfig:
         if self.role == "all":
             return [roles[i % len(roles)] for i in range(self.rounds)]
         if self.role not in (*ROLES, ZOMBIE):
-            raise UsageError(f"unknown drill role {self.role!r}; use one of "
-                             f"{', '.join((*ROLES, ZOMBIE))} or all")
+            raise UsageError(
+                f"unknown drill role {self.role!r}; use one of {', '.join((*ROLES, ZOMBIE))} or all"
+            )
         return [self.role] * self.rounds
 
 
@@ -102,8 +103,9 @@ class DrillResult:
 class Drill:
     """One drill run: a supervised system under load, and a sequence of SIGKILLs."""
 
-    def __init__(self, ctx: Context, config: DrillConfig,
-                 on_round: Callable[[Round], None] | None = None) -> None:
+    def __init__(
+        self, ctx: Context, config: DrillConfig, on_round: Callable[[Round], None] | None = None
+    ) -> None:
         self.ctx = ctx
         self.config = config
         self.rng = random.Random(config.seed)
@@ -114,24 +116,38 @@ class Drill:
     # -- the system under test -------------------------------------------
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
-            "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
-            "REM_DREAM_LEASE_MS": str(self.config.lease_ms),
-            "REM_AGENT_DELAY_MS": str(self.config.agent_delay_ms),
-        })
+        env.update(
+            {
+                "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
+                "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
+                "REM_DREAM_LEASE_MS": str(self.config.lease_ms),
+                "REM_AGENT_DELAY_MS": str(self.config.agent_delay_ms),
+            }
+        )
         return env
 
     def start_system(self) -> None:
-        cmd = [sys.executable, "-m", "backend.cli.app", "up", "--data", str(self.ctx.data.root),
-               "--executors", str(self.config.executors), "--load",
-               "--load-rate", str(self.config.load_rate),
-               "--load-sessions", str(self.config.load_sessions)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "backend.cli.app",
+            "up",
+            "--data",
+            str(self.ctx.data.root),
+            "--executors",
+            str(self.config.executors),
+            "--load",
+            "--load-rate",
+            str(self.config.load_rate),
+            "--load-sessions",
+            str(self.config.load_sessions),
+        ]
         log_path = self.ctx.data.logs / "drill-up.log"
         self.ctx.data.ensure()
         with open(log_path, "ab") as out:
-            self.up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
-                                       start_new_session=True)
+            self.up = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True
+            )
 
     def manifest(self) -> dict[str, Any] | None:
         from backend.tools.supervisor import read_manifest
@@ -152,8 +168,9 @@ class Drill:
     async def wait_ready(self) -> None:
         def ready() -> bool:
             manifest = self.manifest()
-            return bool(manifest and manifest["chroma"]["url"]
-                        and all(c["pid"] for c in manifest["children"]))
+            return bool(
+                manifest and manifest["chroma"]["url"] and all(c["pid"] for c in manifest["children"])
+            )
 
         await self.wait_for(ready, 90, "rem up to start every process")
 
@@ -174,8 +191,9 @@ class Drill:
         if role == "chroma":
             pid = (manifest.get("chroma") or {}).get("pid")
             return ("chroma", pid) if pid else None
-        live = sorted((c["name"], c["pid"]) for c in manifest.get("children", [])
-                      if c["role"] == role and c["pid"])
+        live = sorted(
+            (c["name"], c["pid"]) for c in manifest.get("children", []) if c["role"] == role and c["pid"]
+        )
         return self.rng.choice(live) if live else None
 
     def _pid_of(self, name: str) -> int | None:
@@ -184,8 +202,9 @@ class Drill:
             return (manifest.get("chroma") or {}).get("pid")
         return next((c["pid"] for c in manifest.get("children", []) if c["name"] == name), None)
 
-    async def _busy_victim(self, role: str, patience_s: float = 5.0
-                           ) -> tuple[str, int, str | None, list[dict[str, Any]]] | None:
+    async def _busy_victim(
+        self, role: str, patience_s: float = 5.0
+    ) -> tuple[str, int, str | None, list[dict[str, Any]]] | None:
         """A victim, preferably caught holding a lease (mid-turn is where crashes hurt)."""
         deadline = time.monotonic() + patience_s
         while True:
@@ -201,8 +220,9 @@ class Drill:
 
     async def _owner_of(self, pid: int) -> str | None:
         db = await self.ctx.db()
-        return await db.scalar("SELECT owner_id FROM worker WHERE pid = ? ORDER BY started_at DESC "
-                               "LIMIT 1", (pid,))
+        return await db.scalar(
+            "SELECT owner_id FROM worker WHERE pid = ? ORDER BY started_at DESC LIMIT 1", (pid,)
+        )
 
     async def _leases_of(self, owner: str | None) -> list[dict[str, Any]]:
         if owner is None:
@@ -237,18 +257,19 @@ class Drill:
                     await self._zombie_wakes(pid, owner)
         return rnd
 
-    async def _recover_from_zombie(self, pid: int, owner: str | None,
-                                   held: list[dict[str, Any]]) -> str:
+    async def _recover_from_zombie(self, pid: int, owner: str | None, held: list[dict[str, Any]]) -> str:
         """The paused executor's leases expire and are taken over while it sleeps."""
         held_ids = {lease["id"] for lease in held if lease["kind"] == "execution"}
 
         async def taken_over() -> bool:
             snap = await ops.status(self.ctx)
-            return not any(lease["id"] in held_ids and lease["owner_id"] == owner
-                           for lease in snap["leases"])
+            return not any(lease["id"] in held_ids and lease["owner_id"] == owner for lease in snap["leases"])
 
-        await self.wait_for(taken_over, self.config.recover_timeout_s + self.config.lease_ms / 1000,
-                            f"the leases of paused {owner} to be taken over")
+        await self.wait_for(
+            taken_over,
+            self.config.recover_timeout_s + self.config.lease_ms / 1000,
+            f"the leases of paused {owner} to be taken over",
+        )
         return f"paused; {len(held_ids)} lease(s) taken over, then SIGCONT (late writes must be fenced)"
 
     async def _zombie_wakes(self, pid: int, owner: str | None) -> None:
@@ -257,14 +278,18 @@ class Drill:
         db = await self.ctx.db()
 
         async def noticed() -> bool:
-            return bool(await db.scalar(
-                "SELECT 1 FROM event WHERE kind = 'execution.lease_lost' AND actor = ?", (owner,)))
+            return bool(
+                await db.scalar(
+                    "SELECT 1 FROM event WHERE kind = 'execution.lease_lost' AND actor = ?", (owner,)
+                )
+            )
 
         with contextlib.suppress(TimeoutError):
             await self.wait_for(noticed, 3.0, f"{owner} to notice its lost lease")
 
-    async def _recover(self, name: str, pid: int, owner: str | None, held: list[dict[str, Any]],
-                       rnd: Round) -> str:
+    async def _recover(
+        self, name: str, pid: int, owner: str | None, held: list[dict[str, Any]], rnd: Round
+    ) -> str:
         """Wait until the victim is replaced and every lease it held is taken over."""
         timeout = self.config.recover_timeout_s
 
@@ -286,11 +311,13 @@ class Drill:
         async def taken_over() -> bool:
             return not await self._leases_of(owner)
 
-        await self.wait_for(taken_over, timeout + self.config.lease_ms / 1000,
-                            f"the leases of {owner} to be taken over")
+        await self.wait_for(
+            taken_over, timeout + self.config.lease_ms / 1000, f"the leases of {owner} to be taken over"
+        )
         kinds = sorted({lease["kind"] for lease in held})
-        return (f"{name} restarted; {len(held)} lease(s) taken over"
-                + (f" ({', '.join(kinds)})" if kinds else ""))
+        return f"{name} restarted; {len(held)} lease(s) taken over" + (
+            f" ({', '.join(kinds)})" if kinds else ""
+        )
 
     # -- the whole drill --------------------------------------------------------
     async def settle(self) -> float:
@@ -337,8 +364,9 @@ def private_data_dir() -> DataDir:
     return DataDir(Path(tempfile.mkdtemp(prefix="rem-drill-")) / "data")
 
 
-async def run_drill(ctx: Context, config: DrillConfig,
-                    on_round: Callable[[Round], None] | None = None) -> dict[str, Any]:
+async def run_drill(
+    ctx: Context, config: DrillConfig, on_round: Callable[[Round], None] | None = None
+) -> dict[str, Any]:
     """Run the drill and return its JSON-able report."""
     config.victims()  # validate the role before starting anything
     result = await Drill(ctx, config, on_round).run()

@@ -56,8 +56,9 @@ class LoadGenerator:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         names = sorted(TOPICS)
-        self.session_ids = [f"demo-{names[i % len(names)]}-{i // len(names) + 1}"
-                            for i in range(self.sessions)]
+        self.session_ids = [
+            f"demo-{names[i % len(names)]}-{i // len(names) + 1}" for i in range(self.sessions)
+        ]
         self.sent = 0
 
     def next_input(self) -> tuple[str, str, str]:

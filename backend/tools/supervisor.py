@@ -95,9 +95,11 @@ class Supervisor:
         self.config = config or UpConfig()
         self.children = [
             Child(role, i)
-            for role, count in (("executor", self.config.executors),
-                                ("summarizer", self.config.summarizers),
-                                ("dream", self.config.dreams))
+            for role, count in (
+                ("executor", self.config.executors),
+                ("summarizer", self.config.summarizers),
+                ("dream", self.config.dreams),
+            )
             for i in range(1, count + 1)
         ]
         self.chroma: ChromaServer | None = None
@@ -155,8 +157,12 @@ class Supervisor:
             return
         # blocking on purpose, in the main thread: PDEATHSIG binds to the spawning thread
         self.chroma = chroma_server.resolve(self.ctx.data, start=True)
-        log.info("chroma at %s (pid %s, started here: %s)", self.chroma.url, self.chroma.pid,
-                 self.chroma.started_here)
+        log.info(
+            "chroma at %s (pid %s, started here: %s)",
+            self.chroma.url,
+            self.chroma.pid,
+            self.chroma.started_here,
+        )
 
     def _chroma_dead(self) -> bool:
         server = self.chroma
@@ -172,20 +178,33 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------
     def _command(self, child: Child) -> list[str]:
-        cmd = [sys.executable, "-m", "backend.cli.app", "daemon", "--role", child.role,
-               "--data", str(self.ctx.data.root)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "backend.cli.app",
+            "daemon",
+            "--role",
+            child.role,
+            "--data",
+            str(self.ctx.data.root),
+        ]
         if self.chroma is not None and self.chroma.external:
             cmd += ["--chroma-url", self.chroma.url]
         return cmd
 
     def _start(self, child: Child) -> None:
-        env = dict(os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG=os.environ.get("REM_LOG", "1"),
-                   **self.config.env)
+        env = dict(
+            os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG=os.environ.get("REM_LOG", "1"), **self.config.env
+        )
         log_path = self.ctx.data.logs / f"{child.name}.log"
         with open(log_path, "ab") as out:
             child.proc = subprocess.Popen(
-                self._command(child), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent_preexec,
+                self._command(child),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=die_with_parent_preexec,
             )
         child.started_at = time.monotonic()
         log.info("started %s pid %s", child.name, child.proc.pid)
@@ -261,11 +280,14 @@ class Supervisor:
         return {
             "pid": os.getpid(),
             "reap": self.config.reap,
-            "chroma": {"url": self.chroma.url if self.chroma else None,
-                       "pid": self.chroma.pid if self.chroma else None,
-                       "external": bool(self.chroma and self.chroma.external)},
-            "children": [{"name": c.name, "role": c.role, "pid": c.pid, "restarts": c.restarts}
-                         for c in self.children],
+            "chroma": {
+                "url": self.chroma.url if self.chroma else None,
+                "pid": self.chroma.pid if self.chroma else None,
+                "external": bool(self.chroma and self.chroma.external),
+            },
+            "children": [
+                {"name": c.name, "role": c.role, "pid": c.pid, "restarts": c.restarts} for c in self.children
+            ],
         }
 
     def _write_manifest(self) -> None:
@@ -276,14 +298,14 @@ class Supervisor:
     async def _run_load(self) -> None:
         from backend.tools.load import LoadGenerator
 
-        generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions,
-                                  rate=self.config.load_rate)
+        generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions, rate=self.config.load_rate)
         stop = asyncio.Event()
 
         async def either() -> None:
-            await asyncio.wait([asyncio.create_task(self.stopping.wait()),
-                                asyncio.create_task(self.load_stop.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [asyncio.create_task(self.stopping.wait()), asyncio.create_task(self.load_stop.wait())],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             stop.set()
 
         watcher = asyncio.create_task(either())

@@ -27,7 +27,11 @@ def test_the_reply_is_derived_from_the_prompt_and_deterministic() -> None:
 
 
 def test_key_terms_skip_stopwords_and_rank_by_frequency() -> None:
-    assert key_terms("the ledger and the ledger export for the export team ledger") == ["ledger", "export", "team"]
+    assert key_terms("the ledger and the ledger export for the export team ledger") == [
+        "ledger",
+        "export",
+        "team",
+    ]
 
 
 async def test_parts_are_streamed_with_the_configured_pause() -> None:

@@ -16,23 +16,37 @@ async def _exec(ctx: Context, *statements: tuple[str, tuple]) -> None:  # type: 
 
 
 def _msg(mid: str, seq: int, kind: str, data: dict) -> tuple[str, tuple]:  # type: ignore[type-arg]
-    return ("INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
-            "VALUES (?, 's1', ?, ?, ?, ?, ?)", (mid, kind, seq, seq, seq, json.dumps(data)))
+    return (
+        "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+        "VALUES (?, 's1', ?, ?, ?, ?, ?)",
+        (mid, kind, seq, seq, seq, json.dumps(data)),
+    )
 
 
 def _input(iid: str, admitted: int, promoted: int | None, wake: int = 0) -> tuple[str, tuple]:  # type: ignore[type-arg]
-    return ("INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, promoted_seq, "
-            "wake_pending, time_created) VALUES (?, 's1', '{}', 'queue', ?, ?, ?, 1)",
-            (iid, admitted, promoted, wake))
+    return (
+        "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, promoted_seq, "
+        "wake_pending, time_created) VALUES (?, 's1', '{}', 'queue', ?, ?, ?, 1)",
+        (iid, admitted, promoted, wake),
+    )
 
 
 SESSION = ("INSERT INTO session (id, last_seq, time_created, time_updated) VALUES ('s1', 10, 1, 1)", ())
 
 
 async def _clean_turn(ctx: Context) -> None:
-    await _exec(ctx, SESSION, _input("u1", 1, 2), _msg("u1", 2, "user", {"text": "hi"}),
-                _msg("a1", 3, "assistant", {"text": "hello", "status": "completed", "execution_id": "e1",
-                                            "step": 1, "answers": ["u1"]}))
+    await _exec(
+        ctx,
+        SESSION,
+        _input("u1", 1, 2),
+        _msg("u1", 2, "user", {"text": "hi"}),
+        _msg(
+            "a1",
+            3,
+            "assistant",
+            {"text": "hello", "status": "completed", "execution_id": "e1", "step": 1, "answers": ["u1"]},
+        ),
+    )
 
 
 def _whats(result: dict) -> list[str]:  # type: ignore[type-arg]
@@ -62,15 +76,24 @@ async def test_user_message_nobody_admitted(db_ctx: Context) -> None:
 
 async def test_reply_published_twice(db_ctx: Context) -> None:
     await _clean_turn(db_ctx)
-    await _exec(db_ctx, _msg("a2", 4, "assistant", {"text": "again", "status": "completed",
-                                                    "execution_id": "e1", "step": 1}))
+    await _exec(
+        db_ctx,
+        _msg("a2", 4, "assistant", {"text": "again", "status": "completed", "execution_id": "e1", "step": 1}),
+    )
     assert "executions that published more than one completed reply" in _whats(await ops.check(db_ctx))
 
 
 async def test_input_answered_twice(db_ctx: Context) -> None:
     await _clean_turn(db_ctx)
-    await _exec(db_ctx, _msg("a2", 4, "assistant", {"text": "late", "status": "completed",
-                                                    "execution_id": "e1", "step": 2, "answers": ["u1"]}))
+    await _exec(
+        db_ctx,
+        _msg(
+            "a2",
+            4,
+            "assistant",
+            {"text": "late", "status": "completed", "execution_id": "e1", "step": 2, "answers": ["u1"]},
+        ),
+    )
     assert "inputs answered by more than one reply (a late write landed)" in _whats(await ops.check(db_ctx))
 
 
@@ -82,9 +105,11 @@ async def test_promoted_input_never_answered(db_ctx: Context) -> None:
 
 async def test_sequence_reuse_and_overrun(db_ctx: Context) -> None:
     await _clean_turn(db_ctx)
-    await _exec(db_ctx, _msg("a3", 1, "assistant", {"text": "x", "status": "completed",
-                                                    "execution_id": "e3"}),
-                _msg("a4", 11, "assistant", {"text": "y", "status": "completed", "execution_id": "e4"}))
+    await _exec(
+        db_ctx,
+        _msg("a3", 1, "assistant", {"text": "x", "status": "completed", "execution_id": "e3"}),
+        _msg("a4", 11, "assistant", {"text": "y", "status": "completed", "execution_id": "e4"}),
+    )
     whats = _whats(await ops.check(db_ctx))
     assert "one sequence number used twice in a session" in whats
     assert "sequence numbers ahead of their session's sequence" in whats
@@ -101,8 +126,14 @@ async def test_stranded_input_is_a_violation_and_pending_one_is_in_flight(db_ctx
 
 async def test_settled_mode_turns_in_flight_work_into_violations(db_ctx: Context) -> None:
     await _clean_turn(db_ctx)
-    await _exec(db_ctx, ("INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, "
-                         "time_created, time_renewed, expires_at) VALUES ('e9','s1','o',1,'safe',1,1,1)", ()))
+    await _exec(
+        db_ctx,
+        (
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, "
+            "time_created, time_renewed, expires_at) VALUES ('e9','s1','o',1,'safe',1,1,1)",
+            (),
+        ),
+    )
     relaxed = await ops.check(db_ctx)
     assert relaxed["ok"] and relaxed["counts"]["unsettled"] == 1
     strict = await ops.check(db_ctx, settled=True)

@@ -34,8 +34,9 @@ ASK = textwrap.dedent(
 
 
 def _ask(data: DataDir) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", ASK, str(data.root)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", ASK, str(data.root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def test_two_processes_get_the_same_server(tmp_path: Path) -> None:

@@ -44,7 +44,16 @@ async def test_empty_metadata_is_refused(ctx: Context, write: str) -> None:
 
 async def test_values_round_trip_with_their_type(ctx: Context) -> None:
     store = ctx.store()
-    written = {"i": 1, "f": 1.0, "b": True, "s": "1", "li": [1, 2], "lf": [1.0, 2.5], "ls": ["a"], "lb": [True]}
+    written = {
+        "i": 1,
+        "f": 1.0,
+        "b": True,
+        "s": "1",
+        "li": [1, 2],
+        "lf": [1.0, 2.5],
+        "ls": ["a"],
+        "lb": [True],
+    }
     await store.upsert(["r1"], ["doc"], [written])
     _, metadata = (await store.get(["r1"]))["r1"]
     assert metadata == written

@@ -60,8 +60,9 @@ async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx
 
     hops = [db.write_sync(lambda raw, i=i: one_hop(raw, i)) for i in range(300)]
     txs = [multi_hop(i) for i in range(30)]
-    reads = [db.read_snapshot(lambda raw: raw.execute("SELECT count(*) FROM t").fetchone()[0])
-             for _ in range(30)]
+    reads = [
+        db.read_snapshot(lambda raw: raw.execute("SELECT count(*) FROM t").fetchone()[0]) for _ in range(30)
+    ]
     # started interleaved: a hop, a multi-hop transaction, a snapshot, a hop, ...
     order = [c for trio in zip(hops[:30], txs, reads, strict=True) for c in trio] + hops[30:]
     results = await asyncio.gather(*order)
@@ -81,8 +82,13 @@ async def _on_the_thread(started) -> None:  # type: ignore[no-untyped-def]
     await await_until(is_set, timeout=10, interval=0.005, message="the blocking write to start")
 
 
-async def _grouped(db: Database, fns: list, *, cancel: tuple[int, ...] = (),  # type: ignore[type-arg]
-                   committed: int = 2) -> list:  # type: ignore[type-arg]
+async def _grouped(
+    db: Database,
+    fns: list,
+    *,
+    cancel: tuple[int, ...] = (),  # type: ignore[type-arg]
+    committed: int = 2,
+) -> list:  # type: ignore[type-arg]
     """Run `fns` through write_sync as one group: a blocker holds the thread until all are queued."""
     import asyncio
     import threading
@@ -123,10 +129,18 @@ async def test_writes_that_arrive_together_commit_together_each_atomic(db_ctx: C
             if fail is not None:
                 raise fail
             return int(raw.execute("SELECT count(*) FROM t").fetchone()[0])
+
         return fn
 
-    results = await _grouped(db, [insert("a1", "a2"), insert("b1", fail=ValueError("b failed")),
-                                  insert("c1", "a1"), insert("d1", "d2")])
+    results = await _grouped(
+        db,
+        [
+            insert("a1", "a2"),
+            insert("b1", fail=ValueError("b failed")),
+            insert("c1", "a1"),
+            insert("d1", "d2"),
+        ],
+    )
     assert results[0] == 2 and results[3] == 4  # each saw the writes before it, and only those kept
     assert isinstance(results[1], ValueError) and str(results[1]) == "b failed"
     assert isinstance(results[2], sqlite3.IntegrityError)  # c1 was written, then a1 collided
@@ -138,9 +152,14 @@ async def test_a_write_cancelled_before_its_group_never_runs(db_ctx: Context) ->
 
     db = await db_ctx.db()
     await _table(db)
-    results = await _grouped(db, [lambda raw: raw.execute("INSERT INTO t (who) VALUES ('kept')").rowcount,
-                                  lambda raw: raw.execute("INSERT INTO t (who) VALUES ('cancelled')").rowcount],
-                             cancel=(1,))
+    results = await _grouped(
+        db,
+        [
+            lambda raw: raw.execute("INSERT INTO t (who) VALUES ('kept')").rowcount,
+            lambda raw: raw.execute("INSERT INTO t (who) VALUES ('cancelled')").rowcount,
+        ],
+        cancel=(1,),
+    )
     assert results[0] == 1 and isinstance(results[1], asyncio.CancelledError)
     assert await _rows(db) == ["kept"]
 
@@ -156,10 +175,15 @@ async def test_a_transaction_dropped_under_a_group_fails_every_write_in_it(db_ct
         raw.execute("INSERT INTO t (who) VALUES ('dropper')")
         raw.execute("ROLLBACK")  # what SQLite does itself on SQLITE_FULL or an I/O error
 
-    results = await _grouped(db, [lambda raw: raw.execute("INSERT INTO t (who) VALUES ('first')").rowcount,
-                                  dropper,
-                                  lambda raw: raw.execute("INSERT INTO t (who) VALUES ('third')").rowcount],
-                             committed=1)  # the blocker's only: this group never committed
+    results = await _grouped(
+        db,
+        [
+            lambda raw: raw.execute("INSERT INTO t (who) VALUES ('first')").rowcount,
+            dropper,
+            lambda raw: raw.execute("INSERT INTO t (who) VALUES ('third')").rowcount,
+        ],
+        committed=1,
+    )  # the blocker's only: this group never committed
     assert all(isinstance(r, TransactionDropped) for r in results), results
     assert await _rows(db) == []  # not even 'third' slipped in outside a transaction
     assert not db.conn.in_transaction
@@ -259,12 +283,16 @@ async def test_a_failing_statement_inside_tx_is_one_rem_error_and_rolls_back(db_
     assert await db.scalar("SELECT count(*) FROM event") == before
 
 
-@pytest.mark.parametrize(("free", "expected", "needle"), [
-    (0, DatabaseFull, "no space left for /d/state.db (0 bytes free, SQLITE_IOERR_SHMSIZE)"),
-    (10**9, DatabaseIOError, "disk I/O error on /d/state.db (SQLITE_IOERR_SHMSIZE); check the disk"),
-])
+@pytest.mark.parametrize(
+    ("free", "expected", "needle"),
+    [
+        (0, DatabaseFull, "no space left for /d/state.db (0 bytes free, SQLITE_IOERR_SHMSIZE)"),
+        (10**9, DatabaseIOError, "disk I/O error on /d/state.db (SQLITE_IOERR_SHMSIZE); check the disk"),
+    ],
+)
 def test_a_disk_io_error_is_a_full_disk_or_an_io_error_never_corruption(
-        monkeypatch: pytest.MonkeyPatch, free: int, expected: type, needle: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, free: int, expected: type, needle: str
+) -> None:
     import shutil
 
     from backend.store import db as db_module

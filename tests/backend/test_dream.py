@@ -34,9 +34,11 @@ from tests.dreamkit import (
     without_revisions,
 )
 
-TEXTS = ["The Chroma Server uses SQLite for durable storage.",
-         "Storage on SQLite is durable because of the WAL journal.",
-         "Ask Redis about caching; Redis depends on Linux memory."]
+TEXTS = [
+    "The Chroma Server uses SQLite for durable storage.",
+    "Storage on SQLite is durable because of the WAL journal.",
+    "Ask Redis about caching; Redis depends on Linux memory.",
+]
 
 
 class FailingExtractor:
@@ -47,8 +49,11 @@ class FailingExtractor:
         self.inner = KeywordExtractor()
 
     def extract(self, turns: Sequence[Mapping[str, Any]]) -> Extraction:
-        if turns and any(str(turns[0]["id"]).startswith(p + "-") for p in self.fail_prefixes) \
-                and self.calls < self.times:
+        if (
+            turns
+            and any(str(turns[0]["id"]).startswith(p + "-") for p in self.fail_prefixes)
+            and self.calls < self.times
+        ):
             self.calls += 1
             raise RuntimeError("extraction model refused the input")
         return self.inner.extract(turns)
@@ -60,15 +65,19 @@ async def _events(db: Any, kind: str, sid: str | None = None) -> list[Any]:
     return await db.fetchall("SELECT * FROM event WHERE kind = ? AND session_id = ? ORDER BY id", (kind, sid))
 
 
-async def digested_from_scratch(ctx: Context, sid: str, chunk_rows: int | None = None
-                                ) -> tuple[list[Any], list[Any]]:
+async def digested_from_scratch(
+    ctx: Context, sid: str, chunk_rows: int | None = None
+) -> tuple[list[Any], list[Any]]:
     """The graph one clean digestion of the session's current revision gives (graph reset first)."""
     db = await ctx.db()
     async with db.tx() as conn:
         await conn.execute("DELETE FROM graph_edge")
         await conn.execute("DELETE FROM graph_node")
-        await conn.execute("UPDATE dream_state SET completed_revision = NULL, digest_state = 'pending', "
-                           "next_attempt_at = 0 WHERE session_id = ?", (sid,))
+        await conn.execute(
+            "UPDATE dream_state SET completed_revision = NULL, digest_state = 'pending', "
+            "next_attempt_at = 0 WHERE session_id = ?",
+            (sid,),
+        )
     assert await Dreamer(ctx, chunk_rows=chunk_rows).run_pass() == 1
     return await graph_snapshot(db)
 
@@ -109,7 +118,11 @@ async def test_interleaving_completing_a_after_b_was_published_leaves_b_pending(
 
     assert await dreamer.complete(prepared) == "completed_superseded"
     row = await dream_row(db, "s1")
-    assert (row["input_revision"], row["completed_revision"], row["digest_state"]) == (rev_b, rev_a, "pending")
+    assert (row["input_revision"], row["completed_revision"], row["digest_state"]) == (
+        rev_b,
+        rev_a,
+        "pending",
+    )
     assert classify_drift(row) == "stale_completion"
     assert [c.session_id for c in await select_pending(db, clock.now_ms())] == ["s1"]
     _, edges = await graph_snapshot(db)
@@ -125,11 +138,13 @@ async def test_interleaving_completing_a_after_b_was_published_leaves_b_pending(
     assert {e[5] for e in edges if e[3] == "s1"} == {rev_a, rev_b}
     assert await select_pending(db, clock.now_ms()) == []
     assert without_revisions(await graph_snapshot(db)) == without_revisions(
-        await digested_from_scratch(db_ctx, "s1"))
+        await digested_from_scratch(db_ctx, "s1")
+    )
 
 
-async def test_a_revision_the_raw_turns_no_longer_match_writes_nothing(db_ctx: Context,
-                                                                       frozen_clock: clock.FrozenClock) -> None:
+async def test_a_revision_the_raw_turns_no_longer_match_writes_nothing(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
     rev_a = await publish(db, "s1")
@@ -176,8 +191,9 @@ async def test_count_only_collision_reopens_the_session_for_summarizer_and_dream
     assert await db.scalar("SELECT count(*) FROM session_message WHERE session_id = 's1'") == count_before
     async with db.snapshot() as conn:
         raw, _ = await raw_revision(conn, "s1")
-    job = await db.fetchone("SELECT summarized_revision, dirty_seq, clean_seq FROM summary_job "
-                            "WHERE session_id = 's1'")
+    job = await db.fetchone(
+        "SELECT summarized_revision, dirty_seq, clean_seq FROM summary_job WHERE session_id = 's1'"
+    )
     assert raw != rev_a and job["summarized_revision"] == rev_a  # the summarizer's drift: raw != summarized
     assert job["dirty_seq"] > job["clean_seq"]
 
@@ -192,8 +208,9 @@ async def test_count_only_collision_reopens_the_session_for_summarizer_and_dream
     assert without_revisions((nodes, edges)) == without_revisions(await digested_from_scratch(db_ctx, "s1"))
 
 
-async def test_failures_defer_then_make_only_that_revision_undigestible(db_ctx: Context,
-                                                                        frozen_clock: clock.FrozenClock) -> None:
+async def test_failures_defer_then_make_only_that_revision_undigestible(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
     rev_a = await publish(db, "s1")
@@ -242,8 +259,9 @@ async def test_a_failure_of_a_superseded_revision_does_not_block_the_new_one(db_
     assert (await dream_row(db, "s1"))["completed_revision"] == rev_b
 
 
-async def test_a_lost_lease_publishes_nothing_and_the_taker_completes(db_ctx: Context,
-                                                                      frozen_clock: clock.FrozenClock) -> None:
+async def test_a_lost_lease_publishes_nothing_and_the_taker_completes(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
     rev = await publish(db, "s1")
@@ -279,8 +297,9 @@ class RecordingDreamer(Dreamer):
         return outcome
 
 
-async def test_selection_is_fair_under_overload_and_skips_no_window(db_ctx: Context,
-                                                                    frozen_clock: clock.FrozenClock) -> None:
+async def test_selection_is_fair_under_overload_and_skips_no_window(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     """Fresh sessions arrive faster than Dream digests; old ones and retries are never starved."""
     db = await db_ctx.db()
     published: list[str] = []
@@ -289,8 +308,9 @@ async def test_selection_is_fair_under_overload_and_skips_no_window(db_ctx: Cont
         await add_session_with_turns(db, sid, [f"Turn about Topic{i} and storage."])
         await publish(db, sid, now=frozen_clock.now + i)
         published.append(sid)
-    dreamer = RecordingDreamer(db_ctx, batch=3, extractor=FailingExtractor({"old02", "old05"}, times=2),
-                               retry_base_ms=2_500)
+    dreamer = RecordingDreamer(
+        db_ctx, batch=3, extractor=FailingExtractor({"old02", "old05"}, times=2), retry_base_ms=2_500
+    )
     fresh = 0
     for _ in range(40):
         frozen_clock.advance(1_000)
@@ -303,13 +323,17 @@ async def test_selection_is_fair_under_overload_and_skips_no_window(db_ctx: Cont
         await dreamer.run_pass()
     ready = [c.ready_at for c in dreamer.claimed]
     assert ready == sorted(ready), "a session ready later was served before one ready earlier"
-    digested = {r[0] for r in await db.fetchall("SELECT session_id FROM dream_state "
-                                                "WHERE completed_revision IS input_revision")}
+    digested = {
+        r[0]
+        for r in await db.fetchall(
+            "SELECT session_id FROM dream_state WHERE completed_revision IS input_revision"
+        )
+    }
     assert {f"old{i:02d}" for i in range(12)} <= digested  # including the two that failed first
     assert [c.session_id for c in dreamer.claimed].count("old02") == 2
     # what is still pending is exactly the newest tail: no window was skipped
     waiting = [sid for sid in published if sid not in digested]
-    assert waiting == published[len(published) - len(waiting):]
+    assert waiting == published[len(published) - len(waiting) :]
 
 
 async def test_the_selection_query_uses_the_partial_index(db_ctx: Context) -> None:
@@ -329,12 +353,22 @@ async def test_drift_classes(db_ctx: Context) -> None:
     assert classify_drift({**base, "digest_state": "deferred"}) == "deferred"
     assert classify_drift({**base, "digest_state": "undigestible"}) == "undigestible"
     assert classify_drift({**base, "dirty_seq": 3, "clean_seq": 2}) == "summary_stale"
-    assert classify_drift({"input_revision": None, "completed_revision": None, "digest_state": "legacy",
-                           "legacy_digested": 1}) == "legacy_only"
+    assert (
+        classify_drift(
+            {
+                "input_revision": None,
+                "completed_revision": None,
+                "digest_state": "legacy",
+                "legacy_digested": 1,
+            }
+        )
+        == "legacy_only"
+    )
 
 
-async def test_legacy_retirement_needs_zero_rows_for_a_full_window(db_ctx: Context,
-                                                                   frozen_clock: clock.FrozenClock) -> None:
+async def test_legacy_retirement_needs_zero_rows_for_a_full_window(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     from backend.dream.digester import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
 
     db = await db_ctx.db()
@@ -343,6 +377,7 @@ async def test_legacy_retirement_needs_zero_rows_for_a_full_window(db_ctx: Conte
     assert await _mark_legacy(db, ["s1", "no-such-session"]) == 1
     async with db.tx() as conn:
         from backend.store.events import append_event
+
         await append_event(conn, kind="dream.legacy_imported", actor="t", data={"marked": 1})
     assert await legacy_only_count(db) == 1
     assert await select_pending(db, frozen_clock.now) == []  # honoured as digested
@@ -361,7 +396,8 @@ async def test_legacy_retirement_needs_zero_rows_for_a_full_window(db_ctx: Conte
 
 @pytest.mark.parametrize("point", ["dream.mid_graph", "dream.before_attest"])
 async def test_a_raised_fault_counts_as_a_failure_and_a_rerun_is_idempotent(
-        db_ctx: Context, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
     from backend.core import faults
 
     db = await db_ctx.db()
@@ -399,8 +435,9 @@ class BlockingExtractor:
         return KeywordExtractor().extract(turns)
 
 
-async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(db_ctx: Context,
-                                                                  frozen_clock: clock.FrozenClock) -> None:
+async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     import asyncio
 
     db = await db_ctx.db()
@@ -424,8 +461,9 @@ async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(db_ctx: Contex
     assert (row["completed_revision"], row["epoch"]) == (rev, 1)
 
 
-async def test_an_operator_release_lets_another_worker_take_over_at_once(db_ctx: Context,
-                                                                         frozen_clock: clock.FrozenClock) -> None:
+async def test_an_operator_release_lets_another_worker_take_over_at_once(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     from backend.ops.lease_release import release_job_lease
 
     db = await db_ctx.db()
@@ -438,8 +476,15 @@ async def test_an_operator_release_lets_another_worker_take_over_at_once(db_ctx:
     assert prepared is not None
     assert await other.run_pass() == 0  # the lease is live (30 s)
     async with db.tx() as conn:
-        await release_job_lease(conn, "dream", "s1", expected_epoch=claim.epoch, force=False,
-                                actor="operator", now=frozen_clock.now)
+        await release_job_lease(
+            conn,
+            "dream",
+            "s1",
+            expected_epoch=claim.epoch,
+            force=False,
+            actor="operator",
+            now=frozen_clock.now,
+        )
     assert await other.run_pass() == 1  # no wait for the old expiry
     assert await stuck.complete(prepared) == "lost"
     row = await dream_row(db, "s1")

@@ -10,8 +10,10 @@ from backend.dream.overlay import OVERLAY_MISSING_RETRY_MS, overlay_pending_coun
 from backend.runtime.context import Context
 from tests.dreamkit import add_session_with_turns, add_turn, dream_row, synthesize
 
-TEXTS = ["The Chroma Server uses SQLite for durable storage.",
-         "Storage on SQLite is durable because of the WAL journal."]
+TEXTS = [
+    "The Chroma Server uses SQLite for durable storage.",
+    "Storage on SQLite is durable because of the WAL journal.",
+]
 
 
 async def _row(ctx: Context, sid: str) -> tuple[str | None, dict]:
@@ -28,7 +30,11 @@ async def test_a_resummarized_session_is_eligible_although_graph_digested_surviv
     assert await dreamer.run_pass() == 2  # one digestion, one overlay confirmed by read-back
     _, meta = await _row(ctx, "s1")
     state = await dream_row(db, "s1")
-    assert (meta["graphDigested"], meta["digestState"], meta["dreamCompletedRevision"]) == (True, "digested", rev_a)
+    assert (meta["graphDigested"], meta["digestState"], meta["dreamCompletedRevision"]) == (
+        True,
+        "digested",
+        rev_a,
+    )
     assert meta["dreamStateRevision"] == state["state_revision"] and state["overlay_pending"] == 0
     assert "deferReason" not in meta
 
@@ -46,7 +52,11 @@ async def test_a_resummarized_session_is_eligible_although_graph_digested_surviv
 
     assert await dreamer.run_pass() == 2
     document, meta = await _row(ctx, "s1")
-    assert (meta["dreamCompletedRevision"], meta["graphDigested"], meta["digestState"]) == (rev_b, True, "digested")
+    assert (meta["dreamCompletedRevision"], meta["graphDigested"], meta["digestState"]) == (
+        rev_b,
+        True,
+        "digested",
+    )
     assert document == document_b
     assert {k: meta[k] for k in SYNTHESIS_OWNED_KEYS} == synth_b  # never touched by Dream
     assert set(meta) == set(SYNTHESIS_OWNED_KEYS) | (set(DREAM_OWNED_KEYS) - {"deferReason"})
@@ -54,7 +64,8 @@ async def test_a_resummarized_session_is_eligible_although_graph_digested_surviv
 
 
 async def test_dream_never_creates_a_missing_row_and_overlays_it_once_synthesis_writes_it(
-        ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+    ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     from tests.dreamkit import publish, synthesis_metadata
 
     db = await ctx.db()
@@ -65,7 +76,10 @@ async def test_dream_never_creates_a_missing_row_and_overlays_it_once_synthesis_
     assert (await dream_row(db, "s1"))["completed_revision"] == rev  # state.db is the record
     assert await ctx.store().get([summary_row_id("s1")]) == {}
     row = await dream_row(db, "s1")
-    assert (row["overlay_pending"], row["overlay_retry_at"]) == (1, frozen_clock.now + OVERLAY_MISSING_RETRY_MS)
+    assert (row["overlay_pending"], row["overlay_retry_at"]) == (
+        1,
+        frozen_clock.now + OVERLAY_MISSING_RETRY_MS,
+    )
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'dream.overlay_missing'") == 1
     assert await dreamer.run_pass() == 0  # backing off, not hammering Chroma
 
@@ -78,14 +92,19 @@ async def test_dream_never_creates_a_missing_row_and_overlays_it_once_synthesis_
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'dream.overlay_missing'") == 1
 
 
-async def test_digestion_goes_on_while_chroma_is_down_and_the_overlay_catches_up(ctx: Context,
-                                                                              collection: str) -> None:
+async def test_digestion_goes_on_while_chroma_is_down_and_the_overlay_catches_up(
+    ctx: Context, collection: str
+) -> None:
     db = await ctx.db()
     for sid in ("s1", "s2"):
         await add_session_with_turns(db, sid, TEXTS)
         await synthesize(db, ctx.store(), sid)
-    down = Context(ctx.data, chroma_url=f"http://127.0.0.1:{chroma_server.free_port()}",
-                   collection=collection, start_chroma=False)
+    down = Context(
+        ctx.data,
+        chroma_url=f"http://127.0.0.1:{chroma_server.free_port()}",
+        collection=collection,
+        start_chroma=False,
+    )
     try:
         dead = Dreamer(down)
         assert await dead.run_pass() == 2  # both digested; the overlay could not be written
@@ -110,8 +129,11 @@ async def test_legacy_rows_are_honoured_until_synthesis_publishes_a_revision(ctx
     await add_session_with_turns(db, "old", TEXTS)
     store = ctx.store()
     legacy_meta = {"sessionId": "old", "memoryCount": 2, "graphDigested": True, "digestState": "digested"}
-    await store.upsert([summary_row_id("old"), summary_row_id("ghost")], ["old summary", "ghost summary"],
-                       [legacy_meta, {**legacy_meta, "sessionId": "ghost"}])
+    await store.upsert(
+        [summary_row_id("old"), summary_row_id("ghost")],
+        ["old summary", "ghost summary"],
+        [legacy_meta, {**legacy_meta, "sessionId": "ghost"}],
+    )
     assert await import_legacy(ctx) == {"scanned": 2, "marked": 1}  # "ghost" has no session in state.db
     assert await import_legacy(ctx) == {"scanned": 2, "marked": 0}  # idempotent
     assert await legacy_only_count(db) == 1

@@ -22,15 +22,18 @@ from tests.helpers import await_until
 LEASE = 2_000
 
 
-def _executor(ctx: Context, *, delay_ms: int = 0, owner: str | None = None, once: bool = True,
-              agent: Any = None) -> Executor:
-    return Executor(ctx, once=once, owner_id=owner, agent=agent or OfflineResponder(delay_ms=delay_ms),
-                    lease_ms=LEASE)
+def _executor(
+    ctx: Context, *, delay_ms: int = 0, owner: str | None = None, once: bool = True, agent: Any = None
+) -> Executor:
+    return Executor(
+        ctx, once=once, owner_id=owner, agent=agent or OfflineResponder(delay_ms=delay_ms), lease_ms=LEASE
+    )
 
 
 async def _messages(db: Database, sid: str) -> list[dict[str, Any]]:
-    rows = await db.fetchall("SELECT id, type, seq, data FROM session_message WHERE session_id = ? ORDER BY seq",
-                             (sid,))
+    rows = await db.fetchall(
+        "SELECT id, type, seq, data FROM session_message WHERE session_id = ? ORDER BY seq", (sid,)
+    )
     return [{"id": r["id"], "type": r["type"], "seq": r["seq"], **json.loads(r["data"])} for r in rows]
 
 
@@ -63,8 +66,13 @@ async def test_one_turn_projects_the_user_message_and_a_streamed_reply(db_ctx: C
     assert await db.scalar("SELECT turn_count FROM session WHERE id = 's1'") == 1
     assert await db.scalar("SELECT dirty_seq FROM summary_job WHERE session_id = 's1'") >= 2
     kinds = [r[0] for r in await db.fetchall("SELECT kind FROM event WHERE session_id = 's1' ORDER BY id")]
-    assert kinds == ["input.admitted", "execution.claimed", "input.promoted", "execution.step",
-                     "execution.completed"]
+    assert kinds == [
+        "input.admitted",
+        "execution.claimed",
+        "input.promoted",
+        "execution.step",
+        "execution.completed",
+    ]
     assert await _violations(db) == []
 
 
@@ -76,8 +84,13 @@ async def test_a_steer_joins_the_running_turn_and_a_queue_input_waits(db_ctx: Co
     await await_until(lambda: db.scalar("SELECT count(*) FROM session_part"), message="streaming")
     await sessions.admit(db, "s1", "Second, separate question?", input_id="q2")
     await sessions.admit(db, "s1", "Actually, focus on refunds.", delivery="steer", input_id="s3")
-    await await_until(lambda: db.scalar("SELECT count(*) = 0 FROM session_input WHERE promoted_seq IS NULL "
-                                        "OR EXISTS (SELECT 1 FROM session_execution)"), message="all turns")
+    await await_until(
+        lambda: db.scalar(
+            "SELECT count(*) = 0 FROM session_input WHERE promoted_seq IS NULL "
+            "OR EXISTS (SELECT 1 FROM session_execution)"
+        ),
+        message="all turns",
+    )
     executor.request_stop()
     await task
     seqs = {r[0]: r[1] for r in await db.fetchall("SELECT id, promoted_seq FROM session_input")}
@@ -122,7 +135,8 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
 
 
 async def test_takeover_of_a_step_in_flight_supersedes_it_and_reruns_it(
-        db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "Is the Frankfurt region late again?", input_id="in-1")
     dead, state, stale_id = await _dead_executor_mid_step(db_ctx, parts=2)
@@ -142,7 +156,11 @@ async def test_takeover_of_a_step_in_flight_supersedes_it_and_reruns_it(
     assert fresh["text"].startswith(f"(Resuming after execution {eid}")
     rec = await db.fetchone("SELECT * FROM session_recovery")
     assert (rec["execution_id"], rec["phase"], rec["wake_pending"], rec["wake_attempts"]) == (
-        eid, "continue", 0, 1)
+        eid,
+        "continue",
+        0,
+        1,
+    )
     assert (rec["assistant_message_id"], rec["continuation_message_id"]) == (stale_id, cont["id"])
     taken = await db.fetchone("SELECT data FROM event WHERE kind = 'execution.taken_over'")
     assert json.loads(taken[0])["interrupted_phase"] == "unknown"
@@ -152,13 +170,17 @@ async def test_takeover_of_a_step_in_flight_supersedes_it_and_reruns_it(
     with pytest.raises(LeaseLost):
         await db.write_sync(lambda conn: leases.guard(conn, state.lease, now=clock.now_ms()))
     with pytest.raises(LeaseLost):
-        await db.write_sync(lambda conn: projection.update_owned_assistant(
-            conn, stale_id, {"status": "completed", "text": "late"}, clock.now_ms()))
+        await db.write_sync(
+            lambda conn: projection.update_owned_assistant(
+                conn, stale_id, {"status": "completed", "text": "late"}, clock.now_ms()
+            )
+        )
     assert (await _messages(db, "s1"))[1]["status"] == "superseded"
 
 
-async def test_takeover_before_any_promotion_is_phase_ready(db_ctx: Context,
-                                                           frozen_clock: clock.FrozenClock) -> None:
+async def test_takeover_before_any_promotion_is_phase_ready(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "hello there", input_id="in-1")
     dead = _executor(db_ctx, owner="executor-dead")
@@ -175,7 +197,8 @@ async def test_takeover_before_any_promotion_is_phase_ready(db_ctx: Context,
 
 
 async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
-        db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "first", input_id="q1")
     dead, state, first_id = await _dead_executor_mid_step(db_ctx, parts=0)
@@ -195,8 +218,9 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
     assert await _violations(db) == []
 
 
-async def test_the_attempt_budget_parks_and_release_retries(db_ctx: Context,
-                                                           frozen_clock: clock.FrozenClock) -> None:
+async def test_the_attempt_budget_parks_and_release_retries(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "poison pill", input_id="in-1")
     _, state, _ = await _dead_executor_mid_step(db_ctx, parts=1)
@@ -204,8 +228,16 @@ async def test_the_attempt_budget_parks_and_release_retries(db_ctx: Context,
     for attempt in range(1, recovery.RECOVERY_BUDGET + 1):
         frozen_clock.advance(LEASE)
         # each taker dies right after its takeover: the attempt is counted before any work
-        taken = await db.write_sync(lambda conn, a=attempt: recovery.take_over(
-            conn, eid, f"executor-{a}", now=clock.now_ms(), budget=recovery.RECOVERY_BUDGET, length_ms=LEASE))
+        taken = await db.write_sync(
+            lambda conn, a=attempt: recovery.take_over(
+                conn,
+                eid,
+                f"executor-{a}",
+                now=clock.now_ms(),
+                budget=recovery.RECOVERY_BUDGET,
+                length_ms=LEASE,
+            )
+        )
         assert taken is not None and taken.attempt == attempt
     assert await db.scalar("SELECT wake_attempts FROM session_recovery") == recovery.RECOVERY_BUDGET
     frozen_clock.advance(LEASE)
@@ -231,8 +263,9 @@ async def test_the_attempt_budget_parks_and_release_retries(db_ctx: Context,
     assert await _violations(db) == []
 
 
-async def test_an_injected_fault_is_a_crash_not_an_agent_error(db_ctx: Context, frozen_clock: clock.FrozenClock,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_injected_fault_is_a_crash_not_an_agent_error(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from backend.core import faults
 
     db = await db_ctx.db()
@@ -249,7 +282,9 @@ async def test_an_injected_fault_is_a_crash_not_an_agent_error(db_ctx: Context, 
     frozen_clock.advance(LEASE)
     await _executor(db_ctx).run()
     assert [m["status"] for m in await _messages(db, "s1") if m["type"] == "assistant"] == [
-        "superseded", "completed"]
+        "superseded",
+        "completed",
+    ]
     assert await _violations(db) == []
 
 
@@ -284,8 +319,10 @@ async def test_draining_finishes_the_turn_in_flight_and_leaves_the_rest_waiting(
     await await_until(lambda: db.scalar("SELECT count(*) FROM session_part"), message="streaming")
     executor.request_stop()
     await task
-    states = {r[0]: (r[1], r[2]) for r in await db.fetchall(
-        "SELECT id, promoted_seq IS NOT NULL, wake_pending FROM session_input")}
+    states = {
+        r[0]: (r[1], r[2])
+        for r in await db.fetchall("SELECT id, promoted_seq IS NOT NULL, wake_pending FROM session_input")
+    }
     assert states == {"q0": (1, 0), "q1": (0, 1), "q2": (0, 1)}
     assert [m["status"] for m in await _messages(db, "s1") if m["type"] == "assistant"] == ["completed"]
     assert await db.scalar("SELECT count(*) FROM session_execution") == 0
@@ -293,8 +330,9 @@ async def test_draining_finishes_the_turn_in_flight_and_leaves_the_rest_waiting(
     assert await db.scalar("SELECT state FROM worker") == "stopped"
 
 
-async def test_a_turn_that_outlives_the_drain_grace_is_handed_back(db_ctx: Context,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_turn_that_outlives_the_drain_grace_is_handed_back(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("REM_EXECUTOR_DRAIN_MS", "50")
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "a slow one", input_id="q1")
@@ -321,8 +359,10 @@ async def test_a_released_lease_stops_its_owner_mid_stream(db_ctx: Context) -> N
     async with db.tx() as conn:
         await leases.release_execution(conn, eid, expected_epoch=1, actor="op", now=clock.now_ms())
     stale_parts = await _parts_text(db, stale_id)
-    await await_until(lambda: db.scalar("SELECT count(*) FROM event WHERE kind = 'execution.lease_lost'"),
-                      message="the first owner noticed")
+    await await_until(
+        lambda: db.scalar("SELECT count(*) FROM event WHERE kind = 'execution.lease_lost'"),
+        message="the first owner noticed",
+    )
     # the released execution is open to any executor, this one included (a new epoch)
     await await_until(lambda: db.scalar("SELECT count(*) = 0 FROM session_execution"), message="recovered")
     first.request_stop()
@@ -345,8 +385,9 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     assert first["baseline_seq"] == q1_seq and json.loads(first["snapshot"])["agent"] == "offline-responder"
     await sessions.admit(db, "s1", "two", input_id="q2")
     await _executor(db_ctx).run()
-    assert tuple(await db.fetchone("SELECT baseline, snapshot, baseline_seq FROM session_context_epoch")) \
-        == tuple(first)
+    assert tuple(
+        await db.fetchone("SELECT baseline, snapshot, baseline_seq FROM session_context_epoch")
+    ) == tuple(first)
 
     class NewAgent(OfflineResponder):
         version = "2"
@@ -356,22 +397,26 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     moved = await db.fetchone("SELECT snapshot, baseline_seq FROM session_context_epoch")
     q3_seq = await db.scalar("SELECT promoted_seq FROM session_input WHERE id = 'q3'")
     assert moved["baseline_seq"] == q3_seq and json.loads(moved["snapshot"])["version"] == "2"
-    assert not await db.write_sync(lambda conn: projection.record_context_epoch(
-        conn, "s1", "older", {"agent": "x"}, 1, clock.now_ms()))
+    assert not await db.write_sync(
+        lambda conn: projection.record_context_epoch(conn, "s1", "older", {"agent": "x"}, 1, clock.now_ms())
+    )
     assert await db.scalar("SELECT baseline_seq FROM session_context_epoch") == q3_seq
 
 
 async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before_expiry(
-        db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "Is anyone still there?", input_id="in-1")
     _, state, _ = await _dead_executor_mid_step(db_ctx, parts=1)
     await _executor(db_ctx).run()
     assert await db.scalar("SELECT count(*) FROM session_recovery") == 0  # alive as far as anyone knows
     async with db.tx() as conn:  # what a supervisor records when it sees the process exit
-        await conn.execute("INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
-                           "VALUES ('executor-dead', 'executor', 1, 'h', ?, ?, 'stopped')",
-                           (clock.now_ms(), clock.now_ms()))
+        await conn.execute(
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES ('executor-dead', 'executor', 1, 'h', ?, ?, 'stopped')",
+            (clock.now_ms(), clock.now_ms()),
+        )
     await _executor(db_ctx).run()  # the clock has not moved: the lease is still unexpired
     taken = json.loads(await db.scalar("SELECT data FROM event WHERE kind = 'execution.taken_over'"))
     assert taken["reason"] == "owner_stopped" and taken["from_owner"] == "executor-dead"
@@ -379,13 +424,16 @@ async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before
     assert await _violations(db) == []
 
 
-@pytest.mark.parametrize(("sql", "index"), [
-    (WAKE_SQL, "session_input_wake_pending_promoted_attempts_created_id_idx"),
-    (recovery.RECOVERY_WAKE_SQL, "session_recovery_wake_pending_error_attempts_created_execution_idx"),
-    (recovery.EXPIRED_SQL, "session_execution_expires_idx"),
-    (recovery.ORPHANED_SQL, "worker_state_heartbeat_idx"),
-    (recovery.ORPHANED_SQL, "session_execution_owner_idx"),
-])
+@pytest.mark.parametrize(
+    ("sql", "index"),
+    [
+        (WAKE_SQL, "session_input_wake_pending_promoted_attempts_created_id_idx"),
+        (recovery.RECOVERY_WAKE_SQL, "session_recovery_wake_pending_error_attempts_created_execution_idx"),
+        (recovery.EXPIRED_SQL, "session_execution_expires_idx"),
+        (recovery.ORPHANED_SQL, "worker_state_heartbeat_idx"),
+        (recovery.ORPHANED_SQL, "session_execution_owner_idx"),
+    ],
+)
 async def test_the_wake_scans_use_the_seed_indexes(db_ctx: Context, sql: str, index: str) -> None:
     db = await db_ctx.db()
     plan = await db.fetchall(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10, "now": 0, "since": 0})

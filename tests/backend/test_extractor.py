@@ -12,17 +12,28 @@ def _keys(found: object) -> set[str]:
 def test_entities_concepts_and_typed_relations() -> None:
     found, relations = KeywordExtractor().extract_text(
         "The Chroma Server uses SQLite for storage. Bank of America depends on Kubernetes. "
-        "Please keep storage durable.")
-    assert {"entity:chroma server", "entity:sqlite", "entity:bank of america", "entity:kubernetes",
-            "concept:storage", "concept:durable"} <= _keys(found)
+        "Please keep storage durable."
+    )
+    assert {
+        "entity:chroma server",
+        "entity:sqlite",
+        "entity:bank of america",
+        "entity:kubernetes",
+        "concept:storage",
+        "concept:durable",
+    } <= _keys(found)
     assert "entity:the" not in _keys(found) and "entity:please" not in _keys(found)
     assert {(r.src.key, r.kind, r.dst.key) for r in relations} == {
-        ("chroma server", "uses", "sqlite"), ("bank of america", "depends_on", "kubernetes")}
+        ("chroma server", "uses", "sqlite"),
+        ("bank of america", "depends_on", "kubernetes"),
+    }
 
 
 def test_a_sentence_initial_word_is_a_name_only_if_it_is_one_elsewhere() -> None:
-    turns = [{"id": "a", "text": "Redis depends on Linux. Caching matters."},
-             {"id": "b", "text": "We keep Redis small."}]
+    turns = [
+        {"id": "a", "text": "Redis depends on Linux. Caching matters."},
+        {"id": "b", "text": "We keep Redis small."},
+    ]
     extraction = KeywordExtractor().extract(turns)
     first = _keys(extraction.turns[0].mentions)
     assert "entity:redis" in first and "entity:caching" not in first and "concept:caching" in first

@@ -21,12 +21,15 @@ def test_every_declared_point_is_reached_somewhere_in_the_backend() -> None:
     assert used == set(faults.POINTS)
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    ("executor.bogus", "unknown fault point 'executor.bogus'; known points: dream.before_attest"),
-    ("executor.mid_stream=explode", "unknown action 'explode' for executor.mid_stream"),
-    ("executor.mid_stream@0", "executor.mid_stream@0 must name an arrival count of 1 or more"),
-    ("executor.mid_stream@x", "executor.mid_stream@x must name an arrival count"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ("executor.bogus", "unknown fault point 'executor.bogus'; known points: dream.before_attest"),
+        ("executor.mid_stream=explode", "unknown action 'explode' for executor.mid_stream"),
+        ("executor.mid_stream@0", "executor.mid_stream@0 must name an arrival count of 1 or more"),
+        ("executor.mid_stream@x", "executor.mid_stream@x must name an arrival count"),
+    ],
+)
 def test_a_bad_rem_faults_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, raw: str, needle: str) -> None:
     monkeypatch.setenv("REM_FAULTS", raw)
     faults.reset()
@@ -47,12 +50,22 @@ def test_a_valid_rem_faults_parses_and_fires_on_the_named_arrival(monkeypatch: p
 def test_a_daemon_refuses_a_typo_before_it_touches_anything(tmp_path: Path) -> None:
     data = tmp_path / "d"
     assert run_rem("send", "s1", "hello", "--data", str(data)).returncode == 0
-    proc = run_rem("daemon", "--role", "executor", "--once", "--data", str(data),
-                   env=rem_env(REM_FAULTS="executor.after_clam", REM_CHROMA_AUTOSTART="0"))
+    proc = run_rem(
+        "daemon",
+        "--role",
+        "executor",
+        "--once",
+        "--data",
+        str(data),
+        env=rem_env(REM_FAULTS="executor.after_clam", REM_CHROMA_AUTOSTART="0"),
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rem: error: REM_FAULTS names an unknown fault point "
-                                                   "'executor.after_clam'"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "rem: error: REM_FAULTS names an unknown fault point 'executor.after_clam'"
+    ), proc.stderr
     with sqlite3.connect(data / "state.db") as conn:
         assert conn.execute("SELECT count(*) FROM worker").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL").fetchone()[0] == 1
+        assert (
+            conn.execute("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL").fetchone()[0] == 1
+        )

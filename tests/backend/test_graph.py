@@ -45,7 +45,9 @@ async def test_rewriting_a_revision_changes_nothing(db_ctx: Context) -> None:
     assert ("turn:a-1", "turn:a-0", "follows", "a", 1.0, "r1") in edges
 
 
-async def test_a_new_revision_replaces_the_sessions_rows_but_keeps_shared_nodes_in_use(db_ctx: Context) -> None:
+async def test_a_new_revision_replaces_the_sessions_rows_but_keeps_shared_nodes_in_use(
+    db_ctx: Context,
+) -> None:
     db = await db_ctx.db()
     await add_session(db, "a")
     await add_session(db, "b")

@@ -23,8 +23,9 @@ async def _row(db: Database, execution_id: str) -> dict[str, object] | None:
     return None if row is None else dict(row)
 
 
-async def test_one_lease_per_session_and_the_epoch_survives_deletion(db_ctx: Context,
-                                                                      frozen_clock: clock.FrozenClock) -> None:
+async def test_one_lease_per_session_and_the_epoch_survives_deletion(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await _session(db)
     first = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
@@ -42,7 +43,9 @@ async def test_one_lease_per_session_and_the_epoch_survives_deletion(db_ctx: Con
     assert (await _row(db, second.execution_id))["phase"] == "ready"  # type: ignore[index]
 
 
-async def test_guard_renews_and_a_takeover_needs_expiry(db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+async def test_guard_renews_and_a_takeover_needs_expiry(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await _session(db)
     lease = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
@@ -53,11 +56,20 @@ async def test_guard_renews_and_a_takeover_needs_expiry(db_ctx: Context, frozen_
     assert row is not None and (row["phase"], row["step"]) == ("unknown", 1)
     assert row["expires_at"] == frozen_clock.now + LEASE and lease.expires_at == row["expires_at"]
     frozen_clock.advance(LEASE - 1)  # renewed, so still held
-    assert await db.write_sync(lambda conn: leases.take_over_execution(
-        conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE)) is None
+    assert (
+        await db.write_sync(
+            lambda conn: leases.take_over_execution(
+                conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
+            )
+        )
+        is None
+    )
     frozen_clock.advance(1)  # now expired
-    taken = await db.write_sync(lambda conn: leases.take_over_execution(
-        conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE))
+    taken = await db.write_sync(
+        lambda conn: leases.take_over_execution(
+            conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
+        )
+    )
     assert taken is not None
     new, old = taken
     assert (new.epoch, new.owner_id, old["owner_id"], old["phase"]) == (2, "owner-b", "owner-a", "unknown")
@@ -67,7 +79,9 @@ async def test_guard_renews_and_a_takeover_needs_expiry(db_ctx: Context, frozen_
     assert lost == [lease]
 
 
-async def test_release_refuses_a_stale_epoch_unless_forced(db_ctx: Context, frozen_clock: clock.FrozenClock) -> None:
+async def test_release_refuses_a_stale_epoch_unless_forced(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
     db = await db_ctx.db()
     await _session(db)
     lease = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
@@ -75,13 +89,15 @@ async def test_release_refuses_a_stale_epoch_unless_forced(db_ctx: Context, froz
     events_before = await db.scalar("SELECT count(*) FROM event")
     with pytest.raises(Refused, match="epoch 1, not the epoch 7 you saw.*--force"):
         async with db.tx() as conn:
-            await leases.release_execution(conn, lease.execution_id, expected_epoch=7, actor="op",
-                                           now=clock.now_ms())
+            await leases.release_execution(
+                conn, lease.execution_id, expected_epoch=7, actor="op", now=clock.now_ms()
+            )
     assert (await _row(db, lease.execution_id))["epoch"] == 1  # type: ignore[index]
     assert await db.scalar("SELECT count(*) FROM event") == events_before
     async with db.tx() as conn:
-        result = await leases.release_execution(conn, lease.execution_id, expected_epoch=7, force=True,
-                                                actor="op", now=clock.now_ms())
+        result = await leases.release_execution(
+            conn, lease.execution_id, expected_epoch=7, force=True, actor="op", now=clock.now_ms()
+        )
     assert (result["old_epoch"], result["new_epoch"], result["forced"]) == (1, 2, True)
     row = await _row(db, lease.execution_id)
     assert row is not None and row["epoch"] == 2 and row["expires_at"] == frozen_clock.now
@@ -90,8 +106,11 @@ async def test_release_refuses_a_stale_epoch_unless_forced(db_ctx: Context, froz
     event = await db.fetchone("SELECT kind, actor, target FROM event ORDER BY id DESC LIMIT 1")
     assert tuple(event) == ("operator.release", "op", lease.execution_id)
     # released means expired: any executor may take it over right away
-    taken = await db.write_sync(lambda conn: leases.take_over_execution(
-        conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE))
+    taken = await db.write_sync(
+        lambda conn: leases.take_over_execution(
+            conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
+        )
+    )
     assert taken is not None and taken[0].epoch == 3
 
 
@@ -101,8 +120,9 @@ async def test_release_with_the_current_epoch_and_unknown_ids(db_ctx: Context) -
     lease = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
     assert lease is not None
     async with db.tx() as conn:
-        result = await leases.release_execution(conn, lease.execution_id, expected_epoch=1, actor="op",
-                                                now=clock.now_ms())
+        result = await leases.release_execution(
+            conn, lease.execution_id, expected_epoch=1, actor="op", now=clock.now_ms()
+        )
     assert result["new_epoch"] == 2 and result["seen"]["owner_id"] == "owner-a"
     with pytest.raises(LeaseNotFound, match="no execution lease 'exe_nope'"):
         async with db.tx() as conn:

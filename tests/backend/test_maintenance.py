@@ -57,4 +57,3 @@ async def test_prune_stops_at_a_row_stamped_by_a_clock_running_ahead(db_ctx: Con
     assert deleted == 10  # days 0..9; the day-11 row waits behind the day-95 row
     kept = await db.fetchall("SELECT time FROM event ORDER BY id")
     assert [r[0] // maintenance.DAY_MS for r in kept] == [95, 11]
-

@@ -48,16 +48,23 @@ async def _db_digest(ctx: Context) -> str:
 
 
 def _spawn_idle(ctx: Context, owner: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", IDLE_DAEMON, str(ctx.data.root), owner],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", IDLE_DAEMON, str(ctx.data.root), owner],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def _wait_registered(ctx: Context, owner: str) -> None:
     from tests.helpers import await_until
 
     db = await ctx.db()
-    await await_until(lambda: db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner,)),
-                      timeout=30, message=f"{owner} to register")
+    await await_until(
+        lambda: db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner,)),
+        timeout=30,
+        message=f"{owner} to register",
+    )
 
 
 async def test_drain_wait_stops_a_live_daemon_and_journals(db_ctx: Context) -> None:
@@ -65,8 +72,9 @@ async def test_drain_wait_stops_a_live_daemon_and_journals(db_ctx: Context) -> N
     try:
         await _wait_registered(db_ctx, "dream-test-1")
         seen: list[str] = []
-        result = await ops.drain(db_ctx, "dream-test-1", wait=True, timeout_s=30,
-                                 progress=lambda r: seen.append(r["state"]))
+        result = await ops.drain(
+            db_ctx, "dream-test-1", wait=True, timeout_s=30, progress=lambda r: seen.append(r["state"])
+        )
         assert result["state"] == "stopped"
         assert "draining" in seen or seen[-1] == "stopped"
         out, err = proc.communicate(timeout=30)
@@ -74,7 +82,8 @@ async def test_drain_wait_stops_a_live_daemon_and_journals(db_ctx: Context) -> N
         assert "handed back" in out
         db = await db_ctx.db()
         event = await db.fetchone(
-            "SELECT actor, data FROM event WHERE kind = 'operator.drain' AND target = 'dream-test-1'")
+            "SELECT actor, data FROM event WHERE kind = 'operator.drain' AND target = 'dream-test-1'"
+        )
         assert event is not None and event["actor"] == db_ctx.operator
         assert '"state":"running"' in event["data"]
     finally:
@@ -89,7 +98,8 @@ async def test_drain_refusals(db_ctx: Context) -> None:
         await conn.execute(
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
             "VALUES ('gone', 'executor', 1, 'h', 1, 1, 'stopped'), "
-            "('dead', 'executor', 2, 'h', 1, 1, 'running')")
+            "('dead', 'executor', 2, 'h', 1, 1, 'running')"
+        )
     with pytest.raises(Refused, match="already stopped"):
         await ops.drain(db_ctx, "gone")
     with pytest.raises(Refused, match="presumed dead"):
@@ -104,7 +114,8 @@ async def _job_lease(ctx: Context, epoch: int, expires_at: int) -> None:
         await conn.execute(
             "INSERT INTO summary_job (session_id, status, owner_id, epoch, lease_expires_at, "
             "time_created, time_updated) VALUES ('s1', 'in_progress', 'summarizer-x', ?, ?, 1, 1)",
-            (epoch, expires_at))
+            (epoch, expires_at),
+        )
 
 
 async def test_release_summary_lease_fenced_on_epoch(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
@@ -119,8 +130,10 @@ async def test_release_summary_lease_fenced_on_epoch(db_ctx: Context, frozen_clo
     assert tuple(row) == (4, frozen_clock.now)
     # the old owner's fenced write now changes nothing
     async with db.tx() as conn:
-        cur = await conn.execute("UPDATE summary_job SET status = 'completed' "
-                                 "WHERE session_id = 's1' AND owner_id = 'summarizer-x' AND epoch = 3")
+        cur = await conn.execute(
+            "UPDATE summary_job SET status = 'completed' "
+            "WHERE session_id = 's1' AND owner_id = 'summarizer-x' AND epoch = 3"
+        )
         assert cur.rowcount == 0
     forced = await ops.release(db_ctx, "s1", expected_epoch=1, force=True)
     assert forced["forced"] and forced["new_epoch"] == 5
@@ -134,7 +147,9 @@ async def test_release_unknown_and_bad_kind(db_ctx: Context) -> None:
         await ops.release(db_ctx, "x", kind="banana")
 
 
-async def test_read_only_context_refuses_every_action_and_writes_nothing(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+async def test_read_only_context_refuses_every_action_and_writes_nothing(
+    db_ctx: Context, frozen_clock
+) -> None:  # type: ignore[no-untyped-def]
     await _job_lease(db_ctx, epoch=1, expires_at=frozen_clock.now + 1000)
     before = await _db_digest(db_ctx)
     db_ctx.read_only = True

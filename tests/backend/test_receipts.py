@@ -43,7 +43,9 @@ def test_issuance_refuses_keys_synthesis_does_not_own(key: str) -> None:
         receipts.issue(DOC, {**base_metadata("s1"), key: True})
 
 
-@pytest.mark.parametrize("value", [None, [], [1, "a"], [[1]], float("nan"), float("inf"), 2**64, {"a": 1}, b"x"])
+@pytest.mark.parametrize(
+    "value", [None, [], [1, "a"], [[1]], float("nan"), float("inf"), 2**64, {"a": 1}, b"x"]
+)
 def test_issuance_refuses_values_chroma_cannot_store(value: Any) -> None:
     with pytest.raises(ReceiptIncomplete, match="title"):
         receipts.issue(DOC, {**base_metadata("s1"), "title": value})
@@ -67,28 +69,31 @@ def _rechecksummed(document: str, metadata: dict[str, Any], version: Any = 1) ->
     return receipts._canonical({"v": version, "document": document, "metadata": metadata, "sha256": checksum})
 
 
-@pytest.mark.parametrize(("blob", "message"), [
-    (b"", "empty"),
-    (None, "not bytes"),
-    ("", "empty"),
-    (b"\xff\xfe\x00", "UTF-8 JSON"),
-    (b"{not json", "UTF-8 JSON"),
-    (b"[1,2]", "not an object"),
-    (b'{"v":1,"v":1}', "fields"),
-    (b'{"v":NaN}', "unknown receipt version nan"),
-    (_body(v=2), "unknown receipt version 2"),
-    (_body(v=True), "unknown receipt version True"),
-    (_body(v="1"), "unknown receipt version"),
-    (_body(sha256="0" * 64), "checksum"),
-    (_body(extra=1), "fields"),
-    (_body(document=7), "not text"),
-    (_rechecksummed(DOC, {**base_metadata("s1"), "graphDigested": True}), "not synthesis-owned"),
-    (_rechecksummed(DOC, base_metadata("s1"), version=9), "unknown receipt version 9"),
-    (receipts.encode(_receipt()) + b" ", "canonical"),
-    (b" " + receipts.encode(_receipt()), "checksum does not match"),
-    (receipts.encode(_receipt()).replace(b'"v":1}', b'"v": 1}'), "canonical"),
-    (_body(sha256="abc"), "checksum is malformed"),
-])
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"", "empty"),
+        (None, "not bytes"),
+        ("", "empty"),
+        (b"\xff\xfe\x00", "UTF-8 JSON"),
+        (b"{not json", "UTF-8 JSON"),
+        (b"[1,2]", "not an object"),
+        (b'{"v":1,"v":1}', "fields"),
+        (b'{"v":NaN}', "unknown receipt version nan"),
+        (_body(v=2), "unknown receipt version 2"),
+        (_body(v=True), "unknown receipt version True"),
+        (_body(v="1"), "unknown receipt version"),
+        (_body(sha256="0" * 64), "checksum"),
+        (_body(extra=1), "fields"),
+        (_body(document=7), "not text"),
+        (_rechecksummed(DOC, {**base_metadata("s1"), "graphDigested": True}), "not synthesis-owned"),
+        (_rechecksummed(DOC, base_metadata("s1"), version=9), "unknown receipt version 9"),
+        (receipts.encode(_receipt()) + b" ", "canonical"),
+        (b" " + receipts.encode(_receipt()), "checksum does not match"),
+        (receipts.encode(_receipt()).replace(b'"v":1}', b'"v": 1}'), "canonical"),
+        (_body(sha256="abc"), "checksum is malformed"),
+    ],
+)
 def test_decoding_rejects_bad_envelopes(blob: Any, message: str) -> None:
     with pytest.raises(ReceiptCorrupt, match=message):
         receipts.decode(blob)
@@ -124,14 +129,30 @@ def test_any_change_to_a_sound_envelope_is_caught(data: st.DataObject) -> None:
         receipts.decode(bytes(envelope))
 
 
-scalars = st.one_of(st.text(max_size=20), st.integers(-(2**63), 2**63 - 1),
-                    st.floats(allow_nan=False, allow_infinity=False), st.booleans())
-lists = st.one_of(*(st.lists(s, min_size=1, max_size=4) for s in (
-    st.text(max_size=5), st.integers(-100, 100), st.floats(allow_nan=False, allow_infinity=False), st.booleans())))
+scalars = st.one_of(
+    st.text(max_size=20),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+)
+lists = st.one_of(
+    *(
+        st.lists(s, min_size=1, max_size=4)
+        for s in (
+            st.text(max_size=5),
+            st.integers(-100, 100),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.booleans(),
+        )
+    )
+)
 metadata_strategy = st.fixed_dictionaries(
     {"sessionId": st.text(min_size=1, max_size=20), "dreamInputRevision": st.text(min_size=1, max_size=80)},
-    optional={k: st.one_of(scalars, lists) for k in SYNTHESIS_OWNED_KEYS
-              if k not in ("sessionId", "dreamInputRevision")},
+    optional={
+        k: st.one_of(scalars, lists)
+        for k in SYNTHESIS_OWNED_KEYS
+        if k not in ("sessionId", "dreamInputRevision")
+    },
 )
 
 
@@ -163,9 +184,19 @@ def test_foreign_keys_on_the_live_row_are_tolerated() -> None:
     assert receipts.verify(receipt, row) == receipts.Verdict(receipts.PRESENT)
 
 
-@pytest.mark.parametrize(("expected", "actual"), [
-    (1, 1.0), (1, True), (1.0, True), (0, False), ("1", 1), ([1, 2], [1.0, 2]), ([True], [1]), (["a"], "a"),
-])
+@pytest.mark.parametrize(
+    ("expected", "actual"),
+    [
+        (1, 1.0),
+        (1, True),
+        (1.0, True),
+        (0, False),
+        ("1", 1),
+        ([1, 2], [1.0, 2]),
+        ([True], [1]),
+        (["a"], "a"),
+    ],
+)
 def test_equal_values_of_another_type_do_not_match(expected: Any, actual: Any) -> None:
     receipt = _receipt(memoryCount=expected)
     verdict = receipts.verify(receipt, _row(receipt, memoryCount=actual))
@@ -181,10 +212,21 @@ def test_verdicts_name_what_differs() -> None:
     assert receipts.verify(receipt, None).verdict == receipts.MISSING
     missing_key = receipts.verify(receipt, _row(receipt, title=_DELETE))
     assert missing_key.verdict == receipts.KEYS_DIFFER
-    assert missing_key.detail()["keys"] == [{"key": "title", "reason": "missing", "expected": "About s1",
-                                            "actual": None, "expected_type": "str", "actual_type": None}]
+    assert missing_key.detail()["keys"] == [
+        {
+            "key": "title",
+            "reason": "missing",
+            "expected": "About s1",
+            "actual": None,
+            "expected_type": "str",
+            "actual_type": None,
+        }
+    ]
     changed = receipts.verify(receipt, _row(receipt, title="Other", memoryCount=7))
-    assert {(k.key, k.reason) for k in changed.keys} == {("title", "value_differs"), ("memoryCount", "value_differs")}
+    assert {(k.key, k.reason) for k in changed.keys} == {
+        ("title", "value_differs"),
+        ("memoryCount", "value_differs"),
+    }
     doc = receipts.verify(receipt, (DOC + "!", dict(receipt.metadata)))
     assert doc.verdict == receipts.DOCUMENT_DIFFERS
     assert doc.document["first_difference_at"] == len(DOC)

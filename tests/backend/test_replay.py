@@ -36,9 +36,19 @@ async def events(db: Database, kind: str) -> list[dict[str, Any]]:
     return [dict(r) for r in await db.fetchall("SELECT * FROM event WHERE kind = ? ORDER BY id", (kind,))]
 
 
-async def recover(ctx: Context, db: Database, *, everything: bool = True, store: ChromaStore | None = None,
-                  actor: str = "test-recovery") -> receipt_replay.Report:
-    batches = receipt_replay.all_batches(db, batch_size=2) if everything else receipt_replay.pending_batches(db, batch_size=2)
+async def recover(
+    ctx: Context,
+    db: Database,
+    *,
+    everything: bool = True,
+    store: ChromaStore | None = None,
+    actor: str = "test-recovery",
+) -> receipt_replay.Report:
+    batches = (
+        receipt_replay.all_batches(db, batch_size=2)
+        if everything
+        else receipt_replay.pending_batches(db, batch_size=2)
+    )
     return await receipt_replay.Recovery(db, store or ctx.store(), actor=actor).run(batches)
 
 
@@ -100,9 +110,12 @@ async def _damage(ctx: Context, sid: str, how: str) -> None:
 
 
 DAMAGE = {
-    "missing_row": receipts.MISSING, "changed_document": receipts.DOCUMENT_DIFFERS,
-    "missing_owned_key": receipts.KEYS_DIFFER, "changed_owned_value": receipts.KEYS_DIFFER,
-    "int_became_float": receipts.KEYS_DIFFER, "int_became_bool": receipts.KEYS_DIFFER,
+    "missing_row": receipts.MISSING,
+    "changed_document": receipts.DOCUMENT_DIFFERS,
+    "missing_owned_key": receipts.KEYS_DIFFER,
+    "changed_owned_value": receipts.KEYS_DIFFER,
+    "int_became_float": receipts.KEYS_DIFFER,
+    "int_became_bool": receipts.KEYS_DIFFER,
     "list_changed": receipts.KEYS_DIFFER,
 }
 
@@ -168,7 +181,10 @@ async def test_a_second_pass_writes_nothing(ctx: Context) -> None:
     await ctx.store().update_metadata([row_id("s3")], [DREAM_OVERLAY])
     first = await recover(ctx, db)
     assert first.counters.replayed == 1
-    jobs, chroma = await all_jobs(db), await ctx.store().get([row_id(s) for s in sessions], include_embeddings=True)
+    jobs, chroma = (
+        await all_jobs(db),
+        await ctx.store().get([row_id(s) for s in sessions], include_embeddings=True),
+    )
     event_count = await db.scalar("SELECT count(*) FROM event")
 
     second = await recover(ctx, db)
@@ -181,7 +197,9 @@ async def test_a_second_pass_writes_nothing(ctx: Context) -> None:
     assert await db.scalar("SELECT count(*) FROM event") == event_count
 
 
-async def test_dry_run_shows_the_diff_and_writes_nothing(ctx: Context, chroma_url: str, collection: str) -> None:
+async def test_dry_run_shows_the_diff_and_writes_nothing(
+    ctx: Context, chroma_url: str, collection: str
+) -> None:
     db = await summarize(ctx, ["s1", "s2", "s3"])
     await _damage(ctx, "s1", "int_became_float")
     await _damage(ctx, "s2", "missing_row")
@@ -197,7 +215,12 @@ async def test_dry_run_shows_the_diff_and_writes_nothing(ctx: Context, chroma_ur
     by_id = {r["summary_id"]: r for r in result["rows"]}
     assert by_id[row_id("s2")]["outcome"] == "would_replay" and by_id[row_id("s2")]["verdict"] == "missing"
     (key,) = by_id[row_id("s1")]["keys"]
-    assert (key["key"], key["reason"], key["expected"], key["actual"]) == ("memoryCount", "type_differs", 6, 6.0)
+    assert (key["key"], key["reason"], key["expected"], key["actual"]) == (
+        "memoryCount",
+        "type_differs",
+        6,
+        6.0,
+    )
     assert await all_jobs(db) == jobs
     assert await rows(ctx, ["s1", "s2", "s3"]) == chroma
     assert await db.scalar("SELECT count(*) FROM event") == event_count
@@ -206,14 +229,21 @@ async def test_dry_run_shows_the_diff_and_writes_nothing(ctx: Context, chroma_ur
 async def test_unacknowledged_receipt_is_completed_without_the_model(ctx: Context) -> None:
     db = await summarize(ctx, ["s1"])
     async with db.tx() as conn:  # as if the summarizer died between the Chroma write and acknowledge
-        await conn.execute("UPDATE summary_job SET status = 'in_progress', result_acknowledged_at = NULL, "
-                           "summarized_revision = NULL, verdict = NULL, owner_id = 'dead', lease_expires_at = 1")
+        await conn.execute(
+            "UPDATE summary_job SET status = 'in_progress', result_acknowledged_at = NULL, "
+            "summarized_revision = NULL, verdict = NULL, owner_id = 'dead', lease_expires_at = 1"
+        )
         await conn.execute("UPDATE dream_state SET input_revision = NULL")
     report = await recover(ctx, db, everything=False)
     assert (report.counters.acknowledged, report.counters.replayed) == (1, 0)
     j = await job(db, "s1")
     revision = _receipt(j).revision
-    assert (j["status"], j["summarized_revision"], j["verdict"], j["owner_id"]) == ("completed", revision, "present", None)
+    assert (j["status"], j["summarized_revision"], j["verdict"], j["owner_id"]) == (
+        "completed",
+        revision,
+        "present",
+        None,
+    )
     assert j["result_last_replayed_at"] is None
     assert await db.scalar("SELECT input_revision FROM dream_state WHERE session_id = 's1'") == revision
 
@@ -241,11 +271,17 @@ class RestagingStore(ChromaStore):
         result = await super().get(ids, **kwargs)
         if not self.fired:
             self.fired = True
-            envelope = receipts.encode(receipts.issue("newer synthesis", {
-                "sessionId": self.session_id, "dreamInputRevision": "sha256:newer"}))
+            envelope = receipts.encode(
+                receipts.issue(
+                    "newer synthesis", {"sessionId": self.session_id, "dreamInputRevision": "sha256:newer"}
+                )
+            )
             async with self.db.tx() as conn:
-                await conn.execute("UPDATE summary_job SET result_envelope = ?, result_staged_at = result_staged_at + 1 "
-                                   "WHERE session_id = ?", (envelope, self.session_id))
+                await conn.execute(
+                    "UPDATE summary_job SET result_envelope = ?, result_staged_at = result_staged_at + 1 "
+                    "WHERE session_id = ?",
+                    (envelope, self.session_id),
+                )
         return result
 
 
@@ -319,7 +355,8 @@ class DroppingStore(ChromaStore):
 
 
 async def test_a_row_that_does_not_verify_after_replay_is_reported_and_retried_later(
-        ctx: Context, frozen_clock: Any) -> None:
+    ctx: Context, frozen_clock: Any
+) -> None:
     db = await summarize(ctx, ["s1"])
     async with db.tx() as conn:
         await conn.execute("UPDATE summary_job SET result_acknowledged_at = NULL, status = 'in_progress'")
@@ -331,7 +368,12 @@ async def test_a_row_that_does_not_verify_after_replay_is_reported_and_retried_l
     c = report.counters
     assert (c.replayed, c.unverified, c.completed, c.acknowledged) == (1, 1, 0, 0) and not report.ok
     j = await job(db, "s1")
-    assert (j["status"], j["verdict"], j["owner_id"], j["result_acknowledged_at"]) == ("pending", "missing", None, None)
+    assert (j["status"], j["verdict"], j["owner_id"], j["result_acknowledged_at"]) == (
+        "pending",
+        "missing",
+        None,
+        None,
+    )
     assert j["result_last_replayed_at"] == frozen_clock.now
     assert (await recover(ctx, db, everything=False)).counters.scanned == 0  # backing off, no hot loop
     frozen_clock.advance(receipt_replay.RETRY_AFTER_MS)

@@ -21,13 +21,17 @@ from tests.dreamkit import add_session, add_turn, publish
 
 turn_ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=6)
 turns_strategy = st.lists(
-    st.fixed_dictionaries({
-        "id": turn_ids,
-        "role": st.sampled_from(["user", "assistant"]),
-        "time": st.integers(0, 4),  # many equal times: the id must break the tie
-        "text": st.one_of(st.none(), st.text(max_size=30)),
-    }),
-    min_size=1, max_size=8, unique_by=lambda t: t["id"],
+    st.fixed_dictionaries(
+        {
+            "id": turn_ids,
+            "role": st.sampled_from(["user", "assistant"]),
+            "time": st.integers(0, 4),  # many equal times: the id must break the tie
+            "text": st.one_of(st.none(), st.text(max_size=30)),
+        }
+    ),
+    min_size=1,
+    max_size=8,
+    unique_by=lambda t: t["id"],
 )
 
 
@@ -38,9 +42,11 @@ def test_the_canonical_form_is_pinned() -> None:
         {"id": "é", "role": "user", "text": "naïve “quote”", "time": 1},
         {"id": "a", "role": "user", "text": "héllo", "time": 2},
     ]
-    expected = ('[{"id":"b","role":"assistant","text":null,"time":1},'
-                '{"id":"é","role":"user","text":"naïve “quote”","time":1},'
-                '{"id":"a","role":"user","text":"héllo","time":2}]')
+    expected = (
+        '[{"id":"b","role":"assistant","text":null,"time":1},'
+        '{"id":"é","role":"user","text":"naïve “quote”","time":1},'
+        '{"id":"a","role":"user","text":"héllo","time":2}]'
+    )
     assert compute_revision(turns) == "sha256:" + hashlib.sha256(expected.encode("utf-8")).hexdigest()
 
 
@@ -48,7 +54,11 @@ def test_only_raw_turns_count() -> None:
     assert turn_record("m", "assistant", 1, {"text": "partial", "status": "streaming"}) is None
     assert turn_record("m", "synthetic", 1, {"text": "continue"}) is None
     assert turn_record("m", "assistant", 1, {"text": "done", "status": "completed"}) == {
-        "id": "m", "role": "assistant", "text": "done", "time": 1}
+        "id": "m",
+        "role": "assistant",
+        "text": "done",
+        "time": 1,
+    }
 
 
 def test_a_lone_surrogate_from_json_still_has_a_stable_revision() -> None:
@@ -59,8 +69,9 @@ def test_a_lone_surrogate_from_json_still_has_a_stable_revision() -> None:
 
 
 @given(turns=turns_strategy, data=st.data())
-def test_the_revision_ignores_order_and_sees_every_content_change(turns: list[dict[str, Any]],
-                                                                 data: st.DataObject) -> None:
+def test_the_revision_ignores_order_and_sees_every_content_change(
+    turns: list[dict[str, Any]], data: st.DataObject
+) -> None:
     shuffled = data.draw(st.permutations(turns))
     assert compute_revision(shuffled) == compute_revision(turns)
     index = data.draw(st.integers(0, len(turns) - 1))
@@ -78,8 +89,9 @@ async def _store(ctx: Context, turns: list[dict[str, Any]]) -> None:
         for turn in turns:
             if turn["text"] is None:
                 data = {"status": "completed"} if turn["role"] == "assistant" else {}
-                await execute(conn, "UPDATE session_message SET data = ? WHERE id = ?",
-                              (json.dumps(data), turn["id"]))
+                await execute(
+                    conn, "UPDATE session_message SET data = ? WHERE id = ?", (json.dumps(data), turn["id"])
+                )
 
 
 async def _digest_twice(root: Path, first: list[dict[str, Any]], second: list[dict[str, Any]]) -> None:
@@ -107,8 +119,9 @@ async def _digest_twice(root: Path, first: list[dict[str, Any]], second: list[di
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns=turns_strategy, data=st.data())
-def test_equivalent_input_stored_in_another_order_is_not_digested_twice(turns: list[dict[str, Any]],
-                                                                       data: st.DataObject) -> None:
+def test_equivalent_input_stored_in_another_order_is_not_digested_twice(
+    turns: list[dict[str, Any]], data: st.DataObject
+) -> None:
     reordered = data.draw(st.permutations(turns))
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_digest_twice(Path(tmp) / "data", turns, list(reordered)))

@@ -25,9 +25,7 @@ SEED_004_INDEXES = {
 
 async def _session(db: Database, sid: str = "s1") -> None:
     async with db.tx() as conn:
-        await conn.execute(
-            "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,)
-        )
+        await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,))
 
 
 async def _message(db: Database, mid: str, seq: int, sid: str = "s1") -> None:
@@ -58,11 +56,17 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
         async with db.tx() as conn:
             await schema._apply(conn, schema.V1)  # noqa: SLF001 - build exactly what v1 built
             await conn.execute("PRAGMA user_version = 1")
-            await events.append_event(conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1")
+            await events.append_event(
+                conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"
+            )
             await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
         assert await migrate(db) == SCHEMA_VERSION == 2
-        names = {r[0] for r in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index' "
-                                                 "AND tbl_name = 'event'")}
+        names = {
+            r[0]
+            for r in await db.fetchall(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'event'"
+            )
+        }
         assert names == {"event_session_idx", "event_target_idx", "event_operator_idx", "event_legacy_idx"}
         assert await db.scalar("SELECT count(*) FROM event") == 3  # two rows kept, one migration row added
         shown = await events.history(db, session_id="s1", target="e1")
@@ -73,10 +77,15 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
             "legacy": LAST_LEGACY_EVENT_SQL,
             "prune": PRUNE_SQL,
         }
-        params = {"history": {"target": "e1", "session_id": "s1", "limit": 5},
-                  "legacy": {}, "prune": {"cutoff": 0, "chunk": 5}}
-        detail = {name: " | ".join(r[3] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params[name]))
-                  for name, sql in plans.items()}
+        params = {
+            "history": {"target": "e1", "session_id": "s1", "limit": 5},
+            "legacy": {},
+            "prune": {"cutoff": 0, "chunk": 5},
+        }
+        detail = {
+            name: " | ".join(r[3] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params[name]))
+            for name, sql in plans.items()
+        }
         assert "event_target_idx" in detail["history"] and "event_session_idx" in detail["history"]
         assert "event_legacy_idx" in detail["legacy"]
         assert "SCAN event" in detail["prune"]  # in id order, stopping at the first row kept
@@ -88,9 +97,7 @@ async def test_every_seed_index_exists(db_ctx: Context) -> None:
     db = await db_ctx.db()
     names = {r[0] for r in await db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert SEED_004_INDEXES <= names
-    unique = {
-        r[1] for r in await db.fetchall("PRAGMA index_list(session_message)") if r[2]
-    }
+    unique = {r[1] for r in await db.fetchall("PRAGMA index_list(session_message)") if r[2]}
     assert "session_message_session_seq_idx" in unique
 
 
@@ -182,17 +189,22 @@ async def test_deleting_a_session_cascades(db_ctx: Context) -> None:
         await conn.execute(
             "INSERT INTO summary_job (session_id, time_created, time_updated) VALUES ('s1', 1, 1)"
         )
-        await conn.execute(
-            "INSERT INTO dream_state (session_id, time_updated) VALUES ('s1', 1)"
-        )
+        await conn.execute("INSERT INTO dream_state (session_id, time_updated) VALUES ('s1', 1)")
         await conn.execute(
             "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, "
             "time_updated) VALUES ('s1', 'b', '{}', 0, 1)"
         )
     async with db.tx() as conn:
         await conn.execute("DELETE FROM session WHERE id = 's1'")
-    for table in ("session_message", "session_input", "session_execution", "session_recovery",
-                  "summary_job", "dream_state", "session_context_epoch"):
+    for table in (
+        "session_message",
+        "session_input",
+        "session_execution",
+        "session_recovery",
+        "summary_job",
+        "dream_state",
+        "session_context_epoch",
+    ):
         assert await db.scalar(f"SELECT count(*) FROM {table}") == 0, table
 
 

@@ -28,16 +28,22 @@ async def test_admit_creates_the_session_and_draws_seqs_from_it(db_ctx: Context)
     other = await sessions.admit(db, "s2", "elsewhere", now=300)
     assert first["session_created"] and not second["session_created"] and other["session_created"]
     assert (first["admitted_seq"], second["admitted_seq"], other["admitted_seq"]) == (1, 2, 1)
-    rows = await db.fetchall("SELECT id, delivery, admitted_seq, promoted_seq, wake_pending, wake_attempts, "
-                             "prompt FROM session_input WHERE session_id = 's1' ORDER BY admitted_seq")
+    rows = await db.fetchall(
+        "SELECT id, delivery, admitted_seq, promoted_seq, wake_pending, wake_attempts, "
+        "prompt FROM session_input WHERE session_id = 's1' ORDER BY admitted_seq"
+    )
     assert [tuple(r)[:6] for r in rows] == [("a1", "queue", 1, None, 1, 0), ("a2", "steer", 2, None, 1, 0)]
     assert json.loads(rows[0]["prompt"]) == {"text": "hello"}
     session = await db.fetchone("SELECT last_seq, input_count, time_created FROM session WHERE id = 's1'")
     assert tuple(session) == (2, 2, 100)
-    events = await db.fetchall("SELECT kind, session_id, target FROM event WHERE kind = 'input.admitted' "
-                               "ORDER BY id")
-    assert [tuple(e) for e in events] == [("input.admitted", "s1", "a1"), ("input.admitted", "s1", "a2"),
-                                          ("input.admitted", "s2", other["input_id"])]
+    events = await db.fetchall(
+        "SELECT kind, session_id, target FROM event WHERE kind = 'input.admitted' ORDER BY id"
+    )
+    assert [tuple(e) for e in events] == [
+        ("input.admitted", "s1", "a1"),
+        ("input.admitted", "s1", "a2"),
+        ("input.admitted", "s2", other["input_id"]),
+    ]
 
 
 async def test_readmitting_the_same_id_is_idempotent(db_ctx: Context) -> None:
@@ -50,10 +56,17 @@ async def test_readmitting_the_same_id_is_idempotent(db_ctx: Context) -> None:
     assert await db.scalar("SELECT last_seq FROM session WHERE id = 's1'") == 1
 
 
-@pytest.mark.parametrize("change", [
-    {"text": "different"}, {"delivery": "steer"}, {"session_id": "s2"},
-])
-async def test_reusing_an_id_for_a_different_input_is_refused(db_ctx: Context, change: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"text": "different"},
+        {"delivery": "steer"},
+        {"session_id": "s2"},
+    ],
+)
+async def test_reusing_an_id_for_a_different_input_is_refused(
+    db_ctx: Context, change: dict[str, str]
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "hello", input_id="dup")
     before = await _counts(db_ctx)
@@ -81,15 +94,17 @@ BAD = [
 
 
 @pytest.mark.parametrize(("change", "needle"), BAD, ids=[n for _, n in BAD])
-async def test_bad_input_is_refused_and_writes_nothing(db_ctx: Context, change: dict[str, Any],
-                                                       needle: str) -> None:
+async def test_bad_input_is_refused_and_writes_nothing(
+    db_ctx: Context, change: dict[str, Any], needle: str
+) -> None:
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "baseline", input_id="ok-1")
     before = await _counts(db_ctx)
     args = {"session_id": "s1", "text": "hello", "delivery": "queue", "input_id": None, **change}
     with pytest.raises(BadInput, match=needle):
-        await sessions.admit(db, args["session_id"], args["text"], delivery=args["delivery"],
-                             input_id=args["input_id"])
+        await sessions.admit(
+            db, args["session_id"], args["text"], delivery=args["delivery"], input_id=args["input_id"]
+        )
     assert await _counts(db_ctx) == before
 
 
@@ -103,8 +118,10 @@ async def test_an_id_that_already_names_a_message_is_refused(db_ctx: Context) ->
     db = await db_ctx.db()
     await sessions.admit(db, "s1", "hello")
     async with db.tx() as conn:
-        await conn.execute("INSERT INTO session_message (id, session_id, type, seq, time_created, "
-                           "time_updated, data) VALUES ('taken', 's1', 'assistant', 99, 1, 1, '{}')")
+        await conn.execute(
+            "INSERT INTO session_message (id, session_id, type, seq, time_created, "
+            "time_updated, data) VALUES ('taken', 's1', 'assistant', 99, 1, 1, '{}')"
+        )
     with pytest.raises(BadInput, match="already names a message"):
         await sessions.admit(db, "s1", "hello", input_id="taken")
 

@@ -13,8 +13,18 @@ from backend.runtime.context import Context
 from backend.store.db import Database
 
 # Tables that grow without bound; a full SCAN of one is a bug in the snapshot.
-BIG_TABLES = ("session", "session_message", "session_input", "session_recovery", "summary_job",
-              "dream_state", "event", "graph_node", "graph_edge", "worker")
+BIG_TABLES = (
+    "session",
+    "session_message",
+    "session_input",
+    "session_recovery",
+    "summary_job",
+    "dream_state",
+    "event",
+    "graph_node",
+    "graph_edge",
+    "worker",
+)
 
 
 # count(*) of sessions walks the smallest index of session (not the table); the
@@ -29,17 +39,25 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from benchmarks.gen_big import generate
 
     root = tmp_path_factory.mktemp("populated") / "data"
-    generate(root, sessions=3000, per_session=4, receipts=1000, mismatched=50, leases=100,
-             dream_pending=100, events=2000)
+    generate(
+        root,
+        sessions=3000,
+        per_session=4,
+        receipts=1000,
+        mismatched=50,
+        leases=100,
+        dream_pending=100,
+        events=2000,
+    )
     return root
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["empty", "analyzed"])
 @pytest.mark.parametrize("name", sorted(STATUS_QUERIES))
-async def test_status_query_uses_an_index(db_ctx: Context, populated: Path, name: str,
-                                          analyzed: bool) -> None:
-    db = await db_ctx.db() if not analyzed else await Database.open(populated / "state.db",
-                                                                     read_only=True)
+async def test_status_query_uses_an_index(
+    db_ctx: Context, populated: Path, name: str, analyzed: bool
+) -> None:
+    db = await db_ctx.db() if not analyzed else await Database.open(populated / "state.db", read_only=True)
     try:
         await _assert_indexed(db, name)
     finally:
@@ -48,8 +66,12 @@ async def test_status_query_uses_an_index(db_ctx: Context, populated: Path, name
 
 
 async def _assert_indexed(db: Database, name: str) -> None:
-    partial = {r[0] for r in await db.fetchall(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'")}
+    partial = {
+        r[0]
+        for r in await db.fetchall(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'"
+        )
+    }
     params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5}
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
     details = [row["detail"] for row in plan]
@@ -70,42 +92,57 @@ async def _seed(ctx: Context, now: int) -> None:
     async with db.tx() as conn:
         for sid in ("s1", "s2", "s3"):
             await conn.execute(
-                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,))
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (sid,)
+            )
         await conn.execute(
             "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-            "wake_pending, time_created) VALUES ('i1', 's1', '{}', 'queue', 1, 1, ?)", (now - 5000,))
+            "wake_pending, time_created) VALUES ('i1', 's1', '{}', 'queue', 1, 1, ?)",
+            (now - 5000,),
+        )
         await conn.execute(
             "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-            "wake_pending, time_created) VALUES ('i2', 's1', '{}', 'steer', 2, 1, ?)", (now - 1000,))
+            "wake_pending, time_created) VALUES ('i2', 's1', '{}', 'steer', 2, 1, ?)",
+            (now - 1000,),
+        )
         await conn.execute(
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at) "
-            "VALUES ('ex-live', 'executor', 1, 'h', ?, ?)", (now - 60_000, now - 1000))
+            "VALUES ('ex-live', 'executor', 1, 'h', ?, ?)",
+            (now - 60_000, now - 1000),
+        )
         await conn.execute(
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at) "
-            "VALUES ('ex-dead', 'executor', 2, 'h', ?, ?)", (now - 60_000, now - 45_000))
+            "VALUES ('ex-dead', 'executor', 2, 'h', ?, ?)",
+            (now - 60_000, now - 45_000),
+        )
         await conn.execute(
             "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
             "time_renewed, expires_at) VALUES ('e-dead', 's2', 'ex-dead', 4, 'unknown', 1, 1, ?)",
-            (now - 15_000,))
+            (now - 15_000,),
+        )
         await conn.execute(
             "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
             "time_renewed, expires_at) VALUES ('e-live', 's3', 'ex-live', 1, 'safe', 1, 1, ?)",
-            (now + 20_000,))
+            (now + 20_000,),
+        )
         detail = {"keys": [{"key": "memoryCount", "expected": 3, "actual": 3.0, "reason": "type"}]}
         await conn.execute(
             "INSERT INTO summary_job (session_id, status, verdict, verdict_detail, verdict_checked_at, "
             "result_staged_at, time_created, time_updated) VALUES ('s1', 'completed', 'keys_differ', ?, ?, 1, 1, 1)",
-            (json.dumps(detail), now - 100))
+            (json.dumps(detail), now - 100),
+        )
         await conn.execute(
             "INSERT INTO summary_job (session_id, status, verdict, result_staged_at, dirty_seq, "
-            "time_created, time_updated) VALUES ('s2', 'completed', 'present', 1, 2, 1, 1)")
+            "time_created, time_updated) VALUES ('s2', 'completed', 'present', 1, 2, 1, 1)"
+        )
         await conn.execute(
             "INSERT INTO dream_state (session_id, input_revision, completed_revision, digest_state, "
-            "time_published, time_updated) VALUES ('s1', 'sha256:b', 'sha256:a', 'pending', 5, 5)")
+            "time_published, time_updated) VALUES ('s1', 'sha256:b', 'sha256:a', 'pending', 5, 5)"
+        )
         await conn.execute(
             "INSERT INTO dream_state (session_id, input_revision, digest_state, digest_attempts, "
             "defer_reason, time_published, time_updated) "
-            "VALUES ('s3', 'sha256:c', 'undigestible', 3, 'extractor failed', 6, 6)")
+            "VALUES ('s3', 'sha256:c', 'undigestible', 3, 'extractor failed', 6, 6)"
+        )
 
 
 async def test_snapshot_sections(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
@@ -114,7 +151,8 @@ async def test_snapshot_sections(db_ctx: Context, frozen_clock) -> None:  # type
     db_ctx.read_only = False
     snap = await ops.status(db_ctx)
     assert snap["backlog"]["inputs"] == [
-        {"session_id": "s1", "pending": 2, "oldest_at": now - 5000, "oldest_age_ms": 5000}]
+        {"session_id": "s1", "pending": 2, "oldest_at": now - 5000, "oldest_age_ms": 5000}
+    ]
     leases = {lease["id"]: lease for lease in snap["leases"]}
     assert leases["e-dead"]["expired"] and leases["e-dead"]["time_left_ms"] == -15_000
     assert not leases["e-dead"]["owner_alive"]

@@ -41,7 +41,12 @@ async def test_a_drifted_session_is_summarized_into_chroma(ctx: Context) -> None
     assert list(raw["embeddings"][0]) == pytest.approx(HashingEmbedder().embed_one(document), abs=1e-6)
 
     j = await job(db, "s1")
-    assert (j["status"], j["verdict"], j["summarized_revision"], j["clean_seq"]) == ("completed", "present", revision, 1)
+    assert (j["status"], j["verdict"], j["summarized_revision"], j["clean_seq"]) == (
+        "completed",
+        "present",
+        revision,
+        1,
+    )
     receipt = receipts.decode(j["result_envelope"], j["result_encoding"])
     assert receipt.document == document and receipts.is_present(receipt, (document, metadata))
     assert j["result_acknowledged_at"] >= j["result_staged_at"]
@@ -66,7 +71,9 @@ async def test_drift_is_decided_by_revision_not_by_count(ctx: Context) -> None:
     assert again["clean_seq"] == again["dirty_seq"] == 3
     assert again["result_envelope"] == first["result_envelope"] and again["epoch"] == first["epoch"]
 
-    await add_turn(db, "s1", "And how do I roll back?", "Run the rollback job, then check the latency alert.", 50_000)
+    await add_turn(
+        db, "s1", "And how do I roll back?", "Run the rollback job, then check the latency alert.", 50_000
+    )
     synth = await run_once(ctx)
     assert synth.calls == ["s1"]
     j = await job(db, "s1")
@@ -118,9 +125,16 @@ async def test_a_failing_model_is_retried_with_backoff_then_parked(ctx: Context,
 
 async def test_drift_and_recovery_selections_use_their_partial_indexes(ctx: Context) -> None:
     db = await ctx.db()
-    for sql, index in ((DRIFTED_SQL, "summary_job_drift_idx"), (receipt_replay.PENDING_SQL, "summary_job_unacked_idx")):
-        plan = " ".join(str(tuple(r)) for r in await db.fetchall(
-            "EXPLAIN QUERY PLAN " + sql, {"now": 0, "n": 1, "staged": 0, "sid": ""}))
+    for sql, index in (
+        (DRIFTED_SQL, "summary_job_drift_idx"),
+        (receipt_replay.PENDING_SQL, "summary_job_unacked_idx"),
+    ):
+        plan = " ".join(
+            str(tuple(r))
+            for r in await db.fetchall(
+                "EXPLAIN QUERY PLAN " + sql, {"now": 0, "n": 1, "staged": 0, "sid": ""}
+            )
+        )
         assert index in plan, plan
 
 
@@ -136,7 +150,12 @@ async def test_chroma_down_at_the_write_keeps_the_receipt_for_recovery(ctx: Cont
         await dead.close()
     j = await job(db, "s1")
     assert synth.calls == ["s1"] and j["result_envelope"] is not None
-    assert (j["status"], j["owner_id"], j["lease_expires_at"], j["result_acknowledged_at"]) == ("pending", None, None, None)
+    assert (j["status"], j["owner_id"], j["lease_expires_at"], j["result_acknowledged_at"]) == (
+        "pending",
+        None,
+        None,
+        None,
+    )
 
     again = await run_once(ctx)  # Chroma is back: recovery replays, the model is not called
 

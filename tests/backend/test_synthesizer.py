@@ -5,9 +5,17 @@ from __future__ import annotations
 from backend.summaries.synthesizer import ExtractiveSynthesizer, load_synthesizer
 
 TURNS = [
-    {"id": "m1", "role": "user", "text": "The payments service keeps timing out. How do I restart the service safely?"},
-    {"id": "m2", "role": "assistant", "text": "Drain the node first. Then restart the service and watch the latency "
-                                              "alert. If the latency stays high, roll back the deployment."},
+    {
+        "id": "m1",
+        "role": "user",
+        "text": "The payments service keeps timing out. How do I restart the service safely?",
+    },
+    {
+        "id": "m2",
+        "role": "assistant",
+        "text": "Drain the node first. Then restart the service and watch the latency "
+        "alert. If the latency stays high, roll back the deployment.",
+    },
     {"id": "m3", "role": "user", "text": "The latency alert fired again after the restart."},
 ]
 
@@ -29,8 +37,9 @@ def test_summary_is_extracted_from_the_turns() -> None:
 def test_synthesis_is_deterministic_and_follows_the_input() -> None:
     first = ExtractiveSynthesizer().summarize(TURNS)
     assert ExtractiveSynthesizer().summarize([dict(t) for t in TURNS]) == first
-    changed = ExtractiveSynthesizer().summarize([*TURNS, {"id": "m4", "role": "assistant",
-                                                          "text": "Write a python test for the retry function."}])
+    changed = ExtractiveSynthesizer().summarize(
+        [*TURNS, {"id": "m4", "role": "assistant", "text": "Write a python test for the retry function."}]
+    )
     assert changed.document != first.document
 
 

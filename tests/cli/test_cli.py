@@ -16,8 +16,21 @@ from backend.cli.app import app
 from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import run_rem
 
-DESIGN_COMMANDS = ["init", "up", "daemon", "send", "status", "replay", "drain", "release",
-                   "check", "drill", "console", "demo", "bench"]
+DESIGN_COMMANDS = [
+    "init",
+    "up",
+    "daemon",
+    "send",
+    "status",
+    "replay",
+    "drain",
+    "release",
+    "check",
+    "drill",
+    "console",
+    "demo",
+    "bench",
+]
 
 
 def _commands() -> list[list[str]]:

@@ -37,8 +37,16 @@ async def test_dry_run_json_is_one_document_naming_the_differing_keys(ctx: Conte
     assert doc["dry_run"] is True and doc["counters"]["present"] == 1 and doc["counters"]["mismatched"] == 1
     (row,) = doc["rows"]
     assert row["summary_id"] == "summary_s2" and row["outcome"] == "would_replay"
-    assert row["keys"] == [{"key": "memoryCount", "reason": "type_differs", "expected": 6, "actual": 6.0,
-                            "expected_type": "int", "actual_type": "float"}]
+    assert row["keys"] == [
+        {
+            "key": "memoryCount",
+            "reason": "type_differs",
+            "expected": 6,
+            "actual": 6.0,
+            "expected_type": "int",
+            "actual_type": "float",
+        }
+    ]
     assert await job(await ctx.db(), "s2") == before
 
 

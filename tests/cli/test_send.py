@@ -13,19 +13,29 @@ from tests.helpers import rem_json, run_rem
 
 def _inputs(data: Path) -> list[tuple[str, str, str, int]]:
     with sqlite3.connect(data / "state.db") as conn:
-        return conn.execute("SELECT session_id, id, delivery, admitted_seq FROM session_input "
-                            "ORDER BY session_id, admitted_seq").fetchall()
+        return conn.execute(
+            "SELECT session_id, id, delivery, admitted_seq FROM session_input "
+            "ORDER BY session_id, admitted_seq"
+        ).fetchall()
 
 
 def test_send_prints_one_json_document_and_is_idempotent_on_its_id(tmp_path: Path) -> None:
     data = tmp_path / "d"
     first = rem_json("send", "ops-1", "Why is the refund queue growing?", "--id", "in-1", "--data", str(data))
-    assert first == {"session_id": "ops-1", "input_id": "in-1", "delivery": "queue", "admitted_seq": 1,
-                     "promoted_seq": None, "duplicate": False, "session_created": True}
+    assert first == {
+        "session_id": "ops-1",
+        "input_id": "in-1",
+        "delivery": "queue",
+        "admitted_seq": 1,
+        "promoted_seq": None,
+        "duplicate": False,
+        "session_created": True,
+    }
     steer = rem_json("send", "ops-1", "Focus on Adyen.", "--delivery", "steer", "--data", str(data))
     assert steer["admitted_seq"] == 2 and steer["delivery"] == "steer" and steer["input_id"].startswith("in_")
-    again = run_rem("send", "ops-1", "Why is the refund queue growing?", "--id", "in-1", "--json",
-                    "--data", str(data))
+    again = run_rem(
+        "send", "ops-1", "Why is the refund queue growing?", "--id", "in-1", "--json", "--data", str(data)
+    )
     assert again.returncode == 0 and again.stderr == ""
     assert json.loads(again.stdout)["duplicate"] is True
     assert _inputs(data) == [("ops-1", "in-1", "queue", 1), ("ops-1", steer["input_id"], "steer", 2)]
@@ -40,15 +50,20 @@ def test_send_reads_the_text_from_stdin(tmp_path: Path) -> None:
     assert json.loads(prompt)["text"] == "line one\nline two\n"
 
 
-@pytest.mark.parametrize(("args", "stdin", "needle"), [
-    (["s1", "hi", "--delivery", "later"], None, "Invalid value for '--delivery'"),
-    (["s1", ""], None, "rem: error: the input text is empty"),
-    (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the input text is 262145 bytes, over the"),
-    (["s1", "hi", "--id", "bad id!"], None, "rem: error: malformed input id 'bad id!'"),
-    (["bad/session", "hi"], None, "rem: error: malformed session id"),
-], ids=["delivery", "empty", "oversize", "id", "session"])
-def test_bad_input_is_a_usage_error_and_writes_nothing(tmp_path: Path, args: list[str], stdin: bytes | None,
-                                                       needle: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "stdin", "needle"),
+    [
+        (["s1", "hi", "--delivery", "later"], None, "Invalid value for '--delivery'"),
+        (["s1", ""], None, "rem: error: the input text is empty"),
+        (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the input text is 262145 bytes, over the"),
+        (["s1", "hi", "--id", "bad id!"], None, "rem: error: malformed input id 'bad id!'"),
+        (["bad/session", "hi"], None, "rem: error: malformed session id"),
+    ],
+    ids=["delivery", "empty", "oversize", "id", "session"],
+)
+def test_bad_input_is_a_usage_error_and_writes_nothing(
+    tmp_path: Path, args: list[str], stdin: bytes | None, needle: str
+) -> None:
     data = tmp_path / "d"
     assert run_rem("send", "s1", "baseline", "--id", "base", "--data", str(data)).returncode == 0
     proc = run_rem("send", *args, "--json", "--data", str(data), input=stdin)

@@ -50,10 +50,16 @@ class Rig:
         return self.ctx.data.root
 
     def env(self, **extra: str) -> dict[str, str]:
-        settings = {"REM_EXECUTION_LEASE_MS": str(LEASE_MS), "REM_SUMMARY_LEASE_MS": str(LEASE_MS),
-                    "REM_DREAM_LEASE_MS": str(LEASE_MS), "REM_AGENT_DELAY_MS": str(AGENT_DELAY_MS),
-                    "REM_DREAM_CHUNK_ROWS": "10", "REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1",
-                    "REM_CHROMA_COLLECTION": self.ctx.collection}
+        settings = {
+            "REM_EXECUTION_LEASE_MS": str(LEASE_MS),
+            "REM_SUMMARY_LEASE_MS": str(LEASE_MS),
+            "REM_DREAM_LEASE_MS": str(LEASE_MS),
+            "REM_AGENT_DELAY_MS": str(AGENT_DELAY_MS),
+            "REM_DREAM_CHUNK_ROWS": "10",
+            "REM_CHROMA_AUTOSTART": "0",
+            "REM_LOG": "1",
+            "REM_CHROMA_COLLECTION": self.ctx.collection,
+        }
         return rem_env(**{**settings, **self.extra_env, **extra})
 
     def args(self) -> list[str]:
@@ -75,7 +81,9 @@ class Rig:
         try:
             return await asyncio.to_thread(proc.wait, timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"pid {proc.pid} still running after {timeout} s:\n{self.log_of(proc)}") from None
+            raise AssertionError(
+                f"pid {proc.pid} still running after {timeout} s:\n{self.log_of(proc)}"
+            ) from None
 
     def alive(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
         return [(role, p) for role, p, _ in self.procs if p.poll() is None]
@@ -97,8 +105,9 @@ class Rig:
         try:
             await await_until(quiet, timeout=timeout, interval=0.25, message="the system to settle")
         except AssertionError:
-            raise AssertionError(f"not settled after {timeout} s: {json.dumps(last, indent=1)[:4000]}\n"
-                                 + self.tail_logs()) from None
+            raise AssertionError(
+                f"not settled after {timeout} s: {json.dumps(last, indent=1)[:4000]}\n" + self.tail_logs()
+            ) from None
         return last
 
     async def stop(self) -> None:
@@ -116,8 +125,11 @@ class Rig:
             proc.wait(10)
 
     def tail_logs(self, chars: int = 1500) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}"
-                         for _, _, log in self.procs if log.exists())
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}"
+            for _, _, log in self.procs
+            if log.exists()
+        )
 
     def check_cli(self, expect_rc: int = 0, *extra: str) -> dict[str, Any]:
         """The real `rem check --settled --json` against this data dir."""
@@ -129,7 +141,10 @@ class Rig:
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         with sqlite3.connect(self.root / "state.db", timeout=10) as conn:
-            rows = conn.execute("SELECT id, actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id",
-                                (kind,)).fetchall()
-        return [{"id": i, "actor": a, "session_id": s, "target": t, "data": json.loads(d or "{}")}
-                for i, a, s, t, d in rows]
+            rows = conn.execute(
+                "SELECT id, actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id", (kind,)
+            ).fetchall()
+        return [
+            {"id": i, "actor": a, "session_id": s, "target": t, "data": json.loads(d or "{}")}
+            for i, a, s, t, d in rows
+        ]

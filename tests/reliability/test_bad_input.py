@@ -93,8 +93,9 @@ texts = st.one_of(
 
 @FUZZ
 @given(text=texts, use_stdin=st.booleans())
-def test_send_admits_exactly_the_acceptable_texts_and_stores_them_verbatim(tmp_path: Path, text: str,
-                                                                          use_stdin: bool) -> None:
+def test_send_admits_exactly_the_acceptable_texts_and_stores_them_verbatim(
+    tmp_path: Path, text: str, use_stdin: bool
+) -> None:
     data = tmp_path / "d"
     before = _inputs(data) if data.exists() else []
     argv = ["send", "--json", "--data", str(data), "--", "s1"]
@@ -141,20 +142,34 @@ def _acceptable_bytes(text: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("args", "stdin", "needle"), [
-    ([b"s1", b"caf\xe9 au lait"], None, "not valid UTF-8 (byte 0xe9 at character 3)"),
-    ([b"s1", b"\xff\xfe"], None, "not valid UTF-8 (byte 0xff at character 0)"),
-    ([b"s1", b"-"], b"ok so far \xc3\x28", "the text on stdin is not valid UTF-8 (byte 0xc3 at offset 10)"),
-    ([b"s1", b"-"], b"x" * (LIMIT + 1), f"the input text is {LIMIT + 1} bytes, over the {LIMIT} byte"),
-    ([b"s1", b"-"], b" \n\t ", "the input text is empty"),
-], ids=["latin1-argv", "binary-argv", "bad-utf8-stdin", "huge-stdin", "blank-stdin"])
-def test_raw_shell_bytes_get_one_line_and_write_nothing(tmp_path: Path, args: list[bytes], stdin: bytes | None,
-                                                        needle: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "stdin", "needle"),
+    [
+        ([b"s1", b"caf\xe9 au lait"], None, "not valid UTF-8 (byte 0xe9 at character 3)"),
+        ([b"s1", b"\xff\xfe"], None, "not valid UTF-8 (byte 0xff at character 0)"),
+        (
+            [b"s1", b"-"],
+            b"ok so far \xc3\x28",
+            "the text on stdin is not valid UTF-8 (byte 0xc3 at offset 10)",
+        ),
+        ([b"s1", b"-"], b"x" * (LIMIT + 1), f"the input text is {LIMIT + 1} bytes, over the {LIMIT} byte"),
+        ([b"s1", b"-"], b" \n\t ", "the input text is empty"),
+    ],
+    ids=["latin1-argv", "binary-argv", "bad-utf8-stdin", "huge-stdin", "blank-stdin"],
+)
+def test_raw_shell_bytes_get_one_line_and_write_nothing(
+    tmp_path: Path, args: list[bytes], stdin: bytes | None, needle: str
+) -> None:
     data = tmp_path / "d"
     assert run_rem("send", "s1", "baseline", "--data", str(data)).returncode == 0
     before = _inputs(data)
-    proc = subprocess.run([REM.encode(), b"send", b"--data", str(data).encode(), *args], input=stdin,
-                          capture_output=True, env=rem_env(), timeout=60)
+    proc = subprocess.run(
+        [REM.encode(), b"send", b"--data", str(data).encode(), *args],
+        input=stdin,
+        capture_output=True,
+        env=rem_env(),
+        timeout=60,
+    )
     err = proc.stderr.decode("utf-8", "replace")
     _assert_one_line(proc.returncode, proc.stdout.decode(), err, 2, needle)
     assert _inputs(data) == before
@@ -163,27 +178,37 @@ def test_raw_shell_bytes_get_one_line_and_write_nothing(tmp_path: Path, args: li
 def test_control_characters_and_nul_from_stdin_are_stored_verbatim(tmp_path: Path) -> None:
     data = tmp_path / "d"
     raw = b"tab\tbell\x07 esc\x1b[2J nul\x00 del\x7f crlf\r\n"
-    proc = subprocess.run([REM, "send", "s1", "-", "--json", "--data", str(data)], input=raw,
-                          capture_output=True, env=rem_env(), timeout=60)
+    proc = subprocess.run(
+        [REM, "send", "s1", "-", "--json", "--data", str(data)],
+        input=raw,
+        capture_output=True,
+        env=rem_env(),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(_inputs(data)[0][1])["text"].encode() == raw
 
 
 # -- rem send: ids -----------------------------------------------------------------------------------
 
-ids = st.one_of(st.text(max_size=120), st.from_regex(sessions.ID_PATTERN, fullmatch=True),
-                st.sampled_from(["", "-", ".x", "a" * 100, "a" * 101, "recovery:exe_1", "a/b", "a b", "ü"]))
+ids = st.one_of(
+    st.text(max_size=120),
+    st.from_regex(sessions.ID_PATTERN, fullmatch=True),
+    st.sampled_from(["", "-", ".x", "a" * 100, "a" * 101, "recovery:exe_1", "a/b", "a b", "ü"]),
+)
 
 
 @FUZZ
 @given(input_id=ids, session_id=ids)
-def test_malformed_ids_are_refused_in_one_line_and_write_nothing(tmp_path: Path, input_id: str,
-                                                                session_id: str) -> None:
+def test_malformed_ids_are_refused_in_one_line_and_write_nothing(
+    tmp_path: Path, input_id: str, session_id: str
+) -> None:
     data = tmp_path / uuid.uuid4().hex[:8]
     assert run_ok(["send", "--data", str(data), "baseline", "already here"])
     before = _inputs(data)
-    code, out, err = _rem_in_process(["send", "--json", "--data", str(data), "--id", input_id, "--",
-                                      session_id, "a well-formed question?"])
+    code, out, err = _rem_in_process(
+        ["send", "--json", "--data", str(data), "--id", input_id, "--", session_id, "a well-formed question?"]
+    )
     valid = all(sessions.ID_PATTERN.fullmatch(v) for v in (input_id, session_id))
     after = _inputs(data)
     if valid:
@@ -202,6 +227,7 @@ def run_ok(argv: list[str]) -> bool:
 
 # -- --data ------------------------------------------------------------------------------------------
 
+
 def _foreign_db(path: Path) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -211,30 +237,46 @@ def _foreign_db(path: Path) -> bytes:
     return path.read_bytes()
 
 
-COMMANDS = [["init"], ["status", "--json"], ["check", "--json"], ["send", "s1", "hello"],
-            ["replay", "--all", "--dry-run"], ["drain", "w1"], ["release", "exe_1"],
-            ["daemon", "--role", "executor", "--once"]]
+COMMANDS = [
+    ["init"],
+    ["status", "--json"],
+    ["check", "--json"],
+    ["send", "s1", "hello"],
+    ["replay", "--all", "--dry-run"],
+    ["drain", "w1"],
+    ["release", "exe_1"],
+    ["daemon", "--role", "executor", "--once"],
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
-def test_another_programs_sqlite_file_is_refused_and_left_untouched(tmp_path: Path, command: list[str]) -> None:
+def test_another_programs_sqlite_file_is_refused_and_left_untouched(
+    tmp_path: Path, command: list[str]
+) -> None:
     data = tmp_path / "d"
     original = _foreign_db(data / "state.db")
     proc = run_rem(*command, "--data", str(data), env=rem_env(REM_CHROMA_AUTOSTART="0"))
-    line = _assert_one_line(proc.returncode, proc.stdout, proc.stderr, 2, "is a SQLite database, but not rem's")
+    line = _assert_one_line(
+        proc.returncode, proc.stdout, proc.stderr, 2, "is a SQLite database, but not rem's"
+    )
     assert str(data / "state.db") in line and "move it aside or pass another --data" in line
     assert (data / "state.db").read_bytes() == original
 
 
-@pytest.mark.parametrize(("setup", "command", "rc", "needle"), [
-    ("empty", ["status"], 2, "has no rem schema yet; run `rem init --data"),
-    ("empty", ["check"], 2, "has no rem schema yet"),
-    ("blank", ["send", "s1", "hi"], 2, "--data is empty: pass the data dir's path"),
-    ("blank", ["init"], 2, "--data is empty"),
-    ("file", ["send", "s1", "hi"], 2, "is a file, not a directory"),
-], ids=["empty-status", "empty-check", "blank-send", "blank-init", "file-send"])
-def test_malformed_data_dirs_get_one_line(tmp_path: Path, setup: str, command: list[str], rc: int,
-                                          needle: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "command", "rc", "needle"),
+    [
+        ("empty", ["status"], 2, "has no rem schema yet; run `rem init --data"),
+        ("empty", ["check"], 2, "has no rem schema yet"),
+        ("blank", ["send", "s1", "hi"], 2, "--data is empty: pass the data dir's path"),
+        ("blank", ["init"], 2, "--data is empty"),
+        ("file", ["send", "s1", "hi"], 2, "is a file, not a directory"),
+    ],
+    ids=["empty-status", "empty-check", "blank-send", "blank-init", "file-send"],
+)
+def test_malformed_data_dirs_get_one_line(
+    tmp_path: Path, setup: str, command: list[str], rc: int, needle: str
+) -> None:
     data = tmp_path / "d"
     if setup == "empty":
         data.mkdir()
@@ -242,8 +284,14 @@ def test_malformed_data_dirs_get_one_line(tmp_path: Path, setup: str, command: l
     elif setup == "file":
         data.write_text("not a directory")
     arg = "" if setup == "blank" else str(data)
-    proc = subprocess.run([REM, *command, "--data", arg], capture_output=True, text=True, env=rem_env(),
-                          cwd=tmp_path, timeout=60)
+    proc = subprocess.run(
+        [REM, *command, "--data", arg],
+        capture_output=True,
+        text=True,
+        env=rem_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     _assert_one_line(proc.returncode, proc.stdout, proc.stderr, rc, needle)
     assert not (tmp_path / "state.db").exists()  # never silently the current directory
     if setup == "empty":
@@ -251,6 +299,7 @@ def test_malformed_data_dirs_get_one_line(tmp_path: Path, setup: str, command: l
 
 
 # -- a state.db truncated mid-page ------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def populated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -269,13 +318,19 @@ def populated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data / "state.db"
 
 
-ALL_COMMANDS = [*COMMANDS, ["replay", "--all"], ["daemon", "--role", "summarizer", "--once"],
-                ["daemon", "--role", "dream", "--once"], ["up"]]
+ALL_COMMANDS = [
+    *COMMANDS,
+    ["replay", "--all"],
+    ["daemon", "--role", "summarizer", "--once"],
+    ["daemon", "--role", "dream", "--once"],
+    ["up"],
+]
 
 
 @pytest.mark.parametrize("command", ALL_COMMANDS, ids=lambda c: "-".join(c[:3]))
-def test_every_command_on_a_truncated_state_db_says_so_in_one_line(tmp_path: Path, populated_db: Path,
-                                                                   command: list[str]) -> None:
+def test_every_command_on_a_truncated_state_db_says_so_in_one_line(
+    tmp_path: Path, populated_db: Path, command: list[str]
+) -> None:
     data = tmp_path / "d"
     data.mkdir()
     pages = populated_db.stat().st_size // 4096
@@ -289,8 +344,9 @@ def test_every_command_on_a_truncated_state_db_says_so_in_one_line(tmp_path: Pat
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 1.0))
-def test_any_truncation_is_a_rem_error_or_a_readable_report_never_a_crash(tmp_path: Path, populated_db: Path,
-                                                                         cut: float) -> None:
+def test_any_truncation_is_a_rem_error_or_a_readable_report_never_a_crash(
+    tmp_path: Path, populated_db: Path, cut: float
+) -> None:
     data = tmp_path / f"d{uuid.uuid4().hex[:6]}"
     data.mkdir()
     shutil.copy(populated_db, data / "state.db")
@@ -311,18 +367,28 @@ def test_any_truncation_is_a_rem_error_or_a_readable_report_never_a_crash(tmp_pa
 
 # -- receipts and Chroma rows ----------------------------------------------------------------------
 
+
 async def _summarized(ctx: Context, sessions_: list[str]) -> None:
     """Sessions with acknowledged receipts whose rows are in Chroma, as a finished synthesis leaves them."""
     db = await ctx.db()
     for sid in sessions_:
-        receipt = receipts.issue(f"Summary of {sid}: the refund queue and the ledger export.", base_metadata(sid))
+        receipt = receipts.issue(
+            f"Summary of {sid}: the refund queue and the ledger export.", base_metadata(sid)
+        )
         await stage_receipt(db, sid, receipt.document, receipt.metadata, now=1_800_000_000_000)
         await ctx.store().upsert([row_id(sid)], [receipt.document], [receipts.chroma_metadata(receipt)])
 
 
 def _rem_json(ctx: Context, chroma_url: str, *args: str, rc: int) -> dict[str, Any]:
-    proc = run_rem(*args, "--json", "--data", str(ctx.data.root), "--chroma-url", chroma_url,
-                   env=rem_env(REM_CHROMA_COLLECTION=ctx.collection))
+    proc = run_rem(
+        *args,
+        "--json",
+        "--data",
+        str(ctx.data.root),
+        "--chroma-url",
+        chroma_url,
+        env=rem_env(REM_CHROMA_COLLECTION=ctx.collection),
+    )
     assert proc.returncode == rc and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
     return dict(json.loads(proc.stdout))
 
@@ -332,13 +398,18 @@ def _whats(report: dict[str, Any]) -> set[str]:
 
 
 async def test_a_summary_row_deleted_by_hand_is_shown_by_check_and_repaired_by_replay(
-        ctx: Context, chroma_url: str) -> None:
+    ctx: Context, chroma_url: str
+) -> None:
     await _summarized(ctx, ["s1", "s2", "s3"])
     await ctx.store().update_metadata([row_id("s1")], [{"graphDigested": True, "note": "kept"}])
     await ctx.store().delete([row_id("s2")])
 
     report = await asyncio.to_thread(_rem_json, ctx, chroma_url, "check", rc=1)
-    (finding,) = [v for v in report["violations"] if v["what"] == "acknowledged receipts whose Chroma row does not match"]
+    (finding,) = [
+        v
+        for v in report["violations"]
+        if v["what"] == "acknowledged receipts whose Chroma row does not match"
+    ]
     assert [r["summary_id"] for r in finding["rows"]] == [row_id("s2")]
     assert finding["rows"][0]["verdict"] == "missing"
 
@@ -360,7 +431,8 @@ async def _turns_and_summaries(ctx: Context, monkeypatch: pytest.MonkeyPatch) ->
 
 
 async def test_a_corrupt_envelope_met_by_a_live_summarizer_is_quarantined_shown_and_outgrown(
-        ctx: Context, chroma_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx: Context, chroma_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = await ctx.db()
     for sid in ("s1", "s2", "s3"):
         await sessions.admit(db, sid, f"What happened to the nightly ledger export in {sid}?")
@@ -369,12 +441,23 @@ async def test_a_corrupt_envelope_met_by_a_live_summarizer_is_quarantined_shown_
     at = next(i for i in range(len(b'{"document":"') + 5, len(envelope)) if chr(envelope[i]).isalpha())
     envelope[at] ^= 0x20  # one flipped bit: a letter of the document changes case, the JSON stays valid
     async with db.tx() as conn:
-        await conn.execute("UPDATE summary_job SET result_envelope = ? WHERE session_id = 's2'", (bytes(envelope),))
+        await conn.execute(
+            "UPDATE summary_job SET result_envelope = ? WHERE session_id = 's2'", (bytes(envelope),)
+        )
     rows_before = await ctx.store().get([row_id(s) for s in ("s1", "s2", "s3")])
 
-    proc = await asyncio.to_thread(run_rem, "daemon", "--role", "summarizer", "--once", "--data",
-                                   str(ctx.data.root), "--chroma-url", chroma_url,
-                                   env=rem_env(REM_CHROMA_COLLECTION=ctx.collection, REM_LOG="1"))
+    proc = await asyncio.to_thread(
+        run_rem,
+        "daemon",
+        "--role",
+        "summarizer",
+        "--once",
+        "--data",
+        str(ctx.data.root),
+        "--chroma-url",
+        chroma_url,
+        env=rem_env(REM_CHROMA_COLLECTION=ctx.collection, REM_LOG="1"),
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "receipt summary_s2 quarantined" in proc.stderr
     (shown,) = (await ops.status(ctx))["receipts"]["mismatched"]
@@ -382,8 +465,12 @@ async def test_a_corrupt_envelope_met_by_a_live_summarizer_is_quarantined_shown_
     assert "checksum does not match its content" in shown["quarantine_reason"]
     report = await asyncio.to_thread(_rem_json, ctx, chroma_url, "check", rc=1)
     assert _whats(report) == {"corrupt receipt envelopes (quarantined for the operator)"}
-    assert await ctx.store().get([row_id(s) for s in ("s1", "s2", "s3")]) == rows_before  # nothing else touched
-    assert bytes(envelope) == await db.scalar("SELECT result_envelope FROM summary_job WHERE session_id = 's2'")
+    assert (
+        await ctx.store().get([row_id(s) for s in ("s1", "s2", "s3")]) == rows_before
+    )  # nothing else touched
+    assert bytes(envelope) == await db.scalar(
+        "SELECT result_envelope FROM summary_job WHERE session_id = 's2'"
+    )
 
     await sessions.admit(db, "s2", "And did the Frankfurt region recover after the rollback?")
     await _turns_and_summaries(ctx, monkeypatch)
@@ -391,32 +478,39 @@ async def test_a_corrupt_envelope_met_by_a_live_summarizer_is_quarantined_shown_
 
 
 # Chroma rows with owned keys of the wrong type, owned keys missing, foreign keys of every type
-values = st.one_of(st.text(max_size=12), st.integers(-(2**40), 2**40), st.booleans(),
-                   st.floats(allow_nan=False, allow_infinity=False, width=32),
-                   st.lists(st.text(max_size=6), min_size=1, max_size=3))
-foreign_names = st.one_of(st.sampled_from(DREAM_OWNED_KEYS),
-                          st.from_regex(r"[a-z][A-Za-z0-9_]{0,12}", fullmatch=True)).filter(
-    lambda k: k not in SYNTHESIS_OWNED_KEYS)
+values = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(2**40), 2**40),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.lists(st.text(max_size=6), min_size=1, max_size=3),
+)
+foreign_names = st.one_of(
+    st.sampled_from(DREAM_OWNED_KEYS), st.from_regex(r"[a-z][A-Za-z0-9_]{0,12}", fullmatch=True)
+).filter(lambda k: k not in SYNTHESIS_OWNED_KEYS)
 damage = st.fixed_dictionaries({}, optional={k: st.one_of(st.none(), values) for k in SYNTHESIS_OWNED_KEYS})
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(owned=damage, foreign=st.dictionaries(foreign_names, values, max_size=4), new_document=st.booleans())
-def test_recovery_repairs_owned_keys_and_never_touches_foreign_ones(chroma_url: str, tmp_path: Path,
-                                                                   owned: dict[str, Any], foreign: dict[str, Any],
-                                                                   new_document: bool) -> None:
-    asyncio.run(_damage_and_recover(tmp_path / f"d{uuid.uuid4().hex[:6]}", chroma_url, owned, foreign,
-                                    new_document))
+def test_recovery_repairs_owned_keys_and_never_touches_foreign_ones(
+    chroma_url: str, tmp_path: Path, owned: dict[str, Any], foreign: dict[str, Any], new_document: bool
+) -> None:
+    asyncio.run(
+        _damage_and_recover(tmp_path / f"d{uuid.uuid4().hex[:6]}", chroma_url, owned, foreign, new_document)
+    )
 
 
-async def _damage_and_recover(root: Path, chroma_url: str, owned: dict[str, Any], foreign: dict[str, Any],
-                              new_document: bool) -> None:
+async def _damage_and_recover(
+    root: Path, chroma_url: str, owned: dict[str, Any], foreign: dict[str, Any], new_document: bool
+) -> None:
     ctx = Context(DataDir(root), chroma_url=chroma_url, collection=f"t_{uuid.uuid4().hex[:12]}")
     try:
         await _summarized(ctx, ["s1", "s2"])
         store: ChromaStore = ctx.store()
-        receipt = receipts.decode(await (await ctx.db()).scalar(
-            "SELECT result_envelope FROM summary_job WHERE session_id = 's1'"))
+        receipt = receipts.decode(
+            await (await ctx.db()).scalar("SELECT result_envelope FROM summary_job WHERE session_id = 's1'")
+        )
         if new_document:
             await store.upsert([row_id("s1")], ["edited by hand"], [{"sessionId": "s1"}])
         if owned or foreign:  # None deletes an owned key; other values replace it, maybe with another type
@@ -432,7 +526,9 @@ async def _damage_and_recover(root: Path, chroma_url: str, owned: dict[str, Any]
         assert c.replayed == (0 if was_present else 1)
         after = (await store.get([row_id("s1")]))[row_id("s1")]
         assert receipts.is_present(receipt, after)
-        assert all(receipts.strict_equal(v, after[1].get(k)) for k, v in kept.items())  # foreign keys untouched
+        assert all(
+            receipts.strict_equal(v, after[1].get(k)) for k, v in kept.items()
+        )  # foreign keys untouched
         assert (await ops.check(ctx))["ok"]
     finally:
         with contextlib.suppress(Exception):
@@ -440,8 +536,9 @@ async def _damage_and_recover(root: Path, chroma_url: str, owned: dict[str, Any]
         await ctx.close()
 
 
-async def test_a_deleted_row_replayed_gets_its_dream_keys_back(ctx: Context,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_deleted_row_replayed_gets_its_dream_keys_back(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from backend import ops
     from backend.dream.digester import Dreamer
 

@@ -35,12 +35,19 @@ from tests.helpers import wait_until
 from tests.reliability.rig import Rig
 
 LEASE = "5000"
-SKEWED = {"REM_EXECUTION_LEASE_MS": LEASE, "REM_DREAM_LEASE_MS": LEASE, "REM_SUMMARY_LEASE_MS": LEASE,
-          "REM_AGENT_DELAY_MS": "300", "REM_EXECUTOR_CONCURRENCY": "2"}
+SKEWED = {
+    "REM_EXECUTION_LEASE_MS": LEASE,
+    "REM_DREAM_LEASE_MS": LEASE,
+    "REM_SUMMARY_LEASE_MS": LEASE,
+    "REM_AGENT_DELAY_MS": "300",
+    "REM_EXECUTOR_CONCURRENCY": "2",
+}
 # the worst case for the bound: parts further apart (1.8 s) than the renewal interval (1.67 s),
 # so between two parts only the renewal loop keeps the lease alive
 SLOW_PARTS = {"REM_AGENT_DELAY_MS": "1800"}
-WORK = [(f"s{i}", f"Question {i}: why is the Frankfurt region slow on Argo Rollouts?", "queue") for i in range(2)]
+WORK = [
+    (f"s{i}", f"Question {i}: why is the Frankfurt region slow on Argo Rollouts?", "queue") for i in range(2)
+]
 
 
 def _workers(rig: Rig) -> int:
@@ -50,15 +57,20 @@ def _workers(rig: Rig) -> int:
         return int(conn.execute("SELECT count(*) FROM worker WHERE state = 'running'").fetchone()[0])
 
 
-async def test_skew_within_the_bound_takes_nothing_over(ctx: Context, chroma_url: str, tmp_path: Path) -> None:
+async def test_skew_within_the_bound_takes_nothing_over(
+    ctx: Context, chroma_url: str, tmp_path: Path
+) -> None:
     rig = Rig(ctx, chroma_url, tmp_path, extra_env={**SKEWED, **SLOW_PARTS})
     try:
         rig.spawn("summarizer", REM_CLOCK_SKEW_MS="1000")
         rig.spawn("dream", REM_CLOCK_SKEW_MS="-1000")
         rig.spawn("executor", name="executor-behind", REM_CLOCK_SKEW_MS="-1000")
         await rig.admit(WORK)
-        wait_until(lambda: len(rig.events("execution.claimed")) == 2, timeout=30,
-                   message="the executor behind to hold both leases")
+        wait_until(
+            lambda: len(rig.events("execution.claimed")) == 2,
+            timeout=30,
+            message="the executor behind to hold both leases",
+        )
         # the executor ahead has room to take leases over, and watches them for a whole turn
         rig.spawn("executor", name="executor-ahead", REM_CLOCK_SKEW_MS="1000")
         wait_until(lambda: _workers(rig) == 4, timeout=30, message="every daemon registered")
@@ -75,14 +87,17 @@ async def test_skew_within_the_bound_takes_nothing_over(ctx: Context, chroma_url
 
 
 async def test_skew_past_the_lease_takes_over_early_but_fencing_keeps_it_exact(
-        ctx: Context, chroma_url: str, tmp_path: Path) -> None:
+    ctx: Context, chroma_url: str, tmp_path: Path
+) -> None:
     rig = Rig(ctx, chroma_url, tmp_path, extra_env=SKEWED)
     try:
         on_time = rig.spawn("executor", name="executor-on-time")
         rig.spawn("summarizer")
         rig.spawn("dream")
         await rig.admit([*WORK, ("s0", "And the follow-up on the Welcome Flow?", "queue")])
-        wait_until(lambda: rig.events("execution.claimed"), timeout=30, message="the on-time executor to claim")
+        wait_until(
+            lambda: rig.events("execution.claimed"), timeout=30, message="the on-time executor to claim"
+        )
         rig.spawn("executor", name="executor-far-ahead", REM_CLOCK_SKEW_MS="6000")  # Δ = 6 s > L = 5 s
         await rig.settle(timeout=90)
         await rig.stop()

@@ -45,6 +45,7 @@ def _count(root: Path, sql: str, params: tuple[object, ...] = ()) -> int:
 
 # -- Chroma SIGKILLed mid-pass ------------------------------------------------------------------
 
+
 @pytest.fixture
 async def private_chroma(tmp_path: Path) -> AsyncIterator[Context]:
     """A data dir with its own `chroma run` (so this test may kill it), and a Context on it."""
@@ -79,13 +80,23 @@ async def test_chroma_sigkilled_mid_pass_loses_nothing(private_chroma: Context, 
         os.kill(int(server.pid), signal.SIGKILL)
         wait_until(lambda: not chroma_server.is_alive(server.url), timeout=10, message="Chroma to die")
         # work keeps arriving while Chroma is down: new turns, new summaries to write
-        await rig.admit([("s3", "Who owns the Payment Gateway, and does Lena need to approve?", "queue"),
-                         ("s2", "Also mention the refund queue.", "queue")])
+        await rig.admit(
+            [
+                ("s3", "Who owns the Payment Gateway, and does Lena need to approve?", "queue"),
+                ("s2", "Also mention the refund queue.", "queue"),
+            ]
+        )
         summarizer_log = next(log for role, _, log in rig.procs if role == "summarizer")
-        wait_until(lambda: "retrying in" in summarizer_log.read_text(), timeout=20,
-                   message="the summarizer to notice Chroma is gone and back off")
-        wait_until(lambda: _count(data.root, "SELECT count(*) FROM session_input WHERE promoted_seq IS NULL") == 0,
-                   timeout=20, message="the executors to go on without Chroma")
+        wait_until(
+            lambda: "retrying in" in summarizer_log.read_text(),
+            timeout=20,
+            message="the summarizer to notice Chroma is gone and back off",
+        )
+        wait_until(
+            lambda: _count(data.root, "SELECT count(*) FROM session_input WHERE promoted_seq IS NULL") == 0,
+            timeout=20,
+            message="the executors to go on without Chroma",
+        )
         assert len(rig.alive()) == 3, rig.tail_logs()  # nobody died of it
         restarted = chroma_server.resolve(data)
         assert restarted.url == server.url  # same port: clients that cached the URL keep working
@@ -95,7 +106,9 @@ async def test_chroma_sigkilled_mid_pass_loses_nothing(private_chroma: Context, 
         rig.kill_all()
     report = rig.check_cli()
     assert report["ok"] and "chroma" in report["checked"]
-    sessions_done = _count(data.root, "SELECT count(*) FROM dream_state WHERE completed_revision = input_revision")
+    sessions_done = _count(
+        data.root, "SELECT count(*) FROM dream_state WHERE completed_revision = input_revision"
+    )
     assert sessions_done == 3
 
 
@@ -104,9 +117,12 @@ async def test_chroma_sigkilled_mid_pass_loses_nothing(private_chroma: Context, 
 BUSY_MS = "300"
 
 
-async def test_a_locked_database_is_one_line_for_send_and_a_retry_for_daemons(ctx: Context, chroma_url: str,
-                                                                             tmp_path: Path) -> None:
-    rig = Rig(ctx, chroma_url, tmp_path, extra_env={"REM_BUSY_TIMEOUT_MS": BUSY_MS, "REM_AGENT_DELAY_MS": "150"})
+async def test_a_locked_database_is_one_line_for_send_and_a_retry_for_daemons(
+    ctx: Context, chroma_url: str, tmp_path: Path
+) -> None:
+    rig = Rig(
+        ctx, chroma_url, tmp_path, extra_env={"REM_BUSY_TIMEOUT_MS": BUSY_MS, "REM_AGENT_DELAY_MS": "150"}
+    )
     root = ctx.data.root
     await rig.admit()
     blocker = sqlite3.connect(root / "state.db", timeout=10, isolation_level=None)
@@ -117,21 +133,45 @@ async def test_a_locked_database_is_one_line_for_send_and_a_retry_for_daemons(ct
         blocker.execute("BEGIN IMMEDIATE")  # another writer, holding the lock far past busy_timeout
         held_at = time.monotonic()
         dream = rig.spawn("dream")  # a daemon starting up while the lock is held waits too
-        send = run_rem("send", "s9", "Is the ledger export late again?", "--id", "late-1", "--json",
-                       "--data", str(root), env=rig.env())
+        send = run_rem(
+            "send",
+            "s9",
+            "Is the ledger export late again?",
+            "--id",
+            "late-1",
+            "--json",
+            "--data",
+            str(root),
+            env=rig.env(),
+        )
         line = _one_line_error(send, 3, "stayed locked by another writer for more than 0.3 s")
         assert str(root / "state.db") in line and "fuser" in line
         executor_log = next(log for role, _, log in rig.procs if role == "executor")
-        wait_until(lambda: "locked" in executor_log.read_text(), timeout=10,
-                   message="the executor to log the lock")
-        wait_until(lambda: "cannot register yet" in rig.log_of(dream), timeout=15,
-                   message="the starting Dream daemon to wait for the lock")
+        wait_until(
+            lambda: "locked" in executor_log.read_text(), timeout=10, message="the executor to log the lock"
+        )
+        wait_until(
+            lambda: "cannot register yet" in rig.log_of(dream),
+            timeout=15,
+            message="the starting Dream daemon to wait for the lock",
+        )
         time.sleep(max(0.0, 2.0 - (time.monotonic() - held_at)))  # hold it well past every timeout
         assert len(rig.alive()) == 3, rig.tail_logs()
         blocker.execute("ROLLBACK")
-        assert _count(root, "SELECT count(*) FROM session WHERE id = 's9'") == 0  # the refused send wrote nothing
-        retried = run_rem("send", "s9", "Is the ledger export late again?", "--id", "late-1", "--json",
-                          "--data", str(root), env=rig.env())
+        assert (
+            _count(root, "SELECT count(*) FROM session WHERE id = 's9'") == 0
+        )  # the refused send wrote nothing
+        retried = run_rem(
+            "send",
+            "s9",
+            "Is the ledger export late again?",
+            "--id",
+            "late-1",
+            "--json",
+            "--data",
+            str(root),
+            env=rig.env(),
+        )
         assert retried.returncode == 0, retried.stderr
         await rig.settle(timeout=60)
         await rig.stop()
@@ -144,16 +184,20 @@ async def test_a_locked_database_is_one_line_for_send_and_a_retry_for_daemons(ct
 
 # -- a full disk ----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs (as root); skipped with the reason where mounting is not permitted."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); "
-                    "run as root (or in a container with CAP_SYS_ADMIN) to test a full disk")
+        pytest.skip(
+            f"cannot mount a small tmpfs to fill ({proc.stderr.strip() or 'mount failed'}); "
+            "run as root (or in a container with CAP_SYS_ADMIN) to test a full disk"
+        )
     try:
         yield mount
     finally:
@@ -196,18 +240,26 @@ def _pause_idle(proc: subprocess.Popen[bytes], db: Path) -> None:
     raise AssertionError("could not pause the executor outside a transaction")
 
 
-async def test_a_full_disk_is_one_line_no_corruption_and_work_resumes(small_disk: Path, chroma_url: str,
-                                                                     tmp_path: Path) -> None:
-    ctx = Context(DataDir(small_disk / "data"), chroma_url=chroma_url, collection=f"t_{uuid.uuid4().hex[:12]}")
+async def test_a_full_disk_is_one_line_no_corruption_and_work_resumes(
+    small_disk: Path, chroma_url: str, tmp_path: Path
+) -> None:
+    ctx = Context(
+        DataDir(small_disk / "data"), chroma_url=chroma_url, collection=f"t_{uuid.uuid4().hex[:12]}"
+    )
     db = await ctx.db()
     root = ctx.data.root
     rig = Rig(ctx, chroma_url, tmp_path)
     try:
         executor = rig.spawn("executor")
         await sessions.admit(db, "s1", "Is the Postgres primary healthy?")
-        wait_until(lambda: _count(root, "SELECT count(*) FROM session_execution") == 0
-                   and _count(root, "SELECT count(*) FROM session_message WHERE type = 'assistant'"), timeout=30,
-                   message="a first turn to finish")
+        wait_until(
+            lambda: (
+                _count(root, "SELECT count(*) FROM session_execution") == 0
+                and _count(root, "SELECT count(*) FROM session_message WHERE type = 'assistant'")
+            ),
+            timeout=30,
+            message="a first turn to finish",
+        )
         _pause_idle(executor, root / "state.db")
         for i in range(2):  # waiting work the executor will find when it wakes on a full disk
             await sessions.admit(db, f"s{i + 2}", f"Question {i} about the disk pressure alert?")
@@ -215,9 +267,14 @@ async def test_a_full_disk_is_one_line_no_corruption_and_work_resumes(small_disk
         filler = _fill(small_disk)
         executor.send_signal(signal.SIGCONT)
 
-        wait_until(lambda: "no space left" in rig.log_of(executor), timeout=15,
-                   message="the executor to hit the full disk")
-        send = run_rem("send", "s9", "Anything new on the Frankfurt region?", "--data", str(root), env=rig.env())
+        wait_until(
+            lambda: "no space left" in rig.log_of(executor),
+            timeout=15,
+            message="the executor to hit the full disk",
+        )
+        send = run_rem(
+            "send", "s9", "Anything new on the Frankfurt region?", "--data", str(root), env=rig.env()
+        )
         line = _one_line_error(send, 3, "no space left")
         assert str(root / "state.db") in line and "free disk space" in line
         assert executor.poll() is None, rig.log_of(executor)
@@ -225,9 +282,14 @@ async def test_a_full_disk_is_one_line_no_corruption_and_work_resumes(small_disk
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
         filler.unlink()  # space returns: the executor's retry goes through on its own
-        wait_until(lambda: _count(root, "SELECT count(*) FROM session_input WHERE promoted_seq IS NULL") == 0
-                   and _count(root, "SELECT count(*) FROM session_execution") == 0, timeout=30,
-                   message="the executor to finish the waiting work")
+        wait_until(
+            lambda: (
+                _count(root, "SELECT count(*) FROM session_input WHERE promoted_seq IS NULL") == 0
+                and _count(root, "SELECT count(*) FROM session_execution") == 0
+            ),
+            timeout=30,
+            message="the executor to finish the waiting work",
+        )
         assert "retrying in" in rig.log_of(executor)
         await rig.stop()
     finally:

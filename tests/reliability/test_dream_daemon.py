@@ -26,8 +26,11 @@ NAMES = ["Kafka", "Postgres", "Redis", "SQLite", "Chroma"]
 
 def _texts(session: int, turns: int) -> list[str]:
     rng = random.Random(session)
-    return [f"We tuned {rng.choice(NAMES)} with {rng.choice(NAMES)} for {rng.choice(WORDS)} and "
-            f"{rng.choice(WORDS)} in turn {j}." for j in range(turns)]
+    return [
+        f"We tuned {rng.choice(NAMES)} with {rng.choice(NAMES)} for {rng.choice(WORDS)} and "
+        f"{rng.choice(WORDS)} in turn {j}."
+        for j in range(turns)
+    ]
 
 
 async def _build(ctx: Context, sessions: int, turns: int, chroma: bool) -> None:
@@ -49,17 +52,25 @@ def _state(root: Path) -> sqlite3.Connection:
 
 def _graph(root: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     with _state(root) as conn:
-        nodes = [tuple(r) for r in conn.execute(
-            "SELECT id, kind, session_id, revision FROM graph_node ORDER BY id")]
-        edges = [tuple(r) for r in conn.execute(
-            "SELECT src, dst, kind, session_id, weight, revision FROM graph_edge ORDER BY 1, 2, 3, 4")]
+        nodes = [
+            tuple(r)
+            for r in conn.execute("SELECT id, kind, session_id, revision FROM graph_node ORDER BY id")
+        ]
+        edges = [
+            tuple(r)
+            for r in conn.execute(
+                "SELECT src, dst, kind, session_id, weight, revision FROM graph_edge ORDER BY 1, 2, 3, 4"
+            )
+        ]
     return nodes, edges
 
 
 def _all_current(root: Path) -> bool:
     with _state(root) as conn:
-        row = conn.execute("SELECT count(*) FROM dream_state WHERE completed_revision IS NOT input_revision "
-                           "OR overlay_pending = 1").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM dream_state WHERE completed_revision IS NOT input_revision "
+            "OR overlay_pending = 1"
+        ).fetchone()
     return row[0] == 0
 
 
@@ -99,8 +110,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 async def test_once_digests_everything_end_to_end(ctx: Context, chroma_url: str, collection: str) -> None:
     await _build(ctx, sessions=3, turns=4, chroma=True)
     root = ctx.data.root
-    proc = run_rem("daemon", "--role", "dream", "--once", "--data", str(root), "--chroma-url", chroma_url,
-                   env=_env(collection))
+    proc = run_rem(
+        "daemon",
+        "--role",
+        "dream",
+        "--once",
+        "--data",
+        str(root),
+        "--chroma-url",
+        chroma_url,
+        env=_env(collection),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     assert _all_current(root)
@@ -111,23 +131,27 @@ async def test_once_digests_everything_end_to_end(ctx: Context, chroma_url: str,
     rows = await ctx.store().get([summary_row_id(f"s{i:03d}") for i in range(3)])
     db = await ctx.db()
     for row_id, (_, meta) in rows.items():
-        completed = await db.scalar("SELECT completed_revision FROM dream_state WHERE session_id = ?",
-                                    (row_id.removeprefix("summary_"),))
+        completed = await db.scalar(
+            "SELECT completed_revision FROM dream_state WHERE session_id = ?",
+            (row_id.removeprefix("summary_"),),
+        )
         assert meta["dreamCompletedRevision"] == completed == meta["dreamInputRevision"]
         assert meta["graphDigested"] is True
 
 
 @pytest.mark.parametrize("kill", ["fault", "random"])
-async def test_sigkill_mid_pass_then_rerun_leaves_no_duplicates(ctx: Context, chroma_url: str, collection: str,
-                                                                 tmp_path: Path, kill: str) -> None:
+async def test_sigkill_mid_pass_then_rerun_leaves_no_duplicates(
+    ctx: Context, chroma_url: str, collection: str, tmp_path: Path, kill: str
+) -> None:
     sessions, turns = (4, 30) if kill == "fault" else (40, 40)
     await _build(ctx, sessions, turns, chroma=True)
     root = ctx.data.root
     args = ("daemon", "--role", "dream", "--data", str(root), "--chroma-url", chroma_url)
     log = tmp_path / "dream.log"
     if kill == "fault":
-        proc = spawn_rem(*args, env=_env(collection, REM_FAULTS="dream.mid_graph", REM_DREAM_CHUNK_ROWS="20"),
-                         log=log)
+        proc = spawn_rem(
+            *args, env=_env(collection, REM_FAULTS="dream.mid_graph", REM_DREAM_CHUNK_ROWS="20"), log=log
+        )
         assert proc.wait(timeout=60) == -signal.SIGKILL, log.read_text()
     else:
         proc = spawn_rem(*args, env=_env(collection, REM_DREAM_CHUNK_ROWS="40"), log=log)
@@ -159,16 +183,21 @@ async def test_sigkill_mid_pass_then_rerun_leaves_no_duplicates(ctx: Context, ch
     # written for A that B left as it was keeps A's stamp)
     assert without_revisions(_graph(root)) == without_revisions(expected)
     with _state(root) as conn:
-        assert conn.execute("SELECT completed_revision FROM dream_state WHERE session_id = 's001'"
-                            ).fetchone()[0] == rev_b
+        assert (
+            conn.execute("SELECT completed_revision FROM dream_state WHERE session_id = 's001'").fetchone()[0]
+            == rev_b
+        )
         if held:
-            assert conn.execute("SELECT count(*) FROM event WHERE kind = 'dream.taken_over'").fetchone()[0] >= 1
+            assert (
+                conn.execute("SELECT count(*) FROM event WHERE kind = 'dream.taken_over'").fetchone()[0] >= 1
+            )
         states = {r[0] for r in conn.execute("SELECT digest_state FROM dream_state")}
     assert states == {"digested"}
     metas = await ctx.store().get([summary_row_id(f"s{i:03d}") for i in range(sessions)])
     db = await ctx.db()
     for row_id, (_, meta) in metas.items():
-        completed = await db.scalar("SELECT completed_revision FROM dream_state WHERE session_id = ?",
-                                    (row_id.removeprefix("summary_"),))
+        completed = await db.scalar(
+            "SELECT completed_revision FROM dream_state WHERE session_id = ?",
+            (row_id.removeprefix("summary_"),),
+        )
         assert meta["dreamCompletedRevision"] == completed == meta["dreamInputRevision"]
-

@@ -12,8 +12,9 @@ from tests.helpers import rem_env, run_rem
 pytestmark = pytest.mark.slow
 
 
-def _drill(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-           private: bool = False) -> tuple[int, dict]:  # type: ignore[type-arg]
+def _drill(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, private: bool = False
+) -> tuple[int, dict]:  # type: ignore[type-arg]
     """Run the drill on tmp_path/data, or (`private`) on its own temp dir made under tmp_path."""
     where = ["--data", str(tmp_path / "data")] if not private else []
     env = {**(env or rem_env()), **({"TMPDIR": str(tmp_path)} if private else {})}
@@ -36,8 +37,19 @@ def test_drill_all_roles_passes_and_reports_recovery(tmp_path: Path) -> None:
 
 def test_drill_fails_when_fencing_is_disabled(tmp_path: Path) -> None:
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
-    code, report = _drill(tmp_path, "--role", "zombie", "--rounds", "2", "--seed", "1",
-                          "--settle-timeout", "30", env=env, private=True)
+    code, report = _drill(
+        tmp_path,
+        "--role",
+        "zombie",
+        "--rounds",
+        "2",
+        "--seed",
+        "1",
+        "--settle-timeout",
+        "30",
+        env=env,
+        private=True,
+    )
     assert code == 1
     assert report["verdict"] == "FAIL"
     assert report["check"]["violations"], "the broken build went unnoticed"

@@ -33,8 +33,12 @@ PART_MS = 80
 
 
 def _env(**extra: str) -> dict[str, str]:
-    settings = {"REM_EXECUTION_LEASE_MS": str(LEASE_MS), "REM_AGENT_DELAY_MS": str(PART_MS),
-                "REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1"}
+    settings = {
+        "REM_EXECUTION_LEASE_MS": str(LEASE_MS),
+        "REM_AGENT_DELAY_MS": str(PART_MS),
+        "REM_CHROMA_AUTOSTART": "0",
+        "REM_LOG": "1",
+    }
     return rem_env(**{**settings, **extra})
 
 
@@ -70,8 +74,13 @@ def _admit(data: Path, inputs: list[tuple[str, str, str]]) -> None:
 
 
 def _all_done(data: Path) -> bool:
-    return bool(_scalar(data, "SELECT (SELECT count(*) FROM session_input WHERE promoted_seq IS NULL) + "
-                              "(SELECT count(*) FROM session_execution) = 0"))
+    return bool(
+        _scalar(
+            data,
+            "SELECT (SELECT count(*) FROM session_input WHERE promoted_seq IS NULL) + "
+            "(SELECT count(*) FROM session_execution) = 0",
+        )
+    )
 
 
 def _violations(data: Path) -> list[dict[str, Any]]:
@@ -94,23 +103,32 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
 def _assert_recovered(data: Path) -> None:
     """Every input promoted once, one continuation per interrupted execution, stale rows closed."""
     assert _violations(data) == []
-    recoveries = _query(data, "SELECT execution_id, continuation_message_id, wake_pending, recovery_error "
-                              "FROM session_recovery")
-    taken = {r[0] for r in _query(data, "SELECT DISTINCT target FROM event WHERE kind = 'execution.taken_over'")}
+    recoveries = _query(
+        data,
+        "SELECT execution_id, continuation_message_id, wake_pending, recovery_error FROM session_recovery",
+    )
+    taken = {
+        r[0] for r in _query(data, "SELECT DISTINCT target FROM event WHERE kind = 'execution.taken_over'")
+    }
     assert {r["execution_id"] for r in recoveries} == taken
     assert all(r["wake_pending"] == 0 and r["recovery_error"] is None for r in recoveries)
-    synthetic = _query(data, "SELECT id, json_extract(data, '$.execution_id') FROM session_message "
-                             "WHERE type = 'synthetic'")
+    synthetic = _query(
+        data, "SELECT id, json_extract(data, '$.execution_id') FROM session_message WHERE type = 'synthetic'"
+    )
     assert sorted(r[0] for r in synthetic) == sorted(f"recovery:{e}" for e in taken)
     claimed = {r[0] for r in _query(data, "SELECT target FROM event WHERE kind = 'execution.claimed'")}
     completed = {r[0] for r in _query(data, "SELECT target FROM event WHERE kind = 'execution.completed'")}
     assert claimed <= completed  # every execution ended cleanly in the end, by someone
-    stale = _query(data, "SELECT id FROM session_message WHERE type = 'assistant' "
-                         "AND json_extract(data, '$.status') NOT IN ('completed', 'superseded')")
+    stale = _query(
+        data,
+        "SELECT id FROM session_message WHERE type = 'assistant' "
+        "AND json_extract(data, '$.status') NOT IN ('completed', 'superseded')",
+    )
     assert stale == []
 
 
 # -- two processes race for one lease -------------------------------------------------------
+
 
 def _racer(db_path: str, owner: str, rounds: int, barrier: Any, results: Any) -> None:
     asyncio.run(_race(Path(db_path), owner, rounds, barrier, results))
@@ -125,15 +143,19 @@ async def _race(db_path: Path, owner: str, rounds: int, barrier: Any, results: A
             lease = await leases.claim(db, "race", owner, length_ms=60_000)
         else:  # a takeover of the lease the last winner released
             eid = await db.scalar("SELECT id FROM session_execution WHERE session_id = 'race'")
-            taken = await db.write_sync(lambda conn, e=eid: leases.take_over_execution(
-                conn, e, owner, now=clock.now_ms(), length_ms=60_000))
+            taken = await db.write_sync(
+                lambda conn, e=eid: leases.take_over_execution(
+                    conn, e, owner, now=clock.now_ms(), length_ms=60_000
+                )
+            )
             lease = taken[0] if taken else None
         wins.append((round_no, lease.epoch if lease else None))
         barrier.wait()
         if lease is not None and round_no % 2 == 0:
             async with db.tx() as conn:
-                await leases.release_execution(conn, lease.execution_id, expected_epoch=lease.epoch,
-                                               actor=owner, now=clock.now_ms())
+                await leases.release_execution(
+                    conn, lease.execution_id, expected_epoch=lease.epoch, actor=owner, now=clock.now_ms()
+                )
         elif lease is not None:
             await db.write_sync(lambda conn, held=lease: leases.end_execution(conn, held))
         barrier.wait()
@@ -147,8 +169,10 @@ def test_two_processes_race_for_one_lease_200_times(tmp_path: Path) -> None:
     mp = multiprocessing.get_context("spawn")
     barrier, results = mp.Barrier(2), mp.Queue()
     rounds = 200
-    procs = [mp.Process(target=_racer, args=(str(data / "state.db"), f"racer-{i}", rounds, barrier, results))
-             for i in range(2)]
+    procs = [
+        mp.Process(target=_racer, args=(str(data / "state.db"), f"racer-{i}", rounds, barrier, results))
+        for i in range(2)
+    ]
     for proc in procs:
         proc.start()
     outcomes = dict(results.get(timeout=120) for _ in procs)
@@ -166,6 +190,7 @@ def test_two_processes_race_for_one_lease_200_times(tmp_path: Path) -> None:
 
 # -- SIGSTOP past the lease: the late writes are fenced --------------------------------------
 
+
 def _holds_write_lock(data: Path) -> bool:
     conn = sqlite3.connect(data / "state.db", timeout=0.3, isolation_level=None)
     try:
@@ -179,8 +204,16 @@ def _holds_write_lock(data: Path) -> bool:
 
 
 def _snapshot(data: Path) -> dict[str, list[tuple[Any, ...]]]:
-    tables = ("session", "session_message", "session_part", "session_input", "session_execution",
-              "session_recovery", "session_context_epoch", "summary_job")
+    tables = (
+        "session",
+        "session_message",
+        "session_part",
+        "session_input",
+        "session_execution",
+        "session_recovery",
+        "session_context_epoch",
+        "summary_job",
+    )
     with _connect(data) as conn:
         return {t: sorted(tuple(r) for r in conn.execute(f"SELECT * FROM {t}")) for t in tables}  # noqa: S608
 
@@ -188,7 +221,9 @@ def _snapshot(data: Path) -> dict[str, list[tuple[Any, ...]]]:
 def _stop_mid_stream(data: Path, proc: subprocess.Popen[bytes]) -> None:
     """SIGSTOP `proc` while it streams, never while it holds SQLite's write lock."""
     for _ in range(20):
-        wait_until(lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming")
+        wait_until(
+            lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming"
+        )
         proc.send_signal(signal.SIGSTOP)
         time.sleep(0.05)  # let a transaction in flight either finish or be visibly stuck
         if not _holds_write_lock(data):
@@ -205,23 +240,41 @@ def test_a_paused_executor_cannot_write_after_its_lease_was_taken_over(tmp_path:
     try:
         _stop_mid_stream(data, first)
         held = _query(data, "SELECT id, owner_id, epoch, assistant_message_id FROM session_execution")[0]
-        stale_parts = _scalar(data, "SELECT count(*) FROM session_part WHERE message_id = ?",
-                              (held["assistant_message_id"],))
+        stale_parts = _scalar(
+            data, "SELECT count(*) FROM session_part WHERE message_id = ?", (held["assistant_message_id"],)
+        )
         second = _spawn_executor(data, tmp_path / "second.log")
         wait_until(lambda: _all_done(data), timeout=30, message="the second executor finished the turn")
         before = _snapshot(data)
         first.send_signal(signal.SIGCONT)
-        wait_until(lambda: _scalar(data, "SELECT count(*) FROM event WHERE kind = 'execution.lease_lost' "
-                                         "AND actor = ?", (held["owner_id"],)), timeout=20,
-                   message="the paused executor noticed its lease was gone")
+        wait_until(
+            lambda: _scalar(
+                data,
+                "SELECT count(*) FROM event WHERE kind = 'execution.lease_lost' AND actor = ?",
+                (held["owner_id"],),
+            ),
+            timeout=20,
+            message="the paused executor noticed its lease was gone",
+        )
         assert _snapshot(data) == before  # its late writes changed nothing
-        late = _query(data, "SELECT kind FROM event WHERE actor = ? AND id > (SELECT max(id) FROM event "
-                            "WHERE kind = 'execution.completed')", (held["owner_id"],))
+        late = _query(
+            data,
+            "SELECT kind FROM event WHERE actor = ? AND id > (SELECT max(id) FROM event "
+            "WHERE kind = 'execution.completed')",
+            (held["owner_id"],),
+        )
         assert [r[0] for r in late] == ["execution.lease_lost"]
-        assert _scalar(data, "SELECT count(*) FROM session_part WHERE message_id = ?",
-                       (held["assistant_message_id"],)) == stale_parts
-        stale = json.loads(_scalar(data, "SELECT data FROM session_message WHERE id = ?",
-                                   (held["assistant_message_id"],)))
+        assert (
+            _scalar(
+                data,
+                "SELECT count(*) FROM session_part WHERE message_id = ?",
+                (held["assistant_message_id"],),
+            )
+            == stale_parts
+        )
+        stale = json.loads(
+            _scalar(data, "SELECT data FROM session_message WHERE id = ?", (held["assistant_message_id"],))
+        )
         assert stale["status"] == "superseded"
         _assert_recovered(data)
     finally:
@@ -239,14 +292,18 @@ WORK = [
 ]
 
 
-@pytest.mark.parametrize(("point", "phase"), [
-    ("executor.after_claim", "ready"),
-    ("executor.after_promote", "unknown"),
-    ("executor.mid_stream", "unknown"),
-    ("executor.before_complete", "unknown"),
-])
-def test_sigkill_at_a_fault_point_is_recovered_by_another_executor(tmp_path: Path, point: str,
-                                                                   phase: str) -> None:
+@pytest.mark.parametrize(
+    ("point", "phase"),
+    [
+        ("executor.after_claim", "ready"),
+        ("executor.after_promote", "unknown"),
+        ("executor.mid_stream", "unknown"),
+        ("executor.before_complete", "unknown"),
+    ],
+)
+def test_sigkill_at_a_fault_point_is_recovered_by_another_executor(
+    tmp_path: Path, point: str, phase: str
+) -> None:
     data = tmp_path / "d"
     _admit(data, WORK)
     victim = _spawn_executor(data, tmp_path / "victim.log", REM_FAULTS=point)
@@ -267,12 +324,22 @@ def test_sigkill_at_a_fault_point_is_recovered_by_another_executor(tmp_path: Pat
         expected = "unknown" if row["phase"] == "unknown" else "ready"
         assert len(rec) == 1 and json.loads(rec[0][0])["interrupted_phase"] == expected
         if row["assistant_message_id"]:  # the stale projection was closed, never resumed
-            stale = json.loads(_scalar(data, "SELECT data FROM session_message WHERE id = ?",
-                                       (row["assistant_message_id"],)))
+            stale = json.loads(
+                _scalar(data, "SELECT data FROM session_message WHERE id = ?", (row["assistant_message_id"],))
+            )
             assert stale["status"] == "superseded"
     if point == "executor.mid_stream":
-        assert max(_scalar(data, "SELECT count(*) FROM session_part WHERE message_id = ?",
-                           (row["assistant_message_id"],)) for row in interrupted) >= 1
+        assert (
+            max(
+                _scalar(
+                    data,
+                    "SELECT count(*) FROM session_part WHERE message_id = ?",
+                    (row["assistant_message_id"],),
+                )
+                for row in interrupted
+            )
+            >= 1
+        )
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -295,6 +362,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) 
 
 # -- draining: SIGTERM finishes the turn in flight and hands the rest back ------------------------
 
+
 def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path) -> None:
     data = tmp_path / "d"
     _admit(data, [("s1", f"Question {i} about the refund queue?", "queue") for i in range(3)])
@@ -302,8 +370,12 @@ def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path)
     wait_until(lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
-    states = [tuple(r) for r in _query(data, "SELECT promoted_seq IS NOT NULL, wake_pending FROM session_input "
-                                             "ORDER BY admitted_seq")]
+    states = [
+        tuple(r)
+        for r in _query(
+            data, "SELECT promoted_seq IS NOT NULL, wake_pending FROM session_input ORDER BY admitted_seq"
+        )
+    ]
     assert states[0] == (1, 0) and set(states[1:]) == {(0, 1)}  # one finished, the rest still waiting
     assert _scalar(data, "SELECT count(*) FROM session_execution") == 0
     assert _scalar(data, "SELECT count(*) FROM session_recovery") == 0
@@ -312,6 +384,7 @@ def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path)
 
 
 # -- operator release of a dead owner's lease ---------------------------------------------------
+
 
 def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path: Path) -> None:
     data = tmp_path / "d"
@@ -323,14 +396,23 @@ def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path:
     victim.wait(timeout=10)
     rescuer = _spawn_executor(data, tmp_path / "rescuer.log", **slow)
     try:
-        wait_until(lambda: _scalar(data, "SELECT count(*) FROM worker WHERE state = 'running' "
-                                         "AND pid = ?", (rescuer.pid,)), timeout=20, message="rescuer up")
+        wait_until(
+            lambda: _scalar(
+                data, "SELECT count(*) FROM worker WHERE state = 'running' AND pid = ?", (rescuer.pid,)
+            ),
+            timeout=20,
+            message="rescuer up",
+        )
         eid = _scalar(data, "SELECT id FROM session_execution")
-        released = rem_json("release", eid, "--expected-epoch", "1", "--data", str(data),
-                            env=_env(REM_CHROMA_AUTOSTART="0"))
+        released = rem_json(
+            "release", eid, "--expected-epoch", "1", "--data", str(data), env=_env(REM_CHROMA_AUTOSTART="0")
+        )
         assert released["old_epoch"] == 1 and released["new_epoch"] == 2
-        wait_until(lambda: _scalar(data, "SELECT count(*) FROM event WHERE kind = 'execution.taken_over'"),
-                   timeout=5, message="takeover")
+        wait_until(
+            lambda: _scalar(data, "SELECT count(*) FROM event WHERE kind = 'execution.taken_over'"),
+            timeout=5,
+            message="takeover",
+        )
         taken_at = _scalar(data, "SELECT time FROM event WHERE kind = 'execution.taken_over'")
         assert taken_at - released["released_at"] < 1000  # not the 30 s lease
         wait_until(lambda: _all_done(data), timeout=20, message="turn finished")

@@ -32,10 +32,14 @@ def _recovered_receipt(rig: Rig) -> bool:
     session's turns moved on meanwhile, a newer synthesis superseded it.
     """
     completed = rig.events("summary.completed")
-    orphans = [e for e in rig.events("summary.staged")
-               if not any(c["actor"] == e["actor"] and c["session_id"] == e["session_id"] for c in completed)]
-    return bool(orphans) and all(any(c["session_id"] == e["session_id"] and c["id"] > e["id"] for c in completed)
-                                 for e in orphans)
+    orphans = [
+        e
+        for e in rig.events("summary.staged")
+        if not any(c["actor"] == e["actor"] and c["session_id"] == e["session_id"] for c in completed)
+    ]
+    return bool(orphans) and all(
+        any(c["session_id"] == e["session_id"] and c["id"] > e["id"] for c in completed) for e in orphans
+    )
 
 
 def _resynthesized(rig: Rig) -> bool:
@@ -46,22 +50,42 @@ def _resynthesized(rig: Rig) -> bool:
 
 # point -> (role, the fault of each successive victim, evidence that the crash was recovered)
 CASES = {
-    "executor.after_claim": ("executor", ["executor.after_claim"], lambda r: _taken_over(r, "execution.taken_over")),
-    "executor.after_promote": ("executor", ["executor.after_promote"],
-                               lambda r: _taken_over(r, "execution.taken_over")),
-    "executor.mid_stream": ("executor", ["executor.mid_stream"], lambda r: _taken_over(r, "execution.taken_over")),
-    "executor.before_complete": ("executor", ["executor.before_complete"],
-                                 lambda r: _taken_over(r, "execution.taken_over")),
+    "executor.after_claim": (
+        "executor",
+        ["executor.after_claim"],
+        lambda r: _taken_over(r, "execution.taken_over"),
+    ),
+    "executor.after_promote": (
+        "executor",
+        ["executor.after_promote"],
+        lambda r: _taken_over(r, "execution.taken_over"),
+    ),
+    "executor.mid_stream": (
+        "executor",
+        ["executor.mid_stream"],
+        lambda r: _taken_over(r, "execution.taken_over"),
+    ),
+    "executor.before_complete": (
+        "executor",
+        ["executor.before_complete"],
+        lambda r: _taken_over(r, "execution.taken_over"),
+    ),
     "summarizer.after_synthesis": ("summarizer", ["summarizer.after_synthesis"], _resynthesized),
     "summarizer.after_receipt": ("summarizer", ["summarizer.after_receipt"], _recovered_receipt),
     "summarizer.before_chroma_write": ("summarizer", ["summarizer.before_chroma_write"], _recovered_receipt),
     "summarizer.after_chroma_write": ("summarizer", ["summarizer.after_chroma_write"], _recovered_receipt),
     "summarizer.before_acknowledge": ("summarizer", ["summarizer.before_acknowledge"], _recovered_receipt),
-    "summarizer.after_acknowledge": ("summarizer", ["summarizer.after_acknowledge"],
-                                     lambda r: bool(r.events("summary.completed"))),
+    "summarizer.after_acknowledge": (
+        "summarizer",
+        ["summarizer.after_acknowledge"],
+        lambda r: bool(r.events("summary.completed")),
+    ),
     # recovery's own replay dies too: first leave a staged, unwritten receipt, then kill the replayer
-    "replay.after_rewrite": ("summarizer", ["summarizer.before_chroma_write", "replay.after_rewrite"],
-                             _recovered_receipt),
+    "replay.after_rewrite": (
+        "summarizer",
+        ["summarizer.before_chroma_write", "replay.after_rewrite"],
+        _recovered_receipt,
+    ),
     "dream.mid_graph": ("dream", ["dream.mid_graph"], lambda r: _taken_over(r, "dream.taken_over")),
     "dream.before_attest": ("dream", ["dream.before_attest"], lambda r: _taken_over(r, "dream.taken_over")),
 }
@@ -72,8 +96,9 @@ def test_the_matrix_covers_every_declared_fault_point() -> None:
 
 
 @pytest.mark.parametrize("point", list(CASES))
-async def test_sigkill_at_the_point_then_rem_check_settled_passes(ctx: Context, chroma_url: str, tmp_path: Path,
-                                                                   point: str) -> None:
+async def test_sigkill_at_the_point_then_rem_check_settled_passes(
+    ctx: Context, chroma_url: str, tmp_path: Path, point: str
+) -> None:
     role, chain, recovered = CASES[point]
     rig = Rig(ctx, chroma_url, tmp_path)
     await rig.admit()

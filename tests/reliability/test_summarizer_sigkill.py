@@ -35,19 +35,34 @@ STATE_AT_DEATH = {
 
 
 def _daemon(data: DataDir, chroma_url: str, collection: str, count_file: Path, faults: str = "") -> int:
-    env = rem_env(REM_SYNTHESIZER="tests.counting_synthesizer:factory", REM_SYNTH_COUNT_FILE=str(count_file),
-                  REM_SUMMARY_LEASE_MS="1500", REM_CHROMA_COLLECTION=collection, PYTHONPATH=str(ROOT))
+    env = rem_env(
+        REM_SYNTHESIZER="tests.counting_synthesizer:factory",
+        REM_SYNTH_COUNT_FILE=str(count_file),
+        REM_SUMMARY_LEASE_MS="1500",
+        REM_CHROMA_COLLECTION=collection,
+        PYTHONPATH=str(ROOT),
+    )
     if faults:
         env["REM_FAULTS"] = faults
-    proc = run_rem("daemon", "--role", "summarizer", "--once", "--data", str(data.root),
-                   "--chroma-url", chroma_url, env=env)
+    proc = run_rem(
+        "daemon",
+        "--role",
+        "summarizer",
+        "--once",
+        "--data",
+        str(data.root),
+        "--chroma-url",
+        chroma_url,
+        env=env,
+    )
     assert proc.returncode in (0, -9), proc.stderr
     return proc.returncode
 
 
 @pytest.mark.parametrize("point", list(STATE_AT_DEATH))
 async def test_sigkill_at_each_step_recovers_without_the_model(
-        ctx: Context, chroma_url: str, collection: str, tmp_path: Path, point: str) -> None:
+    ctx: Context, chroma_url: str, collection: str, tmp_path: Path, point: str
+) -> None:
     db = await ctx.db()
     for sid in SESSIONS:
         await seed_session(db, sid)
@@ -79,7 +94,9 @@ async def test_sigkill_at_each_step_recovers_without_the_model(
         assert (j["status"], j["verdict"], j["owner_id"]) == ("completed", "present", None), sid
         assert receipts.is_present(receipt, chroma.get(row_id(sid))), sid
         assert receipt.revision == j["summarized_revision"] == revision
-        assert await db.scalar("SELECT input_revision FROM dream_state WHERE session_id = ?", (sid,)) == revision
+        assert (
+            await db.scalar("SELECT input_revision FROM dream_state WHERE session_id = ?", (sid,)) == revision
+        )
 
 
 async def _after(ms: int) -> bool:

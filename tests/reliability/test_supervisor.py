@@ -33,8 +33,9 @@ def _executor_pid(root: Path) -> int | None:
 async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Path) -> None:
     root = tmp_path / "data"
     env = rem_env(REM_AGENT_DELAY_MS="400")  # a reply takes ~2 s: a kill lands mid-turn
-    up = spawn_rem("up", "--data", str(root), "--executors", "1", "--no-reap", env=env,
-                   log=tmp_path / "up.log")
+    up = spawn_rem(
+        "up", "--data", str(root), "--executors", "1", "--no-reap", env=env, log=tmp_path / "up.log"
+    )
     ctx = Context(DataDir(root), start_chroma=False)
     try:
         first = wait_until(lambda: _executor_pid(root), timeout=60, message="the executor to start")
@@ -46,11 +47,16 @@ async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Pa
 
         held = await await_until(lease, timeout=30, message="the executor to hold a lease")
         os.kill(first, signal.SIGKILL)
-        second = wait_until(lambda: _executor_pid(root) not in (None, first) and _executor_pid(root),
-                            timeout=30, message="the supervisor to restart the executor")
+        second = wait_until(
+            lambda: _executor_pid(root) not in (None, first) and _executor_pid(root),
+            timeout=30,
+            message="the supervisor to restart the executor",
+        )
 
         async def registered() -> bool:  # "within a second" is from a live executor, not one still importing
-            return any(w["pid"] == second and w["state"] == "running" for w in (await ops.status(ctx))["workers"])
+            return any(
+                w["pid"] == second and w["state"] == "running" for w in (await ops.status(ctx))["workers"]
+            )
 
         await await_until(registered, timeout=60, message="the restarted executor to register")
         # not reaped: the dead owner still looks alive on paper and its lease stands
@@ -62,11 +68,13 @@ async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Pa
 
         async def taken() -> bool:
             leases = (await ops.status(ctx))["leases"]
-            return any(x["id"] == held["id"] and x["owner_id"] != held["owner_id"] for x in leases) \
-                or not any(x["id"] == held["id"] for x in leases)
+            return any(
+                x["id"] == held["id"] and x["owner_id"] != held["owner_id"] for x in leases
+            ) or not any(x["id"] == held["id"] for x in leases)
 
-        await await_until(taken, timeout=1.5, interval=0.02,
-                          message="another executor to take over the released lease")
+        await await_until(
+            taken, timeout=1.5, interval=0.02, message="another executor to take over the released lease"
+        )
         await await_until(lambda: _settled(ctx), timeout=60, message="the turn to finish")
         result = await ops.check(ctx, settled=True)
         assert result["ok"], result["violations"]

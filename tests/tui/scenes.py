@@ -80,72 +80,188 @@ class Scene:
 
     # -- rows ------------------------------------------------------------------
     def session(self, sid: str, *, ago_ms: int = 3_600_000) -> None:
-        self.x("INSERT OR IGNORE INTO session (id, title, time_created, time_updated) VALUES (?,?,?,?)",
-               sid, f"session {sid}", self.now - ago_ms, self.now - ago_ms)
+        self.x(
+            "INSERT OR IGNORE INTO session (id, title, time_created, time_updated) VALUES (?,?,?,?)",
+            sid,
+            f"session {sid}",
+            self.now - ago_ms,
+            self.now - ago_ms,
+        )
 
-    def worker(self, owner: str, role: str, pid: int, *, beat_ago_ms: int = 500,
-               state: str = "running", up_ms: int = 600_000, host: str = "ops-1") -> None:
-        self.x("INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
-               "VALUES (?,?,?,?,?,?,?)", owner, role, pid, host, self.now - up_ms,
-               self.now - beat_ago_ms, state)
+    def worker(
+        self,
+        owner: str,
+        role: str,
+        pid: int,
+        *,
+        beat_ago_ms: int = 500,
+        state: str = "running",
+        up_ms: int = 600_000,
+        host: str = "ops-1",
+    ) -> None:
+        self.x(
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES (?,?,?,?,?,?,?)",
+            owner,
+            role,
+            pid,
+            host,
+            self.now - up_ms,
+            self.now - beat_ago_ms,
+            state,
+        )
 
-    def execution(self, exe: str, sid: str, owner: str, *, epoch: int, left_ms: int,
-                  phase: str = "unknown") -> None:
+    def execution(
+        self, exe: str, sid: str, owner: str, *, epoch: int, left_ms: int, phase: str = "unknown"
+    ) -> None:
         self.session(sid)
-        self.x("INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
-               "time_renewed, expires_at) VALUES (?,?,?,?,?,?,?,?)", exe, sid, owner, epoch, phase,
-               self.now - 40_000, self.now + left_ms - 30_000, self.now + left_ms)
+        self.x(
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+            "time_renewed, expires_at) VALUES (?,?,?,?,?,?,?,?)",
+            exe,
+            sid,
+            owner,
+            epoch,
+            phase,
+            self.now - 40_000,
+            self.now + left_ms - 30_000,
+            self.now + left_ms,
+        )
         self.x("UPDATE session SET lease_epoch = ? WHERE id = ?", epoch, sid)
 
     def inputs(self, sid: str, count: int, *, oldest_ago_ms: int) -> None:
         self.session(sid)
         for i in range(count):
-            self.x("INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-                   "wake_pending, time_created) VALUES (?,?,?,?,?,1,?)", f"in_{sid}_{i}", sid,
-                   json.dumps({"text": f"prompt {i}"}), "queue", 100 + i, self.now - oldest_ago_ms + i * 1000)
+            self.x(
+                "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                "wake_pending, time_created) VALUES (?,?,?,?,?,1,?)",
+                f"in_{sid}_{i}",
+                sid,
+                json.dumps({"text": f"prompt {i}"}),
+                "queue",
+                100 + i,
+                self.now - oldest_ago_ms + i * 1000,
+            )
 
     def message(self, sid: str, kind: str = "synthetic") -> str:
         self._msg += 1
         mid = f"msg_{sid}_{self._msg}"
-        self.x("INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
-               "VALUES (?,?,?,?,?,?,?)", mid, sid, kind, 1000 + self._msg, self.now, self.now,
-               json.dumps({"text": "continue"}))
+        self.x(
+            "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+            "VALUES (?,?,?,?,?,?,?)",
+            mid,
+            sid,
+            kind,
+            1000 + self._msg,
+            self.now,
+            self.now,
+            json.dumps({"text": "continue"}),
+        )
         return mid
 
-    def recovery(self, exe: str, sid: str, *, phase: str = "unknown", attempts: int = 1,
-                 error: str | None = None, ago_ms: int = 20_000) -> None:
+    def recovery(
+        self,
+        exe: str,
+        sid: str,
+        *,
+        phase: str = "unknown",
+        attempts: int = 1,
+        error: str | None = None,
+        ago_ms: int = 20_000,
+    ) -> None:
         self.session(sid)
-        self.x("INSERT INTO session_recovery (execution_id, session_id, continuation_message_id, phase, "
-               "wake_pending, wake_attempts, recovery_error, time_created) VALUES (?,?,?,?,?,?,?,?)",
-               exe, sid, self.message(sid), phase, 0 if error else 1, attempts, error, self.now - ago_ms)
+        self.x(
+            "INSERT INTO session_recovery (execution_id, session_id, continuation_message_id, phase, "
+            "wake_pending, wake_attempts, recovery_error, time_created) VALUES (?,?,?,?,?,?,?,?)",
+            exe,
+            sid,
+            self.message(sid),
+            phase,
+            0 if error else 1,
+            attempts,
+            error,
+            self.now - ago_ms,
+        )
 
-    def summary(self, sid: str, *, status: str = "completed", verdict: str | None = "present",
-                keys: list[dict[str, Any]] | None = None, checked_ago_ms: int = 30_000,
-                quarantine: str | None = None, attempts: int = 1, error: str | None = None,
-                stale: bool = False) -> None:
+    def summary(
+        self,
+        sid: str,
+        *,
+        status: str = "completed",
+        verdict: str | None = "present",
+        keys: list[dict[str, Any]] | None = None,
+        checked_ago_ms: int = 30_000,
+        quarantine: str | None = None,
+        attempts: int = 1,
+        error: str | None = None,
+        stale: bool = False,
+    ) -> None:
         self.session(sid)
         detail = json.dumps({"keys": keys}) if keys is not None else None
-        self.x("INSERT INTO summary_job (session_id, status, attempts, last_error, dirty_seq, clean_seq, "
-               "result_staged_at, verdict, verdict_detail, verdict_checked_at, quarantined_at, "
-               "quarantine_reason, time_created, time_updated) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-               sid, status, attempts, error, 3 if stale else 2, 2, self.now - 600_000, verdict, detail,
-               None if verdict is None else self.now - checked_ago_ms,
-               self.now - checked_ago_ms if quarantine else None, quarantine,
-               self.now - 900_000, self.now - checked_ago_ms)
+        self.x(
+            "INSERT INTO summary_job (session_id, status, attempts, last_error, dirty_seq, clean_seq, "
+            "result_staged_at, verdict, verdict_detail, verdict_checked_at, quarantined_at, "
+            "quarantine_reason, time_created, time_updated) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            sid,
+            status,
+            attempts,
+            error,
+            3 if stale else 2,
+            2,
+            self.now - 600_000,
+            verdict,
+            detail,
+            None if verdict is None else self.now - checked_ago_ms,
+            self.now - checked_ago_ms if quarantine else None,
+            quarantine,
+            self.now - 900_000,
+            self.now - checked_ago_ms,
+        )
 
-    def dream(self, sid: str, *, input_rev: str | None, completed_rev: str | None,
-              state: str = "pending", attempts: int = 0, defer: str | None = None,
-              published_ago_ms: int = 60_000) -> None:
+    def dream(
+        self,
+        sid: str,
+        *,
+        input_rev: str | None,
+        completed_rev: str | None,
+        state: str = "pending",
+        attempts: int = 0,
+        defer: str | None = None,
+        published_ago_ms: int = 60_000,
+    ) -> None:
         self.session(sid)
-        self.x("INSERT INTO dream_state (session_id, input_revision, completed_revision, digest_state, "
-               "digest_attempts, defer_reason, time_published, time_updated) VALUES (?,?,?,?,?,?,?,?)",
-               sid, input_rev, completed_rev, state, attempts, defer, self.now - published_ago_ms,
-               self.now - published_ago_ms)
+        self.x(
+            "INSERT INTO dream_state (session_id, input_revision, completed_revision, digest_state, "
+            "digest_attempts, defer_reason, time_published, time_updated) VALUES (?,?,?,?,?,?,?,?)",
+            sid,
+            input_rev,
+            completed_rev,
+            state,
+            attempts,
+            defer,
+            self.now - published_ago_ms,
+            self.now - published_ago_ms,
+        )
 
-    def event(self, kind: str, actor: str, *, ago_ms: int, session_id: str | None = None,
-              target: str | None = None, **data: Any) -> None:
-        self.x("INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?,?,?,?,?,?)",
-               self.now - ago_ms, kind, actor, session_id, target, json.dumps(data, sort_keys=True))
+    def event(
+        self,
+        kind: str,
+        actor: str,
+        *,
+        ago_ms: int,
+        session_id: str | None = None,
+        target: str | None = None,
+        **data: Any,
+    ) -> None:
+        self.x(
+            "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?,?,?,?,?,?)",
+            self.now - ago_ms,
+            kind,
+            actor,
+            session_id,
+            target,
+            json.dumps(data, sort_keys=True),
+        )
 
 
 # -- the scenes ------------------------------------------------------------------------
@@ -157,6 +273,7 @@ DREAM = "dream-ops-1-4104-aabbcc"
 
 def healthy(scene: Scene) -> None:
     """Two executors mid-turn, a summarizer and a Dream daemon, inputs flowing."""
+
     def rows() -> None:
         scene.worker(EXEC_A, "executor", 4101, beat_ago_ms=400)
         scene.worker(EXEC_B, "executor", 4102, beat_ago_ms=1_100)
@@ -169,66 +286,140 @@ def healthy(scene: Scene) -> None:
         for sid in ("s-alpha", "s-bravo", "s-echo", "s-foxtrot"):
             scene.summary(sid)
         scene.dream("s-echo", input_rev=REV_A, completed_rev=REV_A, state="digested")
-        for i, (kind, actor, sid) in enumerate([
-            ("worker.started", EXEC_A, None), ("worker.started", EXEC_B, None),
-            ("input.admitted", "cli", "s-alpha"), ("execution.claimed", EXEC_A, "s-alpha"),
-            ("input.admitted", "cli", "s-bravo"), ("execution.claimed", EXEC_B, "s-bravo"),
-            ("summary.completed", SUMM, "s-echo"), ("dream.completed", DREAM, "s-echo"),
-            ("input.admitted", "cli", "s-charlie"), ("execution.step", EXEC_A, "s-alpha"),
-        ]):
-            scene.event(kind, actor, ago_ms=60_000 - i * 5_000, session_id=sid,
-                        target="exe_0001" if sid == "s-alpha" else sid)
+        for i, (kind, actor, sid) in enumerate(
+            [
+                ("worker.started", EXEC_A, None),
+                ("worker.started", EXEC_B, None),
+                ("input.admitted", "cli", "s-alpha"),
+                ("execution.claimed", EXEC_A, "s-alpha"),
+                ("input.admitted", "cli", "s-bravo"),
+                ("execution.claimed", EXEC_B, "s-bravo"),
+                ("summary.completed", SUMM, "s-echo"),
+                ("dream.completed", DREAM, "s-echo"),
+                ("input.admitted", "cli", "s-charlie"),
+                ("execution.step", EXEC_A, "s-alpha"),
+            ]
+        ):
+            scene.event(
+                kind,
+                actor,
+                ago_ms=60_000 - i * 5_000,
+                session_id=sid,
+                target="exe_0001" if sid == "s-alpha" else sid,
+            )
+
     scene.tx(rows)
 
 
 def killed_executor(scene: Scene) -> None:
     """Executor B was SIGKILLed 42 s ago: its lease expired 12 s ago, nobody took over yet."""
+
     def rows() -> None:
         scene.x("UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?", scene.now - 42_000, EXEC_B)
-        scene.x("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0002'",
-                scene.now - 12_000, scene.now - 42_000)
-        scene.event("execution.step", EXEC_B, ago_ms=42_500, session_id="s-bravo", target="exe_0002",
-                    step=4, phase="unknown")
+        scene.x(
+            "UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = 'exe_0002'",
+            scene.now - 12_000,
+            scene.now - 42_000,
+        )
+        scene.event(
+            "execution.step",
+            EXEC_B,
+            ago_ms=42_500,
+            session_id="s-bravo",
+            target="exe_0002",
+            step=4,
+            phase="unknown",
+        )
+
     scene.tx(rows)
 
 
 def receipt_mismatches(scene: Scene) -> None:
     """Four receipts the verification pass found wrong, one of each verdict."""
+
     def rows() -> None:
-        scene.summary("s-golf", verdict="keys_differ", checked_ago_ms=8_000, keys=[
-            {"key": "title", "expected": "Deploy rollback plan", "actual": "Deploy plan",
-             "reason": "changed"},
-            {"key": "dreamInputRevision", "expected": REV_B, "actual": None, "reason": "missing"},
-        ])
+        scene.summary(
+            "s-golf",
+            verdict="keys_differ",
+            checked_ago_ms=8_000,
+            keys=[
+                {
+                    "key": "title",
+                    "expected": "Deploy rollback plan",
+                    "actual": "Deploy plan",
+                    "reason": "changed",
+                },
+                {"key": "dreamInputRevision", "expected": REV_B, "actual": None, "reason": "missing"},
+            ],
+        )
         scene.summary("s-hotel", verdict="missing", checked_ago_ms=9_000, keys=[])
-        scene.summary("s-india", verdict="document_differs", checked_ago_ms=15_000, keys=[
-            {"key": "keywords", "expected": ["lease", "epoch"], "actual": ["lease"], "reason": "changed"},
-        ])
-        scene.summary("s-juliet", verdict="quarantined", checked_ago_ms=20_000,
-                      quarantine="envelope is not valid JSON (byte 212)")
-        scene.event("receipt.verified", SUMM, ago_ms=8_000, session_id="s-golf",
-                    target="summary_s-golf", verdict="keys_differ", keys=["title", "dreamInputRevision"])
-        scene.event("receipt.quarantined", SUMM, ago_ms=20_000, session_id="s-juliet",
-                    target="summary_s-juliet", reason="envelope is not valid JSON")
+        scene.summary(
+            "s-india",
+            verdict="document_differs",
+            checked_ago_ms=15_000,
+            keys=[
+                {"key": "keywords", "expected": ["lease", "epoch"], "actual": ["lease"], "reason": "changed"},
+            ],
+        )
+        scene.summary(
+            "s-juliet",
+            verdict="quarantined",
+            checked_ago_ms=20_000,
+            quarantine="envelope is not valid JSON (byte 212)",
+        )
+        scene.event(
+            "receipt.verified",
+            SUMM,
+            ago_ms=8_000,
+            session_id="s-golf",
+            target="summary_s-golf",
+            verdict="keys_differ",
+            keys=["title", "dreamInputRevision"],
+        )
+        scene.event(
+            "receipt.quarantined",
+            SUMM,
+            ago_ms=20_000,
+            session_id="s-juliet",
+            target="summary_s-juliet",
+            reason="envelope is not valid JSON",
+        )
+
     scene.tx(rows)
 
 
 def dream_drift(scene: Scene) -> None:
     """One session per drift class, plus a parked recovery and a failed summary."""
+
     def rows() -> None:
         scene.dream("s-kilo", input_rev=REV_B, completed_rev=None, published_ago_ms=30_000)
         scene.dream("s-lima", input_rev=REV_C, completed_rev=REV_B, published_ago_ms=45_000)
-        scene.dream("s-mike", input_rev=REV_A, completed_rev=None, state="deferred", attempts=2,
-                    defer="graph busy", published_ago_ms=120_000)
-        scene.dream("s-november", input_rev=REV_B, completed_rev=REV_A, state="undigestible",
-                    attempts=5, defer="extraction failed 5 times", published_ago_ms=900_000)
-        scene.dream("s-oscar", input_rev=REV_A, completed_rev=None, state="legacy",
-                    published_ago_ms=3_600_000)
+        scene.dream(
+            "s-mike",
+            input_rev=REV_A,
+            completed_rev=None,
+            state="deferred",
+            attempts=2,
+            defer="graph busy",
+            published_ago_ms=120_000,
+        )
+        scene.dream(
+            "s-november",
+            input_rev=REV_B,
+            completed_rev=REV_A,
+            state="undigestible",
+            attempts=5,
+            defer="extraction failed 5 times",
+            published_ago_ms=900_000,
+        )
+        scene.dream(
+            "s-oscar", input_rev=REV_A, completed_rev=None, state="legacy", published_ago_ms=3_600_000
+        )
         scene.summary("s-papa", stale=True, checked_ago_ms=5_000)
         scene.summary("s-quebec", status="failed", verdict=None, attempts=3, error="Chroma unreachable")
-        scene.recovery("exe_0099", "s-romeo", attempts=10, error="wake budget exhausted (10)",
-                       ago_ms=300_000)
+        scene.recovery("exe_0099", "s-romeo", attempts=10, error="wake budget exhausted (10)", ago_ms=300_000)
         scene.recovery("exe_0098", "s-sierra", phase="ready", attempts=1, ago_ms=3_000)
+
     scene.tx(rows)
 
 

@@ -32,9 +32,11 @@ async def record_verdict(ctx: Context, db: Database, sid: str) -> receipts.Verdi
     verdict = receipts.verify(receipt, live)
     detail = verdict.detail()
     async with db.tx() as conn:
-        await conn.execute("UPDATE summary_job SET verdict = ?, verdict_detail = ?, verdict_checked_at = ? "
-                           "WHERE session_id = ?",
-                           (verdict.verdict, json.dumps(detail) if detail else None, clock.now_ms(), sid))
+        await conn.execute(
+            "UPDATE summary_job SET verdict = ?, verdict_detail = ?, verdict_checked_at = ? "
+            "WHERE session_id = ?",
+            (verdict.verdict, json.dumps(detail) if detail else None, clock.now_ms(), sid),
+        )
     return verdict
 
 
@@ -59,7 +61,8 @@ def app_for(ctx: Context, **kwargs: Any) -> ConsoleApp:
 
 
 async def test_replay_selected_shows_the_dry_run_diff_then_repairs_the_row(
-        ctx: Context, damaged: dict[str, Any]) -> None:
+    ctx: Context, damaged: dict[str, Any]
+) -> None:
     db, store = damaged["db"], damaged["store"]
     async with app_for(ctx).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
@@ -71,7 +74,9 @@ async def test_replay_selected_shows_the_dry_run_diff_then_repairs_the_row(
         await pilot.press("r")
         modal = await confirm_modal(pilot)
         assert modal.plan.targets == [row_id("s1")]
-        assert 'category: receipt "' in modal.plan.preview and '→ Chroma "something else"' in modal.plan.preview
+        assert (
+            'category: receipt "' in modal.plan.preview and '→ Chroma "something else"' in modal.plan.preview
+        )
         assert "mismatched 1" in modal.plan.preview  # the library's own dry-run counters
         await pilot.press("tab", "enter")
         log = table(app, "actions")
@@ -88,7 +93,8 @@ async def test_replay_selected_shows_the_dry_run_diff_then_repairs_the_row(
 
 
 async def test_replay_all_names_the_count_and_repairs_every_mismatch(
-        ctx: Context, damaged: dict[str, Any]) -> None:
+    ctx: Context, damaged: dict[str, Any]
+) -> None:
     db = damaged["db"]
     async with app_for(ctx).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
@@ -98,12 +104,15 @@ async def test_replay_all_names_the_count_and_repairs_every_mismatch(
         assert modal.plan.params == {"summary_ids": None, "all_mismatched": True}
         assert "title: receipt" in modal.plan.preview and "(missing)" in modal.plan.preview
         await pilot.press("tab", "enter")
-        await until(pilot, lambda: not table(app, "receipts").shown_keys(), "every mismatch repaired",
-                    timeout=30)
+        await until(
+            pilot, lambda: not table(app, "receipts").shown_keys(), "every mismatch repaired", timeout=30
+        )
     assert [(await job(db, s))["verdict"] for s in ("s1", "s2", "s3")] == ["present"] * 3
 
 
-async def test_replay_with_chroma_down_is_refused_before_the_modal(ctx: Context, damaged: dict[str, Any]) -> None:
+async def test_replay_with_chroma_down_is_refused_before_the_modal(
+    ctx: Context, damaged: dict[str, Any]
+) -> None:
     db = damaged["db"]
     before = await job(db, "s1")
     app = console(ctx.data, chroma_url="http://127.0.0.1:9")  # nothing listens there
@@ -111,8 +120,12 @@ async def test_replay_with_chroma_down_is_refused_before_the_modal(ctx: Context,
         await loaded(pilot)
         await pilot.press("R")
         log = table(app, "actions")
-        await until(pilot, lambda: log.all_records() and log.all_records()[0]["outcome"] == "failed",
-                    "the dry run to fail", timeout=30)
+        await until(
+            pilot,
+            lambda: log.all_records() and log.all_records()[0]["outcome"] == "failed",
+            "the dry run to fail",
+            timeout=30,
+        )
         assert "unreachable" in log.all_records()[0]["message"].lower()
         assert not any(type(s).__name__ == "ConfirmScreen" for s in app.screen_stack)
     assert await job(db, "s1") == before
@@ -133,7 +146,8 @@ async def test_releasing_an_expired_execution_lease_fences_the_dead_owner(incide
     conn = sqlite3.connect(incident_dir.state_db)
     try:
         epoch, expires = conn.execute(
-            "SELECT epoch, expires_at FROM session_execution WHERE id = 'exe_0002'").fetchone()
+            "SELECT epoch, expires_at FROM session_execution WHERE id = 'exe_0002'"
+        ).fetchone()
         (data,) = conn.execute("SELECT data FROM event WHERE kind = 'operator.release'").fetchone()
     finally:
         conn.close()

@@ -33,11 +33,13 @@ def console(data: DataDir, **kwargs: Any) -> ConsoleApp:
     return ConsoleApp(data, **kwargs)
 
 
-async def until(pilot: Pilot[Any], predicate: Callable[[], Any], message: str = "condition",
-                timeout: float = 15.0) -> Any:
+async def until(
+    pilot: Pilot[Any], predicate: Callable[[], Any], message: str = "condition", timeout: float = 15.0
+) -> Any:
     async def check() -> Any:
         await pilot.pause()
         return predicate()
+
     return await await_until(check, timeout=timeout, message=message)
 
 
@@ -47,8 +49,10 @@ async def select(pilot: Pilot[Any], panel: SnapshotTable, key: str) -> None:
         if panel.selected_key() == key:
             return
         await pilot.press("down")
-    raise AssertionError(f"row {key!r} not reachable in {panel.id}: shown {panel.shown_keys()}, "
-                         f"cursor on {panel.selected_key()!r}")
+    raise AssertionError(
+        f"row {key!r} not reachable in {panel.id}: shown {panel.shown_keys()}, "
+        f"cursor on {panel.selected_key()!r}"
+    )
 
 
 async def loaded(pilot: Pilot[Any]) -> ConsoleApp:
@@ -99,8 +103,14 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
         assert receipts.cell_text("summary_s-hotel", "verdict") == "missing"
         assert receipts.cell_text("summary_s-juliet", "keys").startswith("quarantined: envelope")
         drift = {r["session_id"]: r["class"] for r in table(app, "drift").all_records()}
-        assert drift == {"s-kilo": "dream_pending", "s-lima": "stale_completion", "s-mike": "deferred",
-                         "s-november": "undigestible", "s-oscar": "legacy_only", "s-papa": "summary_stale"}
+        assert drift == {
+            "s-kilo": "dream_pending",
+            "s-lima": "stale_completion",
+            "s-mike": "deferred",
+            "s-november": "undigestible",
+            "s-oscar": "legacy_only",
+            "s-papa": "summary_stale",
+        }
         backlog = table(app, "backlog")
         assert backlog.shown_keys()[0] == "rec:exe_0099"  # parked first
         assert backlog.cell_text("rec:exe_0099", "what") == "parked"
@@ -118,9 +128,13 @@ async def test_a_commit_by_another_connection_shows_without_a_key_press(healthy_
     async with console(healthy_dir, poll_s=60).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         assert "in:s-zulu" not in table(app, "backlog").shown_keys()
-        write(healthy_dir, "INSERT INTO session (id, time_created, time_updated) VALUES ('s-zulu', 1, 1);"
-              "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, wake_pending, "
-              "time_created) VALUES ('in-z', 's-zulu', '{}', 'queue', 1, 1, ?)", scenes.NOW - 2_000)
+        write(
+            healthy_dir,
+            "INSERT INTO session (id, time_created, time_updated) VALUES ('s-zulu', 1, 1);"
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, wake_pending, "
+            "time_created) VALUES ('in-z', 's-zulu', '{}', 'queue', 1, 1, ?)",
+            scenes.NOW - 2_000,
+        )
         # no key pressed and the fallback poll is 60 s away: only the file watch can do this
         await until(pilot, lambda: "in:s-zulu" in table(app, "backlog").shown_keys(), "the new input")
         assert table(app, "backlog").cell_text("in:s-zulu", "age") == "2s"
@@ -171,7 +185,8 @@ async def test_refreshes_never_overlap(healthy_dir: DataDir) -> None:
 
 
 async def test_countdowns_tick_and_expire_without_the_database(
-        healthy_dir: DataDir, clock_at_scene: clock.FrozenClock) -> None:
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
     async with console(healthy_dir, watch=False, poll_s=3600).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         leases = table(app, "leases")
@@ -186,7 +201,8 @@ async def test_countdowns_tick_and_expire_without_the_database(
 
 
 async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
-        healthy_dir: DataDir, clock_at_scene: clock.FrozenClock) -> None:
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
     async with console(healthy_dir, watch=False, poll_s=3600).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         leases, workers = table(app, "leases"), table(app, "workers")
@@ -194,8 +210,9 @@ async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
         clock_at_scene.advance(11_000)  # past WORKER_DEAD_AFTER_MS with no heartbeat
         await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "dead")
         # panels tick 200 ms apart: the lease panel marks the owner within the same second
-        await until(pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101",
-                    timeout=2)
+        await until(
+            pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101", timeout=2
+        )
         assert "dead" in str(workers.border_title)
 
 
@@ -209,9 +226,12 @@ async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident
         assert chosen is not None
         cursor_before = drift.cursor_row
         scroll_before = drift.scroll_y
-        write(incident_dir, "INSERT INTO session (id, time_created, time_updated) VALUES ('s-aaa', 1, 1);"
-              "INSERT INTO dream_state (session_id, input_revision, digest_state, time_published, "
-              "time_updated) VALUES ('s-aaa', 'sha256:00', 'pending', 1, 1)")
+        write(
+            incident_dir,
+            "INSERT INTO session (id, time_created, time_updated) VALUES ('s-aaa', 1, 1);"
+            "INSERT INTO dream_state (session_id, input_revision, digest_state, time_published, "
+            "time_updated) VALUES ('s-aaa', 'sha256:00', 'pending', 1, 1)",
+        )
         await until(pilot, lambda: "dream_pending:s-aaa" in drift.shown_keys(), "the new drift row")
         assert drift.displayed_keys() == drift.shown_keys()  # drawn in urgency order
         assert drift.displayed_keys()[0] == "dream_pending:s-aaa"
@@ -229,8 +249,11 @@ async def test_the_event_tail_keeps_new_events_on_top_under_a_top_cursor(healthy
         first = events.selected_key()
         before = len(events.shown_keys())
         for i in range(12):
-            write(healthy_dir, "INSERT INTO event (time, kind, actor) VALUES (?, 'input.admitted', 'cli')",
-                  scenes.NOW + i)
+            write(
+                healthy_dir,
+                "INSERT INTO event (time, kind, actor) VALUES (?, 'input.admitted', 'cli')",
+                scenes.NOW + i,
+            )
         await until(pilot, lambda: len(events.shown_keys()) == before + 12, "the new events")
         assert events.displayed_keys() == events.shown_keys()
         assert events.cursor_row == 0 and events.scroll_y == 0
@@ -252,8 +275,12 @@ async def test_what_is_drawn_follows_every_change_of_a_row(healthy_dir: DataDir)
             return line.split()[2]
 
         for age_s in (3, 5, 3, 7):  # a repeat value must not be served from a stale cache
-            write(healthy_dir, "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?",
-                  scenes.NOW - age_s * 1000, scenes.EXEC_A)
+            write(
+                healthy_dir,
+                "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ?",
+                scenes.NOW - age_s * 1000,
+                scenes.EXEC_A,
+            )
             await until(pilot, lambda a=age_s: workers.cell_text(scenes.EXEC_A, "heartbeat") == f"{a}s")
             await pilot.pause()
             assert drawn_beat() == f"{age_s}s"
@@ -269,9 +296,12 @@ async def test_pause_holds_updates_and_counts_what_waits(healthy_dir: DataDir) -
         assert "Resume" in str(app.key_bar._shown)
         header = app.query_one(ConsoleHeader)
         assert header.has_class("-paused")
-        write(healthy_dir, "INSERT INTO event (time, kind, actor) VALUES (1, 'input.admitted', 'cli');"
-              "INSERT INTO event (time, kind, actor) VALUES (2, 'input.admitted', 'cli');"
-              "UPDATE session_execution SET epoch = 7 WHERE id = 'exe_0001'")
+        write(
+            healthy_dir,
+            "INSERT INTO event (time, kind, actor) VALUES (1, 'input.admitted', 'cli');"
+            "INSERT INTO event (time, kind, actor) VALUES (2, 'input.admitted', 'cli');"
+            "UPDATE session_execution SET epoch = 7 WHERE id = 'exe_0001'",
+        )
         await until(pilot, lambda: app.latest is not app.applied, "the held snapshot")
         assert table(app, "leases").cell_text("execution:exe_0001", "epoch") == "3"  # frozen
         assert "PAUSED 2 new events" in header.header_text().plain
@@ -415,12 +445,16 @@ async def test_changing_the_theme_recolours_the_cells(incident_dir: DataDir) -> 
         leases = table(app, "leases")
         before = leases._rows["execution:exe_0002"].cells["left"].style.color
         app.theme = "nord"
-        await until(pilot, lambda: leases._rows["execution:exe_0002"].cells["left"].style.color != before,
-                    "the expired countdown in the new theme's error colour")
+        await until(
+            pilot,
+            lambda: leases._rows["execution:exe_0002"].cells["left"].style.color != before,
+            "the expired countdown in the new theme's error colour",
+        )
         from rich.color import Color
 
         assert leases._rows["execution:exe_0002"].cells["left"].style.color == Color.parse(
-            app.get_css_variables()["error"])
+            app.get_css_variables()["error"]
+        )
 
 
 async def test_ctrl_r_forces_a_reload(healthy_dir: DataDir) -> None:
@@ -455,7 +489,8 @@ async def test_chroma_down_is_a_warning_banner(healthy_dir: DataDir) -> None:
 
 
 async def test_a_healthy_chroma_shows_in_the_header_without_a_banner(
-        healthy_dir: DataDir, chroma_url: str) -> None:
+    healthy_dir: DataDir, chroma_url: str
+) -> None:
     async with console(healthy_dir, chroma_url=chroma_url).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         assert not app.query_one(Banner).problems
@@ -473,14 +508,16 @@ def requires_op(name: str) -> None:
 def lease_row(data: DataDir, execution_id: str) -> tuple[Any, ...] | None:
     conn = sqlite3.connect(data.state_db)
     try:
-        return conn.execute("SELECT owner_id, epoch, expires_at FROM session_execution WHERE id = ?",
-                            (execution_id,)).fetchone()
+        return conn.execute(
+            "SELECT owner_id, epoch, expires_at FROM session_execution WHERE id = ?", (execution_id,)
+        ).fetchone()
     finally:
         conn.close()
 
 
 async def test_release_modal_names_owner_epoch_and_time_left_with_cancel_focused(
-        incident_dir: DataDir) -> None:
+    incident_dir: DataDir,
+) -> None:
     before = lease_row(incident_dir, "exe_0002")
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
@@ -545,8 +582,13 @@ async def drain_modal(pilot: Pilot[Any], owner_id: str) -> tuple[ConsoleApp, Sna
 
 
 async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_dir: DataDir) -> None:
-    write(incident_dir, "UPDATE dream_state SET digest_state = 'in_progress', owner_id = ?, epoch = 2, "
-          "lease_expires_at = ? WHERE session_id = 's-kilo'", scenes.DREAM, scenes.NOW - 60_000)
+    write(
+        incident_dir,
+        "UPDATE dream_state SET digest_state = 'in_progress', owner_id = ?, epoch = 2, "
+        "lease_expires_at = ? WHERE session_id = 's-kilo'",
+        scenes.DREAM,
+        scenes.NOW - 60_000,
+    )
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         assert table(app, "leases").shown_keys()[0] == "dream:s-kilo"
@@ -563,16 +605,22 @@ async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_d
         await until(pilot, lambda: leases.cell_text("dream:s-kilo", "epoch") == "3", "the new epoch")
         assert leases.cell_text("dream:s-kilo", "left") == "-0s"
     assert scalar(incident_dir, "SELECT epoch FROM dream_state WHERE session_id = 's-kilo'") == 3
-    assert scalar(incident_dir, "SELECT lease_expires_at FROM dream_state WHERE session_id = 's-kilo'") \
+    assert (
+        scalar(incident_dir, "SELECT lease_expires_at FROM dream_state WHERE session_id = 's-kilo'")
         == scenes.NOW
+    )
     (event,) = journal(incident_dir, "operator.release")
     assert event["target"] == "s-kilo" and event["data"]["old_epoch"] == 2
 
 
-async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(
-        incident_dir: DataDir) -> None:
-    write(incident_dir, "UPDATE summary_job SET status = 'in_progress', owner_id = ?, epoch = 4, "
-          "lease_expires_at = ? WHERE session_id = 's-golf'", scenes.SUMM, scenes.NOW + 5_000)
+async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(incident_dir: DataDir) -> None:
+    write(
+        incident_dir,
+        "UPDATE summary_job SET status = 'in_progress', owner_id = ?, epoch = 4, "
+        "lease_expires_at = ? WHERE session_id = 's-golf'",
+        scenes.SUMM,
+        scenes.NOW + 5_000,
+    )
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         leases = table(app, "leases")
@@ -596,8 +644,11 @@ async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) ->
         app, workers, modal = await drain_modal(pilot, scenes.EXEC_A)
         assert modal.plan.targets == [scenes.EXEC_A]
         await pilot.press("tab", "enter")
-        await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "draining",
-                    "the worker to show as draining")
+        await until(
+            pilot,
+            lambda: workers.cell_text(scenes.EXEC_A, "state") == "draining",
+            "the worker to show as draining",
+        )
         assert table(app, "actions").all_records()[0]["outcome"] == "ok"
     assert scalar(incident_dir, "SELECT state FROM worker WHERE owner_id = ?", scenes.EXEC_A) == "draining"
     (event,) = journal(incident_dir, "operator.drain")
@@ -632,8 +683,11 @@ async def test_the_command_palette_has_an_entry_per_action(incident_dir: DataDir
         def drain_highlighted() -> bool:  # the palette gathers its hits in batches
             hits = app.screen.query(CommandList)
             index = hits.first().highlighted if hits else None
-            return index is not None and hits.first().get_option_at_index(index).hit.text == \
-                "Drain selected worker"
+            return (
+                index is not None
+                and hits.first().get_option_at_index(index).hit.text == "Drain selected worker"
+            )
+
         await until(pilot, drain_highlighted, "the drain command highlighted in the palette")
         await pilot.press("enter")
         modal = await confirm_modal(pilot)
@@ -645,8 +699,10 @@ async def test_read_only_greys_the_actions_out(incident_dir: DataDir) -> None:
         app = await loaded(pilot)
         for action in ("replay_selected", "replay_all", "drain", "release"):
             assert app.check_action(action, ()) is None
-        shown = {description: enabled for _key, description, enabled in
-                 app.key_bar.state(lambda a: app.check_action(a, ()) is True)}
+        shown = {
+            description: enabled
+            for _key, description, enabled in app.key_bar.state(lambda a: app.check_action(a, ()) is True)
+        }
         assert shown["Release"] is False and shown["Replay all"] is False and shown["Drain"] is False
         assert shown["Filter"] is True and shown["Help"] is True
         assert "[$text-disabled]l Release[/]" in str(app.key_bar._shown)
@@ -662,8 +718,14 @@ async def test_read_only_library_refuses_even_if_the_ui_is_bypassed(incident_dir
         app = await loaded(pilot)
         worker = next(w for w in table(app, "workers").all_records() if w["owner_id"] == scenes.EXEC_A)
         app.execute_plan(drain_plan(worker, [], clock.now_ms()))
-        await until(pilot, lambda: table(app, "actions").all_records()
-                    and table(app, "actions").all_records()[0]["outcome"] == "refused", "the refusal")
+        await until(
+            pilot,
+            lambda: (
+                table(app, "actions").all_records()
+                and table(app, "actions").all_records()[0]["outcome"] == "refused"
+            ),
+            "the refusal",
+        )
         entry = table(app, "actions").all_records()[0]
         assert entry["action"] == "drain"
         assert "read-only" in entry["message"]
@@ -686,4 +748,3 @@ async def test_layout_fits_common_terminal_sizes(incident_dir: DataDir, size: tu
             assert panel.region.height >= 5, (name, panel.region)
             assert panel.region.width >= 24, (name, panel.region)
         assert app.screen.has_class("-short") == (size[1] < 34)
-

@@ -42,12 +42,17 @@ def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit() -> None:
         seen["status"] = rem_json("status", "--data", str(data.root))
         seen["reap"] = manifest["reap"]
 
-    assert run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0",
-                                                    "--dreams", "0"]) == 0
+    assert (
+        run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0", "--dreams", "0"])
+        == 0
+    )
     assert seen["status"]["chroma"]["healthy"] is True
     assert seen["reap"] is False  # a killed daemon's lease stays visible in the demo
-    wait_until(lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
-               timeout=40, message="rem up and its Chroma server to exit")
+    wait_until(
+        lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
+        timeout=40,
+        message="rem up and its Chroma server to exit",
+    )
     assert not Path(seen["root"]).exists()  # a temp demo dir is removed unless --keep
 
 
@@ -87,8 +92,9 @@ run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0
 
 
 def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
-    demo = subprocess.Popen([sys.executable, "-c", DEMO_THAT_WAITS], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    demo = subprocess.Popen(
+        [sys.executable, "-c", DEMO_THAT_WAITS], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     seen: dict[str, Any] = {}
     try:
         assert demo.stdout is not None
@@ -98,16 +104,22 @@ def test_a_sigkilled_demo_takes_rem_up_and_chroma_down_with_it() -> None:
         assert pid_alive(seen["supervisor"]) and pid_alive(seen["chroma"])
         demo.kill()  # SIGKILL: no finally runs in the demo
         demo.wait(5)
-        wait_until(lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
-                   timeout=40, message="the orphaned rem up and its Chroma server to exit")
+        wait_until(
+            lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
+            timeout=40,
+            message="the orphaned rem up and its Chroma server to exit",
+        )
     finally:
         if demo.poll() is None:
             demo.kill()
         if seen:
             if pid_alive(seen["supervisor"]):  # the test failed: do not leak what it started
                 os.kill(seen["supervisor"], signal.SIGTERM)
-                wait_until(lambda: not pid_alive(seen["supervisor"]), timeout=40,
-                           message="the leaked rem up to drain")
+                wait_until(
+                    lambda: not pid_alive(seen["supervisor"]),
+                    timeout=40,
+                    message="the leaked rem up to drain",
+                )
             shutil.rmtree(seen["root"], ignore_errors=True)
 
 

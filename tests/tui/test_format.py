@@ -7,11 +7,21 @@ import pytest
 from tui.format import age, fitted, owner_short, short_id, time_left
 
 
-@pytest.mark.parametrize(("ms", "text"), [
-    (0, "0s"), (999, "0s"), (12_000, "12s"), (65_000, "1m05s"), (599_000, "9m59s"),
-    (3_133_000, "52m"), (11_100_000, "3h05m"), (43_200_000, "12h"), (259_200_000, "3d00h"),
-    (2_592_000_000, "30d"),
-])
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0s"),
+        (999, "0s"),
+        (12_000, "12s"),
+        (65_000, "1m05s"),
+        (599_000, "9m59s"),
+        (3_133_000, "52m"),
+        (11_100_000, "3h05m"),
+        (43_200_000, "12h"),
+        (259_200_000, "3d00h"),
+        (2_592_000_000, "30d"),
+    ],
+)
 def test_durations_fit_five_characters(ms: int, text: str) -> None:
     assert fitted(ms) == text
     assert len(fitted(ms)) <= 5

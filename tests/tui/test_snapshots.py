@@ -25,22 +25,32 @@ SnapCompare = Callable[..., bool]
 
 def fixed_chroma_label(loader: Callable[[Context], Awaitable[dict[str, Any]]] = ops.status):
     """The real status, with the real Chroma server's random port shown as a fixed one."""
+
     async def status(ctx: Context) -> dict[str, Any]:
         snap = await loader(ctx)
         if snap.get("chroma", {}).get("url"):
             snap["chroma"]["url"] = "http://127.0.0.1:8000"
         return snap
+
     return status
 
 
 def app_for(data: DataDir, **kwargs: Any) -> ConsoleApp:
     # no file watch and no poll: the picture is of one snapshot, taken once
-    return ConsoleApp(data, data_label="demo-data", watch=False, poll_s=3600, health_s=3600,
-                      status_loader=fixed_chroma_label(), **kwargs)
+    return ConsoleApp(
+        data,
+        data_label="demo-data",
+        watch=False,
+        poll_s=3600,
+        health_s=3600,
+        status_loader=fixed_chroma_label(),
+        **kwargs,
+    )
 
 
 def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
     """Wait for the first snapshot (and anything it loads), then press `keys`."""
+
     async def run_before(pilot: Pilot[Any]) -> None:
         app = pilot.app
         assert isinstance(app, ConsoleApp)
@@ -54,6 +64,7 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
             await pilot.press(*keys)
         for _ in range(40):  # screens that load their own rows (detail) settle
             await pilot.pause(0.025)
+
     return run_before
 
 
@@ -61,6 +72,7 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
 def scene_dir(tmp_path: Path, clock_at_scene: Any) -> Callable[..., DataDir]:
     def build(*steps: Callable[[scenes.Scene], None]) -> DataDir:
         return scenes.build(tmp_path / "data", *steps)
+
     return build
 
 
@@ -69,8 +81,9 @@ def test_healthy(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], c
     assert snap_compare(app, terminal_size=(120, 40), run_before=after())
 
 
-def test_killed_executor_with_expired_lease(snap_compare: SnapCompare,
-                                            scene_dir: Callable[..., DataDir], chroma_url: str) -> None:
+def test_killed_executor_with_expired_lease(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], chroma_url: str
+) -> None:
     app = app_for(scene_dir(scenes.healthy, scenes.killed_executor), chroma_url=chroma_url)
     assert snap_compare(app, terminal_size=(120, 40), run_before=after())
 
@@ -85,13 +98,15 @@ def test_dream_drift(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir
     assert snap_compare(app, terminal_size=(120, 40), run_before=after("4"))
 
 
-def test_release_confirmation(snap_compare: SnapCompare, scene_dir: Callable[..., DataDir],
-                              chroma_url: str) -> None:
+def test_release_confirmation(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], chroma_url: str
+) -> None:
     app = app_for(scene_dir(scenes.incident), chroma_url=chroma_url)
     assert snap_compare(app, terminal_size=(120, 40), run_before=after("2", "l"))
 
 
-def test_incident_at_80x24_read_only_paused(snap_compare: SnapCompare,
-                                            scene_dir: Callable[..., DataDir]) -> None:
+def test_incident_at_80x24_read_only_paused(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir]
+) -> None:
     app = app_for(scene_dir(scenes.incident), read_only=True)
     assert snap_compare(app, terminal_size=(80, 24), run_before=after("p"))

@@ -23,8 +23,18 @@ from tui.format import clock_time, compact_json, full_time
 
 HistoryLoader = Callable[[], Awaitable[list[dict[str, Any]]]]
 DiffLoader = Callable[[], Awaitable[dict[str, Any]]]
-TIME_FIELDS = ("time", "time_created", "time_updated", "expires_at", "heartbeat_at", "started_at",
-               "checked_at", "since", "oldest_at", "owner_heartbeat_at")
+TIME_FIELDS = (
+    "time",
+    "time_created",
+    "time_updated",
+    "expires_at",
+    "heartbeat_at",
+    "started_at",
+    "checked_at",
+    "since",
+    "oldest_at",
+    "owner_heartbeat_at",
+)
 
 
 def history_keys(panel: str, record: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -60,14 +70,20 @@ def receipt_diff_table(record: Mapping[str, Any]) -> RenderableType:
     """Receipt (expected) vs Chroma (actual) per owned key, as last verified."""
     keys = [k for k in record.get("keys") or [] if isinstance(k, Mapping)]
     if not keys:
-        return Text(f"verdict {record.get('verdict')}: no per-key detail recorded"
-                    + (f" ({record.get('quarantine_reason')})" if record.get("quarantine_reason") else ""))
+        return Text(
+            f"verdict {record.get('verdict')}: no per-key detail recorded"
+            + (f" ({record.get('quarantine_reason')})" if record.get("quarantine_reason") else "")
+        )
     table = Table(box=None, padding=(0, 1), header_style="bold")
     for name in ("key", "receipt (expected)", "Chroma (actual)", "why"):
         table.add_column(name, overflow="fold")
     for k in keys:
-        table.add_row(str(k.get("key")), json.dumps(k.get("expected"), default=str),
-                      json.dumps(k.get("actual"), default=str), str(k.get("reason") or ""))
+        table.add_row(
+            str(k.get("key")),
+            json.dumps(k.get("expected"), default=str),
+            json.dumps(k.get("actual"), default=str),
+            str(k.get("reason") or ""),
+        )
     return table
 
 
@@ -78,8 +94,14 @@ def history_table(events: list[dict[str, Any]]) -> RenderableType:
     for name in ("id", "time", "kind", "actor", "target", "data"):
         table.add_column(name, overflow="fold", no_wrap=name != "data")
     for e in events:
-        table.add_row(str(e.get("id")), clock_time(e.get("time")), str(e.get("kind")),
-                      str(e.get("actor")), str(e.get("target") or ""), compact_json(e.get("data"), 200))
+        table.add_row(
+            str(e.get("id")),
+            clock_time(e.get("time")),
+            str(e.get("kind")),
+            str(e.get("actor")),
+            str(e.get("target") or ""),
+            compact_json(e.get("data"), 200),
+        )
     return table
 
 
@@ -132,9 +154,16 @@ class DetailScreen(ModalScreen[None]):
             self.result = result
             self.error = error
 
-    def __init__(self, title: str, record: Mapping[str, Any], *, history: HistoryLoader | None,
-                 live_diff: DiffLoader | None = None, receipt: bool = False,
-                 describe_error: Callable[[BaseException], str] = str) -> None:
+    def __init__(
+        self,
+        title: str,
+        record: Mapping[str, Any],
+        *,
+        history: HistoryLoader | None,
+        live_diff: DiffLoader | None = None,
+        receipt: bool = False,
+        describe_error: Callable[[BaseException], str] = str,
+    ) -> None:
         super().__init__()
         self.describe_error = describe_error
         self.title_text = title
@@ -176,8 +205,9 @@ class DetailScreen(ModalScreen[None]):
         assert self._live_diff is not None
         await self._load(self._live_diff, self.LiveDiffLoaded)
 
-    async def _load(self, loader: Callable[[], Awaitable[Any]],
-                    loaded: Callable[[Any, str | None], Message]) -> None:
+    async def _load(
+        self, loader: Callable[[], Awaitable[Any]], loaded: Callable[[Any, str | None], Message]
+    ) -> None:
         """Post `loaded(result, None)`, or `loaded(None, error)` when rem refuses or fails."""
         try:
             result = await loader()

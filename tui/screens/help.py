@@ -21,9 +21,18 @@ through `backend.ops` and are confirmed first; the library re-checks them.
 
 def key_label(binding: Binding) -> str:
     return binding.key_display or " / ".join(
-        {"question_mark": "?", "slash": "/", "enter": "Enter", "escape": "Esc", "ctrl+r": "Ctrl+R",
-         "ctrl+p": "Ctrl+P", "shift+tab": "Shift+Tab", "tab": "Tab"}.get(k.strip(), k.strip())
-        for k in binding.key.split(","))
+        {
+            "question_mark": "?",
+            "slash": "/",
+            "enter": "Enter",
+            "escape": "Esc",
+            "ctrl+r": "Ctrl+R",
+            "ctrl+p": "Ctrl+P",
+            "shift+tab": "Shift+Tab",
+            "tab": "Tab",
+        }.get(k.strip(), k.strip())
+        for k in binding.key.split(",")
+    )
 
 
 def bindings_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
@@ -41,15 +50,23 @@ def help_sections(app_bindings: Iterable[BindingType]) -> list[tuple[str, list[t
     from tui.widgets.filter_bar import FilterBar
     from tui.widgets.panel_table import PanelTable
 
-    navigation = [("Tab / Shift+Tab", "next / previous panel"),
-                  ("mouse", "click a row to select it, click it again for detail; "
-                            "click a column header to sort by it; wheel scrolls")]
+    navigation = [
+        ("Tab / Shift+Tab", "next / previous panel"),
+        (
+            "mouse",
+            "click a row to select it, click it again for detail; "
+            "click a column header to sort by it; wheel scrolls",
+        ),
+    ]
     return [
         ("Anywhere", bindings_rows(app_bindings) + [("Ctrl+P", "command palette: every action")]),
         ("In a panel", bindings_rows(PanelTable.BINDINGS) + navigation),
         ("Filter bar", [("Enter", "keep the filter")] + bindings_rows(FilterBar.BINDINGS)),
-        ("Confirmation", [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
-         + bindings_rows(ConfirmScreen.BINDINGS)),
+        (
+            "Confirmation",
+            [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
+            + bindings_rows(ConfirmScreen.BINDINGS),
+        ),
         ("Detail", bindings_rows(DetailScreen.BINDINGS)),
     ]
 
@@ -58,8 +75,7 @@ def help_markdown(sections: Sequence[tuple[str, list[tuple[str, str]]]]) -> str:
     """A Markdown page with one key table per section."""
     parts = [INTRO]
     for title, rows in sections:
-        table = "\n".join(["| key | does |", "| :- | :- |",
-                           *(f"| `{key}` | {what} |" for key, what in rows)])
+        table = "\n".join(["| key | does |", "| :- | :- |", *(f"| `{key}` | {what} |" for key, what in rows)])
         parts.append(f"## {title}\n\n{table}")
     return "\n\n".join(parts) + "\n"
 

@@ -11,8 +11,14 @@ from rich.text import Text
 from tui.format import cell, clock_time, compact_json, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-OUTCOME_TONE = {"ok": "success", "refused": "error", "failed": "error", "cancelled": "muted",
-                "dry-run": "primary", "journal": None}
+OUTCOME_TONE = {
+    "ok": "success",
+    "refused": "error",
+    "failed": "error",
+    "cancelled": "muted",
+    "dry-run": "primary",
+    "journal": None,
+}
 MAX_LOCAL = 200
 
 
@@ -23,11 +29,15 @@ def _outcome(record: Record, now: int, palette: Palette) -> Text:
 
 def _journal_record(event: Mapping[str, Any]) -> Record:
     return {
-        "time": event.get("time"), "action": str(event.get("kind", "")).removeprefix("operator."),
-        "target": event.get("target") or event.get("session_id"), "session_id": event.get("session_id"),
+        "time": event.get("time"),
+        "action": str(event.get("kind", "")).removeprefix("operator."),
+        "target": event.get("target") or event.get("session_id"),
+        "session_id": event.get("session_id"),
         "outcome": "journal",
         "message": f"{event.get('actor')}: {compact_json(event.get('data'), 160)}",
-        "by": event.get("actor"), "event_id": event.get("id"), "data": event.get("data"),
+        "by": event.get("actor"),
+        "event_id": event.get("id"),
+        "data": event.get("data"),
     }
 
 
@@ -39,14 +49,29 @@ class ActionLogTable(SnapshotTable):
     EMPTY_TEXT = "no actions yet"
     STICKY_TOP = True
     COLUMNS = (
-        Column("time", "time", 8, lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
-               sort=lambda r: r.get("time")),
+        Column(
+            "time",
+            "time",
+            8,
+            lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
+            sort=lambda r: r.get("time"),
+        ),
         Column("action", "action", 8, lambda r, n, p: cell(r.get("action")), sort=lambda r: r.get("action")),
         Column("outcome", "result", 8, _outcome, sort=lambda r: r.get("outcome")),
-        Column("target", "target", 14, lambda r, n, p: cell(short(r.get("target"), 14)),
-               sort=lambda r: r.get("target")),
-        Column("message", "detail", None, lambda r, n, p: cell(short(r.get("message"), 90)),
-               sort=lambda r: r.get("message")),
+        Column(
+            "target",
+            "target",
+            14,
+            lambda r, n, p: cell(short(r.get("target"), 14)),
+            sort=lambda r: r.get("target"),
+        ),
+        Column(
+            "message",
+            "detail",
+            None,
+            lambda r, n, p: cell(short(r.get("message"), 90)),
+            sort=lambda r: r.get("message"),
+        ),
     )
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -55,11 +80,18 @@ class ActionLogTable(SnapshotTable):
         self._journal: list[tuple[str, Record]] = []
         self._seq = count(1)
 
-    def log_action(self, *, time: int, action: str, target: str, outcome: str, message: str,
-                   by: str = "console") -> Record:
+    def log_action(
+        self, *, time: int, action: str, target: str, outcome: str, message: str, by: str = "console"
+    ) -> Record:
         """Record one of this console's attempts (shown even when nothing was journaled)."""
-        record = {"time": time, "action": action, "target": target, "outcome": outcome,
-                  "message": message, "by": by}
+        record = {
+            "time": time,
+            "action": action,
+            "target": target,
+            "outcome": outcome,
+            "message": message,
+            "by": by,
+        }
         self._local.insert(0, (f"local:{next(self._seq)}", record))
         del self._local[MAX_LOCAL:]
         self._merge()
@@ -67,8 +99,9 @@ class ActionLogTable(SnapshotTable):
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
         if "recent_actions" in snapshot:  # a log_action() re-show keeps the last journal view
-            self._journal = [(f"event:{e.get('id')}", _journal_record(e))
-                             for e in snapshot.get("recent_actions") or []]
+            self._journal = [
+                (f"event:{e.get('id')}", _journal_record(e)) for e in snapshot.get("recent_actions") or []
+            ]
         rows = self._local + self._journal
         return sorted(rows, key=lambda kv: -(kv[1].get("time") or 0))
 

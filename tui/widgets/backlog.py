@@ -40,14 +40,20 @@ def _rows(snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
     recoveries = sorted(backlog.get("recoveries") or [], key=lambda r: not r.get("parked"))
     for rec in recoveries:
         what = "parked" if rec.get("parked") else "recov"
-        yield f"rec:{rec.get('execution_id')}", {"what": what, "target": rec.get("session_id"),
-                                                  "since": rec.get("time_created"), **rec}
+        yield (
+            f"rec:{rec.get('execution_id')}",
+            {"what": what, "target": rec.get("session_id"), "since": rec.get("time_created"), **rec},
+        )
     for sj in (backlog.get("summary_jobs") or {}).get("failed_rows") or []:
-        yield f"sumfail:{sj.get('session_id')}", {"what": "failed", "target": sj.get("session_id"),
-                                                  "since": sj.get("time_updated"), **sj}
+        yield (
+            f"sumfail:{sj.get('session_id')}",
+            {"what": "failed", "target": sj.get("session_id"), "since": sj.get("time_updated"), **sj},
+        )
     for item in backlog.get("inputs") or []:
-        yield f"in:{item.get('session_id')}", {"what": "input", "target": item.get("session_id"),
-                                               "since": item.get("oldest_at"), **item}
+        yield (
+            f"in:{item.get('session_id')}",
+            {"what": "input", "target": item.get("session_id"), "since": item.get("oldest_at"), **item},
+        )
 
 
 def summary_line(snapshot: Mapping[str, Any]) -> str:
@@ -56,9 +62,11 @@ def summary_line(snapshot: Mapping[str, Any]) -> str:
     jobs = backlog.get("summary_jobs") or {}
     dream = backlog.get("dream") or {}
     by_state = dream.get("by_state") or {}
-    return (f"sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
-            f"{jobs.get('stale', 0)} stale · dream {dream.get('pending', 0)} pend "
-            f"{by_state.get('deferred', 0)} def")
+    return (
+        f"sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
+        f"{jobs.get('stale', 0)} stale · dream {dream.get('pending', 0)} pend "
+        f"{by_state.get('deferred', 0)} def"
+    )
 
 
 class BacklogTable(SnapshotTable):
@@ -69,11 +77,17 @@ class BacklogTable(SnapshotTable):
     EMPTY_TEXT = "✓ nothing waiting"
     COLUMNS = (
         Column("what", "what", 6, _what, sort=lambda r: r.get("what")),
-        Column("target", "session", 10, lambda r, n, p: cell(short_id(r.get("target"))),
-               sort=lambda r: r.get("target")),
+        Column(
+            "target",
+            "session",
+            10,
+            lambda r, n, p: cell(short_id(r.get("target"))),
+            sort=lambda r: r.get("target"),
+        ),
         Column("age", "age", 5, _age, sort=lambda r: -(r.get("since") or 0), live=True),
-        Column("detail", "detail", None, lambda r, n, p: cell(short(_detail(r), 60)),
-               sort=lambda r: _detail(r)),
+        Column(
+            "detail", "detail", None, lambda r, n, p: cell(short(_detail(r), 60)), sort=lambda r: _detail(r)
+        ),
     )
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:

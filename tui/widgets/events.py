@@ -17,8 +17,10 @@ def kind_tone(kind: str) -> str | None:
         return "accent"
     if any(word in kind for word in ("lost", "parked", "failed", "quarantined", "undigestible")):
         return "error"
-    if any(word in kind for word in ("taken_over", "stale", "deferred", "draining", "stopped",
-                                     "handed_back", "replayed")):
+    if any(
+        word in kind
+        for word in ("taken_over", "stale", "deferred", "draining", "stopped", "handed_back", "replayed")
+    ):
         return "warning"
     return None
 
@@ -36,15 +38,35 @@ class EventTable(SnapshotTable):
     EMPTY_TEXT = "no journal rows yet"
     STICKY_TOP = True
     COLUMNS = (
-        Column("time", "time", 8, lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
-               sort=lambda r: r.get("id")),
+        Column(
+            "time",
+            "time",
+            8,
+            lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
+            sort=lambda r: r.get("id"),
+        ),
         Column("kind", "kind", 20, _kind, sort=lambda r: r.get("kind")),
-        Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
-               sort=lambda r: r.get("session_id")),
-        Column("actor", "actor", 12, lambda r, n, p: cell(owner_short(r.get("actor"))),
-               sort=lambda r: r.get("actor")),
-        Column("data", "data", None, lambda r, n, p: cell(compact_json(r.get("data"), 70)),
-               sort=lambda r: compact_json(r.get("data"), 200)),
+        Column(
+            "session",
+            "session",
+            10,
+            lambda r, n, p: cell(short_id(r.get("session_id"))),
+            sort=lambda r: r.get("session_id"),
+        ),
+        Column(
+            "actor",
+            "actor",
+            12,
+            lambda r, n, p: cell(owner_short(r.get("actor"))),
+            sort=lambda r: r.get("actor"),
+        ),
+        Column(
+            "data",
+            "data",
+            None,
+            lambda r, n, p: cell(compact_json(r.get("data"), 70)),
+            sort=lambda r: compact_json(r.get("data"), 200),
+        ),
     )
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:

@@ -50,9 +50,15 @@ class ConsoleHeader(Static):
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
         self._shown = Text()
 
-    def set_state(self, *, snapshot: Mapping[str, Any] | None = None, paused: bool | None = None,
-                  waiting: str | None = None, now: int | None = None,
-                  palette: Mapping[str, str] | None = None) -> None:
+    def set_state(
+        self,
+        *,
+        snapshot: Mapping[str, Any] | None = None,
+        paused: bool | None = None,
+        waiting: str | None = None,
+        now: int | None = None,
+        palette: Mapping[str, str] | None = None,
+    ) -> None:
         if snapshot is not None:
             self.snapshot = snapshot
         if paused is not None:
@@ -94,6 +100,7 @@ class ConsoleHeader(Static):
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
         if snap.get("generated_at"):
-            line.append(f" as of {clock_time(snap['generated_at'])}",
-                        style=Style(color=self.palette["muted"]))
+            line.append(
+                f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
+            )
         return line

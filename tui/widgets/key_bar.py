@@ -30,14 +30,22 @@ class KeyBar(Static):
     }
     """
 
-    def __init__(self, bindings: Iterable[BindingType], *, lead: Sequence[tuple[str, str, str]] = (),
-                 tail: Sequence[tuple[str, str, str]] = (), id: str | None = None) -> None:
+    def __init__(
+        self,
+        bindings: Iterable[BindingType],
+        *,
+        lead: Sequence[tuple[str, str, str]] = (),
+        tail: Sequence[tuple[str, str, str]] = (),
+        id: str | None = None,
+    ) -> None:
         super().__init__("", id=id)
         shown = [b for b in bindings if isinstance(b, Binding) and b.show]
         # (key as shown, action, description)
         self.entries: list[tuple[str, str, str]] = [
-            *lead, *((b.key_display or KEY_NAMES.get(b.key, b.key), b.action, b.description) for b in shown),
-            *tail]
+            *lead,
+            *((b.key_display or KEY_NAMES.get(b.key, b.key), b.action, b.description) for b in shown),
+            *tail,
+        ]
         self._shown: str | None = None
 
     def show_keys(self, enabled: Callable[[str], bool], labels: dict[str, str] | None = None) -> None:
@@ -47,8 +55,10 @@ class KeyBar(Static):
         for key, action, description in self.entries:
             text = f"{escape(key)} {escape(labels.get(action, description))}"
             if enabled(action):
-                parts.append(f"[@click=app.{action}][bold $footer-key-foreground]{escape(key)}[/] "
-                             f"{escape(labels.get(action, description))}[/]")
+                parts.append(
+                    f"[@click=app.{action}][bold $footer-key-foreground]{escape(key)}[/] "
+                    f"{escape(labels.get(action, description))}[/]"
+                )
             else:
                 parts.append(f"[$text-disabled]{text}[/]")
         markup = "  ".join(parts)

@@ -55,14 +55,25 @@ class LeaseTable(SnapshotTable):
     EMPTY_TEXT = "no leases held"
     COLUMNS = (
         Column("left", "left", 5, _left, sort=lambda r: r.get("expires_at"), live=True),
-        Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
-               sort=lambda r: r.get("session_id")),
+        Column(
+            "session",
+            "session",
+            10,
+            lambda r, n, p: cell(short_id(r.get("session_id"))),
+            sort=lambda r: r.get("session_id"),
+        ),
         Column("owner", "owner", 12, _owner, sort=lambda r: r.get("owner_id"), live=True),
-        Column("kind", "kind", 5, lambda r, n, p: cell(KIND_LABEL.get(r.get("kind"), r.get("kind"))),
-               sort=lambda r: r.get("kind")),
+        Column(
+            "kind",
+            "kind",
+            5,
+            lambda r, n, p: cell(KIND_LABEL.get(r.get("kind"), r.get("kind"))),
+            sort=lambda r: r.get("kind"),
+        ),
         Column("epoch", "epoch", 5, lambda r, n, p: cell(r.get("epoch")), sort=lambda r: r.get("epoch")),
-        Column("phase", "phase", 8, lambda r, n, p: cell(r.get("phase") or "-"),
-               sort=lambda r: r.get("phase")),
+        Column(
+            "phase", "phase", 8, lambda r, n, p: cell(r.get("phase") or "-"), sort=lambda r: r.get("phase")
+        ),
     )
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:

@@ -58,7 +58,9 @@ class PanelTable(ScrollView, can_focus=True):
         Binding("right", "scroll_right", "Scroll right", show=False),
     ]
     COMPONENT_CLASSES: ClassVar[set[str]] = {
-        "panel-table--header", "panel-table--cursor", "panel-table--cursor-blurred",
+        "panel-table--header",
+        "panel-table--cursor",
+        "panel-table--cursor-blurred",
         "panel-table--empty",
     }
     # shown in place of rows when there are none (say what that means, e.g. "all clear")
@@ -214,7 +216,9 @@ class PanelTable(ScrollView, can_focus=True):
             if index >= len(self.order):
                 if y == 1 and not self.order and self.EMPTY_TEXT:
                     style = self.rich_style + self.get_component_rich_style("panel-table--empty")
-                    return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(0, width)
+                    return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(
+                        0, width
+                    )
                 return Strip.blank(width, self.rich_style)
             strip = self._row_strip(index)
         return strip.crop(scroll_x, scroll_x + width)

@@ -11,11 +11,18 @@ from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
 VERDICT_LABEL = {
-    "missing": "missing", "document_differs": "doc≠", "keys_differ": "keys≠",
-    "quarantined": "quarant", "present": "present",
+    "missing": "missing",
+    "document_differs": "doc≠",
+    "keys_differ": "keys≠",
+    "quarantined": "quarant",
+    "present": "present",
 }
-VERDICT_TONE = {"missing": "error", "quarantined": "error", "document_differs": "warning",
-                "keys_differ": "warning"}
+VERDICT_TONE = {
+    "missing": "error",
+    "quarantined": "error",
+    "document_differs": "warning",
+    "keys_differ": "warning",
+}
 
 
 def differing_keys(record: Record) -> str:
@@ -33,8 +40,12 @@ def differing_keys(record: Record) -> str:
 
 def _verdict(record: Record, now: int, palette: Palette) -> Text:
     verdict = record.get("verdict")
-    return cell(VERDICT_LABEL.get(verdict, verdict), VERDICT_TONE.get(verdict), palette,
-                bold=verdict in ("missing", "quarantined"))
+    return cell(
+        VERDICT_LABEL.get(verdict, verdict),
+        VERDICT_TONE.get(verdict),
+        palette,
+        bold=verdict in ("missing", "quarantined"),
+    )
 
 
 class ReceiptTable(SnapshotTable):
@@ -44,13 +55,25 @@ class ReceiptTable(SnapshotTable):
     PANEL_NAME = "receipts"
     EMPTY_TEXT = "✓ receipts all match"
     COLUMNS = (
-        Column("session", "session", 10, lambda r, n, p: cell(short_id(r.get("session_id"))),
-               sort=lambda r: r.get("session_id")),
+        Column(
+            "session",
+            "session",
+            10,
+            lambda r, n, p: cell(short_id(r.get("session_id"))),
+            sort=lambda r: r.get("session_id"),
+        ),
         Column("verdict", "verdict", 7, _verdict, sort=lambda r: r.get("verdict")),
-        Column("keys", "differs", None, lambda r, n, p: cell(short(differing_keys(r), 60)),
-               sort=differing_keys),
-        Column("checked", "checked", 7, lambda r, n, p: cell(age(r.get("checked_at"), n)),
-               sort=lambda r: -(r.get("checked_at") or 0), live=True),
+        Column(
+            "keys", "differs", None, lambda r, n, p: cell(short(differing_keys(r), 60)), sort=differing_keys
+        ),
+        Column(
+            "checked",
+            "checked",
+            7,
+            lambda r, n, p: cell(age(r.get("checked_at"), n)),
+            sort=lambda r: -(r.get("checked_at") or 0),
+            live=True,
+        ),
     )
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:

@@ -42,8 +42,17 @@ class Column:
 
 # Fields of snapshot rows that are derived from `now` (the live columns recompute
 # them from absolute times), so a row whose other fields are unchanged is not redrawn.
-VOLATILE = frozenset({"time_left_ms", "expired", "owner_alive", "heartbeat_age_ms", "alive",
-                      "oldest_age_ms", "owner_heartbeat_at"})
+VOLATILE = frozenset(
+    {
+        "time_left_ms",
+        "expired",
+        "owner_alive",
+        "heartbeat_age_ms",
+        "alive",
+        "oldest_age_ms",
+        "owner_heartbeat_at",
+    }
+)
 
 
 def stable_part(record: Record) -> Record:
@@ -211,7 +220,7 @@ class SnapshotTable(PanelTable):
 
     def _visible_keys(self) -> list[str]:
         top = max(0, int(self.scroll_y))
-        return self._shown[top: top + self.body_height + 1]
+        return self._shown[top : top + self.body_height + 1]
 
     def _refresh_live_cells(self) -> None:
         # Only the rows on screen: with thousands of leases, redrawing every countdown each
@@ -237,8 +246,9 @@ class SnapshotTable(PanelTable):
         if self.sort_column is not None:
             column = self._column(self.sort_column)
             get = column.sort or (lambda r, c=column: c.render(r, self._now, self._palette).plain)
-            keys = sorted(keys, key=lambda k: _sort_value(get(self._rows[k].record)),
-                          reverse=self.sort_reverse)
+            keys = sorted(
+                keys, key=lambda k: _sort_value(get(self._rows[k].record)), reverse=self.sort_reverse
+            )
         return keys
 
     def _sync(self) -> None:

@@ -41,8 +41,7 @@ class Trends(Horizontal):
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.history: dict[str, deque[tuple[int, int]]] = {
-            key: deque(maxlen=WINDOW_S) for key, _ in SERIES}
+        self.history: dict[str, deque[tuple[int, int]]] = {key: deque(maxlen=WINDOW_S) for key, _ in SERIES}
         self.labels: dict[str, Label] = {}
         self.lines: dict[str, Sparkline] = {}
 
@@ -71,12 +70,16 @@ class Trends(Horizontal):
             self.lines[key].data = [0, *data]
             span = max(1, second - series[0][0] + 1)
             self.labels[key].update(
-                f"{label} {value} · max {max(data)} in {duration(span * 1000)}", layout=False)
+                f"{label} {value} · max {max(data)} in {duration(span * 1000)}", layout=False
+            )
 
 
 def trend_values(snapshot: Mapping[str, Any], now: int) -> dict[str, int]:
     """The three series' values in a snapshot; expired leases counted against `now`."""
     counts = snapshot.get("counts") or {}
     expired = sum(1 for lease in snapshot.get("leases") or [] if (lease.get("expires_at") or 0) <= now)
-    return {"backlog": int(counts.get("backlog", 0)), "expired_leases": expired,
-            "mismatches": int(counts.get("mismatches", 0))}
+    return {
+        "backlog": int(counts.get("backlog", 0)),
+        "expired_leases": expired,
+        "mismatches": int(counts.get("mismatches", 0)),
+    }

@@ -47,20 +47,38 @@ class WorkerTable(SnapshotTable):
     PANEL_NAME = "workers"
     EMPTY_TEXT = "no workers registered (is `rem up` running?)"
     COLUMNS = (
-        Column("worker", "worker", 10, lambda r, n, p: cell(owner_short(r.get("owner_id"))),
-               sort=lambda r: r.get("owner_id")),
+        Column(
+            "worker",
+            "worker",
+            10,
+            lambda r, n, p: cell(owner_short(r.get("owner_id"))),
+            sort=lambda r: r.get("owner_id"),
+        ),
         Column("state", "state", 8, _state, sort=lambda r: r.get("state"), live=True),
         Column("heartbeat", "beat", 6, _beat, sort=lambda r: -(r.get("heartbeat_at") or 0), live=True),
-        Column("leases", "leases", 6, lambda r, n, p: cell(r.get("leases", 0)),
-               sort=lambda r: r.get("leases", 0)),
+        Column(
+            "leases", "leases", 6, lambda r, n, p: cell(r.get("leases", 0)), sort=lambda r: r.get("leases", 0)
+        ),
         Column("pid", "pid", 7, lambda r, n, p: cell(r.get("pid")), sort=lambda r: r.get("pid")),
-        Column("host", "host", 14, lambda r, n, p: cell(short(r.get("host"), 14)),
-               sort=lambda r: r.get("host")),
-        Column("up", "up", 7, lambda r, n, p: cell(age(r.get("started_at"), n)),
-               sort=lambda r: -(r.get("started_at") or 0), live=True),
+        Column(
+            "host", "host", 14, lambda r, n, p: cell(short(r.get("host"), 14)), sort=lambda r: r.get("host")
+        ),
+        Column(
+            "up",
+            "up",
+            7,
+            lambda r, n, p: cell(age(r.get("started_at"), n)),
+            sort=lambda r: -(r.get("started_at") or 0),
+            live=True,
+        ),
         Column("role", "role", 10, lambda r, n, p: cell(r.get("role")), sort=lambda r: r.get("role")),
-        Column("owner", "owner id", 40, lambda r, n, p: cell(short(r.get("owner_id"), 40)),
-               sort=lambda r: r.get("owner_id")),
+        Column(
+            "owner",
+            "owner id",
+            40,
+            lambda r, n, p: cell(short(r.get("owner_id"), 40)),
+            sort=lambda r: r.get("owner_id"),
+        ),
     )
 
     def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
