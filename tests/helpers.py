@@ -48,7 +48,7 @@ def spawn_rem(
     *args: str, env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start `rem` as a background process (stdout/stderr to `log`)."""
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    out = open(log, "ab") if log else subprocess.DEVNULL
     return subprocess.Popen(
         [REM, *args], stdout=out, stderr=subprocess.STDOUT, env=env or rem_env(), start_new_session=True
     )

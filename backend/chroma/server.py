@@ -58,7 +58,7 @@ def external_url(explicit: str | None = None) -> str | None:
 def heartbeat(url: str, timeout: float = 2.0) -> int:
     """Chroma's heartbeat in ns; raises ChromaUnreachable naming what is wrong."""
     try:
-        with urllib.request.urlopen(url + HEARTBEAT_PATH, timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(url + HEARTBEAT_PATH, timeout=timeout) as resp:
             body = resp.read(4096)
     except urllib.error.HTTPError as exc:
         raise NotChroma(

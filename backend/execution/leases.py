@@ -155,8 +155,7 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
     changed = conn.execute(
-        f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} "  # noqa: S608
-        f"WHERE {FENCE}",
+        f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} WHERE {FENCE}",
         {
             **changes,
             "expires": now + lease.length_ms,
@@ -174,7 +173,7 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
 def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
     if not conn.execute(
-        f"DELETE FROM session_execution WHERE {FENCE}",  # noqa: S608
+        f"DELETE FROM session_execution WHERE {FENCE}",
         {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch},
     ).rowcount:
         raise _lost(lease)

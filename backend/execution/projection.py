@@ -98,7 +98,7 @@ def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict
     # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
     changed = conn.execute(
-        "UPDATE session_message SET data = ?, time_updated = ? "  # noqa: S608
+        "UPDATE session_message SET data = ?, time_updated = ? "
         f"WHERE id = ? AND type = 'assistant'{still_open}",
         (dumps(data), now, message_id),
     ).rowcount

@@ -218,11 +218,11 @@ PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
 PENDING_STEERS_SQL = f"""
 SELECT {PENDING_COLUMNS} FROM session_input
 WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq
-"""  # noqa: S608
+"""
 OLDEST_QUEUED_SQL = f"""
 SELECT {PENDING_COLUMNS} FROM session_input
 WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1
-"""  # noqa: S608
+"""
 # The oldest pending input of either delivery, from the same index (two seeks).
 OLDEST_PENDING_SQL = """
 SELECT id FROM (

@@ -244,9 +244,9 @@ class Database:
         while self._lock.locked():
             async with self._lock:
                 pass
-        raw = self.conn._conn  # noqa: SLF001 - aiosqlite exposes no public hook for this
+        raw = self.conn._conn  # aiosqlite exposes no public hook for this
         try:
-            return await self.conn._execute(fn, raw)  # noqa: SLF001
+            return await self.conn._execute(fn, raw)
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, self.path) or exc from exc
 
@@ -378,7 +378,7 @@ def _in_savepoint(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], An
 
 async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
     """Run `fn(raw sqlite3 connection, *args)` on an aiosqlite connection's thread, inside its open tx."""
-    return await conn._execute(fn, conn._conn, *args)  # noqa: SLF001 - same hook as run_sync
+    return await conn._execute(fn, conn._conn, *args)  # same hook as run_sync
 
 
 async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[sqlite3.Row]:

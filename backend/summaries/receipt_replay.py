@@ -589,7 +589,7 @@ async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
         session_ids.append(session_id)
     marks = ",".join("?" * len(session_ids))
     rows = await db.fetchall(
-        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "  # noqa: S608
+        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "
         "AND result_staged_at IS NOT NULL",
         session_ids,
     )

@@ -97,7 +97,7 @@ async def test_metadata_round_trip_offline(chroma_url: str, collection: str) -> 
 
 
 class _NotChroma(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"<html>hello</html>"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

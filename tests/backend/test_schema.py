@@ -54,7 +54,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
     db = await Database.open(tmp_path / "state.db")
     try:
         async with db.tx() as conn:
-            await schema._apply(conn, schema.V1)  # noqa: SLF001 - build exactly what v1 built
+            await schema._apply(conn, schema.V1)  # build exactly what v1 built
             await conn.execute("PRAGMA user_version = 1")
             await events.append_event(
                 conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"

@@ -18,7 +18,7 @@ TABLES = ("session", "session_input", "session_message", "event")
 
 async def _counts(ctx: Context) -> dict[str, Any]:
     db = await ctx.db()
-    return {t: await db.scalar(f"SELECT count(*) FROM {t}") for t in TABLES}  # noqa: S608
+    return {t: await db.scalar(f"SELECT count(*) FROM {t}") for t in TABLES}
 
 
 async def test_admit_creates_the_session_and_draws_seqs_from_it(db_ctx: Context) -> None:

@@ -129,7 +129,7 @@ def test_non_chroma_url(tmp_path: Path) -> None:
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"not chroma")

@@ -215,7 +215,7 @@ def _snapshot(data: Path) -> dict[str, list[tuple[Any, ...]]]:
         "summary_job",
     )
     with _connect(data) as conn:
-        return {t: sorted(tuple(r) for r in conn.execute(f"SELECT * FROM {t}")) for t in tables}  # noqa: S608
+        return {t: sorted(tuple(r) for r in conn.execute(f"SELECT * FROM {t}")) for t in tables}
 
 
 def _stop_mid_stream(data: Path, proc: subprocess.Popen[bytes]) -> None:
