@@ -14,6 +14,8 @@ from backend.core import clock, faults
 from backend.core.datadir import DataDir
 from backend.runtime.context import Context
 
+pytest_plugins = ["tests.gates"]
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> DataDir:

@@ -101,7 +101,7 @@ def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, A
     if rows:
         for row in rows:
             ident = row.get("summary_id") or row.get("session_id") or "?"
-            verdict = VERDICT_LABEL.get(row.get("verdict"), row.get("verdict") or "")
+            verdict = VERDICT_LABEL.get(str(row.get("verdict")), row.get("verdict") or "")
             outcome = row.get("outcome") or row.get("action") or ""
             reason = f" ({row['reason']})" if row.get("reason") else ""
             lines.append(f"  {ident}  {verdict}  → {outcome}{reason}".rstrip())
@@ -112,7 +112,7 @@ def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, A
     else:
         for record in records:
             lines.append(
-                f"  {record.get('summary_id')}  {VERDICT_LABEL.get(record.get('verdict'), '')}"
+                f"  {record.get('summary_id')}  {VERDICT_LABEL.get(str(record.get('verdict')), '')}"
                 f"  {differing_keys(record)}"
             )
             lines += key_diff_lines(record.get("keys") or [])

@@ -101,8 +101,8 @@ class ConsoleApp(App[None]):
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses live elsewhere
     TITLE = "rem console"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (34, "-tall")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
     # the order is the key bar's: what an incident needs first
     BINDINGS: ClassVar = [
         Binding("question_mark", "help", "Help", key_display="?"),

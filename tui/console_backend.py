@@ -14,7 +14,7 @@ from typing import Any
 
 from backend import ops
 from backend.core.datadir import DataDir
-from backend.core.errors import DataDirError, NotImplementedYet
+from backend.core.errors import DataDirError
 from backend.runtime.context import Context
 from backend.store import events
 from backend.store.db import Database
@@ -23,14 +23,6 @@ from tui.backend_loop import BackendLoop
 log = logging.getLogger("rem.console")
 
 StatusLoader = Callable[[Context], Awaitable[dict[str, Any]]]
-
-
-def _op(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
-    """`ops.<name>`, or a clear refusal while that action has not landed yet."""
-    fn = getattr(ops, name, None)
-    if fn is None:
-        raise NotImplementedYet(f"`rem {name}` is not available in this build of rem")
-    return fn  # type: ignore[no-any-return]
 
 
 class ConsoleBackend:
@@ -100,16 +92,15 @@ class ConsoleBackend:
     async def replay(
         self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
     ) -> dict[str, Any]:
-        fn = _op("replay")
-        return await self.loop.run(fn(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run))
+        return await self.loop.run(
+            ops.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
+        )
 
     async def drain(self, owner_id: str) -> dict[str, Any]:
-        fn = _op("drain")
-        return await self.loop.run(fn(self.ctx, owner_id, wait=False))
+        return await self.loop.run(ops.drain(self.ctx, owner_id, wait=False))
 
     async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
-        fn = _op("release")
-        return await self.loop.run(fn(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch))
+        return await self.loop.run(ops.release(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch))
 
     async def _close(self) -> None:
         if self._gate is not None:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from backend.chroma.embedder import Embedder, load_embedder
@@ -36,6 +37,10 @@ def _is_transport_error(exc: BaseException) -> bool:
         or module.startswith(("httpx", "httpcore", "urllib3", "requests"))
         or name in {"ConnectError", "ReadTimeout", "RemoteProtocolError", "ReadError"}
     )
+
+
+def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
+    return collection.get(include=[], limit=limit, offset=offset)
 
 
 class ChromaStore:
@@ -144,7 +149,7 @@ class ChromaStore:
         ids: list[str] = []
         offset = 0
         while True:
-            batch = await self._run(lambda c, o=offset: c.get(include=[], limit=page, offset=o))
+            batch = await self._run(partial(_page_of_ids, limit=page, offset=offset))
             ids.extend(batch["ids"])
             if len(batch["ids"]) < page:
                 return ids

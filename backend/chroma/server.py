@@ -138,7 +138,8 @@ class ChromaServer:
     def pid(self) -> int | None:
         if self.process is not None:
             return self.process.pid
-        return read_lock_info(self.data).get("pid") if self.data else None
+        pid = read_lock_info(self.data).get("pid") if self.data else None
+        return pid if isinstance(pid, int) else None
 
     def alive(self) -> bool:
         if self.process is not None and self.process.poll() is not None:

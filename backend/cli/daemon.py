@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend.cli import common
+
+if TYPE_CHECKING:  # the daemons import Chroma: only `rem daemon` pays for it
+    from backend.runtime.daemon import Daemon
 
 
 def register(app: typer.Typer) -> None:
@@ -30,8 +33,21 @@ def daemon(
 
     Example: rem daemon --role executor --once
     """
-    from backend.runtime.daemon import daemon_class
-
-    cls = daemon_class(role.value)
+    cls = daemon_class(role)
     ctx = common.make_context(data, chroma_url)
     return common.run(lambda: common.with_context(ctx, lambda c: cls(c, once=once).run()))
+
+
+def daemon_class(role: Role) -> type[Daemon]:
+    """The `Daemon` subclass for a role, imported only now: `rem send` never pays for Chroma's import."""
+    if role is Role.executor:
+        from backend.execution.executor import Executor
+
+        return Executor
+    if role is Role.summarizer:
+        from backend.summaries.summarizer import Summarizer
+
+        return Summarizer
+    from backend.dream.digester import Dreamer
+
+    return Dreamer

@@ -27,10 +27,6 @@ class BadInput(UsageError):
     """Input that rem refuses before writing anything."""
 
 
-class NotImplementedYet(UsageError):
-    """A command that exists in the contract but is not built yet."""
-
-
 class DataDirError(UsageError):
     """The data directory is unusable (a file, unwritable, ...)."""
 

@@ -18,9 +18,7 @@ from backend.core.errors import (
     BadInput,
     ChromaUnreachable,
     NotChroma,
-    NotImplementedYet,
     Refused,
-    RemError,
     UsageError,
 )
 from backend.runtime.context import Context
@@ -48,6 +46,7 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
     is not Chroma at all is a usage error and raises.
     """
     external = chroma_server.external_url(ctx.chroma_url)
+    url: str | None
     if external is not None:
         url, is_external = external, True
     else:
@@ -176,10 +175,6 @@ async def release(
             actor=ctx.operator,
             now=clock.now_ms(),
         )
-
-
-def _not_yet(command: str) -> RemError:
-    return NotImplementedYet(f"`rem {command}` is not implemented yet")
 
 
 async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:

@@ -163,30 +163,3 @@ class Daemon:
         finally:
             await workers.mark_stopped(self.db, self.owner_id, reason)
             self.log.info("%s %s stopped (%s)", self.role, self.owner_id, reason)
-
-
-# The role classes, imported lazily so `rem send` never pays for Chroma's import.
-ROLE_CLASSES = {
-    "executor": "backend.execution.executor:Executor",
-    "summarizer": "backend.summaries.summarizer:Summarizer",
-    "dream": "backend.dream.digester:Dreamer",
-}
-
-
-def daemon_class(role: str) -> type[Daemon]:
-    """The `Daemon` subclass for a role."""
-    import importlib
-
-    from backend.core.errors import NotImplementedYet, UsageError
-
-    if role not in ROLE_CLASSES:
-        raise UsageError(f"unknown role {role!r}; use one of {', '.join(ROLE_CLASSES)}")
-    module_name, _, attr = ROLE_CLASSES[role].partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise NotImplementedYet(f"the {role} daemon is not implemented yet") from exc
-    cls: type[Daemon] = getattr(module, attr)
-    return cls

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
@@ -244,9 +244,8 @@ class Database:
         while self._lock.locked():
             async with self._lock:
                 pass
-        raw = self.conn._conn  # aiosqlite exposes no public hook for this
         try:
-            return await self.conn._execute(fn, raw)
+            return await in_thread(self.conn, fn)
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, self.path) or exc from exc
 
@@ -377,8 +376,13 @@ def _in_savepoint(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], An
 
 
 async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn(raw sqlite3 connection, *args)` on an aiosqlite connection's thread, inside its open tx."""
-    return await conn._execute(fn, conn._conn, *args)  # same hook as run_sync
+    """Run `fn(raw sqlite3 connection, *args)` on an aiosqlite connection's thread, inside its open tx.
+
+    The one place rem uses aiosqlite's private queue (`_execute`, `_conn`): it
+    exposes no public hook for running a function on its thread (pinned version).
+    """
+    result = await conn._execute(fn, conn._conn, *args)  # type: ignore[no-untyped-call]
+    return cast(T, result)
 
 
 async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[sqlite3.Row]:

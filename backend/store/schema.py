@@ -326,7 +326,7 @@ async def migrate(db: Database) -> int:
         return current
     async with db.tx() as conn:
         # re-read inside the write lock: another process may have migrated meanwhile
-        current = int((await (await conn.execute("PRAGMA user_version")).fetchone())[0])
+        current = int(list(await conn.execute_fetchall("PRAGMA user_version"))[0][0])
         _refuse_newer(db, current)
         refuse_foreign(db.path, current, [r[0] for r in await conn.execute_fetchall(FOREIGN_TABLES_SQL)])
         for version in range(current, SCHEMA_VERSION):

@@ -78,7 +78,8 @@ async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
 
 
 async def state_of(db: Database, owner_id: str) -> str | None:
-    return await db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner_id,))
+    state = await db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner_id,))
+    return None if state is None else str(state)
 
 
 async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[str]:

@@ -220,9 +220,10 @@ class Drill:
 
     async def _owner_of(self, pid: int) -> str | None:
         db = await self.ctx.db()
-        return await db.scalar(
+        owner = await db.scalar(
             "SELECT owner_id FROM worker WHERE pid = ? ORDER BY started_at DESC LIMIT 1", (pid,)
         )
+        return None if owner is None else str(owner)
 
     async def _leases_of(self, owner: str | None) -> list[dict[str, Any]]:
         if owner is None:
@@ -333,7 +334,7 @@ class Drill:
 
         async def quiet() -> bool:
             result = await ops.check(self.ctx)
-            return result["ok"] and result["counts"]["unsettled"] == 0
+            return bool(result["ok"]) and result["counts"]["unsettled"] == 0
 
         await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle")
         return round(time.monotonic() - started, 2)

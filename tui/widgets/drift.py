@@ -36,7 +36,7 @@ CLASS_ABBREV = {
 
 
 def _class(record: Record, now: int, palette: Palette) -> Text:
-    klass = record.get("class")
+    klass = str(record.get("class"))
     return cell(CLASS_LABEL.get(klass, klass), CLASS_TONE.get(klass), palette, bold=klass == "undigestible")
 
 

@@ -67,7 +67,7 @@ class LeaseTable(SnapshotTable):
             "kind",
             "kind",
             5,
-            lambda r, n, p: cell(KIND_LABEL.get(r.get("kind"), r.get("kind"))),
+            lambda r, n, p: cell(KIND_LABEL.get(str(r.get("kind")), r.get("kind"))),
             sort=lambda r: r.get("kind"),
         ),
         Column("epoch", "epoch", 5, lambda r, n, p: cell(r.get("epoch")), sort=lambda r: r.get("epoch")),

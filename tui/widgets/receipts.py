@@ -25,7 +25,7 @@ VERDICT_TONE = {
 }
 
 
-def differing_keys(record: Record) -> str:
+def differing_keys(record: Mapping[str, Any]) -> str:
     """What differs, in words: the owned keys, the document, or why it is quarantined."""
     verdict = record.get("verdict")
     if verdict == "missing":
@@ -39,7 +39,7 @@ def differing_keys(record: Record) -> str:
 
 
 def _verdict(record: Record, now: int, palette: Palette) -> Text:
-    verdict = record.get("verdict")
+    verdict = str(record.get("verdict"))
     return cell(
         VERDICT_LABEL.get(verdict, verdict),
         VERDICT_TONE.get(verdict),

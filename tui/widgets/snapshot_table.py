@@ -15,6 +15,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -245,7 +246,7 @@ class SnapshotTable(PanelTable):
             keys = [k for k in keys if needle in self._rows[k].search]
         if self.sort_column is not None:
             column = self._column(self.sort_column)
-            get = column.sort or (lambda r, c=column: c.render(r, self._now, self._palette).plain)
+            get = column.sort or partial(_rendered_text, column, self._now, self._palette)
             keys = sorted(
                 keys, key=lambda k: _sort_value(get(self._rows[k].record)), reverse=self.sort_reverse
             )
@@ -397,3 +398,8 @@ def _csv_value(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True, default=str)
     return str(value)
+
+
+def _rendered_text(column: Column, now: int, palette: Palette, record: Record) -> str:
+    """A column's cell as plain text: the sort key of a column without its own."""
+    return column.render(record, now, palette).plain
