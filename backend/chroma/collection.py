@@ -22,10 +22,11 @@ from typing import Any
 
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable
+from backend.core.settings import Settings
 
 log = logging.getLogger("rem.chroma_store")
 
-COLLECTION = "rem_summaries"
+COLLECTION = Settings.chroma_collection.default
 Metadata = dict[str, Any]
 
 

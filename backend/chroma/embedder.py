@@ -9,11 +9,12 @@ no network). A real model plugs in through `REM_EMBEDDER=module:factory`.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
-import os
 import re
 from typing import Protocol
+
+from backend.core.plugins import load_plugin
+from backend.core.settings import settings
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -56,11 +57,6 @@ class HashingEmbedder:
 
 
 def load_embedder() -> Embedder:
-    """The configured embedder: `REM_EMBEDDER=module:factory`, else the hashing one."""
-    spec = os.environ.get("REM_EMBEDDER", "").strip()
-    if not spec:
-        return HashingEmbedder()
-    module_name, _, attr = spec.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr or "Embedder")
-    embedder: Embedder = factory()
+    """The configured embedder (`REM_EMBEDDER`: a `rem.embedders` name or module:factory)."""
+    embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER")
     return embedder

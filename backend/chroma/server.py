@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
+from backend.core.settings import settings
 
 log = logging.getLogger("rem.chroma_server")
 
@@ -46,7 +47,7 @@ _PR_SET_PDEATHSIG = 1
 
 def external_url(explicit: str | None = None) -> str | None:
     """The external Chroma URL from `--chroma-url` or `REM_CHROMA_URL`, if any."""
-    url = explicit or os.environ.get("REM_CHROMA_URL") or None
+    url = explicit or settings.chroma_url
     if url is None:
         return None
     parsed = urlparse(url)
@@ -263,7 +264,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
         ANONYMIZED_TELEMETRY="False",
         CHROMA_TELEMETRY="False",
         NO_COLOR="1",
-        RUST_LOG=os.environ.get("REM_CHROMA_LOG", "warn"),
+        RUST_LOG=settings.chroma_log,
     )
     cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "ab") as log_file:

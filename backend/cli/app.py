@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Annotated
 
@@ -28,6 +27,7 @@ from backend.cli import (
     up,
 )
 from backend.core.errors import ExitCode, RemError
+from backend.core.settings import settings, validate
 
 # Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
 USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
@@ -51,9 +51,10 @@ def _globals(
     chroma_url: common.ChromaOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
 ) -> None:
+    validate()  # a bad REM_* value fails here, in one line, before the command does anything
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url
-    level = logging.INFO if verbose or os.environ.get("REM_LOG") else logging.WARNING
+    level = logging.INFO if verbose or settings.log else logging.WARNING
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -13,19 +13,16 @@ over early, and fencing still keeps every write exactly-once
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
+
+from backend.core.settings import settings
 
 _source: Callable[[], int] | None = None
 
 
 def _skew_ms() -> int:
-    raw = os.environ.get("REM_CLOCK_SKEW_MS", "0").strip() or "0"
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
+    return settings.clock_skew_ms
 
 
 def now_ms() -> int:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.core.errors import DataDirError
+from backend.core.settings import settings
 
 
 def default_data_root() -> Path:
     """`$REM_DATA`, else the platform's user data dir for rem."""
-    env = os.environ.get("REM_DATA")
+    env = settings.data
     if env:
         return Path(env).expanduser()
     import platformdirs

@@ -30,6 +30,7 @@ import signal
 from dataclasses import dataclass
 
 from backend.core.errors import FaultInjected, UsageError
+from backend.core.settings import settings
 
 log = logging.getLogger("rem.faults")
 
@@ -86,7 +87,7 @@ _faults: dict[str, _Fault] | None = None
 def _active() -> dict[str, _Fault]:
     global _faults
     if _faults is None:
-        _faults = _parse(os.environ.get("REM_FAULTS", ""))
+        _faults = _parse(settings.faults)
     return _faults
 
 

@@ -45,7 +45,6 @@ retention window); then `import_legacy` and the `legacy` state can be deleted.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +60,7 @@ from backend.core.errors import (
     DatabaseLocked,
     LeaseLost,
 )
+from backend.core.settings import Settings, settings
 from backend.dream import graph
 from backend.dream.extractor import Extractor, KeywordExtractor
 from backend.dream.overlay import OVERLAY_BATCH, OVERLAY_SQL, settle_overlays, write_overlays
@@ -70,14 +70,13 @@ from backend.store.db import Database, execute, fetchall, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.revision import raw_revision
 
-DREAM_LEASE_MS = 30_000
+DREAM_LEASE_MS = Settings.dream_lease_ms.default
 MAX_DIGEST_ATTEMPTS = 3
 RETRY_BASE_MS = 2_000
 RETRY_MAX_MS = 300_000
 STALE_RECHECK_MS = 10_000
 CHROMA_RETRY_MAX_MS = 30_000
-BATCH = 32
-CHUNK_ROWS = 500
+BATCH = Settings.dream_batch.default
 # "not before never": parks a revision that failed MAX_DIGEST_ATTEMPTS times
 NEVER = 2**62
 # the journal's retention window; legacy retires after one full window with zero legacy rows
@@ -163,11 +162,6 @@ class Prepared:
     claim: Claim
     turns: list[dict[str, Any]]
     title: str
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else default
 
 
 def retry_delay_ms(attempts: int, base_ms: int = RETRY_BASE_MS) -> int:
@@ -258,13 +252,11 @@ class Dreamer(Daemon):
     ) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
         self.extractor: Extractor = extractor or KeywordExtractor()
-        self.lease_ms = lease_ms or _env_int("REM_DREAM_LEASE_MS", DREAM_LEASE_MS)
-        self.batch = batch or _env_int("REM_DREAM_BATCH", BATCH)
-        self.chunk_rows = chunk_rows or _env_int("REM_DREAM_CHUNK_ROWS", CHUNK_ROWS)
+        self.lease_ms = lease_ms or settings.dream_lease_ms
+        self.batch = batch or settings.dream_batch
+        self.chunk_rows = chunk_rows or settings.dream_chunk_rows
         self.retry_base_ms = retry_base_ms
-        self.legacy_scan = (
-            os.environ.get("REM_DREAM_LEGACY_SCAN") == "1" if legacy_scan is None else legacy_scan
-        )
+        self.legacy_scan = settings.dream_legacy_scan if legacy_scan is None else legacy_scan
         self._current: Claim | None = None
         self._chroma_retry_at = 0
         self._chroma_backoff_ms = 500

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
-import os
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backend.core.errors import UsageError
-
-# five parts a reply, four pauses: about a second per reply, so a drill can kill it mid-stream
-DEFAULT_DELAY_MS = 250
+from backend.core.plugins import load_plugin
+from backend.core.settings import settings
 
 STOPWORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have how i if in into is "
@@ -65,16 +61,7 @@ class Agent(Protocol):
 
 def agent_delay_ms() -> int:
     """The pause between streamed parts: `REM_AGENT_DELAY_MS` (0 = instant)."""
-    raw = os.environ.get("REM_AGENT_DELAY_MS", "").strip()
-    if not raw:
-        return DEFAULT_DELAY_MS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"REM_AGENT_DELAY_MS={raw!r} is not a whole number of ms") from None
-    if value < 0:
-        raise UsageError(f"REM_AGENT_DELAY_MS={value} is negative")
-    return value
+    return settings.agent_delay_ms
 
 
 def sentences(text: str) -> list[str]:
@@ -169,14 +156,6 @@ class OfflineResponder:
 
 
 def load_agent() -> Agent:
-    """The agent named by `REM_AGENT=module:factory`, else the offline responder."""
-    spec = os.environ.get("REM_AGENT", "").strip()
-    if not spec:
-        return OfflineResponder()
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr or "make_agent")
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"REM_AGENT={spec!r} cannot be loaded ({exc}); use module:factory") from exc
-    agent: Agent = factory()
+    """The configured agent (`REM_AGENT`: a `rem.agents` name or module:factory)."""
+    agent: Agent = load_plugin("rem.agents", settings.agent, "REM_AGENT")
     return agent

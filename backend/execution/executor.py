@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from functools import partial
 from typing import Any
 
 from backend.core import clock, faults
-from backend.core.errors import LeaseLost, RemError, UsageError
+from backend.core.errors import LeaseLost, RemError
+from backend.core.settings import settings
 from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
 from backend.execution.leases import Lease
@@ -33,8 +33,6 @@ from backend.runtime.daemon import Daemon
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
 
-DEFAULT_CONCURRENCY = 8
-DEFAULT_DRAIN_MS = 20_000
 # Parts that arrive within this window share one write transaction.
 FLUSH_S = 0.05
 
@@ -55,19 +53,6 @@ WHERE id = ({sessions.OLDEST_PENDING_SQL})
   AND NOT EXISTS (SELECT 1 FROM session_execution WHERE session_id = :sid)
 RETURNING id
 """
-
-
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise UsageError(f"{name}={value} must be at least {minimum}")
-    return value
 
 
 @dataclass
@@ -109,9 +94,9 @@ class Executor(Daemon):
     ) -> None:
         super().__init__(ctx, once=once, owner_id=owner_id)
         self.agent = agent or load_agent()
-        self.concurrency = concurrency or _env_int("REM_EXECUTOR_CONCURRENCY", DEFAULT_CONCURRENCY, 1)
+        self.concurrency = concurrency or settings.executor_concurrency
         self.lease_ms = lease_ms or leases.lease_ms()
-        self.drain_ms = _env_int("REM_EXECUTOR_DRAIN_MS", DEFAULT_DRAIN_MS, 0)
+        self.drain_ms = settings.executor_drain_ms
         self.budget = recovery.recovery_budget()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.held: dict[str, Lease] = {}

@@ -13,7 +13,6 @@ and the rest of that transaction, so the whole transaction is fenced.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import uuid
 from dataclasses import dataclass
@@ -22,29 +21,18 @@ from typing import Any
 import aiosqlite
 
 from backend.core import clock
-from backend.core.errors import LeaseLost, LeaseNotFound, Refused, UsageError
+from backend.core.errors import LeaseLost, LeaseNotFound, Refused
+from backend.core.settings import settings
 from backend.store import workers
 from backend.store.db import Database, in_thread
 from backend.store.events import EventKind, append_event_sync
-from backend.store.schema import SESSION_EXECUTION_LEASE_MS
 
 log = logging.getLogger("rem.leases")
-
-MIN_LEASE_MS = 100
 
 
 def lease_ms() -> int:
     """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (seed 004)."""
-    raw = os.environ.get("REM_EXECUTION_LEASE_MS", "").strip()
-    if not raw:
-        return SESSION_EXECUTION_LEASE_MS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"REM_EXECUTION_LEASE_MS={raw!r} is not a whole number of ms") from None
-    if value < MIN_LEASE_MS:
-        raise UsageError(f"REM_EXECUTION_LEASE_MS={value} is below {MIN_LEASE_MS} ms")
-    return value
+    return settings.execution_lease_ms
 
 
 def renew_every_ms(length_ms: int | None = None) -> int:
@@ -147,7 +135,7 @@ def _lost(lease: Lease) -> LeaseLost:
 
 # A deliberately broken build for proving the drills can fail: fenced writes stop
 # checking (owner, epoch). Never set outside tests.
-UNSAFE_NO_FENCING = os.environ.get("REM_UNSAFE_DISABLE_FENCING") == "1"
+UNSAFE_NO_FENCING = settings.unsafe_disable_fencing
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 

@@ -15,12 +15,11 @@ operator (`rem release` retries it), never retried in a hot loop.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from backend.core.errors import UsageError
+from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
 from backend.execution.leases import Lease, take_over_execution, takeover_reason
 from backend.store import handoffs
@@ -28,7 +27,7 @@ from backend.store.events import EventKind, append_event_sync
 
 log = logging.getLogger("rem.recovery")
 
-RECOVERY_BUDGET = 10  # opencode's budget
+RECOVERY_BUDGET = Settings.recovery_budget.default  # opencode's budget
 
 # The recovery wake scan, served by the seed's index
 # session_recovery_wake_pending_error_attempts_created_execution_idx.
@@ -60,16 +59,7 @@ ORPHAN_WINDOW_MS = 10 * 60_000
 
 def recovery_budget() -> int:
     """Takeovers allowed per execution before it is parked: `REM_RECOVERY_BUDGET`, default 10."""
-    raw = os.environ.get("REM_RECOVERY_BUDGET", "").strip()
-    if not raw:
-        return RECOVERY_BUDGET
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"REM_RECOVERY_BUDGET={raw!r} is not a whole number") from None
-    if value < 1:
-        raise UsageError(f"REM_RECOVERY_BUDGET={value} must be at least 1")
-    return value
+    return settings.recovery_budget
 
 
 @dataclass

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 from backend.chroma import server as chroma_server
-from backend.chroma.collection import COLLECTION, ChromaStore
+from backend.chroma.collection import ChromaStore
 from backend.chroma.server import ChromaServer
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError, ReadOnly
+from backend.core.settings import settings
 from backend.store.db import Database
 from backend.store.events import operator_name
 from backend.store.schema import migrate, refuse_unusable
@@ -27,9 +27,9 @@ class Context:
     read_only: bool = False
     operator: str = field(default_factory=operator_name)
     # start a Chroma server for this process's lifetime when none is running
-    start_chroma: bool = field(default_factory=lambda: os.environ.get("REM_CHROMA_AUTOSTART", "1") != "0")
+    start_chroma: bool = field(default_factory=lambda: settings.chroma_autostart)
     # the Chroma collection of summary rows (tests use one per test)
-    collection: str = field(default_factory=lambda: os.environ.get("REM_CHROMA_COLLECTION", COLLECTION))
+    collection: str = field(default_factory=lambda: settings.chroma_collection)
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)

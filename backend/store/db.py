@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -31,11 +30,12 @@ from backend.core.errors import (
     ReadOnly,
     RemError,
 )
+from backend.core.settings import settings
 
 log = logging.getLogger("rem.db")
 
 # >= 5 s per the contract; tests of lock contention shorten it through the environment
-BUSY_TIMEOUT_MS = int(os.environ.get("REM_BUSY_TIMEOUT_MS", "10000"))
+BUSY_TIMEOUT_MS = settings.busy_timeout_ms
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 Params = Sequence[Any] | dict[str, Any]

@@ -16,6 +16,7 @@ from typing import Any
 import aiosqlite
 
 from backend.core import clock
+from backend.core.settings import settings
 
 
 class EventKind(StrEnum):
@@ -57,7 +58,7 @@ class EventKind(StrEnum):
 def operator_name() -> str:
     """The OS user acting, for the audit trail of operator actions."""
     try:
-        return os.environ.get("REM_OPERATOR") or getpass.getuser()
+        return settings.operator or getpass.getuser()
     except Exception:  # getpass raises when no user name can be found at all
         return f"uid:{os.getuid()}"
 

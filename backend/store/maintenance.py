@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from backend.core import clock
+from backend.core.settings import settings
 from backend.store.db import Database, execute
 
 log = logging.getLogger("rem.maintenance")
@@ -28,11 +28,7 @@ DAY_MS = 86_400_000
 
 
 def retention_ms() -> int:
-    raw = os.environ.get("REM_EVENT_RETENTION_DAYS", "30").strip()
-    try:
-        return max(1, int(raw)) * DAY_MS
-    except ValueError:
-        return 30 * DAY_MS
+    return settings.event_retention_days * DAY_MS
 
 
 async def checkpoint(db: Database) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from backend.store.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
 
 log = logging.getLogger("rem.schema")
 
-SESSION_EXECUTION_LEASE_MS = 30_000
 
 V1 = """
 CREATE TABLE session (

@@ -20,7 +20,6 @@ import base64
 import hashlib
 import json
 import logging
-import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from backend.chroma.collection import ChromaStore
 from backend.chroma.ownership import session_id_of, summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
+from backend.core.settings import settings
 from backend.store.db import Database, execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
@@ -40,7 +40,6 @@ from backend.summaries.receipts import Receipt, Verdict
 
 log = logging.getLogger("rem.replay")
 
-DEFAULT_LEASE_MS = 300_000
 BATCH_SIZE = 500
 # a row that stayed mismatched after a replay is retried no sooner than this
 RETRY_AFTER_MS = 30_000
@@ -66,8 +65,7 @@ NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
 
 def summary_lease_ms() -> int:
     """The summary_job lease length (`REM_SUMMARY_LEASE_MS`, default 5 min)."""
-    raw = os.environ.get("REM_SUMMARY_LEASE_MS", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_LEASE_MS
+    return settings.summary_lease_ms
 
 
 @dataclass

@@ -23,13 +23,13 @@ was last summarized at is just marked clean.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable, LeaseLost, ReceiptCorrupt
+from backend.core.settings import settings
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import execute, fetchone
@@ -39,8 +39,6 @@ from backend.store.revision import raw_revision
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.synthesizer import Synthesis, Synthesizer, load_synthesizer
 
-DEFAULT_SWEEP_MS = 600_000
-DRIFT_BATCH = 50
 MAX_ATTEMPTS = 3
 RETRY_BASE_MS = 5_000
 
@@ -53,11 +51,6 @@ SELECT dirty_seq, clean_seq, epoch, lease_expires_at, summarized_revision, input
        result_envelope, result_encoding, result_acknowledged_at, quarantined_at
 FROM summary_job WHERE session_id = ?"""
 FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
-
-
-def _env_ms(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.isdigit() else default
 
 
 @dataclass
@@ -95,8 +88,8 @@ class Summarizer(Daemon):
         self.synthesizer = synthesizer or load_synthesizer()
         self.lease_ms = receipt_replay.summary_lease_ms()
         # a full verification sweep runs on the first pass and then at this interval
-        self.sweep_ms = _env_ms("REM_RECEIPT_SWEEP_MS", DEFAULT_SWEEP_MS)
-        self.batch = _env_ms("REM_SUMMARY_BATCH", DRIFT_BATCH) or DRIFT_BATCH
+        self.sweep_ms = settings.receipt_sweep_ms
+        self.batch = settings.summary_batch
         self._last_sweep: int | None = None
         self._claim: Claim | None = None
 

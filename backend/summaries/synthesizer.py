@@ -9,14 +9,15 @@ and keywords from the same words. A real model plugs in through
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from backend.core.plugins import load_plugin
+from backend.core.settings import settings
 
 Turn = Mapping[str, Any]
 
@@ -158,11 +159,6 @@ class ExtractiveSynthesizer:
 
 
 def load_synthesizer() -> Synthesizer:
-    """The configured synthesizer: `REM_SYNTHESIZER=module:factory`, else the extractive one."""
-    spec = os.environ.get("REM_SYNTHESIZER", "").strip()
-    if not spec:
-        return ExtractiveSynthesizer()
-    module_name, _, attr = spec.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr or "Synthesizer")
-    synthesizer: Synthesizer = factory()
+    """The configured synthesizer (`REM_SYNTHESIZER`: a `rem.synthesizers` name or module:factory)."""
+    synthesizer: Synthesizer = load_plugin("rem.synthesizers", settings.synthesizer, "REM_SYNTHESIZER")
     return synthesizer

@@ -33,6 +33,7 @@ from backend.chroma import server as chroma_server
 from backend.chroma.server import ChromaServer, die_with_parent_preexec
 from backend.core import faults
 from backend.core.errors import ChromaUnreachable, RemError
+from backend.core.settings import settings
 from backend.runtime.context import Context
 from backend.store import maintenance, workers
 
@@ -152,7 +153,7 @@ class Supervisor:
 
     # -- Chroma ------------------------------------------------------------
     def _ensure_chroma(self) -> None:
-        if self.ctx.chroma_url or os.environ.get("REM_CHROMA_URL"):
+        if self.ctx.chroma_url or settings.chroma_url:
             self.chroma = chroma_server.resolve(self.ctx.data, self.ctx.chroma_url)
             return
         # blocking on purpose, in the main thread: PDEATHSIG binds to the spawning thread
@@ -193,9 +194,7 @@ class Supervisor:
         return cmd
 
     def _start(self, child: Child) -> None:
-        env = dict(
-            os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG=os.environ.get("REM_LOG", "1"), **self.config.env
-        )
+        env = dict(os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG="1", **self.config.env)
         log_path = self.ctx.data.logs / f"{child.name}.log"
         with open(log_path, "ab") as out:
             child.proc = subprocess.Popen(

@@ -50,7 +50,7 @@ def test_the_delay_and_the_agent_come_from_the_environment(monkeypatch: pytest.M
     monkeypatch.setenv("REM_AGENT_DELAY_MS", "0")
     assert load_agent().delay_ms == 0  # type: ignore[attr-defined]
     monkeypatch.setenv("REM_AGENT_DELAY_MS", "-5")
-    with pytest.raises(UsageError, match="negative"):
+    with pytest.raises(UsageError, match="REM_AGENT_DELAY_MS='-5' is not a whole number of ms, at least 0"):
         agent_delay_ms()
     monkeypatch.setenv("REM_AGENT_DELAY_MS", "0")
     monkeypatch.setenv("REM_AGENT", "backend.execution.agent:OfflineResponder")

@@ -1,0 +1,112 @@
+"""One settings module: every REM_* variable declared once, validated the same way, documented in the README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from backend.core import settings as settings_module
+from backend.core.plugins import PluginError, installed, load_plugin
+from backend.core.settings import SettingsError, declared, markdown_table, settings, validate
+from backend.execution.agent import OfflineResponder
+from tests.helpers import rem_env, run_rem
+
+ROOT = Path(__file__).resolve().parents[2]
+# read outside the settings module on purpose: the test harness's own switches
+NOT_SETTINGS = {"REM_BENCH_T0"}
+
+
+def test_the_readme_configuration_table_is_the_declared_settings() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert markdown_table() in readme
+
+
+def test_every_rem_variable_the_code_names_is_declared_once() -> None:
+    source = "\n".join(p.read_text() for p in (ROOT / "backend").rglob("*.py"))
+    named = set(re.findall(r"\bREM_[A-Z0-9_]+\b", source)) - NOT_SETTINGS
+    envs = [s.env for s in declared()]
+    assert len(envs) == len(set(envs))
+    assert named <= set(envs), named - set(envs)
+
+
+def test_only_the_settings_module_reads_rem_variables_from_the_environment() -> None:
+    for path in (ROOT / "backend").rglob("*.py"):
+        if path.name == "settings.py":
+            continue
+        assert not re.search(r"environ(\.get)?\(\s*[\"']REM_|getenv\(\s*[\"']REM_", path.read_text()), path
+
+
+def _bad_value(setting: settings_module.Setting) -> str | None:  # type: ignore[type-arg]
+    expects = setting.parser.expects
+    return (
+        "twelve"
+        if expects.startswith("a whole number")
+        else "maybe"
+        if expects.startswith("1 or 0")
+        else None
+    )
+
+
+@pytest.mark.parametrize("setting", [s for s in declared() if _bad_value(s)], ids=lambda s: s.env)
+def test_a_bad_value_is_one_clear_error_naming_the_variable_and_the_fix(
+    setting: settings_module.Setting,
+) -> None:  # type: ignore[type-arg]
+    bad = _bad_value(setting)
+    with pytest.raises(SettingsError) as caught:
+        validate({setting.env: bad})
+    message = str(caught.value)
+    assert message.startswith(f"{setting.env}={bad!r} is not ") and "fix it or unset it" in message
+
+
+def test_bounds_are_checked_and_every_problem_is_named_at_once() -> None:
+    with pytest.raises(SettingsError) as caught:
+        validate({"REM_EXECUTOR_CONCURRENCY": "0", "REM_RECOVERY_BUDGET": "x"})
+    assert "REM_EXECUTOR_CONCURRENCY='0' is not a whole number, at least 1" in str(caught.value)
+    assert "REM_RECOVERY_BUDGET='x'" in str(caught.value)
+    validate({"REM_EXECUTOR_CONCURRENCY": " 3 "})  # surrounding blanks are forgiven
+
+
+def test_settings_follow_the_environment_at_the_moment_they_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings.executor_concurrency == 8
+    monkeypatch.setenv("REM_EXECUTOR_CONCURRENCY", "3")
+    assert settings.executor_concurrency == 3
+    monkeypatch.setenv("REM_EXECUTOR_CONCURRENCY", "")
+    assert settings.executor_concurrency == 8  # blank is unset
+    monkeypatch.setenv("REM_CHROMA_AUTOSTART", "no")
+    assert settings.chroma_autostart is False
+
+
+def test_any_command_refuses_a_bad_value_at_start_up_in_one_line(tmp_path: Path) -> None:
+    proc = run_rem("status", "--data", str(tmp_path / "d"), env=rem_env(REM_EXECUTION_LEASE_MS="30s"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "rem: error: REM_EXECUTION_LEASE_MS='30s' is not a whole number of ms, at least 100; "
+        "fix it or unset it (default: 30000)"
+    ]
+    assert not (tmp_path / "d").exists()
+
+
+def test_plugins_load_by_entry_point_name_or_module_factory() -> None:
+    assert "offline" in installed("rem.agents")
+    assert isinstance(load_plugin("rem.agents", "offline", "REM_AGENT"), OfflineResponder)
+    assert isinstance(
+        load_plugin("rem.agents", "backend.execution.agent:OfflineResponder", "REM_AGENT"), OfflineResponder
+    )
+    with pytest.raises(PluginError, match=r"no plug-in of that name in rem.agents \(installed: .*offline"):
+        load_plugin("rem.agents", "nosuch", "REM_AGENT")
+    with pytest.raises(PluginError, match="cannot be loaded .*ModuleNotFoundError"):
+        load_plugin("rem.agents", "no.such.module:make", "REM_AGENT")
+
+
+@pytest.mark.parametrize("variable", ["REM_EMBEDDER", "REM_SYNTHESIZER"])
+def test_a_bad_plugin_is_one_line_not_a_traceback(tmp_path: Path, variable: str) -> None:
+    data = tmp_path / "d"
+    assert run_rem("init", "--data", str(data)).returncode == 0
+    env = rem_env(**{variable: "no.such:thing", "REM_CHROMA_AUTOSTART": "0"})
+    role = "summarizer"
+    proc = run_rem("daemon", "--role", role, "--once", "--data", str(data), env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"{variable}='no.such:thing' cannot be loaded" in proc.stderr
