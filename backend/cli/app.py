@@ -20,6 +20,7 @@ from backend.cli import (
     drain,
     drill,
     init,
+    metrics,
     release,
     replay,
     send,
@@ -61,7 +62,22 @@ def _globals(
 
 
 # in the order `rem --help` lists them: set up, run, operate, inspect, prove
-for command in (init, up, daemon, send, status, replay, drain, release, check, console, demo, drill, bench):
+for command in (
+    init,
+    up,
+    daemon,
+    send,
+    status,
+    metrics,
+    replay,
+    drain,
+    release,
+    check,
+    console,
+    demo,
+    drill,
+    bench,
+):
     command.register(app)
 
 

@@ -9,16 +9,40 @@ from rich.console import Console
 from rich.table import Table
 
 
+def _age(ms: int) -> str:
+    seconds = ms // 1000
+    return "-" if not ms else f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 def print_status(result: dict[str, Any]) -> None:
     console = Console()
     chroma = result["chroma"]
     health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
     console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
     console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
-    table = Table("table", "rows", box=None)
-    for name, count in result["tables"].items():
-        table.add_row(name, str(count))
+    totals = result["totals"]
+    table = Table("backlog", "waiting", "oldest", box=None)
+    for kind, count in totals["backlog"].items():
+        table.add_row(kind, str(count), _age(totals["backlog_oldest_ms"][kind]))
     console.print(table)
+    leases = Table("leases", "held", "expired", "dead owner", "longest expired", box=None)
+    for kind, lease in totals["leases"].items():
+        leases.add_row(
+            kind,
+            str(lease["held"]),
+            str(lease["expired"]),
+            str(lease["dead_owner"]),
+            _age(lease["expired_max_ms"]),
+        )
+    console.print(leases)
+    verdicts = "  ".join(f"{v} {n}" for v, n in result["receipts"]["counts"].items())
+    recoveries = totals["recoveries"]
+    console.print(f"receipts: {verdicts}")
+    console.print(f"recoveries: {recoveries['waiting']} waiting, {recoveries['parked']} parked")
+    drift = "  ".join(f"{c} {n}" for c, n in result["dream_counts"].items() if n)
+    console.print(f"Dream drift: {drift or 'none'}")
+    alive = sum(1 for w in result["workers"] if w["alive"])
+    console.print(f"workers: {alive} alive of {len(result['workers'])} listed")
 
 
 def print_check(result: dict[str, Any]) -> None:

@@ -165,6 +165,12 @@ class Settings:
         10_000, "SQLite `busy_timeout` (the contract wants >= 5000; tests shorten it)", whole(100, "ms")
     )
     event_retention_days = Setting(30, "journal retention (pruned by `rem up`)", whole(1, "days"))
+    # the status history behind the console's timeline (`rem console --at`)
+    history_interval_ms = Setting(
+        5_000, "how often `rem up` records a status snapshot into `history.db`", whole(500, "ms")
+    )
+    history_retention_days = Setting(7, "status history retention", whole(1, "days"))
+    history_max_mb = Setting(256, "status history size bound (the oldest snapshots go first)", whole(1, "MB"))
     # plug-ins and the offline defaults
     agent = Setting("offline", "the agent: an entry-point name in `rem.agents`, or `module:factory`", text())
     synthesizer = Setting(

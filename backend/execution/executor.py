@@ -65,6 +65,8 @@ class TurnState:
     # set after a takeover: the first step re-derives its state from the transcript
     recovering: bool = False
     recovered: bool = False
+    # when the oldest input this execution promoted was admitted (the turn's latency starts there)
+    admitted_at: int | None = None
 
 
 @dataclass
@@ -287,6 +289,8 @@ class Executor(Daemon):
         lease, sid = state.lease, state.lease.session_id
         first = sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
         promoted = sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
+        if promoted and state.admitted_at is None:
+            state.admitted_at = min(p["admitted_at"] for p in promoted)
         if promoted and not state.turn_started:
             projection.record_context_epoch(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
@@ -419,14 +423,22 @@ class Executor(Daemon):
             session_id=lease.session_id,
             target=lease.execution_id,
             now=now,
-            data={
-                "epoch": lease.epoch,
-                "steps": state.step,
-                "recovered": state.recovered,
-                "turn": state.turn_started,
-            },
+            data=self._completion(state, now),
         )
         self.turns_completed += int(state.turn_started)
+
+    @staticmethod
+    def _completion(state: TurnState, now: int) -> dict[str, Any]:
+        """The execution.completed event's data; a turn's latency when its inputs were seen admitted."""
+        data: dict[str, Any] = {
+            "epoch": state.lease.epoch,
+            "steps": state.step,
+            "recovered": state.recovered,
+            "turn": state.turn_started,
+        }
+        if state.turn_started and state.admitted_at is not None:
+            data["latency_ms"] = now - state.admitted_at
+        return data
 
     async def _journal_lost(self, lease: Lease, reason: str) -> None:
         """Record the loss; the owner publishes nothing more for this execution."""

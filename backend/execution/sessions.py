@@ -209,7 +209,7 @@ def reserve_seqs(
     return int(row[0]) - count + 1
 
 
-PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
+PENDING_COLUMNS = "id, prompt, delivery, admitted_seq, time_created"
 
 
 # Both served in order by session_input_session_promoted_delivery_admitted_idx
@@ -274,7 +274,15 @@ def promote(
             "execution_id": execution_id,
         }
         insert_message(conn, row["id"], session_id, "user", seq, data, now)
-        promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
+        promoted.append(
+            {
+                "id": row["id"],
+                "seq": seq,
+                "text": text,
+                "delivery": row["delivery"],
+                "admitted_at": row["time_created"],
+            }
+        )
     return promoted
 
 

@@ -2,12 +2,38 @@
 
 `backend.ops.<command>` is the library call behind `rem <command>`: the
 functions live in `actions`; `snapshot` builds the status snapshot,
-`checks` verifies the invariants and `lease_release` releases summary-job
-and Dream leases.
+`checks` verifies the invariants, `lease_release` releases summary-job
+and Dream leases, `totals` and `throughput` are the snapshot's uncapped
+figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
+alerts.
 """
 
 from __future__ import annotations
 
-from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
+from backend.ops.actions import (
+    LEASE_KINDS,
+    check,
+    chroma_health,
+    drain,
+    init,
+    metric_rules,
+    metrics,
+    release,
+    replay,
+    send,
+    status,
+)
 
-__all__ = ["LEASE_KINDS", "check", "chroma_health", "drain", "init", "release", "replay", "send", "status"]
+__all__ = [
+    "LEASE_KINDS",
+    "check",
+    "chroma_health",
+    "drain",
+    "init",
+    "metric_rules",
+    "metrics",
+    "release",
+    "replay",
+    "send",
+    "status",
+]

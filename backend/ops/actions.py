@@ -73,6 +73,7 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
 async def status(ctx: Context) -> dict[str, Any]:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
     from backend.ops.snapshot import snapshot
+    from backend.ops.throughput import journal_throughput
 
     db = await ctx.db()
     snap = await db.read_snapshot(snapshot)
@@ -82,7 +83,9 @@ async def status(ctx: Context) -> dict[str, Any]:
             "schema_version": await schema_version(db),
             "schema_version_supported": SCHEMA_VERSION,
             "read_only": ctx.read_only,
-            "chroma": chroma_health(ctx),
+            "throughput": await journal_throughput(ctx, db),
+            # a blocking HTTP heartbeat (1 s timeout when Chroma hangs): off the event loop
+            "chroma": await asyncio.to_thread(chroma_health, ctx),
         }
     )
     return snap
@@ -225,3 +228,17 @@ async def send(
     return await sessions.admit(
         await ctx.db(), session_id, text, delivery=delivery, input_id=input_id, actor=ctx.operator
     )
+
+
+async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
+    """One scrape: the status snapshot as Prometheus metrics (OpenMetrics text unless told otherwise)."""
+    from backend.ops.prometheus import exposition
+
+    return exposition(await status(ctx), openmetrics=openmetrics).decode()
+
+
+def metric_rules() -> str:
+    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press."""
+    from backend.ops.alert_rules import rules_yaml
+
+    return rules_yaml()

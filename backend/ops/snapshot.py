@@ -15,6 +15,7 @@ from typing import Any
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, classify_drift
+from backend.ops.totals import totals
 from backend.store import workers
 
 LIST_CAP = 500
@@ -263,6 +264,7 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
     receipt_view = receipts(conn, counts)
     worker_view = worker_rows(conn, now)
     back = backlog(conn, counts, now)
+    total = totals(conn, now, counts)
     return {
         "generated_at": now,
         "backlog": back,
@@ -274,12 +276,10 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
         "workers": worker_view,
         "recent_actions": [_event(r) for r in _rows(conn, "recent_actions")],
         "events": [_event(r) for r in _rows(conn, "events", tail=EVENT_TAIL)],
+        "totals": total,
         "counts": {
-            "backlog": back["inputs_total"]
-            + sum(1 for r in back["recoveries"] if not r["parked"])
-            + counts["summary_pending"]
-            + counts["dream_pending"],
-            "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
+            "backlog": sum(total["backlog"].values()),
+            "expired_leases": sum(t["expired"] for t in total["leases"].values()),
             "mismatches": sum(counts[f"receipt_{v}"] for v in RECEIPT_VERDICTS if v != "present"),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from backend.chroma import server as chroma_server
 from backend.chroma.collection import ChromaStore
@@ -30,6 +31,9 @@ class Context:
     start_chroma: bool = field(default_factory=lambda: settings.chroma_autostart)
     # the Chroma collection of summary rows (tests use one per test)
     collection: str = field(default_factory=lambda: settings.chroma_collection)
+    # what a long-lived reader carries from one call to the next (the journal tally of
+    # `backend/ops/throughput.py`), so a refresh reads only what changed since the last
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)

@@ -1,0 +1,144 @@
+"""The totals `status()` carries beside its lists: what a metric or an alert needs, never capped.
+
+The snapshot's lists stop at what a panel can show; an operator (and
+Prometheus) still needs the whole picture: how many leases of each kind are
+held, how many have expired and how long ago the oldest did, how many belong
+to a dead worker, how old the oldest piece of each backlog is, how many
+recoveries wait and how many are parked. Every figure here is one indexed
+query (tests/backend/test_status.py checks their plans), run inside the
+snapshot's read transaction so they agree with its lists.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TypedDict
+
+from backend.store import workers
+
+LEASE_KINDS = ("execution", "summary_job", "dream")
+BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
+
+
+class LeaseTotals(TypedDict):
+    """The leases of one kind."""
+
+    held: int
+    expired: int
+    dead_owner: int
+    # how long the longest-expired lease has been expired (0: none expired)
+    expired_max_ms: int
+
+
+class RecoveryTotals(TypedDict):
+    waiting: int
+    parked: int
+
+
+class Totals(TypedDict):
+    leases: dict[str, LeaseTotals]
+    backlog: dict[str, int]
+    # age of the oldest item of each backlog kind (0: empty)
+    backlog_oldest_ms: dict[str, int]
+    recoveries: RecoveryTotals
+
+
+_WAKE_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
+_RECOVERY_IDX = "session_recovery_wake_pending_error_attempts_created_execution_idx"
+
+# name -> SQL; each is checked against EXPLAIN QUERY PLAN with the snapshot's queries
+TOTALS_QUERIES: dict[str, str] = {
+    # the owner index covers the count: no table rows read
+    "execution_by_owner": """
+        SELECT owner_id, count(*) AS held FROM session_execution INDEXED BY session_execution_owner_idx
+        GROUP BY owner_id""",
+    "execution_expired": """
+        SELECT count(*) AS expired, min(expires_at) AS oldest FROM session_execution
+        WHERE expires_at <= :now""",
+    "summary_job_by_owner": """
+        SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
+               min(lease_expires_at) AS oldest
+        FROM summary_job INDEXED BY summary_job_lease_idx
+        WHERE lease_expires_at IS NOT NULL AND status = 'in_progress' GROUP BY owner_id""",
+    "dream_by_owner": """
+        SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
+               min(lease_expires_at) AS oldest
+        FROM dream_state INDEXED BY dream_state_lease_idx
+        WHERE lease_expires_at IS NOT NULL AND digest_state = 'in_progress' GROUP BY owner_id""",
+    "alive_owners": """
+        SELECT owner_id FROM worker INDEXED BY worker_state_heartbeat_idx
+        WHERE state IN ('running', 'draining') AND heartbeat_at >= :fresh""",
+    "oldest_input": f"""
+        SELECT min(time_created) FROM session_input INDEXED BY {_WAKE_IDX}
+        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL""",
+    "recoveries": f"""
+        SELECT (SELECT count(*) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending = 1 AND recovery_error IS NULL) AS waiting,
+               (SELECT min(time_created) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending = 1 AND recovery_error IS NULL) AS oldest,
+               (SELECT count(*) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL) AS parked""",
+    # a drifted job keeps `time_updated` = when it first drifted (backend/store/handoffs.py)
+    "oldest_summary": """
+        SELECT min(time_updated) FROM summary_job INDEXED BY summary_job_drift_idx
+        WHERE dirty_seq > clean_seq""",
+    "oldest_dream": """
+        SELECT min(time_published) FROM dream_state
+        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
+}
+
+
+def _scalar(conn: sqlite3.Connection, name: str, **params: object) -> int | None:
+    row = conn.execute(TOTALS_QUERIES[name], params).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _age(now: int, since: int | None) -> int:
+    return max(0, now - since) if since is not None else 0
+
+
+def lease_totals(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTotals]:
+    """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
+    fresh = now - workers.WORKER_DEAD_AFTER_MS
+    alive = {r[0] for r in conn.execute(TOTALS_QUERIES["alive_owners"], {"fresh": fresh})}
+    out: dict[str, LeaseTotals] = {}
+    by_owner = conn.execute(TOTALS_QUERIES["execution_by_owner"]).fetchall()
+    expired, oldest = conn.execute(TOTALS_QUERIES["execution_expired"], {"now": now}).fetchone()
+    out["execution"] = LeaseTotals(
+        held=sum(r[1] for r in by_owner),
+        expired=int(expired or 0),
+        dead_owner=sum(r[1] for r in by_owner if r[0] not in alive),
+        expired_max_ms=_age(now, oldest),
+    )
+    for kind, query in (("summary_job", "summary_job_by_owner"), ("dream", "dream_by_owner")):
+        rows = conn.execute(TOTALS_QUERIES[query], {"now": now}).fetchall()
+        expired_at = [r[3] for r in rows if r[2]]
+        out[kind] = LeaseTotals(
+            held=sum(r[1] for r in rows),
+            expired=sum(int(r[2] or 0) for r in rows),
+            dead_owner=sum(r[1] for r in rows if r[0] not in alive),
+            expired_max_ms=_age(now, min(expired_at)) if expired_at else 0,
+        )
+    return out
+
+
+def totals(conn: sqlite3.Connection, now: int, counts: dict[str, int]) -> Totals:
+    """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx."""
+    waiting, oldest_recovery, parked = conn.execute(TOTALS_QUERIES["recoveries"]).fetchone()
+    return Totals(
+        leases=lease_totals(conn, now),
+        backlog={
+            "input": counts["inputs_total"],
+            "recovery": int(waiting),
+            # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
+            "summary": counts["summary_stale"],
+            "dream": counts["dream_pending"],
+        },
+        backlog_oldest_ms={
+            "input": _age(now, _scalar(conn, "oldest_input")),
+            "recovery": _age(now, oldest_recovery),
+            "summary": _age(now, _scalar(conn, "oldest_summary")),
+            "dream": _age(now, _scalar(conn, "oldest_dream")),
+        },
+        recoveries=RecoveryTotals(waiting=int(waiting), parked=int(parked)),
+    )
