@@ -15,7 +15,7 @@ from typing import Any
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, classify_drift
-from backend.ops.totals import totals
+from backend.ops.totals import TOTALS_QUERIES, totals
 from backend.store import workers
 
 LIST_CAP = 500
@@ -116,7 +116,7 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES}
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES}
 LEASE_CAP = 5000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
