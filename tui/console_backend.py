@@ -8,6 +8,7 @@ front of every refresh. Neither keeps a transaction open between calls.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from backend.core.errors import DataDirError
 from backend.runtime.context import Context
 from backend.store import events
 from backend.store.db import Database
+from backend.store.history import HistoryStore
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
@@ -43,6 +45,7 @@ class ConsoleBackend:
         self.ctx = Context(data, chroma_url=chroma_url, read_only=read_only, start_chroma=False)
         self.loop = BackendLoop().start()
         self._gate: Database | None = None
+        self._history_store: HistoryStore | None = None
         self._status_loader = status_loader or ops.status
 
     def _require_state_db(self) -> None:
@@ -89,6 +92,18 @@ class ConsoleBackend:
         """Journal rows about a session and/or a target (lease id, owner id), newest first."""
         return await self.loop.run(self._history(session_id, target))
 
+    async def _moment(self, how: str, time: int, entry_id: int) -> dict[str, Any] | None:
+        from backend.ops import timeline
+
+        self._require_state_db()
+        if self._history_store is None:  # read-only whatever the console is: only `rem up` writes it
+            self._history_store = await asyncio.to_thread(HistoryStore.open, self.data.root, read_only=True)
+        return await timeline.seek(self.ctx, self._history_store, how, time, entry_id)
+
+    async def moment(self, how: str, time: int, entry_id: int = 0) -> dict[str, Any] | None:
+        """A recorded moment (`backend.ops.timeline.seek`): panels as they were, the journal around it."""
+        return await self.loop.run(self._moment(how, time, entry_id))
+
     async def replay(
         self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
     ) -> dict[str, Any]:
@@ -106,6 +121,9 @@ class ConsoleBackend:
         if self._gate is not None:
             await self._gate.close()
             self._gate = None
+        if self._history_store is not None:
+            self._history_store.close()
+            self._history_store = None
         await self.ctx.close()
 
     def close(self) -> None:

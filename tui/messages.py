@@ -38,3 +38,12 @@ class ActionCompleted(Message):
         super().__init__()
         self.plan = plan
         self.result = result
+
+
+class MomentLoaded(Message):
+    """A recorded moment was read for the timeline (None: nothing further that way)."""
+
+    def __init__(self, moment: dict[str, Any] | None, how: str) -> None:
+        super().__init__()
+        self.moment = moment
+        self.how = how

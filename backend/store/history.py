@@ -216,14 +216,18 @@ class HistoryStore:
             {"edge": now - THIN_AFTER_MS, "step": THIN_TO_MS},
         )
         over = 0
-        while self.used_bytes() > max_bytes:
-            gone = self._delete(
-                "DELETE FROM snapshot WHERE id IN (SELECT id FROM snapshot ORDER BY time LIMIT :n)",
-                {"n": PRUNE_CHUNK},
-            )
-            over += gone
-            if not gone:
+        while (excess := self.used_bytes() - max_bytes) > 0:
+            # the oldest rows whose compressed sizes add up to the excess (page overhead: loop again)
+            oldest = self._query("SELECT time, size FROM snapshot ORDER BY time LIMIT ?", (PRUNE_CHUNK,))
+            if not oldest:
                 break
+            freed, cutoff = 0, oldest[-1][0]
+            for time, size in oldest:
+                freed += int(size)
+                if freed >= excess:
+                    cutoff = time
+                    break
+            over += self._delete("DELETE FROM snapshot WHERE time <= :cutoff", {"cutoff": cutoff})
         return {"expired": expired, "thinned": thinned, "over_size": over}
 
     # -- reading (the console, rem console --at) -----------------------------------
@@ -258,8 +262,8 @@ class HistoryStore:
             (time,),
         ) or self._one(f"SELECT {_ENTRY_COLUMNS} FROM snapshot ORDER BY time, id LIMIT 1")
 
-    def step(self, entry: Entry, direction: int) -> Entry | None:
-        """The snapshot recorded just after (`direction` > 0) or before `entry`."""
+    def step(self, time: int, entry_id: int, direction: int) -> Entry | None:
+        """The snapshot recorded just after (`direction` > 0) or before the one at (`time`, `entry_id`)."""
         if direction > 0:
             sql = f"SELECT {_ENTRY_COLUMNS} FROM snapshot WHERE (time, id) > (?, ?) ORDER BY time, id LIMIT 1"
         else:
@@ -267,9 +271,9 @@ class HistoryStore:
                 f"SELECT {_ENTRY_COLUMNS} FROM snapshot WHERE (time, id) < (?, ?) "
                 "ORDER BY time DESC, id DESC LIMIT 1"
             )
-        return self._one(sql, (entry.time, entry.id))
+        return self._one(sql, (time, entry_id))
 
-    def incident(self, entry: Entry, direction: int) -> Entry | None:
+    def incident(self, time: int, direction: int) -> Entry | None:
         """The next (or previous) snapshot where an incident began."""
         if direction > 0:
             sql = (
@@ -281,7 +285,15 @@ class HistoryStore:
                 f"SELECT {_ENTRY_COLUMNS} FROM snapshot INDEXED BY snapshot_incident_idx "
                 "WHERE incident = 1 AND time < ? ORDER BY time DESC LIMIT 1"
             )
-        return self._one(sql, (entry.time,))
+        return self._one(sql, (time,))
+
+    def position(self, time: int, entry_id: int) -> tuple[int, int]:
+        """(1-based index of the snapshot at (`time`, `entry_id`), how many there are)."""
+        index = self._query("SELECT count(*) FROM snapshot WHERE (time, id) <= (?, ?)", (time, entry_id))[0][
+            0
+        ]
+        total = self._query("SELECT count(*) FROM snapshot")[0][0]
+        return int(index), int(total)
 
     def bounds(self) -> dict[str, Any]:
         """First and last recorded times, how many snapshots and incident starts."""

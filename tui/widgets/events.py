@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from tui.format import cell, clock_time, compact_json, owner_short, short_id
+from tui.format import cell, clock_time, compact_json, duration, owner_short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
 
@@ -27,7 +27,15 @@ def kind_tone(kind: str) -> str | None:
 
 def _kind(record: Record, now: int, palette: Palette) -> Text:
     kind = str(record.get("kind") or "")
-    return cell(kind, kind_tone(kind), palette)
+    # on the timeline, the events after the moment shown are dimmed: they had not happened yet
+    return cell(kind, "muted" if record.get("after") else kind_tone(kind), palette)
+
+
+def _when(record: Record) -> str:
+    """The event's wall-clock time; on the timeline, an event after the moment shows how long after."""
+    if record.get("after"):
+        return f"+{duration(int(record.get('after_ms') or 0))}"
+    return clock_time(record.get("time"))
 
 
 class EventTable(SnapshotTable):
@@ -42,7 +50,7 @@ class EventTable(SnapshotTable):
             "time",
             "time",
             8,
-            lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
+            lambda r, n, p: cell(_when(r), "muted", p),
             sort=lambda r: r.get("id"),
         ),
         Column("kind", "kind", 20, _kind, sort=lambda r: r.get("kind")),
@@ -74,4 +82,12 @@ class EventTable(SnapshotTable):
             yield str(event.get("id")), dict(event)
 
     def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+        recorded = snapshot.get("recorded")
+        if recorded:
+            after = sum(1 for e in snapshot.get("events") or [] if e.get("after"))
+            return (
+                f"Events around {clock_time(recorded.get('time'))} · "
+                f"{len(self._rows) - after} before, {after} after (dimmed)",
+                False,
+            )
         return f"Events · last {len(self._rows)}", False

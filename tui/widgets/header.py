@@ -1,4 +1,4 @@
-"""The one-line header: data dir, Chroma health, schema, counts, read-only and paused badges."""
+"""The one-line header: data dir, Chroma health, schema, counts, read-only, paused and timeline badges."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ class ConsoleHeader(Static):
     ConsoleHeader.-paused {
         background: $warning-muted;
     }
+    ConsoleHeader.-timeline {
+        background: $accent-muted;
+    }
     """
 
     def __init__(self, data_label: str, *, read_only: bool, id: str | None = None) -> None:
@@ -45,6 +48,8 @@ class ConsoleHeader(Static):
         self.read_only = read_only
         self.snapshot: Mapping[str, Any] = {}
         self.paused = False
+        # the recorded moment shown instead of live state (None: live)
+        self.timeline_at: int | None = None
         self.waiting = ""
         self.now = 0
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
@@ -70,10 +75,16 @@ class ConsoleHeader(Static):
         if palette is not None:
             self.palette = palette
         self.set_class(self.paused, "-paused")
+        self.set_class(self.timeline_at is not None, "-timeline")
         text = self.header_text()
         if text != self._shown:
             self._shown = text
             self.update(text, layout=False)  # one line, always: no relayout of the screen
+
+    def show_timeline(self, at: int | None) -> None:
+        """Badge the header with the recorded moment shown (None: live again)."""
+        self.timeline_at = at
+        self.set_state()
 
     def _badge(self, text: str, tone: str) -> Text:
         return Text(f" {text} ", style=Style(color="#000000", bgcolor=self.palette[tone], bold=True))
@@ -93,13 +104,16 @@ class ConsoleHeader(Static):
         if counts:
             line.append(f"  {counts.get('sessions', 0)} sessions")
         line.append("  ")
+        if self.timeline_at is not None:
+            line.append_text(self._badge(f"◀ PAST {clock_time(self.timeline_at)}, NOT LIVE", "error"))
+            line.append(" ")
         if self.read_only:
             line.append_text(self._badge("READ-ONLY", "warning"))
             line.append(" ")
         if self.paused:
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
-        if snap.get("generated_at"):
+        if snap.get("generated_at") and self.timeline_at is None:
             line.append(
                 f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
             )
