@@ -66,6 +66,42 @@ def print_check(result: dict[str, Any]) -> None:
                 console.print(f"    {row}", markup=False)
 
 
+def check_progress_bar() -> Any:
+    """A progress bar on stderr for `rem check` (a context manager yielding the callback)."""
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    labels = {
+        "structure": "structure (quick_check, foreign keys)",
+        "sessions": "sessions",
+        "chroma": "Chroma",
+    }
+
+    @contextmanager
+    def bar() -> Any:
+        console = Console(stderr=True)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        ) as shown:
+            tasks: dict[str, Any] = {}
+
+            def update(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = shown.add_task(labels.get(phase, phase), total=total)
+                shown.update(tasks[phase], completed=done, total=total)
+
+            yield update
+
+    return bar()
+
+
 def drill_round_printer() -> Any:
     """A callback printing one line per drill round on stderr as it happens."""
     console = Console(stderr=True)

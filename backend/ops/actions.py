@@ -180,19 +180,30 @@ async def release(
         )
 
 
-async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
+async def check(
+    ctx: Context,
+    *,
+    settled: bool = False,
+    verify_chroma: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
     """Verify the invariants of DESIGN section 5 on the live data dir.
 
     `settled=True` also counts in-flight work as a violation (for use once load
     has stopped and leases have expired or been released). `verify_chroma`
     compares every staged receipt and Dream overlay with its Chroma row.
+    `progress(phase, done, total)` is called as the batches go.
     """
-    from backend.ops.checks import check_chroma, check_database, summarize
+    from backend.ops.checks import check_chroma, check_database_in_batches, summarize
 
     db = await ctx.db()
-    report = await db.read_snapshot(check_database)
+    report = await check_database_in_batches(db, progress=progress)
     if verify_chroma:
+        if progress is not None:
+            progress("chroma", 0, 1)
         await check_chroma(ctx, db, report)
+        if progress is not None:
+            progress("chroma", 1, 1)
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result

@@ -10,20 +10,31 @@ Findings come in two kinds:
   `settled=True` (what the drills use once load has stopped) each one is a
   violation too, because a settled system has none.
 
-The state.db part runs in one read transaction; the Chroma part reads the
-summary rows in batches and compares them with the receipts.
+The state.db part visits every session's rows in bounded batches of
+sessions (`CHECK_BATCH_SESSIONS`, in id order), each batch in its own short
+read transaction: every invariant here is about one session's rows, so a
+batch sees each of its sessions whole and consistent, and no read
+transaction lives long enough to hold back a WAL checkpoint (a 10-million
+message state.db is checked in thousands of reads of a few milliseconds,
+not one of a minute). Findings are merged across batches in a fixed order,
+counts whole and rows capped. The structure checks (`quick_check`, foreign
+keys) are one statement per table. The Chroma part reads the summary rows
+in batches and compares them with the receipts.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
+CHECK_BATCH_SESSIONS = 2_000
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -49,8 +60,22 @@ class Report:
     checked: list[str] = field(default_factory=list)
 
     def add(self, bucket: list[Finding], invariant: str, what: str, rows: list[dict[str, Any]]) -> None:
-        if rows:
-            bucket.append(Finding(invariant, what, rows[:ROW_CAP], len(rows)))
+        """Add rows to a finding, merging with the same finding from an earlier batch."""
+        if not rows:
+            return
+        for finding in bucket:
+            if (finding.invariant, finding.what) == (invariant, what):
+                finding.rows.extend(rows[: max(0, ROW_CAP - len(finding.rows))])
+                finding.count += len(rows)
+                return
+        bucket.append(Finding(invariant, what, rows[:ROW_CAP], len(rows)))
+
+    def ordered(self) -> None:
+        """Findings in the order the checks declare them (batches find them in any order)."""
+        for bucket in (self.violations, self.unsettled):
+            bucket.sort(
+                key=lambda f: FINDING_ORDER.index(f.what) if f.what in FINDING_ORDER else len(FINDING_ORDER)
+            )
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
@@ -61,78 +86,103 @@ def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure(conn: sqlite3.Connection, report: Report) -> None:
-    report.checked.append("structure")
-    problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+STRUCTURE_TABLES_SQL = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+)
+
+
+def structure_tables(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
+
+
+def check_structure(conn: sqlite3.Connection, report: Report, table: str | None = None) -> None:
+    """`quick_check` and the foreign keys, of one table (and its indexes) or of the whole file."""
+    if "structure" not in report.checked:
+        report.checked.append("structure")
+    target = f"({json.dumps(table)})" if table else ""
+    problems = [r[0] for r in conn.execute(f"PRAGMA quick_check{target}").fetchall() if r[0] != "ok"]
     report.add(
         report.violations,
         "structure",
         "state.db fails PRAGMA quick_check",
         [{"problem": p} for p in problems],
     )
-    orphans = _rows(conn, "PRAGMA foreign_key_check")
+    orphans = _rows(conn, f"PRAGMA foreign_key_check{target}")
     report.add(report.violations, "structure", "rows whose foreign key points at nothing", orphans)
 
 
 # -- invariant 1: every admitted input promoted exactly once, no seq collision --
+# Every query below reads the sessions of one batch, (:lo, :hi] in id order, through the
+# session_id-leading index of each table it touches.
 SQL_PROMOTED_WITHOUT_MESSAGE = """
 SELECT i.session_id, i.id AS input_id, i.promoted_seq FROM session_input AS i
 LEFT JOIN session_message AS m ON m.id = i.id
-WHERE i.promoted_seq IS NOT NULL
+WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NOT NULL
   AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq OR m.session_id != i.session_id)
 """
 SQL_USER_WITHOUT_INPUT = """
 SELECT m.session_id, m.id AS message_id, m.seq FROM session_message AS m
 LEFT JOIN session_input AS i ON i.id = m.id
-WHERE m.type = 'user' AND (i.id IS NULL OR i.promoted_seq IS NULL)
+WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
+  AND (i.id IS NULL OR i.promoted_seq IS NULL)
 """
 SQL_SEQ_AHEAD_OF_SEQUENCE = """
 SELECT s.id AS session_id, s.last_seq, max(x.seq) AS max_seq FROM session AS s
-JOIN (SELECT session_id, seq FROM session_message
+JOIN (SELECT session_id, seq FROM session_message WHERE session_id > :lo AND session_id <= :hi
       UNION ALL SELECT session_id, admitted_seq FROM session_input
-      UNION ALL SELECT session_id, promoted_seq FROM session_input WHERE promoted_seq IS NOT NULL) AS x
+                WHERE session_id > :lo AND session_id <= :hi
+      UNION ALL SELECT session_id, promoted_seq FROM session_input
+                WHERE session_id > :lo AND session_id <= :hi AND promoted_seq IS NOT NULL) AS x
   ON x.session_id = s.id
+WHERE s.id > :lo AND s.id <= :hi
 GROUP BY s.id HAVING max(x.seq) > s.last_seq
 """
 SQL_SEQ_SHARED = """
 SELECT session_id, seq, count(*) AS users FROM (
-  SELECT session_id, admitted_seq AS seq FROM session_input
-  UNION ALL SELECT session_id, promoted_seq FROM session_input WHERE promoted_seq IS NOT NULL
-  UNION ALL SELECT session_id, seq FROM session_message WHERE type != 'user')
+  SELECT session_id, admitted_seq AS seq FROM session_input WHERE session_id > :lo AND session_id <= :hi
+  UNION ALL SELECT session_id, promoted_seq FROM session_input
+            WHERE session_id > :lo AND session_id <= :hi AND promoted_seq IS NOT NULL
+  UNION ALL SELECT session_id, seq FROM session_message
+            WHERE session_id > :lo AND session_id <= :hi AND type != 'user')
 GROUP BY session_id, seq HAVING count(*) > 1
 """
 SQL_UNPROMOTED = """
 SELECT i.session_id, i.id AS input_id, i.wake_pending, i.wake_attempts, i.time_created,
        e.id AS execution_id FROM session_input AS i
 LEFT JOIN session_execution AS e ON e.session_id = i.session_id
-WHERE i.promoted_seq IS NULL
+WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NULL
 """
 
 
-def check_inputs(conn: sqlite3.Connection, report: Report) -> None:
-    report.checked.append("inputs")
+def check_inputs(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+    if "inputs" not in report.checked:
+        report.checked.append("inputs")
+    batch = {"lo": lo, "hi": hi}
     report.add(
         report.violations,
         "1",
         "promoted inputs whose user message is missing or wrong",
-        _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE),
+        _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE, batch),
     )
     report.add(
         report.violations,
         "1",
         "user messages that no admitted input produced",
-        _rows(conn, SQL_USER_WITHOUT_INPUT),
+        _rows(conn, SQL_USER_WITHOUT_INPUT, batch),
     )
     report.add(
         report.violations,
         "1",
         "sequence numbers ahead of their session's sequence",
-        _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE),
+        _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE, batch),
     )
     report.add(
-        report.violations, "1", "one sequence number used twice in a session", _rows(conn, SQL_SEQ_SHARED)
+        report.violations,
+        "1",
+        "one sequence number used twice in a session",
+        _rows(conn, SQL_SEQ_SHARED, batch),
     )
-    unpromoted = _rows(conn, SQL_UNPROMOTED)
+    unpromoted = _rows(conn, SQL_UNPROMOTED, batch)
     stranded = [r for r in unpromoted if not r["wake_pending"] and r["execution_id"] is None]
     report.add(
         report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)", stranded
@@ -149,27 +199,39 @@ def check_inputs(conn: sqlite3.Connection, report: Report) -> None:
 SQL_ASSISTANTS = """
 SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
        json_extract(data, '$.step') AS step,
-       json_extract(data, '$.status') AS status FROM session_message WHERE type = 'assistant'
+       json_extract(data, '$.status') AS status FROM session_message
+WHERE session_id > :lo AND session_id <= :hi AND type = 'assistant'
 """
 # exactly-once replies: every input a completed (or failed) reply answers, counted
 SQL_ANSWER_COUNTS = """
 SELECT m.session_id, j.value AS input_id, count(*) AS replies,
        group_concat(m.id) AS messages
 FROM session_message AS m, json_each(m.data, '$.answers') AS j
-WHERE m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
+WHERE m.session_id > :lo AND m.session_id <= :hi
+  AND m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
 GROUP BY m.session_id, j.value
 """
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
-FROM session_message WHERE type = 'synthetic' AND json_extract(data, '$.execution_id') IS NOT NULL
+FROM session_message
+WHERE session_id > :lo AND session_id <= :hi
+  AND type = 'synthetic' AND json_extract(data, '$.execution_id') IS NOT NULL
 GROUP BY session_id, execution_id HAVING count(*) > 1
+"""
+SQL_LIVE_EXECUTIONS = "SELECT id FROM session_execution WHERE session_id > :lo AND session_id <= :hi"
+SQL_USERS = """
+SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id
+FROM session_message AS m LEFT JOIN session_execution AS e ON e.session_id = m.session_id
+WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
 """
 
 
-def check_projection(conn: sqlite3.Connection, report: Report) -> None:
-    report.checked.append("projection")
-    assistants = _rows(conn, SQL_ASSISTANTS)
-    live = {r[0] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
+def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+    if "projection" not in report.checked:
+        report.checked.append("projection")
+    batch = {"lo": lo, "hi": hi}
+    assistants = _rows(conn, SQL_ASSISTANTS, batch)
+    live = {r[0] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
     completed: dict[Any, list[dict[str, Any]]] = {}
     for row in assistants:
         # one reply per step: a steer adds a step (and a reply) to the running execution
@@ -202,9 +264,9 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         report.violations,
         "3",
         "more than one continuation message for one execution",
-        _rows(conn, SQL_DOUBLE_CONTINUATION),
+        _rows(conn, SQL_DOUBLE_CONTINUATION, batch),
     )
-    counts = _rows(conn, SQL_ANSWER_COUNTS)
+    counts = _rows(conn, SQL_ANSWER_COUNTS, batch)
     report.add(
         report.violations,
         "3",
@@ -212,13 +274,7 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         [r for r in counts if r["replies"] > 1],
     )
     answered = {r["input_id"] for r in counts}
-    users = _rows(
-        conn,
-        "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
-        "FROM session_message AS m LEFT JOIN session_execution AS e "
-        "ON e.session_id = m.session_id WHERE m.type = 'user'",
-    )
-    unanswered = [r for r in users if r["input_id"] not in answered]
+    unanswered = [r for r in _rows(conn, SQL_USERS, batch) if r["input_id"] not in answered]
     report.add(
         report.unsettled,
         "2",
@@ -231,6 +287,24 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         "promoted inputs no reply answers and no execution will",
         [r for r in unanswered if r["execution_id"] is None],
     )
+
+
+SQL_NEXT_BATCH = "SELECT max(id), count(*) FROM (SELECT id FROM session WHERE id > :lo ORDER BY id LIMIT :n)"
+
+
+def check_sessions(
+    conn: sqlite3.Connection, report: Report, lo: str, batch: int = CHECK_BATCH_SESSIONS
+) -> tuple[str | None, int]:
+    """Check the next `batch` sessions after `lo` (in the caller's read transaction).
+
+    Returns the last session id checked (None: no session after `lo`) and how many.
+    """
+    hi, n = conn.execute(SQL_NEXT_BATCH, {"lo": lo, "n": batch}).fetchone()
+    if hi is None:
+        return None, 0
+    check_inputs(conn, report, lo, hi)
+    check_projection(conn, report, lo, hi)
+    return str(hi), int(n)
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
@@ -273,13 +347,40 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
 
 
 def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
-    """All state.db invariants, inside the caller's read transaction."""
+    """All state.db invariants inside the caller's one read transaction (small data dirs, tests)."""
     report = Report()
     now = clock.now_ms() if now is None else now
     check_structure(conn, report)
-    check_inputs(conn, report)
-    check_projection(conn, report)
+    lo: str | None = ""
+    while lo is not None:
+        lo, _ = check_sessions(conn, report, lo)
     check_progress(conn, report, now)
+    report.ordered()
+    return report
+
+
+async def check_database_in_batches(
+    db: Any, *, now: int | None = None, batch: int = CHECK_BATCH_SESSIONS, progress: Progress | None = None
+) -> Report:
+    """All state.db invariants, one short read transaction per table or per batch of sessions."""
+    report = Report()
+    now = clock.now_ms() if now is None else now
+    tell = progress or (lambda _phase, _done, _total: None)
+    tables = await db.read_snapshot(structure_tables)
+    for i, table in enumerate(tables):
+        tell("structure", i, len(tables))
+        await db.read_snapshot(lambda conn, t=table: check_structure(conn, report, t))
+    tell("structure", len(tables), len(tables))
+    total = int(await db.scalar("SELECT count(*) FROM session"))
+    lo: str | None = ""
+    done = 0
+    while lo is not None:
+        tell("sessions", done, total)
+        lo, n = await db.read_snapshot(lambda conn, after=lo: check_sessions(conn, report, after, batch))
+        done += n
+    tell("sessions", done, max(done, total))
+    await db.read_snapshot(lambda conn: check_progress(conn, report, now))
+    report.ordered()
     return report
 
 
@@ -397,3 +498,28 @@ def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
 
 def dumps(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=True, default=str)
+
+
+# the order findings are listed in (the order the checks above declare them)
+FINDING_ORDER = (
+    "state.db fails PRAGMA quick_check",
+    "rows whose foreign key points at nothing",
+    "promoted inputs whose user message is missing or wrong",
+    "user messages that no admitted input produced",
+    "sequence numbers ahead of their session's sequence",
+    "one sequence number used twice in a session",
+    "admitted inputs nobody will wake (wake_pending=0, no execution)",
+    "admitted inputs not promoted yet",
+    "executions that published more than one completed reply",
+    "assistant rows still streaming under a live execution",
+    "stale assistant rows not closed yet (their execution is gone)",
+    "more than one continuation message for one execution",
+    "inputs answered by more than one reply (a late write landed)",
+    "promoted inputs not answered yet",
+    "promoted inputs no reply answers and no execution will",
+    "executions in progress or awaiting takeover",
+    "recoveries waiting",
+    "recoveries parked for the operator (attempt budget spent)",
+    "summaries not at the current raw turns",
+    "Dream not at the published input revision",
+)
