@@ -126,16 +126,15 @@ LEFT JOIN session_input AS i ON i.id = m.id
 WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
   AND (i.id IS NULL OR i.promoted_seq IS NULL)
 """
+# each session's highest seq in use, from three index seeks (never a scan of its rows)
 SQL_SEQ_AHEAD_OF_SEQUENCE = """
-SELECT s.id AS session_id, s.last_seq, max(x.seq) AS max_seq FROM session AS s
-JOIN (SELECT session_id, seq FROM session_message WHERE session_id > :lo AND session_id <= :hi
-      UNION ALL SELECT session_id, admitted_seq FROM session_input
-                WHERE session_id > :lo AND session_id <= :hi
-      UNION ALL SELECT session_id, promoted_seq FROM session_input
-                WHERE session_id > :lo AND session_id <= :hi AND promoted_seq IS NOT NULL) AS x
-  ON x.session_id = s.id
-WHERE s.id > :lo AND s.id <= :hi
-GROUP BY s.id HAVING max(x.seq) > s.last_seq
+SELECT * FROM (
+  SELECT s.id AS session_id, s.last_seq,
+         max(coalesce((SELECT max(seq) FROM session_message WHERE session_id = s.id), 0),
+             coalesce((SELECT max(admitted_seq) FROM session_input WHERE session_id = s.id), 0),
+             coalesce((SELECT max(promoted_seq) FROM session_input WHERE session_id = s.id), 0)) AS max_seq
+  FROM session AS s WHERE s.id > :lo AND s.id <= :hi)
+WHERE max_seq > last_seq
 """
 SQL_SEQ_SHARED = """
 SELECT session_id, seq, count(*) AS users FROM (
@@ -196,20 +195,40 @@ def check_inputs(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> 
 
 
 # -- invariant 3: a write after a lost lease changes nothing ----------------
-SQL_ASSISTANTS = """
-SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
-       json_extract(data, '$.step') AS step,
-       json_extract(data, '$.status') AS status FROM session_message
+# one reply per step: a steer adds a step (and a reply) to the running execution
+SQL_DOUBLE_REPLY = """
+SELECT json_extract(data, '$.execution_id') AS execution_id, json_extract(data, '$.step') AS step,
+       group_concat(id) AS messages, count(*) AS replies
+FROM session_message
 WHERE session_id > :lo AND session_id <= :hi AND type = 'assistant'
+  AND json_extract(data, '$.status') = 'completed' AND json_extract(data, '$.execution_id') IS NOT NULL
+GROUP BY 1, 2 HAVING count(*) > 1
 """
-# exactly-once replies: every input a completed (or failed) reply answers, counted
-SQL_ANSWER_COUNTS = """
-SELECT m.session_id, j.value AS input_id, count(*) AS replies,
-       group_concat(m.id) AS messages
-FROM session_message AS m, json_each(m.data, '$.answers') AS j
-WHERE m.session_id > :lo AND m.session_id <= :hi
-  AND m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
-GROUP BY m.session_id, j.value
+# rows still streaming: few, found through the partial index of open assistant rows
+SQL_OPEN_ASSISTANTS = """
+SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
+       json_extract(data, '$.step') AS step, json_extract(data, '$.status') AS status
+FROM session_message INDEXED BY session_message_open_assistant_idx
+WHERE session_id > :lo AND session_id <= :hi
+  AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming'
+"""
+# exactly-once replies: the inputs a completed (or failed) reply answers, counted once per
+# batch; the inputs answered twice, and the promoted (user) messages nobody answered
+SQL_ANSWERS = """
+WITH answered AS MATERIALIZED (
+  SELECT m.session_id, j.value AS input_id, count(*) AS replies, group_concat(m.id) AS messages
+  FROM session_message AS m, json_each(m.data, '$.answers') AS j
+  WHERE m.session_id > :lo AND m.session_id <= :hi
+    AND m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
+  GROUP BY m.session_id, j.value)
+SELECT 'twice' AS finding, session_id, input_id, replies, messages, NULL AS seq, NULL AS execution_id
+FROM answered WHERE replies > 1
+UNION ALL
+SELECT 'unanswered', u.session_id, u.id, NULL, NULL, u.seq, e.id
+FROM session_message AS u
+LEFT JOIN answered AS a ON a.session_id = u.session_id AND a.input_id = u.id
+LEFT JOIN session_execution AS e ON e.session_id = u.session_id
+WHERE u.session_id > :lo AND u.session_id <= :hi AND u.type = 'user' AND a.input_id IS NULL
 """
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
@@ -219,35 +238,23 @@ WHERE session_id > :lo AND session_id <= :hi
 GROUP BY session_id, execution_id HAVING count(*) > 1
 """
 SQL_LIVE_EXECUTIONS = "SELECT id FROM session_execution WHERE session_id > :lo AND session_id <= :hi"
-SQL_USERS = """
-SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id
-FROM session_message AS m LEFT JOIN session_execution AS e ON e.session_id = m.session_id
-WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
-"""
 
 
 def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
     if "projection" not in report.checked:
         report.checked.append("projection")
     batch = {"lo": lo, "hi": hi}
-    assistants = _rows(conn, SQL_ASSISTANTS, batch)
-    live = {r[0] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
-    completed: dict[Any, list[dict[str, Any]]] = {}
-    for row in assistants:
-        # one reply per step: a steer adds a step (and a reply) to the running execution
-        if row["status"] == "completed" and row["execution_id"] is not None:
-            completed.setdefault((row["execution_id"], row["step"]), []).append(row)
     report.add(
         report.violations,
         "3",
         "executions that published more than one completed reply",
         [
-            {"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
-            for k, v in completed.items()
-            if len(v) > 1
+            {"execution_id": r["execution_id"], "step": r["step"], "messages": r["messages"].split(",")}
+            for r in _rows(conn, SQL_DOUBLE_REPLY, batch)
         ],
     )
-    open_rows = [r for r in assistants if r["status"] == "streaming"]
+    live = {r[0] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
+    open_rows = _rows(conn, SQL_OPEN_ASSISTANTS, batch)
     report.add(
         report.unsettled,
         "3",
@@ -266,15 +273,22 @@ def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str)
         "more than one continuation message for one execution",
         _rows(conn, SQL_DOUBLE_CONTINUATION, batch),
     )
-    counts = _rows(conn, SQL_ANSWER_COUNTS, batch)
+    answers = _rows(conn, SQL_ANSWERS, batch)
     report.add(
         report.violations,
         "3",
         "inputs answered by more than one reply (a late write landed)",
-        [r for r in counts if r["replies"] > 1],
+        [
+            {k: r[k] for k in ("session_id", "input_id", "replies", "messages")}
+            for r in answers
+            if r["finding"] == "twice"
+        ],
     )
-    answered = {r["input_id"] for r in counts}
-    unanswered = [r for r in _rows(conn, SQL_USERS, batch) if r["input_id"] not in answered]
+    unanswered = [
+        {k: r[k] for k in ("session_id", "input_id", "seq", "execution_id")}
+        for r in answers
+        if r["finding"] == "unanswered"
+    ]
     report.add(
         report.unsettled,
         "2",
