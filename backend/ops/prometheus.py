@@ -3,9 +3,9 @@
 Every value is read from one `status()` snapshot, never from a second query,
 so a scrape and `rem status --json` taken from the same snapshot agree
 (tests/backend/test_metrics.py parses the exposition with prometheus_client's
-own parser and compares). Families a snapshot does not carry yet (the model
-block of issue 15, the recall index lag of issue 16) are left out rather than
-reported as zero. Label values are bounded: kinds, roles, states, verdicts
+own parser and compares). A family is added here once the snapshot carries
+its figures (the model block of issue 15 and the recall index lag of issue 16
+are not in it yet), never reported as a made-up zero. Label values are bounded: kinds, roles, states, verdicts
 and classes are fixed sets; the per-worker heartbeat gauge has one series per
 listed worker (live ones, and those stopped in the last ten minutes).
 """
@@ -182,30 +182,6 @@ def _chroma_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     yield info
 
 
-def _model_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """Model health, tokens and cost, when the snapshot carries them (issue 15)."""
-    models = status.get("models")
-    if not isinstance(models, Mapping):
-        return
-    usage: Mapping[str, Any] = models["usage"] if isinstance(models.get("usage"), Mapping) else models
-    for key, name, doc in (
-        ("tokens_input", "rem_model_tokens_input", "Input tokens used by every session."),
-        ("tokens_output", "rem_model_tokens_output", "Output tokens used by every session."),
-        ("cost", "rem_model_cost", "Model cost accumulated by every session."),
-    ):
-        if isinstance(usage.get(key), int | float):
-            yield _gauge(name, doc, [], [([], float(usage[key]))])
-
-
-def _recall_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """The recall index lag, when the snapshot carries it (issue 16)."""
-    recall = status.get("recall")
-    if isinstance(recall, Mapping) and isinstance(recall.get("index_lag"), int | float):
-        yield _gauge(
-            "rem_recall_index_lag", "Raw turns not yet in the recall index.", [], [([], recall["index_lag"])]
-        )
-
-
 def families(status: Mapping[str, Any]) -> list[Metric]:
     """Every metric family of one status snapshot."""
     out: list[Metric] = [
@@ -222,8 +198,6 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _worker_families,
         _throughput_families,
         _chroma_families,
-        _model_families,
-        _recall_families,
     ):
         out.extend(produce(status))
     return out
