@@ -85,6 +85,11 @@ TOTALS_QUERIES: dict[str, str] = {
     "oldest_dream": """
         SELECT min(time_published) FROM dream_state
         WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
+    # the snapshot's own "dream_pending" count is overwritten by digest_state = 'pending'
+    # (a key reused in its COUNT_QUERIES); Dream's backlog is every revision not digested
+    "dream_drifting": """
+        SELECT count(*) FROM dream_state
+        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
 }
 
 
@@ -132,7 +137,7 @@ def totals(conn: sqlite3.Connection, now: int, counts: dict[str, int]) -> Totals
             "recovery": int(waiting),
             # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
             "summary": counts["summary_stale"],
-            "dream": counts["dream_pending"],
+            "dream": _scalar(conn, "dream_drifting") or 0,
         },
         backlog_oldest_ms={
             "input": _age(now, _scalar(conn, "oldest_input")),
