@@ -111,7 +111,7 @@ class ConsoleBackend:
     def close(self) -> None:
         """Close both connections and stop the loop (called once, at exit)."""
         try:
-            self.loop.run_sync(self._close(), timeout=5)
+            self.loop.run_blocking(self._close(), timeout=5)
         except Exception:  # closing must never turn an exit into a crash
             log.warning("closing the console backend failed", exc_info=True)
         self.loop.stop()

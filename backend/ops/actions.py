@@ -72,10 +72,10 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
 
 async def status(ctx: Context) -> dict[str, Any]:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
-    from backend.ops.snapshot import snapshot
+    from backend.ops.snapshot import snapshot_sync
 
     db = await ctx.db()
-    snap = await db.read_snapshot(snapshot)
+    snap = await db.read_in_thread(snapshot_sync)
     snap.update(
         {
             "data_dir": str(ctx.data.root),
@@ -184,10 +184,10 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
     has stopped and leases have expired or been released). `verify_chroma`
     compares every staged receipt and Dream overlay with its Chroma row.
     """
-    from backend.ops.checks import check_chroma, check_database, summarize
+    from backend.ops.checks import check_chroma, check_database_sync, summarize
 
     db = await ctx.db()
-    report = await db.read_snapshot(check_database)
+    report = await db.read_in_thread(check_database_sync)
     if verify_chroma:
         await check_chroma(ctx, db, report)
     result = summarize(report, settled=settled)

@@ -122,14 +122,14 @@ LEASE_CAP = 5000
 RECENT_STOPPED_MS = 10 * 60_000
 
 
-def _rows(conn: sqlite3.Connection, name: str, **params: Any) -> list[dict[str, Any]]:
+def _rows_sync(conn: sqlite3.Connection, name: str, **params: Any) -> list[dict[str, Any]]:
     cursor = conn.execute(LIST_QUERIES[name], params)
     cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than sqlite3.Row
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+def _counts_sync(conn: sqlite3.Connection) -> dict[str, int]:
     row = conn.execute(COUNTS_SQL).fetchone()
     return {k: int(row[k]) for k in row.keys()}
 
@@ -142,15 +142,15 @@ def _event(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[str, Any]:
-    inputs = [{**r, "oldest_age_ms": now - r["oldest_at"]} for r in _rows(conn, "inputs", cap=LIST_CAP)]
+def backlog_sync(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[str, Any]:
+    inputs = [{**r, "oldest_age_ms": now - r["oldest_at"]} for r in _rows_sync(conn, "inputs", cap=LIST_CAP)]
     recoveries = [
-        {**r, "parked": r["recovery_error"] is not None} for r in _rows(conn, "recoveries", cap=LIST_CAP)
+        {**r, "parked": r["recovery_error"] is not None} for r in _rows_sync(conn, "recoveries", cap=LIST_CAP)
     ]
     summary: dict[str, Any] = {
         s: counts[f"summary_{s}"] for s in ("pending", "in_progress", "failed", "stale")
     }
-    summary["failed_rows"] = _rows(conn, "summary_failed", cap=50)
+    summary["failed_rows"] = _rows_sync(conn, "summary_failed", cap=50)
     by_state = {s: counts[f"dream_{s}"] for s in ("pending", "in_progress", "deferred", "undigestible")}
     return {
         "inputs": inputs,
@@ -161,9 +161,9 @@ def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[
     }
 
 
-def leases(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+def leases_sync(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
     """Every execution, summary-job and Dream lease, soonest expiry first."""
-    out = _rows(conn, "leases", lease_cap=LEASE_CAP)
+    out = _rows_sync(conn, "leases", lease_cap=LEASE_CAP)
     for lease in out:
         heartbeat = lease.pop("heartbeat_at")
         expires_at = lease["expires_at"]
@@ -189,10 +189,10 @@ def receipt_keys(detail: Any) -> list[dict[str, Any]]:
     return out
 
 
-def receipts(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]:
+def receipts_sync(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]:
     verdicts = {v: counts[f"receipt_{v}"] for v in (*RECEIPT_VERDICTS, "unchecked")}
     mismatched = []
-    for r in _rows(conn, "receipt_mismatched", cap=LIST_CAP):
+    for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
         try:
             detail = json.loads(r["verdict_detail"]) if r["verdict_detail"] else {}
         except ValueError:
@@ -211,13 +211,13 @@ def receipts(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]
     return {"counts": verdicts, "mismatched": mismatched}
 
 
-def dream_drift(
+def dream_drift_sync(
     conn: sqlite3.Connection, counts: dict[str, int]
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    rows = _rows(conn, "dream_drift", cap=LIST_CAP) + _rows(conn, "dream_legacy", cap=LIST_CAP)
+    rows = _rows_sync(conn, "dream_drift", cap=LIST_CAP) + _rows_sync(conn, "dream_legacy", cap=LIST_CAP)
     drift = [{**r, "class": classify_drift(r)} for r in rows]
     seen = {d["session_id"] for d in drift}
-    for r in _rows(conn, "summary_stale_rows", cap=LIST_CAP):
+    for r in _rows_sync(conn, "summary_stale_rows", cap=LIST_CAP):
         if r["session_id"] not in seen:
             drift.append(
                 {
@@ -242,8 +242,8 @@ def dream_drift(
     return drift, by_class
 
 
-def worker_rows(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
-    rows = _rows(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
+def worker_rows_sync(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+    rows = _rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     return [
         {
             **r,
@@ -254,15 +254,15 @@ def worker_rows(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
     ]
 
 
-def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]:
+def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]:
     """Everything but Chroma health and identity; run it inside one read transaction."""
     now = clock.now_ms() if now is None else now
-    counts = _counts(conn)
-    drift, drift_counts = dream_drift(conn, counts)
-    lease_rows = leases(conn, now)
-    receipt_view = receipts(conn, counts)
-    worker_view = worker_rows(conn, now)
-    back = backlog(conn, counts, now)
+    counts = _counts_sync(conn)
+    drift, drift_counts = dream_drift_sync(conn, counts)
+    lease_rows = leases_sync(conn, now)
+    receipt_view = receipts_sync(conn, counts)
+    worker_view = worker_rows_sync(conn, now)
+    back = backlog_sync(conn, counts, now)
     return {
         "generated_at": now,
         "backlog": back,
@@ -272,8 +272,8 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
         "dream_counts": drift_counts,
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
-        "recent_actions": [_event(r) for r in _rows(conn, "recent_actions")],
-        "events": [_event(r) for r in _rows(conn, "events", tail=EVENT_TAIL)],
+        "recent_actions": [_event(r) for r in _rows_sync(conn, "recent_actions")],
+        "events": [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
         "counts": {
             "backlog": back["inputs_total"]
             + sum(1 for r in back["recoveries"] if not r["parked"])
