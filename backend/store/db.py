@@ -25,8 +25,8 @@ import asyncio
 import logging
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -76,6 +76,18 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | N
     if "readonly" in msg or "read-only" in msg or "attempt to write" in msg:
         return ReadOnly(f"{path} is opened read-only; this action needs a writable rem")
     return None
+
+
+@contextmanager
+def sqlite_errors(path: Path | str) -> Iterator[None]:
+    """Raise an sqlite3 error from inside as the one-line RemError for `path` (others unchanged)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        translated = translate_sqlite_error(exc, path)
+        if translated is None:
+            raise
+        raise translated from exc
 
 
 # below this much free space, a disk I/O error is a full disk (SQLite reports a
@@ -136,17 +148,13 @@ class Database:
     @classmethod
     async def open(cls, path: Path, *, read_only: bool = False) -> Database:
         """Open state.db with rem's PRAGMAs; read-only opens set `query_only`."""
-        try:
+        with sqlite_errors(path):
             conn = await aiosqlite.connect(str(path), isolation_level=None)
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, path) or exc from exc
         conn.row_factory = sqlite3.Row
         db = cls(conn, path, read_only)
         try:
-            await db._apply_pragmas()
-        except sqlite3.Error as exc:
-            await conn.close()
-            raise translate_sqlite_error(exc, path) or exc from exc
+            with sqlite_errors(path):
+                await db._apply_pragmas()
         except BaseException:
             await conn.close()
             raise
@@ -183,37 +191,31 @@ class Database:
         """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
         if self.read_only:
             raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+        # a statement that fails in the body or at COMMIT (full disk, corrupt page): one clear RemError
         async with self._lock:
-            try:
+            with self.sqlite_errors():
                 await self.conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
-            try:
-                yield self.conn
-            except sqlite3.Error as exc:
-                # a statement in the body failed (full disk, corrupt page): one clear RemError
-                await self._rollback_quietly()
-                raise translate_sqlite_error(exc, self.path) or exc from exc
-            except BaseException:
-                await self._rollback_quietly()
-                raise
-            try:
-                await self.conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                await self._rollback_quietly()
-                raise translate_sqlite_error(exc, self.path) or exc from exc
+                try:
+                    yield self.conn
+                    await self.conn.execute("COMMIT")
+                except BaseException:
+                    await self._rollback_quietly()
+                    raise
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
         """A short read transaction so several queries see one consistent state."""
         async with self._lock:
             try:
-                await self.conn.execute("BEGIN")
-                yield self.conn
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
+                with self.sqlite_errors():
+                    await self.conn.execute("BEGIN")
+                    yield self.conn
             finally:
                 await self._rollback_quietly()
+
+    def sqlite_errors(self) -> AbstractContextManager[None]:
+        """`sqlite_errors` for this database's path."""
+        return sqlite_errors(self.path)
 
     async def _rollback_quietly(self) -> None:
         if self.conn.in_transaction:
@@ -225,10 +227,8 @@ class Database:
     async def fetchall(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
         """Run one autocommit query and return all rows."""
         async with self._lock:
-            try:
+            with self.sqlite_errors():
                 return list(await self.conn.execute_fetchall(sql, params))
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
 
     async def fetchone(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
         rows = await self.fetchall(sql, params)
@@ -256,10 +256,8 @@ class Database:
         while self._lock.locked():
             async with self._lock:
                 pass
-        try:
+        with self.sqlite_errors():
             return await in_thread(self.conn, fn)
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, self.path) or exc from exc
 
     async def read_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
