@@ -140,14 +140,14 @@ WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Candidate:
     session_id: str
     revision: str
     ready_at: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Claim:
     """A held Dream lease on one session, for exactly one captured revision."""
 
@@ -157,7 +157,7 @@ class Claim:
     owner_id: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     claim: Claim
     turns: list[dict[str, Any]]
@@ -172,7 +172,10 @@ def retry_delay_ms(attempts: int, base_ms: int = RETRY_BASE_MS) -> int:
 async def select_pending(db: Database, now: int, limit: int = BATCH) -> list[Candidate]:
     """The first `limit` sessions ready for Dream, oldest ready time first."""
     rows = await db.fetchall(SELECT_PENDING_SQL, {"now": now, "limit": limit})
-    return [Candidate(r["session_id"], r["input_revision"], int(r["ready_at"])) for r in rows]
+    return [
+        Candidate(session_id=r["session_id"], revision=r["input_revision"], ready_at=int(r["ready_at"]))
+        for r in rows
+    ]
 
 
 async def claim_session(
@@ -186,7 +189,12 @@ async def claim_session(
         )
         if not rows:
             return None
-        claim = Claim(session_id, rows[0]["input_revision"], int(rows[0]["epoch"]), owner_id)
+        claim = Claim(
+            session_id=session_id,
+            revision=rows[0]["input_revision"],
+            epoch=int(rows[0]["epoch"]),
+            owner_id=owner_id,
+        )
         if before is not None and before["owner_id"] not in (None, owner_id):
             # the previous holder died or stalled past its lease: journal the takeover
             await append_event(
@@ -318,7 +326,7 @@ class Dreamer(Daemon):
             revision, turns = await raw_revision(conn, claim.session_id)
             row = await fetchone(conn, "SELECT title FROM session WHERE id = ?", (claim.session_id,))
         if revision == claim.revision:
-            return Prepared(claim, turns, row["title"] if row else "")
+            return Prepared(claim=claim, turns=turns, title=row["title"] if row else "")
         await self._release_stale(claim, revision)
         return None
 
@@ -624,7 +632,7 @@ async def import_legacy(ctx: Context, *, actor: str = "dream", page: int = 500) 
     marked = scanned = 0
     for start in range(0, len(ids), page):
         rows = await store.get(ids[start : start + page])
-        legacy = [session_id_of(i) for i, (_, meta) in rows.items() if is_legacy_only(meta)]
+        legacy = [session_id_of(i) for i, row in rows.items() if is_legacy_only(row.metadata)]
         scanned += len(rows)
         marked += await _mark_legacy(db, [s for s in legacy if s])
     if marked:

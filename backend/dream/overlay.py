@@ -65,7 +65,7 @@ async def write_overlays(ctx: Context, rows: Sequence[Mapping[str, Any]]) -> dic
         if row_id not in back:
             outcome[row["session_id"]] = "missing"
             continue
-        stored = back[row_id][1]
+        stored = back[row_id].metadata
         same = all(_same_value(stored.get(k), v) for k, v in meta.items())
         outcome[row["session_id"]] = "confirmed" if same else "differs"
     return outcome

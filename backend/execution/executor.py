@@ -67,7 +67,7 @@ class TurnState:
     recovered: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Step:
     """One step in flight: its assistant row, what it answers, the parts streamed so far."""
 
@@ -154,7 +154,7 @@ class Executor(Daemon):
             return 0
         rows = await self.db.fetchall(WAKE_SQL, {"limit": self._capacity() * 4})
         started = 0
-        for session_id in dict.fromkeys(r[0] for r in rows):
+        for session_id in dict.fromkeys(r["session_id"] for r in rows):
             if session_id in self.tasks:
                 continue
             if self._capacity() <= 0:
@@ -328,7 +328,7 @@ class Executor(Daemon):
         request = StepRequest(
             session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
         )
-        return Step(number, aid, data, request)
+        return Step(number=number, assistant_id=aid, data=data, request=request)
 
     async def _stream(self, state: TurnState, step: Step) -> list[str]:
         """Project the agent's parts as they arrive; returns the parts not yet written."""

@@ -45,7 +45,7 @@ def new_execution_id() -> str:
     return f"exe_{clock.now_ms():013x}{uuid.uuid4().hex[:12]}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Lease:
     """What an owner holds: the fence every write of the execution names."""
 
@@ -66,7 +66,7 @@ def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
     ).fetchone()
     if row is None:
         raise LeaseNotFound(f"no session {session_id!r}")
-    return int(row[0])
+    return int(row["lease_epoch"])
 
 
 def claim_execution_sync(
@@ -77,7 +77,14 @@ def claim_execution_sync(
         return None
     length = length_ms or lease_ms()
     epoch = next_epoch_sync(conn, session_id)
-    lease = Lease(new_execution_id(), session_id, owner_id, epoch, now + length, length)
+    lease = Lease(
+        execution_id=new_execution_id(),
+        session_id=session_id,
+        owner_id=owner_id,
+        epoch=epoch,
+        expires_at=now + length,
+        length_ms=length,
+    )
     conn.execute(
         "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, step, time_created, "
         "time_renewed, expires_at) VALUES (?, ?, ?, ?, 'ready', 0, ?, ?, ?)",
@@ -124,7 +131,15 @@ def take_over_execution_sync(
     ).rowcount
     if not changed:
         return None
-    return Lease(execution_id, old["session_id"], owner_id, epoch, now + length, length), dict(old)
+    lease = Lease(
+        execution_id=execution_id,
+        session_id=old["session_id"],
+        owner_id=owner_id,
+        epoch=epoch,
+        expires_at=now + length,
+        length_ms=length,
+    )
+    return lease, dict(old)
 
 
 def _lost(lease: Lease) -> LeaseLost:

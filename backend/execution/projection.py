@@ -44,7 +44,7 @@ def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[d
     rows = conn.execute(
         "SELECT id, seq, data FROM session_message WHERE session_id = ? AND type = 'user' AND seq > ? "
         "ORDER BY seq",
-        (session_id, row[0] if row else 0),
+        (session_id, row["seq"] if row else 0),
     ).fetchall()
     return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
 
@@ -55,7 +55,7 @@ def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execu
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
         (session_id,),
     ).fetchone()
-    return row is not None and json.loads(row[0]).get("execution_id") == execution_id
+    return row is not None and json.loads(row["data"]).get("execution_id") == execution_id
 
 
 def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
@@ -69,7 +69,7 @@ def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now:
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
     ).fetchall()
-    return [r[0] for r in rows]
+    return [r["id"] for r in rows]
 
 
 def write_parts_sync(
@@ -161,7 +161,12 @@ def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> 
         params,
     ).fetchall()
     found = [
-        _violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
+        _violation(
+            "input_not_projected",
+            r["session_id"],
+            r["id"],
+            f"promoted at seq {r['promoted_seq']}, message seq {r['seq']}",
+        )
         for r in rows
     ]
     rows = conn.execute(
@@ -170,7 +175,7 @@ def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> 
         "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)",
         params,
     ).fetchall()
-    return found + [_violation("user_message_without_input", r[0], r[1]) for r in rows]
+    return found + [_violation("user_message_without_input", r["session_id"], r["id"]) for r in rows]
 
 
 def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ ORDER BY r.wake_attempts, r.time_created, r.execution_id LIMIT :limit
 """
 # First interruptions: expired executions with no recovery row yet (session_execution_expires_idx).
 EXPIRED_SQL = """
-SELECT e.id, e.session_id FROM session_execution AS e
+SELECT e.id AS execution_id, e.session_id FROM session_execution AS e
 WHERE e.expires_at <= :now AND e.recovery_error IS NULL
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
@@ -48,7 +48,7 @@ ORDER BY e.expires_at LIMIT :limit
 # Executions whose owner the worker registry records as stopped (a supervisor saw it
 # exit, or it shut down without handing back): no need to wait out their leases.
 ORPHANED_SQL = """
-SELECT e.id, e.session_id FROM worker AS w
+SELECT e.id AS execution_id, e.session_id FROM worker AS w
 JOIN session_execution AS e ON e.owner_id = w.owner_id
 WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
 ORDER BY e.expires_at LIMIT :limit
@@ -62,7 +62,7 @@ def recovery_budget() -> int:
     return settings.recovery_budget
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Takeover:
     """What the new owner needs to continue an interrupted execution."""
 
@@ -80,7 +80,7 @@ def recoverable_sync(conn: sqlite3.Connection, now: int, limit: int) -> list[tup
     rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
     rows += conn.execute(EXPIRED_SQL, params).fetchall()
     rows += conn.execute(ORPHANED_SQL, params).fetchall()
-    return list(dict.fromkeys((r[0], r[1]) for r in rows))
+    return list(dict.fromkeys((r["execution_id"], r["session_id"]) for r in rows))
 
 
 def take_over_sync(
@@ -140,7 +140,14 @@ def take_over_sync(
         phase,
         attempt,
     )
-    return Takeover(lease, int(old["step"]), phase, attempt, cont, superseded)
+    return Takeover(
+        lease=lease,
+        step=int(old["step"]),
+        interrupted_phase=phase,
+        attempt=attempt,
+        continuation_id=cont,
+        superseded=superseded,
+    )
 
 
 def _ensure_continuation_sync(

@@ -206,7 +206,7 @@ def reserve_seqs_sync(
     ).fetchone()
     if row is None:
         raise BadInput(f"no session {session_id!r}")
-    return int(row[0]) - count + 1
+    return int(row["last_seq"]) - count + 1
 
 
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"

@@ -26,7 +26,7 @@ from backend.core import clock
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
     invariant: str
     what: str
@@ -50,7 +50,7 @@ class Report:
 
     def add(self, bucket: list[Finding], invariant: str, what: str, rows: list[dict[str, Any]]) -> None:
         if rows:
-            bucket.append(Finding(invariant, what, rows[:ROW_CAP], len(rows)))
+            bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 
 
 def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
@@ -63,7 +63,9 @@ def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dic
 # -- invariant 0: the database itself ---------------------------------------
 def check_structure_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("structure")
-    problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+    problems = [
+        r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
+    ]
     report.add(
         report.violations,
         "structure",
@@ -172,7 +174,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("projection")
     assistants = _rows_sync(conn, SQL_ASSISTANTS)
-    live = {r[0] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
+    live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
     completed: dict[Any, list[dict[str, Any]]] = {}
     for row in assistants:
         # one reply per step: a steer adds a step (and a reply) to the running execution
@@ -314,7 +316,7 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
 
     result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
     unacked = {
-        r[0]
+        r["session_id"]
         for r in await db.fetchall(
             "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
             "AND result_acknowledged_at IS NULL"
@@ -364,14 +366,14 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
         live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
         for r in settled:
             row = live.get(summary_row_id(r["session_id"]))
-            stored = row[1].get("dreamCompletedRevision") if row else None
+            stored = row.metadata.get("dreamCompletedRevision") if row else None
             if row is not None and stored != r["completed_revision"]:
                 lost.append(
                     {
                         "session_id": r["session_id"],
                         "expected": r["completed_revision"],
                         "chroma": stored,
-                        "graphDigested": row[1].get("graphDigested"),
+                        "graphDigested": row.metadata.get("graphDigested"),
                     }
                 )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)

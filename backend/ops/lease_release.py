@@ -60,7 +60,8 @@ async def release_job_lease(
     )
     if not rows:
         raise LeaseNotFound(f"no live {kind} lease for session {session_id!r}; see `rem status`")
-    owner, epoch, expires_at = rows[0]
+    row = rows[0]
+    owner, epoch, expires_at = row["owner_id"], row["epoch"], row["lease_expires_at"]
     seen = {"owner_id": owner, "epoch": epoch, "expires_at": expires_at, "time_left_ms": expires_at - now}
     if expected_epoch is not None and epoch != expected_epoch and not force:
         raise Refused(

@@ -168,7 +168,7 @@ class Database:
             refuse_foreign(
                 self.path,
                 await self.scalar("PRAGMA user_version"),
-                [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
+                [r["name"] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
             )
             await c.execute("PRAGMA journal_mode = WAL")
         await c.execute("PRAGMA synchronous = NORMAL")

@@ -54,7 +54,7 @@ async def beat(db: Database, owner_id: str) -> str | None:
             "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ? RETURNING state", (now, owner_id)
         )
     rows = list(rows)
-    return rows[0][0] if rows else None
+    return str(rows[0]["state"]) if rows else None
 
 
 async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
@@ -98,11 +98,11 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[st
                 conn,
                 kind=EventKind.WORKER_STOPPED,
                 actor="supervisor",
-                target=row[0],
+                target=row["owner_id"],
                 data={"reason": reason, "pid": pid},
                 now=now,
             )
-    return [row[0] for row in rows]
+    return [row["owner_id"] for row in rows]
 
 
 async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str, Any]:
@@ -118,8 +118,14 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str,
         )
         if not rows:
             raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
-        role, pid, host, state, heartbeat_at = rows[0]
-        seen = {"state": state, "heartbeat_age_ms": now - heartbeat_at, "pid": pid, "host": host}
+        worker = rows[0]
+        role, state, heartbeat_at = worker["role"], worker["state"], worker["heartbeat_at"]
+        seen = {
+            "state": state,
+            "heartbeat_age_ms": now - heartbeat_at,
+            "pid": worker["pid"],
+            "host": worker["host"],
+        }
         if state == "stopped":
             raise Refused(f"worker {owner_id} is already stopped; nothing to drain")
         if not heartbeat_alive(heartbeat_at, now):

@@ -68,7 +68,7 @@ def summary_lease_ms() -> int:
     return settings.summary_lease_ms
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """One summary_job row as recovery sees it."""
 
@@ -88,7 +88,21 @@ class Job:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
-        return cls(*tuple(row))
+        return cls(
+            session_id=row["session_id"],
+            status=row["status"],
+            owner_id=row["owner_id"],
+            epoch=row["epoch"],
+            lease_expires_at=row["lease_expires_at"],
+            envelope=row["result_envelope"],
+            encoding=row["result_encoding"],
+            staged_at=row["result_staged_at"],
+            acknowledged_at=row["result_acknowledged_at"],
+            last_replayed_at=row["result_last_replayed_at"],
+            quarantined_at=row["quarantined_at"],
+            verdict=row["verdict"],
+            verdict_detail=row["verdict_detail"],
+        )
 
     @property
     def summary_id(self) -> str:
@@ -121,7 +135,7 @@ class Counters:
             setattr(self, name, getattr(self, name) + value)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Checked:
     """A decoded receipt and the verdict on its live row."""
 
@@ -266,7 +280,11 @@ class Recovery:
                     corrupt.append((job, str(exc)))
         finally:
             rows = await fetch
-        return [Checked(job, r, receipts.verify(r, rows.get(job.summary_id))) for job, r in decoded], corrupt
+        checked = [
+            Checked(job=job, receipt=r, verdict=receipts.verify(r, rows.get(job.summary_id)))
+            for job, r in decoded
+        ]
+        return checked, corrupt
 
     def _report_dry(
         self, present: list[Checked], mismatched: list[Checked], corrupt: list[tuple[Job, str]]
@@ -293,7 +311,7 @@ class Recovery:
                 )
                 rows = list(rows)
                 if rows:
-                    c.epoch = int(rows[0][0])
+                    c.epoch = int(rows[0]["epoch"])
                     leased.append(c)
                 else:
                     await self._lost(conn, c.job, now)
@@ -493,13 +511,13 @@ class Recovery:
         )
         if (
             row is not None
-            and row[0] == job.envelope
-            and row[1] == job.staged_at
-            and row[2]
-            and (row[3] or 0) > now
+            and row["result_envelope"] == job.envelope
+            and row["result_staged_at"] == job.staged_at
+            and row["owner_id"]
+            and (row["lease_expires_at"] or 0) > now
         ):
             self.counters.skipped_active += 1
-            self._note(job, "skipped_active", reason=f"leased by {row[2]}")
+            self._note(job, "skipped_active", reason=f"leased by {row['owner_id']}")
         else:
             self.counters.superseded += 1
             self._note(job, "superseded", reason="re-staged since it was read")

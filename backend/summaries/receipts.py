@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.chroma.collection import ChromaRow
 from backend.chroma.ownership import SYNTHESIS_OWNED_KEYS
 from backend.core.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
 
@@ -41,7 +42,7 @@ DOCUMENT_DIFFERS = "document_differs"
 KEYS_DIFFER = "keys_differ"
 QUARANTINED = "quarantined"
 
-Row = tuple[str | None, Mapping[str, Any]]
+Row = ChromaRow
 _SCALARS = (str, int, float, bool)
 _OWNED = frozenset(SYNTHESIS_OWNED_KEYS)
 
@@ -227,9 +228,11 @@ def strict_equal(expected: Any, actual: Any) -> bool:
 
 def is_present(receipt: Receipt, row: Row | None) -> bool:
     """True when the row carries the receipt's document and every owned key, type-equal."""
-    if row is None or type(row[0]) is not str or row[0] != receipt.document:
+    if row is None:
         return False
-    live = row[1]
+    document, live = row
+    if type(document) is not str or document != receipt.document:
+        return False
     for key, expected in receipt.metadata.items():
         if key not in live:
             return False
@@ -241,7 +244,7 @@ def is_present(receipt: Receipt, row: Row | None) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyDifference:
     """How one receipt-owned key differs on the live row."""
 
@@ -261,7 +264,7 @@ class KeyDifference:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """The outcome of checking one receipt against its live row."""
 
@@ -292,12 +295,12 @@ def _type_name(value: Any) -> str:
 
 def _key_difference(key: str, expected: Any, live: Mapping[str, Any]) -> KeyDifference | None:
     if key not in live:
-        return KeyDifference(key, "missing", expected)
+        return KeyDifference(key=key, reason="missing", expected=expected)
     actual = live[key]
     if strict_equal(expected, actual):
         return None
     reason = "type_differs" if expected == actual else "value_differs"
-    return KeyDifference(key, reason, expected, actual)
+    return KeyDifference(key=key, reason=reason, expected=expected, actual=actual)
 
 
 def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
@@ -319,14 +322,17 @@ def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
 def verify(receipt: Receipt, row: Row | None) -> Verdict:
     """Classify a live row against a receipt, naming every owned key that differs and how."""
     if row is None:
-        return Verdict(MISSING)
+        return Verdict(verdict=MISSING)
     if is_present(receipt, row):
-        return Verdict(PRESENT)
-    live = row[1] or {}
+        return Verdict(verdict=PRESENT)
+    document, metadata = row
+    live = metadata or {}
     keys = tuple(d for k, v in receipt.metadata.items() if (d := _key_difference(k, v, live)))
-    if row[0] != receipt.document:
-        return Verdict(DOCUMENT_DIFFERS, keys, _document_difference(receipt.document, row[0]))
-    return Verdict(KEYS_DIFFER, keys)
+    if document != receipt.document:
+        return Verdict(
+            verdict=DOCUMENT_DIFFERS, keys=keys, document=_document_difference(receipt.document, document)
+        )
+    return Verdict(verdict=KEYS_DIFFER, keys=keys)
 
 
 def chroma_metadata(receipt: Receipt) -> dict[str, Any]:

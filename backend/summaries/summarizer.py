@@ -53,7 +53,7 @@ FROM summary_job WHERE session_id = ?"""
 FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Claim:
     """A summary_job lease this summarizer holds, and the turns it read under it."""
 
@@ -141,7 +141,7 @@ class Summarizer(Daemon):
 
     async def _drifted(self) -> list[str]:
         rows = await self.db.fetchall(DRIFTED_SQL, {"now": clock.now_ms(), "n": self.batch})
-        return [r[0] for r in rows]
+        return [r["session_id"] for r in rows]
 
     async def summarize(self, session_id: str) -> int:
         """Claim (or mark clean) one drifted session and summarize it; 1 when its state changed."""
@@ -196,7 +196,7 @@ class Summarizer(Daemon):
                     },
                 )
             )
-            epoch, attempts = int(claimed[0][0]), int(claimed[0][1])
+            epoch, attempts = int(claimed[0]["epoch"]), int(claimed[0]["attempts"])
             await append_event(
                 conn,
                 kind=EventKind.SUMMARY_CLAIMED,
@@ -209,7 +209,15 @@ class Summarizer(Daemon):
         self.log.info(
             "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns)
         )
-        return Claim(session_id, epoch, revision, turns, int(row["dirty_seq"]), attempts, now + self.lease_ms)
+        return Claim(
+            session_id=session_id,
+            epoch=epoch,
+            revision=revision,
+            turns=turns,
+            dirty_seq=int(row["dirty_seq"]),
+            attempts=attempts,
+            expires_at=now + self.lease_ms,
+        )
 
     async def _synthesize_and_write(self, claim: Claim) -> None:
         try:

@@ -206,7 +206,13 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
     step = projection.assistant_id(state.lease.execution_id, 1)
     from backend.execution.executor import Step
 
-    done = Step(1, step, (await _messages(db, "s1"))[1], StepRequest("s1", ["first"]), parts=["ok"])
+    done = Step(
+        number=1,
+        assistant_id=step,
+        data=(await _messages(db, "s1"))[1],
+        request=StepRequest("s1", ["first"]),
+        parts=["ok"],
+    )
     assert await db.write_in_thread(
         lambda conn: dead._finish_step_sync(conn, state, done, ["ok"])
     )  # steer waits

@@ -181,7 +181,7 @@ def test_foreign_keys_on_the_live_row_are_tolerated() -> None:
     receipt = _receipt()
     row = _row(receipt, graphDigested=True, digestState="digested", digestAttempts=2, somethingNew="x")
     assert receipts.is_present(receipt, row)
-    assert receipts.verify(receipt, row) == receipts.Verdict(receipts.PRESENT)
+    assert receipts.verify(receipt, row) == receipts.Verdict(verdict=receipts.PRESENT)
 
 
 @pytest.mark.parametrize(
