@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from backend.store.workers import WorkerState
+
 
 def print_status(result: dict[str, Any]) -> None:
     console = Console()
@@ -133,7 +135,7 @@ def drain_progress_printer() -> Any:
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()
             last[:] = [line]
-        if report["state"] == "stopped":
+        if report["state"] == WorkerState.STOPPED:
             sys.stderr.write("\n")
 
     return show

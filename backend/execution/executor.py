@@ -27,11 +27,12 @@ from backend.core.errors import LeaseLost, RemError
 from backend.core.settings import settings
 from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
-from backend.execution.leases import Lease
+from backend.execution.leases import ExecutionPhase, Lease
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import WorkerRole
 
 # Parts that arrive within this window share one write transaction.
 FLUSH_S = 0.05
@@ -80,7 +81,7 @@ class Step:
 
 
 class Executor(Daemon):
-    role = "executor"
+    role = WorkerRole.EXECUTOR
 
     def __init__(
         self,
@@ -254,7 +255,9 @@ class Executor(Daemon):
         lease = state.lease
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
-        leases.guard_sync(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
+        leases.guard_sync(
+            conn, lease, now=now, phase=ExecutionPhase.UNKNOWN, step=number, assistant_message_id=aid
+        )
         unanswered = self._recovered_prompts_sync(conn, state)
         inputs = (
             []
@@ -361,7 +364,7 @@ class Executor(Daemon):
     ) -> bool:
         """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
         lease, now = state.lease, clock.now_ms()
-        leases.guard_sync(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         if tail:
             projection.write_parts_sync(conn, step.assistant_id, lease.session_id, step.written, tail, now)
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
@@ -393,7 +396,7 @@ class Executor(Daemon):
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
-        leases.guard_sync(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         step.data.update(
             status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}", time_completed=now
         )

@@ -16,6 +16,7 @@ import logging
 import sqlite3
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import aiosqlite
@@ -26,6 +27,7 @@ from backend.core.settings import settings
 from backend.store import workers
 from backend.store.db import Database, in_thread
 from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import LeaseKind, WorkerState
 
 log = logging.getLogger("rem.leases")
 
@@ -43,6 +45,22 @@ def renew_every_ms(length_ms: int | None = None) -> int:
 def new_execution_id() -> str:
     """A fresh, time-ordered execution id."""
     return f"exe_{clock.now_ms():013x}{uuid.uuid4().hex[:12]}"
+
+
+class ExecutionPhase(StrEnum):
+    """Where an execution is (`session_execution.phase`; a recovery row never is `safe`)."""
+
+    READY = "ready"  # claimed, or between steps with nothing in flight
+    UNKNOWN = "unknown"  # a step with effects in flight: a takeover cannot know what landed
+    SAFE = "safe"  # the step is durably projected
+    CONTINUE = "continue"  # taken over: the new owner continues after the continuation message
+
+
+class TakeoverReason(StrEnum):
+    """Why an execution may be taken over now."""
+
+    EXPIRED = "expired"  # its lease ran out
+    OWNER_STOPPED = "owner_stopped"  # the worker registry says its owner is gone
 
 
 @dataclass(kw_only=True)
@@ -101,8 +119,8 @@ def owner_stopped_sync(conn: sqlite3.Connection, owner_id: str) -> bool:
     )
 
 
-def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str | None:
-    """Why the execution may be taken over now (`expired`, `owner_stopped`), or None if it may not.
+def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> TakeoverReason | None:
+    """Why the execution may be taken over now, or None if it may not.
 
     An owner recorded as stopped cannot renew, so waiting out its lease only
     delays recovery; fencing keeps an early takeover safe even if it were alive.
@@ -110,8 +128,8 @@ def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -
     if row["recovery_error"] is not None:
         return None
     if row["expires_at"] <= now:
-        return "expired"
-    return "owner_stopped" if owner_stopped_sync(conn, row["owner_id"]) else None
+        return TakeoverReason.EXPIRED
+    return TakeoverReason.OWNER_STOPPED if owner_stopped_sync(conn, row["owner_id"]) else None
 
 
 def take_over_execution_sync(
@@ -292,7 +310,9 @@ def release_execution_sync(
         "SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (row["owner_id"],)
     ).fetchone()
     alive = (
-        bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
+        bool(owner)
+        and owner["state"] != WorkerState.STOPPED
+        and workers.heartbeat_alive(owner["heartbeat_at"], now)
     )
     seen = {
         "owner_id": row["owner_id"],
@@ -302,7 +322,7 @@ def release_execution_sync(
         "time_left_ms": row["expires_at"] - now,
     }
     result = {
-        "kind": "execution",
+        "kind": LeaseKind.EXECUTION,
         "id": execution_id,
         "execution_id": execution_id,
         "session_id": row["session_id"],

@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
-from backend.execution.leases import Lease, take_over_execution_sync, takeover_reason_sync
+from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
 
@@ -68,7 +68,7 @@ class Takeover:
 
     lease: Lease
     step: int
-    interrupted_phase: str
+    interrupted_phase: ExecutionPhase
     attempt: int
     continuation_id: str
     superseded: list[str]
@@ -108,7 +108,7 @@ def take_over_sync(
     if taken is None:
         return None
     lease, _ = taken
-    phase = "unknown" if old["phase"] == "unknown" else "ready"
+    phase = ExecutionPhase.UNKNOWN if old["phase"] == ExecutionPhase.UNKNOWN else ExecutionPhase.READY
     cont = _ensure_continuation_sync(conn, dict(old), lease, phase, now)
     superseded = projection.supersede_open_sync(conn, lease.session_id, cont, now)
     _upsert_recovery_sync(conn, dict(old), cont, phase, now)
@@ -151,7 +151,7 @@ def take_over_sync(
 
 
 def _ensure_continuation_sync(
-    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str, now: int
+    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: ExecutionPhase, now: int
 ) -> str:
     """Append the execution's one continuation message (a later takeover only reopens it)."""
     cont = projection.continuation_id(lease.execution_id)
@@ -183,7 +183,7 @@ def _ensure_continuation_sync(
 
 
 def _upsert_recovery_sync(
-    conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str, now: int
+    conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: ExecutionPhase, now: int
 ) -> None:
     conn.execute(
         "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "

@@ -13,6 +13,7 @@ import json
 import re
 import sqlite3
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from backend.core import clock
@@ -20,7 +21,15 @@ from backend.core.errors import BadInput
 from backend.store.db import Database
 from backend.store.events import EventKind, append_event_sync
 
-DELIVERIES = ("queue", "steer")
+
+class Delivery(StrEnum):
+    """How an admitted input reaches the agent (`session_input.delivery`)."""
+
+    QUEUE = "queue"  # starts the next turn when the session is idle
+    STEER = "steer"  # joins the running turn at its next step boundary
+
+
+DELIVERIES = frozenset(Delivery)
 # 256 KiB of UTF-8: a prompt is a message, not a document upload.
 MAX_TEXT_BYTES = 256 * 1024
 # Ids (session ids and input ids): 1-100 chars of letters, digits, `.`, `_`, `-`,
@@ -90,7 +99,7 @@ async def admit(
     session_id: str,
     text: str,
     *,
-    delivery: str = "queue",
+    delivery: str = Delivery.QUEUE,
     input_id: str | None = None,
     now: int | None = None,
     actor: str = "send",

@@ -21,9 +21,11 @@ from backend.core.errors import (
     Refused,
     UsageError,
 )
+from backend.execution.sessions import Delivery
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.schema import SCHEMA_VERSION, schema_version
+from backend.store.workers import LeaseKind, WorkerState
 
 
 async def init(ctx: Context) -> dict[str, Any]:
@@ -88,6 +90,10 @@ async def status(ctx: Context) -> dict[str, Any]:
     return snap
 
 
+# what `rem release --kind` accepts
+LEASE_KINDS = tuple(LeaseKind)
+
+
 async def drain(
     ctx: Context,
     owner_id: str,
@@ -119,7 +125,7 @@ async def drain(
         }
         if progress is not None:
             progress(report)
-        if state == "stopped":
+        if state == WorkerState.STOPPED:
             return report
         if loop.time() - started > timeout_s:
             raise Refused(
@@ -129,14 +135,11 @@ async def drain(
         await asyncio.sleep(0.1)
 
 
-LEASE_KINDS = ("execution", "summary_job", "dream")
-
-
 async def release(
     ctx: Context,
     lease_id: str,
     *,
-    kind: str | None = None,
+    kind: LeaseKind | str | None = None,
     expected_epoch: int | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
@@ -149,13 +152,13 @@ async def release(
     """
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
-        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LEASE_KINDS)}")
+        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
     db = await ctx.db()
     from backend.ops.lease_release import lease_kind, release_job_lease
 
-    kind = kind or await lease_kind(db, lease_id)
+    kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
     async with db.tx() as conn:
-        if kind == "execution":
+        if kind == LeaseKind.EXECUTION:
             from backend.execution.leases import release_execution
 
             return await release_execution(
@@ -215,7 +218,7 @@ async def replay(
 
 
 async def send(
-    ctx: Context, session_id: str, text: str, *, delivery: str = "queue", input_id: str | None = None
+    ctx: Context, session_id: str, text: str, *, delivery: str = Delivery.QUEUE, input_id: str | None = None
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions

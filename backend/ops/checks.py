@@ -312,7 +312,7 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
 
 
 async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
-    from backend.summaries.receipt_replay import Recovery, all_batches
+    from backend.summaries.receipt_replay import Recovery, ReplayOutcome, all_batches
 
     result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
     unacked = {
@@ -322,7 +322,7 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
             "AND result_acknowledged_at IS NULL"
         )
     }
-    differs = [r for r in result.rows if r["outcome"] == "would_replay"]
+    differs = [r for r in result.rows if r["outcome"] == ReplayOutcome.WOULD_REPLAY]
     report.add(
         report.violations,
         "2",
@@ -339,13 +339,17 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
         report.violations,
         "5",
         "corrupt receipt envelopes (quarantined for the operator)",
-        [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")],
+        [
+            r
+            for r in result.rows
+            if r["outcome"] in (ReplayOutcome.QUARANTINED, ReplayOutcome.WOULD_QUARANTINE)
+        ],
     )
     report.add(
         report.unsettled,
         "2",
         "receipts leased by a running synthesis or replay",
-        [r for r in result.rows if r["outcome"] == "skipped_active"],
+        [r for r in result.rows if r["outcome"] == ReplayOutcome.SKIPPED_ACTIVE],
     )
 
 

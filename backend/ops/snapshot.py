@@ -14,31 +14,37 @@ from typing import Any
 
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
-from backend.dream.digester import DRIFT_CLASSES, classify_drift
+from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.store import workers
+from backend.store.events import EventKind
+from backend.store.workers import LIVE_STATES, WorkerState
+from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
+from backend.summaries.summarizer import JobStatus
 
 LIST_CAP = 500
 EVENT_TAIL = 100
-OPERATOR_KINDS = ("operator.replay", "operator.drain", "operator.release")
-RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
+OPERATOR_KINDS = (EventKind.OPERATOR_REPLAY, EventKind.OPERATOR_DRAIN, EventKind.OPERATOR_RELEASE)
+# the summary-job and Dream states counted one by one
+JOB_COUNTED = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
+DREAM_COUNTED = (
+    DigestState.PENDING,
+    DigestState.IN_PROGRESS,
+    DigestState.DEFERRED,
+    DigestState.UNDIGESTIBLE,
+    DigestState.LEGACY,
+)
 
 # Scalar counts, all fetched in ONE statement (one round trip to the db thread).
 _INPUT_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
 COUNT_QUERIES: dict[str, str] = {
     "inputs_total": f"SELECT count(*) FROM session_input INDEXED BY {_INPUT_IDX} "
     "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL",
-    **{
-        f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'"
-        for s in ("pending", "in_progress", "failed")
-    },
+    **{f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'" for s in JOB_COUNTED},
     "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
     "dream_pending": "SELECT count(*) FROM dream_state "
     "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
-    **{
-        f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
-        for s in ("pending", "in_progress", "deferred", "undigestible", "legacy")
-    },
-    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in RECEIPT_VERDICTS},
+    **{f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'" for s in DREAM_COUNTED},
+    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in ReceiptVerdict},
     "receipt_unchecked": "SELECT count(*) FROM summary_job "
     "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
     # walks the smallest index of session, not the table (~1 ms per 100 000 sessions)
@@ -80,10 +86,10 @@ LIST_QUERIES: dict[str, str] = {
         FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
         WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
         ORDER BY expires_at LIMIT :lease_cap""",
-    "receipt_mismatched": """
+    "receipt_mismatched": f"""
         SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
         FROM summary_job INDEXED BY summary_job_verdict_idx
-        WHERE verdict IN ('missing', 'document_differs', 'keys_differ', 'quarantined')
+        WHERE verdict IN ({", ".join(f"'{v}'" for v in MISMATCHES)})
         ORDER BY verdict_checked_at DESC LIMIT :cap""",
     "dream_drift": """
         SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
@@ -107,9 +113,9 @@ LIST_QUERIES: dict[str, str] = {
         FROM worker INDEXED BY worker_state_heartbeat_idx
         WHERE state = 'stopped' AND heartbeat_at > :recent
         ORDER BY role, started_at LIMIT :cap""",
-    "recent_actions": """
+    "recent_actions": f"""
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release')
+        WHERE kind IN ({", ".join(f"'{k}'" for k in OPERATOR_KINDS)})
         ORDER BY id DESC LIMIT 20""",
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event
@@ -147,11 +153,9 @@ def backlog_sync(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> 
     recoveries = [
         {**r, "parked": r["recovery_error"] is not None} for r in _rows_sync(conn, "recoveries", cap=LIST_CAP)
     ]
-    summary: dict[str, Any] = {
-        s: counts[f"summary_{s}"] for s in ("pending", "in_progress", "failed", "stale")
-    }
+    summary: dict[str, Any] = {s: counts[f"summary_{s}"] for s in (*JOB_COUNTED, "stale")}
     summary["failed_rows"] = _rows_sync(conn, "summary_failed", cap=50)
-    by_state = {s: counts[f"dream_{s}"] for s in ("pending", "in_progress", "deferred", "undigestible")}
+    by_state = {s: counts[f"dream_{s}"] for s in DREAM_COUNTED if s is not DigestState.LEGACY}
     return {
         "inputs": inputs,
         "inputs_total": counts["inputs_total"],
@@ -169,9 +173,7 @@ def leases_sync(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
         expires_at = lease["expires_at"]
         lease["time_left_ms"] = expires_at - now
         lease["expired"] = expires_at <= now
-        lease["owner_alive"] = lease["owner_state"] in ("running", "draining") and workers.heartbeat_alive(
-            heartbeat, now
-        )
+        lease["owner_alive"] = lease["owner_state"] in LIVE_STATES and workers.heartbeat_alive(heartbeat, now)
     return out
 
 
@@ -190,7 +192,7 @@ def receipt_keys(detail: Any) -> list[dict[str, Any]]:
 
 
 def receipts_sync(conn: sqlite3.Connection, counts: dict[str, int]) -> dict[str, Any]:
-    verdicts = {v: counts[f"receipt_{v}"] for v in (*RECEIPT_VERDICTS, "unchecked")}
+    verdicts = {v: counts[f"receipt_{v}"] for v in (*ReceiptVerdict, "unchecked")}
     mismatched = []
     for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
         try:
@@ -222,7 +224,7 @@ def dream_drift_sync(
             drift.append(
                 {
                     "session_id": r["session_id"],
-                    "class": "summary_stale",
+                    "class": DriftClass.SUMMARY_STALE,
                     "input_revision": None,
                     "completed_revision": None,
                     "digest_state": None,
@@ -231,14 +233,14 @@ def dream_drift_sync(
                     "since": r["since"],
                 }
             )
-    by_class = dict.fromkeys(DRIFT_CLASSES, 0)
+    by_class: dict[str, int] = dict.fromkeys(DRIFT_CLASSES, 0)
     for d in drift:
         by_class[d["class"]] += 1
     # the listed rows are capped; the totals of the big classes come from the counts
-    by_class["summary_stale"] = counts["summary_stale"]
-    by_class["legacy_only"] = counts["dream_legacy"]
-    by_class["deferred"] = counts["dream_deferred"]
-    by_class["undigestible"] = counts["dream_undigestible"]
+    by_class[DriftClass.SUMMARY_STALE] = counts["summary_stale"]
+    by_class[DriftClass.LEGACY_ONLY] = counts["dream_legacy"]
+    by_class[DriftClass.DEFERRED] = counts["dream_deferred"]
+    by_class[DriftClass.UNDIGESTIBLE] = counts["dream_undigestible"]
     return drift, by_class
 
 
@@ -248,7 +250,7 @@ def worker_rows_sync(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]
         {
             **r,
             "heartbeat_age_ms": now - r["heartbeat_at"],
-            "alive": r["state"] != "stopped" and workers.heartbeat_alive(r["heartbeat_at"], now),
+            "alive": r["state"] != WorkerState.STOPPED and workers.heartbeat_alive(r["heartbeat_at"], now),
         }
         for r in rows
     ]
@@ -280,7 +282,7 @@ def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> dict[str,
             + counts["summary_pending"]
             + counts["dream_pending"],
             "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
-            "mismatches": sum(counts[f"receipt_{v}"] for v in RECEIPT_VERDICTS if v != "present"),
+            "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
             "workers_alive": sum(1 for w in worker_view if w["alive"]),

@@ -23,6 +23,7 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import aiosqlite
@@ -36,7 +37,7 @@ from backend.store.db import Database, execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
-from backend.summaries.receipts import Receipt, Verdict
+from backend.summaries.receipts import Receipt, ReceiptVerdict, Verdict
 
 log = logging.getLogger("rem.replay")
 
@@ -63,6 +64,19 @@ WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIM
 NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
 
 
+class ReplayOutcome(StrEnum):
+    """What a recovery pass did with one receipt (a row of its report)."""
+
+    PRESENT = "present"  # the row matched: nothing written to Chroma
+    REPLAYED = "replayed"  # re-written from the receipt and verified by read-back
+    UNVERIFIED = "unverified"  # re-written, but the read-back still differs
+    SKIPPED_ACTIVE = "skipped_active"  # leased by a running synthesis or replay
+    SUPERSEDED = "superseded"  # re-staged (or its replay lease lost) since it was read
+    QUARANTINED = "quarantined"  # a corrupt envelope, kept and shown
+    WOULD_REPLAY = "would_replay"  # dry run: it differs
+    WOULD_QUARANTINE = "would_quarantine"  # dry run: its envelope is corrupt
+
+
 def summary_lease_ms() -> int:
     """The summary_job lease length (`REM_SUMMARY_LEASE_MS`, default 5 min)."""
     return settings.summary_lease_ms
@@ -83,7 +97,7 @@ class Job:
     acknowledged_at: int | None
     last_replayed_at: int | None
     quarantined_at: int | None
-    verdict: str | None
+    verdict: str | None  # the stored text: a ReceiptVerdict, unless the column was written by hand
     verdict_detail: str | None
 
     @classmethod
@@ -168,7 +182,7 @@ class Report:
 
 
 def _row_report(
-    job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
+    job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
 ) -> dict[str, Any]:
     detail = verdict.detail() if verdict is not None else None
     return {
@@ -228,9 +242,9 @@ class Recovery:
         return self.report
 
     def _note(
-        self, job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
+        self, job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
     ) -> None:
-        if outcome != "present" or self.report_present:
+        if outcome != ReplayOutcome.PRESENT or self.report_present:
             self.report.rows.append(_row_report(job, outcome, verdict, reason))
 
     # -- one batch -------------------------------------------------------------
@@ -257,7 +271,7 @@ class Recovery:
                     await self._final_event(conn)
         else:
             for c in present:
-                self._count_completed(c, "present")
+                self._count_completed(c, ReplayOutcome.PRESENT)
 
     async def _check(self, batch: list[Job], now: int) -> tuple[list[Checked], list[tuple[Job, str]]]:
         """Decode every envelope and judge it against its live row (one Chroma get)."""
@@ -265,7 +279,7 @@ class Recovery:
         for job in batch:
             if job.leased(now):
                 self.counters.skipped_active += 1
-                self._note(job, "skipped_active", reason=f"leased by {job.owner_id}")
+                self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {job.owner_id}")
             else:
                 eligible.append(job)
         # decode while Chroma answers: the get runs in a thread
@@ -291,12 +305,16 @@ class Recovery:
     ) -> None:
         self.counters.present += len(present)
         for c in present:
-            self._note(c.job, "present", c.verdict)
+            self._note(c.job, ReplayOutcome.PRESENT, c.verdict)
         for c in mismatched:
-            self._note(c.job, "would_replay", c.verdict)
+            self._note(c.job, ReplayOutcome.WOULD_REPLAY, c.verdict)
         for job, reason in corrupt:
             self.counters.quarantined += 1
-            self._note(job, "quarantined" if job.quarantined_at else "would_quarantine", reason=reason)
+            self._note(
+                job,
+                ReplayOutcome.QUARANTINED if job.quarantined_at else ReplayOutcome.WOULD_QUARANTINE,
+                reason=reason,
+            )
 
     async def _lease(self, mismatched: list[Checked], now: int) -> list[Checked]:
         """Take the lease on every row this pass will re-write (CAS on envelope and staged_at)."""
@@ -364,16 +382,22 @@ class Recovery:
 
     async def _quarantine(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
         self.counters.quarantined += 1
-        self._note(job, "quarantined", reason=reason)
+        self._note(job, ReplayOutcome.QUARANTINED, reason=reason)
         if job.quarantined_at is not None:
             return
-        detail = json.dumps({"verdict": receipts.QUARANTINED, "reason": reason, "keys": []})
+        detail = json.dumps({"verdict": ReceiptVerdict.QUARANTINED, "reason": reason, "keys": []})
         changed = await execute(
             conn,
-            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = 'quarantined', "
+            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
             "verdict_detail = :detail, verdict_checked_at = :now "
             "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
-            {**job.cas(), "now": now, "reason": reason, "detail": detail},
+            {
+                **job.cas(),
+                "now": now,
+                "reason": reason,
+                "detail": detail,
+                "verdict": ReceiptVerdict.QUARANTINED,
+            },
         )
         if not changed:
             self.counters.quarantined -= 1
@@ -394,7 +418,7 @@ class Recovery:
     async def _confirm(self, conn: aiosqlite.Connection, c: Checked, now: int) -> None:
         """A row found present: acknowledge it if unacknowledged, refresh a stale verdict."""
         if not _needs_write(c):
-            self._count_completed(c, "present")
+            self._count_completed(c, ReplayOutcome.PRESENT)
             return
         ack = c.job.acknowledged_at is None
         changed = await execute(
@@ -407,7 +431,7 @@ class Recovery:
                 **c.job.cas(),
                 "now": now,
                 "rev": c.receipt.revision,
-                "verdict": receipts.PRESENT,
+                "verdict": ReceiptVerdict.PRESENT,
                 "detail": None,
             },
         )
@@ -417,7 +441,7 @@ class Recovery:
         self.report.rows_written += 1
         if ack:
             await self._acknowledged(conn, c, now, replayed=False)
-        self._count_completed(c, "present")
+        self._count_completed(c, ReplayOutcome.PRESENT)
 
     async def _settle(self, conn: aiosqlite.Connection, c: Checked, after: Verdict, now: int) -> None:
         """A row this pass re-wrote: release the lease, record the read-back verdict."""
@@ -447,7 +471,7 @@ class Recovery:
         if not changed:
             log.warning("replay of %s lost its lease (epoch %d)", c.job.summary_id, c.epoch)
             self.counters.superseded += 1
-            self._note(c.job, "superseded", reason="lease lost during replay")
+            self._note(c.job, ReplayOutcome.SUPERSEDED, reason="lease lost during replay")
             return
         self.report.rows_written += 1
         self.counters.replayed += 1
@@ -462,7 +486,7 @@ class Recovery:
         )
         if ack:
             await self._acknowledged(conn, c, now, replayed=True)
-        if c.verdict.verdict == "missing":
+        if c.verdict.verdict == ReceiptVerdict.MISSING:
             # the row was re-created from the receipt: Dream's keys went with the old row,
             # so ask Dream to write its overlay again (it never creates rows itself)
             await execute(
@@ -473,14 +497,14 @@ class Recovery:
                 (c.job.session_id,),
             )
         if after.present:
-            self._count_completed(c, "replayed")
+            self._count_completed(c, ReplayOutcome.REPLAYED)
         else:
             self.counters.unverified += 1
-            self._note(c.job, "unverified", after, reason="read-back after replay still differs")
+            self._note(c.job, ReplayOutcome.UNVERIFIED, after, reason="read-back after replay still differs")
 
-    def _count_completed(self, c: Checked, outcome: str) -> None:
+    def _count_completed(self, c: Checked, outcome: ReplayOutcome) -> None:
         self.counters.completed += 1
-        if outcome == "present":
+        if outcome == ReplayOutcome.PRESENT:
             self.counters.present += 1
         self._note(c.job, outcome, c.verdict)
 
@@ -517,10 +541,10 @@ class Recovery:
             and (row["lease_expires_at"] or 0) > now
         ):
             self.counters.skipped_active += 1
-            self._note(job, "skipped_active", reason=f"leased by {row['owner_id']}")
+            self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {row['owner_id']}")
         else:
             self.counters.superseded += 1
-            self._note(job, "superseded", reason="re-staged since it was read")
+            self._note(job, ReplayOutcome.SUPERSEDED, reason="re-staged since it was read")
 
     async def _final_event(self, conn: aiosqlite.Connection) -> None:
         if self.final_event is None:
@@ -539,7 +563,9 @@ _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at
 def _needs_write(c: Checked) -> bool:
     """A present row needs a write only to acknowledge it or to correct a stale verdict."""
     return (
-        c.job.acknowledged_at is None or c.job.verdict != receipts.PRESENT or c.job.verdict_detail is not None
+        c.job.acknowledged_at is None
+        or c.job.verdict != ReceiptVerdict.PRESENT
+        or c.job.verdict_detail is not None
     )
 
 
@@ -577,7 +603,7 @@ async def pending_batches(
 
 def _backing_off(job: Job, now: int) -> bool:
     return (
-        job.verdict not in (None, receipts.PRESENT)
+        job.verdict not in (None, ReceiptVerdict.PRESENT)
         and job.last_replayed_at is not None
         and now - job.last_replayed_at < RETRY_AFTER_MS
     )

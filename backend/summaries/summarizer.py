@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from backend.chroma.ownership import summary_row_id
@@ -36,6 +37,7 @@ from backend.store.db import execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.store.revision import raw_revision
+from backend.store.workers import WorkerRole
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.synthesizer import Synthesis, Synthesizer, load_synthesizer
 
@@ -51,6 +53,15 @@ SELECT dirty_seq, clean_seq, epoch, lease_expires_at, summarized_revision, input
        result_envelope, result_encoding, result_acknowledged_at, quarantined_at
 FROM summary_job WHERE session_id = ?"""
 FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
+
+
+class JobStatus(StrEnum):
+    """`summary_job.status`."""
+
+    PENDING = "pending"  # drifted, waiting for a summarizer (or its retry time)
+    IN_PROGRESS = "in_progress"  # claimed: a summarizer holds its lease
+    COMPLETED = "completed"  # the receipt is acknowledged
+    FAILED = "failed"  # out of attempts for this revision: shown to the operator
 
 
 @dataclass(kw_only=True)
@@ -74,7 +85,7 @@ CLEAN = "clean"
 
 
 class Summarizer(Daemon):
-    role = "summarizer"
+    role = WorkerRole.SUMMARIZER
 
     def __init__(
         self,
@@ -369,7 +380,7 @@ class Summarizer(Daemon):
                 "ELSE clean_seq END " + FENCE,
                 self._fence(
                     claim,
-                    status="failed" if final else "pending",
+                    status=JobStatus.FAILED if final else JobStatus.PENDING,
                     error=error,
                     now=now,
                     final=final,
