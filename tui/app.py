@@ -26,6 +26,7 @@ from textual.worker import Worker, WorkerState
 from backend.core import clock
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
+from backend.ops.records import ReplayReport, Status
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
@@ -148,8 +149,8 @@ class ConsoleApp(App[None]):
         self.min_interval_s = min_interval_s
         self.backend: ConsoleBackend | None = None
         self.paused = False
-        self.latest: dict[str, Any] | None = None  # last snapshot loaded
-        self.applied: dict[str, Any] | None = None  # last snapshot shown
+        self.latest: Status | None = None  # last snapshot loaded
+        self.applied: Status | None = None  # last snapshot shown
         self._seen_version: int | None = None
         self._refresh_running = self._refresh_wanted = self._force_next = self._timer_pending = False
         self._last_refresh_start = 0.0
@@ -158,7 +159,7 @@ class ConsoleApp(App[None]):
         self._action_workers: dict[Worker[Any], ActionPlan] = {}
         self._tick_count = 0
         self._last_cycle_s = self._apply_started = 0.0
-        self._showing: dict[str, Any] = {}
+        self._showing: Status | None = None
         self._showing_now = 0
         self._apply_queue: list[SnapshotTable] = []
         self._chain_running = False
@@ -310,12 +311,12 @@ class ConsoleApp(App[None]):
         self.stats["loads"] += 1
         self.stats["load_ms"].append(message.took_ms)
         self.banner.set_problem("database", None)
-        chroma = message.snapshot.get("chroma") or {}
-        error = str(chroma.get("error") or "no answer").replace(str(self.data.root), self.data_label)
+        chroma = message.snapshot["chroma"]
+        error = str(chroma["error"] or "no answer").replace(str(self.data.root), self.data_label)
         self.banner.set_problem(
             "chroma",
             None
-            if chroma.get("healthy") or not chroma
+            if chroma["healthy"]
             else f"Chroma unreachable: {error} — replay needs it; everything else is live",
         )
         if self.paused or len(self.screen_stack) > 1:
@@ -323,7 +324,7 @@ class ConsoleApp(App[None]):
             return
         self.apply_snapshot(message.snapshot)
 
-    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def apply_snapshot(self, snapshot: Status) -> None:
         """Show a snapshot: header and trends at once, the panels as frames allow.
 
         On a big data dir a panel update costs 10-30 ms; doing all seven in one
@@ -346,8 +347,10 @@ class ConsoleApp(App[None]):
 
     def _apply_next(self) -> None:
         started = time.perf_counter()
+        showing = self._showing
+        assert showing is not None  # set before the chain starts
         while self._apply_queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
-            self._apply_queue.pop(0).show(self._showing, self._showing_now, self._palette)
+            self._apply_queue.pop(0).show(showing, self._showing_now, self._palette)
         if self._apply_queue:
             self.call_after_refresh(self._apply_next)
             return
@@ -372,8 +375,8 @@ class ConsoleApp(App[None]):
         """How many journal events arrived since the snapshot shown (`100+` past the tail)."""
         if self.latest is None or self.applied is None or self.latest is self.applied:
             return "0 new events"
-        shown = max((e.get("id") or 0 for e in self.applied.get("events") or []), default=0)
-        new = [e.get("id") or 0 for e in self.latest.get("events") or []]
+        shown = max((e["id"] for e in self.applied["events"]), default=0)
+        new = [e["id"] for e in self.latest["events"]]
         count = sum(1 for i in new if i > shown)
         more = "+" if new and count == len(new) and min(new) > shown + 1 else ""
         return f"{count}{more} new events"
@@ -512,7 +515,7 @@ class ConsoleApp(App[None]):
     def action_drain(self) -> None:
         record = self._selected("workers", "worker")
         if record is not None:
-            leases = (self.applied or {}).get("leases") or []
+            leases = self.applied["leases"] if self.applied is not None else []
             self.confirm(actions.drain_plan(record, leases, clock.now_ms()))
 
     def action_release(self) -> None:
@@ -612,7 +615,7 @@ class ConsoleApp(App[None]):
         async def history() -> list[dict[str, Any]]:
             return await backend.history(session_id=session_id, target=target)
 
-        async def live_diff() -> dict[str, Any]:
+        async def live_diff() -> ReplayReport:
             return await backend.replay([str(record.get("summary_id"))], dry_run=True)
 
         title = f"{table.PANEL_NAME}: {target or session_id or table.selected_key()}"

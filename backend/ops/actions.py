@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from backend.chroma import server as chroma_server
 from backend.core import clock
@@ -22,6 +22,7 @@ from backend.core.errors import (
     UsageError,
 )
 from backend.execution.sessions import Delivery
+from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.schema import SCHEMA_VERSION, schema_version
@@ -41,7 +42,7 @@ async def init(ctx: Context) -> dict[str, Any]:
     }
 
 
-def chroma_health(ctx: Context) -> dict[str, Any]:
+def chroma_health(ctx: Context) -> ChromaHealth:
     """Where Chroma is and whether it answers, without starting a server.
 
     Down is a state to report; a URL the operator gave that is malformed or
@@ -53,10 +54,11 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
         url, is_external = external, True
     else:
         url, is_external = chroma_server.recorded_url(ctx.data), False
-    health: dict[str, Any] = {"url": url, "external": is_external, "healthy": False, "error": None}
+    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
-        health["pid"] = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        pid = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        health["pid"] = cast(int | None, pid)  # as the lock file says
     if url is None:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
         return health
@@ -72,22 +74,20 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
     return health
 
 
-async def status(ctx: Context) -> dict[str, Any]:
+async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
     from backend.ops.snapshot import snapshot_sync
 
     db = await ctx.db()
     snap = await db.read_in_thread(snapshot_sync)
-    snap.update(
-        {
-            "data_dir": str(ctx.data.root),
-            "schema_version": await schema_version(db),
-            "schema_version_supported": SCHEMA_VERSION,
-            "read_only": ctx.read_only,
-            "chroma": chroma_health(ctx),
-        }
+    return Status(
+        **snap,
+        data_dir=str(ctx.data.root),
+        schema_version=await schema_version(db),
+        schema_version_supported=SCHEMA_VERSION,
+        read_only=ctx.read_only,
+        chroma=chroma_health(ctx),
     )
-    return snap
 
 
 # what `rem release --kind` accepts
@@ -200,7 +200,7 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
 
 async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
-) -> dict[str, Any]:
+) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
     from backend.summaries import receipt_replay
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ ROW_CAP = 20  # rows listed per finding; counts are always complete
 class Finding:
     invariant: str
     what: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: Sequence[Mapping[str, Any]] = field(default_factory=list)
     count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -48,7 +49,9 @@ class Report:
     unsettled: list[Finding] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
 
-    def add(self, bucket: list[Finding], invariant: str, what: str, rows: list[dict[str, Any]]) -> None:
+    def add(
+        self, bucket: list[Finding], invariant: str, what: str, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
         if rows:
             bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 

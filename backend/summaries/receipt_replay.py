@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 import aiosqlite
 
@@ -159,10 +159,32 @@ class Checked:
     epoch: int = 0  # the epoch of the lease this pass took to re-write the row
 
 
+class ReplayRow(TypedDict):
+    """One receipt in a replay report (`rem replay --json` rows)."""
+
+    summary_id: str
+    session_id: str
+    outcome: ReplayOutcome
+    verdict: ReceiptVerdict | None  # what the pass found (None: not checked, e.g. skipped)
+    keys: list[dict[str, Any]]  # KeyDifference.as_dict() of each differing owned key
+    document: dict[str, Any] | None  # how the document differs, if it does
+    reason: str | None
+
+
+class ReplayReport(TypedDict):
+    """What `ops.replay` returns and `rem replay --json` prints."""
+
+    counters: dict[str, int]  # Counters, by field name
+    rows: list[ReplayRow]
+    dry_run: bool
+    ok: bool
+    rows_written: int
+
+
 @dataclass
 class Report:
     counters: Counters = field(default_factory=Counters)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ReplayRow] = field(default_factory=list)
     dry_run: bool = False
     # summary_job rows this pass changed (0 on a healthy store: the pass is idempotent)
     rows_written: int = 0
@@ -171,29 +193,29 @@ class Report:
     def ok(self) -> bool:
         return self.counters.unverified == 0 and self.counters.quarantined == 0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "counters": asdict(self.counters),
-            "rows": self.rows,
-            "dry_run": self.dry_run,
-            "ok": self.ok,
-            "rows_written": self.rows_written,
-        }
+    def as_dict(self) -> ReplayReport:
+        return ReplayReport(
+            counters=asdict(self.counters),
+            rows=self.rows,
+            dry_run=self.dry_run,
+            ok=self.ok,
+            rows_written=self.rows_written,
+        )
 
 
 def _row_report(
     job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
-) -> dict[str, Any]:
+) -> ReplayRow:
     detail = verdict.detail() if verdict is not None else None
-    return {
-        "summary_id": job.summary_id,
-        "session_id": job.session_id,
-        "outcome": outcome,
-        "verdict": verdict.verdict if verdict is not None else None,
-        "keys": (detail or {}).get("keys", []),
-        "document": (detail or {}).get("document"),
-        "reason": reason,
-    }
+    return ReplayRow(
+        summary_id=job.summary_id,
+        session_id=job.session_id,
+        outcome=outcome,
+        verdict=verdict.verdict if verdict is not None else None,
+        keys=(detail or {}).get("keys", []),
+        document=(detail or {}).get("document"),
+        reason=reason,
+    )
 
 
 class Recovery:

@@ -62,3 +62,20 @@ def test_status_json_is_byte_identical_to_the_golden_file(
     if os.environ.get("REM_GOLDEN_UPDATE"):
         GOLDEN.write_text(document, encoding="utf-8")
     assert document == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_status_without_json_prints_the_snapshot(
+    tmp_path: Path, frozen: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it raised KeyError('tables') before the snapshot was typed: nothing read it as a Status
+    monkeypatch.delenv("REM_CHROMA_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "160")
+    data = scenes.build(tmp_path / "data", scenes.incident, every_kind_of_row)
+    result = CliRunner().invoke(app, ["status", "--data", str(data.root)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "Chroma -: down (no Chroma server recorded for this data dir" in out
+    assert "backlog 7 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
+    for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
+        assert section in out, section
+    assert "s-dreaming" in out and "summary_s-job" not in out  # a lease row, and no replay noise

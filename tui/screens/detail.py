@@ -18,11 +18,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
 from backend.core.errors import RemError
+from backend.ops.records import ReplayReport
 from tui.actions import key_diff_lines, replay_preview
 from tui.format import clock_time, compact_json, full_time
 
 HistoryLoader = Callable[[], Awaitable[list[dict[str, Any]]]]
-DiffLoader = Callable[[], Awaitable[dict[str, Any]]]
+DiffLoader = Callable[[], Awaitable[ReplayReport]]
 TIME_FIELDS = (
     "time",
     "time_created",
@@ -149,7 +150,7 @@ class DetailScreen(ModalScreen[None]):
             self.error = error
 
     class LiveDiffLoaded(Message):
-        def __init__(self, result: dict[str, Any] | None, error: str | None) -> None:
+        def __init__(self, result: ReplayReport | None, error: str | None) -> None:
             super().__init__()
             self.result = result
             self.error = error
@@ -228,7 +229,7 @@ class DetailScreen(ModalScreen[None]):
         if message.error:
             target.update(Text(f"unavailable: {message.error}"))
             return
-        lines = replay_preview([self.record], message.result or {}).splitlines()
+        lines = replay_preview([self.record], message.result).splitlines()
         target.update(Group(*(Text(line) for line in lines or key_diff_lines([]))))
 
     def action_close(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE
 from tui.widgets.panel_table import PanelTable, TableColumn
 
@@ -170,11 +171,11 @@ class SnapshotTable(PanelTable):
         return next(c for c in self.COLUMNS if c.key == key)
 
     # -- what subclasses provide ---------------------------------------------
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         """(row key, record) pairs, most urgent first."""
         raise NotImplementedError
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         """The border title for this snapshot and whether the panel needs attention."""
         return f"{self.PANEL_TITLE} {len(self._rows)}", False
 
@@ -183,11 +184,16 @@ class SnapshotTable(PanelTable):
         return None
 
     # -- feeding it ------------------------------------------------------------
-    def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
+    def show(self, snapshot: Status, now: int, palette: Palette) -> None:
         """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
+        self._set_rows(self.records(snapshot), now, palette)
+        self._show_title(*self.titles(snapshot))
+        self._sync()
+
+    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
         self._now, self._palette = now, palette
         rows = {}
-        for key, record in self.records(snapshot):
+        for key, record in records:
             old = self._rows.get(key)
             stable = stable_part(record)
             if old is not None and old.stable == stable:
@@ -197,8 +203,6 @@ class SnapshotTable(PanelTable):
                 rows[key] = Row(key, record, stable, cells=old.cells if old else {})
         self._rows = rows
         self._order = list(rows)
-        self._show_title(*self.titles(snapshot))
-        self._sync()
 
     def _show_title(self, title: str, alert: bool) -> None:
         self.border_title = title
