@@ -19,7 +19,6 @@ from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, class
 from backend.execution.leases import ExecutionPhase
 from backend.ops.records import (
     Backlog,
-    Counts,
     DreamBacklog,
     DriftRecord,
     EventRecord,
@@ -359,26 +358,27 @@ def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> Snapshot:
     receipt_view = receipts_sync(conn, counts)
     worker_view = worker_rows_sync(conn, now)
     back = backlog_sync(conn, counts, now)
-    return Snapshot(
-        generated_at=now,
-        backlog=back,
-        leases=lease_rows,
-        receipts=receipt_view,
-        dream_drift=drift,
-        dream_counts=drift_counts,
-        legacy_only=counts["dream_legacy"],
-        workers=worker_view,
-        recent_actions=[_event(r) for r in _rows_sync(conn, "recent_actions")],
-        events=[_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
-        counts=Counts(
-            backlog=back["inputs_total"]
+    snapshot: Snapshot = {
+        "generated_at": now,
+        "backlog": back,
+        "leases": lease_rows,
+        "receipts": receipt_view,
+        "dream_drift": drift,
+        "dream_counts": drift_counts,
+        "legacy_only": counts["dream_legacy"],
+        "workers": worker_view,
+        "recent_actions": [_event(r) for r in _rows_sync(conn, "recent_actions")],
+        "events": [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
+        "counts": {
+            "backlog": back["inputs_total"]
             + sum(1 for r in back["recoveries"] if not r["parked"])
             + counts["summary_pending"]
             + counts["dream_pending"],
-            expired_leases=sum(1 for lease in lease_rows if lease["expired"]),
-            mismatches=sum(counts[f"receipt_{v}"] for v in MISMATCHES),
-            dream_pending=counts["dream_pending"],
-            sessions=counts["sessions"],
-            workers_alive=sum(1 for w in worker_view if w["alive"]),
-        ),
-    )
+            "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
+            "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
+            "dream_pending": counts["dream_pending"],
+            "sessions": counts["sessions"],
+            "workers_alive": sum(1 for w in worker_view if w["alive"]),
+        },
+    }
+    return snapshot

@@ -22,7 +22,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypedDict
 
@@ -47,19 +47,6 @@ RETRY_AFTER_MS = 30_000
 # quarantined envelopes up to this size are copied into the journal as evidence
 JOURNAL_ENVELOPE_MAX = 64 * 1024
 
-JOB_COLUMNS = (
-    "session_id, status, owner_id, epoch, lease_expires_at, result_envelope, result_encoding, "
-    "result_staged_at, result_acknowledged_at, result_last_replayed_at, quarantined_at, verdict, "
-    "verdict_detail"
-)
-PENDING_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
-  AND (result_staged_at, session_id) > (:staged, :sid)
-ORDER BY result_staged_at, session_id LIMIT :n"""
-ALL_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
 # a live lease: someone holds the row right now (a synthesis or another replay)
 NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
 
@@ -102,21 +89,7 @@ class Job:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
-        return cls(
-            session_id=row["session_id"],
-            status=row["status"],
-            owner_id=row["owner_id"],
-            epoch=row["epoch"],
-            lease_expires_at=row["lease_expires_at"],
-            envelope=row["result_envelope"],
-            encoding=row["result_encoding"],
-            staged_at=row["result_staged_at"],
-            acknowledged_at=row["result_acknowledged_at"],
-            last_replayed_at=row["result_last_replayed_at"],
-            quarantined_at=row["quarantined_at"],
-            verdict=row["verdict"],
-            verdict_detail=row["verdict_detail"],
-        )
+        return cls(**{field: row[column] for field, column in JOB_FIELDS.items()})
 
     @property
     def summary_id(self) -> str:
@@ -127,6 +100,21 @@ class Job:
 
     def cas(self) -> dict[str, Any]:
         return {"sid": self.session_id, "env": self.envelope, "staged": self.staged_at}
+
+
+# Job field -> its summary_job column (the receipt's own columns carry a `result_` prefix);
+# the SELECT lists and Job.from_row both come from it
+_RESULT_FIELDS = ("envelope", "encoding", "staged_at", "acknowledged_at", "last_replayed_at")
+JOB_FIELDS = {f.name: f"result_{f.name}" if f.name in _RESULT_FIELDS else f.name for f in fields(Job)}
+JOB_COLUMNS = ", ".join(JOB_FIELDS.values())
+PENDING_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
+  AND (result_staged_at, session_id) > (:staged, :sid)
+ORDER BY result_staged_at, session_id LIMIT :n"""
+ALL_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
 
 
 @dataclass

@@ -9,7 +9,6 @@ it (REM_GOLDEN_UPDATE=1) only for a deliberate, documented change of output.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,38 +41,31 @@ def every_kind_of_row(scene: scenes.Scene) -> None:
     scene.event("operator.replay", "bob", ago_ms=0, targets="all", ok=True)
 
 
-@pytest.fixture
-def frozen() -> Iterator[clock.FrozenClock]:
-    at = clock.FrozenClock(scenes.NOW)
-    clock.set_clock(at)
-    yield at
-    clock.set_clock(None)
+def rem_status(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """`rem status ARGS` over an incident data dir at `root` (the clock frozen at scenes.NOW)."""
+    monkeypatch.delenv("REM_CHROMA_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "160")
+    data = scenes.build(root, scenes.incident, every_kind_of_row)
+    result = CliRunner().invoke(app, ["status", "--data", str(data.root), *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout.replace(str(data.root), "<data>")
 
 
 def test_status_json_is_byte_identical_to_the_golden_file(
-    tmp_path: Path, frozen: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("REM_CHROMA_URL", raising=False)
-    monkeypatch.setenv("REM_CHROMA_AUTOSTART", "0")
-    data = scenes.build(tmp_path / "data", scenes.incident, every_kind_of_row)
-    result = CliRunner().invoke(app, ["status", "--json", "--data", str(data.root)])
-    assert result.exit_code == 0, result.output
-    document = result.stdout.replace(str(data.root), "<data>")
+    assert frozen_clock.now == scenes.NOW
+    document = rem_status(tmp_path / "data", monkeypatch, "--json")
     if os.environ.get("REM_GOLDEN_UPDATE"):
         GOLDEN.write_text(document, encoding="utf-8")
     assert document == GOLDEN.read_text(encoding="utf-8")
 
 
 def test_status_without_json_prints_the_snapshot(
-    tmp_path: Path, frozen: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # it raised KeyError('tables') before the snapshot was typed: nothing read it as a Status
-    monkeypatch.delenv("REM_CHROMA_URL", raising=False)
-    monkeypatch.setenv("COLUMNS", "160")
-    data = scenes.build(tmp_path / "data", scenes.incident, every_kind_of_row)
-    result = CliRunner().invoke(app, ["status", "--data", str(data.root)])
-    assert result.exit_code == 0, result.output
-    out = result.stdout
+    out = rem_status(tmp_path / "data", monkeypatch)
     assert "Chroma -: down (no Chroma server recorded for this data dir" in out
     assert "backlog 7 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
     for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
