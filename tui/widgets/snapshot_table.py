@@ -13,9 +13,11 @@ import csv
 import io
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -381,6 +383,20 @@ class SnapshotTable(PanelTable):
         row = self._rows.get(key)
         text = row.cells.get(column) if row is not None else None
         return text.plain if text is not None else ""
+
+    def export_csv(self, folders: Iterable[Path]) -> Path | None:
+        """Write `to_csv()` to the first folder that takes it; its path, or None if none did."""
+        text = self.to_csv()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder in folders:
+            path = folder / f"console-{self.PANEL_NAME}-{stamp}.csv"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            except OSError:
+                continue
+            return path
+        return None
 
     def to_csv(self) -> str:
         """The rows shown (filter and sort applied) as CSV with full, uncut values."""
