@@ -234,15 +234,16 @@ def backlog_sync(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> 
 def leases_sync(conn: sqlite3.Connection, now: int) -> list[LeaseRecord]:
     """Every execution, summary-job and Dream lease, soonest expiry first."""
     out = _rows_sync(conn, "leases", lease_cap=LEASE_CAP)
+    kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.heartbeat_alive  # up to 5000 rows
     for lease in out:
         heartbeat = lease.pop("heartbeat_at")
         expires_at = lease["expires_at"]
-        lease["kind"] = _KIND[lease["kind"]]
-        lease["phase"] = _PHASE.get(lease["phase"])
-        lease["owner_state"] = owner_state = _STATE.get(lease["owner_state"])
+        lease["kind"] = kinds[lease["kind"]]
+        lease["phase"] = phases(lease["phase"])
+        lease["owner_state"] = owner_state = states(lease["owner_state"])
         lease["time_left_ms"] = expires_at - now
         lease["expired"] = expires_at <= now
-        lease["owner_alive"] = owner_state in LIVE_STATES and workers.heartbeat_alive(heartbeat, now)
+        lease["owner_alive"] = owner_state in LIVE_STATES and alive(heartbeat, now)
     # built in place (thousands of rows): the keys are the query's columns plus the three above
     return cast(list[LeaseRecord], out)
 
