@@ -16,6 +16,7 @@ from typing import Any
 from backend import ops
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
+from backend.ops.records import Moment, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import events
 from backend.store.db import Database
@@ -24,7 +25,7 @@ from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
 
-StatusLoader = Callable[[Context], Awaitable[dict[str, Any]]]
+StatusLoader = Callable[[Context], Awaitable[Status]]
 
 
 class ConsoleBackend:
@@ -76,11 +77,11 @@ class ConsoleBackend:
         """`PRAGMA data_version` of the gate connection (changes when anyone else commits)."""
         return await self.loop.run(self._data_version())
 
-    async def _status(self) -> dict[str, Any]:
+    async def _status(self) -> Status:
         self._require_state_db()
         return await self._status_loader(self.ctx)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         return await self.loop.run(self._status())
 
     async def _history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
@@ -92,7 +93,7 @@ class ConsoleBackend:
         """Journal rows about a session and/or a target (lease id, owner id), newest first."""
         return await self.loop.run(self._history(session_id, target))
 
-    async def _moment(self, how: str, time: int, entry_id: int) -> dict[str, Any] | None:
+    async def _moment(self, how: str, time: int, entry_id: int) -> Moment | None:
         from backend.ops import timeline
 
         self._require_state_db()
@@ -100,13 +101,13 @@ class ConsoleBackend:
             self._history_store = await asyncio.to_thread(HistoryStore.open, self.data.root, read_only=True)
         return await timeline.seek(self.ctx, self._history_store, how, time, entry_id)
 
-    async def moment(self, how: str, time: int, entry_id: int = 0) -> dict[str, Any] | None:
+    async def moment(self, how: str, time: int, entry_id: int = 0) -> Moment | None:
         """A recorded moment (`backend.ops.timeline.seek`): panels as they were, the journal around it."""
         return await self.loop.run(self._moment(how, time, entry_id))
 
     async def replay(
         self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
-    ) -> dict[str, Any]:
+    ) -> ReplayReport:
         return await self.loop.run(
             ops.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
         )
@@ -129,7 +130,7 @@ class ConsoleBackend:
     def close(self) -> None:
         """Close both connections and stop the loop (called once, at exit)."""
         try:
-            self.loop.run_sync(self._close(), timeout=5)
+            self.loop.run_blocking(self._close(), timeout=5)
         except Exception:  # closing must never turn an exit into a crash
             log.warning("closing the console backend failed", exc_info=True)
         self.loop.stop()

@@ -6,7 +6,87 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from backend.ops.records import ReplayReport, Status
+from backend.store.workers import WorkerState
+
+STATUS_ROWS = 20  # rows per list; `--json` has them all
+
+
+def print_status(result: Status) -> None:
+    """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
+    console = Console(highlight=False)
+    chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
+    console.print(
+        f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
+        f"{counts['sessions']} sessions"
+    )
+    console.print(f"Chroma {chroma['url'] or '-'}: {health}")
+    console.print(
+        f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
+        f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
+        f"workers alive {counts['workers_alive']}"
+    )
+    _print_totals(console, result)
+    _print_rows(
+        console,
+        "Leases",
+        ("kind", "id", "owner", "epoch", "left"),
+        [
+            (
+                lease["kind"],
+                lease["id"],
+                lease["owner_id"] or "-",
+                lease["epoch"],
+                f"{lease['time_left_ms'] / 1000:.0f} s",
+            )
+            for lease in result["leases"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Receipt mismatches",
+        ("summary", "verdict", "keys"),
+        [
+            (r["summary_id"], r["verdict"], ", ".join(str(k["key"]) for k in r["keys"]) or "-")
+            for r in result["receipts"]["mismatched"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Dream drift",
+        ("session", "class", "attempts"),
+        [(d["session_id"], d["class"], d["digest_attempts"]) for d in result["dream_drift"]],
+    )
+    _print_rows(
+        console,
+        "Workers",
+        ("owner", "role", "state", "pid", "heartbeat"),
+        [
+            (
+                w["owner_id"],
+                w["role"],
+                w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["pid"],
+                f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
+            )
+            for w in result["workers"]
+        ],
+    )
+
+
+def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(*columns, title=f"{title} ({len(rows)})", title_justify="left", box=None)
+    for row in rows[:STATUS_ROWS]:
+        table.add_row(*(escape(str(cell)) for cell in row))
+    console.print(table)
+    if len(rows) > STATUS_ROWS:
+        console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
 
 
 def _age(ms: int) -> str:
@@ -14,12 +94,8 @@ def _age(ms: int) -> str:
     return "-" if not ms else f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def print_status(result: dict[str, Any]) -> None:
-    console = Console()
-    chroma = result["chroma"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
-    console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
-    console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
+def _print_totals(console: Console, result: Status) -> None:
+    """Every lease and every backlog, counted (the lists below stop at what a panel shows)."""
     totals = result["totals"]
     table = Table("backlog", "waiting", "oldest", box=None)
     for kind, count in totals["backlog"].items():
@@ -35,14 +111,8 @@ def print_status(result: dict[str, Any]) -> None:
             _age(lease["expired_max_ms"]),
         )
     console.print(leases)
-    verdicts = "  ".join(f"{v} {n}" for v, n in result["receipts"]["counts"].items())
     recoveries = totals["recoveries"]
-    console.print(f"receipts: {verdicts}")
     console.print(f"recoveries: {recoveries['waiting']} waiting, {recoveries['parked']} parked")
-    drift = "  ".join(f"{c} {n}" for c, n in result["dream_counts"].items() if n)
-    console.print(f"Dream drift: {drift or 'none'}")
-    alive = sum(1 for w in result["workers"] if w["alive"])
-    console.print(f"workers: {alive} alive of {len(result['workers'])} listed")
 
 
 def print_check(result: dict[str, Any]) -> None:
@@ -166,7 +236,7 @@ def print_bench(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def print_replay(result: dict[str, Any]) -> None:
+def print_replay(result: ReplayReport) -> None:
     console = Console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
@@ -193,7 +263,7 @@ def drain_progress_printer() -> Any:
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()
             last[:] = [line]
-        if report["state"] == "stopped":
+        if report["state"] == WorkerState.STOPPED:
             sys.stderr.write("\n")
 
     return show

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from backend.chroma import server as chroma_server
 from backend.core import clock
@@ -21,9 +21,12 @@ from backend.core.errors import (
     Refused,
     UsageError,
 )
+from backend.execution.sessions import Delivery
+from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.schema import SCHEMA_VERSION, schema_version
+from backend.store.workers import LeaseKind, WorkerState
 
 
 async def init(ctx: Context) -> dict[str, Any]:
@@ -39,7 +42,7 @@ async def init(ctx: Context) -> dict[str, Any]:
     }
 
 
-def chroma_health(ctx: Context) -> dict[str, Any]:
+def chroma_health(ctx: Context) -> ChromaHealth:
     """Where Chroma is and whether it answers, without starting a server.
 
     Down is a state to report; a URL the operator gave that is malformed or
@@ -51,10 +54,11 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
         url, is_external = external, True
     else:
         url, is_external = chroma_server.recorded_url(ctx.data), False
-    health: dict[str, Any] = {"url": url, "external": is_external, "healthy": False, "error": None}
+    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
-        health["pid"] = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        pid = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        health["pid"] = cast(int | None, pid)  # as the lock file says
     if url is None:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
         return health
@@ -70,25 +74,27 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
     return health
 
 
-async def status(ctx: Context) -> dict[str, Any]:
+async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
-    from backend.ops.snapshot import snapshot
+    from backend.ops.snapshot import snapshot_sync
     from backend.ops.throughput import journal_throughput
 
     db = await ctx.db()
-    snap = await db.read_snapshot(snapshot)
-    snap.update(
-        {
-            "data_dir": str(ctx.data.root),
-            "schema_version": await schema_version(db),
-            "schema_version_supported": SCHEMA_VERSION,
-            "read_only": ctx.read_only,
-            "throughput": await journal_throughput(ctx, db),
-            # a blocking HTTP heartbeat (1 s timeout when Chroma hangs): off the event loop
-            "chroma": await asyncio.to_thread(chroma_health, ctx),
-        }
+    snap = await db.read_in_thread(snapshot_sync)
+    return Status(
+        **snap,
+        data_dir=str(ctx.data.root),
+        schema_version=await schema_version(db),
+        schema_version_supported=SCHEMA_VERSION,
+        read_only=ctx.read_only,
+        throughput=await journal_throughput(ctx, db),
+        # a blocking HTTP heartbeat (1 s timeout when Chroma hangs): off the event loop
+        chroma=await asyncio.to_thread(chroma_health, ctx),
     )
-    return snap
+
+
+# what `rem release --kind` accepts
+LEASE_KINDS = tuple(LeaseKind)
 
 
 async def drain(
@@ -122,7 +128,7 @@ async def drain(
         }
         if progress is not None:
             progress(report)
-        if state == "stopped":
+        if state == WorkerState.STOPPED:
             return report
         if loop.time() - started > timeout_s:
             raise Refused(
@@ -132,14 +138,11 @@ async def drain(
         await asyncio.sleep(0.1)
 
 
-LEASE_KINDS = ("execution", "summary_job", "dream")
-
-
 async def release(
     ctx: Context,
     lease_id: str,
     *,
-    kind: str | None = None,
+    kind: LeaseKind | str | None = None,
     expected_epoch: int | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
@@ -152,13 +155,13 @@ async def release(
     """
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
-        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LEASE_KINDS)}")
+        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
     db = await ctx.db()
     from backend.ops.lease_release import lease_kind, release_job_lease
 
-    kind = kind or await lease_kind(db, lease_id)
+    kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
     async with db.tx() as conn:
-        if kind == "execution":
+        if kind == LeaseKind.EXECUTION:
             from backend.execution.leases import release_execution
 
             return await release_execution(
@@ -211,7 +214,7 @@ async def check(
 
 async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
-) -> dict[str, Any]:
+) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
     from backend.summaries import receipt_replay
 
@@ -229,7 +232,7 @@ async def replay(
 
 
 async def send(
-    ctx: Context, session_id: str, text: str, *, delivery: str = "queue", input_id: str | None = None
+    ctx: Context, session_id: str, text: str, *, delivery: str = Delivery.QUEUE, input_id: str | None = None
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions

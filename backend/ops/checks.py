@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +37,11 @@ CHECK_BATCH_SESSIONS = 2_000
 Progress = Callable[[str, int, int], None]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
     invariant: str
     what: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[Mapping[str, Any]] = field(default_factory=list)
     count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,7 +59,9 @@ class Report:
     unsettled: list[Finding] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
 
-    def add(self, bucket: list[Finding], invariant: str, what: str, rows: list[dict[str, Any]]) -> None:
+    def add(
+        self, bucket: list[Finding], invariant: str, what: str, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
         """Add rows to a finding, merging with the same finding from an earlier batch."""
         if not rows:
             return
@@ -68,7 +70,7 @@ class Report:
                 finding.rows.extend(rows[: max(0, ROW_CAP - len(finding.rows))])
                 finding.count += len(rows)
                 return
-        bucket.append(Finding(invariant, what, rows[:ROW_CAP], len(rows)))
+        bucket.append(Finding(invariant=invariant, what=what, rows=list(rows[:ROW_CAP]), count=len(rows)))
 
     def ordered(self) -> None:
         """Findings in the order the checks declare them (batches find them in any order)."""
@@ -78,7 +80,7 @@ class Report:
             )
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -91,11 +93,11 @@ STRUCTURE_TABLES_SQL = (
 )
 
 
-def structure_tables(conn: sqlite3.Connection) -> list[str]:
+def structure_tables_sync(conn: sqlite3.Connection) -> list[str]:
     return [r[0] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
 
 
-def check_structure(conn: sqlite3.Connection, report: Report, table: str | None = None) -> None:
+def check_structure_sync(conn: sqlite3.Connection, report: Report, table: str | None = None) -> None:
     """`quick_check` and the foreign keys, of one table (and its indexes) or of the whole file."""
     if "structure" not in report.checked:
         report.checked.append("structure")
@@ -107,7 +109,7 @@ def check_structure(conn: sqlite3.Connection, report: Report, table: str | None 
         "state.db fails PRAGMA quick_check",
         [{"problem": p} for p in problems],
     )
-    orphans = _rows(conn, f"PRAGMA foreign_key_check{target}")
+    orphans = _rows_sync(conn, f"PRAGMA foreign_key_check{target}")
     report.add(report.violations, "structure", "rows whose foreign key points at nothing", orphans)
 
 
@@ -153,7 +155,7 @@ WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NULL
 """
 
 
-def check_inputs(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+def check_inputs_sync(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
     if "inputs" not in report.checked:
         report.checked.append("inputs")
     batch = {"lo": lo, "hi": hi}
@@ -161,27 +163,27 @@ def check_inputs(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> 
         report.violations,
         "1",
         "promoted inputs whose user message is missing or wrong",
-        _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE, batch),
+        _rows_sync(conn, SQL_PROMOTED_WITHOUT_MESSAGE, batch),
     )
     report.add(
         report.violations,
         "1",
         "user messages that no admitted input produced",
-        _rows(conn, SQL_USER_WITHOUT_INPUT, batch),
+        _rows_sync(conn, SQL_USER_WITHOUT_INPUT, batch),
     )
     report.add(
         report.violations,
         "1",
         "sequence numbers ahead of their session's sequence",
-        _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE, batch),
+        _rows_sync(conn, SQL_SEQ_AHEAD_OF_SEQUENCE, batch),
     )
     report.add(
         report.violations,
         "1",
         "one sequence number used twice in a session",
-        _rows(conn, SQL_SEQ_SHARED, batch),
+        _rows_sync(conn, SQL_SEQ_SHARED, batch),
     )
-    unpromoted = _rows(conn, SQL_UNPROMOTED, batch)
+    unpromoted = _rows_sync(conn, SQL_UNPROMOTED, batch)
     stranded = [r for r in unpromoted if not r["wake_pending"] and r["execution_id"] is None]
     report.add(
         report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)", stranded
@@ -240,7 +242,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 SQL_LIVE_EXECUTIONS = "SELECT id FROM session_execution WHERE session_id > :lo AND session_id <= :hi"
 
 
-def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+def check_projection_sync(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
     if "projection" not in report.checked:
         report.checked.append("projection")
     batch = {"lo": lo, "hi": hi}
@@ -250,11 +252,11 @@ def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str)
         "executions that published more than one completed reply",
         [
             {"execution_id": r["execution_id"], "step": r["step"], "messages": r["messages"].split(",")}
-            for r in _rows(conn, SQL_DOUBLE_REPLY, batch)
+            for r in _rows_sync(conn, SQL_DOUBLE_REPLY, batch)
         ],
     )
     live = {r[0] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
-    open_rows = _rows(conn, SQL_OPEN_ASSISTANTS, batch)
+    open_rows = _rows_sync(conn, SQL_OPEN_ASSISTANTS, batch)
     report.add(
         report.unsettled,
         "3",
@@ -271,9 +273,9 @@ def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str)
         report.violations,
         "3",
         "more than one continuation message for one execution",
-        _rows(conn, SQL_DOUBLE_CONTINUATION, batch),
+        _rows_sync(conn, SQL_DOUBLE_CONTINUATION, batch),
     )
-    answers = _rows(conn, SQL_ANSWERS, batch)
+    answers = _rows_sync(conn, SQL_ANSWERS, batch)
     report.add(
         report.violations,
         "3",
@@ -306,7 +308,7 @@ def check_projection(conn: sqlite3.Connection, report: Report, lo: str, hi: str)
 SQL_NEXT_BATCH = "SELECT max(id), count(*) FROM (SELECT id FROM session WHERE id > :lo ORDER BY id LIMIT :n)"
 
 
-def check_sessions(
+def check_sessions_sync(
     conn: sqlite3.Connection, report: Report, lo: str, batch: int = CHECK_BATCH_SESSIONS
 ) -> tuple[str | None, int]:
     """Check the next `batch` sessions after `lo` (in the caller's read transaction).
@@ -316,22 +318,22 @@ def check_sessions(
     hi, n = conn.execute(SQL_NEXT_BATCH, {"lo": lo, "n": batch}).fetchone()
     if hi is None:
         return None, 0
-    check_inputs(conn, report, lo, hi)
-    check_projection(conn, report, lo, hi)
+    check_inputs_sync(conn, report, lo, hi)
+    check_projection_sync(conn, report, lo, hi)
     return str(hi), int(n)
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.checked.append("progress")
-    executions = _rows(
+    executions = _rows_sync(
         conn,
         "SELECT id AS execution_id, session_id, owner_id, epoch, phase, expires_at FROM session_execution",
     )
     report.add(report.unsettled, "2", "executions in progress or awaiting takeover", executions)
-    recoveries = _rows(
+    recoveries = _rows_sync(
         conn,
         "SELECT execution_id, session_id, phase, wake_attempts, recovery_error "
         "FROM session_recovery WHERE wake_pending = 1 OR recovery_error IS NOT NULL",
@@ -345,13 +347,13 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
         "recoveries parked for the operator (attempt budget spent)",
         [r for r in recoveries if r["recovery_error"] is not None],
     )
-    jobs = _rows(
+    jobs = _rows_sync(
         conn,
         "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
         "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq",
     )
     report.add(report.unsettled, "2", "summaries not at the current raw turns", jobs)
-    dream = _rows(
+    dream = _rows_sync(
         conn,
         "SELECT session_id, input_revision, completed_revision, digest_state, "
         "digest_attempts, defer_reason FROM dream_state "
@@ -360,15 +362,15 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
-def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
+def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
     """All state.db invariants inside the caller's one read transaction (small data dirs, tests)."""
     report = Report()
     now = clock.now_ms() if now is None else now
-    check_structure(conn, report)
+    check_structure_sync(conn, report)
     lo: str | None = ""
     while lo is not None:
-        lo, _ = check_sessions(conn, report, lo)
-    check_progress(conn, report, now)
+        lo, _ = check_sessions_sync(conn, report, lo)
+    check_progress_sync(conn, report, now)
     report.ordered()
     return report
 
@@ -380,20 +382,22 @@ async def check_database_in_batches(
     report = Report()
     now = clock.now_ms() if now is None else now
     tell = progress or (lambda _phase, _done, _total: None)
-    tables = await db.read_snapshot(structure_tables)
+    tables = await db.read_in_thread(structure_tables_sync)
     for i, table in enumerate(tables):
         tell("structure", i, len(tables))
-        await db.read_snapshot(lambda conn, t=table: check_structure(conn, report, t))
+        await db.read_in_thread(lambda conn, t=table: check_structure_sync(conn, report, t))
     tell("structure", len(tables), len(tables))
     total = int(await db.scalar("SELECT count(*) FROM session"))
     lo: str | None = ""
     done = 0
     while lo is not None:
         tell("sessions", done, total)
-        lo, n = await db.read_snapshot(lambda conn, after=lo: check_sessions(conn, report, after, batch))
+        lo, n = await db.read_in_thread(
+            lambda conn, after=lo: check_sessions_sync(conn, report, after, batch)
+        )
         done += n
     tell("sessions", done, max(done, total))
-    await db.read_snapshot(lambda conn: check_progress(conn, report, now))
+    await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
     report.ordered()
     return report
 
@@ -422,17 +426,17 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
 
 
 async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
-    from backend.summaries.receipt_replay import Recovery, all_batches
+    from backend.summaries.receipt_replay import Recovery, ReplayOutcome, all_batches
 
     result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
     unacked = {
-        r[0]
+        r["session_id"]
         for r in await db.fetchall(
             "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
             "AND result_acknowledged_at IS NULL"
         )
     }
-    differs = [r for r in result.rows if r["outcome"] == "would_replay"]
+    differs = [r for r in result.rows if r["outcome"] == ReplayOutcome.WOULD_REPLAY]
     report.add(
         report.violations,
         "2",
@@ -449,13 +453,17 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
         report.violations,
         "5",
         "corrupt receipt envelopes (quarantined for the operator)",
-        [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")],
+        [
+            r
+            for r in result.rows
+            if r["outcome"] in (ReplayOutcome.QUARANTINED, ReplayOutcome.WOULD_QUARANTINE)
+        ],
     )
     report.add(
         report.unsettled,
         "2",
         "receipts leased by a running synthesis or replay",
-        [r for r in result.rows if r["outcome"] == "skipped_active"],
+        [r for r in result.rows if r["outcome"] == ReplayOutcome.SKIPPED_ACTIVE],
     )
 
 
@@ -476,14 +484,14 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
         live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
         for r in settled:
             row = live.get(summary_row_id(r["session_id"]))
-            stored = row[1].get("dreamCompletedRevision") if row else None
+            stored = row.metadata.get("dreamCompletedRevision") if row else None
             if row is not None and stored != r["completed_revision"]:
                 lost.append(
                     {
                         "session_id": r["session_id"],
                         "expected": r["completed_revision"],
                         "chroma": stored,
-                        "graphDigested": row[1].get("graphDigested"),
+                        "graphDigested": row.metadata.get("graphDigested"),
                     }
                 )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)

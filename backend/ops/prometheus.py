@@ -28,9 +28,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from backend.ops.totals import BACKLOG_KINDS, LEASE_KINDS
-from backend.store.workers import ROLES
+from backend.store.workers import WorkerRole, WorkerState
 
-WORKER_STATES = ("running", "draining", "stopped")
+ROLES = tuple(WorkerRole)
+WORKER_STATES = tuple(WorkerState)
 RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined", "unchecked")
 THROUGHPUT_HELP = {
     "turns_completed": "Turns completed (execution.completed events of a turn).",
@@ -49,7 +50,7 @@ def _seconds(ms: float | None) -> float:
 def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=labels)
     for values, value in rows:
-        family.add_metric(values, value)
+        family.add_metric([str(v) for v in values], value)  # StrEnum members as their plain values
     return family
 
 

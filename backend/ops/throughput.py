@@ -19,9 +19,10 @@ import asyncio
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from backend.core.errors import RemError
+from backend.ops.records import LatencyHistogram, OperatorActionCount, Throughput
 from backend.runtime.context import Context
 from backend.store.db import Database
 
@@ -62,29 +63,6 @@ LAST_ID_SQL = "SELECT coalesce(max(id), 0) FROM event"
 FIRST_SQL = "SELECT id - 1, time FROM event ORDER BY id LIMIT 1"
 
 
-class LatencyHistogram(TypedDict):
-    """Cumulative counts per upper bound (seconds), as Prometheus histograms are."""
-
-    buckets_s: list[float]
-    cumulative: list[int]
-    count: int
-    sum_s: float
-
-
-class OperatorActionCount(TypedDict):
-    action: str
-    result: str
-    count: int
-
-
-class Throughput(TypedDict):
-    through_event_id: int
-    since: int | None
-    counters: dict[str, int]
-    turn_latency: LatencyHistogram
-    operator_actions: list[OperatorActionCount]
-
-
 def action_result(result: Any, forced: Any) -> str:
     """An operator event's result label: what its data says, `forced`, or `ok`."""
     if isinstance(result, str) and result:
@@ -104,7 +82,7 @@ class JournalTally:
     latency: list[int] = field(default_factory=lambda: [0] * (len(TURN_LATENCY_BUCKETS_S) + 1))
     latency_sum_ms: float = 0.0
 
-    def fold(self, conn: sqlite3.Connection, *, max_ranges: int | None = None) -> int:
+    def fold_sync(self, conn: sqlite3.Connection, *, max_ranges: int | None = None) -> int:
         """Fold every event after `through_id` (in bounded id ranges); returns the ranges read."""
         if self.through_id == 0 and self.since is None:
             first = conn.execute(FIRST_SQL).fetchone()
@@ -115,12 +93,12 @@ class JournalTally:
         ranges = 0
         while self.through_id < last and (max_ranges is None or ranges < max_ranges):
             upto = min(last, self.through_id + FOLD_ID_RANGE)
-            self._fold_range(conn, self.through_id, upto)
+            self._fold_range_sync(conn, self.through_id, upto)
             self.through_id = upto
             ranges += 1
         return ranges
 
-    def _fold_range(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
+    def _fold_range_sync(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
         params = {"after": after, "upto": upto}
         for kind, result, forced, n in conn.execute(FOLD_SQL, params):
             if kind in COUNTED_KINDS:
@@ -192,5 +170,5 @@ async def journal_throughput(ctx: Context, db: Database) -> Throughput:
     if not isinstance(tally, JournalTally):
         tally = await asyncio.to_thread(stored_tally, ctx.data.root) or JournalTally()
         ctx.memo["journal_tally"] = tally
-    await db.run_sync(tally.fold)
+    await db.run_in_thread(tally.fold_sync)
     return tally.as_dict()

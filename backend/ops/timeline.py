@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from backend.core import clock
 from backend.core.errors import UsageError
 from backend.ops.actions import status
 from backend.ops.alert_rules import firing
 from backend.ops.prometheus import samples
+from backend.ops.records import Moment, Status
 from backend.runtime.context import Context
 from backend.store.history import Entry, HistoryStore
 
@@ -32,7 +34,7 @@ EVENTS_AFTER = 20
 NOT_RECORDED = ("events", "data_dir", "read_only")
 
 
-def compact(snapshot: dict[str, Any], rows: int = HISTORY_ROWS) -> dict[str, Any]:
+def compact(snapshot: Mapping[str, Any], rows: int = HISTORY_ROWS) -> dict[str, Any]:
     """The snapshot cut to what a panel can show: every list capped, totals and counts whole."""
 
     def cut(value: Any, depth: int = 0) -> Any:
@@ -46,22 +48,22 @@ def compact(snapshot: dict[str, Any], rows: int = HISTORY_ROWS) -> dict[str, Any
     return out
 
 
-def last_event_id(snapshot: dict[str, Any]) -> int:
+def last_event_id(snapshot: Mapping[str, Any]) -> int:
     """The newest journal id the snapshot saw."""
     tail = max((int(e.get("id") or 0) for e in snapshot.get("events") or []), default=0)
     return max(tail, int((snapshot.get("throughput") or {}).get("through_event_id") or 0))
 
 
-def alert_names(snapshot: dict[str, Any]) -> list[str]:
+def alert_names(snapshot: Mapping[str, Any]) -> list[str]:
     """The alert rules whose condition holds in this snapshot (their `for` not applied)."""
     return sorted(firing(samples(snapshot)))
 
 
 async def record(
-    ctx: Context, history: HistoryStore, reason: str, snap: dict[str, Any] | None = None
+    ctx: Context, history: HistoryStore, reason: str, shown: Status | None = None
 ) -> dict[str, Any]:
-    """Take one status snapshot (or use `snap`) and append it to the history store, with the journal tally."""
-    snap = snap if snap is not None else await status(ctx)
+    """Take one status snapshot (or use `shown`) and append it to the history store, with the journal tally."""
+    snap: Mapping[str, Any] = shown if shown is not None else await status(ctx)
     return await asyncio.to_thread(
         history.record,
         time=int(snap["generated_at"]),
@@ -81,8 +83,8 @@ SELECT id, time, kind, actor, session_id, target, data FROM event
 WHERE id > :last ORDER BY id LIMIT :n"""
 
 
-def events_around(conn: sqlite3.Connection, last_id: int) -> list[dict[str, Any]]:
-    """The journal around a moment, newest first: the events before it and a few after (`after`)."""
+def events_around_sync(conn: sqlite3.Connection, last_id: int) -> list[dict[str, Any]]:
+    """The journal around a moment, newest first: a few events after it (id > `last_id`), then those before."""
     out = []
     for sql, n, after in ((EVENTS_AFTER_SQL, EVENTS_AFTER, True), (EVENTS_BEFORE_SQL, EVENTS_BEFORE, False)):
         cursor = conn.execute(sql, {"last": last_id, "n": n})
@@ -93,32 +95,31 @@ def events_around(conn: sqlite3.Connection, last_id: int) -> list[dict[str, Any]
                 row["data"] = json.loads(row["data"] or "{}")
             except ValueError:
                 row["data"] = {"raw": row["data"]}
-            row["after"] = after
         out.extend(sorted(rows, key=lambda r: -int(r["id"])) if after else rows)
     return out
 
 
-async def moment(ctx: Context, entry: Entry) -> dict[str, Any]:
+async def moment(ctx: Context, entry: Entry) -> Moment:
     """A recorded snapshot as the console shows it: its panels plus the journal around it."""
     db = await ctx.db()
-    events = await db.run_sync(lambda conn: events_around(conn, entry.last_event_id))
-    for event in events:
-        if event["after"]:
-            event["after_ms"] = max(0, int(event["time"]) - entry.time)
-    return {
-        **entry.snapshot,
-        "events": events,
-        "data_dir": str(ctx.data.root),
-        "read_only": True,
-        "recorded": {
-            "id": entry.id,
-            "time": entry.time,
-            "reason": entry.reason,
-            "alerts": list(entry.alerts),
-            "incident": entry.incident,
-            "last_event_id": entry.last_event_id,
+    events = await db.run_in_thread(lambda conn: events_around_sync(conn, entry.last_event_id))
+    return cast(
+        Moment,
+        {
+            **entry.snapshot,
+            "events": events,
+            "data_dir": str(ctx.data.root),
+            "read_only": True,
+            "recorded": {
+                "id": entry.id,
+                "time": entry.time,
+                "reason": entry.reason,
+                "alerts": list(entry.alerts),
+                "incident": entry.incident,
+                "last_event_id": entry.last_event_id,
+            },
         },
-    }
+    )
 
 
 def parse_time(text: str, now: int | None = None) -> int:
@@ -153,9 +154,7 @@ def parse_time(text: str, now: int | None = None) -> int:
 SEEKS = ("at", "back", "forward", "incident_back", "incident_forward")
 
 
-async def seek(
-    ctx: Context, history: HistoryStore, how: str, time: int, entry_id: int = 0
-) -> dict[str, Any] | None:
+async def seek(ctx: Context, history: HistoryStore, how: str, time: int, entry_id: int = 0) -> Moment | None:
     """The moment `how` names from (`time`, `entry_id`): at a time, a step, or the next/previous incident.
 
     None when there is nothing that way (the first or last snapshot, no other incident).
@@ -172,5 +171,7 @@ async def seek(
         return None
     shown = await moment(ctx, entry)
     index, total = await asyncio.to_thread(history.position, entry.time, entry.id)
-    shown["recorded"].update(index=index, count=total, asked=time if how == "at" else entry.time)
+    recorded = shown["recorded"]
+    recorded["index"], recorded["count"] = index, total
+    recorded["asked"] = time if how == "at" else entry.time
     return shown

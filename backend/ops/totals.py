@@ -12,35 +12,12 @@ snapshot's read transaction so they agree with its lists.
 from __future__ import annotations
 
 import sqlite3
-from typing import TypedDict
 
+from backend.ops.records import LeaseTotals, RecoveryTotals, Totals
 from backend.store import workers
 
 LEASE_KINDS = ("execution", "summary_job", "dream")
 BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
-
-
-class LeaseTotals(TypedDict):
-    """The leases of one kind."""
-
-    held: int
-    expired: int
-    dead_owner: int
-    # how long the longest-expired lease has been expired (0: none expired)
-    expired_max_ms: int
-
-
-class RecoveryTotals(TypedDict):
-    waiting: int
-    parked: int
-
-
-class Totals(TypedDict):
-    leases: dict[str, LeaseTotals]
-    backlog: dict[str, int]
-    # age of the oldest item of each backlog kind (0: empty)
-    backlog_oldest_ms: dict[str, int]
-    recoveries: RecoveryTotals
 
 
 _WAKE_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
@@ -93,7 +70,7 @@ TOTALS_QUERIES: dict[str, str] = {
 }
 
 
-def _scalar(conn: sqlite3.Connection, name: str, **params: object) -> int | None:
+def _scalar_sync(conn: sqlite3.Connection, name: str, **params: object) -> int | None:
     row = conn.execute(TOTALS_QUERIES[name], params).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
@@ -102,7 +79,7 @@ def _age(now: int, since: int | None) -> int:
     return max(0, now - since) if since is not None else 0
 
 
-def lease_totals(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTotals]:
+def lease_totals_sync(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTotals]:
     """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
     fresh = now - workers.WORKER_DEAD_AFTER_MS
     alive = {r[0] for r in conn.execute(TOTALS_QUERIES["alive_owners"], {"fresh": fresh})}
@@ -127,23 +104,23 @@ def lease_totals(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTotals]:
     return out
 
 
-def totals(conn: sqlite3.Connection, now: int, counts: dict[str, int]) -> Totals:
+def totals_sync(conn: sqlite3.Connection, now: int, counts: dict[str, int]) -> Totals:
     """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx."""
     waiting, oldest_recovery, parked = conn.execute(TOTALS_QUERIES["recoveries"]).fetchone()
     return Totals(
-        leases=lease_totals(conn, now),
+        leases=lease_totals_sync(conn, now),
         backlog={
             "input": counts["inputs_total"],
             "recovery": int(waiting),
             # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
             "summary": counts["summary_stale"],
-            "dream": _scalar(conn, "dream_drifting") or 0,
+            "dream": _scalar_sync(conn, "dream_drifting") or 0,
         },
         backlog_oldest_ms={
-            "input": _age(now, _scalar(conn, "oldest_input")),
+            "input": _age(now, _scalar_sync(conn, "oldest_input")),
             "recovery": _age(now, oldest_recovery),
-            "summary": _age(now, _scalar(conn, "oldest_summary")),
-            "dream": _age(now, _scalar(conn, "oldest_dream")),
+            "summary": _age(now, _scalar_sync(conn, "oldest_summary")),
+            "dream": _age(now, _scalar_sync(conn, "oldest_dream")),
         },
         recoveries=RecoveryTotals(waiting=int(waiting), parked=int(parked)),
     )

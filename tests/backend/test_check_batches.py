@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backend.core.datadir import DataDir
-from backend.ops.checks import check_database, check_database_in_batches, summarize
+from backend.ops.checks import check_database_in_batches, check_database_sync, summarize
 from backend.runtime.context import Context
 from benchmarks.gen_big import generate
 
@@ -50,7 +50,7 @@ async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
     ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
     db = await ctx.db()
     try:
-        whole = summarize(await db.read_snapshot(check_database), settled=False)
+        whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
         calls: list[tuple[str, int, int]] = []
         batched = summarize(
             await check_database_in_batches(db, batch=37, progress=lambda *a: calls.append(a)),

@@ -46,7 +46,7 @@ async def test_a_long_lived_reader_folds_only_the_events_since_its_last_call(
     await sessions.admit(db, "s0", "again", input_id="in-again")
     await Executor(db_ctx, once=True, agent=OfflineResponder(delay_ms=0), lease_ms=2_000).run()
     new_events = await db.scalar("SELECT count(*) FROM event WHERE id > ?", (last_id,))
-    ranges = await db.run_sync(lambda conn: JournalTally(through_id=last_id).fold(conn))
+    ranges = await db.run_in_thread(lambda conn: JournalTally(through_id=last_id).fold_sync(conn))
     assert ranges == -(-new_events // 10)  # the new events only, ten ids per read
     second = await ops.status(db_ctx)
     assert second["throughput"]["counters"]["turns_completed"] == 26

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from tui.format import cell, clock_time, compact_json, duration, owner_short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -36,6 +37,12 @@ def _when(record: Record) -> str:
     if record.get("after"):
         return f"+{duration(int(record.get('after_ms') or 0))}"
     return clock_time(record.get("time"))
+
+
+def _recorded(snapshot: Status) -> Mapping[str, Any] | None:
+    """The recorded moment a timeline snapshot carries (`backend.ops.records.Moment`); None when live."""
+    recorded = cast(Mapping[str, Any], snapshot).get("recorded")
+    return recorded if isinstance(recorded, Mapping) else None
 
 
 class EventTable(SnapshotTable):
@@ -77,16 +84,21 @@ class EventTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        for event in snapshot.get("events") or []:
-            yield str(event.get("id")), dict(event)
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        recorded = _recorded(snapshot)
+        for event in snapshot["events"]:
+            record: Record = dict(event)
+            if recorded is not None and event["id"] > recorded["last_event_id"]:
+                # on the timeline: this happened after the moment shown
+                record.update(after=True, after_ms=max(0, event["time"] - recorded["time"]))
+            yield str(event["id"]), record
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        recorded = snapshot.get("recorded")
-        if recorded:
-            after = sum(1 for e in snapshot.get("events") or [] if e.get("after"))
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        recorded = _recorded(snapshot)
+        if recorded is not None:
+            after = sum(1 for e in snapshot["events"] if e["id"] > recorded["last_event_id"])
             return (
-                f"Events around {clock_time(recorded.get('time'))} · "
+                f"Events around {clock_time(recorded['time'])} · "
                 f"{len(self._rows) - after} before, {after} after (dimmed)",
                 False,
             )
