@@ -198,9 +198,18 @@ def query_plans(root: Path) -> dict[str, list[str]]:
     from backend.ops.snapshot import STATUS_QUERIES
 
     conn = sqlite3.connect(f"{(root / 'state.db').as_uri()}?mode=ro", uri=True)
-    params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5, "now": 0, "fresh": 0}
+    params = {
+        "cap": 10,
+        "recent": 0,
+        "tail": 5,
+        "now": 0,
+        "fresh": 0,
+        "after": 0,
+        "sessions": "[]",
+        "scan": 10,
+    }
     queries = {**STATUS_QUERIES, "tally": throughput.FOLD_SQL, "tally_latency": throughput.LATENCY_SQL}
-    params.update(after=0, upto=1)
+    params.update(upto=1)
     try:
         return {
             name: [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]

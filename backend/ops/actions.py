@@ -9,8 +9,9 @@ refuse to run from a read-only context before touching anything.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from backend.chroma import server as chroma_server
 from backend.core import clock
@@ -25,8 +26,12 @@ from backend.execution.sessions import Delivery
 from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
+from backend.store.db import Database
 from backend.store.schema import SCHEMA_VERSION, schema_version
 from backend.store.workers import LeaseKind, WorkerState
+
+if TYPE_CHECKING:
+    from backend.ops.snapshot import SnapshotCache
 
 
 async def init(ctx: Context) -> dict[str, Any]:
@@ -74,13 +79,20 @@ def chroma_health(ctx: Context) -> ChromaHealth:
     return health
 
 
+# one per open Database: what its last snapshot read (gone with the Database)
+_SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.WeakKeyDictionary()
+
+
 async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
-    from backend.ops.snapshot import snapshot_sync
+    from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_throughput
 
     db = await ctx.db()
-    snap = await db.read_in_thread(snapshot_sync)
+    cache = _SNAPSHOT_CACHES.get(db)
+    if cache is None:
+        cache = _SNAPSHOT_CACHES[db] = SnapshotCache()
+    snap = await db.read_in_thread(lambda conn: snapshot_sync(conn, cache=cache))
     return Status(
         **snap,
         data_dir=str(ctx.data.root),
