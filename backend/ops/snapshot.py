@@ -219,22 +219,28 @@ def _event(row: dict[str, Any]) -> EventRecord:
 
 def _inputs_rows_sync(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
-    scan = 2 * LIST_CAP
+    scan = 4 * LIST_CAP
     while True:
         rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
-        order: dict[str, int] = {}
+        seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
         for session_id, created in rows:
-            order.setdefault(session_id, created)
-        # enough sessions, or every waiting input seen (a few sessions with many inputs: wider)
-        if len(order) >= LIST_CAP or len(rows) < scan:
+            entry = seen.get(session_id)
+            if entry is None:
+                seen[session_id] = [1, created]
+            else:
+                entry[0] += 1
+        complete = len(rows) < scan  # every waiting input was read
+        # enough sessions, or all of them (a few sessions with many inputs: read wider)
+        if complete or len(seen) >= LIST_CAP:
             break
         scan *= 4
-    if not order:
+    sessions = list(seen)[:LIST_CAP]
+    if complete:  # the counts are whole already
+        return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
+    if not sessions:
         return []
-    sessions = list(order)[:LIST_CAP]
-    rows = _rows_sync(conn, "inputs", sessions=json.dumps(sessions))
-    rank = {session_id: i for i, session_id in enumerate(sessions)}
-    return sorted(rows, key=lambda r: rank[r["session_id"]])
+    by_session = {r["session_id"]: r for r in _rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
+    return [by_session[s] for s in sessions]
 
 
 def backlog_sync(cache: SnapshotCache, counts: dict[str, int], now: int) -> Backlog:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend import ops
-from backend.ops import actions
+from backend.ops import actions, snapshot
 from backend.ops.records import Snapshot
 from backend.ops.snapshot import LIST_CAP, SESSION_RECOUNT_MS, STATUS_QUERIES, snapshot_sync
 from backend.runtime.context import Context
@@ -256,8 +256,22 @@ async def test_session_count_is_recounted_when_rowids_go_down(db_ctx: Context, f
     assert (await ops.status(db_ctx))["counts"]["sessions"] == 3
 
 
-async def test_inputs_list_the_sessions_waiting_longest(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
-    """More waiting sessions than a panel lists: the oldest LIST_CAP, as the GROUP BY over all would pick."""
+@pytest.mark.parametrize(
+    ("cap", "crowd"),
+    [(None, 0), (50, 0), (50, 900)],
+    ids=["all-read-at-once", "counted-per-session", "one-session-crowds-the-oldest"],
+)
+async def test_inputs_list_the_sessions_waiting_longest(
+    db_ctx: Context,
+    frozen_clock,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    cap: int | None,
+    crowd: int,
+) -> None:
+    """More waiting sessions than a panel lists: the oldest, as the GROUP BY over all would pick."""
+    if cap is not None:
+        monkeypatch.setattr(snapshot, "LIST_CAP", cap)
+    listed = snapshot.LIST_CAP
     now = frozen_clock.now
     db = await db_ctx.db()
     n = LIST_CAP + 40
@@ -274,12 +288,22 @@ async def test_inputs_list_the_sessions_waiting_longest(db_ctx: Context, frozen_
                     "promoted_seq, wake_pending, time_created) VALUES (?, ?, '{}', 'queue', ?, ?, ?, ?)",
                     (f"i{i}-{seq}", f"s{i:04d}", seq + 1, promoted, i % 2, created),
                 )
+        if crowd:  # one session whose inputs are all older than anyone else's
+            await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('crowd', 1, 1)")
+            for k in range(crowd):
+                await conn.execute(
+                    "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                    "wake_pending, time_created) VALUES (?, 'crowd', '{}', 'queue', ?, 1, ?)",
+                    (f"c{k}", k + 1, now - 10_000_000 + k),
+                )
     expected = await db.fetchall(
         "SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at FROM session_input "
         "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL GROUP BY session_id "
         "ORDER BY oldest_at LIMIT ?",
-        (LIST_CAP,),
+        (listed,),
     )
     inputs = (await ops.status(db_ctx))["backlog"]["inputs"]
     assert [(i["session_id"], i["pending"], i["oldest_at"]) for i in inputs] == [tuple(r) for r in expected]
-    assert len(inputs) == LIST_CAP
+    assert len(inputs) == listed
+    if crowd:
+        assert inputs[0]["session_id"] == "crowd" and inputs[0]["pending"] == crowd
