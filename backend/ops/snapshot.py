@@ -471,6 +471,7 @@ def _read_rows_sync(conn: sqlite3.Connection, cache: SnapshotCache) -> None:
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
     cache.counts = counts
+    rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
 def snapshot_sync(
@@ -495,7 +496,7 @@ def snapshot_sync(
     rows = cache.rows
     drift, drift_counts = rows["drift"]
     worker_view = worker_rows_sync(conn, now)
-    total = totals_sync(conn, now, counts)
+    total = totals_sync(conn, now, counts, rows["totals"])
     snapshot: Snapshot = {
         "generated_at": now,
         "backlog": backlog_sync(cache, counts, now),

@@ -12,6 +12,7 @@ snapshot's read transaction so they agree with its lists.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from backend.ops.records import LeaseTotals, RecoveryTotals, Totals
 from backend.store import workers
@@ -70,21 +71,43 @@ TOTALS_QUERIES: dict[str, str] = {
 }
 
 
-def _scalar_sync(conn: sqlite3.Connection, name: str, **params: object) -> int | None:
-    row = conn.execute(TOTALS_QUERIES[name], params).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+# the queries whose answer does not depend on the clock: kept in `memo` until a commit
+CLOCKLESS = frozenset(
+    ("execution_by_owner", "oldest_input", "recoveries", "oldest_summary", "oldest_dream", "dream_drifting")
+)
+
+
+def _rows_sync(
+    conn: sqlite3.Connection, name: str, memo: dict[str, list[tuple[Any, ...]]] | None, **params: object
+) -> list[tuple[Any, ...]]:
+    """A totals query's rows; a clockless one's come from `memo` when it has them."""
+    if memo is not None and name in memo:
+        return memo[name]
+    rows = [tuple(r) for r in conn.execute(TOTALS_QUERIES[name], params).fetchall()]
+    if memo is not None and name in CLOCKLESS:
+        memo[name] = rows
+    return rows
+
+
+def _scalar_sync(
+    conn: sqlite3.Connection, name: str, memo: dict[str, list[tuple[Any, ...]]] | None = None
+) -> int | None:
+    rows = _rows_sync(conn, name, memo)
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
 
 
 def _age(now: int, since: int | None) -> int:
     return max(0, now - since) if since is not None else 0
 
 
-def lease_totals_sync(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTotals]:
+def lease_totals_sync(
+    conn: sqlite3.Connection, now: int, memo: dict[str, list[tuple[Any, ...]]] | None = None
+) -> dict[str, LeaseTotals]:
     """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
     fresh = now - workers.WORKER_DEAD_AFTER_MS
     alive = {r[0] for r in conn.execute(TOTALS_QUERIES["alive_owners"], {"fresh": fresh})}
     out: dict[str, LeaseTotals] = {}
-    by_owner = conn.execute(TOTALS_QUERIES["execution_by_owner"]).fetchall()
+    by_owner = _rows_sync(conn, "execution_by_owner", memo)
     expired, oldest = conn.execute(TOTALS_QUERIES["execution_expired"], {"now": now}).fetchone()
     out["execution"] = LeaseTotals(
         held=sum(r[1] for r in by_owner),
@@ -104,23 +127,32 @@ def lease_totals_sync(conn: sqlite3.Connection, now: int) -> dict[str, LeaseTota
     return out
 
 
-def totals_sync(conn: sqlite3.Connection, now: int, counts: dict[str, int]) -> Totals:
-    """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx."""
-    waiting, oldest_recovery, parked = conn.execute(TOTALS_QUERIES["recoveries"]).fetchone()
+def totals_sync(
+    conn: sqlite3.Connection,
+    now: int,
+    counts: dict[str, int],
+    memo: dict[str, list[tuple[Any, ...]]] | None = None,
+) -> Totals:
+    """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx.
+
+    `memo` (emptied by the caller whenever something was committed) keeps the
+    answers that do not depend on the clock between snapshots.
+    """
+    ((waiting, oldest_recovery, parked),) = _rows_sync(conn, "recoveries", memo)
     return Totals(
-        leases=lease_totals_sync(conn, now),
+        leases=lease_totals_sync(conn, now, memo),
         backlog={
             "input": counts["inputs_total"],
             "recovery": int(waiting),
             # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
             "summary": counts["summary_stale"],
-            "dream": _scalar_sync(conn, "dream_drifting") or 0,
+            "dream": _scalar_sync(conn, "dream_drifting", memo) or 0,
         },
         backlog_oldest_ms={
-            "input": _age(now, _scalar_sync(conn, "oldest_input")),
+            "input": _age(now, _scalar_sync(conn, "oldest_input", memo)),
             "recovery": _age(now, oldest_recovery),
-            "summary": _age(now, _scalar_sync(conn, "oldest_summary")),
-            "dream": _age(now, _scalar_sync(conn, "oldest_dream")),
+            "summary": _age(now, _scalar_sync(conn, "oldest_summary", memo)),
+            "dream": _age(now, _scalar_sync(conn, "oldest_dream", memo)),
         },
         recoveries=RecoveryTotals(waiting=int(waiting), parked=int(parked)),
     )
