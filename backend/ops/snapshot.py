@@ -51,7 +51,10 @@ from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerStat
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus
 
-LIST_CAP = 500
+# rows listed per panel: a maximized panel on a 60-line terminal shows ~55, so this is
+# three to four pages of scrolling; the panel's filter and sort work on these rows, its
+# title and the totals count every row
+LIST_CAP = 200
 EVENT_TAIL = 100
 OPERATOR_KINDS = (EventKind.OPERATOR_REPLAY, EventKind.OPERATOR_DRAIN, EventKind.OPERATOR_RELEASE)
 # the summary-job and Dream states counted one by one
