@@ -307,3 +307,28 @@ async def test_inputs_list_the_sessions_waiting_longest(
     assert len(inputs) == listed
     if crowd:
         assert inputs[0]["session_id"] == "crowd" and inputs[0]["pending"] == crowd
+
+
+async def test_leases_past_the_cap_are_counted_not_listed(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    """A snapshot lists what a panel can show, soonest expiry first; the totals count every lease."""
+    now = frozen_clock.now
+    db = await db_ctx.db()
+    n = LIST_CAP + 30
+    async with db.tx() as conn:
+        for i in range(n):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"s{i:04d}",)
+            )
+            await conn.execute(
+                "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+                "time_renewed, expires_at) VALUES (?, ?, 'gone', 1, 'safe', 1, 1, ?)",
+                (f"e{i:04d}", f"s{i:04d}", now + 1_000 * ((i * 7919) % n) - 20_000),
+            )
+    snap = await ops.status(db_ctx)
+    listed = [lease["expires_at"] for lease in snap["leases"]]
+    assert len(listed) == LIST_CAP
+    everything = sorted(r[0] for r in await db.fetchall("SELECT expires_at FROM session_execution"))
+    assert listed == everything[:LIST_CAP]
+    execution = snap["totals"]["leases"]["execution"]
+    assert execution["held"] == n and execution["dead_owner"] == n
+    assert execution["expired"] == sum(1 for t in everything if t <= now) == snap["counts"]["expired_leases"]
