@@ -13,7 +13,6 @@ and the rest of that transaction, so the whole transaction is fenced.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,7 +24,7 @@ from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused
 from backend.core.settings import settings
 from backend.store import workers
-from backend.store.db import Database, in_thread
+from backend.store.db import Conn, Database, Row, in_thread
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import LeaseKind, WorkerState
 
@@ -77,7 +76,7 @@ class Lease:
     lost: bool = False
 
 
-def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
+def next_epoch_sync(conn: Conn, session_id: str) -> int:
     """Bump and return the session's lease epoch (inside the granting transaction)."""
     row = conn.execute(
         "UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch", (session_id,)
@@ -88,7 +87,7 @@ def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
 
 
 def claim_execution_sync(
-    conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+    conn: Conn, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> Lease | None:
     """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
@@ -111,7 +110,7 @@ def claim_execution_sync(
     return lease
 
 
-def owner_stopped_sync(conn: sqlite3.Connection, owner_id: str) -> bool:
+def owner_stopped_sync(conn: Conn, owner_id: str) -> bool:
     """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
     return (
         conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'", (owner_id,)).fetchone()
@@ -119,7 +118,7 @@ def owner_stopped_sync(conn: sqlite3.Connection, owner_id: str) -> bool:
     )
 
 
-def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> TakeoverReason | None:
+def takeover_reason_sync(conn: Conn, row: Row, now: int) -> TakeoverReason | None:
     """Why the execution may be taken over now, or None if it may not.
 
     An owner recorded as stopped cannot renew, so waiting out its lease only
@@ -133,7 +132,7 @@ def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -
 
 
 def take_over_execution_sync(
-    conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+    conn: Conn, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
@@ -172,7 +171,7 @@ UNSAFE_NO_FENCING = settings.unsafe_disable_fencing
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 
-def guard_sync(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
+def guard_sync(conn: Conn, lease: Lease, *, now: int, **changes: Any) -> None:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
     changed = conn.execute(
@@ -191,7 +190,7 @@ def guard_sync(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: A
     lease.expires_at = now + lease.length_ms
 
 
-def end_execution_sync(conn: sqlite3.Connection, lease: Lease) -> None:
+def end_execution_sync(conn: Conn, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
     if not conn.execute(
         f"DELETE FROM session_execution WHERE {FENCE}",
@@ -200,7 +199,7 @@ def end_execution_sync(conn: sqlite3.Connection, lease: Lease) -> None:
         raise _lost(lease)
 
 
-def hand_back_execution_sync(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
+def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) -> None:
     """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
     epoch = next_epoch_sync(conn, lease.session_id)
     if not conn.execute(
@@ -223,7 +222,7 @@ async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
     """Renew several leases in one transaction; returns the ones that were lost."""
     now = clock.now_ms()
 
-    def renew_all_sync(conn: sqlite3.Connection) -> list[Lease]:
+    def renew_all_sync(conn: Conn) -> list[Lease]:
         lost = []
         for lease in leases:
             try:
@@ -241,7 +240,7 @@ async def claim(
     """Claim a session's execution lease in its own transaction (journaled)."""
     now = clock.now_ms()
 
-    def claim_journaled_sync(conn: sqlite3.Connection) -> Lease | None:
+    def claim_journaled_sync(conn: Conn) -> Lease | None:
         lease = claim_execution_sync(conn, session_id, owner_id, now=now, length_ms=length_ms)
         if lease is not None:
             append_event_sync(
@@ -279,7 +278,7 @@ async def release_execution(
 
 
 def release_execution_sync(
-    conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None, force: bool, actor: str, now: int
+    conn: Conn, execution_id: str, expected_epoch: int | None, force: bool, actor: str, now: int
 ) -> dict[str, Any]:
     """The body of `release_execution`, on the connection's thread."""
     row = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
