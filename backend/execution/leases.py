@@ -110,25 +110,34 @@ def claim_execution_sync(
     return lease
 
 
-def owner_stopped_sync(conn: Conn, owner_id: str) -> bool:
-    """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
+def owner_stopped_sync(conn: Conn, owner_id: str, host: str) -> bool:
+    """Whether the registry says the owner process on `host` is gone (it stopped, or its supervisor saw it exit).
+
+    Only a worker on the owner's own host asks (`host` is the asker's): a
+    record of another host's process is waited out, or released by an operator.
+    """
     return (
-        conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'", (owner_id,)).fetchone()
+        conn.execute(
+            "SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped' AND host = ?", (owner_id, host)
+        ).fetchone()
         is not None
     )
 
 
 def takeover_reason_sync(conn: Conn, row: Row, now: int) -> TakeoverReason | None:
-    """Why the execution may be taken over now, or None if it may not.
+    """Why the execution may be taken over now by a worker of this host, or None if it may not.
 
     An owner recorded as stopped cannot renew, so waiting out its lease only
     delays recovery; fencing keeps an early takeover safe even if it were alive.
+    That shortcut is the owner's host's alone (its supervisor saw the pid
+    exit; a pid means nothing elsewhere): other hosts wait for the expiry.
     """
     if row["recovery_error"] is not None:
         return None
     if row["expires_at"] <= now:
         return TakeoverReason.EXPIRED
-    return TakeoverReason.OWNER_STOPPED if owner_stopped_sync(conn, row["owner_id"]) else None
+    stopped = owner_stopped_sync(conn, row["owner_id"], workers.host_name())
+    return TakeoverReason.OWNER_STOPPED if stopped else None
 
 
 def take_over_execution_sync(

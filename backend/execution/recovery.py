@@ -21,7 +21,7 @@ from typing import Any
 from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
 from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
-from backend.store import handoffs
+from backend.store import handoffs, workers
 from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 
@@ -45,12 +45,14 @@ WHERE e.expires_at <= :now AND e.recovery_error IS NULL
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
 """
-# Executions whose owner the worker registry records as stopped (a supervisor saw it
-# exit, or it shut down without handing back): no need to wait out their leases.
+# Executions whose owner on this host the worker registry records as stopped (its
+# supervisor saw it exit, or it shut down without handing back): no need to wait out
+# their leases. Another host's stopped owners are left to their expiry (EXPIRED_SQL).
 ORPHANED_SQL = """
 SELECT e.id AS execution_id, e.session_id FROM worker AS w
 JOIN session_execution AS e ON e.owner_id = w.owner_id
-WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
+WHERE w.state = 'stopped' AND w.host = :host AND w.heartbeat_at > :since AND e.expires_at > :now
+  AND e.recovery_error IS NULL
 ORDER BY e.expires_at LIMIT :limit
 """
 # Only workers stopped within one lease can still hold an unexpired lease.
@@ -76,7 +78,7 @@ class Takeover:
 
 def recoverable_sync(conn: Conn, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
-    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS}
+    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS, "host": workers.host_name()}
     rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
     rows += conn.execute(EXPIRED_SQL, params).fetchall()
     rows += conn.execute(ORPHANED_SQL, params).fetchall()
