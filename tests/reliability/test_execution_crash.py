@@ -444,23 +444,30 @@ def test_a_killed_owner_is_taken_over_at_once_on_its_host_and_after_expiry_elsew
 ) -> None:
     data = tmp_path / "d"
     _admit(data, [("s1", "A question that will outlive its executor?", "queue")])
-    slow = {"REM_EXECUTION_LEASE_MS": "8000", "REM_AGENT_DELAY_MS": "200"}
-    victim = _spawn_executor(data, tmp_path / "victim.log", REM_HOST="host-a", **slow)
+    lease = {"REM_EXECUTION_LEASE_MS": "8000"}
+    # 5 parts 5 s apart: the victim is still mid-turn however long the rescuer takes to start
+    victim = _spawn_executor(
+        data, tmp_path / "victim.log", REM_HOST="host-a", REM_AGENT_DELAY_MS="5000", **lease
+    )
     wait_until(lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming")
     assert _scalar(data, "SELECT host FROM worker WHERE pid = ?", (victim.pid,)) == "host-a"
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=10)
-    _record_exit(data, victim.pid, "host-a")
-    expires_at = _scalar(data, "SELECT expires_at FROM session_execution")
-    rescuer = _spawn_executor(data, tmp_path / "rescuer.log", REM_HOST=rescuer_host, **slow)
+    # the rescuer is up and scanning before the kill, so its start-up time is not in the window
+    rescuer = _spawn_executor(
+        data, tmp_path / "rescuer.log", REM_HOST=rescuer_host, REM_AGENT_DELAY_MS="100", **lease
+    )
     try:
         wait_until(
-            lambda: _scalar(data, "SELECT started_at FROM worker WHERE pid = ?", (rescuer.pid,)),
-            timeout=20,
+            lambda: _scalar(data, "SELECT state FROM worker WHERE pid = ?", (rescuer.pid,)) == "running",
+            timeout=30,
             message="rescuer registered",
         )
-        up_at = _scalar(data, "SELECT started_at FROM worker WHERE pid = ?", (rescuer.pid,))
         assert _scalar(data, "SELECT host FROM worker WHERE pid = ?", (rescuer.pid,)) == rescuer_host
+        assert _scalar(data, "SELECT owner_id FROM session_execution") is not None, "the turn ended too soon"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        _record_exit(data, victim.pid, "host-a")
+        recorded_at = clock.now_ms()
+        expires_at = _scalar(data, "SELECT expires_at FROM session_execution")
         wait_until(
             lambda: _scalar(data, "SELECT count(*) FROM event WHERE kind = 'execution.taken_over'"),
             timeout=40,
@@ -470,7 +477,7 @@ def test_a_killed_owner_is_taken_over_at_once_on_its_host_and_after_expiry_elsew
         if rescuer_host == "host-a":  # its supervisor's record is trusted on its own host
             assert json.loads(taken)["reason"] == "owner_stopped" and taken_at < expires_at
         else:  # another host had the record in front of it for seconds, and still waited the lease out
-            assert up_at < expires_at - 2000, "the rescuer came up too late to prove anything"
+            assert recorded_at < expires_at - 2000, "the exit was recorded too late to prove anything"
             assert json.loads(taken)["reason"] == "expired" and taken_at >= expires_at
         wait_until(lambda: _all_done(data), timeout=30, message="turn finished")
     finally:
