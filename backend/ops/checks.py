@@ -25,12 +25,12 @@ in batches and compares them with the receipts.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.store.db import Conn
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 CHECK_BATCH_SESSIONS = 2_000
@@ -80,7 +80,7 @@ class Report:
             )
 
 
-def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -93,16 +93,20 @@ STRUCTURE_TABLES_SQL = (
 )
 
 
-def structure_tables_sync(conn: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
+def structure_tables_sync(conn: Conn) -> list[str]:
+    return [r["name"] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
 
 
-def check_structure_sync(conn: sqlite3.Connection, report: Report, table: str | None = None) -> None:
+def check_structure_sync(conn: Conn, report: Report, table: str | None = None) -> None:
     """`quick_check` and the foreign keys, of one table (and its indexes) or of the whole file."""
     if "structure" not in report.checked:
         report.checked.append("structure")
     target = f"({json.dumps(table)})" if table else ""
-    problems = [r[0] for r in conn.execute(f"PRAGMA quick_check{target}").fetchall() if r[0] != "ok"]
+    problems = [
+        r["quick_check"]
+        for r in conn.execute(f"PRAGMA quick_check{target}").fetchall()
+        if r["quick_check"] != "ok"
+    ]
     report.add(
         report.violations,
         "structure",
@@ -155,7 +159,7 @@ WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NULL
 """
 
 
-def check_inputs_sync(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+def check_inputs_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
     if "inputs" not in report.checked:
         report.checked.append("inputs")
     batch = {"lo": lo, "hi": hi}
@@ -242,7 +246,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 SQL_LIVE_EXECUTIONS = "SELECT id FROM session_execution WHERE session_id > :lo AND session_id <= :hi"
 
 
-def check_projection_sync(conn: sqlite3.Connection, report: Report, lo: str, hi: str) -> None:
+def check_projection_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
     if "projection" not in report.checked:
         report.checked.append("projection")
     batch = {"lo": lo, "hi": hi}
@@ -255,7 +259,7 @@ def check_projection_sync(conn: sqlite3.Connection, report: Report, lo: str, hi:
             for r in _rows_sync(conn, SQL_DOUBLE_REPLY, batch)
         ],
     )
-    live = {r[0] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
+    live = {r["id"] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
     open_rows = _rows_sync(conn, SQL_OPEN_ASSISTANTS, batch)
     report.add(
         report.unsettled,
@@ -305,17 +309,20 @@ def check_projection_sync(conn: sqlite3.Connection, report: Report, lo: str, hi:
     )
 
 
-SQL_NEXT_BATCH = "SELECT max(id), count(*) FROM (SELECT id FROM session WHERE id > :lo ORDER BY id LIMIT :n)"
+SQL_NEXT_BATCH = (
+    "SELECT max(id) AS hi, count(*) AS n FROM (SELECT id FROM session WHERE id > :lo ORDER BY id LIMIT :n)"
+)
 
 
 def check_sessions_sync(
-    conn: sqlite3.Connection, report: Report, lo: str, batch: int = CHECK_BATCH_SESSIONS
+    conn: Conn, report: Report, lo: str, batch: int = CHECK_BATCH_SESSIONS
 ) -> tuple[str | None, int]:
     """Check the next `batch` sessions after `lo` (in the caller's read transaction).
 
     Returns the last session id checked (None: no session after `lo`) and how many.
     """
-    hi, n = conn.execute(SQL_NEXT_BATCH, {"lo": lo, "n": batch}).fetchone()
+    row = conn.execute(SQL_NEXT_BATCH, {"lo": lo, "n": batch}).fetchone()
+    hi, n = row["hi"], row["n"]
     if hi is None:
         return None, 0
     check_inputs_sync(conn, report, lo, hi)
@@ -326,7 +333,7 @@ def check_sessions_sync(
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.checked.append("progress")
     executions = _rows_sync(
         conn,
@@ -362,7 +369,7 @@ def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> N
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
-def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
+def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants inside the caller's one read transaction (small data dirs, tests)."""
     report = Report()
     now = clock.now_ms() if now is None else now

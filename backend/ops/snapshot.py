@@ -46,6 +46,7 @@ from backend.ops.records import (
 )
 from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import workers
+from backend.store.db import Conn
 from backend.store.events import EventKind
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
@@ -176,14 +177,14 @@ SESSION_RECOUNT_MS = 60_000
 RECENT_STOPPED_MS = 10 * 60_000
 
 
-def _rows_sync(conn: sqlite3.Connection, name: str, **params: Any) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
     cursor = conn.execute(LIST_QUERIES[name], params)
-    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than sqlite3.Row
+    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than Row
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _counts_sync(conn: sqlite3.Connection) -> dict[str, int]:
+def _counts_sync(conn: Conn) -> dict[str, int]:
     row = conn.execute(COUNTS_SQL).fetchone()
     return {k: int(row[k]) for k in row.keys()}
 
@@ -220,7 +221,7 @@ def _event(row: dict[str, Any]) -> EventRecord:
     }
 
 
-def _inputs_rows_sync(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
     """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
     scan = 4 * LIST_CAP
     while True:
@@ -334,7 +335,7 @@ def receipt_keys(detail: Any) -> list[KeyDiff]:
 
 
 def mismatches_sync(
-    conn: sqlite3.Connection, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None
+    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None
 ) -> tuple[list[ReceiptMismatch], dict[tuple[Any, ...], ReceiptMismatch]]:
     """The listed mismatched receipts, most recently checked first, and each by its row.
 
@@ -379,9 +380,7 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
     }
 
 
-def dream_drift_sync(
-    conn: sqlite3.Connection, counts: dict[str, int]
-) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
+def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
     rows = _rows_sync(conn, "dream_drift", cap=LIST_CAP) + _rows_sync(conn, "dream_legacy", cap=LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
     seen = {d["session_id"] for d in drift}
@@ -408,7 +407,7 @@ def dream_drift_sync(
     return drift, by_class
 
 
-def worker_rows_sync(conn: sqlite3.Connection, now: int) -> list[WorkerRecord]:
+def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
     return [
         {
             "owner_id": r["owner_id"],
@@ -444,7 +443,17 @@ class SnapshotCache:
     misses: int = 0
 
 
-def _session_count_sync(conn: sqlite3.Connection, cache: SnapshotCache, now: int) -> int:
+def _change_key(conn: Conn) -> tuple[int, int] | None:
+    """What moves when anything is committed: None where the engine offers nothing (never reused).
+
+    Read before anything else: a commit landing after it is seen by the next call.
+    """
+    if not isinstance(conn, sqlite3.Connection):
+        return None
+    return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
+
+
+def _session_count_sync(conn: Conn, cache: SnapshotCache, now: int) -> int:
     """Every session: counted whole now and then, in between by the rows added since."""
     if cache.sessions is not None:
         last, count, counted_at = cache.sessions
@@ -461,7 +470,7 @@ def _session_count_sync(conn: sqlite3.Connection, cache: SnapshotCache, now: int
     return int(count)
 
 
-def _read_rows_sync(conn: sqlite3.Connection, cache: SnapshotCache) -> None:
+def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     """Every list and count that does not depend on the clock, into the cache."""
     counts = _counts_sync(conn)
     rows = cache.rows
@@ -477,9 +486,7 @@ def _read_rows_sync(conn: sqlite3.Connection, cache: SnapshotCache) -> None:
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
-def snapshot_sync(
-    conn: sqlite3.Connection, now: int | None = None, cache: SnapshotCache | None = None
-) -> Snapshot:
+def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | None = None) -> Snapshot:
     """Everything but Chroma health and identity; run it inside one read transaction.
 
     With a `cache` (kept between calls on the same connection), what has not
@@ -487,9 +494,8 @@ def snapshot_sync(
     """
     now = clock.now_ms() if now is None else now
     cache = SnapshotCache() if cache is None else cache
-    # read before anything else: a commit landing after this is seen by the next call
-    key = (int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes)
-    if key != cache.key or not cache.rows:
+    key = _change_key(conn)
+    if key is None or key != cache.key or not cache.rows:
         _read_rows_sync(conn, cache)
         cache.key = key
         cache.misses += 1

@@ -16,7 +16,6 @@ journal's oldest retained event; `since` says from when.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from backend.core.errors import RemError
 from backend.ops.records import LatencyHistogram, OperatorActionCount, Throughput
 from backend.runtime.context import Context
-from backend.store.db import Database
+from backend.store.db import Conn, Database
 
 # turn latency: input admitted -> the turn's reply completed (the executor's execution.completed)
 TURN_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -82,7 +81,7 @@ class JournalTally:
     latency: list[int] = field(default_factory=lambda: [0] * (len(TURN_LATENCY_BUCKETS_S) + 1))
     latency_sum_ms: float = 0.0
 
-    def fold_sync(self, conn: sqlite3.Connection, *, max_ranges: int | None = None) -> int:
+    def fold_sync(self, conn: Conn, *, max_ranges: int | None = None) -> int:
         """Fold every event after `through_id` (in bounded id ranges); returns the ranges read."""
         if self.through_id == 0 and self.since is None:
             first = conn.execute(FIRST_SQL).fetchone()
@@ -98,7 +97,7 @@ class JournalTally:
             ranges += 1
         return ranges
 
-    def _fold_range_sync(self, conn: sqlite3.Connection, after: int, upto: int) -> None:
+    def _fold_range_sync(self, conn: Conn, after: int, upto: int) -> None:
         params = {"after": after, "upto": upto}
         for kind, result, forced, n in conn.execute(FOLD_SQL, params):
             if kind in COUNTED_KINDS:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -25,6 +24,7 @@ from backend.ops.alert_rules import firing
 from backend.ops.prometheus import samples
 from backend.ops.records import Moment, Status
 from backend.runtime.context import Context
+from backend.store.db import Conn
 from backend.store.history import Entry, HistoryStore
 
 HISTORY_ROWS = 200
@@ -83,7 +83,7 @@ SELECT id, time, kind, actor, session_id, target, data FROM event
 WHERE id > :last ORDER BY id LIMIT :n"""
 
 
-def events_around_sync(conn: sqlite3.Connection, last_id: int) -> list[dict[str, Any]]:
+def events_around_sync(conn: Conn, last_id: int) -> list[dict[str, Any]]:
     """The journal around a moment, newest first: a few events after it (id > `last_id`), then those before."""
     out = []
     for sql, n, after in ((EVENTS_AFTER_SQL, EVENTS_AFTER, True), (EVENTS_BEFORE_SQL, EVENTS_BEFORE, False)):

@@ -11,11 +11,11 @@ snapshot's read transaction so they agree with its lists.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from backend.ops.records import LeaseTotals, RecoveryTotals, Totals
 from backend.store import workers
+from backend.store.db import Conn
 
 LEASE_KINDS = ("execution", "summary_job", "dream")
 BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
@@ -78,7 +78,7 @@ CLOCKLESS = frozenset(
 
 
 def _rows_sync(
-    conn: sqlite3.Connection, name: str, memo: dict[str, list[tuple[Any, ...]]] | None, **params: object
+    conn: Conn, name: str, memo: dict[str, list[tuple[Any, ...]]] | None, **params: object
 ) -> list[tuple[Any, ...]]:
     """A totals query's rows; a clockless one's come from `memo` when it has them."""
     if memo is not None and name in memo:
@@ -89,9 +89,7 @@ def _rows_sync(
     return rows
 
 
-def _scalar_sync(
-    conn: sqlite3.Connection, name: str, memo: dict[str, list[tuple[Any, ...]]] | None = None
-) -> int | None:
+def _scalar_sync(conn: Conn, name: str, memo: dict[str, list[tuple[Any, ...]]] | None = None) -> int | None:
     rows = _rows_sync(conn, name, memo)
     return None if not rows or rows[0][0] is None else int(rows[0][0])
 
@@ -101,7 +99,7 @@ def _age(now: int, since: int | None) -> int:
 
 
 def lease_totals_sync(
-    conn: sqlite3.Connection, now: int, memo: dict[str, list[tuple[Any, ...]]] | None = None
+    conn: Conn, now: int, memo: dict[str, list[tuple[Any, ...]]] | None = None
 ) -> dict[str, LeaseTotals]:
     """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
     fresh = now - workers.WORKER_DEAD_AFTER_MS
@@ -128,7 +126,7 @@ def lease_totals_sync(
 
 
 def totals_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     now: int,
     counts: dict[str, int],
     memo: dict[str, list[tuple[Any, ...]]] | None = None,
