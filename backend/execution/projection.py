@@ -16,11 +16,12 @@ import sqlite3
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.execution.leases import UNSAFE_NO_FENCING
+from backend.execution.leases import FENCE, UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
-# superseded (closed by a newer turn or a recovery), error (the agent failed).
+# superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
+# the next step re-asks), error (the agent failed).
 ANSWERED = ("completed", "error")
 
 
@@ -62,9 +63,13 @@ def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int)
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
+    # a streaming row's text lives in its parts (flushes never rewrite the row): closing
+    # it records the text that was durable, so the transcript shows what was cut off
     rows = conn.execute(
         "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
-        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by) "
+        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by, '$.text', "
+        "(SELECT coalesce(group_concat(json_extract(p.data, '$.text'), ''), '') FROM "
+        "(SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY idx) AS p)) "
         "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
@@ -91,6 +96,39 @@ def write_parts(
             for i, text in enumerate(parts)
         ],
     )
+
+
+# The fence rides in the insert itself: a streamed part needs no write to the lease row
+# (the renewal loop keeps the lease), so a flush writes the part's pages and nothing else.
+FENCED_PART_SQL = f"""
+INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data)
+SELECT :pid, :mid, :sid, :idx, 'text', :now, :data
+WHERE EXISTS (SELECT 1 FROM session_execution WHERE {FENCE})
+"""
+
+
+def write_fenced_part(
+    conn: sqlite3.Connection, lease: Lease, message_id: str, idx: int, text: str, now: int
+) -> None:
+    """Append one streamed part if `lease` is still held, else raise LeaseLost (nothing written)."""
+    changed = conn.execute(
+        FENCED_PART_SQL,
+        {
+            "pid": f"{message_id}:p{idx}",
+            "mid": message_id,
+            "sid": lease.session_id,
+            "idx": idx,
+            "now": now,
+            "data": dumps({"text": text}),
+            "id": lease.execution_id,
+            "owner": lease.owner_id,
+            "epoch": lease.epoch,
+        },
+    ).rowcount
+    if not changed:
+        raise LeaseLost(
+            f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
+        )
 
 
 def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int) -> None:

@@ -15,11 +15,12 @@ from typing import Any
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, classify_drift
+from backend.ops import model_health
 from backend.store import workers
 
 LIST_CAP = 500
 EVENT_TAIL = 100
-OPERATOR_KINDS = ("operator.replay", "operator.drain", "operator.release")
+OPERATOR_KINDS = ("operator.replay", "operator.drain", "operator.release", "operator.resume")
 RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
 
 # Scalar counts, all fetched in ONE statement (one round trip to the db thread).
@@ -109,13 +110,13 @@ LIST_QUERIES: dict[str, str] = {
         ORDER BY role, started_at LIMIT :cap""",
     "recent_actions": """
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release')
+        WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release', 'operator.resume')
         ORDER BY id DESC LIMIT 20""",
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES}
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **model_health.QUERIES}
 LEASE_CAP = 5000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
@@ -155,6 +156,8 @@ def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[
     return {
         "inputs": inputs,
         "inputs_total": counts["inputs_total"],
+        # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
+        "held": model_health.held(conn, now),
         "recoveries": recoveries,
         "summary_jobs": summary,
         "dream": {"pending": counts["dream_pending"], "by_state": by_state},
@@ -272,6 +275,8 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
         "dream_counts": drift_counts,
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
+        "model": model_health.model_health(conn, now),
+        "usage": model_health.usage(conn),
         "recent_actions": [_event(r) for r in _rows(conn, "recent_actions")],
         "events": [_event(r) for r in _rows(conn, "events", tail=EVENT_TAIL)],
         "counts": {
@@ -283,6 +288,7 @@ def snapshot(conn: sqlite3.Connection, now: int | None = None) -> dict[str, Any]
             "mismatches": sum(counts[f"receipt_{v}"] for v in RECEIPT_VERDICTS if v != "present"),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
+            "held": len(back["held"]),
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
     }

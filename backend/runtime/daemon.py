@@ -17,7 +17,7 @@ from typing import Any
 from backend.core import faults
 from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
 from backend.runtime.context import Context
-from backend.store import workers
+from backend.store import model_calls, workers
 from backend.store.db import Database
 
 IDLE_POLL_S = 0.05
@@ -140,6 +140,8 @@ class Daemon:
                     self.log.info("%s asked to drain", self.owner_id)
                     self.draining.set()
                 await self.on_heartbeat()
+                # model requests no step transaction carried (synthesis, embeddings, retries)
+                await model_calls.flush(self.db, self.owner_id)
             except RemError as exc:
                 self.log.warning("%s heartbeat failed: %s", self.owner_id, exc)
 
@@ -160,6 +162,8 @@ class Daemon:
                 await self._heartbeat_task
         try:
             await self.hand_back()
+            with contextlib.suppress(RemError):
+                await model_calls.flush(self.db, self.owner_id)
         finally:
             await workers.mark_stopped(self.db, self.owner_id, reason)
             self.log.info("%s %s stopped (%s)", self.role, self.owner_id, reason)
