@@ -381,6 +381,8 @@ class Executor(Daemon):
             async for part in stream:
                 if state.lease.lost:
                     raise LeaseLost(f"execution {state.lease.execution_id}: renewal failed")
+                if not part:
+                    continue  # nothing to make durable (never an empty part row)
                 step.parts.append(part)
                 writer.add(part)
         except StreamInterrupted as exc:

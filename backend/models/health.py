@@ -13,6 +13,7 @@ that cannot write (its database is locked for minutes) drops the oldest.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.core import clock
@@ -47,6 +48,9 @@ class CallRecord:
 _lock = threading.Lock()
 _pending: list[CallRecord] = []
 dropped = 0
+# called (from any thread) when a failed attempt is buffered: a daemon writes failures at
+# once, so a process killed during a retry's backoff has already journaled them
+on_failure: list[Callable[[], None]] = []
 
 
 def record(call: CallRecord) -> None:
@@ -57,6 +61,9 @@ def record(call: CallRecord) -> None:
         if len(_pending) > BUFFER_MAX:
             del _pending[0]
             dropped += 1
+    if call.outcome != "ok":
+        for notify in list(on_failure):
+            notify()
 
 
 def take() -> list[CallRecord]:
