@@ -81,7 +81,9 @@ async def _run_turn(root: Path, deltas: list[str], pauses: list[float]) -> tuple
         await sessions.admit(db, "s1", "split me", input_id="q1")
         await Executor(ctx, once=True, agent=ScriptedAgent(deltas, pauses)).run()
         row = await db.fetchone("SELECT id, data FROM session_message WHERE type = 'assistant'")
-        parts = await db.fetchall("SELECT data FROM session_part WHERE message_id = ? ORDER BY idx", (row[0],))
+        parts = await db.fetchall(
+            "SELECT data FROM session_part WHERE message_id = ? ORDER BY idx", (row[0],)
+        )
         assert await db.read_snapshot(projection.transcript_violations) == []
         data = json.loads(row[1])
         return data["status"], data["text"], [json.loads(p[0])["text"] for p in parts]
