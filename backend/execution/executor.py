@@ -37,7 +37,7 @@ from backend.core.settings import settings
 from backend.execution import leases, model_turns, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
 from backend.execution.leases import Lease
-from backend.execution.streaming import PartWriter, StreamStats
+from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
 from backend.models.health import CallRecord
@@ -121,6 +121,7 @@ class Executor(Daemon):
         # how many earlier messages a step reads for the agent (none: no query at all)
         self.history_messages = int(getattr(self.agent, "history_messages", 0) or 0)
         self.reasks = settings.model_retries
+        self._sink: PartSink | None = None
         self._renewer: asyncio.Task[None] | None = None
 
     def info(self) -> dict[str, Any]:
@@ -173,16 +174,20 @@ class Executor(Daemon):
         if self._capacity() <= 0:
             return 0
         rows = await self.db.fetchall(WAKE_SQL, {"limit": self._capacity() * 4})
+        candidates = [sid for sid in dict.fromkeys(r[0] for r in rows) if sid not in self.tasks]
+        # claimed together, the claims share group commits (a backlog of 200 sessions starts in
+        # a few commits, not 200 round trips); a claim that loses a race just starts nothing
+        claims = await asyncio.gather(
+            *(self._claim(sid) for sid in candidates[: self._capacity()]), return_exceptions=True
+        )
         started = 0
-        for session_id in dict.fromkeys(r[0] for r in rows):
-            if session_id in self.tasks:
-                continue
-            if self._capacity() <= 0:
-                break
-            lease = await self._claim(session_id)
-            if lease is not None:
+        for session_id, lease in zip(candidates, claims, strict=False):
+            if isinstance(lease, Lease):
                 self._spawn(session_id, self._run_session(TurnState(lease)))
                 started += 1
+        for failure in claims:
+            if isinstance(failure, BaseException):
+                raise failure
         return started
 
     async def _claim(self, session_id: str) -> Lease | None:
@@ -400,8 +405,9 @@ class Executor(Daemon):
     async def _flush_parts(self, parts: list[str], *, state: TurnState, step: Step) -> None:
         if step.written:
             faults.point("executor.mid_stream")
-        text = "".join(parts)
-        await self.db.write_sync(lambda conn: self._flush(conn, state, step, text))
+        if self._sink is None:
+            self._sink = PartSink(self.db)
+        await self._sink.write(state.lease, step.assistant_id, step.written, "".join(parts))
         step.written += 1
 
     def _flush(self, conn: sqlite3.Connection, state: TurnState, step: Step, text: str) -> None:

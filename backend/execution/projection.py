@@ -16,7 +16,7 @@ import sqlite3
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.execution.leases import FENCE, UNSAFE_NO_FENCING, Lease
+from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
@@ -98,34 +98,53 @@ def write_parts(
     )
 
 
-# The fence rides in the insert itself: a streamed part needs no write to the lease row
-# (the renewal loop keeps the lease), so a flush writes the part's pages and nothing else.
-FENCED_PART_SQL = f"""
+# Streamed parts, many sessions' at once, in ONE statement: each row fenced on its own
+# lease in the insert itself (no write to the lease rows: the renewal loop keeps them), so
+# a lost lease drops only its own rows. One statement matters: the database thread
+# retakes the GIL after every SQLite call, and on a busy event loop each retake waits.
+PARTS_SQL = f"""
 INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data)
-SELECT :pid, :mid, :sid, :idx, 'text', :now, :data
-WHERE EXISTS (SELECT 1 FROM session_execution WHERE {FENCE})
+SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', j.value ->> 'idx', 'text', :now,
+       j.value ->> 'data'
+FROM json_each(:rows) AS j
+WHERE EXISTS (SELECT 1 FROM session_execution AS e WHERE e.id = j.value ->> 'eid'
+              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = j.value ->> 'epoch'"})
 """
+WRITTEN_SQL = """
+SELECT json_group_array(id) FROM session_part
+WHERE id IN (SELECT j.value ->> 'pid' FROM json_each(:rows) AS j)
+"""
+
+
+def part_row(lease: Lease, message_id: str, idx: int, text: str) -> dict[str, Any]:
+    """One part for `write_fenced_parts`: its id, place, text and the lease that must still hold."""
+    return {
+        "pid": f"{message_id}:p{idx}",
+        "mid": message_id,
+        "sid": lease.session_id,
+        "idx": idx,
+        # encoded here, not by SQLite: its text functions stop at a NUL character
+        "data": dumps({"text": text}),
+        "eid": lease.execution_id,
+        "owner": lease.owner_id,
+        "epoch": lease.epoch,
+    }
+
+
+def write_fenced_parts(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: int) -> set[str]:
+    """Insert the parts whose lease still holds; returns the ids written (the rest: lease lost)."""
+    payload = dumps(rows)
+    written = conn.execute(PARTS_SQL, {"rows": payload, "now": now}).rowcount
+    if written == len(rows):
+        return {row["pid"] for row in rows}
+    return set(json.loads(conn.execute(WRITTEN_SQL, {"rows": payload}).fetchone()[0]))
 
 
 def write_fenced_part(
     conn: sqlite3.Connection, lease: Lease, message_id: str, idx: int, text: str, now: int
 ) -> None:
     """Append one streamed part if `lease` is still held, else raise LeaseLost (nothing written)."""
-    changed = conn.execute(
-        FENCED_PART_SQL,
-        {
-            "pid": f"{message_id}:p{idx}",
-            "mid": message_id,
-            "sid": lease.session_id,
-            "idx": idx,
-            "now": now,
-            "data": dumps({"text": text}),
-            "id": lease.execution_id,
-            "owner": lease.owner_id,
-            "epoch": lease.epoch,
-        },
-    ).rowcount
-    if not changed:
+    if not write_fenced_parts(conn, [part_row(lease, message_id, idx, text)], now):
         raise LeaseLost(
             f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
         )

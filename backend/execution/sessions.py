@@ -181,7 +181,7 @@ def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, del
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def dumps(data: dict[str, Any]) -> str:
+def dumps(data: Any) -> str:
     """Compact JSON for the data columns (UTF-8 kept as is)."""
     return _ENCODER.encode(data)
 
