@@ -10,7 +10,7 @@ from rich.text import Text
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-WHAT_TONE = {"parked": "error", "failed": "error", "recov": "warning"}
+WHAT_TONE = {"parked": "error", "failed": "error", "held": "error", "recov": "warning"}
 
 
 def _what(record: Record, now: int, palette: Palette) -> Text:
@@ -32,11 +32,18 @@ def _detail(record: Record) -> str:
         return f"{text} {error}" if error else text
     if what == "failed":
         return f"×{record.get('attempts', 0)} {record.get('last_error') or ''}".strip()
+    if what == "held":
+        return f"{record.get('waiting', 0)} asleep · {record.get('reason') or ''} · u resumes"
     return str(record.get("detail", ""))
 
 
 def _rows(snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
     backlog = snapshot.get("backlog") or {}
+    for held in backlog.get("held") or []:
+        yield (
+            f"held:{held.get('session_id')}",
+            {"what": "held", "target": held.get("session_id"), "since": held.get("held_at"), **held},
+        )
     recoveries = sorted(backlog.get("recoveries") or [], key=lambda r: not r.get("parked"))
     for rec in recoveries:
         what = "parked" if rec.get("parked") else "recov"
@@ -70,7 +77,7 @@ def summary_line(snapshot: Mapping[str, Any]) -> str:
 
 
 class BacklogTable(SnapshotTable):
-    """Work waiting: recoveries (parked first), failed summaries, inputs by oldest."""
+    """Work waiting: sessions held for an operator, recoveries (parked first), failed summaries, inputs."""
 
     PANEL_TITLE = "Backlog"
     PANEL_NAME = "backlog"
@@ -97,8 +104,13 @@ class BacklogTable(SnapshotTable):
         counts = snapshot.get("counts") or {}
         backlog = snapshot.get("backlog") or {}
         parked = sum(1 for r in backlog.get("recoveries") or [] if r.get("parked"))
+        held = len(backlog.get("held") or [])
         total = counts.get("backlog", len(self._rows))
-        title = f"Backlog {total}" + (f" · {parked} parked" if parked else "")
+        title = (
+            f"Backlog {total}"
+            + (f" · {parked} parked" if parked else "")
+            + (f" · {held} held" if held else "")
+        )
         failed = (backlog.get("summary_jobs") or {}).get("failed", 0)
         self.summary = summary_line(snapshot)
-        return title, bool(parked or failed)
+        return title, bool(parked or failed or held)

@@ -23,6 +23,31 @@ def chroma_label(chroma: Mapping[str, Any] | None) -> tuple[str, bool | None]:
     return (f"Chroma up{where}", True) if chroma.get("healthy") else (f"Chroma DOWN{where}", False)
 
 
+MODEL_TONE = {"ok": "success", "degraded": "warning", "down": "error", "idle": "muted"}
+
+
+def model_label(model: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """The model endpoint's health in a few words, and its tone (None: no model used, ever)."""
+    if not model or model.get("state") in (None, "unused"):
+        return None
+    state = str(model["state"])
+    if state == "idle":
+        return "model idle", "muted"
+    label = f"model {state}"
+    if state == "down":
+        last = model.get("last_error") or {}
+        label = f"model DOWN ({last.get('error_class')})" if last.get("error_class") else "model DOWN"
+    parts = [label]
+    if model.get("requests"):
+        parts.append(f"{100 * float(model.get('error_rate') or 0):.0f}% err")
+    if model.get("retries"):
+        parts.append(f"{model['retries']} retries")
+    if model.get("ttft_ms_p95") is not None:
+        p95 = float(model["ttft_ms_p95"])
+        parts.append(f"p95 {p95:.0f} ms" if p95 < 1000 else f"p95 {p95 / 1000:.1f} s")
+    return " ".join(parts), MODEL_TONE.get(state, "muted")
+
+
 class ConsoleHeader(Static):
     """Where this console looks and what state it is in, in one line."""
 
@@ -87,6 +112,11 @@ class ConsoleHeader(Static):
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))
         line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
+        model = model_label(snap.get("model"))
+        if model is not None:
+            text, tone = model
+            line.append("  ● ", style=Style(color=self.palette[tone]))
+            line.append(text, style=Style(color=self.palette[tone]) if tone in ("error", "warning") else "")
         if snap.get("schema_version") is not None:
             line.append(f"  schema v{snap['schema_version']}")
         counts = snap.get("counts") or {}
