@@ -321,7 +321,7 @@ ALTER TABLE session ADD COLUMN held_reason TEXT;
 ALTER TABLE session ADD COLUMN model_error TEXT CHECK (model_error IS NULL OR json_valid(model_error));
 CREATE INDEX session_held_idx ON session(held_at) WHERE held_at IS NOT NULL;
 CREATE INDEX session_usage_idx ON session(cost, tokens_input, tokens_output, tokens_reasoning,
-                                          tokens_cache_read, tokens_cache_write)
+                                          tokens_cache_read, tokens_cache_write, model_error)
     WHERE tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL;
 
 CREATE TABLE model_call (

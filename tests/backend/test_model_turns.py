@@ -324,3 +324,21 @@ async def test_the_api_key_is_sent_but_never_stored_or_logged(
     key_file.chmod(0o644)
     with pytest.raises(Exception, match="chmod 600"):
         OpenAIAgent()
+
+
+async def test_rem_check_verifies_the_totals_against_the_replies_usage(
+    db_ctx: Context, fake_model: FakeOpenAIServer
+) -> None:
+    fake_model.set_default(Scenario(reply=REPLY, prompt_tokens=500, cached_tokens=100))
+    db = await db_ctx.db()
+    for i in range(3):
+        await sessions.admit(db, "s1", f"question {i}", input_id=f"q{i}")
+    await _executor(db_ctx).run()
+    report = await ops.check(db_ctx, verify_chroma=False)
+    assert report["ok"] and "usage" in report["checked"]
+    assert await db.scalar("SELECT tokens_input FROM session") == 3 * 400
+    async with db.tx() as conn:  # a reply's usage counted twice: what the same-transaction rule prevents
+        await conn.execute("UPDATE session SET tokens_input = tokens_input + 400")
+    report = await ops.check(db_ctx, verify_chroma=False)
+    (finding,) = [v for v in report["violations"] if v["invariant"] == "usage"]
+    assert finding["rows"][0]["session_id"] == "s1" and finding["rows"][0]["tokens_input"] == 1600
