@@ -12,6 +12,7 @@ from backend.chroma import server as chroma_server
 from backend.chroma.server import ChromaServer
 from backend.core import clock, faults
 from backend.core.datadir import DataDir
+from backend.models import health
 from backend.runtime.context import Context
 from tests.fake_openai import FakeOpenAIServer, Scenario
 
@@ -95,6 +96,8 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS", "REM_MODEL_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     faults.reset()
+    health.take()  # model request records are per process: a test starts with none
     yield
     faults.reset()
+    health.take()
     clock.set_clock(None)
