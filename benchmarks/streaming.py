@@ -96,14 +96,14 @@ async def bare_rate(db: Database, count: int) -> float:
 
 def count_transactions(db: Database) -> dict[str, int]:
     counter = {"tx": 0}
-    original = db.write_sync
+    original = db.write_in_thread
 
     async def counted(fn: Any) -> Any:
         result = await original(fn)
         counter["tx"] += 1
         return result
 
-    db.write_sync = counted  # type: ignore[method-assign]
+    db.write_in_thread = counted  # type: ignore[method-assign]
     return counter
 
 
@@ -178,7 +178,7 @@ async def measure(root: Path, server: FakeOpenAIProcess, args: argparse.Namespac
     cpu, server_cpu = self_cpu_s() - cpu, proc_cpu_s(server.pid) - server_cpu
     busy = machine_busy_s() - busy
     commits, pages = db.groups_committed - groups, wal_frames(db) - frames
-    db.write_sync = Database.write_sync.__get__(db)  # type: ignore[method-assign]
+    db.write_in_thread = Database.write_in_thread.__get__(db)  # type: ignore[method-assign]
     await db.fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
     bare_after = await bare_rate(db, args.bare - args.bare // 2)
     bare = 2 / (1 / bare_before + 1 / bare_after)

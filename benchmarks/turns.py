@@ -10,7 +10,7 @@ Each round, on a fresh data dir, `--slices` times in a row:
    state.db through the same aiosqlite `Database`, one statement per call;
 3. times one in-process `Executor` (`--once`, instant agent) until every input of
    the slice is promoted and answered, counting its write transactions (every
-   `db.tx()` and `db.write_sync()`) and the WAL frames (pages) they write;
+   `db.tx()` and `db.write_in_thread()`) and the WAL frames (pages) they write;
 and a last bare burst after the last slice. Turn and bare work alternate every
 few hundred milliseconds, so a busy or quiet patch of a shared machine weighs on
 both sides of the ratio alike (whole-run alternation gave rounds from 0.37 to
@@ -54,9 +54,9 @@ ASKS = (
 
 
 def count_transactions(db: Database) -> dict[str, Any]:
-    """Wrap `db.tx` and `db.write_sync` so every write transaction on this Database is counted."""
+    """Wrap `db.tx` and `db.write_in_thread` so every write transaction on this Database is counted."""
     counter: dict[str, Any] = {"tx": 0}
-    original_tx, original_write = db.tx, db.write_sync
+    original_tx, original_write = db.tx, db.write_in_thread
     counter["original"] = (original_tx, original_write)
 
     @contextlib.asynccontextmanager
@@ -71,7 +71,7 @@ def count_transactions(db: Database) -> dict[str, Any]:
         return result
 
     db.tx = counted_tx  # type: ignore[method-assign]
-    db.write_sync = counted_write  # type: ignore[method-assign]
+    db.write_in_thread = counted_write  # type: ignore[method-assign]
     return counter
 
 
@@ -105,7 +105,7 @@ async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, A
     await executor.run()
     elapsed, cpu = time.perf_counter() - start, cpu_s() - cpu
     frames = await wal_frames(db)
-    db.tx, db.write_sync = counter.pop("original")  # type: ignore[assignment,method-assign]
+    db.tx, db.write_in_thread = counter.pop("original")  # type: ignore[assignment,method-assign]
     return {
         "elapsed": elapsed,
         "cpu": cpu,

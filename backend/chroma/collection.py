@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable
@@ -29,6 +29,13 @@ log = logging.getLogger("rem.chroma_store")
 
 COLLECTION = Settings.chroma_collection.default
 Metadata = dict[str, Any]
+
+
+class ChromaRow(NamedTuple):
+    """One row of the collection as `get` returns it."""
+
+    document: str | None
+    metadata: Metadata
 
 
 def _is_transport_error(exc: BaseException) -> bool:
@@ -108,17 +115,17 @@ class ChromaStore:
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
         return await asyncio.to_thread(self._call, fn)
 
-    async def get(
-        self, ids: Sequence[str], *, include_embeddings: bool = False
-    ) -> dict[str, tuple[str | None, Metadata]]:
-        """`{id: (document, metadata)}` for the ids that exist (one round trip)."""
+    async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, ChromaRow]:
+        """`{id: ChromaRow(document, metadata)}` for the ids that exist (one round trip)."""
         include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
         if not ids:
             return {}
         result = await self._run(lambda c: c.get(ids=list(ids), include=include))
-        rows: dict[str, tuple[str | None, Metadata]] = {}
+        rows: dict[str, ChromaRow] = {}
         for i, row_id in enumerate(result["ids"]):
-            rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
+            rows[row_id] = ChromaRow(
+                document=result["documents"][i], metadata=dict(result["metadatas"][i] or {})
+            )
         return rows
 
     async def upsert(

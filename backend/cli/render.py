@@ -6,7 +6,11 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from backend.ops.records import ModelHealth, ReplayReport, Status
+from backend.store.workers import WorkerState
 
 
 def _money(value: float | None) -> str:
@@ -30,7 +34,7 @@ def _tokens(tokens: dict[str, int]) -> str:
 MODEL_TONE = {"ok": "green", "degraded": "yellow", "down": "red"}
 
 
-def model_lines(model: dict[str, Any]) -> list[str]:
+def model_lines(model: ModelHealth) -> list[str]:
     """The model-health block of `rem status`, in rich markup."""
     state = model["state"]
     if state == "unused":
@@ -51,32 +55,97 @@ def model_lines(model: dict[str, Any]) -> list[str]:
         f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
         f"time to first token {ttft}",
     ]
-    last = model.get("last_error")
+    last = model["last_error"]
     if last:
-        lines.append(f"  last error: {last['error_class']} {last.get('message') or ''}".rstrip())
+        lines.append(f"  last error: {last['error_class']} {escape(last['message'] or '')}".rstrip())
     return lines
 
 
-def print_status(result: dict[str, Any]) -> None:
-    console = Console()
-    chroma = result["chroma"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
-    console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
-    console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
-    counts = result["counts"]
+STATUS_ROWS = 20  # rows per list; `--json` has them all
+
+
+def print_status(result: Status) -> None:
+    """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
+    console = Console(highlight=False)
+    chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
     console.print(
-        f"{counts['sessions']:,} sessions, backlog {counts['backlog']:,}, {counts['expired_leases']} expired "
-        f"leases, {counts['mismatches']} receipt mismatches, Dream {counts['dream_pending']:,} pending, "
-        f"{counts['workers_alive']} workers alive"
+        f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
+        f"{counts['sessions']} sessions"
+    )
+    console.print(f"Chroma {chroma['url'] or '-'}: {health}")
+    console.print(
+        f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
+        f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
+        f"workers alive {counts['workers_alive']}"
     )
     for line in model_lines(result["model"]):
         console.print(line)
     for held in result["backlog"]["held"]:
         console.print(
-            f"[red]held[/] {held['session_id']}: {held['reason']} ({held['waiting']} waiting); "
-            f"`rem resume {held['session_id']}` once fixed",
-            markup=True,
+            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {held['session_id']}` once fixed"
         )
+    _print_usage(console, result)
+    _print_rows(
+        console,
+        "Leases",
+        ("kind", "id", "owner", "epoch", "left"),
+        [
+            (
+                lease["kind"],
+                lease["id"],
+                lease["owner_id"] or "-",
+                lease["epoch"],
+                f"{lease['time_left_ms'] / 1000:.0f} s",
+            )
+            for lease in result["leases"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Receipt mismatches",
+        ("summary", "verdict", "keys"),
+        [
+            (r["summary_id"], r["verdict"], ", ".join(str(k["key"]) for k in r["keys"]) or "-")
+            for r in result["receipts"]["mismatched"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Dream drift",
+        ("session", "class", "attempts"),
+        [(d["session_id"], d["class"], d["digest_attempts"]) for d in result["dream_drift"]],
+    )
+    _print_rows(
+        console,
+        "Workers",
+        ("owner", "role", "state", "pid", "heartbeat"),
+        [
+            (
+                w["owner_id"],
+                w["role"],
+                w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["pid"],
+                f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
+            )
+            for w in result["workers"]
+        ],
+    )
+
+
+def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(*columns, title=f"{title} ({len(rows)})", title_justify="left", box=None)
+    for row in rows[:STATUS_ROWS]:
+        table.add_row(*(escape(str(cell)) for cell in row))
+    console.print(table)
+    if len(rows) > STATUS_ROWS:
+        console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
+
+
+def _print_usage(console: Console, result: Status) -> None:
     usage = result["usage"]
     total = usage["total"]
     if not total["sessions"]:
@@ -85,11 +154,11 @@ def print_status(result: dict[str, Any]) -> None:
         f"Usage: {total['sessions']:,} sessions, {_tokens(total['tokens'])}, cost {_money(total['cost'])}"
     )
     table = Table("session", "model", "turns", "tokens", "cost", "last model error", box=None)
-    for row in usage["sessions"][:10]:
+    for row in usage["sessions"][:STATUS_ROWS]:
         error = row["last_error"] or {}
         table.add_row(
             row["session_id"],
-            row["model"] or "-",
+            escape(row["model"] or "-"),
             str(row["turns"]),
             _tokens(row["tokens"]),
             _money(row["cost"]),
@@ -231,7 +300,7 @@ def print_bench(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def print_replay(result: dict[str, Any]) -> None:
+def print_replay(result: ReplayReport) -> None:
     console = Console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
@@ -258,7 +327,7 @@ def drain_progress_printer() -> Any:
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()
             last[:] = [line]
-        if report["state"] == "stopped":
+        if report["state"] == WorkerState.STOPPED:
             sys.stderr.write("\n")
 
     return show

@@ -6,7 +6,7 @@ execution: claim (`ready`) -> per step: promote inputs and open the
 assistant row (`unknown`), stream parts, close the row (`safe`) -> at the
 end, delete the execution row (clean end). `steer` inputs join the running
 turn at the next step boundary; a `queue` input starts the next turn. Every
-write transaction of a turn starts with `leases.guard`, fenced on
+write transaction of a turn starts with `leases.guard_sync`, fenced on
 (execution id, owner, epoch). Expired or released executions are taken
 over through `backend.execution.recovery`. Draining stops claiming, lets in-flight
 turns finish (bounded), and ends their leases cleanly.
@@ -36,7 +36,7 @@ from backend.core.errors import LeaseLost, RemError
 from backend.core.settings import settings
 from backend.execution import leases, model_turns, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
-from backend.execution.leases import Lease
+from backend.execution.leases import ExecutionPhase, Lease
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
@@ -45,6 +45,7 @@ from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import WorkerRole
 
 # The wake scan, served by the seed's index
 # session_input_wake_pending_promoted_attempts_created_id_idx: least-tried first,
@@ -82,7 +83,7 @@ class TurnState:
     interruptions: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Step:
     """One step in flight: its assistant row, what it answers, the parts streamed so far."""
 
@@ -96,7 +97,7 @@ class Step:
 
 
 class Executor(Daemon):
-    role = "executor"
+    role = WorkerRole.EXECUTOR
 
     def __init__(
         self,
@@ -151,22 +152,22 @@ class Executor(Daemon):
         if self._capacity() <= 0:
             return 0
         limit = self._capacity() * 2
-        candidates = await self.db.read_snapshot(
-            lambda conn: recovery.recoverable(conn, clock.now_ms(), limit)
+        candidates = await self.db.read_in_thread(
+            lambda conn: recovery.recoverable_sync(conn, clock.now_ms(), limit)
         )
         started = 0
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            taken = await self.db.write_sync(partial(self._take_over_tx, execution_id=execution_id))
+            taken = await self.db.write_in_thread(partial(self._take_over_sync, execution_id=execution_id))
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
                 started += 1
         return started
 
-    def _take_over_tx(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
-        return recovery.take_over(
+    def _take_over_sync(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+        return recovery.take_over_sync(
             conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
         )
 
@@ -192,17 +193,17 @@ class Executor(Daemon):
 
     async def _claim(self, session_id: str) -> Lease | None:
         """Claim the session's lease if it has a waiting input (counting that input's attempt first)."""
-        lease = await self.db.write_sync(lambda conn: self._claim_tx(conn, session_id, clock.now_ms()))
+        lease = await self.db.write_in_thread(lambda conn: self._claim_sync(conn, session_id, clock.now_ms()))
         if lease is not None:
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
 
-    def _claim_tx(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+    def _claim_sync(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
         # the oldest waiting input's attempt is counted before the work; nothing waiting
         # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
-        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
+        lease = leases.claim_execution_sync(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
         if lease is None:
             return None
         append_event_sync(
@@ -253,25 +254,27 @@ class Executor(Daemon):
     async def _drive(self, state: TurnState) -> None:
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
-            step = await self.db.write_sync(lambda conn: self._begin_step(conn, state, clock.now_ms()))
+            step = await self.db.write_in_thread(
+                lambda conn: self._begin_step_sync(conn, state, clock.now_ms())
+            )
             if step is None:
                 return
             faults.point("executor.after_promote")
             try:
                 tail, arrived, broken = await self._stream(state, step)
             except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
-                await self._write(partial(self._fail_step, state=state, step=step, exc=exc))
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
-                await self._write(partial(self._fail_step, state=state, step=step, exc=exc))
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             if broken is not None:
-                finish = partial(self._interrupt_step, state=state, step=step, tail=tail, error=broken)
+                finish = partial(self._interrupt_step_sync, state=state, step=step, tail=tail, error=broken)
             else:
                 faults.point("executor.before_complete")
-                finish = partial(self._finish_step, state=state, step=step, tail=tail)
+                finish = partial(self._finish_step_sync, state=state, step=step, tail=tail)
             more = await self._write(finish)
             self.stream_stats.committed(arrived, asyncio.get_running_loop().time())
             if not more:
@@ -281,43 +284,45 @@ class Executor(Daemon):
         """A step-closing transaction, carrying the model request records made so far."""
         calls = health.take()
         try:
-            return bool(await self.db.write_sync(partial(fn, calls=calls)))
+            return bool(await self.db.write_in_thread(partial(fn, calls=calls)))
         except BaseException:
             health.give_back(calls)
             raise
 
-    def _begin_step(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
+    def _begin_step_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
         lease = state.lease
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
-        leases.guard(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
-        unanswered = self._recovered_prompts(conn, state)
+        leases.guard_sync(
+            conn, lease, now=now, phase=ExecutionPhase.UNKNOWN, step=number, assistant_message_id=aid
+        )
+        unanswered = self._recovered_prompts_sync(conn, state)
         inputs = (
             []
             if self.draining.is_set()
-            else sessions.pending_inputs(conn, lease.session_id, turn_start=not state.turn_started)
+            else sessions.pending_inputs_sync(conn, lease.session_id, turn_start=not state.turn_started)
         )
         if not unanswered and not inputs:
-            self._end(conn, state, now)
+            self._end_sync(conn, state, now)
             return None
-        step = self._open_step(conn, state, number, aid, unanswered, inputs, now)
+        step = self._open_step_sync(conn, state, number, aid, unanswered, inputs, now)
         # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    def _recovered_prompts(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
+    def _recovered_prompts_sync(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
         """After a takeover or a broken stream: what was promoted but never answered."""
         sid, eid = state.lease.session_id, state.lease.execution_id
         if state.recovering:
-            state.turn_started = projection.execution_started_turn(conn, sid, eid)
-            recovery.mark_continuing(conn, eid)
-            state.reask = model_turns.interrupted_reply(conn, sid)
+            state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
+            recovery.mark_continuing_sync(conn, eid)
+            state.reask = model_turns.interrupted_reply_sync(conn, sid)
         elif state.reask is None:
             return []
-        return projection.unanswered_prompts(conn, sid)
+        return projection.unanswered_prompts_sync(conn, sid)
 
-    def _open_step(
+    def _open_step_sync(
         self,
         conn: sqlite3.Connection,
         state: TurnState,
@@ -328,13 +333,13 @@ class Executor(Daemon):
         now: int,
     ) -> Step:
         lease, sid = state.lease, state.lease.session_id
-        first = sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
-        promoted = sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
+        first = sessions.reserve_seqs_sync(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
+        promoted = sessions.promote_sync(conn, sid, lease.execution_id, inputs, first, now)
         if promoted and not state.turn_started:
-            projection.record_context_epoch(
+            projection.record_context_epoch_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
-        superseded = projection.supersede_open(conn, sid, aid, now)
+        superseded = projection.supersede_open_sync(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {
             "execution_id": lease.execution_id,
@@ -346,7 +351,7 @@ class Executor(Daemon):
             "epoch": lease.epoch,
             "agent": self.agent.name,
         }
-        sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
+        sessions.insert_message_sync(conn, aid, sid, "assistant", first + len(promoted), data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
             append_event_sync(
@@ -372,8 +377,8 @@ class Executor(Daemon):
             request.interrupted, request.interrupted_reason = state.reask.partial, state.reask.reason
             state.reask = None
         if self.history_messages:
-            request.history = model_turns.history(conn, sid, prompts[0]["seq"], self.history_messages)
-        return Step(number, aid, data, request)
+            request.history = model_turns.history_sync(conn, sid, prompts[0]["seq"], self.history_messages)
+        return Step(number=number, assistant_id=aid, data=data, request=request)
 
     async def _stream(
         self, state: TurnState, step: Step
@@ -410,11 +415,13 @@ class Executor(Daemon):
         await self._sink.write(state.lease, step.assistant_id, step.written, "".join(parts))
         step.written += 1
 
-    def _flush(self, conn: sqlite3.Connection, state: TurnState, step: Step, text: str) -> None:
+    def _flush_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, text: str) -> None:
         """One coalesced part, fenced (no lease-row write: the renewal loop keeps the lease)."""
-        projection.write_fenced_part(conn, state.lease, step.assistant_id, step.written, text, clock.now_ms())
+        projection.write_fenced_part_sync(
+            conn, state.lease, step.assistant_id, step.written, text, clock.now_ms()
+        )
 
-    def _finish_step(
+    def _finish_step_sync(
         self,
         conn: sqlite3.Connection,
         state: TurnState,
@@ -424,16 +431,16 @@ class Executor(Daemon):
     ) -> bool:
         """Close the step (`safe`, assistant completed, usage counted); end the turn unless a steer waits."""
         lease, now = state.lease, clock.now_ms()
-        leases.guard(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         if tail:
-            projection.write_parts(
+            projection.write_parts_sync(
                 conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
             )
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
-        model_turns.record_reply(
+        model_turns.record_reply_sync(
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
         )
-        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -454,10 +461,10 @@ class Executor(Daemon):
             is not None
         )
         if not more:
-            self._end(conn, state, now)
+            self._end_sync(conn, state, now)
         return more
 
-    def _fail_step(
+    def _fail_step_sync(
         self,
         conn: sqlite3.Connection,
         state: TurnState,
@@ -468,17 +475,17 @@ class Executor(Daemon):
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
-        leases.guard(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         text = "".join(step.parts)
         error: Any = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, ModelError):
             error = exc.as_dict()
             text = text or model_turns.error_reply(exc, lease.session_id)
-            model_turns.record_failure(
+            model_turns.record_failure_sync(
                 conn, lease.session_id, exc, step.request.reply, calls, self.owner_id, now
             )
         step.data.update(status="error", text=text, error=error, time_completed=now)
-        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -493,9 +500,9 @@ class Executor(Daemon):
                 "class": exc.error_class if isinstance(exc, ModelError) else "agent",
             },
         )
-        self._end(conn, state, now)
+        self._end_sync(conn, state, now)
 
-    def _interrupt_step(
+    def _interrupt_step_sync(
         self,
         conn: sqlite3.Connection,
         state: TurnState,
@@ -510,18 +517,18 @@ class Executor(Daemon):
         """
         lease, now = state.lease, clock.now_ms()
         if state.interruptions >= self.reasks:
-            self._fail_step(conn, state, step, error, calls)
+            self._fail_step_sync(conn, state, step, error, calls)
             return False
-        leases.guard(conn, lease, now=now)
+        leases.guard_sync(conn, lease, now=now)
         if tail:
-            projection.write_parts(
+            projection.write_parts_sync(
                 conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
             )
         step.data.update(
             status="interrupted", text="".join(step.parts), error=error.as_dict(), time_completed=now
         )
-        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
-        model_turns.record_failure(
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        model_turns.record_failure_sync(
             conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
         )
         append_event_sync(
@@ -542,12 +549,12 @@ class Executor(Daemon):
         state.reask = model_turns.Reask(step.data["text"], error.error_class)
         return True
 
-    def _end(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
+    def _end_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
-        leases.end_execution(conn, lease)
+        leases.end_execution_sync(conn, lease)
         if state.recovered:
-            recovery.finish(conn, lease.execution_id)
+            recovery.finish_sync(conn, lease.execution_id)
         if state.turn_started:
             conn.execute("UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,))
         append_event_sync(
@@ -570,7 +577,7 @@ class Executor(Daemon):
         """Record the loss; the owner publishes nothing more for this execution."""
         self.log.warning("lost execution %s of session %s: %s", lease.execution_id, lease.session_id, reason)
         with contextlib.suppress(RemError):
-            await self.db.write_sync(
+            await self.db.write_in_thread(
                 lambda conn: append_event_sync(
                     conn,
                     kind=EventKind.EXECUTION_LEASE_LOST,
@@ -617,8 +624,10 @@ class Executor(Daemon):
     async def _hand_back_lease(self, lease: Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""
         try:
-            await self.db.write_sync(
-                lambda conn: leases.hand_back_execution(conn, lease, actor=self.owner_id, now=clock.now_ms())
+            await self.db.write_in_thread(
+                lambda conn: leases.hand_back_execution_sync(
+                    conn, lease, actor=self.owner_id, now=clock.now_ms()
+                )
             )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.execution_id, exc)

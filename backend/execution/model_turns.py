@@ -4,14 +4,14 @@ All of it is written inside the step's own transactions (on the database
 thread), so a reply, its usage and the session's totals land together or
 not at all:
 
-* `record_reply`: the reply's usage (the seed's split: input, output,
+* `record_reply_sync`: the reply's usage (the seed's split: input, output,
   reasoning, cache read, cache write) and cost on the assistant message, the
   same added to the session's totals, and the request attempts the step made.
-* `record_failure`: the session's last model error; a failure that needs an
+* `record_failure_sync`: the session's last model error; a failure that needs an
   operator (a bad key, an unknown model, no quota) holds the session: its
   waiting inputs stop waking executors (`wake_pending = 0`), new ones are
   admitted asleep, and nothing runs until `rem resume` (`backend.ops.resume`).
-* `interrupted_reply` / `history`: what a step re-asks with after a broken
+* `interrupted_reply_sync` / `history_sync`: what a step re-asks with after a broken
   stream or a killed executor, and the transcript context a model agent gets.
 """
 
@@ -42,7 +42,7 @@ class Reask:
     reason: str
 
 
-def record_reply(
+def record_reply_sync(
     conn: sqlite3.Connection,
     session_id: str,
     data: dict[str, Any],
@@ -88,7 +88,7 @@ def _error_json(error: dict[str, Any], now: int) -> str:
     return dumps({**error, "time": now})
 
 
-def record_failure(
+def record_failure_sync(
     conn: sqlite3.Connection,
     session_id: str,
     exc: ModelError,
@@ -105,10 +105,12 @@ def record_failure(
         (_error_json(exc.as_dict(), now), reply.model if reply else None, session_id),
     )
     if exc.needs_operator:
-        hold_session(conn, session_id, exc, owner_id, now)
+        hold_session_sync(conn, session_id, exc, owner_id, now)
 
 
-def hold_session(conn: sqlite3.Connection, session_id: str, exc: ModelError, actor: str, now: int) -> None:
+def hold_session_sync(
+    conn: sqlite3.Connection, session_id: str, exc: ModelError, actor: str, now: int
+) -> None:
     """Stop running the session until an operator resumes it (journaled once per hold)."""
     reason = f"{exc.error_class}: {exc}"[:500]
     held = conn.execute(
@@ -147,7 +149,7 @@ WHERE session_id = ? AND type = 'assistant' AND json_extract(data, '$.status') I
 """
 
 
-def interrupted_reply(conn: sqlite3.Connection, session_id: str) -> Reask:
+def interrupted_reply_sync(conn: sqlite3.Connection, session_id: str) -> Reask:
     """After a takeover: the reply the dead owner had made durable (its parts), to re-ask with."""
     after = conn.execute(LAST_ANSWERED_SQL, (session_id,)).fetchone()[0]
     row = conn.execute(
@@ -163,7 +165,9 @@ def interrupted_reply(conn: sqlite3.Connection, session_id: str) -> Reask:
     return Reask("".join(json.loads(p[0]).get("text", "") for p in parts), "executor_stopped")
 
 
-def history(conn: sqlite3.Connection, session_id: str, before_seq: int, limit: int) -> list[dict[str, Any]]:
+def history_sync(
+    conn: sqlite3.Connection, session_id: str, before_seq: int, limit: int
+) -> list[dict[str, Any]]:
     """The last `limit` user prompts and completed replies before `before_seq`, oldest first."""
     rows = conn.execute(
         "SELECT type, data FROM session_message WHERE session_id = ? AND seq < ? "
@@ -180,7 +184,7 @@ HELD_SQL = "SELECT id, held_at, held_reason FROM session WHERE held_at IS NOT NU
 def resume_sync(
     conn: sqlite3.Connection, session_ids: list[str] | None, *, reask: bool, actor: str, now: int
 ) -> dict[str, Any]:
-    """Lift the hold of the named sessions (None: every held one), journaled; the other side of `hold_session`.
+    """Lift the hold of the named sessions (None: every held one), journaled; the other side of `hold_session_sync`.
 
     Their waiting inputs wake; with `reask`, the prompts the failing turn answered
     with an error are admitted again as new inputs (`<input id>.retry<n>`), so the
@@ -209,7 +213,7 @@ def resume_sync(
         ).rowcount
         again = [
             admit_sync(conn, sid, text, "queue", new_id, now, actor)["input_id"]
-            for new_id, text in (_failed_prompts(conn, sid) if reask else [])
+            for new_id, text in (_failed_prompts_sync(conn, sid) if reask else [])
         ]
         item = {
             "session_id": sid,
@@ -225,7 +229,7 @@ def resume_sync(
     return {"resumed": resumed, "count": len(resumed), "reask": reask, "resumed_at": now}
 
 
-def _failed_prompts(conn: sqlite3.Connection, session_id: str) -> list[tuple[str, str]]:
+def _failed_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[tuple[str, str]]:
     """(new input id, text) for each prompt the session's last error reply answered."""
     row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'assistant' "

@@ -56,7 +56,7 @@ class PartSink:
     """One writer for the streamed parts of all of an executor's sessions.
 
     `write` queues a part and waits for its commit. While one batch is being
-    committed, the next accumulates; a batch is one `write_sync` holding one
+    committed, the next accumulates; a batch is one `write_in_thread` holding one
     INSERT for all its parts, each fenced on its own lease, so a lost lease
     fails only that session's part (with `LeaseLost`). 200 sessions flushing
     10 times a second cost a few commits and statements a second, not 2 000.
@@ -85,7 +85,7 @@ class PartSink:
                 batch, self._queue = self._queue, []
                 rows = [row for row, _ in batch]
                 try:
-                    written = await self.db.write_sync(partial(_write_parts, rows=rows))
+                    written = await self.db.write_in_thread(partial(_write_parts_sync, rows=rows))
                 except Exception as exc:  # the whole batch failed: every writer hears why
                     for _, done in batch:
                         if not done.done():
@@ -105,8 +105,8 @@ class PartSink:
             self._task = None
 
 
-def _write_parts(conn: sqlite3.Connection, rows: list[dict[str, object]]) -> set[str]:
-    return projection.write_fenced_parts(conn, rows, clock.now_ms())
+def _write_parts_sync(conn: sqlite3.Connection, rows: list[dict[str, object]]) -> set[str]:
+    return projection.write_fenced_parts_sync(conn, rows, clock.now_ms())
 
 
 class PartWriter:

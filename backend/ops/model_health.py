@@ -12,16 +12,17 @@ streamed replies (p50/p95). Its `state`:
 
 Usage comes from the session totals (the seed's columns, written with each
 reply): the sessions that used a model or failed to, by cost, and the total.
-Both are typed records: `rem metrics` exports the same snapshot.
+Both are typed records (`backend.ops.records`): a metrics exporter reads the same snapshot.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, TypedDict
+from typing import Any
 
 from backend.models.errors import NEEDS_OPERATOR
+from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
 
 WINDOW_MS = 5 * 60_000
 WINDOW_ROWS = 2000
@@ -56,56 +57,6 @@ QUERIES = {
 TOKENS = ("input", "output", "reasoning", "cache_read", "cache_write")
 
 
-class LastError(TypedDict):
-    time: int
-    error_class: str
-    status: int | None
-    message: str | None
-    kind: str
-    session_id: str | None
-
-
-class ModelHealth(TypedDict):
-    state: str  # ok | degraded | down | idle | unused
-    window_ms: int
-    endpoints: list[str]
-    models: list[str]
-    requests: int
-    errors: int
-    error_rate: float
-    errors_by_class: dict[str, int]
-    retries: int
-    requests_by_kind: dict[str, int]
-    ttft_ms_p50: float | None
-    ttft_ms_p95: float | None
-    last_error: LastError | None
-    last_call_at: int | None
-
-
-class SessionUsage(TypedDict):
-    session_id: str
-    title: str
-    model: str | None
-    turns: int
-    tokens: dict[str, int]
-    tokens_total: int
-    cost: float
-    last_error: dict[str, Any] | None
-    held: bool
-    time_updated: int
-
-
-class UsageTotal(TypedDict):
-    sessions: int
-    cost: float
-    tokens: dict[str, int]
-
-
-class Usage(TypedDict):
-    total: UsageTotal
-    sessions: list[SessionUsage]
-
-
 def _percentile(ordered: list[float], q: float) -> float | None:
     if not ordered:
         return None
@@ -123,7 +74,7 @@ def _state(rows: list[sqlite3.Row], errors: int, last_call_at: int | None) -> st
     return "degraded" if errors / len(rows) >= DEGRADED_RATE else "ok"
 
 
-def model_health(conn: sqlite3.Connection, now: int) -> ModelHealth:
+def model_health_sync(conn: sqlite3.Connection, now: int) -> ModelHealth:
     """The endpoint's health over the recent window (rows newest first)."""
     rows = conn.execute(CALLS_SQL, {"since": now - WINDOW_MS, "cap": WINDOW_ROWS}).fetchall()
     last_call_at = conn.execute(LAST_CALL_SQL).fetchone()[0]
@@ -171,7 +122,7 @@ def _last_error(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def usage(conn: sqlite3.Connection) -> Usage:
+def usage_sync(conn: sqlite3.Connection) -> Usage:
     """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total."""
     sessions: list[SessionUsage] = []
     for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP}):
@@ -201,9 +152,9 @@ def usage(conn: sqlite3.Connection) -> Usage:
     }
 
 
-def held(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+def held_sync(conn: sqlite3.Connection, now: int) -> list[HeldSession]:
     """Sessions held after a model error that needs an operator, oldest hold first."""
-    out = []
+    out: list[HeldSession] = []
     for r in conn.execute(HELD_SQL, {"cap": USAGE_CAP}):
         reason = r["held_reason"] or ""
         out.append(

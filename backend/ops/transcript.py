@@ -35,7 +35,7 @@ def _json(raw: Any) -> Any:
         return {"raw": raw}
 
 
-def _session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+def _session_sync(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     row = conn.execute(f"SELECT {SESSION_COLUMNS} FROM session WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}; list sessions with `rem status`")
@@ -82,13 +82,13 @@ def _message(row: sqlite3.Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def transcript(conn: sqlite3.Connection, session_id: str, last: int = 0) -> dict[str, Any]:
+def transcript_sync(conn: sqlite3.Connection, session_id: str, last: int = 0) -> dict[str, Any]:
     """The session's transcript (the `last` messages only, when > 0); run in one read transaction."""
-    session = _session(conn, session_id)
+    session = _session_sync(conn, session_id)
     rows = conn.execute(
         "SELECT id, type, seq, time_created, data FROM session_message WHERE session_id = ? "
         "AND seq > ? ORDER BY seq",
-        (session_id, _first_seq(conn, session_id, last)),
+        (session_id, _first_seq_sync(conn, session_id, last)),
     ).fetchall()
     parts: dict[str, list[dict[str, Any]]] = {}
     for message_id, idx, data in conn.execute(
@@ -128,7 +128,7 @@ def transcript(conn: sqlite3.Connection, session_id: str, last: int = 0) -> dict
     }
 
 
-def _first_seq(conn: sqlite3.Connection, session_id: str, last: int) -> int:
+def _first_seq_sync(conn: sqlite3.Connection, session_id: str, last: int) -> int:
     if last <= 0:
         return 0
     row = conn.execute(

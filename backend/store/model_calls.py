@@ -75,7 +75,7 @@ async def flush(db: Database, owner_id: str) -> int:
     if not calls:
         return 0
     try:
-        await db.write_sync(lambda conn: write_calls_sync(conn, calls, owner_id))
+        await db.write_in_thread(lambda conn: write_calls_sync(conn, calls, owner_id))
     except BaseException:
         health.give_back(calls)
         raise

@@ -60,7 +60,7 @@ async def _calls(db: Database) -> list[tuple[Any, ...]]:
 
 
 async def _violations(db: Database) -> list[dict[str, Any]]:
-    return await db.read_snapshot(projection.transcript_violations)
+    return await db.read_in_thread(projection.transcript_violations_sync)
 
 
 async def test_a_streamed_reply_is_stored_whole_with_the_usage_the_server_reported(

@@ -84,7 +84,7 @@ async def _run_turn(root: Path, deltas: list[str], pauses: list[float]) -> tuple
         parts = await db.fetchall(
             "SELECT data FROM session_part WHERE message_id = ? ORDER BY idx", (row[0],)
         )
-        assert await db.read_snapshot(projection.transcript_violations) == []
+        assert await db.read_in_thread(projection.transcript_violations_sync) == []
         data = json.loads(row[1])
         return data["status"], data["text"], [json.loads(p[0])["text"] for p in parts]
     finally:

@@ -3,47 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
+from backend.ops.records import ChromaHealth, ModelHealth, Status
 from tui.format import DEFAULT_PALETTE, clock_time
 
 
-def chroma_label(chroma: Mapping[str, Any] | None) -> tuple[str, bool | None]:
+def chroma_label(chroma: ChromaHealth | None) -> tuple[str, bool | None]:
     """A short Chroma description and whether it is healthy (None: not known yet)."""
-    if not chroma:
+    if chroma is None:
         return "Chroma ?", None
-    url = str(chroma.get("url") or "").removeprefix("http://")
+    url = (chroma["url"] or "").removeprefix("http://")
     where = f" {url}" if url else ""
-    if chroma.get("external"):
+    if chroma["external"]:
         where += " (ext)"
-    return (f"Chroma up{where}", True) if chroma.get("healthy") else (f"Chroma DOWN{where}", False)
+    return (f"Chroma up{where}", True) if chroma["healthy"] else (f"Chroma DOWN{where}", False)
 
 
 MODEL_TONE = {"ok": "success", "degraded": "warning", "down": "error", "idle": "muted"}
 
 
-def model_label(model: Mapping[str, Any] | None) -> tuple[str, str] | None:
+def model_label(model: ModelHealth | None) -> tuple[str, str] | None:
     """The model endpoint's health in a few words, and its tone (None: no model used, ever)."""
-    if not model or model.get("state") in (None, "unused"):
+    if model is None or model["state"] == "unused":
         return None
-    state = str(model["state"])
+    state = model["state"]
     if state == "idle":
         return "model idle", "muted"
     label = f"model {state}"
     if state == "down":
-        last = model.get("last_error") or {}
-        label = f"model DOWN ({last.get('error_class')})" if last.get("error_class") else "model DOWN"
+        last = model["last_error"]
+        label = f"model DOWN ({last['error_class']})" if last else "model DOWN"
     parts = [label]
-    if model.get("requests"):
-        parts.append(f"{100 * float(model.get('error_rate') or 0):.0f}% err")
-    if model.get("retries"):
+    if model["requests"]:
+        parts.append(f"{100 * model['error_rate']:.0f}% err")
+    if model["retries"]:
         parts.append(f"{model['retries']} retries")
-    if model.get("ttft_ms_p95") is not None:
-        p95 = float(model["ttft_ms_p95"])
+    if model["ttft_ms_p95"] is not None:
+        p95 = model["ttft_ms_p95"]
         parts.append(f"p95 {p95:.0f} ms" if p95 < 1000 else f"p95 {p95 / 1000:.1f} s")
     return " ".join(parts), MODEL_TONE.get(state, "muted")
 
@@ -68,7 +68,7 @@ class ConsoleHeader(Static):
         super().__init__("", id=id)
         self.data_label = data_label
         self.read_only = read_only
-        self.snapshot: Mapping[str, Any] = {}
+        self.snapshot: Status | None = None
         self.paused = False
         self.waiting = ""
         self.now = 0
@@ -78,7 +78,7 @@ class ConsoleHeader(Static):
     def set_state(
         self,
         *,
-        snapshot: Mapping[str, Any] | None = None,
+        snapshot: Status | None = None,
         paused: bool | None = None,
         waiting: str | None = None,
         now: int | None = None,
@@ -108,20 +108,18 @@ class ConsoleHeader(Static):
         line = Text()
         line.append("rem ", style="bold")
         line.append(self.data_label)
-        label, healthy = chroma_label(snap.get("chroma"))
+        label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))
         line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
-        model = model_label(snap.get("model"))
+        model = model_label(snap["model"] if snap is not None else None)
         if model is not None:
             text, tone = model
             line.append("  ● ", style=Style(color=self.palette[tone]))
             line.append(text, style=Style(color=self.palette[tone]) if tone in ("error", "warning") else "")
-        if snap.get("schema_version") is not None:
+        if snap is not None:
             line.append(f"  schema v{snap['schema_version']}")
-        counts = snap.get("counts") or {}
-        if counts:
-            line.append(f"  {counts.get('sessions', 0)} sessions")
+            line.append(f"  {snap['counts']['sessions']} sessions")
         line.append("  ")
         if self.read_only:
             line.append_text(self._badge("READ-ONLY", "warning"))
@@ -129,7 +127,7 @@ class ConsoleHeader(Static):
         if self.paused:
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
-        if snap.get("generated_at"):
+        if snap is not None:
             line.append(
                 f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
             )
