@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
 
@@ -31,17 +32,17 @@ def _tokens(tokens: dict[str, int]) -> str:
     return " ".join(parts)
 
 
-MODEL_TONE = {"ok": "green", "degraded": "yellow", "down": "red"}
+MODEL_TONE = {ModelState.OK: "green", ModelState.DEGRADED: "yellow", ModelState.DOWN: "red"}
 
 
 def model_lines(model: ModelHealth) -> list[str]:
     """The model-health block of `rem status`, in rich markup."""
     state = model["state"]
-    if state == "unused":
+    if state == ModelState.UNUSED:
         return ["Model: none used (offline defaults)"]
     where = ", ".join(model["endpoints"]) or "-"
     head = f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({', '.join(model['models']) or '-'})"
-    if state == "idle":
+    if state == ModelState.IDLE:
         return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
     errors = ", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items()))
     ttft = (

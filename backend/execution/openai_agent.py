@@ -20,6 +20,7 @@ from typing import Any
 from backend.core.settings import settings
 from backend.execution.agent import StepRequest
 from backend.models.client import ChatReply, Message, ModelClient
+from backend.models.health import CallKind
 
 SYSTEM_PROMPT = (
     "You are the assistant of a long-running agent session. Answer the user's latest messages "
@@ -35,7 +36,7 @@ class OpenAIAgent:
     """Streams each step's reply from the configured chat model."""
 
     def __init__(self, client: ModelClient | None = None) -> None:
-        self.client = client or ModelClient(kind="chat")
+        self.client = client or ModelClient(kind=CallKind.CHAT)
         self.model = self.client.config.require_model("REM_AGENT=openai")
         self.name = f"openai:{self.model}"
         self.history_messages = settings.model_history

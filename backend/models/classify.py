@@ -12,17 +12,17 @@ import json
 import httpx2
 import openai
 
-from backend.models.errors import RETRY_STATUS, ModelError, retry_after_seconds
+from backend.models.errors import RETRY_STATUS, ModelError, ModelErrorClass, retry_after_seconds
 
 
-def _status_class(status: int, code: str | None) -> str:
+def _status_class(status: int, code: str | None) -> ModelErrorClass:
     if status == 429:
-        return "quota" if code == "insufficient_quota" else "rate_limited"
+        return ModelErrorClass.QUOTA if code == "insufficient_quota" else ModelErrorClass.RATE_LIMITED
     if status in (401, 403):
-        return "auth"
+        return ModelErrorClass.AUTH
     if status == 404:
-        return "not_found"
-    return "server_error" if status in RETRY_STATUS else "bad_request"
+        return ModelErrorClass.NOT_FOUND
+    return ModelErrorClass.SERVER_ERROR if status in RETRY_STATUS else ModelErrorClass.BAD_REQUEST
 
 
 def _status_error(exc: openai.APIStatusError) -> ModelError:
@@ -43,7 +43,8 @@ def classify(exc: BaseException, *, mid_stream: bool) -> ModelError:
         return _status_error(exc)
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return ModelError(
-            "stream_malformed" if mid_stream else "bad_response", f"unparseable data from the endpoint: {exc}"
+            ModelErrorClass.STREAM_MALFORMED if mid_stream else ModelErrorClass.BAD_RESPONSE,
+            f"unparseable data from the endpoint: {exc}",
         )
     # the aiohttp transport reports a refused connection as a connect *timeout*: trust the root cause
     root = _root(exc)
@@ -51,15 +52,17 @@ def classify(exc: BaseException, *, mid_stream: bool) -> ModelError:
     timeout = not refused and isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException | TimeoutError)
     if mid_stream:
         if timeout:
-            return ModelError("stream_stalled", "the stream went silent for longer than the read timeout")
-        return ModelError("stream_dropped", f"the connection broke mid-stream ({_cause(exc)})")
+            return ModelError(
+                ModelErrorClass.STREAM_STALLED, "the stream went silent for longer than the read timeout"
+            )
+        return ModelError(ModelErrorClass.STREAM_DROPPED, f"the connection broke mid-stream ({_cause(exc)})")
     if timeout:
-        return ModelError("timeout", f"no answer within the timeout ({_cause(exc)})")
+        return ModelError(ModelErrorClass.TIMEOUT, f"no answer within the timeout ({_cause(exc)})")
     if isinstance(exc, openai.APIConnectionError | httpx2.TransportError | OSError):
-        return ModelError("connection", f"cannot reach the endpoint ({_cause(exc)})")
+        return ModelError(ModelErrorClass.CONNECTION, f"cannot reach the endpoint ({_cause(exc)})")
     if isinstance(exc, openai.APIResponseValidationError | openai.APIError):
-        return ModelError("bad_response", f"the endpoint's answer is not a completion: {exc}")
-    return ModelError("bad_response", f"{type(exc).__name__}: {exc}")
+        return ModelError(ModelErrorClass.BAD_RESPONSE, f"the endpoint's answer is not a completion: {exc}")
+    return ModelError(ModelErrorClass.BAD_RESPONSE, f"{type(exc).__name__}: {exc}")
 
 
 def _root(exc: BaseException) -> BaseException:

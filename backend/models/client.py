@@ -35,8 +35,8 @@ from openai.types.chat import ChatCompletion
 from backend.models import health
 from backend.models.classify import classify
 from backend.models.config import ModelConfig
-from backend.models.errors import ModelError, StreamInterrupted
-from backend.models.health import CallRecord
+from backend.models.errors import ModelError, ModelErrorClass, StreamInterrupted
+from backend.models.health import CallKind, CallRecord
 from backend.models.usage import Usage
 
 Message = dict[str, str]
@@ -98,7 +98,7 @@ class SSEDecoder:
 class ModelClient:
     """Requests to one endpoint, for one kind of work (`chat`, `synthesis`)."""
 
-    def __init__(self, config: ModelConfig | None = None, *, kind: str = "chat") -> None:
+    def __init__(self, config: ModelConfig | None = None, *, kind: CallKind = CallKind.CHAT) -> None:
         self.config = config or ModelConfig.from_settings()
         self.kind = kind
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -137,7 +137,9 @@ class ModelClient:
     def _failed(self, call: CallRecord, exc: BaseException, mid_stream: bool, started: float) -> ModelError:
         error = classify(exc, mid_stream=mid_stream)
         if mid_stream and not error.interrupted:  # e.g. an error event after some text
-            error = StreamInterrupted("stream_dropped", f"the stream ended with an error: {error}")
+            error = StreamInterrupted(
+                ModelErrorClass.STREAM_DROPPED, f"the stream ended with an error: {error}"
+            )
         elif mid_stream:
             error = StreamInterrupted(error.error_class, str(error), status=error.status)
         message = self.config.scrub(str(error))
@@ -231,7 +233,7 @@ class ModelClient:
                 if loop.time() > deadline:
                     raise TimeoutError("the reply took longer than REM_MODEL_REQUEST_TIMEOUT_MS")
         if not done and reply.finish_reason is None:
-            raise ModelError("stream_truncated", "the stream ended before the reply finished")
+            raise ModelError(ModelErrorClass.STREAM_TRUNCATED, "the stream ended before the reply finished")
 
     def _chunk(self, chunk: Any, reply: ChatReply, started: float) -> str:
         """The text of one streamed chunk; records usage and the finish reason it carries."""
@@ -240,7 +242,7 @@ class ModelClient:
         if "error" in chunk:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise ModelError("server_error", f"error event in the stream: {message}")
+            raise ModelError(ModelErrorClass.SERVER_ERROR, f"error event in the stream: {message}")
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             reply.raw_usage, reply.usage = usage, Usage.from_openai(usage)
@@ -260,7 +262,9 @@ class ModelClient:
 
     def _whole_completion(self, completion: Any, reply: ChatReply, started: float) -> str:
         if not isinstance(completion, dict) or not completion.get("choices"):
-            raise ModelError("bad_response", "the endpoint's answer is neither a stream nor a completion")
+            raise ModelError(
+                ModelErrorClass.BAD_RESPONSE, "the endpoint's answer is neither a stream nor a completion"
+            )
         choice = completion["choices"][0]
         usage = completion.get("usage")
         if isinstance(usage, dict):
@@ -312,7 +316,8 @@ class ModelClient:
         # a non-JSON body labelled text/html comes back as a str, not an exception
         if not isinstance(result, ChatCompletion) or not result.choices:
             raise ModelError(
-                "bad_response", f"the endpoint's answer is not a completion: {str(result)[:200]!r}"
+                ModelErrorClass.BAD_RESPONSE,
+                f"the endpoint's answer is not a completion: {str(result)[:200]!r}",
             )
         reply.ttft_ms = (time.perf_counter() - started) * 1000
         if result.usage is not None:

@@ -15,8 +15,8 @@ from typing import Any
 
 from backend.models import health
 from backend.models.config import ModelConfig
-from backend.models.errors import ModelError
-from backend.models.health import CallRecord
+from backend.models.errors import ModelError, ModelErrorClass
+from backend.models.health import CallKind, CallRecord
 
 BATCH = 256
 
@@ -63,7 +63,7 @@ class OpenAIEmbedder:
         attempt = 0
         while True:
             attempt += 1
-            call = CallRecord("embedding", self.config.endpoint, self.model, attempt)
+            call = CallRecord(CallKind.EMBEDDING, self.config.endpoint, self.model, attempt)
             started = time.perf_counter()
             try:
                 with self._slots:
@@ -71,7 +71,8 @@ class OpenAIEmbedder:
                 vectors = [list(item.embedding) for item in sorted(result.data, key=lambda d: d.index)]
                 if len(vectors) != len(batch) or len({len(v) for v in vectors}) != 1:
                     raise ModelError(
-                        "bad_response", f"{len(vectors)} embeddings of mixed sizes for {len(batch)} texts"
+                        ModelErrorClass.BAD_RESPONSE,
+                        f"{len(vectors)} embeddings of mixed sizes for {len(batch)} texts",
                     )
             except Exception as exc:  # classified, counted, retried with backoff
                 error = classify(exc, mid_stream=False)

@@ -25,14 +25,36 @@ from __future__ import annotations
 import email.utils
 import math
 import time
+from enum import StrEnum
 from typing import Any
 
 from backend.core.errors import RemError
 
-RETRYABLE = frozenset({"rate_limited", "server_error", "connection", "timeout", "bad_response"})
-INTERRUPTED = frozenset({"stream_dropped", "stream_stalled", "stream_malformed", "stream_truncated"})
+
+class ModelErrorClass(StrEnum):
+    """The class of a failed model request (the table above); journaled and counted by it."""
+
+    RATE_LIMITED = "rate_limited"
+    SERVER_ERROR = "server_error"
+    CONNECTION = "connection"
+    TIMEOUT = "timeout"
+    BAD_RESPONSE = "bad_response"
+    STREAM_DROPPED = "stream_dropped"
+    STREAM_STALLED = "stream_stalled"
+    STREAM_MALFORMED = "stream_malformed"
+    STREAM_TRUNCATED = "stream_truncated"
+    AUTH = "auth"
+    NOT_FOUND = "not_found"
+    QUOTA = "quota"
+    BAD_REQUEST = "bad_request"
+    BAD_OUTPUT = "bad_output"
+
+
+E = ModelErrorClass
+RETRYABLE = frozenset({E.RATE_LIMITED, E.SERVER_ERROR, E.CONNECTION, E.TIMEOUT, E.BAD_RESPONSE})
+INTERRUPTED = frozenset({E.STREAM_DROPPED, E.STREAM_STALLED, E.STREAM_MALFORMED, E.STREAM_TRUNCATED})
 # configuration problems: every request fails the same way until an operator acts
-NEEDS_OPERATOR = frozenset({"auth", "not_found", "quota"})
+NEEDS_OPERATOR = frozenset({E.AUTH, E.NOT_FOUND, E.QUOTA})
 RETRY_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 
 
@@ -41,7 +63,7 @@ class ModelError(RemError):
 
     def __init__(
         self,
-        error_class: str,
+        error_class: ModelErrorClass,
         message: str,
         *,
         status: int | None = None,

@@ -15,23 +15,43 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from backend.core import clock
 
 BUFFER_MAX = 10_000
+OK = "ok"  # a CallRecord's outcome when the attempt succeeded (else a ModelErrorClass)
+
+
+class CallKind(StrEnum):
+    """What a model request was for (model_call.kind)."""
+
+    CHAT = "chat"
+    SYNTHESIS = "synthesis"
+    EMBEDDING = "embedding"
+
+
+class ModelState(StrEnum):
+    """The endpoint's health over the recent window (`ops.model_health`)."""
+
+    OK = "ok"
+    DEGRADED = "degraded"
+    DOWN = "down"
+    IDLE = "idle"  # no request in the window
+    UNUSED = "unused"  # no request ever
 
 
 @dataclass
 class CallRecord:
     """One request attempt to a model endpoint."""
 
-    kind: str  # chat | synthesis | embedding
+    kind: CallKind
     endpoint: str
     model: str
     attempt: int  # 1: a first try; more: a retry
     session_id: str | None = None
     time: int = 0  # ms since the epoch, when the attempt started
-    outcome: str = "ok"  # ok, or an error class
+    outcome: str = OK  # OK, or a ModelErrorClass
     status: int | None = None
     ttft_ms: float | None = None
     duration_ms: float | None = None
@@ -61,7 +81,7 @@ def record(call: CallRecord) -> None:
         if len(_pending) > BUFFER_MAX:
             del _pending[0]
             dropped += 1
-    if call.outcome != "ok":
+    if call.outcome != OK:
         for notify in list(on_failure):
             notify()
 

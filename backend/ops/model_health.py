@@ -22,6 +22,7 @@ import sqlite3
 from typing import Any
 
 from backend.models.errors import NEEDS_OPERATOR
+from backend.models.health import OK, CallKind, ModelState
 from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
 
 WINDOW_MS = 5 * 60_000
@@ -63,29 +64,29 @@ def _percentile(ordered: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
 
 
-def _state(rows: list[sqlite3.Row], errors: int, last_call_at: int | None) -> str:
+def _state(rows: list[sqlite3.Row], errors: int, last_call_at: int | None) -> ModelState:
     if not rows:
-        return "idle" if last_call_at is not None else "unused"
+        return ModelState.IDLE if last_call_at is not None else ModelState.UNUSED
     newest = rows[:DOWN_AFTER]
     if rows[0]["outcome"] in NEEDS_OPERATOR or (
-        len(newest) == DOWN_AFTER and all(r["outcome"] != "ok" for r in newest)
+        len(newest) == DOWN_AFTER and all(r["outcome"] != OK for r in newest)
     ):
-        return "down"
-    return "degraded" if errors / len(rows) >= DEGRADED_RATE else "ok"
+        return ModelState.DOWN
+    return ModelState.DEGRADED if errors / len(rows) >= DEGRADED_RATE else ModelState.OK
 
 
 def model_health_sync(conn: sqlite3.Connection, now: int) -> ModelHealth:
     """The endpoint's health over the recent window (rows newest first)."""
     rows = conn.execute(CALLS_SQL, {"since": now - WINDOW_MS, "cap": WINDOW_ROWS}).fetchall()
     last_call_at = conn.execute(LAST_CALL_SQL).fetchone()[0]
-    failed = [r for r in rows if r["outcome"] != "ok"]
+    failed = [r for r in rows if r["outcome"] != OK]
     by_class: dict[str, int] = {}
     for r in failed:
         by_class[r["outcome"]] = by_class.get(r["outcome"], 0) + 1
     by_kind: dict[str, int] = {}
     for r in rows:
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1
-    ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None and r["kind"] == "chat")
+    ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None and r["kind"] == CallKind.CHAT)
     last = failed[0] if failed else None
     return {
         "state": _state(rows, len(failed), last_call_at),

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 
 from backend.dream.digester import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
+from backend.models.health import ModelState
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict
@@ -215,17 +216,17 @@ class LastModelError(TypedDict):
     """The newest failed model request attempt in the window."""
 
     time: int
-    error_class: str  # a class of backend.models.errors (rate_limited, auth, ...)
+    error_class: str  # a ModelErrorClass, or a class a newer rem wrote
     status: int | None
     message: str | None
-    kind: str  # chat | synthesis | embedding
+    kind: str  # a CallKind, or a kind a newer rem wrote
     session_id: str | None
 
 
 class ModelHealth(TypedDict):
     """The model endpoint over a recent window of request attempts (`ops.model_health`)."""
 
-    state: str  # ok | degraded | down | idle | unused
+    state: ModelState
     window_ms: int
     endpoints: list[str]
     models: list[str]

@@ -49,7 +49,7 @@ def write_calls_sync(conn: sqlite3.Connection, calls: Sequence[CallRecord], owne
         ],
     )
     for c in calls:
-        if c.outcome != "ok":
+        if c.outcome != health.OK:
             append_event_sync(
                 conn,
                 kind=EventKind.MODEL_ERROR,

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.models.client import ChatReply, Message, ModelClient
-from backend.models.errors import ModelError
+from backend.models.errors import ModelError, ModelErrorClass
+from backend.models.health import CallKind
 from backend.summaries.synthesizer import CATEGORIES, Synthesis, Turn
 
 CATEGORY_NAMES = (*CATEGORIES, "question", "general")
@@ -44,14 +45,18 @@ def parse_synthesis(text: str, turns: int) -> Synthesis:
     try:
         value: Any = json.loads(fenced.group(1) if fenced else body)
     except ValueError:
-        raise ModelError("bad_output", f"the summary is not JSON: {body[:120]!r}") from None
+        raise ModelError(ModelErrorClass.BAD_OUTPUT, f"the summary is not JSON: {body[:120]!r}") from None
     if not isinstance(value, dict):
-        raise ModelError("bad_output", f"the summary is JSON but not an object: {body[:120]!r}")
+        raise ModelError(ModelErrorClass.BAD_OUTPUT, f"the summary is JSON but not an object: {body[:120]!r}")
     title, summary, category, keywords = (value.get(k) for k in ("title", "summary", "category", "keywords"))
     if not isinstance(title, str) or not title.strip() or not isinstance(summary, str) or not summary.strip():
-        raise ModelError("bad_output", "the summary object lacks a non-empty string title and summary")
+        raise ModelError(
+            ModelErrorClass.BAD_OUTPUT, "the summary object lacks a non-empty string title and summary"
+        )
     if not isinstance(keywords, list) or not all(isinstance(k, str) for k in keywords):
-        raise ModelError("bad_output", "the summary object's keywords are not a list of strings")
+        raise ModelError(
+            ModelErrorClass.BAD_OUTPUT, "the summary object's keywords are not a list of strings"
+        )
     title = " ".join(title.split())[:80]
     return Synthesis(
         document=f"{title} ({turns} turns)\n{summary.strip()}",
@@ -65,7 +70,7 @@ class OpenAISynthesizer:
     """Summaries from the configured chat model, as JSON."""
 
     def __init__(self, client: ModelClient | None = None) -> None:
-        self.client = client or ModelClient(kind="synthesis")
+        self.client = client or ModelClient(kind=CallKind.SYNTHESIS)
         self.model = self.client.config.require_model("REM_SYNTHESIZER=openai")
         self.name = f"openai:{self.model}"
 

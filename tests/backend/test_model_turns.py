@@ -342,3 +342,13 @@ async def test_rem_check_verifies_the_totals_against_the_replies_usage(
     report = await ops.check(db_ctx, verify_chroma=False)
     (finding,) = [v for v in report["violations"] if v["invariant"] == "usage"]
     assert finding["rows"][0]["session_id"] == "s1" and finding["rows"][0]["tokens_input"] == 1600
+
+
+def test_every_error_class_has_exactly_one_outcome() -> None:
+    # retried, re-asked, held for an operator, or failed at once: never two of these, never none
+    from backend.models.errors import INTERRUPTED, NEEDS_OPERATOR, RETRYABLE, ModelErrorClass
+
+    fail_at_once = {ModelErrorClass.BAD_REQUEST, ModelErrorClass.BAD_OUTPUT}
+    groups = [RETRYABLE, INTERRUPTED, NEEDS_OPERATOR, fail_at_once]
+    assert sum(len(g) for g in groups) == len(ModelErrorClass)
+    assert set().union(*groups) == set(ModelErrorClass)

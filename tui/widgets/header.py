@@ -8,6 +8,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
+from backend.models.health import ModelState
 from backend.ops.records import ChromaHealth, ModelHealth, Status
 from tui.format import DEFAULT_PALETTE, clock_time
 
@@ -23,18 +24,23 @@ def chroma_label(chroma: ChromaHealth | None) -> tuple[str, bool | None]:
     return (f"Chroma up{where}", True) if chroma["healthy"] else (f"Chroma DOWN{where}", False)
 
 
-MODEL_TONE = {"ok": "success", "degraded": "warning", "down": "error", "idle": "muted"}
+MODEL_TONE = {
+    ModelState.OK: "success",
+    ModelState.DEGRADED: "warning",
+    ModelState.DOWN: "error",
+    ModelState.IDLE: "muted",
+}
 
 
 def model_label(model: ModelHealth | None) -> tuple[str, str] | None:
     """The model endpoint's health in a few words, and its tone (None: no model used, ever)."""
-    if model is None or model["state"] == "unused":
+    if model is None or model["state"] == ModelState.UNUSED:
         return None
     state = model["state"]
-    if state == "idle":
+    if state == ModelState.IDLE:
         return "model idle", "muted"
     label = f"model {state}"
-    if state == "down":
+    if state == ModelState.DOWN:
         last = model["last_error"]
         label = f"model DOWN ({last['error_class']})" if last else "model DOWN"
     parts = [label]
