@@ -189,6 +189,7 @@ async def measure(root: Path, server: FakeOpenAIProcess, args: argparse.Namespac
     lag = list(executor.stream_stats.lag_s)
     ttft = await ttft_pairs(db, server)
     ttft.update(await sequential_ttft(agent, server, args.sequential))
+    await agent.aclose()  # the executor closed its connections; the sequential requests opened new ones
     await ctx.close()
     deltas = executor.stream_stats.deltas
     return {
