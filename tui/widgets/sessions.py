@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from tui.format import cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -100,14 +100,14 @@ class SessionsTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        for row in (snapshot.get("usage") or {}).get("sessions") or []:
-            yield f"s:{row.get('session_id')}", dict(row)
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        for row in snapshot["usage"]["sessions"]:
+            yield f"s:{row['session_id']}", dict(row)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        usage = snapshot.get("usage") or {}
-        total = usage.get("total") or {}
-        tokens = sum((total.get("tokens") or {}).values())
-        held = sum(1 for r in usage.get("sessions") or [] if r.get("held"))
-        title = f"Sessions {total.get('sessions', 0)} · {count(tokens)} tok · {money(total.get('cost', 0.0))}"
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        usage = snapshot["usage"]
+        total = usage["total"]
+        tokens = sum(total["tokens"].values())
+        held = sum(1 for r in usage["sessions"] if r["held"])
+        title = f"Sessions {total['sessions']} · {count(tokens)} tok · {money(total['cost'])}"
         return title + (f" · {held} held" if held else ""), bool(held)
