@@ -80,14 +80,7 @@ def print_status(result: Status) -> None:
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
         f"workers alive {counts['workers_alive']}"
     )
-    for line in model_lines(result["model"]):
-        console.print(line)
-    for held in result["backlog"]["held"]:
-        console.print(
-            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
-            f"`rem resume {held['session_id']}` once fixed"
-        )
-    _print_usage(console, result)
+    _print_model(console, result)
     _print_rows(
         console,
         "Leases",
@@ -144,6 +137,18 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
     console.print(table)
     if len(rows) > STATUS_ROWS:
         console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
+
+
+def _print_model(console: Console, result: Status) -> None:
+    """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
+    for line in model_lines(result["model"]):
+        console.print(line)
+    for held in result["backlog"]["held"]:
+        console.print(
+            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {held['session_id']}` once fixed"
+        )
+    _print_usage(console, result)
 
 
 def _print_usage(console: Console, result: Status) -> None:
