@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +43,7 @@ from backend.models.health import CallRecord
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -166,7 +166,7 @@ class Executor(Daemon):
                 started += 1
         return started
 
-    def _take_over_sync(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+    def _take_over_sync(self, conn: Conn, execution_id: str) -> recovery.Takeover | None:
         return recovery.take_over_sync(
             conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
         )
@@ -198,7 +198,7 @@ class Executor(Daemon):
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
 
-    def _claim_sync(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+    def _claim_sync(self, conn: Conn, session_id: str, now: int) -> Lease | None:
         # the oldest waiting input's attempt is counted before the work; nothing waiting
         # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
@@ -289,7 +289,7 @@ class Executor(Daemon):
             health.give_back(calls)
             raise
 
-    def _begin_step_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
+    def _begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
         lease = state.lease
         number = state.step + 1
@@ -311,7 +311,7 @@ class Executor(Daemon):
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    def _recovered_prompts_sync(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
+    def _recovered_prompts_sync(self, conn: Conn, state: TurnState) -> list[dict[str, Any]]:
         """After a takeover or a broken stream: what was promoted but never answered."""
         sid, eid = state.lease.session_id, state.lease.execution_id
         if state.recovering:
@@ -324,7 +324,7 @@ class Executor(Daemon):
 
     def _open_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         number: int,
         aid: str,
@@ -415,7 +415,7 @@ class Executor(Daemon):
         await self._sink.write(state.lease, step.assistant_id, step.written, "".join(parts))
         step.written += 1
 
-    def _flush_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, text: str) -> None:
+    def _flush_sync(self, conn: Conn, state: TurnState, step: Step, text: str) -> None:
         """One coalesced part, fenced (no lease-row write: the renewal loop keeps the lease)."""
         projection.write_fenced_part_sync(
             conn, state.lease, step.assistant_id, step.written, text, clock.now_ms()
@@ -423,7 +423,7 @@ class Executor(Daemon):
 
     def _finish_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         step: Step,
         tail: list[str],
@@ -466,7 +466,7 @@ class Executor(Daemon):
 
     def _fail_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         step: Step,
         exc: Exception,
@@ -504,7 +504,7 @@ class Executor(Daemon):
 
     def _interrupt_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         step: Step,
         tail: list[str],
@@ -549,7 +549,7 @@ class Executor(Daemon):
         state.reask = model_turns.Reask(step.data["text"], error.error_class)
         return True
 
-    def _end_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
+    def _end_sync(self, conn: Conn, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
         leases.end_execution_sync(conn, lease)

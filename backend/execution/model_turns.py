@@ -18,7 +18,6 @@ not at all:
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from backend.execution.sessions import dumps
 from backend.models.errors import ModelError
 from backend.models.health import CallRecord
 from backend.models.usage import Usage, cost_of
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.model_calls import write_calls_sync
 
@@ -43,7 +43,7 @@ class Reask:
 
 
 def record_reply_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     data: dict[str, Any],
     reply: ChatReply | None,
@@ -89,7 +89,7 @@ def _error_json(error: dict[str, Any], now: int) -> str:
 
 
 def record_failure_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     exc: ModelError,
     reply: ChatReply | None,
@@ -108,9 +108,7 @@ def record_failure_sync(
         hold_session_sync(conn, session_id, exc, owner_id, now)
 
 
-def hold_session_sync(
-    conn: sqlite3.Connection, session_id: str, exc: ModelError, actor: str, now: int
-) -> None:
+def hold_session_sync(conn: Conn, session_id: str, exc: ModelError, actor: str, now: int) -> None:
     """Stop running the session until an operator resumes it (journaled once per hold)."""
     reason = f"{exc.error_class}: {exc}"[:500]
     held = conn.execute(
@@ -149,7 +147,7 @@ WHERE session_id = ? AND type = 'assistant' AND json_extract(data, '$.status') I
 """
 
 
-def interrupted_reply_sync(conn: sqlite3.Connection, session_id: str) -> Reask:
+def interrupted_reply_sync(conn: Conn, session_id: str) -> Reask:
     """After a takeover: the reply the dead owner had made durable (its parts), to re-ask with."""
     after = conn.execute(LAST_ANSWERED_SQL, (session_id,)).fetchone()[0]
     row = conn.execute(
@@ -165,9 +163,7 @@ def interrupted_reply_sync(conn: sqlite3.Connection, session_id: str) -> Reask:
     return Reask("".join(json.loads(p[0]).get("text", "") for p in parts), "executor_stopped")
 
 
-def history_sync(
-    conn: sqlite3.Connection, session_id: str, before_seq: int, limit: int
-) -> list[dict[str, Any]]:
+def history_sync(conn: Conn, session_id: str, before_seq: int, limit: int) -> list[dict[str, Any]]:
     """The last `limit` user prompts and completed replies before `before_seq`, oldest first."""
     rows = conn.execute(
         "SELECT type, data FROM session_message WHERE session_id = ? AND seq < ? "
@@ -182,7 +178,7 @@ HELD_SQL = "SELECT id, held_at, held_reason FROM session WHERE held_at IS NOT NU
 
 
 def resume_sync(
-    conn: sqlite3.Connection, session_ids: list[str] | None, *, reask: bool, actor: str, now: int
+    conn: Conn, session_ids: list[str] | None, *, reask: bool, actor: str, now: int
 ) -> dict[str, Any]:
     """Lift the hold of the named sessions (None: every held one), journaled; the other side of `hold_session_sync`.
 
@@ -229,7 +225,7 @@ def resume_sync(
     return {"resumed": resumed, "count": len(resumed), "reask": reask, "resumed_at": now}
 
 
-def _failed_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[tuple[str, str]]:
+def _failed_prompts_sync(conn: Conn, session_id: str) -> list[tuple[str, str]]:
     """(new input id, text) for each prompt the session's last error reply answered."""
     row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'assistant' "

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from backend.core.errors import LeaseLost
 from backend.core.settings import settings
 from backend.execution import projection
 from backend.execution.leases import Lease
-from backend.store.db import Database
+from backend.store.db import Conn, Database
 
 LAG_SAMPLES = 200_000
 
@@ -105,7 +104,7 @@ class PartSink:
             self._task = None
 
 
-def _write_parts_sync(conn: sqlite3.Connection, rows: list[dict[str, object]]) -> set[str]:
+def _write_parts_sync(conn: Conn, rows: list[dict[str, object]]) -> set[str]:
     return projection.write_fenced_parts_sync(conn, rows, clock.now_ms())
 
 

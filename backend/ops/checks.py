@@ -17,12 +17,12 @@ summary rows in batches and compares them with the receipts.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.store.db import Conn
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
@@ -56,7 +56,7 @@ class Report:
             bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 
 
-def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -64,7 +64,7 @@ def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dic
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_structure_sync(conn: Conn, report: Report) -> None:
     report.checked.append("structure")
     problems = [
         r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
@@ -114,7 +114,7 @@ WHERE i.promoted_seq IS NULL
 """
 
 
-def check_inputs_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_inputs_sync(conn: Conn, report: Report) -> None:
     report.checked.append("inputs")
     report.add(
         report.violations,
@@ -174,7 +174,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 """
 
 
-def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_projection_sync(conn: Conn, report: Report) -> None:
     report.checked.append("projection")
     assistants = _rows_sync(conn, SQL_ASSISTANTS)
     live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
@@ -244,7 +244,7 @@ def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.checked.append("progress")
     executions = _rows_sync(
         conn,
@@ -301,7 +301,7 @@ WHERE (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
 """
 
 
-def check_usage_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_usage_sync(conn: Conn, report: Report) -> None:
     report.checked.append("usage")
     report.add(
         report.violations,
@@ -311,7 +311,7 @@ def check_usage_sync(conn: sqlite3.Connection, report: Report) -> None:
     )
 
 
-def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
+def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
     now = clock.now_ms() if now is None else now

@@ -18,12 +18,12 @@ Both are typed records (`backend.ops.records`): a metrics exporter reads the sam
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from backend.models.errors import NEEDS_OPERATOR
 from backend.models.health import OK, CallKind, ModelState
 from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
+from backend.store.db import Conn, Row
 
 WINDOW_MS = 5 * 60_000
 WINDOW_ROWS = 2000
@@ -64,7 +64,7 @@ def _percentile(ordered: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
 
 
-def _state(rows: list[sqlite3.Row], errors: int, last_call_at: int | None) -> ModelState:
+def _state(rows: list[Row], errors: int, last_call_at: int | None) -> ModelState:
     if not rows:
         return ModelState.IDLE if last_call_at is not None else ModelState.UNUSED
     newest = rows[:DOWN_AFTER]
@@ -75,7 +75,7 @@ def _state(rows: list[sqlite3.Row], errors: int, last_call_at: int | None) -> Mo
     return ModelState.DEGRADED if errors / len(rows) >= DEGRADED_RATE else ModelState.OK
 
 
-def model_health_sync(conn: sqlite3.Connection, now: int) -> ModelHealth:
+def model_health_sync(conn: Conn, now: int) -> ModelHealth:
     """The endpoint's health over the recent window (rows newest first)."""
     rows = conn.execute(CALLS_SQL, {"since": now - WINDOW_MS, "cap": WINDOW_ROWS}).fetchall()
     last_call_at = conn.execute(LAST_CALL_SQL).fetchone()[0]
@@ -123,7 +123,7 @@ def _last_error(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def usage_sync(conn: sqlite3.Connection) -> Usage:
+def usage_sync(conn: Conn) -> Usage:
     """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total."""
     sessions: list[SessionUsage] = []
     for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP}):
@@ -153,7 +153,7 @@ def usage_sync(conn: sqlite3.Connection) -> Usage:
     }
 
 
-def held_sync(conn: sqlite3.Connection, now: int) -> list[HeldSession]:
+def held_sync(conn: Conn, now: int) -> list[HeldSession]:
     """Sessions held after a model error that needs an operator, oldest hold first."""
     out: list[HeldSession] = []
     for r in conn.execute(HELD_SQL, {"cap": USAGE_CAP}):

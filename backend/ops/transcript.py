@@ -9,10 +9,10 @@ what is still waiting. Reads only, in one read transaction.
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from backend.core.errors import SessionNotFound
+from backend.store.db import Conn, Row
 
 SESSION_COLUMNS = (
     "id, title, model, turn_count, message_count, input_count, last_seq, cost, tokens_input, tokens_output, "
@@ -35,7 +35,7 @@ def _json(raw: Any) -> Any:
         return {"raw": raw}
 
 
-def _session_sync(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+def _session_sync(conn: Conn, session_id: str) -> dict[str, Any]:
     row = conn.execute(f"SELECT {SESSION_COLUMNS} FROM session WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}; list sessions with `rem status`")
@@ -47,7 +47,7 @@ def _session_sync(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     return out
 
 
-def _message(row: sqlite3.Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
     data = _json(row["data"]) or {}
     status = data.get("status")
     marker = "recovery" if row["type"] == "synthetic" else MARKERS.get(str(status))
@@ -82,7 +82,7 @@ def _message(row: sqlite3.Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def transcript_sync(conn: sqlite3.Connection, session_id: str, last: int = 0) -> dict[str, Any]:
+def transcript_sync(conn: Conn, session_id: str, last: int = 0) -> dict[str, Any]:
     """The session's transcript (the `last` messages only, when > 0); run in one read transaction."""
     session = _session_sync(conn, session_id)
     rows = conn.execute(
@@ -128,7 +128,7 @@ def transcript_sync(conn: sqlite3.Connection, session_id: str, last: int = 0) ->
     }
 
 
-def _first_seq_sync(conn: sqlite3.Connection, session_id: str, last: int) -> int:
+def _first_seq_sync(conn: Conn, session_id: str, last: int) -> int:
     if last <= 0:
         return 0
     row = conn.execute(

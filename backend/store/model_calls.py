@@ -8,12 +8,11 @@ journal's retention are pruned with it (`backend.store.maintenance`).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 from backend.models import health
 from backend.models.health import CallRecord
-from backend.store.db import Database
+from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event_sync
 
 INSERT_SQL = """
@@ -23,7 +22,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
-def write_calls_sync(conn: sqlite3.Connection, calls: Sequence[CallRecord], owner_id: str) -> None:
+def write_calls_sync(conn: Conn, calls: Sequence[CallRecord], owner_id: str) -> None:
     """Insert the attempts and journal each failed one with its class (inside the caller's tx)."""
     conn.executemany(
         INSERT_SQL,
