@@ -12,6 +12,9 @@ its sparklines are the history the console itself recorded. The same replay is
 recorded into the data dir's status history, as `rem up` would, and
 `post-mortem.svg` is the console opened on it with `--at`, two steps after the
 kill.
+In the replay's last
+steps the model endpoint starts rate-limiting and one session is held after
+a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`).
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ def timeline_step(scene: scenes.Scene, k: int) -> None:
         scenes.receipt_mismatches(scene)
     if k == 14:
         scenes.dream_drift(scene)
+    if k == 16:
+        scenes.model_trouble(scene)
     scene.event(
         "execution.step",
         scenes.EXEC_A,
@@ -222,6 +227,9 @@ def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...]
         ("dream-drift", build("drift", scenes.healthy, scenes.dream_drift), ("4",), {}),
         ("confirm-release", build("confirm", scenes.incident), ("2", "l"), {}),
         ("narrow-80x24", build("narrow", scenes.incident), (), {"size": (80, 24)}),
+        ("model-sessions", build("sessions", scenes.incident), ("8", "z"), {}),
+        ("session-detail", build("detail", scenes.incident), ("8", "end", "enter"), {}),
+        ("confirm-resume", build("resume", scenes.incident), ("1", "u"), {}),
     ]
 
 

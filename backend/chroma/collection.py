@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable
 from backend.core.settings import Settings
+from backend.models.errors import ModelError
 
 log = logging.getLogger("rem.chroma_store")
 
@@ -49,6 +50,10 @@ def _is_transport_error(exc: BaseException) -> bool:
 
 def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
     return collection.get(include=[], limit=limit, offset=offset)
+
+
+class EmbeddingFailed(ChromaUnreachable):
+    """The embedding model failed: like an unreachable Chroma, the write waits and is retried."""
 
 
 class ChromaStore:
@@ -129,7 +134,14 @@ class ChromaStore:
         """Write rows with rem's embeddings; metadata merges into what is there."""
         if not ids:
             return
-        embeddings = self.embedder.embed(list(documents))
+        # in a thread: a model embedder waits on the network (and on its retries' backoff)
+        try:
+            embeddings = await asyncio.to_thread(self.embedder.embed, list(documents))
+        except ModelError as exc:
+            raise EmbeddingFailed(
+                f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "
+                "and the staged receipts are replayed once it answers"
+            ) from exc
         await self._run(
             lambda c: c.upsert(
                 ids=list(ids),

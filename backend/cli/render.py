@@ -9,8 +9,58 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from backend.ops.records import ReplayReport, Status
+from backend.models.health import ModelState
+from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0.01:
+        return f"${value:.6f}"
+    return f"${value:,.4f}" if value < 100 else f"${value:,.2f}"
+
+
+def _tokens(tokens: dict[str, int]) -> str:
+    cache = tokens.get("cache_read", 0) + tokens.get("cache_write", 0)
+    parts = [f"in {tokens.get('input', 0):,}", f"out {tokens.get('output', 0):,}"]
+    if tokens.get("reasoning"):
+        parts.append(f"reasoning {tokens['reasoning']:,}")
+    if cache:
+        parts.append(f"cache {tokens.get('cache_read', 0):,}r/{tokens.get('cache_write', 0):,}w")
+    return " ".join(parts)
+
+
+MODEL_TONE = {ModelState.OK: "green", ModelState.DEGRADED: "yellow", ModelState.DOWN: "red"}
+
+
+def model_lines(model: ModelHealth) -> list[str]:
+    """The model-health block of `rem status`, in rich markup."""
+    state = model["state"]
+    if state == ModelState.UNUSED:
+        return ["Model: none used (offline defaults)"]
+    where = ", ".join(model["endpoints"]) or "-"
+    head = f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({', '.join(model['models']) or '-'})"
+    if state == ModelState.IDLE:
+        return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
+    errors = ", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items()))
+    ttft = (
+        f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
+        if model["ttft_ms_p50"] is not None
+        else "-"
+    )
+    lines = [
+        head,
+        f"  last {model['window_ms'] // 60_000} min: {model['requests']} requests, {model['errors']} errors "
+        f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
+        f"time to first token {ttft}",
+    ]
+    last = model["last_error"]
+    if last:
+        lines.append(f"  last error: {last['error_class']} {escape(last['message'] or '')}".rstrip())
+    return lines
+
 
 STATUS_ROWS = 20  # rows per list; `--json` has them all
 
@@ -31,6 +81,7 @@ def print_status(result: Status) -> None:
         f"workers alive {counts['workers_alive']}"
     )
     _print_totals(console, result)
+    _print_model(console, result)
     _print_rows(
         console,
         "Leases",
@@ -114,6 +165,88 @@ def _print_totals(console: Console, result: Status) -> None:
     console.print(leases)
     recoveries = totals["recoveries"]
     console.print(f"recoveries: {recoveries['waiting']} waiting, {recoveries['parked']} parked")
+
+
+def _print_model(console: Console, result: Status) -> None:
+    """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
+    for line in model_lines(result["model"]):
+        console.print(line)
+    for held in result["backlog"]["held"]:
+        console.print(
+            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {held['session_id']}` once fixed"
+        )
+    _print_usage(console, result)
+
+
+def _print_usage(console: Console, result: Status) -> None:
+    usage = result["usage"]
+    total = usage["total"]
+    if not total["sessions"]:
+        return
+    console.print(
+        f"Usage: {total['sessions']:,} sessions, {_tokens(total['tokens'])}, cost {_money(total['cost'])}"
+    )
+    table = Table("session", "model", "turns", "tokens", "cost", "last model error", box=None)
+    for row in usage["sessions"][:STATUS_ROWS]:
+        error = row["last_error"] or {}
+        table.add_row(
+            row["session_id"],
+            escape(row["model"] or "-"),
+            str(row["turns"]),
+            _tokens(row["tokens"]),
+            _money(row["cost"]),
+            str(error.get("class") or "") + (" (held)" if row["held"] else ""),
+        )
+    console.print(table)
+
+
+def print_transcript(result: dict[str, Any]) -> None:
+    """`rem show`: the session's header, then each message with its markers and usage."""
+    console = Console(highlight=False)
+    session = result["session"]
+    console.print(
+        f"[bold]{session['id']}[/] {session['title'] or ''}  {session['turn_count']} turns, "
+        f"{session['message_count']} messages; {session['model'] or 'no model'}: "
+        f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
+    )
+    if session["held_at"]:
+        console.print(f"[red]held[/]: {session['held_reason']}; `rem resume {session['id']}` once fixed")
+    if session["model_error"]:
+        error = session["model_error"]
+        console.print(f"last model error: {error.get('class')} {error.get('message') or ''}", markup=False)
+    for message in result["messages"]:
+        _print_message(console, message)
+    for waiting in result["waiting"]:
+        asleep = " (asleep: session held)" if waiting["asleep"] else ""
+        console.print(f"[dim]waiting[/] {waiting['id']} {waiting['delivery']}{asleep}: {waiting['text']}")
+    if result["execution"]:
+        ex = result["execution"]
+        console.print(
+            f"[yellow]running[/] {ex['id']} owner {ex['owner_id']} epoch {ex['epoch']} phase {ex['phase']}"
+        )
+
+
+def _print_message(console: Console, message: dict[str, Any]) -> None:
+    role = message["type"]
+    marker = f" [yellow]\\[{message['marker']}][/]" if message.get("marker") else ""
+    head = f"[bold]#{message['seq']} {role}[/] {message['id']}{marker}"
+    extra = []
+    if message.get("usage"):
+        extra.append(_tokens(message["usage"]))
+    if "cost" in message:
+        extra.append(_money(message["cost"]))
+    if message.get("ttft_ms") is not None:
+        extra.append(f"first token {message['ttft_ms']:.0f} ms")
+    if message.get("reask"):
+        extra.append(f"re-asked after {message['reask']}")
+    if role == "assistant" and message["parts"]:
+        extra.append(f"{len(message['parts'])} parts")
+    console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
+    console.print(f"  {message['text']}", markup=False)
+    error = message.get("error")
+    if isinstance(error, dict):
+        console.print(f"  [red]{error.get('class')}[/]: {error.get('message')}")
 
 
 def print_check(result: dict[str, Any]) -> None:

@@ -20,7 +20,9 @@ from backend.ops.actions import (
     metrics,
     release,
     replay,
+    resume,
     send,
+    show,
     status,
 )
 
@@ -34,6 +36,8 @@ __all__ = [
     "metrics",
     "release",
     "replay",
+    "resume",
     "send",
+    "show",
     "status",
 ]

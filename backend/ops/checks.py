@@ -327,6 +327,7 @@ def check_sessions_sync(
         return None, 0
     check_inputs_sync(conn, report, lo, hi)
     check_projection_sync(conn, report, lo, hi)
+    check_usage_sync(conn, report, lo, hi)
     return str(hi), int(n)
 
 
@@ -367,6 +368,41 @@ def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
         "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
     )
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
+
+
+# -- usage: a reply's tokens are counted with it, exactly once ---------------
+# (the sessions a model answered, from their partial index; each reply's usage is
+# written in the same transaction as its completion, so the totals always agree)
+SQL_USAGE_MISMATCH = """
+SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, s.tokens_cache_read,
+       s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
+FROM session AS s
+JOIN (SELECT session_id,
+             total(json_extract(data, '$.usage.input')) AS input,
+             total(json_extract(data, '$.usage.output')) AS output,
+             total(json_extract(data, '$.usage.reasoning')) AS reasoning,
+             total(json_extract(data, '$.usage.cache_read')) AS cache_read,
+             total(json_extract(data, '$.usage.cache_write')) AS cache_write
+      FROM session_message
+      WHERE session_id > :lo AND session_id <= :hi
+        AND type = 'assistant' AND json_extract(data, '$.status') = 'completed'
+      GROUP BY session_id) AS r ON r.session_id = s.id
+WHERE s.id > :lo AND s.id <= :hi AND (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
+  AND (s.tokens_input != r.input OR s.tokens_output != r.output OR s.tokens_reasoning != r.reasoning
+       OR s.tokens_cache_read != r.cache_read OR s.tokens_cache_write != r.cache_write)
+"""
+
+
+def check_usage_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
+    """The sessions `lo` < id <= `hi` (one batch; rows merged into the report's finding)."""
+    if "usage" not in report.checked:
+        report.checked.append("usage")
+    report.add(
+        report.violations,
+        "usage",
+        "session token totals that differ from the sum of their replies' usage",
+        _rows_sync(conn, SQL_USAGE_MISMATCH, {"lo": lo, "hi": hi}),
+    )
 
 
 def check_database_sync(conn: Conn, now: int | None = None) -> Report:
@@ -546,6 +582,7 @@ FINDING_ORDER = (
     "inputs answered by more than one reply (a late write landed)",
     "promoted inputs not answered yet",
     "promoted inputs no reply answers and no execution will",
+    "session token totals that differ from the sum of their replies' usage",
     "executions in progress or awaiting takeover",
     "recoveries waiting",
     "recoveries parked for the operator (attempt budget spent)",

@@ -28,6 +28,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
+from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -57,7 +58,12 @@ from backend.summaries.summarizer import JobStatus
 # title and the totals count every row
 LIST_CAP = 200
 EVENT_TAIL = 100
-OPERATOR_KINDS = (EventKind.OPERATOR_REPLAY, EventKind.OPERATOR_DRAIN, EventKind.OPERATOR_RELEASE)
+OPERATOR_KINDS = (
+    EventKind.OPERATOR_REPLAY,
+    EventKind.OPERATOR_DRAIN,
+    EventKind.OPERATOR_RELEASE,
+    EventKind.OPERATOR_RESUME,
+)
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
 DREAM_COUNTED: tuple[DigestState, ...] = (
@@ -170,7 +176,7 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES}
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
 SESSION_RECOUNT_MS = 60_000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
@@ -247,7 +253,7 @@ def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
     return [by_session[s] for s in sessions]
 
 
-def backlog_sync(cache: SnapshotCache, counts: dict[str, int], now: int) -> Backlog:
+def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: int) -> Backlog:
     inputs: list[InputBacklog] = [
         {
             "session_id": r["session_id"],
@@ -282,6 +288,8 @@ def backlog_sync(cache: SnapshotCache, counts: dict[str, int], now: int) -> Back
     return Backlog(
         inputs=inputs,
         inputs_total=counts["inputs_total"],
+        # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
+        held=model_health.held_sync(conn, now),
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
@@ -482,6 +490,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     rows["drift"] = dream_drift_sync(conn, counts)
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
+    rows["usage"] = model_health.usage_sync(conn)
     cache.counts = counts
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
@@ -506,9 +515,10 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
     drift, drift_counts = rows["drift"]
     worker_view = worker_rows_sync(conn, now)
     total = totals_sync(conn, now, counts, rows["totals"])
+    back = backlog_sync(conn, cache, counts, now)
     snapshot: Snapshot = {
         "generated_at": now,
-        "backlog": backlog_sync(cache, counts, now),
+        "backlog": back,
         "leases": leases_sync(rows["leases"], now),
         "receipts": Receipts(
             counts={v: counts[f"receipt_{v}"] for v in (*ReceiptVerdict, "unchecked")},
@@ -518,6 +528,8 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
         "dream_counts": dict(drift_counts),
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
+        "model": model_health.model_health_sync(conn, now),
+        "usage": rows["usage"],
         "recent_actions": list(rows["recent_actions"]),
         "events": list(rows["events"]),
         "totals": total,
@@ -527,6 +539,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
+            "held": len(back["held"]),
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
     }

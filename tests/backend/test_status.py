@@ -26,6 +26,7 @@ BIG_TABLES = (
     "graph_node",
     "graph_edge",
     "worker",
+    "model_call",
 )
 
 
@@ -83,6 +84,7 @@ async def _assert_indexed(db: Database, name: str) -> None:
         "after": 0,
         "sessions": "[]",
         "scan": 10,
+        "since": 0,
     }
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
     details = [row["detail"] for row in plan]

@@ -137,3 +137,10 @@ def test_timeline_at_the_kill(
     history.close()
     app = app_for(data, read_only=True, at=scenes.NOW + 5_000)
     assert snap_compare(app, terminal_size=(120, 40), run_before=after())
+
+
+def test_held_session_detail_with_usage_and_model_error(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir]
+) -> None:
+    app = app_for(scene_dir(scenes.healthy, scenes.model_trouble))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("8", "end", "enter"))
