@@ -4,8 +4,9 @@ Every value is read from one `status()` snapshot, never from a second query,
 so a scrape and `rem status --json` taken from the same snapshot agree
 (tests/backend/test_metrics.py parses the exposition with prometheus_client's
 own parser and compares). A family is added here once the snapshot carries
-its figures (the model block of issue 15 and the recall index lag of issue 16
-are not in it yet), never reported as a made-up zero. Label values are bounded: kinds, roles, states, verdicts
+its figures (the recall index lag of issue 16 is not in it yet), never
+reported as a made-up zero: a time-to-first-token quantile with no request in
+the window has no sample. Label values are bounded: kinds, roles, states, verdicts
 and classes are fixed sets; the per-worker heartbeat gauge has one series per
 listed worker (live ones, and those stopped in the last ten minutes).
 """
@@ -27,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from backend.models.health import ModelState
 from backend.ops.totals import BACKLOG_KINDS, LEASE_KINDS
 from backend.store.workers import WorkerRole, WorkerState
 
@@ -183,6 +185,80 @@ def _chroma_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     yield info
 
 
+def _model_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """The model endpoint over its recent window, the sessions it holds, and tokens and cost."""
+    model = status["model"]
+    yield _gauge(
+        "rem_model_state",
+        "1 for the model endpoint's state over the recent window (ok, degraded, down, idle, unused).",
+        ["state"],
+        (([state], int(model["state"] == state)) for state in ModelState),
+    )
+    window = f"in the last {model['window_ms'] / 1000:g} s"
+    yield _gauge(
+        "rem_model_window_seconds",
+        "The window the model figures cover.",
+        [],
+        [([], _seconds(model["window_ms"]))],
+    )
+    yield _gauge("rem_model_requests", f"Model request attempts {window}.", [], [([], model["requests"])])
+    yield _gauge(
+        "rem_model_requests_by_kind",
+        f"Model request attempts {window}, by call kind.",
+        ["kind"],
+        (([kind], n) for kind, n in model["requests_by_kind"].items()),
+    )
+    yield _gauge(
+        "rem_model_errors",
+        f"Failed model request attempts {window}, by error class.",
+        ["class"],
+        (([cls], n) for cls, n in model["errors_by_class"].items()),
+    )
+    yield _gauge(
+        "rem_model_error_ratio",
+        f"Failed / all model request attempts {window}.",
+        [],
+        [([], model["error_rate"])],
+    )
+    yield _gauge("rem_model_retries", f"Model request retries {window}.", [], [([], model["retries"])])
+    yield _gauge(
+        "rem_model_ttft_seconds",
+        f"Time to first token {window} (quantiles; no sample without a request).",
+        ["quantile"],
+        (
+            ([q], _seconds(v))
+            for q, v in (("0.5", model["ttft_ms_p50"]), ("0.95", model["ttft_ms_p95"]))
+            if v is not None
+        ),
+    )
+    if model["last_call_at"] is not None:
+        yield _gauge(
+            "rem_model_last_call_timestamp_seconds",
+            "When the last model request was made.",
+            [],
+            [([], model["last_call_at"] / 1000)],
+        )
+    yield _gauge(
+        "rem_sessions_held",
+        "Sessions a model error holds for an operator (`rem resume`).",
+        [],
+        [([], len(status["backlog"]["held"]))],
+    )
+    total = status["usage"]["total"]
+    yield _gauge(
+        "rem_model_sessions", "Sessions that used a model (or failed to).", [], [([], total["sessions"])]
+    )
+    yield _gauge(
+        "rem_model_tokens",
+        "Tokens over every session, by kind (input, output, reasoning, cache_read, cache_write).",
+        ["kind"],
+        (([kind], n) for kind, n in total["tokens"].items()),
+    )
+    yield _gauge(
+        "rem_model_cost", "Cost over every session, in the price table's currency.", [], [([], total["cost"])]
+    )
+
+
 def families(status: Mapping[str, Any]) -> list[Metric]:
     """Every metric family of one status snapshot."""
     out: list[Metric] = [
@@ -199,6 +275,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _worker_families,
         _throughput_families,
         _chroma_families,
+        _model_families,
     ):
         out.extend(produce(status))
     return out

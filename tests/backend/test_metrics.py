@@ -122,6 +122,26 @@ async def test_every_metric_equals_the_status_snapshot_it_came_from(
             _get(values, "rem_operator_actions_total", action=row["action"], result=row["result"])
             == row["count"]
         )
+    model = status["model"]
+    for state in ("ok", "degraded", "down", "idle", "unused"):
+        assert _get(values, "rem_model_state", state=state) == int(model["state"] == state)
+    assert _get(values, "rem_model_window_seconds") == model["window_ms"] / 1000
+    assert _get(values, "rem_model_requests") == model["requests"]
+    for kind, n in model["requests_by_kind"].items():
+        assert _get(values, "rem_model_requests_by_kind", kind=kind) == n
+    for cls, n in model["errors_by_class"].items():
+        assert _get(values, "rem_model_errors", **{"class": cls}) == n
+    assert _get(values, "rem_model_error_ratio") == model["error_rate"]
+    assert _get(values, "rem_model_retries") == model["retries"]
+    for q, key in (("0.5", "ttft_ms_p50"), ("0.95", "ttft_ms_p95")):
+        assert _get(values, "rem_model_ttft_seconds", quantile=q) == model[key] / 1000  # type: ignore[literal-required]
+    assert _get(values, "rem_model_last_call_timestamp_seconds") == model["last_call_at"] / 1000
+    assert _get(values, "rem_sessions_held") == len(status["backlog"]["held"]) == status["counts"]["held"]
+    usage = status["usage"]["total"]
+    assert _get(values, "rem_model_sessions") == usage["sessions"]
+    for kind, n in usage["tokens"].items():
+        assert _get(values, "rem_model_tokens", kind=kind) == n
+    assert _get(values, "rem_model_cost") == pytest.approx(usage["cost"])
     assert _get(values, "rem_chroma_up") == int(status["chroma"]["healthy"])
     assert _get(values, "rem_sessions") == status["counts"]["sessions"]
     assert _get(values, "rem_up") == 1
@@ -157,6 +177,12 @@ async def test_the_known_incident_reads_as_expected(known_dir: DataDir) -> None:
     assert _get(values, "rem_operator_actions_total", action="release", result="forced") == 1
     assert _get(values, "rem_operator_actions_total", action="drain", result="draining") == 1
     assert _get(values, "rem_chroma_up") == 0  # no Chroma server for this data dir
+    # the endpoint: 3 of 12 attempts rate-limited and a 401 in the window; s-tango held after it
+    assert _get(values, "rem_model_state", state="down") == 1
+    assert _get(values, "rem_model_errors", **{"class": "rate_limited"}) == 3
+    assert _get(values, "rem_model_errors", **{"class": "auth"}) == 1
+    assert _get(values, "rem_sessions_held") == 1
+    assert _get(values, "rem_model_sessions") == 4
 
 
 def test_an_unreadable_state_db_is_rem_up_0_with_the_reason_not_a_500() -> None:
