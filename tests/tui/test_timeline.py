@@ -140,6 +140,7 @@ async def test_the_drill_replays_with_at_on_a_read_only_copy(drill: dict[str, An
         recorded = _recorded(app)
         assert recorded["time"] == drill["dead_at"] and "RemLeaseDeadOwner" in recorded["alerts"]
         # unmistakably the past: the header badge, the timeline bar, the actions greyed out
+        assert app.header.header_text().plain.startswith(" ◀ PAST ")  # first, never clipped
         assert "NOT LIVE" in app.header.header_text().plain
         assert app.timeline_bar.has_class("-shown") and "THE PAST" in app.timeline_bar.text
         for action in ("release", "drain", "replay_selected", "replay_all"):

@@ -123,6 +123,9 @@ class ConsoleHeader(Static):
     def header_text(self) -> Text:
         snap = self.snapshot
         line = Text()
+        if self.timeline_at is not None:  # first: whatever the width, the past is never clipped away
+            line.append_text(self._badge(f"◀ PAST {clock_time(self.timeline_at)}, NOT LIVE", "error"))
+            line.append(" ")
         line.append("rem ", style="bold")
         line.append(self.data_label)
         label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
@@ -138,9 +141,6 @@ class ConsoleHeader(Static):
             line.append(f"  schema v{snap['schema_version']}")
             line.append(f"  {snap['counts']['sessions']} sessions")
         line.append("  ")
-        if self.timeline_at is not None:
-            line.append_text(self._badge(f"◀ PAST {clock_time(self.timeline_at)}, NOT LIVE", "error"))
-            line.append(" ")
         if self.read_only:
             line.append_text(self._badge("READ-ONLY", "warning"))
             line.append(" ")
