@@ -228,7 +228,7 @@ def query_plans(root: Path) -> dict[str, list[str]]:
         "scan": 10,
     }
     queries = {**STATUS_QUERIES, "tally": throughput.FOLD_SQL, "tally_latency": throughput.LATENCY_SQL}
-    params.update(upto=1)
+    params.update(upto=1, since=0)
     try:
         return {
             name: [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
