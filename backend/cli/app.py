@@ -20,6 +20,7 @@ from backend.cli import (
     drain,
     drill,
     init,
+    reindex,
     release,
     replay,
     send,
@@ -61,7 +62,22 @@ def _globals(
 
 
 # in the order `rem --help` lists them: set up, run, operate, inspect, prove
-for command in (init, up, daemon, send, status, replay, drain, release, check, console, demo, drill, bench):
+for command in (
+    init,
+    up,
+    daemon,
+    send,
+    status,
+    replay,
+    drain,
+    release,
+    check,
+    reindex,
+    console,
+    demo,
+    drill,
+    bench,
+):
     command.register(app)
 
 

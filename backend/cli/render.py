@@ -15,8 +15,16 @@ def print_status(result: dict[str, Any]) -> None:
     health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
     console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
     console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
-    table = Table("table", "rows", box=None)
-    for name, count in result["tables"].items():
+    index = (result.get("backlog") or {}).get("index") or {}
+    if index:
+        console.print(
+            f"recall index: {index['sessions_behind']} session(s) behind"
+            + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
+            + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
+        )
+    # (the snapshot has no "tables" key: this printed a KeyError traceback before)
+    table = Table("what", "count", box=None)
+    for name, count in (result.get("counts") or {}).items():
         table.add_row(name, str(count))
     console.print(table)
 
@@ -137,3 +145,28 @@ def drain_progress_printer() -> Any:
             sys.stderr.write("\n")
 
     return show
+
+
+def progress_printer() -> Any:
+    """A callback that prints `what: n` progress on stderr (one line, rewritten)."""
+    console = Console(stderr=True)
+
+    def show(what: str, done: int) -> None:
+        console.print(f"{what}: {done}", end="\r", highlight=False)
+
+    return show
+
+
+def print_reindex(result: dict[str, Any]) -> None:
+    console = Console()
+    summaries, turns = result["summaries"], result["turns"]
+    receipts = summaries["receipts"]
+    console.print(
+        f"[bold]rem reindex[/] with {result['embedder']} ({result['dim']}-d) in {result['seconds']:.1f} s"
+    )
+    console.print(
+        f"summaries: {receipts['scanned']} receipts replayed ({receipts['quarantined']} quarantined), "
+        f"{summaries['legacy_rows']} legacy rows kept, {summaries['overlays']} Dream overlays rewritten"
+    )
+    pending = f", [yellow]{turns['pending']} pending[/]" if turns["pending"] else ""
+    console.print(f"turns: {turns['vectors']} vectors written{pending}")

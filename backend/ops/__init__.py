@@ -9,5 +9,17 @@ and Dream leases.
 from __future__ import annotations
 
 from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
+from backend.ops.reindex import reindex
 
-__all__ = ["LEASE_KINDS", "check", "chroma_health", "drain", "init", "release", "replay", "send", "status"]
+__all__ = [
+    "LEASE_KINDS",
+    "check",
+    "chroma_health",
+    "drain",
+    "init",
+    "reindex",
+    "release",
+    "replay",
+    "send",
+    "status",
+]

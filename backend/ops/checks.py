@@ -272,6 +272,58 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
+# -- invariant 9: every raw turn up to a session's current revision is in the recall index --
+SQL_ALL_RAW_TURNS = """
+SELECT session_id, id, type, time_created, data FROM session_message
+WHERE type IN ('user', 'assistant') ORDER BY session_id
+"""
+SQL_INDEX_ROWS = """
+SELECT t.session_id, t.message_id, t.digest, t.vector_digest, f.rowid AS fts_rowid
+FROM memory_turn AS t LEFT JOIN memory_turn_fts AS f ON f.rowid = t.id
+"""
+
+
+def _raw_turn_ids_by_session(conn: sqlite3.Connection) -> dict[str, tuple[str, set[str]]]:
+    """Each session's current raw revision and the ids of the raw turns it covers."""
+    from backend.store.revision import compute_revision, turn_record
+
+    records: dict[str, list[dict[str, Any]]] = {}
+    for sid, mid, kind, created, data in conn.execute(SQL_ALL_RAW_TURNS):
+        parsed = json.loads(data)
+        record = turn_record(mid, kind, created, parsed if isinstance(parsed, dict) else {})
+        if record is not None:
+            records.setdefault(sid, []).append(record)
+    return {sid: (compute_revision(rs), {r["id"] for r in rs}) for sid, rs in records.items()}
+
+
+def check_recall_index(conn: sqlite3.Connection, report: Report) -> None:
+    """Invariant 9, on state.db: the FTS5 side covers each session's indexed revision exactly."""
+    report.checked.append("recall_index")
+    raw = _raw_turn_ids_by_session(conn)
+    indexed_rev = dict(conn.execute("SELECT session_id, indexed_revision FROM dream_state").fetchall())
+    rows: dict[str, list[dict[str, Any]]] = {}
+    no_fts, vectors_pending = [], []
+    for r in _rows(conn, SQL_INDEX_ROWS):
+        rows.setdefault(r["session_id"], []).append(r)
+        if r["fts_rowid"] is None:
+            no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+        if r["vector_digest"] != r["digest"]:
+            vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+    missing, extra, behind = [], [], []
+    for sid, (revision, turn_ids) in raw.items():
+        held = {r["message_id"] for r in rows.get(sid, [])}
+        if indexed_rev.get(sid) != revision:
+            behind.append({"session_id": sid, "raw_revision": revision, "indexed": indexed_rev.get(sid)})
+            continue
+        missing += [{"session_id": sid, "message_id": m} for m in sorted(turn_ids - held)]
+        extra += [{"session_id": sid, "message_id": m} for m in sorted(held - turn_ids)]
+    report.add(report.violations, "9", "raw turns missing from the recall index at its revision", missing)
+    report.add(report.violations, "9", "recall index rows for turns that are not raw turns", extra)
+    report.add(report.violations, "9", "recall index rows without their FTS5 row", no_fts)
+    report.add(report.unsettled, "9", "recall index behind the session's current revision", behind)
+    report.add(report.unsettled, "9", "turn vectors not written to Chroma yet", vectors_pending)
+
+
 def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
@@ -280,6 +332,7 @@ def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
     check_inputs(conn, report)
     check_projection(conn, report)
     check_progress(conn, report, now)
+    check_recall_index(conn, report)
     return report
 
 
@@ -295,6 +348,7 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
     try:
         await _check_receipts(ctx, db, report)
         await _check_dream_overlay(ctx, db, report)
+        await _check_turn_vectors(ctx, db, report)
     except ChromaUnreachable as exc:
         report.add(
             report.violations,
@@ -373,6 +427,14 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
                 )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
     report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
+
+
+async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
+    """Invariant 9, Chroma side: every vector state.db marks as written is in the turn collection."""
+    in_chroma = set(await ctx.turn_store().all_ids())
+    marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
+    lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
+    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, classify_drift
+from backend.memory.index import index_lag
 from backend.store import workers
 
 LIST_CAP = 500
@@ -158,6 +159,8 @@ def backlog(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> dict[
         "recoveries": recoveries,
         "summary_jobs": summary,
         "dream": {"pending": counts["dream_pending"], "by_state": by_state},
+        # the recall index's lag: sessions whose published revision is not indexed, vectors pending
+        "index": index_lag(conn, now),
     }
 
 

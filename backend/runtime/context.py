@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from backend.chroma import server as chroma_server
 from backend.chroma.collection import ChromaStore
+from backend.chroma.embedder import Embedder, load_embedder
 from backend.chroma.server import ChromaServer
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError, ReadOnly
@@ -16,6 +17,13 @@ from backend.store.events import operator_name
 from backend.store.schema import migrate, refuse_unusable
 
 log = logging.getLogger("rem.context")
+
+
+def turn_collection_name(summary_collection: str) -> str:
+    """`rem_summaries` -> `rem_turns`; any other name gets `-turns` appended."""
+    if summary_collection.endswith("summaries"):
+        return summary_collection[: -len("summaries")] + "turns"
+    return summary_collection + "-turns"
 
 
 @dataclass
@@ -33,6 +41,8 @@ class Context:
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)
+    _turn_store: ChromaStore | None = field(default=None, repr=False)
+    _embedder: Embedder | None = field(default=None, repr=False)
 
     @classmethod
     def for_path(cls, path: str | None = None, **kwargs: object) -> Context:
@@ -85,11 +95,36 @@ class Context:
     def chroma_url_now(self) -> str:
         return self.chroma().url
 
+    def embedder(self) -> Embedder:
+        """The configured embedder, one per process (the model loads on first use)."""
+        if self._embedder is None:
+            self._embedder = load_embedder()
+        return self._embedder
+
     def store(self) -> ChromaStore:
         """The summary collection (lazily connected; reconnects after a Chroma restart)."""
         if self._store is None:
-            self._store = ChromaStore(self.chroma_url_now, collection=self.collection)
+            self._store = ChromaStore(self.chroma_url_now, self.embedder(), collection=self.collection)
         return self._store
+
+    def store_unchecked(self, *, turns: bool = False) -> ChromaStore:
+        """A fresh handle on the summary (or turn) collection that does not check its embedder:
+        only for reading a collection that is about to be rebuilt (`rem reindex`)."""
+        name = self.turn_collection if turns else self.collection
+        return ChromaStore(self.chroma_url_now, self.embedder(), collection=name, check_embedder=False)
+
+    @property
+    def turn_collection(self) -> str:
+        """The Chroma collection of turn vectors that goes with the summary collection."""
+        return turn_collection_name(self.collection)
+
+    def turn_store(self) -> ChromaStore:
+        """The turn collection (the recall index's dense side)."""
+        if self._turn_store is None:
+            self._turn_store = ChromaStore(
+                self.chroma_url_now, self.embedder(), collection=self.turn_collection
+            )
+        return self._turn_store
 
     async def close(self) -> None:
         if self._db is not None:
@@ -99,6 +134,7 @@ class Context:
             self._server.stop()
         self._server = None
         self._store = None
+        self._turn_store = None
 
     async def __aenter__(self) -> Context:
         return self

@@ -308,8 +308,53 @@ CREATE INDEX event_legacy_idx ON event(time)
     WHERE kind IN ('dream.legacy_imported', 'dream.legacy_superseded');
 """
 
+# v3: memory that can be recalled (backend.memory). Sessions belong to a project
+# (seed 004's session table has project/workspace fields; default `default`).
+# `memory_turn` is the recall index of raw turns (one row per user prompt or
+# completed assistant reply), written by Dream per revision under its lease;
+# `memory_turn_fts` (FTS5, rowid = memory_turn.id) is its lexical side and
+# the Chroma turn collection its dense side. `dream_state.indexed_revision`
+# is the revision the index covers (DESIGN invariant 9).
+V3 = """
+ALTER TABLE session ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX session_project_idx ON session(project, time_updated);
+ALTER TABLE dream_state ADD COLUMN indexed_revision TEXT;
+ALTER TABLE dream_state ADD COLUMN time_indexed INTEGER;
+CREATE INDEX dream_state_index_lag_idx ON dream_state(time_published, session_id)
+    WHERE input_revision IS NOT NULL AND indexed_revision IS NOT input_revision;
+
+CREATE TABLE memory_turn (
+    id            INTEGER PRIMARY KEY,
+    message_id    TEXT NOT NULL UNIQUE,
+    session_id    TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+    project       TEXT NOT NULL,
+    -- position in the session's canonical turn order (time, then id)
+    ord           INTEGER NOT NULL,
+    role          TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    speaker       TEXT NOT NULL DEFAULT '',
+    time          INTEGER NOT NULL,
+    -- hash of everything indexed for the turn (FTS columns, dense text, metadata): the diff key
+    digest        TEXT NOT NULL,
+    -- the digest whose vector is in the Chroma turn collection (NULL: not written yet)
+    vector_digest TEXT,
+    revision      TEXT NOT NULL,
+    time_indexed  INTEGER NOT NULL
+);
+CREATE INDEX memory_turn_session_idx ON memory_turn(session_id, ord);
+CREATE INDEX memory_turn_vector_pending_idx ON memory_turn(session_id)
+    WHERE vector_digest IS NOT digest;
+
+CREATE VIRTUAL TABLE memory_turn_fts USING fts5(body, ctx, scope, tokenize = 'porter unicode61');
+
+-- however a memory_turn row goes (a superseded turn, a deleted session), its FTS row goes too
+CREATE TRIGGER memory_turn_fts_delete AFTER DELETE ON memory_turn
+BEGIN
+    DELETE FROM memory_turn_fts WHERE rowid = old.id;
+END;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2]
+MIGRATIONS: list[str] = [V1, V2, V3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -60,7 +60,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
                 conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"
             )
             await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
-        assert await migrate(db) == SCHEMA_VERSION == 2
+        assert await migrate(db) == SCHEMA_VERSION == 3
         names = {
             r[0]
             for r in await db.fetchall(
@@ -220,3 +220,29 @@ async def test_state_db_from_a_newer_rem_is_refused(db_ctx: Context) -> None:
     await db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaTooNew, match="newer than this rem supports"):
         await migrate(db)
+
+
+async def test_a_v2_database_migrates_to_projects_and_the_recall_index(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """v3 keeps every session (now in project `default`) and adds an empty recall index."""
+    from backend.store import schema
+
+    db = await Database.open(tmp_path / "state.db")
+    try:
+        async with db.tx() as conn:
+            await schema._apply(conn, schema.V1)
+            await schema._apply(conn, schema.V2)
+            await conn.execute("PRAGMA user_version = 2")
+            await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s1', 1, 1)")
+            await conn.execute(
+                "INSERT INTO dream_state (session_id, input_revision, time_updated) VALUES ('s1', 'sha256:a', 1)"
+            )
+        assert await migrate(db) == SCHEMA_VERSION == 3
+        assert await db.scalar("SELECT project FROM session WHERE id = 's1'") == "default"
+        lagging = await db.fetchall(
+            "SELECT session_id FROM dream_state WHERE input_revision IS NOT NULL "
+            "AND indexed_revision IS NOT input_revision"
+        )
+        assert [r[0] for r in lagging] == ["s1"]  # published but not indexed yet: index lag
+        assert await db.scalar("SELECT count(*) FROM memory_turn_fts") == 0
+    finally:
+        await db.close()

@@ -57,15 +57,19 @@ def _rows(snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
 
 
 def summary_line(snapshot: Mapping[str, Any]) -> str:
-    """The aggregate counts that do not fit as rows: summary jobs and Dream by state."""
+    """The aggregate counts that do not fit as rows: summary jobs, Dream by state, the index lag."""
     backlog = snapshot.get("backlog") or {}
     jobs = backlog.get("summary_jobs") or {}
     dream = backlog.get("dream") or {}
     by_state = dream.get("by_state") or {}
+    index = backlog.get("index") or {}
+    lag = f"index {index.get('sessions_behind', 0)} behind"
+    if index.get("vectors_pending"):
+        lag += f" {index['vectors_pending']} vec"
     return (
         f"sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
         f"{jobs.get('stale', 0)} stale · dream {dream.get('pending', 0)} pend "
-        f"{by_state.get('deferred', 0)} def"
+        f"{by_state.get('deferred', 0)} def · {lag}"
     )
 
 
