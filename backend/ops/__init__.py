@@ -9,6 +9,7 @@ and Dream leases.
 from __future__ import annotations
 
 from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
+from backend.ops.memory import import_file, list_projects, recall, show_session
 from backend.ops.reindex import reindex
 
 __all__ = [
@@ -16,10 +17,14 @@ __all__ = [
     "check",
     "chroma_health",
     "drain",
+    "import_file",
     "init",
+    "list_projects",
+    "recall",
     "reindex",
     "release",
     "replay",
     "send",
+    "show_session",
     "status",
 ]

@@ -64,6 +64,7 @@ class Claim:
     dirty_seq: int
     attempts: int
     expires_at: int
+    project: str = "default"
 
     @property
     def summary_id(self) -> str:
@@ -197,6 +198,7 @@ class Summarizer(Daemon):
                 )
             )
             epoch, attempts = int(claimed[0][0]), int(claimed[0][1])
+            project = await fetchone(conn, "SELECT project FROM session WHERE id = ?", (session_id,))
             await append_event(
                 conn,
                 kind=EventKind.SUMMARY_CLAIMED,
@@ -209,7 +211,16 @@ class Summarizer(Daemon):
         self.log.info(
             "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns)
         )
-        return Claim(session_id, epoch, revision, turns, int(row["dirty_seq"]), attempts, now + self.lease_ms)
+        return Claim(
+            session_id,
+            epoch,
+            revision,
+            turns,
+            int(row["dirty_seq"]),
+            attempts,
+            now + self.lease_ms,
+            project[0] if project else "default",
+        )
 
     async def _synthesize_and_write(self, claim: Claim) -> None:
         try:
@@ -248,6 +259,7 @@ class Summarizer(Daemon):
             "category": synthesis.category,
             "dreamInputRevision": claim.revision,
             "summarizer": self.synthesizer.name,
+            "project": claim.project,
         }
         if synthesis.keywords:  # Chroma refuses empty lists
             metadata["keywords"] = list(synthesis.keywords)
