@@ -26,6 +26,7 @@ from backend.cli import (
     release,
     replay,
     send,
+    show,
     status,
     up,
 )
@@ -71,6 +72,7 @@ for command in (
     send,
     import_,
     status,
+    show,
     replay,
     drain,
     release,

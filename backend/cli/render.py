@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -242,3 +243,28 @@ def print_import(result: dict[str, Any]) -> None:
     if result["sessions_skipped"]:
         shown = ", ".join(result["sessions_skipped"][:10])
         console.print(f"  sessions left out whole: {shown}", markup=False, highlight=False)
+
+
+def print_session(result: dict[str, Any]) -> None:
+    console = Console()
+    session, dream = result["session"], result["dream"] or {}
+    console.print(
+        f"[bold]session {session['id']}[/] in project {session['project']}: {session['message_count']} "
+        f"message(s); Dream {dream.get('digest_state', '-')}, indexed {dream.get('indexed_revision') or '-'}",
+        highlight=False,
+    )
+    for message in result["messages"]:
+        data = message["data"] if isinstance(message["data"], dict) else {}
+        status = f" ({data['status']})" if data.get("status") else ""
+        who = data.get("speaker") or message["type"]
+        text = escape(str(data.get("text", "")))
+        console.print(f"[dim]{message['seq']:>4}[/] [bold]{escape(who)}[/]{status}: {text}", highlight=False)
+        memory = data.get("memory") or {}
+        for item in memory.get("items") or []:
+            reused = " (reused after recovery)" if memory.get("reused") else ""
+            console.print(
+                f"       [cyan]memory[/] {item['kind']} {item['id']} ({item['session_id']}, "
+                f"{item['score']:.2f}){reused}: {escape(item['text'][:120])}",
+                highlight=False,
+                markup=True,
+            )

@@ -39,6 +39,8 @@ class StepRequest:
     # set when this step re-runs a step an interrupted execution left incomplete
     resumed_from: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    # items recalled from the project's memory for these prompts (recorded with the step)
+    memory: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Agent(Protocol):
@@ -129,8 +131,20 @@ class OfflineResponder:
             parts.append(f'You said: "{_clip(said[0] if said else text)}". ')
         parts.append(f"Key terms: {', '.join(terms)}. " if terms else "There are no key terms to pick out. ")
         parts.append(self._focus(text, terms))
+        if request.memory:
+            parts.append(self._recalled(request.memory))
         parts.append(self._closing(request, questions, terms))
         return parts
+
+    @staticmethod
+    def _recalled(memory: list[dict[str, Any]]) -> str:
+        """What the agent was given from memory, so a demo shows memory at work."""
+        top = memory[0]
+        who = f"{top['speaker']} in " if top.get("speaker") else ""
+        more = (
+            f" (and {len(memory) - 1} more item{'s' if len(memory) > 2 else ''})" if len(memory) > 1 else ""
+        )
+        return f'From memory ({who}session {top["session_id"]}): "{_clip(top["text"])}"{more}. '
 
     @staticmethod
     def _focus(text: str, terms: list[str]) -> str:

@@ -28,6 +28,7 @@ from backend.core.settings import settings
 from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
 from backend.execution.leases import Lease
+from backend.memory.context import memory_for_step
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
@@ -233,6 +234,7 @@ class Executor(Daemon):
                 return
             faults.point("executor.after_promote")
             try:
+                await self._give_memory(state, step)
                 tail = await self._stream(state, step)
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
@@ -291,6 +293,10 @@ class Executor(Daemon):
             projection.record_context_epoch(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
+        # a recovered step is given exactly the memory the interrupted one was given
+        reused = (
+            projection.interrupted_step_memory(conn, sid, lease.execution_id) if state.recovering else None
+        )
         superseded = projection.supersede_open(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {
@@ -303,6 +309,8 @@ class Executor(Daemon):
             "epoch": lease.epoch,
             "agent": self.agent.name,
         }
+        if reused is not None:
+            data["memory"] = {**reused, "reused": True}
         sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
@@ -322,9 +330,29 @@ class Executor(Daemon):
             )
         resumed = lease.execution_id if state.recovering else None
         request = StepRequest(
-            session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
+            session_id=sid,
+            prompts=[p["text"] for p in prompts],
+            step=number,
+            resumed_from=resumed,
+            memory=list(reused.get("items") or []) if reused else [],
         )
         return Step(number, aid, data, request)
+
+    async def _give_memory(self, state: TurnState, step: Step) -> None:
+        """Recall the step's memory and record it with the step before the agent sees it."""
+        if "memory" in step.data:
+            return  # reused from the interrupted step
+        memory = await memory_for_step(self.ctx, state.lease.session_id, step.request.prompts)
+        if memory is None:
+            return
+        step.data["memory"] = memory
+        await self.db.write_sync(partial(self._record_memory, state=state, step=step))
+        step.request.memory = list(memory["items"])
+
+    def _record_memory(self, conn: sqlite3.Connection, state: TurnState, step: Step) -> None:
+        now = clock.now_ms()
+        leases.guard(conn, state.lease, now=now)
+        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
 
     async def _stream(self, state: TurnState, step: Step) -> list[str]:
         """Project the agent's parts as they arrive; returns the parts not yet written."""

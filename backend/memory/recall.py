@@ -6,8 +6,8 @@ Hybrid, scoped to one project (or one session, or everything when asked):
   `ctx` = the turns before it, bm25-weighted), the query's non-stop words
   OR-ed, limited to the project's scope token;
 * **dense**: the query's WordLlama vector against the Chroma turn collection
-  (`where={"project": ...}`); a vector whose digest is not its row's (a turn
-  re-indexed since) is ignored;
+  (`where={"project": ...}`); a vector whose row is not marked current (a
+  turn re-indexed since, or removed) is ignored;
 * fused per turn, linearly after min-max normalisation or by reciprocal rank
   (`backend.memory.config.RecallConfig`), times a boost for turns by the one
   speaker the query names;
@@ -31,7 +31,7 @@ import math
 import sqlite3
 import time
 import unicodedata
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,13 +117,23 @@ async def recall(
     degraded: list[str] = []
     want_dense = "dense" in retrievers and "turn" in kinds
     want_summaries = "summaries" in retrievers and "summary" in kinds
-    vector_task = asyncio.create_task(_query_vector(ctx, query)) if (want_dense or want_summaries) else None
-    lexical = await db.run_sync(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query))
-    vector = await _settle(vector_task, degraded)
-    dense_task = _dense(ctx, vector, scope, config) if want_dense and vector is not None else None
-    summary_task = _summaries(ctx, vector, scope, config) if want_summaries and vector is not None else None
-    dense_hits, summaries = await asyncio.gather(
-        _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
+
+    async def vector_side() -> tuple[Any, Any]:
+        """The query vector, then the turn and summary searches at once (threads, HTTP)."""
+        if not (want_dense or want_summaries):
+            return None, None
+        vector = await _settle(_query_vector(ctx, query), degraded)
+        if vector is None:
+            return None, None
+        dense_task = _dense(ctx, vector, scope, config) if want_dense else None
+        summary_task = _summaries(ctx, vector, scope, config) if want_summaries else None
+        return await asyncio.gather(
+            _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
+        )
+
+    # the state.db side runs on the database thread while the vector side waits on Chroma
+    lexical, (dense_hits, summaries) = await asyncio.gather(
+        db.run_sync(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)), vector_side()
     )
     turns = await db.run_sync(lambda c: _turn_items(c, lexical, dense_hits or [], scope, config, query, k))
     items = turns + (summaries or []) + lexical["facts"]
@@ -167,9 +177,7 @@ async def _query_vector(ctx: Context, query: str) -> list[float]:
     return vectors[0]
 
 
-async def _settle(task: asyncio.Task[list[float]] | None, degraded: list[str]) -> list[float] | None:
-    if task is None:
-        return None
+async def _settle(task: Awaitable[list[float]], degraded: list[str]) -> list[float] | None:
     try:
         return await task
     except Exception as exc:  # the embedder failed to load: recall still answers lexically
@@ -202,10 +210,14 @@ def _where(
 
 async def _dense(
     ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
-) -> list[tuple[str, float, str]]:
-    """(message id, similarity, digest) of the nearest turn vectors in scope."""
-    hits = await ctx.turn_store().query(vector, config.candidates, _where(scope))
-    return [(i, 1.0 - distance, str(meta.get("digest") or "")) for i, distance, _, meta in hits]
+) -> list[tuple[str, float]]:
+    """(message id, similarity) of the nearest turn vectors in scope.
+
+    Only ids and distances come back (documents and metadata would triple the
+    query's time); state.db says whether each vector is current for its row.
+    """
+    hits = await ctx.turn_store().nearest(vector, config.candidates, _where(scope))
+    return [(i, 1.0 - distance) for i, distance in hits]
 
 
 async def _summaries(
@@ -265,12 +277,15 @@ def _lexical(
         conn.execute("ROLLBACK")
 
 
+# the FTS5 query ranks and limits on its own, then joins only its LIMIT rows
+# (joining first makes SQLite score every match through the join: 6x slower)
 FTS_SQL = """
-SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord,
-       -bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) AS score
-FROM memory_turn_fts AS f JOIN memory_turn AS t ON t.id = f.rowid
-WHERE memory_turn_fts MATCH :match
-ORDER BY bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) LIMIT :n
+SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
+FROM (SELECT rowid, -bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) AS score FROM memory_turn_fts
+      WHERE memory_turn_fts MATCH :match
+      ORDER BY bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) LIMIT :n) AS f
+JOIN memory_turn AS t ON t.id = f.rowid
+ORDER BY f.score DESC
 """
 
 
@@ -401,7 +416,7 @@ def _fact_cites(conn: sqlite3.Connection, src: str, dst: str, session_id: str) -
 def _turn_items(
     conn: sqlite3.Connection,
     lexical: Mapping[str, Any],
-    dense_hits: list[tuple[str, float, str]],
+    dense_hits: list[tuple[str, float]],
     scope: Scope,
     config: RecallConfig,
     query: str,
@@ -409,10 +424,14 @@ def _turn_items(
 ) -> list[dict[str, Any]]:
     """Fuse the turn lists, boost the named speaker, and build the best `k` turn items."""
     candidates: dict[str, Candidate] = {c.message_id: c for c in lexical["fts"].values()}
-    rows = _index_rows(conn, [m for m, _, _ in dense_hits] + list(lexical["graph"]))
-    for rank, (mid, sim, digest) in enumerate(dense_hits):
+    rows = _index_rows(conn, [m for m, _ in dense_hits] + list(lexical["graph"]))
+    for rank, (mid, sim) in enumerate(dense_hits):
         row = rows.get(mid)
-        if row is None or row["digest"] != digest or _excluded(scope, row["session_id"], row["ord"]):
+        if (
+            row is None
+            or row["vector_digest"] != row["digest"]
+            or _excluded(scope, row["session_id"], row["ord"])
+        ):
             continue  # an orphan or stale vector: its turn was re-indexed or removed since
         cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
         cand.ranks["dense"], cand.scores["dense"] = rank, sim
@@ -427,7 +446,7 @@ def _turn_items(
         return []
     fused = fuse(candidates, config)
     _boost_named_speaker(fused, candidates, query, config)
-    top = sorted(fused, key=lambda m: -fused[m])[:MAX_K]
+    top = sorted(fused, key=lambda m: (-fused[m], m))[:k]
     details = _turn_details(conn, top)
     top_score = max(fused.values()) or 1.0
     items = []
@@ -500,11 +519,18 @@ def _index_rows(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, d
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
         for r in conn.execute(
-            f"SELECT id, message_id, session_id, speaker, ord, digest FROM memory_turn "
+            f"SELECT id, message_id, session_id, speaker, ord, digest, vector_digest FROM memory_turn "
             f"WHERE message_id IN ({_in_list(chunk)})",
             chunk,
         ):
-            rows[r[1]] = {"id": r[0], "session_id": r[2], "speaker": r[3], "ord": r[4], "digest": r[5]}
+            rows[r[1]] = {
+                "id": r[0],
+                "session_id": r[2],
+                "speaker": r[3],
+                "ord": r[4],
+                "digest": r[5],
+                "vector_digest": r[6],
+            }
     return rows
 
 
