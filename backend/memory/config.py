@@ -49,8 +49,10 @@ class RecallConfig:
 
     # bm25 column weights: body, ctx (scope is a filter, weight 0)
     fts_weights: tuple[float, float] = (1.0, 0.5)
-    # candidates each retriever contributes before fusion
+    # candidates FTS5 contributes before fusion
     candidates: int = 200
+    # candidates the dense side contributes (a Chroma round trip grows with it; weight 0.1)
+    dense_candidates: int = 100
     # "linear" (min-max normalised, weighted sum) or "rrf" (reciprocal rank)
     fusion: str = "linear"
     # weights of the lexical and dense lists in the fusion

@@ -216,7 +216,7 @@ async def _dense(
     Only ids and distances come back (documents and metadata would triple the
     query's time); state.db says whether each vector is current for its row.
     """
-    hits = await ctx.turn_store().nearest(vector, config.candidates, _where(scope))
+    hits = await ctx.turn_store().nearest(vector, config.dense_candidates, _where(scope))
     return [(i, 1.0 - distance) for i, distance in hits]
 
 

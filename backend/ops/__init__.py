@@ -9,7 +9,7 @@ and Dream leases.
 from __future__ import annotations
 
 from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
-from backend.ops.memory import import_file, list_projects, recall, show_session
+from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
 from backend.ops.reindex import reindex
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "check",
     "chroma_health",
     "drain",
+    "graph_neighbors",
     "import_file",
     "init",
     "list_projects",

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from backend.core.errors import BadInput, SessionNotFound
+from backend.core.errors import BadInput, NotFound, SessionNotFound
 from backend.execution import importer
 from backend.execution.sessions import validate_id
 from backend.memory import recall as memory_recall
@@ -94,3 +94,54 @@ async def import_file(
     """`rem import`: conversations from JSON Lines (validated per line, idempotent on ids)."""
     ctx.require_writable("import")
     return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress)
+
+
+async def graph_neighbors(
+    ctx: Context, node: str, *, project: str | None = None, limit: int = 25
+) -> dict[str, Any]:
+    """The Dream graph around a node: its edges (both ways) with labels, kinds, weights, sessions.
+
+    `node` is a node id (`entity:caroline`, `concept:garden`, `turn:<message id>`) or a plain
+    label, looked up as an entity, then a concept.
+    """
+    if not isinstance(node, str) or not node.strip():
+        raise BadInput("name a graph node: an id like entity:caroline, or a label like Caroline")
+    if not 1 <= limit <= 500:
+        raise BadInput(f"limit {limit} is out of range: ask for 1 to 500 edges")
+    db = await ctx.db()
+    key = node.strip()
+    candidates = [key] if ":" in key else [f"entity:{key.casefold()}", f"concept:{key.casefold()}"]
+    found = None
+    for candidate in candidates:
+        found = await db.fetchone(
+            "SELECT id, kind, label, session_id FROM graph_node WHERE id = ?", (candidate,)
+        )
+        if found is not None:
+            break
+    if found is None:
+        raise NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
+    scope, params = ("AND s.project = ?", [project]) if project else ("", [])
+    edges = await db.fetchall(
+        "SELECT e.src, e.dst, e.kind, e.weight, e.session_id, s.project, n.label AS other_label, n.kind AS other_kind "
+        "FROM graph_edge AS e JOIN session AS s ON s.id = e.session_id "
+        "JOIN graph_node AS n ON n.id = CASE WHEN e.src = :id THEN e.dst ELSE e.src END "
+        f"WHERE (e.src = :id OR e.dst = :id) {scope.replace('?', ':project')} "
+        "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
+        {"id": found["id"], "limit": limit, **({"project": params[0]} if params else {})},
+    )
+    return {
+        "node": dict(found),
+        "edges": [
+            {
+                "direction": "out" if r["src"] == found["id"] else "in",
+                "kind": r["kind"],
+                "other": r["dst"] if r["src"] == found["id"] else r["src"],
+                "other_label": r["other_label"],
+                "other_kind": r["other_kind"],
+                "weight": r["weight"],
+                "session_id": r["session_id"],
+                "project": r["project"],
+            }
+            for r in edges
+        ],
+    }
