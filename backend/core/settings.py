@@ -209,7 +209,7 @@ class Settings:
         2000, "character budget of the recalled items in a step's context", whole(100)
     )
     memory_recent_turns = Setting(
-        20, "a session's own latest turns left out of its recalled memory", whole(0)
+        20, "a session's own latest turns left out of its recalled memory (0: all of them)", whole(0)
     )
     agent_delay_ms = Setting(
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
