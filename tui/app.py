@@ -35,6 +35,7 @@ from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotL
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen, history_keys
 from tui.screens.help import HelpScreen, help_markdown, help_sections
+from tui.screens.recall import RecallScreen
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.backlog import BacklogTable
 from tui.widgets.banner import Banner
@@ -553,6 +554,11 @@ class ConsoleApp(App[None]):
         self.request_refresh(force=True)
 
     # -- operator comforts ------------------------------------------------------------
+    def action_recall(self) -> None:
+        if self.backend is None:
+            return
+        self.push_screen(RecallScreen(self.backend.recall, describe_error=self.one_line))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 
