@@ -187,7 +187,7 @@ class ChromaStore:
         self,
         ids: Sequence[str],
         documents: Sequence[str],
-        metadatas: Sequence[Metadata],
+        metadatas: Sequence[Metadata] | None,
         *,
         embed_texts: Sequence[str] | None = None,
     ) -> None:
@@ -201,8 +201,8 @@ class ChromaStore:
                 ids=list(ids),
                 documents=list(documents),
                 embeddings=self.embedder.embed(texts),  # in the thread: the first call loads the model
-                # Chroma refuses an empty metadata dict; rows without metadata pass None
-                metadatas=[dict(m) for m in metadatas] if all(metadatas) else None,
+                # None: rows without metadata (Chroma refuses an empty dict, which stays refused)
+                metadatas=None if metadatas is None else [dict(m) for m in metadatas],
             )
 
         await self._run(write)

@@ -82,9 +82,12 @@ async def _rebuild_summaries(ctx: Context, progress: Progress | None) -> dict[st
     await store.drop()
     store = ctx.store()
     ids = list(legacy)
-    for start in range(0, len(ids), PAGE):
-        batch = ids[start : start + PAGE]
-        await store.upsert(batch, [legacy[i][0] or "" for i in batch], [legacy[i][1] for i in batch])
+    for with_metadata in (True, False):
+        kept = [i for i in ids if bool(legacy[i][1]) == with_metadata]
+        for start in range(0, len(kept), PAGE):
+            batch = kept[start : start + PAGE]
+            metadatas = [legacy[i][1] for i in batch] if with_metadata else None
+            await store.upsert(batch, [legacy[i][0] or "" for i in batch], metadatas)
     # seam for the receipt's embedding digest (issue 14): replay rewrites each row from its
     # receipt, so whatever replay records about the vector is recorded here too
     report = await receipt_replay.Recovery(db, store, actor=f"rem reindex ({ctx.operator})").run(
