@@ -66,10 +66,11 @@ def summary_line(snapshot: Mapping[str, Any]) -> str:
     lag = f"index {index.get('sessions_behind', 0)} behind"
     if index.get("vectors_pending"):
         lag += f" {index['vectors_pending']} vec"
+    # the index lag first: the panel's border cuts the end of the line when it is narrow
     return (
-        f"sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
+        f"{lag} · sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
         f"{jobs.get('stale', 0)} stale · dream {dream.get('pending', 0)} pend "
-        f"{by_state.get('deferred', 0)} def · {lag}"
+        f"{by_state.get('deferred', 0)} def"
     )
 
 
