@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable, EmbedderMismatch
@@ -57,6 +57,13 @@ def recorded_embedder(metadata: Metadata | None, count: int) -> tuple[str, int] 
 
 def _is_missing_collection(exc: BaseException) -> bool:
     return type(exc).__name__ == "NotFoundError" and "does not exist" in str(exc)
+
+
+class ChromaRow(NamedTuple):
+    """One row of the collection as `get` returns it."""
+
+    document: str | None
+    metadata: Metadata
 
 
 def _is_transport_error(exc: BaseException) -> bool:
@@ -170,17 +177,17 @@ class ChromaStore:
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
         return await asyncio.to_thread(self._call, fn)
 
-    async def get(
-        self, ids: Sequence[str], *, include_embeddings: bool = False
-    ) -> dict[str, tuple[str | None, Metadata]]:
-        """`{id: (document, metadata)}` for the ids that exist (one round trip)."""
+    async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, ChromaRow]:
+        """`{id: ChromaRow(document, metadata)}` for the ids that exist (one round trip)."""
         include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
         if not ids:
             return {}
         result = await self._run(lambda c: c.get(ids=list(ids), include=include))
-        rows: dict[str, tuple[str | None, Metadata]] = {}
+        rows: dict[str, ChromaRow] = {}
         for i, row_id in enumerate(result["ids"]):
-            rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
+            rows[row_id] = ChromaRow(
+                document=result["documents"][i], metadata=dict(result["metadatas"][i] or {})
+            )
         return rows
 
     async def upsert(

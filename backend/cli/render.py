@@ -11,25 +11,89 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from backend.ops.records import ReplayReport, Status
+from backend.store.workers import WorkerState
 
-def print_status(result: dict[str, Any]) -> None:
-    console = Console()
-    chroma = result["chroma"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
-    console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
-    console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
-    index = (result.get("backlog") or {}).get("index") or {}
-    if index:
-        console.print(
-            f"recall index: {index['sessions_behind']} session(s) behind"
-            + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
-            + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
-        )
-    # (the snapshot has no "tables" key: this printed a KeyError traceback before)
-    table = Table("what", "count", box=None)
-    for name, count in (result.get("counts") or {}).items():
-        table.add_row(name, str(count))
+STATUS_ROWS = 20  # rows per list; `--json` has them all
+
+
+def print_status(result: Status) -> None:
+    """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
+    console = Console(highlight=False)
+    chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
+    console.print(
+        f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
+        f"{counts['sessions']} sessions"
+    )
+    console.print(f"Chroma {chroma['url'] or '-'}: {health}")
+    console.print(
+        f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
+        f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
+        f"workers alive {counts['workers_alive']}"
+    )
+    index = result["backlog"]["index"]
+    console.print(
+        f"recall index: {index['sessions_behind']} session(s) behind"
+        + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
+        + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
+    )
+    _print_rows(
+        console,
+        "Leases",
+        ("kind", "id", "owner", "epoch", "left"),
+        [
+            (
+                lease["kind"],
+                lease["id"],
+                lease["owner_id"] or "-",
+                lease["epoch"],
+                f"{lease['time_left_ms'] / 1000:.0f} s",
+            )
+            for lease in result["leases"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Receipt mismatches",
+        ("summary", "verdict", "keys"),
+        [
+            (r["summary_id"], r["verdict"], ", ".join(str(k["key"]) for k in r["keys"]) or "-")
+            for r in result["receipts"]["mismatched"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Dream drift",
+        ("session", "class", "attempts"),
+        [(d["session_id"], d["class"], d["digest_attempts"]) for d in result["dream_drift"]],
+    )
+    _print_rows(
+        console,
+        "Workers",
+        ("owner", "role", "state", "pid", "heartbeat"),
+        [
+            (
+                w["owner_id"],
+                w["role"],
+                w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["pid"],
+                f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
+            )
+            for w in result["workers"]
+        ],
+    )
+
+
+def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(*columns, title=f"{title} ({len(rows)})", title_justify="left", box=None)
+    for row in rows[:STATUS_ROWS]:
+        table.add_row(*(escape(str(cell)) for cell in row))
     console.print(table)
+    if len(rows) > STATUS_ROWS:
+        console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
 
 
 def print_check(result: dict[str, Any]) -> None:
@@ -117,7 +181,7 @@ def print_bench(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def print_replay(result: dict[str, Any]) -> None:
+def print_replay(result: ReplayReport) -> None:
     console = Console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
@@ -144,7 +208,7 @@ def drain_progress_printer() -> Any:
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()
             last[:] = [line]
-        if report["state"] == "stopped":
+        if report["state"] == WorkerState.STOPPED:
             sys.stderr.write("\n")
 
     return show

@@ -41,9 +41,9 @@ from backend.execution.sessions import (
     ID_PATTERN,
     ID_RULE,
     MAX_TEXT_BYTES,
-    ensure_session,
-    insert_message,
-    reserve_seqs,
+    ensure_session_sync,
+    insert_message_sync,
+    reserve_seqs_sync,
 )
 from backend.store.db import Database
 from backend.store.events import EventKind, append_event_sync
@@ -245,15 +245,15 @@ def write_batch(conn: sqlite3.Connection, batch: list[Message], report: Report, 
         report.already += len(messages) - len(fresh)
         if not fresh:
             continue
-        ensure_session(conn, session, now, messages[0].project)
-        first = reserve_seqs(conn, session, len(fresh), now, messages=len(fresh))
+        ensure_session_sync(conn, session, now, messages[0].project)
+        first = reserve_seqs_sync(conn, session, len(fresh), now, messages=len(fresh))
         for offset, msg in enumerate(fresh):
             data: dict[str, Any] = {"text": msg.text, "imported": True}
             if msg.speaker is not None:
                 data["speaker"] = msg.speaker
             if msg.role == "assistant":
                 data["status"] = "completed"
-            insert_message(conn, msg.id, session, msg.role, first + offset, data, msg.time)
+            insert_message_sync(conn, msg.id, session, msg.role, first + offset, data, msg.time)
         mark_turns_changed_sync(conn, session, now)
         report.written += len(fresh)
 
@@ -273,7 +273,7 @@ async def import_file(
         finally:
             conn.execute("ROLLBACK")
 
-    await db.run_sync(validate)
+    await db.run_in_thread(validate)
     batch: list[Message] = []
     for number, raw in read_lines(path, None):
         msg = _good(number, raw, report)
@@ -329,4 +329,4 @@ async def _flush(
                 },
             )
 
-    await db.write_sync(write)
+    await db.write_in_thread(write)

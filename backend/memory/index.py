@@ -35,7 +35,7 @@ import json
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import aiosqlite
 
@@ -250,17 +250,26 @@ SELECT count(*) FROM memory_turn INDEXED BY memory_turn_vector_pending_idx WHERE
 """
 
 
-def index_lag(conn: sqlite3.Connection, now: int) -> dict[str, Any]:
+class IndexLag(TypedDict):
+    """How far the recall index is behind (`rem status`, the console's Backlog)."""
+
+    sessions_behind: int  # published revisions not indexed yet
+    oldest_ms: int  # age of the oldest of them
+    vectors_pending: int  # turns whose vector is not in Chroma yet
+    turns_indexed_approx: int  # rows ever indexed (max id: O(1), not a count)
+
+
+def index_lag_sync(conn: sqlite3.Connection, now: int) -> IndexLag:
     """Sessions whose published revision is not indexed yet, their oldest age, and vectors pending."""
     sessions, oldest = conn.execute(INDEX_LAG_SQL).fetchone()
     vectors = conn.execute(VECTOR_LAG_SQL).fetchone()[0]
     turns = conn.execute("SELECT max(id) FROM memory_turn").fetchone()[0] or 0
-    return {
-        "sessions_behind": int(sessions),
-        "oldest_ms": max(0, now - int(oldest)) if oldest else 0,
-        "vectors_pending": int(vectors),
-        "turns_indexed_approx": int(turns),
-    }
+    return IndexLag(
+        sessions_behind=int(sessions),
+        oldest_ms=max(0, now - int(oldest)) if oldest else 0,
+        vectors_pending=int(vectors),
+        turns_indexed_approx=int(turns),
+    )
 
 
 # -- one session, end to end (Dream calls this under its claim) ----------------------

@@ -115,7 +115,7 @@ def append_event_sync(
     data: dict[str, Any] | None = None,
     now: int | None = None,
 ) -> int:
-    """`append_event` for code already running on the connection's thread (`Database.write_sync`)."""
+    """`append_event` for code already running on the connection's thread (`Database.write_in_thread`)."""
     cursor = conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
     return int(cursor.lastrowid or 0)
 

@@ -24,8 +24,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+from backend.chroma.collection import ChromaRow
 from backend.chroma.ownership import SYNTHESIS_OWNED_KEYS
 from backend.core.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
 
@@ -35,13 +37,30 @@ ENCODING = "rem.receipt/1+json"
 REQUIRED_KEYS = ("sessionId", "dreamInputRevision")
 INT64 = (-(2**63), 2**63 - 1)
 
-PRESENT = "present"
-MISSING = "missing"
-DOCUMENT_DIFFERS = "document_differs"
-KEYS_DIFFER = "keys_differ"
-QUARANTINED = "quarantined"
 
-Row = tuple[str | None, Mapping[str, Any]]
+class ReceiptVerdict(StrEnum):
+    """A receipt checked against its live Chroma row (`summary_job.verdict`)."""
+
+    PRESENT = "present"  # document equal, every owned key present and type-equal
+    MISSING = "missing"  # no row
+    DOCUMENT_DIFFERS = "document_differs"
+    KEYS_DIFFER = "keys_differ"  # the document is equal; owned keys are missing or differ
+    QUARANTINED = "quarantined"  # the envelope itself is corrupt: kept for the operator
+
+
+# every verdict that is not ReceiptVerdict.PRESENT: the receipt panel's rows
+MISMATCHES = tuple(v for v in ReceiptVerdict if v is not ReceiptVerdict.PRESENT)
+
+
+class KeyReason(StrEnum):
+    """How one receipt-owned key differs on the live row."""
+
+    MISSING = "missing"
+    TYPE_DIFFERS = "type_differs"  # equal value, other type (`1` vs `1.0` vs `True`)
+    VALUE_DIFFERS = "value_differs"
+
+
+Row = ChromaRow
 _SCALARS = (str, int, float, bool)
 _OWNED = frozenset(SYNTHESIS_OWNED_KEYS)
 
@@ -227,9 +246,11 @@ def strict_equal(expected: Any, actual: Any) -> bool:
 
 def is_present(receipt: Receipt, row: Row | None) -> bool:
     """True when the row carries the receipt's document and every owned key, type-equal."""
-    if row is None or type(row[0]) is not str or row[0] != receipt.document:
+    if row is None:
         return False
-    live = row[1]
+    document, live = row
+    if type(document) is not str or document != receipt.document:
+        return False
     for key, expected in receipt.metadata.items():
         if key not in live:
             return False
@@ -241,12 +262,12 @@ def is_present(receipt: Receipt, row: Row | None) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyDifference:
     """How one receipt-owned key differs on the live row."""
 
     key: str
-    reason: str  # missing, type_differs, value_differs
+    reason: KeyReason
     expected: Any
     actual: Any = None
 
@@ -257,21 +278,21 @@ class KeyDifference:
             "expected": self.expected,
             "actual": self.actual,
             "expected_type": _type_name(self.expected),
-            "actual_type": None if self.reason == "missing" else _type_name(self.actual),
+            "actual_type": None if self.reason == KeyReason.MISSING else _type_name(self.actual),
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """The outcome of checking one receipt against its live row."""
 
-    verdict: str
+    verdict: ReceiptVerdict
     keys: tuple[KeyDifference, ...] = ()
     document: dict[str, Any] | None = field(default=None)
 
     @property
     def present(self) -> bool:
-        return self.verdict == PRESENT
+        return self.verdict == ReceiptVerdict.PRESENT
 
     def detail(self) -> dict[str, Any] | None:
         """The JSON stored in `summary_job.verdict_detail` (None when present)."""
@@ -292,12 +313,12 @@ def _type_name(value: Any) -> str:
 
 def _key_difference(key: str, expected: Any, live: Mapping[str, Any]) -> KeyDifference | None:
     if key not in live:
-        return KeyDifference(key, "missing", expected)
+        return KeyDifference(key=key, reason=KeyReason.MISSING, expected=expected)
     actual = live[key]
     if strict_equal(expected, actual):
         return None
-    reason = "type_differs" if expected == actual else "value_differs"
-    return KeyDifference(key, reason, expected, actual)
+    reason = KeyReason.TYPE_DIFFERS if expected == actual else KeyReason.VALUE_DIFFERS
+    return KeyDifference(key=key, reason=reason, expected=expected, actual=actual)
 
 
 def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
@@ -319,14 +340,19 @@ def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
 def verify(receipt: Receipt, row: Row | None) -> Verdict:
     """Classify a live row against a receipt, naming every owned key that differs and how."""
     if row is None:
-        return Verdict(MISSING)
+        return Verdict(verdict=ReceiptVerdict.MISSING)
     if is_present(receipt, row):
-        return Verdict(PRESENT)
-    live = row[1] or {}
+        return Verdict(verdict=ReceiptVerdict.PRESENT)
+    document, metadata = row
+    live = metadata or {}
     keys = tuple(d for k, v in receipt.metadata.items() if (d := _key_difference(k, v, live)))
-    if row[0] != receipt.document:
-        return Verdict(DOCUMENT_DIFFERS, keys, _document_difference(receipt.document, row[0]))
-    return Verdict(KEYS_DIFFER, keys)
+    if document != receipt.document:
+        return Verdict(
+            verdict=ReceiptVerdict.DOCUMENT_DIFFERS,
+            keys=keys,
+            document=_document_difference(receipt.document, document),
+        )
+    return Verdict(verdict=ReceiptVerdict.KEYS_DIFFER, keys=keys)
 
 
 def chroma_metadata(receipt: Receipt) -> dict[str, Any]:

@@ -13,13 +13,16 @@ import csv
 import io
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE
 from tui.widgets.panel_table import PanelTable, TableColumn
 
@@ -170,11 +173,11 @@ class SnapshotTable(PanelTable):
         return next(c for c in self.COLUMNS if c.key == key)
 
     # -- what subclasses provide ---------------------------------------------
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         """(row key, record) pairs, most urgent first."""
         raise NotImplementedError
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         """The border title for this snapshot and whether the panel needs attention."""
         return f"{self.PANEL_TITLE} {len(self._rows)}", False
 
@@ -183,11 +186,16 @@ class SnapshotTable(PanelTable):
         return None
 
     # -- feeding it ------------------------------------------------------------
-    def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
+    def show(self, snapshot: Status, now: int, palette: Palette) -> None:
         """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
+        self._set_rows(self.records(snapshot), now, palette)
+        self._show_title(*self.titles(snapshot))
+        self._sync()
+
+    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
         self._now, self._palette = now, palette
         rows = {}
-        for key, record in self.records(snapshot):
+        for key, record in records:
             old = self._rows.get(key)
             stable = stable_part(record)
             if old is not None and old.stable == stable:
@@ -197,8 +205,6 @@ class SnapshotTable(PanelTable):
                 rows[key] = Row(key, record, stable, cells=old.cells if old else {})
         self._rows = rows
         self._order = list(rows)
-        self._show_title(*self.titles(snapshot))
-        self._sync()
 
     def _show_title(self, title: str, alert: bool) -> None:
         self.border_title = title
@@ -377,6 +383,20 @@ class SnapshotTable(PanelTable):
         row = self._rows.get(key)
         text = row.cells.get(column) if row is not None else None
         return text.plain if text is not None else ""
+
+    def export_csv(self, folders: Iterable[Path]) -> Path | None:
+        """Write `to_csv()` to the first folder that takes it; its path, or None if none did."""
+        text = self.to_csv()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder in folders:
+            path = folder / f"console-{self.PANEL_NAME}-{stamp}.csv"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            except OSError:
+                continue
+            return path
+        return None
 
     def to_csv(self) -> str:
         """The rows shown (filter and sort applied) as CSV with full, uncut values."""
