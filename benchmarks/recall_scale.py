@@ -182,10 +182,13 @@ async def _flush(ctx: Context, pending: list[Any], times: dict[str, float]) -> N
                 )
     times["state_db_s"] += time.monotonic() - started
     started = time.monotonic()
-    rows = [row for _, _, _, plan in pending for row in plan]
-    for start in range(0, len(rows), BATCH):
-        chunk = rows[start : start + BATCH]
-        await ctx.turn_store().upsert(
+    by_project: dict[str, list[Any]] = {}
+    for _, _, _, plan in pending:
+        for row in plan:
+            by_project.setdefault(row.project, []).append(row)
+    chunks = [rows[s : s + BATCH] for rows in by_project.values() for s in range(0, len(rows), BATCH)]
+    for chunk in chunks:
+        await ctx.turn_store(chunk[0].project).upsert(
             [r.message_id for r in chunk],
             [r.text for r in chunk],
             [r.chroma_metadata() for r in chunk],
@@ -193,7 +196,7 @@ async def _flush(ctx: Context, pending: list[Any], times: dict[str, float]) -> N
         )
     times["turn_vectors_s"] += time.monotonic() - started
     print(
-        f"  {rows[-1].message_id}: state.db {times['state_db_s']:.0f} s, vectors {times['turn_vectors_s']:.0f} s",
+        f"  {chunks[-1][-1].message_id}: state.db {times['state_db_s']:.0f} s, vectors {times['turn_vectors_s']:.0f} s",
         file=sys.stderr,
         flush=True,
     )

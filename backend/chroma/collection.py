@@ -257,6 +257,21 @@ class ChromaStore:
         if ids:
             await self._run(lambda c: c.delete(ids=list(ids)))
 
+    async def collection_names(self, prefix: str = "") -> list[str]:
+        """Names of the server's collections that start with `prefix`."""
+
+        def names() -> list[str]:
+            with self._guard:
+                found = [getattr(c, "name", c) for c in self.client().list_collections()]
+            return sorted(str(n) for n in found if str(n).startswith(prefix))
+
+        try:
+            return await asyncio.to_thread(names)
+        except Exception as exc:
+            if _is_transport_error(exc):
+                raise ChromaUnreachable(f"Chroma at {self._url or 'its URL'} stopped answering") from exc
+            raise
+
     async def exists(self) -> bool:
         """Whether the collection exists (without creating it)."""
 

@@ -443,7 +443,7 @@ class Dreamer(Daemon):
 
         counts = await memory_index.index_session(
             self.db,
-            self.ctx.turn_store(),
+            self.ctx.turn_store,
             claim.session_id,
             claim.revision,
             prepared.turns,
@@ -632,7 +632,7 @@ class Dreamer(Daemon):
         if now < self._vector_retry_at:
             return 0
         try:
-            written = await memory_index.flush_vectors(self.db, self.ctx.turn_store())
+            written = await memory_index.flush_vectors(self.db, self.ctx.turn_store)
         except ChromaUnreachable as exc:
             self._vector_retry_at = now + self._vector_backoff_ms
             self._vector_backoff_ms = min(self._vector_backoff_ms * 2, CHROMA_RETRY_MAX_MS)

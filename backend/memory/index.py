@@ -275,12 +275,14 @@ def index_lag_sync(conn: sqlite3.Connection, now: int) -> IndexLag:
 # -- one session, end to end (Dream calls this under its claim) ----------------------
 
 Fence = Callable[[aiosqlite.Connection], Awaitable[None]]
+# the turn collection of a project (`Context.turn_store`)
+TurnStores = Callable[[str], ChromaStore]
 VECTOR_BATCH = 256
 
 
 async def index_session(
     db: Database,
-    turn_store: ChromaStore,
+    turn_stores: TurnStores,
     session_id: str,
     revision: str,
     turns: Sequence[Mapping[str, Any]],
@@ -305,7 +307,7 @@ async def index_session(
         faults.point("index.mid_rows")
     if change.remove:
         try:
-            await turn_store.delete(change.remove)
+            await turn_stores(project).delete(change.remove)
         except ChromaUnreachable:
             pass  # an orphan vector matches no memory_turn row, so recall never shows it
         async with db.tx() as conn:
@@ -331,7 +333,7 @@ LIMIT :n
 """
 
 
-async def flush_vectors(db: Database, turn_store: ChromaStore, sessions: int = 8) -> int:
+async def flush_vectors(db: Database, turn_stores: TurnStores, sessions: int = 8) -> int:
     """Write pending turn vectors to Chroma for up to `sessions` sessions; returns vectors written.
 
     No lease is needed: an upsert is idempotent and a row is marked only while
@@ -344,11 +346,11 @@ async def flush_vectors(db: Database, turn_store: ChromaStore, sessions: int = 8
     written = 0
     rows = await db.fetchall(PENDING_VECTOR_SESSIONS_SQL, {"now": clock.now_ms(), "n": sessions})
     for (session_id,) in rows:
-        written += await _write_pending_vectors(db, turn_store, session_id)
+        written += await _write_pending_vectors(db, turn_stores, session_id)
     return written
 
 
-async def _write_pending_vectors(db: Database, turn_store: ChromaStore, session_id: str) -> int:
+async def _write_pending_vectors(db: Database, turn_stores: TurnStores, session_id: str) -> int:
     async with db.snapshot() as conn:
         project, speakers = await load_session_meta(conn, session_id)
         existing = await load_existing(conn, session_id)
@@ -364,7 +366,7 @@ async def _write_pending_vectors(db: Database, turn_store: ChromaStore, session_
     ]
     for start in range(0, len(pending), VECTOR_BATCH):
         batch = pending[start : start + VECTOR_BATCH]
-        await turn_store.upsert(
+        await turn_stores(project).upsert(
             [r.message_id for r in batch],
             [r.text for r in batch],
             [r.chroma_metadata() for r in batch],

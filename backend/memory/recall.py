@@ -218,7 +218,10 @@ async def _dense(
     Only ids and distances come back (documents and metadata would triple the
     query's time); state.db says whether each vector is current for its row.
     """
-    hits = await ctx.turn_store().nearest(vector, config.dense_candidates, _where(scope))
+    if scope.project is None:
+        raise ChromaUnreachable("not searched across all projects (one turn collection per project)")
+    where = {"sessionId": scope.session_id} if scope.session_id is not None else None
+    hits = await ctx.turn_store(scope.project).nearest(vector, config.dense_candidates, where)
     return [(i, 1.0 - distance) for i, distance in hits]
 
 

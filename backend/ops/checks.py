@@ -454,7 +454,10 @@ async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
     marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
     if not marked:
         return  # nothing to compare: Chroma is not asked at all
-    in_chroma = set(await ctx.turn_store().all_ids())
+    in_chroma: set[str] = set()
+    projects = await db.fetchall("SELECT DISTINCT project FROM memory_turn WHERE vector_digest IS digest")
+    for (project,) in projects:
+        in_chroma.update(await ctx.turn_store(project).all_ids())
     lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
     report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
 

@@ -119,13 +119,13 @@ async def _rewrite_overlays(ctx: Context) -> int:
 
 async def _rebuild_turns(ctx: Context, progress: Progress | None) -> dict[str, Any]:
     db = await ctx.db()
-    await ctx.store_unchecked(turns=True).drop()
+    dropped = await ctx.drop_turn_collections()
     async with db.tx() as conn:
         await conn.execute("UPDATE memory_turn SET vector_digest = NULL")
     written = 0
-    while flushed := await memory_index.flush_vectors(db, ctx.turn_store(), sessions=64):
+    while flushed := await memory_index.flush_vectors(db, ctx.turn_store, sessions=64):
         written += flushed
         if progress:
             progress("turns", written)
     pending = await db.scalar("SELECT count(*) FROM memory_turn WHERE vector_digest IS NOT digest")
-    return {"vectors": written, "pending": int(pending)}
+    return {"collections_dropped": dropped, "vectors": written, "pending": int(pending)}

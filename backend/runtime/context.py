@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 
@@ -17,6 +18,12 @@ from backend.store.events import operator_name
 from backend.store.schema import migrate, refuse_unusable
 
 log = logging.getLogger("rem.context")
+
+
+def project_turn_collection(prefix: str, project: str) -> str:
+    """`rem_turns-p<sha256 of the project, 20 hex>`: a valid Chroma name for any project name."""
+    digest = hashlib.sha256(project.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    return f"{prefix}-p{digest}"
 
 
 def turn_collection_name(summary_collection: str) -> str:
@@ -41,7 +48,7 @@ class Context:
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)
-    _turn_store: ChromaStore | None = field(default=None, repr=False)
+    _turn_stores: dict[str, ChromaStore] = field(default_factory=dict, repr=False)
     _embedder: Embedder | None = field(default=None, repr=False)
 
     @classmethod
@@ -107,24 +114,46 @@ class Context:
             self._store = ChromaStore(self.chroma_url_now, self.embedder(), collection=self.collection)
         return self._store
 
-    def store_unchecked(self, *, turns: bool = False) -> ChromaStore:
-        """A fresh handle on the summary (or turn) collection that does not check its embedder:
-        only for reading a collection that is about to be rebuilt (`rem reindex`)."""
-        name = self.turn_collection if turns else self.collection
-        return ChromaStore(self.chroma_url_now, self.embedder(), collection=name, check_embedder=False)
+    def store_unchecked(self) -> ChromaStore:
+        """A fresh handle on the summary collection that does not check its embedder: only for
+        reading a collection that is about to be rebuilt (`rem reindex`)."""
+        return ChromaStore(
+            self.chroma_url_now, self.embedder(), collection=self.collection, check_embedder=False
+        )
 
     @property
     def turn_collection(self) -> str:
-        """The Chroma collection of turn vectors that goes with the summary collection."""
+        """The prefix of the Chroma collections of turn vectors (one per project)."""
         return turn_collection_name(self.collection)
 
-    def turn_store(self) -> ChromaStore:
-        """The turn collection (the recall index's dense side)."""
-        if self._turn_store is None:
-            self._turn_store = ChromaStore(
-                self.chroma_url_now, self.embedder(), collection=self.turn_collection
+    def turn_store(self, project: str) -> ChromaStore:
+        """The project's turn collection (the recall index's dense side).
+
+        One collection per project: Chroma's HNSW search with a restrictive
+        `where` filter visits most of the graph (measured: 150-470 ms at 100 000
+        vectors for a project holding 1/182 of them), while a project's own
+        index answers in a few ms. Recall is scoped by project anyway.
+        """
+        store = self._turn_stores.get(project)
+        if store is None:
+            name = project_turn_collection(self.turn_collection, project)
+            store = self._turn_stores[project] = ChromaStore(
+                self.chroma_url_now, self.embedder(), collection=name
             )
-        return self._turn_store
+        return store
+
+    async def drop_turn_collections(self) -> int:
+        """Delete every project's turn collection (`rem reindex`); returns how many."""
+        probe = ChromaStore(
+            self.chroma_url_now, self.embedder(), collection=self.turn_collection, check_embedder=False
+        )
+        names = await probe.collection_names(prefix=self.turn_collection + "-p")
+        for name in names:
+            await ChromaStore(
+                self.chroma_url_now, self.embedder(), collection=name, check_embedder=False
+            ).drop()
+        self._turn_stores.clear()
+        return len(names)
 
     async def close(self) -> None:
         if self._db is not None:
@@ -134,7 +163,7 @@ class Context:
             self._server.stop()
         self._server = None
         self._store = None
-        self._turn_store = None
+        self._turn_stores = {}
 
     async def __aenter__(self) -> Context:
         return self

@@ -53,7 +53,7 @@ async def test_dream_indexes_every_raw_turn_of_the_revision_in_fts5_and_chroma(c
     assert rows[2]["ctx"] == f"{TEXTS[0]} {TEXTS[1]}"
     assert (await dream_row(db, "s1"))["indexed_revision"] == revision
 
-    vectors = await ctx.turn_store().get([r["message_id"] for r in rows])
+    vectors = await ctx.turn_store("default").get([r["message_id"] for r in rows])
     assert sorted(vectors) == [r["message_id"] for r in rows]
     document, meta = vectors["s1-m0001"]
     assert document == TEXTS[1] and meta["sessionId"] == "s1" and meta["project"] == "default"
@@ -132,7 +132,7 @@ async def test_the_index_follows_the_revision_a_turn_edited_away(ctx: Context) -
     revision = await publish(db, "s1")
     await Dreamer(ctx, once=True).run()
     assert [r["message_id"] for r in await _index_rows(ctx, "s1")] == ["s1-m0000", "s1-m0001", "s1-m0002"]
-    assert "s1-m0003" not in await ctx.turn_store().get(["s1-m0003"])
+    assert "s1-m0003" not in await ctx.turn_store("default").get(["s1-m0003"])
     async with db.snapshot() as conn:
         assert (await raw_revision(conn, "s1"))[0] == revision
     assert await index_findings(ctx) == []

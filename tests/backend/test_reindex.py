@@ -44,12 +44,12 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
         with pytest.raises(EmbedderMismatch, match="run `rem reindex`"):
             await ctx.store().count()
         with pytest.raises(EmbedderMismatch):
-            await ctx.turn_store().count()
+            await ctx.turn_store("default").count()
         result = await ops.reindex(ctx)
         assert result["embedder"] == WordLlamaEmbedder.name and result["dim"] == 256
         assert result["summaries"]["receipts"]["scanned"] == 2
         assert result["summaries"]["receipts"]["quarantined"] == 0
-        assert result["turns"] == {"vectors": len(turn_ids), "pending": 0}
+        assert result["turns"] == {"collections_dropped": 1, "vectors": len(turn_ids), "pending": 0}
 
         after = await ctx.store().get([summary_row_id("s1"), summary_row_id("s2")])
         db = await ctx.db()
@@ -63,7 +63,7 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
         raw = await ctx.store()._run(lambda c: c.get(ids=[summary_row_id("s1")], include=["embeddings"]))
         document = after[summary_row_id("s1")][0] or ""
         assert list(raw["embeddings"][0]) == pytest.approx(WordLlamaEmbedder().embed([document])[0], abs=1e-5)
-        assert sorted(await ctx.turn_store().all_ids()) == sorted(turn_ids)
+        assert sorted(await ctx.turn_store("default").all_ids()) == sorted(turn_ids)
         meta = await ctx.store()._run(lambda c: c.metadata)
         assert meta["rem:embedder"] == WordLlamaEmbedder.name
         report = await ops.check(ctx, settled=True)
