@@ -376,12 +376,17 @@ def _facts(
         return []
     marks = _in_list(entities)
     filters, params = _scope_sql(scope, "s", "id")
+    # the named entities' typed edges through the two indexes (src: primary key, dst: dst_idx),
+    # then their sessions: "src IN .. OR dst IN .." made SQLite walk every edge of the project
     rows = conn.execute(
         f"SELECT e.src, e.dst, e.kind, e.session_id, e.weight, e.revision, a.label, b.label, s.project "
-        f"FROM graph_edge AS e JOIN graph_node AS a ON a.id = e.src JOIN graph_node AS b ON b.id = e.dst "
-        f"JOIN session AS s ON s.id = e.session_id "
-        f"WHERE (e.src IN ({marks}) OR e.dst IN ({marks})) AND e.kind IN {FACT_KINDS_SQL}{filters} "
-        f"ORDER BY e.weight DESC LIMIT ?",
+        f"FROM (SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
+        f"      WHERE src IN ({marks}) AND kind IN {FACT_KINDS_SQL} "
+        f"      UNION SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
+        f"      WHERE dst IN ({marks}) AND kind IN {FACT_KINDS_SQL}) AS e "
+        f"CROSS JOIN session AS s ON s.id = e.session_id "
+        f"JOIN graph_node AS a ON a.id = e.src JOIN graph_node AS b ON b.id = e.dst "
+        f"WHERE 1{filters} ORDER BY e.weight DESC, e.src, e.dst, e.kind, e.session_id LIMIT ?",
         [*entities, *entities, *params, config.facts * 4],
     ).fetchall()
     named = set(entities)

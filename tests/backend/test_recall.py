@@ -188,3 +188,28 @@ async def test_import_refuses_an_id_that_names_another_message(ctx: Context, tmp
 async def test_imported_sessions_pass_rem_check_once_settled(imported: Context) -> None:
     report = await ops.check(imported, settled=True)
     assert report["ok"], report["violations"]
+
+
+async def test_recall_returns_graph_facts_in_scope_with_the_turns_they_cite(
+    ctx: Context, tmp_path: Path
+) -> None:
+    rows = [
+        {"project": p, "session": s, "id": i, "role": "user", "text": t, "time": 1_700_000_000_000 + n}
+        for n, (p, s, i, t) in enumerate(
+            [
+                ("infra", "db", "i-1", "The Billing Service depends on Postgres for every invoice."),
+                ("infra", "db", "i-2", "Lunch was late today."),
+                ("lab", "db2", "l-1", "The Billing Service uses Redis in the lab."),
+            ]
+        )
+    ]
+    assert (await ops.import_file(ctx, write_jsonl(tmp_path / "facts.jsonl", rows)))["ok"]
+    await settle(ctx)
+    result = await ops.recall(ctx, "what does the Billing Service need?", project="infra", k=10)
+    facts = [i for i in result["items"] if i["kind"] == "fact"]
+    assert [f["text"] for f in facts] == ["Billing Service depends on Postgres"]
+    fact = facts[0]
+    assert fact["project"] == "infra" and fact["session_id"] == "db"
+    assert fact["provenance"]["cites"] == ["i-1"] and fact["provenance"]["found_by"] == ["graph"]
+    lab = await ops.recall(ctx, "what does the Billing Service need?", project="lab", k=10)
+    assert [i["text"] for i in lab["items"] if i["kind"] == "fact"] == ["Billing Service uses Redis"]
