@@ -1,7 +1,7 @@
 """Recall at scale: 100 000 sessions' summaries and 1 000 000 turns, p50/p95 per query.
 
     .venv/bin/python benchmarks/recall_scale.py --data ../shared/data/locomo [--turns 1000000]
-        [--sessions 100000] [--queries 500] [--keep DIR] [--reuse DIR] [--json]
+        [--sessions 100000] [--queries 500] [--vector-projects N] [--keep DIR] [--reuse DIR] [--json]
 
 The corpus: LoCoMo's raw turns replicated until there are `--turns`, each
 replica its own project with its two speakers renamed (so term statistics
@@ -13,6 +13,13 @@ writes), every turn's WordLlama vector in the Chroma turn collection, and
 one summary row per session in the summary collection (document: the
 session's first turns; metadata: project and session). Build times are
 reported per part.
+
+With `--vector-projects N`, turn vectors are written for the first N
+projects only (and queries go to those): every part a query shares with the
+whole corpus (state.db, its one FTS5 table, the summary collection) is at
+full size, while the other projects' own turn collections, which no query in
+another project reads, are left out (at ~450 vectors/s, Chroma's ingest of
+1 000 000 turn vectors alone takes ~40 minutes on this machine).
 
 Queries: the LoCoMo questions, names renamed as in a random replica, each
 recalled in that replica's project through `backend.memory.recall.recall`
@@ -28,6 +35,7 @@ import json
 import random
 import re
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -89,14 +97,20 @@ def replicas(convs: dict[str, Any], turns: int, sessions: int) -> Any:
         r += 1
 
 
-async def build(ctx: Context, convs: dict[str, Any], turns: int, sessions: int) -> dict[str, Any]:
+async def build(
+    ctx: Context, convs: dict[str, Any], turns: int, sessions: int, vector_projects: int | None
+) -> dict[str, Any]:
     db = await ctx.db()
     times: dict[str, float] = {"state_db_s": 0.0, "turn_vectors_s": 0.0, "summaries_s": 0.0}
-    counts = {"projects": 0, "sessions": 0, "turns": 0}
+    counts = {"projects": 0, "sessions": 0, "turns": 0, "turn_vectors": 0}
     pending: list[Any] = []
     summaries: list[tuple[str, str, dict[str, Any]]] = []
+    # the projects whose turn vectors are written (None: all)
+    with_vectors: set[str] | None = None if vector_projects is None else set()
     for project, _rename, groups in replicas(convs, turns, sessions):
         counts["projects"] += 1
+        if with_vectors is not None and len(with_vectors) < (vector_projects or 0):
+            with_vectors.add(project)
         for sid, lines in groups:
             records = [
                 {"id": ln["id"], "role": ln["role"], "text": ln["text"], "time": ln["time"]} for ln in lines
@@ -108,9 +122,9 @@ async def build(ctx: Context, convs: dict[str, Any], turns: int, sessions: int) 
             counts["sessions"] += 1
             counts["turns"] += len(lines)
         if sum(len(p[2]) for p in pending) >= BATCH * 4:
-            await _flush(ctx, pending, times)
+            counts["turn_vectors"] += await _flush(ctx, pending, times, with_vectors)
             pending = []
-    await _flush(ctx, pending, times)
+    counts["turn_vectors"] += await _flush(ctx, pending, times, with_vectors)
     started = time.monotonic()
     for start in range(0, len(summaries), BATCH):
         chunk = summaries[start : start + BATCH]
@@ -123,69 +137,22 @@ async def build(ctx: Context, convs: dict[str, Any], turns: int, sessions: int) 
     return {**counts, **{k: round(v, 1) for k, v in times.items()}}
 
 
-async def _flush(ctx: Context, pending: list[Any], times: dict[str, float]) -> None:
+async def _flush(
+    ctx: Context, pending: list[Any], times: dict[str, float], with_vectors: set[str] | None
+) -> int:
+    """Write `pending` sessions to state.db and their turn vectors to Chroma; the vectors written."""
     if not pending:
-        return
+        return 0
     db = await ctx.db()
     started = time.monotonic()
-    async with db.tx() as conn:
-        for project, sid, lines, plan in pending:
-            await conn.execute(
-                "INSERT INTO session (id, project, last_seq, message_count, time_created, time_updated) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (sid, project, len(lines), len(lines), lines[0]["time"], lines[-1]["time"]),
-            )
-            await conn.executemany(
-                "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        ln["id"],
-                        sid,
-                        ln["role"],
-                        i + 1,
-                        ln["time"],
-                        ln["time"],
-                        json.dumps(
-                            {
-                                "text": ln["text"],
-                                "speaker": ln["speaker"],
-                                "imported": True,
-                                "status": "completed",
-                            }
-                        ),
-                    )
-                    for i, ln in enumerate(lines)
-                ],
-            )
-            for row in plan:
-                cursor = await conn.execute(
-                    "INSERT INTO memory_turn (message_id, session_id, project, ord, role, speaker, time, digest, "
-                    "vector_digest, revision, time_indexed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'bench', 0) RETURNING id",
-                    (
-                        row.message_id,
-                        sid,
-                        project,
-                        row.ord,
-                        row.role,
-                        row.speaker,
-                        row.time,
-                        row.digest,
-                        row.digest,
-                    ),
-                )
-                row_id = (await cursor.fetchone())[0]
-                await cursor.close()
-                await conn.execute(
-                    "INSERT INTO memory_turn_fts (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)",
-                    (row_id, row.body, row.ctx, row.scope),
-                )
+    await db.write_in_thread(lambda conn: _write_rows_sync(conn, pending))
     times["state_db_s"] += time.monotonic() - started
     started = time.monotonic()
     by_project: dict[str, list[Any]] = {}
     for _, _, _, plan in pending:
         for row in plan:
-            by_project.setdefault(row.project, []).append(row)
+            if with_vectors is None or row.project in with_vectors:
+                by_project.setdefault(row.project, []).append(row)
     chunks = [rows[s : s + BATCH] for rows in by_project.values() for s in range(0, len(rows), BATCH)]
     for chunk in chunks:
         await ctx.turn_store(chunk[0].project).upsert(
@@ -196,10 +163,45 @@ async def _flush(ctx: Context, pending: list[Any], times: dict[str, float]) -> N
         )
     times["turn_vectors_s"] += time.monotonic() - started
     print(
-        f"  {chunks[-1][-1].message_id}: state.db {times['state_db_s']:.0f} s, vectors {times['turn_vectors_s']:.0f} s",
+        f"  {pending[-1][1]}: state.db {times['state_db_s']:.0f} s, vectors {times['turn_vectors_s']:.0f} s",
         file=sys.stderr,
         flush=True,
     )
+    return sum(len(chunk) for chunk in chunks)
+
+
+def _write_rows_sync(conn: sqlite3.Connection, pending: list[Any]) -> None:
+    """The batch's sessions, messages, memory_turn rows and their FTS5 rows: one transaction, bulk."""
+    next_id = int(conn.execute("SELECT coalesce(max(id), 0) FROM memory_turn").fetchone()[0]) + 1
+    sessions, messages, turns, fts = [], [], [], []
+    for project, sid, lines, plan in pending:
+        sessions.append((sid, project, len(lines), len(lines), lines[0]["time"], lines[-1]["time"]))
+        for i, ln in enumerate(lines):
+            data = {"text": ln["text"], "speaker": ln["speaker"], "imported": True, "status": "completed"}
+            messages.append((ln["id"], sid, ln["role"], i + 1, ln["time"], ln["time"], json.dumps(data)))
+        for row in plan:
+            turns.append(
+                (next_id, row.message_id, sid, project, row.ord, row.role, row.speaker, row.time)
+                + (row.digest, row.digest)
+            )
+            fts.append((next_id, row.body, row.ctx, row.scope))
+            next_id += 1
+    conn.executemany(
+        "INSERT INTO session (id, project, last_seq, message_count, time_created, time_updated) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        sessions,
+    )
+    conn.executemany(
+        "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        messages,
+    )
+    conn.executemany(
+        "INSERT INTO memory_turn (id, message_id, session_id, project, ord, role, speaker, time, digest, "
+        "vector_digest, revision, time_indexed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'bench', 0)",
+        turns,
+    )
+    conn.executemany("INSERT INTO memory_turn_fts (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)", fts)
 
 
 async def measure(ctx: Context, convs: dict[str, Any], projects: int, queries: int) -> dict[str, Any]:
@@ -243,15 +245,17 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             }
         else:
             started = time.monotonic()
-            built = await build(ctx, convs, args.turns, args.sessions)
+            built = await build(ctx, convs, args.turns, args.sessions, args.vector_projects)
             built["build_s"] = round(time.monotonic() - started, 1)
         built["state_db_mb"] = round(data.state_db.stat().st_size / 1e6)
         built["chroma_mb"] = round(
             sum(p.stat().st_size for p in (data.root / "chroma").rglob("*") if p.is_file()) / 1e6
         )
-        measured = [
-            await measure(ctx, convs, int(built["projects"]), args.queries) for _ in range(args.rounds)
-        ]
+        queried = int(built["projects"])
+        if args.vector_projects is not None:
+            queried = min(queried, args.vector_projects)
+        built["queried_projects"] = queried
+        measured = [await measure(ctx, convs, queried, args.queries) for _ in range(args.rounds)]
     finally:
         await ctx.close()
         chroma_server.stop_recorded(data) if hasattr(chroma_server, "stop_recorded") else None
@@ -265,6 +269,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--vector-projects", type=int, help="write turn vectors for the first N projects only (queried)"
+    )
     parser.add_argument("--keep", type=Path, help="build in this dir and keep it")
     parser.add_argument("--reuse", type=Path, help="measure a dir built before with --keep")
     parser.add_argument("--json", action="store_true")
