@@ -8,7 +8,7 @@ replica its own project with its two speakers renamed (so term statistics
 stay realistic and names spread over many projects), each LoCoMo session
 split into `sessions / turns`-sized rem sessions. It is written the way rem
 writes it, at full size: `session`, `session_message`, `memory_turn` and its
-FTS5 rows in state.db (in bulk, the same row shapes `backend.memory.index`
+rows in each project's FTS5 table in state.db (in bulk, the same row shapes `backend.memory.index`
 writes), every turn's WordLlama vector in the Chroma turn collection, and
 one summary row per session in the summary collection (document: the
 session's first turns; metadata: project and session). Build times are
@@ -49,6 +49,7 @@ from backend.chroma import server as chroma_server
 from backend.core.datadir import DataDir
 from backend.memory import recall as memory_recall
 from backend.memory.index import plan_session
+from backend.memory.text import FTS_TABLES_SQL, fts_table, fts_table_ddl
 from backend.runtime.context import Context
 from benchmarks.locomo import load, to_jsonl
 
@@ -131,8 +132,7 @@ async def build(
         await ctx.store().upsert([c[0] for c in chunk], [c[1] for c in chunk], [c[2] for c in chunk])
     times["summaries_s"] = time.monotonic() - started
     started = time.monotonic()
-    async with db.tx() as conn:
-        await conn.execute("INSERT INTO memory_turn_fts(memory_turn_fts) VALUES ('optimize')")
+    await db.write_in_thread(_optimize_sync)
     times["fts_optimize_s"] = time.monotonic() - started
     return {**counts, **{k: round(v, 1) for k, v in times.items()}}
 
@@ -170,10 +170,16 @@ async def _flush(
     return sum(len(chunk) for chunk in chunks)
 
 
+def _optimize_sync(conn: sqlite3.Connection) -> None:
+    for (table,) in conn.execute(FTS_TABLES_SQL).fetchall():
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+
+
 def _write_rows_sync(conn: sqlite3.Connection, pending: list[Any]) -> None:
     """The batch's sessions, messages, memory_turn rows and their FTS5 rows: one transaction, bulk."""
     next_id = int(conn.execute("SELECT coalesce(max(id), 0) FROM memory_turn").fetchone()[0]) + 1
-    sessions, messages, turns, fts = [], [], [], []
+    sessions, messages, turns = [], [], []
+    fts: dict[str, list[tuple[int, str, str, str]]] = {}
     for project, sid, lines, plan in pending:
         sessions.append((sid, project, len(lines), len(lines), lines[0]["time"], lines[-1]["time"]))
         for i, ln in enumerate(lines):
@@ -184,7 +190,7 @@ def _write_rows_sync(conn: sqlite3.Connection, pending: list[Any]) -> None:
                 (next_id, row.message_id, sid, project, row.ord, row.role, row.speaker, row.time)
                 + (row.digest, row.digest)
             )
-            fts.append((next_id, row.body, row.ctx, row.scope))
+            fts.setdefault(fts_table(project), []).append((next_id, row.body, row.ctx, row.scope))
             next_id += 1
     conn.executemany(
         "INSERT INTO session (id, project, last_seq, message_count, time_created, time_updated) "
@@ -201,7 +207,9 @@ def _write_rows_sync(conn: sqlite3.Connection, pending: list[Any]) -> None:
         "vector_digest, revision, time_indexed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'bench', 0)",
         turns,
     )
-    conn.executemany("INSERT INTO memory_turn_fts (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)", fts)
+    for table, rows in fts.items():
+        conn.execute(fts_table_ddl(table))
+        conn.executemany(f"INSERT INTO {table} (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)", rows)
 
 
 async def measure(ctx: Context, convs: dict[str, Any], projects: int, queries: int) -> dict[str, Any]:

@@ -17,7 +17,8 @@ session that gained one turn costs a few row writes. The order of the steps
 makes every crash point safe:
 
 1. `write_rows` / `delete_rows` (state.db, in the caller's fenced
-   transactions): memory_turn and its FTS5 row; a changed row's
+   transactions): memory_turn and its row in the project's FTS5 table
+   (`backend.memory.text.fts_table`, created with the project's first turn); a changed row's
    `vector_digest` no longer equals its digest (its vector is pending).
    The vectors of removed turns are deleted from Chroma first (best
    effort: an orphan vector matches no row, so recall drops it).
@@ -43,7 +44,7 @@ from backend.chroma.collection import ChromaStore
 from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable
 from backend.memory.config import INDEX, IndexConfig
-from backend.memory.text import clip, date_words, scope_text
+from backend.memory.text import clip, date_words, fts_table, fts_table_ddl, scope_text
 from backend.store.db import Database, execute, executemany, fetchall
 from backend.store.revision import load_raw_turns
 
@@ -189,8 +190,13 @@ def diff(plan: Sequence[IndexedTurn], existing: Mapping[str, Existing]) -> Diff:
 async def write_rows(
     conn: aiosqlite.Connection, rows: Sequence[IndexedTurn], revision: str, now: int
 ) -> None:
-    """Insert or rewrite index rows and their FTS5 rows (inside the caller's transaction)."""
+    """Insert or rewrite index rows and their rows in the project's FTS5 table (caller's transaction)."""
+    created: set[str] = set()
     for row in rows:
+        table = fts_table(row.project)
+        if table not in created:
+            await execute(conn, fts_table_ddl(table))
+            created.add(table)
         cursor = await conn.execute(
             INSERT_TURN,
             {
@@ -208,16 +214,23 @@ async def write_rows(
         )
         row_id = (await cursor.fetchone())[0]  # type: ignore[index]
         await cursor.close()
-        await execute(conn, "DELETE FROM memory_turn_fts WHERE rowid = ?", (row_id,))
+        await execute(conn, f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
         await execute(
             conn,
-            "INSERT INTO memory_turn_fts (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)",
+            f"INSERT INTO {table} (rowid, body, ctx, scope) VALUES (?, ?, ?, ?)",
             (row_id, row.body, row.ctx, row.scope),
         )
 
 
 async def delete_rows(conn: aiosqlite.Connection, message_ids: Sequence[str]) -> None:
-    """Remove index rows (their FTS5 rows go with them, by trigger)."""
+    """Remove index rows and their FTS5 rows (a project's table holds only that project's turns)."""
+    for message_id in message_ids:
+        for row_id, project in await fetchall(
+            conn, "SELECT id, project FROM memory_turn WHERE message_id = ?", (message_id,)
+        ):
+            table = fts_table(str(project))
+            await execute(conn, fts_table_ddl(table))
+            await execute(conn, f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
     await executemany(conn, "DELETE FROM memory_turn WHERE message_id = ?", [(m,) for m in message_ids])
 
 

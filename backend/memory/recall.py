@@ -2,9 +2,9 @@
 
 Hybrid, scoped to one project (or one session, or everything when asked):
 
-* **lexical**: FTS5 over the turn index (`body` = the turn's text and date,
-  `ctx` = the turns before it, bm25-weighted), the query's non-stop words
-  OR-ed, limited to the project's scope token;
+* **lexical**: FTS5 over the project's own turn table (`body` = the turn's
+  text and date, `ctx` = the turns before it, bm25-weighted), the query's
+  non-stop words OR-ed (a session's scope token AND-ed when scoped to it);
 * **dense**: the query's WordLlama vector against the Chroma turn collection
   (`where={"project": ...}`); a vector whose row is not marked current (a
   turn re-indexed since, or removed) is ignored;
@@ -37,7 +37,7 @@ from typing import Any
 
 from backend.core.errors import BadInput, ChromaUnreachable
 from backend.memory.config import RecallConfig, recall_config
-from backend.memory.text import fts_match, mentions_name, query_terms, words
+from backend.memory.text import FTS_TABLES_SQL, fts_match, fts_table, mentions_name, query_terms, words
 from backend.runtime.context import Context
 
 KINDS = ("turn", "summary", "fact")
@@ -286,9 +286,9 @@ def _lexical(
 # (joining first makes SQLite score every match through the join: 6x slower)
 FTS_SQL = """
 SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
-FROM (SELECT rowid, -bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) AS score FROM memory_turn_fts
-      WHERE memory_turn_fts MATCH :match
-      ORDER BY bm25(memory_turn_fts, :w_body, :w_ctx, 0.0) LIMIT :n) AS f
+FROM (SELECT rowid, -bm25({table}, :w_body, :w_ctx, 0.0) AS score FROM {table}
+      WHERE {table} MATCH :match
+      ORDER BY bm25({table}, :w_body, :w_ctx, 0.0) LIMIT :n) AS f
 JOIN memory_turn AS t ON t.id = f.rowid
 ORDER BY f.score DESC
 """
@@ -301,11 +301,21 @@ def _excluded(scope: Scope, session_id: str, ord_: int) -> bool:
 def _fts(
     conn: sqlite3.Connection, terms: list[str], scope: Scope, config: RecallConfig
 ) -> dict[int, Candidate]:
-    match = fts_match(terms, scope.project, scope.session_id)
+    """The best FTS5 matches in the project's own table (every project's table when unscoped)."""
+    match = fts_match(terms, None, scope.session_id)
     if match is None:
         return {}
+    tables = [name for (name,) in conn.execute(FTS_TABLES_SQL)] if scope.project is None else []
+    if scope.project is not None:
+        table = fts_table(scope.project)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+            tables.append(table)
     params = {"w_body": config.fts_weights[0], "w_ctx": config.fts_weights[1], "match": match}
-    rows = conn.execute(FTS_SQL, {**params, "n": config.candidates}).fetchall()
+    rows = []
+    for table in tables:
+        rows += conn.execute(FTS_SQL.format(table=table), {**params, "n": config.candidates}).fetchall()
+    if len(tables) > 1:  # each table's bm25 is its own project's; the best of all of them
+        rows = sorted(rows, key=lambda r: -r[5])[: config.candidates]
     found: dict[int, Candidate] = {}
     for rank, (row_id, mid, sid, speaker, ord_, score) in enumerate(rows):
         if not _excluded(scope, sid, ord_):

@@ -70,6 +70,33 @@ def scope_token(kind: str, name: str) -> str:
     return kind + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
+FTS_TABLE_PREFIX = "memory_fts_"
+
+
+def fts_table(project: str) -> str:
+    """The FTS5 table of one project's turns: `memory_fts_p<20 hex>` (an identifier, never user text).
+
+    One table per project, not one for everything: FTS5 scores every row a
+    query matches and reads each term's whole posting list for its IDF, so a
+    query's cost follows the size of the table it searches. In one table of
+    1 000 000 turns a project-scoped query cost 27 / 79 ms of CPU (p50 / p95);
+    in the project's own table it costs what the project holds.
+    """
+    return FTS_TABLE_PREFIX + scope_token("p", project)
+
+
+def fts_table_ddl(table: str) -> str:
+    """CREATE for a project's FTS5 table (rowid = memory_turn.id; `scope` holds the session token)."""
+    return f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5(body, ctx, scope, tokenize = 'porter unicode61')"
+
+
+# the project FTS5 tables that exist (their shadow tables are plain tables named <table>_data, ...)
+FTS_TABLES_SQL = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'memory_fts_p*' "
+    "AND sql LIKE 'CREATE VIRTUAL TABLE%' ORDER BY name"
+)
+
+
 def scope_text(project: str, session_id: str) -> str:
     """The `scope` column of a turn: its project's token and its session's token."""
     return f"{scope_token('p', project)} {scope_token('s', session_id)}"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.memory.text import FTS_TABLES_SQL, fts_table
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
@@ -288,10 +289,18 @@ SQL_ALL_RAW_TURNS = """
 SELECT session_id, id, type, time_created, data FROM session_message
 WHERE type IN ('user', 'assistant') ORDER BY session_id
 """
-SQL_INDEX_ROWS = """
-SELECT t.session_id, t.message_id, t.digest, t.vector_digest, f.rowid AS fts_rowid
-FROM memory_turn AS t LEFT JOIN memory_turn_fts AS f ON f.rowid = t.id
-"""
+SQL_INDEX_ROWS = "SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn"
+
+
+def _fts_rowids_sync(conn: sqlite3.Connection, projects: set[str]) -> set[tuple[str, int]]:
+    """(project, rowid) of every row in the projects' FTS5 tables (a missing table holds none)."""
+    tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
+    held: set[tuple[str, int]] = set()
+    for project in sorted(projects):
+        table = fts_table(project)
+        if table in tables:
+            held.update((project, r[0]) for r in conn.execute(f"SELECT rowid FROM {table}"))
+    return held
 
 
 def _raw_turn_ids_by_session(conn: sqlite3.Connection) -> dict[str, tuple[str, set[str]]]:
@@ -317,9 +326,11 @@ def check_recall_index_sync(conn: sqlite3.Connection, report: Report) -> None:
     }
     rows: dict[str, list[dict[str, Any]]] = {}
     no_fts, vectors_pending = [], []
-    for r in _rows_sync(conn, SQL_INDEX_ROWS):
+    index_rows = _rows_sync(conn, SQL_INDEX_ROWS)
+    fts_rows = _fts_rowids_sync(conn, {r["project"] for r in index_rows})
+    for r in index_rows:
         rows.setdefault(r["session_id"], []).append(r)
-        if r["fts_rowid"] is None:
+        if (r["project"], r["id"]) not in fts_rows:
             no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
         if r["vector_digest"] != r["digest"]:
             vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})

@@ -312,8 +312,10 @@ CREATE INDEX event_legacy_idx ON event(time)
 # (seed 004's session table has project/workspace fields; default `default`).
 # `memory_turn` is the recall index of raw turns (one row per user prompt or
 # completed assistant reply), written by Dream per revision under its lease;
-# `memory_turn_fts` (FTS5, rowid = memory_turn.id) is its lexical side and
-# the Chroma turn collection its dense side. `dream_state.indexed_revision`
+# Its lexical side is one FTS5 table per project (`memory_fts_p<hash>`, rowid =
+# memory_turn.id, created by the index writer with the project's first turn:
+# `backend.memory.text.fts_table`), its dense side one Chroma turn collection
+# per project. `dream_state.indexed_revision`
 # is the revision the index covers (DESIGN invariant 9).
 V3 = """
 ALTER TABLE session ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
@@ -343,14 +345,6 @@ CREATE TABLE memory_turn (
 CREATE INDEX memory_turn_session_idx ON memory_turn(session_id, ord);
 CREATE INDEX memory_turn_vector_pending_idx ON memory_turn(session_id)
     WHERE vector_digest IS NOT digest;
-
-CREATE VIRTUAL TABLE memory_turn_fts USING fts5(body, ctx, scope, tokenize = 'porter unicode61');
-
--- however a memory_turn row goes (a superseded turn, a deleted session), its FTS row goes too
-CREATE TRIGGER memory_turn_fts_delete AFTER DELETE ON memory_turn
-BEGIN
-    DELETE FROM memory_turn_fts WHERE rowid = old.id;
-END;
 """
 
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.

@@ -7,6 +7,7 @@ from backend.chroma.collection import ChromaStore
 from backend.chroma.embedder import HashingEmbedder, WordLlamaEmbedder
 from backend.core.errors import EmbedderMismatch
 from backend.dream.digester import Dreamer
+from backend.memory.text import fts_table
 from backend.runtime.context import Context
 from backend.store.revision import raw_revision
 from tests.dreamkit import add_session_with_turns, add_turn, dream_row, publish
@@ -29,9 +30,10 @@ async def index_findings(ctx: Context) -> list[dict]:
 
 async def _index_rows(ctx: Context, sid: str) -> list[dict]:
     db = await ctx.db()
+    table = fts_table(await db.scalar("SELECT project FROM session WHERE id = ?", (sid,)))
     rows = await db.fetchall(
         "SELECT t.message_id, t.ord, t.role, t.digest, t.vector_digest, t.time_indexed, f.body, f.ctx "
-        "FROM memory_turn AS t JOIN memory_turn_fts AS f ON f.rowid = t.id "
+        f"FROM memory_turn AS t JOIN {table} AS f ON f.rowid = t.id "
         "WHERE t.session_id = ? ORDER BY t.ord",
         (sid,),
     )

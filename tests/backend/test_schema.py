@@ -250,7 +250,9 @@ async def test_a_v2_database_migrates_to_projects_and_the_recall_index(tmp_path)
             "AND indexed_revision IS NOT input_revision"
         )
         assert [r[0] for r in lagging] == ["s1"]  # published but not indexed yet: index lag
-        assert await db.scalar("SELECT count(*) FROM memory_turn_fts") == 0
+        assert await db.scalar("SELECT count(*) FROM memory_turn") == 0
+        # the FTS5 side is one table per project, created with the project's first indexed turn
+        assert await db.scalar("SELECT count(*) FROM sqlite_master WHERE name GLOB 'memory_fts_*'") == 0
     finally:
         await db.close()
 
