@@ -50,10 +50,13 @@ async def recall(
 async def list_projects(ctx: Context) -> dict[str, Any]:
     """Every project with its session count, indexed turns and last activity."""
     db = await ctx.db()
+    # turns counted per session through memory_turn's session index, once (a count per project
+    # scanned the whole table for each: minutes at 1 000 000 turns and a thousand projects)
     rows = await db.fetchall(
         "SELECT s.project, count(*) AS sessions, max(s.time_updated) AS last_active, "
-        "(SELECT count(*) FROM memory_turn AS t WHERE t.project = s.project) AS turns_indexed "
-        "FROM session AS s GROUP BY s.project ORDER BY s.project"
+        "coalesce(sum(t.n), 0) AS turns_indexed FROM session AS s "
+        "LEFT JOIN (SELECT session_id, count(*) AS n FROM memory_turn GROUP BY session_id) AS t "
+        "ON t.session_id = s.id GROUP BY s.project ORDER BY s.project"
     )
     return {"projects": [dict(r) for r in rows]}
 

@@ -45,6 +45,7 @@ async def test_the_mcp_round_trip_over_stdio(tmp_path: Path, chroma_url: str, co
         assert found["items"][0]["message_id"] == "p-1"
         projects = _payload(await session.call_tool("list_projects", {}))
         assert {p["project"]: p["sessions"] for p in projects["projects"]} == {"home": 1, "ops": 3}
+        assert {p["project"]: p["turns_indexed"] for p in projects["projects"]} == {"home": 1, "ops": 5}
         detail = _payload(await session.call_tool("get_session", {"session_id": "pets"}))
         assert detail["session"]["project"] == "ops" and len(detail["messages"]) == 2
         graph = _payload(await session.call_tool("graph_neighbors", {"node": "Biscuit"}))
