@@ -44,6 +44,9 @@ KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
 MAX_K = 200
 MAX_QUERY_CHARS = 4000
+# a project with at most this many sessions has its summaries ranked among its own rows, fetched
+# by id (Chroma's where-filtered search of a shared collection grows with the whole collection)
+SUMMARIES_BY_ID = 500
 # a concept mentioned by more turns than this says little about any of them
 GRAPH_MAX_DF = 5000
 FACT_KINDS_SQL = "('uses', 'depends_on', 'is_a', 'part_of', 'has_part', 'replaces', 'co_occurs')"
@@ -225,10 +228,28 @@ async def _dense(
     return [(i, 1.0 - distance) for i, distance in hits]
 
 
+async def _summary_hits(
+    ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
+) -> list[tuple[str, float, str | None, dict[str, Any]]]:
+    """The nearest summary rows in scope: among the scope's own rows by id when it has few."""
+    if scope.session_id is not None:
+        return await ctx.store().nearest_among([f"summary_{scope.session_id}"], vector, config.summaries)
+    if scope.project is None:
+        return await ctx.store().query(vector, config.summaries, None)
+    db = await ctx.db()
+    rows = await db.fetchall(
+        "SELECT id FROM session WHERE project = ? ORDER BY time_updated DESC LIMIT ?",
+        (scope.project, SUMMARIES_BY_ID + 1),
+    )
+    if len(rows) <= SUMMARIES_BY_ID:
+        return await ctx.store().nearest_among([f"summary_{r[0]}" for r in rows], vector, config.summaries)
+    return await ctx.store().query(vector, config.summaries, _where(scope))
+
+
 async def _summaries(
     ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
 ) -> list[dict[str, Any]]:
-    hits = await ctx.store().query(vector, config.summaries, _where(scope))
+    hits = await _summary_hits(ctx, vector, scope, config)
     if not hits:
         return []
     best = max(1.0 - d for _, d, _, _ in hits) or 1.0

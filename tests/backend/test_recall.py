@@ -213,3 +213,16 @@ async def test_recall_returns_graph_facts_in_scope_with_the_turns_they_cite(
     assert fact["provenance"]["cites"] == ["i-1"] and fact["provenance"]["found_by"] == ["graph"]
     lab = await ops.recall(ctx, "what does the Billing Service need?", project="lab", k=10)
     assert [i["text"] for i in lab["items"] if i["kind"] == "fact"] == ["Billing Service uses Redis"]
+
+
+async def test_summaries_ranked_by_id_equal_chromas_filtered_search(imported: Context) -> None:
+    # recall ranks a small project's summaries among its own rows, fetched by id
+    vector = (imported.embedder().embed(["dog on the beach"]))[0]
+    db = await imported.db()
+    ids = [f"summary_{r[0]}" for r in await db.fetchall("SELECT id FROM session WHERE project = 'ops'")]
+    by_id = await imported.store().nearest_among([*ids, "summary_nope"], vector, 5)
+    filtered = await imported.store().query(vector, 5, {"project": "ops"})
+    assert [h[0] for h in by_id] == [h[0] for h in filtered] and len(by_id) == 3
+    assert [round(h[1], 4) for h in by_id] == [round(h[1], 4) for h in filtered]
+    assert [(h[2], h[3]) for h in by_id] == [(h[2], h[3]) for h in filtered]
+    assert await imported.store().nearest_among([], vector, 5) == []
