@@ -71,12 +71,13 @@ def print_status(result: Status) -> None:
     _print_rows(
         console,
         "Workers",
-        ("owner", "role", "state", "pid", "heartbeat"),
+        ("owner", "role", "state", "host", "pid", "heartbeat"),
         [
             (
                 w["owner_id"],
                 w["role"],
                 w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["host"],
                 w["pid"],
                 f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
             )

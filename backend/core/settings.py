@@ -17,6 +17,7 @@ declarations.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,20 @@ def text(expects: str = "text") -> Parser[str]:
     return Parser(str, expects)
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62})")
+
+
+def host_name() -> Parser[str]:
+    """A host identity: what `hostname` prints, or any short name in its alphabet."""
+
+    def parse(raw: str) -> str:
+        if not HOST_NAME.fullmatch(raw):
+            raise ValueError(raw)
+        return raw
+
+    return Parser(parse, "a host name (letters, digits, '.', '_' or '-', at most 63 characters)")
+
+
 def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
 
@@ -156,6 +171,14 @@ class Settings:
         "an external Chroma server (`--chroma-url`)",
         text("a URL"),
         shown_default="the data dir's own server",
+    )
+    host = Setting[str | None](
+        None,
+        "this host's identity in the worker registry (`worker.host`, owner ids): the same-host fast "
+        "takeover trusts a stopped worker's record only on its own host; set it to run several hosts on "
+        "one machine, or when host names are not unique",
+        host_name(),
+        shown_default="the host name",
     )
     chroma_collection = Setting(
         "rem_summaries", "the Chroma collection of summary rows", text("a collection name")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,6 +31,7 @@ from backend.memory.context import memory_for_step
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -146,7 +146,7 @@ class Executor(Daemon):
                 started += 1
         return started
 
-    def _take_over_sync(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+    def _take_over_sync(self, conn: Conn, execution_id: str) -> recovery.Takeover | None:
         return recovery.take_over_sync(
             conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
         )
@@ -174,7 +174,7 @@ class Executor(Daemon):
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
 
-    def _claim_sync(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+    def _claim_sync(self, conn: Conn, session_id: str, now: int) -> Lease | None:
         # the oldest waiting input's attempt is counted before the work; nothing waiting
         # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
@@ -252,7 +252,7 @@ class Executor(Daemon):
             if not more:
                 return
 
-    def _begin_step_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
+    def _begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
         lease = state.lease
         number = state.step + 1
@@ -274,7 +274,7 @@ class Executor(Daemon):
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    def _recovered_prompts_sync(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
+    def _recovered_prompts_sync(self, conn: Conn, state: TurnState) -> list[dict[str, Any]]:
         """After a takeover: what the interrupted execution promoted but never answered."""
         if not state.recovering:
             return []
@@ -285,7 +285,7 @@ class Executor(Daemon):
 
     def _open_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         number: int,
         aid: str,
@@ -358,7 +358,7 @@ class Executor(Daemon):
         await self.db.write_in_thread(partial(self._record_memory, state=state, step=step))
         step.request.memory = list(memory["items"])
 
-    def _record_memory(self, conn: sqlite3.Connection, state: TurnState, step: Step) -> None:
+    def _record_memory(self, conn: Conn, state: TurnState, step: Step) -> None:
         now = clock.now_ms()
         leases.guard_sync(conn, state.lease, now=now)
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
@@ -381,7 +381,7 @@ class Executor(Daemon):
                 buffer, last_flush = [], loop.time()
         return buffer
 
-    def _flush_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, parts: list[str]) -> None:
+    def _flush_sync(self, conn: Conn, state: TurnState, step: Step, parts: list[str]) -> None:
         now = clock.now_ms()
         leases.guard_sync(conn, state.lease, now=now)
         projection.write_parts_sync(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
@@ -389,9 +389,7 @@ class Executor(Daemon):
             conn, step.assistant_id, {**step.data, "text": "".join(step.parts)}, now
         )
 
-    def _finish_step_sync(
-        self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]
-    ) -> bool:
+    def _finish_step_sync(self, conn: Conn, state: TurnState, step: Step, tail: list[str]) -> bool:
         """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
         lease, now = state.lease, clock.now_ms()
         leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
@@ -422,7 +420,7 @@ class Executor(Daemon):
             self._end_sync(conn, state, now)
         return more
 
-    def _fail_step_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, exc: Exception) -> None:
+    def _fail_step_sync(self, conn: Conn, state: TurnState, step: Step, exc: Exception) -> None:
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
@@ -443,7 +441,7 @@ class Executor(Daemon):
         )
         self._end_sync(conn, state, now)
 
-    def _end_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
+    def _end_sync(self, conn: Conn, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
         leases.end_execution_sync(conn, lease)

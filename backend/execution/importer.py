@@ -45,7 +45,7 @@ from backend.execution.sessions import (
     insert_message_sync,
     reserve_seqs_sync,
 )
-from backend.store.db import Database
+from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event_sync
 from backend.store.handoffs import mark_turns_changed_sync
 
@@ -187,7 +187,7 @@ def _same_message(row: sqlite3.Row, msg: Message) -> bool:
     )
 
 
-def validate_file(conn: sqlite3.Connection, path: Path, report: Report, progress: Progress | None) -> None:
+def validate_file(conn: Conn, path: Path, report: Report, progress: Progress | None) -> None:
     """Pass 1: every line, against the file's rules and state.db (read only)."""
     projects: dict[str, str] = {}
     seen_ids: set[str] = set()
@@ -232,7 +232,7 @@ def _session_hint(raw: bytes) -> str | None:
     return session if isinstance(session, str) else None
 
 
-def write_batch(conn: sqlite3.Connection, batch: list[Message], report: Report, now: int) -> None:
+def write_batch(conn: Conn, batch: list[Message], report: Report, now: int) -> None:
     """Pass 2, one transaction: the batch's new messages, each session queued for the summarizer."""
     by_session: dict[str, list[Message]] = {}
     for msg in batch:
@@ -266,7 +266,7 @@ async def import_file(
         raise BadInput(f"{path} is not a file: pass a JSON Lines file to import")
     report = Report()
 
-    def validate(conn: sqlite3.Connection) -> None:
+    def validate(conn: Conn) -> None:
         conn.execute("BEGIN")
         try:
             validate_file(conn, path, report, progress)
@@ -312,7 +312,7 @@ async def _flush(
         return
     now = clock.now_ms()
 
-    def write(conn: sqlite3.Connection) -> None:
+    def write(conn: Conn) -> None:
         write_batch(conn, batch, report, now)
         if final:
             append_event_sync(

@@ -12,12 +12,12 @@ and assistant rows whose `data.status == "completed"`.
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from backend.core.errors import LeaseLost
 from backend.execution.leases import UNSAFE_NO_FENCING
 from backend.execution.sessions import dumps
+from backend.store.db import Conn
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), error (the agent failed).
@@ -34,7 +34,7 @@ def continuation_id(execution_id: str) -> str:
     return f"recovery:{execution_id}"
 
 
-def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def unanswered_prompts_sync(conn: Conn, session_id: str) -> list[dict[str, Any]]:
     """User rows after the newest answered assistant row: what the next step must answer."""
     row = conn.execute(
         "SELECT seq FROM session_message WHERE session_id = ? AND type = 'assistant' "
@@ -49,7 +49,7 @@ def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[d
     return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
 
 
-def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
+def execution_started_turn_sync(conn: Conn, session_id: str, execution_id: str) -> bool:
     """Whether this execution already promoted its turn's first input (executions are serial)."""
     row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
@@ -58,9 +58,7 @@ def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execu
     return row is not None and json.loads(row["data"]).get("execution_id") == execution_id
 
 
-def interrupted_step_memory_sync(
-    conn: sqlite3.Connection, session_id: str, execution_id: str
-) -> dict[str, Any] | None:
+def interrupted_step_memory_sync(conn: Conn, session_id: str, execution_id: str) -> dict[str, Any] | None:
     """The memory recorded with the execution's newest interrupted (superseded) step: what its
     agent was given, for the recovered step to reuse; None when it recorded none."""
     row = conn.execute(
@@ -72,7 +70,7 @@ def interrupted_step_memory_sync(
     return json.loads(row[0]) if row is not None and row[0] is not None else None
 
 
-def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
+def supersede_open_sync(conn: Conn, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
@@ -87,7 +85,7 @@ def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now:
 
 
 def write_parts_sync(
-    conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
+    conn: Conn, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
 ) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
     conn.executemany(
@@ -107,9 +105,7 @@ def write_parts_sync(
     )
 
 
-def update_owned_assistant_sync(
-    conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int
-) -> None:
+def update_owned_assistant_sync(conn: Conn, message_id: str, data: dict[str, Any], now: int) -> None:
     """Rewrite the running execution's own assistant row; a closed row is never reopened."""
     # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
@@ -123,7 +119,7 @@ def update_owned_assistant_sync(
 
 
 def record_context_epoch_sync(
-    conn: sqlite3.Connection, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
+    conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
     snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
@@ -142,9 +138,7 @@ def record_context_epoch_sync(
     )
 
 
-def transcript_violations_sync(
-    conn: sqlite3.Connection, session_id: str | None = None
-) -> list[dict[str, Any]]:
+def transcript_violations_sync(conn: Conn, session_id: str | None = None) -> list[dict[str, Any]]:
     """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
 
     Checks: every promoted input is exactly one `user` row with the input's
@@ -166,7 +160,7 @@ def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -
     return {"kind": kind, "session_id": session_id, "id": item, "detail": detail}
 
 
-def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _input_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
         "LEFT JOIN session_message AS m ON m.id = i.id "
@@ -192,7 +186,7 @@ def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> 
     return found + [_violation("user_message_without_input", r["session_id"], r["id"]) for r in rows]
 
 
-def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _continuation_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
         "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
@@ -212,7 +206,7 @@ def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, An
     ]
 
 
-def _answer_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _answer_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     live = dict(
         conn.execute(
             "SELECT session_id, assistant_message_id FROM session_execution "

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import uuid
 from enum import StrEnum
 from typing import Any
 
 from backend.core import clock
 from backend.core.errors import BadInput
-from backend.store.db import Database
+from backend.store.db import Conn, Database, Row
 from backend.store.events import EventKind, append_event_sync
 
 
@@ -122,7 +121,7 @@ async def admit(
 
 
 def admit_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     text: str,
     delivery: str,
@@ -168,7 +167,7 @@ def admit_sync(
     }
 
 
-def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
+def _readmitted(row: Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
     """The answer to a re-admission: the original admission, or a refusal if it differs."""
     same = (
         row["session_id"] == session_id
@@ -201,9 +200,7 @@ def dumps(data: dict[str, Any]) -> str:
     return _ENCODER.encode(data)
 
 
-def ensure_session_sync(
-    conn: sqlite3.Connection, session_id: str, now: int, project: str | None = None
-) -> bool:
+def ensure_session_sync(conn: Conn, session_id: str, now: int, project: str | None = None) -> bool:
     """Create the session row (in `project`, default `default`) if missing; True when it was created.
 
     A session's project is fixed when it is created: naming another one for
@@ -229,7 +226,7 @@ def ensure_session_sync(
 
 
 def reserve_seqs_sync(
-    conn: sqlite3.Connection, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
+    conn: Conn, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
 ) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
     row = conn.execute(
@@ -268,7 +265,7 @@ ORDER BY admitted_seq LIMIT 1
 """
 
 
-def pending_inputs_sync(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
+def pending_inputs_sync(conn: Conn, session_id: str, *, turn_start: bool) -> list[Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
     rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
     if turn_start:
@@ -280,10 +277,10 @@ def pending_inputs_sync(conn: sqlite3.Connection, session_id: str, *, turn_start
 
 
 def promote_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     execution_id: str,
-    inputs: list[sqlite3.Row],
+    inputs: list[Row],
     first_seq: int,
     now: int,
 ) -> list[dict[str, Any]]:
@@ -312,7 +309,7 @@ def promote_sync(
 
 
 def insert_message_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     message_id: str,
     session_id: str,
     kind: str,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -45,7 +44,7 @@ from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable
 from backend.memory.config import INDEX, IndexConfig
 from backend.memory.text import clip, date_words, fts_table, fts_table_ddl, scope_text
-from backend.store.db import Database, execute, executemany, fetchall
+from backend.store.db import Conn, Database, execute, executemany, fetchall
 from backend.store.revision import load_raw_turns
 
 # speakers and project of one session's raw turns (the revision's records do not carry them)
@@ -272,7 +271,7 @@ class IndexLag(TypedDict):
     turns_indexed_approx: int  # rows ever indexed (max id: O(1), not a count)
 
 
-def index_lag_sync(conn: sqlite3.Connection, now: int) -> IndexLag:
+def index_lag_sync(conn: Conn, now: int) -> IndexLag:
     """Sessions whose published revision is not indexed yet, their oldest age, and vectors pending."""
     sessions, oldest = conn.execute(INDEX_LAG_SQL).fetchone()
     vectors = conn.execute(VECTOR_LAG_SQL).fetchone()[0]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sqlite3
 import time
 import unicodedata
 from collections.abc import Awaitable, Collection, Mapping, Sequence
@@ -39,6 +38,7 @@ from backend.core.errors import BadInput, ChromaUnreachable
 from backend.memory.config import RecallConfig, recall_config
 from backend.memory.text import FTS_TABLES_SQL, fts_match, fts_table, mentions_name, query_terms, words
 from backend.runtime.context import Context
+from backend.store.db import Conn
 
 KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
@@ -284,7 +284,7 @@ async def _summaries(
 
 
 def _lexical(
-    conn: sqlite3.Connection,
+    conn: Conn,
     terms: list[str],
     scope: Scope,
     config: RecallConfig,
@@ -319,9 +319,7 @@ def _excluded(scope: Scope, session_id: str, ord_: int) -> bool:
     return scope.exclude_session == session_id and ord_ >= scope.exclude_from_ord
 
 
-def _fts(
-    conn: sqlite3.Connection, terms: list[str], scope: Scope, config: RecallConfig
-) -> dict[int, Candidate]:
+def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> dict[int, Candidate]:
     """The best FTS5 matches in the project's own table (every project's table when unscoped)."""
     match = fts_match(terms, None, scope.session_id)
     if match is None:
@@ -359,7 +357,7 @@ def _in_list(values: Sequence[Any]) -> str:
     return ",".join("?" * len(values))
 
 
-def _graph_turns(conn: sqlite3.Connection, nodes: list[str], scope: Scope) -> dict[str, float]:
+def _graph_turns(conn: Conn, nodes: list[str], scope: Scope) -> dict[str, float]:
     """message id -> graph score: the query's concepts and entities, weighted by rarity."""
     if not nodes:
         return {}
@@ -398,9 +396,7 @@ def _scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> 
     return sql, params
 
 
-def _facts(
-    conn: sqlite3.Connection, nodes: list[str], scope: Scope, config: RecallConfig
-) -> list[dict[str, Any]]:
+def _facts(conn: Conn, nodes: list[str], scope: Scope, config: RecallConfig) -> list[dict[str, Any]]:
     """Typed relations that touch an entity the query names, in scope, as fact items."""
     entities = [n for n in nodes if n.startswith("entity:")]
     if not entities or config.facts <= 0:
@@ -444,7 +440,7 @@ def _facts(
     return facts[: config.facts]
 
 
-def _fact_cites(conn: sqlite3.Connection, src: str, dst: str, session_id: str) -> list[str]:
+def _fact_cites(conn: Conn, src: str, dst: str, session_id: str) -> list[str]:
     rows = conn.execute(
         "SELECT substr(a.src, 6) FROM graph_edge AS a JOIN graph_edge AS b ON b.src = a.src "
         "AND b.dst = ? AND b.kind = 'mentions' AND b.session_id = a.session_id "
@@ -455,7 +451,7 @@ def _fact_cites(conn: sqlite3.Connection, src: str, dst: str, session_id: str) -
 
 
 def _turn_items(
-    conn: sqlite3.Connection,
+    conn: Conn,
     lexical: Mapping[str, Any],
     dense_hits: list[tuple[str, float]],
     scope: Scope,
@@ -554,7 +550,7 @@ def _boost_named_speaker(
             fused[mid] *= 1.0 + config.speaker_boost
 
 
-def _index_rows(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, dict[str, Any]]:
+def _index_rows(conn: Conn, message_ids: list[str]) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     ids = list(dict.fromkeys(message_ids))
     for start in range(0, len(ids), 500):
@@ -575,7 +571,7 @@ def _index_rows(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, d
     return rows
 
 
-def _turn_details(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, dict[str, Any]]:
+def _turn_details(conn: Conn, message_ids: list[str]) -> dict[str, dict[str, Any]]:
     if not message_ids:
         return {}
     out = {}

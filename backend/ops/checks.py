@@ -17,13 +17,13 @@ summary rows in batches and compares them with the receipts.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
 from backend.memory.text import FTS_TABLES_SQL, fts_table
+from backend.store.db import Conn
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
@@ -57,7 +57,7 @@ class Report:
             bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 
 
-def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -65,7 +65,7 @@ def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dic
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_structure_sync(conn: Conn, report: Report) -> None:
     report.checked.append("structure")
     problems = [
         r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
@@ -116,7 +116,7 @@ WHERE i.promoted_seq IS NULL
 """
 
 
-def check_inputs_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_inputs_sync(conn: Conn, report: Report) -> None:
     report.checked.append("inputs")
     report.add(
         report.violations,
@@ -176,7 +176,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 """
 
 
-def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_projection_sync(conn: Conn, report: Report) -> None:
     report.checked.append("projection")
     assistants = _rows_sync(conn, SQL_ASSISTANTS)
     live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
@@ -248,7 +248,7 @@ def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.checked.append("progress")
     executions = _rows_sync(
         conn,
@@ -292,7 +292,7 @@ WHERE type IN ('user', 'assistant') ORDER BY session_id
 SQL_INDEX_ROWS = "SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn"
 
 
-def _fts_rowids_sync(conn: sqlite3.Connection, projects: set[str]) -> set[tuple[str, int]]:
+def _fts_rowids_sync(conn: Conn, projects: set[str]) -> set[tuple[str, int]]:
     """(project, rowid) of every row in the projects' FTS5 tables (a missing table holds none)."""
     tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
     held: set[tuple[str, int]] = set()
@@ -303,7 +303,7 @@ def _fts_rowids_sync(conn: sqlite3.Connection, projects: set[str]) -> set[tuple[
     return held
 
 
-def _raw_turn_ids_by_session(conn: sqlite3.Connection) -> dict[str, tuple[str, set[str]]]:
+def _raw_turn_ids_by_session(conn: Conn) -> dict[str, tuple[str, set[str]]]:
     """Each session's current raw revision and the ids of the raw turns it covers."""
     from backend.store.revision import compute_revision, turn_record
 
@@ -316,7 +316,7 @@ def _raw_turn_ids_by_session(conn: sqlite3.Connection) -> dict[str, tuple[str, s
     return {sid: (compute_revision(rs), {r["id"] for r in rs}) for sid, rs in records.items()}
 
 
-def check_recall_index_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_recall_index_sync(conn: Conn, report: Report) -> None:
     """Invariant 9, on state.db: the FTS5 side covers each session's indexed revision exactly."""
     report.checked.append("recall_index")
     raw = _raw_turn_ids_by_session(conn)
@@ -351,7 +351,7 @@ def check_recall_index_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.add(report.unsettled, "9", "turn vectors not written to Chroma yet", vectors_pending)
 
 
-def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
+def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
     now = clock.now_ms() if now is None else now

@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import sqlite3
 from enum import StrEnum
 from typing import Any
 
@@ -17,6 +16,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.settings import settings
+from backend.store.db import Conn
 
 
 class EventKind(StrEnum):
@@ -106,7 +106,7 @@ async def append_event(
 
 
 def append_event_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     kind: EventKind | str,
     actor: str,

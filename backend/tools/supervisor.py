@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -106,7 +105,7 @@ class Supervisor:
         self.chroma: ChromaServer | None = None
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
-        self._host = socket.gethostname()
+        self._host = workers.host_name()
 
     # -- lifecycle -------------------------------------------------------
     async def run(self) -> int:

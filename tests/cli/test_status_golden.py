@@ -71,3 +71,6 @@ def test_status_without_json_prints_the_snapshot(
     for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
         assert section in out, section
     assert "s-dreaming" in out and "summary_s-job" not in out  # a lease row, and no replay noise
+    workers = out[out.index("Workers (4)") :].splitlines()
+    assert workers[1].split()[:6] == ["owner", "role", "state", "host", "pid", "heartbeat"]
+    assert all(" ops-1 " in row for row in workers[2:6]), workers  # each worker's host

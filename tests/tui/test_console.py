@@ -216,6 +216,28 @@ async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
         assert "dead" in str(workers.border_title)
 
 
+async def test_the_workers_panel_names_each_workers_host_and_counts_hosts(
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
+    async with console(healthy_dir, poll_s=0.1).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        assert workers.cell_text(scenes.EXEC_A, "host") == "ops-1"
+        assert "hosts" not in str(workers.border_title)  # one host: nothing to say
+        write(
+            healthy_dir,
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES ('executor-ops-2-77-abcdef', 'executor', 77, 'ops-2', ?, ?, 'running')",
+            clock_at_scene.now - 1000,
+            clock_at_scene.now - 500,
+        )
+        await until(
+            pilot, lambda: "executor-ops-2-77-abcdef" in workers.shown_keys(), "the other host's worker"
+        )
+        assert workers.cell_text("executor-ops-2-77-abcdef", "host") == "ops-2"
+        await until(pilot, lambda: "on 2 hosts" in str(workers.border_title), "the host count")
+
+
 async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
