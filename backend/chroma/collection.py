@@ -33,6 +33,7 @@ import numpy as np
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable, EmbedderMismatch
 from backend.core.settings import Settings
+from backend.models.errors import ModelError
 
 log = logging.getLogger("rem.chroma_store")
 
@@ -80,6 +81,10 @@ def _is_transport_error(exc: BaseException) -> bool:
 
 def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
     return collection.get(include=[], limit=limit, offset=offset)
+
+
+class EmbeddingFailed(ChromaUnreachable):
+    """The embedding model failed: like an unreachable Chroma, the write waits and is retried."""
 
 
 class ChromaStore:
@@ -204,12 +209,21 @@ class ChromaStore:
         if not ids:
             return
         texts = list(embed_texts if embed_texts is not None else documents)
+        # in a thread: the first call loads the model; a model embedder waits on the network
+        # (and on its retries' backoff)
+        try:
+            embeddings = await asyncio.to_thread(self.embedder.embed, texts)
+        except ModelError as exc:
+            raise EmbeddingFailed(
+                f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "
+                "and the staged receipts are replayed once it answers"
+            ) from exc
 
         def write(c: Any) -> None:
             c.upsert(
                 ids=list(ids),
                 documents=list(documents),
-                embeddings=self.embedder.embed(texts),  # in the thread: the first call loads the model
+                embeddings=embeddings,
                 # None: rows without metadata (Chroma refuses an empty dict, which stays refused)
                 metadatas=None if metadatas is None else [dict(m) for m in metadatas],
             )

@@ -11,8 +11,58 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from backend.ops.records import ReplayReport, Status
+from backend.models.health import ModelState
+from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0.01:
+        return f"${value:.6f}"
+    return f"${value:,.4f}" if value < 100 else f"${value:,.2f}"
+
+
+def _tokens(tokens: dict[str, int]) -> str:
+    cache = tokens.get("cache_read", 0) + tokens.get("cache_write", 0)
+    parts = [f"in {tokens.get('input', 0):,}", f"out {tokens.get('output', 0):,}"]
+    if tokens.get("reasoning"):
+        parts.append(f"reasoning {tokens['reasoning']:,}")
+    if cache:
+        parts.append(f"cache {tokens.get('cache_read', 0):,}r/{tokens.get('cache_write', 0):,}w")
+    return " ".join(parts)
+
+
+MODEL_TONE = {ModelState.OK: "green", ModelState.DEGRADED: "yellow", ModelState.DOWN: "red"}
+
+
+def model_lines(model: ModelHealth) -> list[str]:
+    """The model-health block of `rem status`, in rich markup."""
+    state = model["state"]
+    if state == ModelState.UNUSED:
+        return ["Model: none used (offline defaults)"]
+    where = ", ".join(model["endpoints"]) or "-"
+    head = f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({', '.join(model['models']) or '-'})"
+    if state == ModelState.IDLE:
+        return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
+    errors = ", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items()))
+    ttft = (
+        f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
+        if model["ttft_ms_p50"] is not None
+        else "-"
+    )
+    lines = [
+        head,
+        f"  last {model['window_ms'] // 60_000} min: {model['requests']} requests, {model['errors']} errors "
+        f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
+        f"time to first token {ttft}",
+    ]
+    last = model["last_error"]
+    if last:
+        lines.append(f"  last error: {last['error_class']} {escape(last['message'] or '')}".rstrip())
+    return lines
+
 
 STATUS_ROWS = 20  # rows per list; `--json` has them all
 
@@ -38,6 +88,7 @@ def print_status(result: Status) -> None:
         + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
         + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
     )
+    _print_model(console, result)
     _print_rows(
         console,
         "Leases",
@@ -95,6 +146,95 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
     console.print(table)
     if len(rows) > STATUS_ROWS:
         console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
+
+
+def _print_model(console: Console, result: Status) -> None:
+    """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
+    for line in model_lines(result["model"]):
+        console.print(line)
+    for held in result["backlog"]["held"]:
+        console.print(
+            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {held['session_id']}` once fixed"
+        )
+    _print_usage(console, result)
+
+
+def _print_usage(console: Console, result: Status) -> None:
+    usage = result["usage"]
+    total = usage["total"]
+    if not total["sessions"]:
+        return
+    console.print(
+        f"Usage: {total['sessions']:,} sessions, {_tokens(total['tokens'])}, cost {_money(total['cost'])}"
+    )
+    table = Table("session", "model", "turns", "tokens", "cost", "last model error", box=None)
+    for row in usage["sessions"][:STATUS_ROWS]:
+        error = row["last_error"] or {}
+        table.add_row(
+            row["session_id"],
+            escape(row["model"] or "-"),
+            str(row["turns"]),
+            _tokens(row["tokens"]),
+            _money(row["cost"]),
+            str(error.get("class") or "") + (" (held)" if row["held"] else ""),
+        )
+    console.print(table)
+
+
+def print_transcript(result: dict[str, Any]) -> None:
+    """`rem show`: the session's header, then each message with its markers and usage."""
+    console = Console(highlight=False)
+    session = result["session"]
+    console.print(
+        f"[bold]{session['id']}[/] {session['title'] or ''}  project {session['project']}, {session['turn_count']} turns, "
+        f"{session['message_count']} messages; {session['model'] or 'no model'}: "
+        f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
+    )
+    if session["held_at"]:
+        console.print(f"[red]held[/]: {session['held_reason']}; `rem resume {session['id']}` once fixed")
+    if session["model_error"]:
+        error = session["model_error"]
+        console.print(f"last model error: {error.get('class')} {error.get('message') or ''}", markup=False)
+    for message in result["messages"]:
+        _print_message(console, message)
+    for waiting in result["waiting"]:
+        asleep = " (asleep: session held)" if waiting["asleep"] else ""
+        console.print(f"[dim]waiting[/] {waiting['id']} {waiting['delivery']}{asleep}: {waiting['text']}")
+    if result["execution"]:
+        ex = result["execution"]
+        console.print(
+            f"[yellow]running[/] {ex['id']} owner {ex['owner_id']} epoch {ex['epoch']} phase {ex['phase']}"
+        )
+
+
+def _print_message(console: Console, message: dict[str, Any]) -> None:
+    role = message["type"]
+    marker = f" [yellow]\\[{message['marker']}][/]" if message.get("marker") else ""
+    head = f"[bold]#{message['seq']} {role}[/] {message['id']}{marker}"
+    extra = []
+    if message.get("usage"):
+        extra.append(_tokens(message["usage"]))
+    if "cost" in message:
+        extra.append(_money(message["cost"]))
+    if message.get("ttft_ms") is not None:
+        extra.append(f"first token {message['ttft_ms']:.0f} ms")
+    if message.get("reask"):
+        extra.append(f"re-asked after {message['reask']}")
+    if role == "assistant" and message["parts"]:
+        extra.append(f"{len(message['parts'])} parts")
+    console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
+    console.print(f"  {message['text']}", markup=False)
+    error = message.get("error")
+    if isinstance(error, dict):
+        console.print(f"  [red]{error.get('class')}[/]: {error.get('message')}")
+    memory = message.get("memory") or {}
+    reused = " (reused after recovery)" if memory.get("reused") else ""
+    for item in memory.get("items") or []:
+        console.print(
+            f"  [cyan]memory[/] {item['kind']} {item['id']} ({item['session_id']}, {item['score']:.2f})"
+            f"{reused}: {escape(str(item['text'])[:120])}"
+        )
 
 
 def print_check(result: dict[str, Any]) -> None:
@@ -308,28 +448,3 @@ def print_import(result: dict[str, Any]) -> None:
     if result["sessions_skipped"]:
         shown = ", ".join(result["sessions_skipped"][:10])
         console.print(f"  sessions left out whole: {shown}", markup=False, highlight=False)
-
-
-def print_session(result: dict[str, Any]) -> None:
-    console = Console()
-    session, dream = result["session"], result["dream"] or {}
-    console.print(
-        f"[bold]session {session['id']}[/] in project {session['project']}: {session['message_count']} "
-        f"message(s); Dream {dream.get('digest_state', '-')}, indexed {dream.get('indexed_revision') or '-'}",
-        highlight=False,
-    )
-    for message in result["messages"]:
-        data = message["data"] if isinstance(message["data"], dict) else {}
-        status = f" ({data['status']})" if data.get("status") else ""
-        who = data.get("speaker") or message["type"]
-        text = escape(str(data.get("text", "")))
-        console.print(f"[dim]{message['seq']:>4}[/] [bold]{escape(who)}[/]{status}: {text}", highlight=False)
-        memory = data.get("memory") or {}
-        for item in memory.get("items") or []:
-            reused = " (reused after recovery)" if memory.get("reused") else ""
-            console.print(
-                f"       [cyan]memory[/] {item['kind']} {item['id']} ({item['session_id']}, "
-                f"{item['score']:.2f}){reused}: {escape(item['text'][:120])}",
-                highlight=False,
-                markup=True,
-            )

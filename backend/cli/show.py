@@ -1,4 +1,4 @@
-"""`rem show`: a session's transcript, with the memory each step was given."""
+"""`rem show`: one session's transcript, with usage, cost, model errors and recovery markers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_session
+from backend.cli.render import print_transcript
 
 
 def register(app: typer.Typer) -> None:
@@ -16,18 +16,18 @@ def register(app: typer.Typer) -> None:
 
 
 def show(
-    session: Annotated[str, typer.Argument(help="The session id.", show_default=False)],
-    limit: Annotated[int, typer.Option("--limit", help="The newest N messages.")] = 200,
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session to show.")],
+    last: Annotated[int, typer.Option("--last", min=0, help="Only the last N messages (0: all).")] = 0,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
-    """Show a session's transcript: messages, recovery markers, and the memory each step was given.
+    """Show a session's transcript: messages, parts, each reply's usage, cost and model error, recovery markers.
 
-    Example: rem show s1 --limit 20
+    Example: rem show demo-billing-1 --last 10
     """
     ctx = common.make_context(data, None, read_only=True)
-    result = common.run(lambda: common.with_context(ctx, lambda c: ops.show_session(c, session, limit=limit)))
+    result = common.run(lambda: common.with_context(ctx, lambda c: ops.show(c, session_id, last=last)))
     if json:
         common.emit_json(result)
     else:
-        print_session(result)
+        print_transcript(result)

@@ -15,12 +15,13 @@ import json
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.execution.leases import UNSAFE_NO_FENCING
+from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
 from backend.store.db import Conn
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
-# superseded (closed by a newer turn or a recovery), error (the agent failed).
+# superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
+# the next step re-asks), error (the agent failed).
 ANSWERED = ("completed", "error")
 
 
@@ -74,9 +75,13 @@ def supersede_open_sync(conn: Conn, session_id: str, by: str, now: int) -> list[
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
+    # a streaming row's text lives in its parts (flushes never rewrite the row): closing
+    # it records the text that was durable, so the transcript shows what was cut off
     rows = conn.execute(
         "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
-        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by) "
+        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by, '$.text', "
+        "(SELECT coalesce(group_concat(json_extract(p.data, '$.text'), ''), '') FROM "
+        "(SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY idx) AS p)) "
         "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
@@ -103,6 +108,56 @@ def write_parts_sync(
             for i, text in enumerate(parts)
         ],
     )
+
+
+# Streamed parts, many sessions' at once, in ONE statement: each row fenced on its own
+# lease in the insert itself (no write to the lease rows: the renewal loop keeps them), so
+# a lost lease drops only its own rows. One statement matters: the database thread
+# retakes the GIL after every SQLite call, and on a busy event loop each retake waits.
+PARTS_SQL = f"""
+INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data)
+SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', j.value ->> 'idx', 'text', :now,
+       j.value ->> 'data'
+FROM json_each(:rows) AS j
+WHERE EXISTS (SELECT 1 FROM session_execution AS e WHERE e.id = j.value ->> 'eid'
+              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = j.value ->> 'epoch'"})
+"""
+WRITTEN_SQL = """
+SELECT json_group_array(id) FROM session_part
+WHERE id IN (SELECT j.value ->> 'pid' FROM json_each(:rows) AS j)
+"""
+
+
+def part_row(lease: Lease, message_id: str, idx: int, text: str) -> dict[str, Any]:
+    """One part for `write_fenced_parts_sync`: its id, place, text and the lease that must still hold."""
+    return {
+        "pid": f"{message_id}:p{idx}",
+        "mid": message_id,
+        "sid": lease.session_id,
+        "idx": idx,
+        # encoded here, not by SQLite: its text functions stop at a NUL character
+        "data": dumps({"text": text}),
+        "eid": lease.execution_id,
+        "owner": lease.owner_id,
+        "epoch": lease.epoch,
+    }
+
+
+def write_fenced_parts_sync(conn: Conn, rows: list[dict[str, Any]], now: int) -> set[str]:
+    """Insert the parts whose lease still holds; returns the ids written (the rest: lease lost)."""
+    payload = dumps(rows)
+    written = conn.execute(PARTS_SQL, {"rows": payload, "now": now}).rowcount
+    if written == len(rows):
+        return {row["pid"] for row in rows}
+    return set(json.loads(conn.execute(WRITTEN_SQL, {"rows": payload}).fetchone()[0]))
+
+
+def write_fenced_part_sync(conn: Conn, lease: Lease, message_id: str, idx: int, text: str, now: int) -> None:
+    """Append one streamed part if `lease` is still held, else raise LeaseLost (nothing written)."""
+    if not write_fenced_parts_sync(conn, [part_row(lease, message_id, idx, text)], now):
+        raise LeaseLost(
+            f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
+        )
 
 
 def update_owned_assistant_sync(conn: Conn, message_id: str, data: dict[str, Any], now: int) -> None:

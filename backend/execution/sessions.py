@@ -142,10 +142,13 @@ def admit_sync(
         raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
     created = ensure_session_sync(conn, session_id, now, project)
     seq = reserve_seqs_sync(conn, session_id, 1, now, inputs=1)
+    # a held session (a model error an operator must fix) admits its inputs asleep: they
+    # wait, visible, and wake when the operator resumes it
     conn.execute(
         "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-        "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
-        (input_id, session_id, dumps({"text": text}), delivery, seq, now),
+        "wake_pending, wake_attempts, time_created) "
+        "VALUES (?, ?, ?, ?, ?, (SELECT held_at IS NULL FROM session WHERE id = ?), 0, ?)",
+        (input_id, session_id, dumps({"text": text}), delivery, seq, session_id, now),
     )
     append_event_sync(
         conn,
@@ -195,7 +198,7 @@ def _readmitted(row: Row, session_id: str, input_id: str, text: str, delivery: s
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def dumps(data: dict[str, Any]) -> str:
+def dumps(data: Any) -> str:
     """Compact JSON for the data columns (UTF-8 kept as is)."""
     return _ENCODER.encode(data)
 

@@ -8,7 +8,19 @@ and Dream leases.
 
 from __future__ import annotations
 
-from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
+from backend.ops.actions import (
+    LEASE_KINDS,
+    check,
+    chroma_health,
+    drain,
+    init,
+    release,
+    replay,
+    resume,
+    send,
+    show,
+    status,
+)
 from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
 from backend.ops.reindex import reindex
 
@@ -25,7 +37,9 @@ __all__ = [
     "reindex",
     "release",
     "replay",
+    "resume",
     "send",
+    "show",
     "show_session",
     "status",
 ]

@@ -351,6 +351,37 @@ def check_recall_index_sync(conn: Conn, report: Report) -> None:
     report.add(report.unsettled, "9", "turn vectors not written to Chroma yet", vectors_pending)
 
 
+# -- usage: a reply's tokens are counted with it, exactly once ---------------
+# (the sessions a model answered, from their partial index; each reply's usage is
+# written in the same transaction as its completion, so the totals always agree)
+SQL_USAGE_MISMATCH = """
+SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, s.tokens_cache_read,
+       s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
+FROM session AS s INDEXED BY session_usage_idx
+JOIN (SELECT session_id,
+             total(json_extract(data, '$.usage.input')) AS input,
+             total(json_extract(data, '$.usage.output')) AS output,
+             total(json_extract(data, '$.usage.reasoning')) AS reasoning,
+             total(json_extract(data, '$.usage.cache_read')) AS cache_read,
+             total(json_extract(data, '$.usage.cache_write')) AS cache_write
+      FROM session_message WHERE type = 'assistant' AND json_extract(data, '$.status') = 'completed'
+      GROUP BY session_id) AS r ON r.session_id = s.id
+WHERE (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
+  AND (s.tokens_input != r.input OR s.tokens_output != r.output OR s.tokens_reasoning != r.reasoning
+       OR s.tokens_cache_read != r.cache_read OR s.tokens_cache_write != r.cache_write)
+"""
+
+
+def check_usage_sync(conn: Conn, report: Report) -> None:
+    report.checked.append("usage")
+    report.add(
+        report.violations,
+        "usage",
+        "session token totals that differ from the sum of their replies' usage",
+        _rows_sync(conn, SQL_USAGE_MISMATCH),
+    )
+
+
 def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
@@ -358,6 +389,7 @@ def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     check_structure_sync(conn, report)
     check_inputs_sync(conn, report)
     check_projection_sync(conn, report)
+    check_usage_sync(conn, report)
     check_progress_sync(conn, report, now)
     check_recall_index_sync(conn, report)
     return report

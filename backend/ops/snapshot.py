@@ -17,6 +17,7 @@ from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import index_lag_sync
+from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -42,7 +43,12 @@ from backend.summaries.summarizer import JobStatus
 
 LIST_CAP = 500
 EVENT_TAIL = 100
-OPERATOR_KINDS = (EventKind.OPERATOR_REPLAY, EventKind.OPERATOR_DRAIN, EventKind.OPERATOR_RELEASE)
+OPERATOR_KINDS = (
+    EventKind.OPERATOR_REPLAY,
+    EventKind.OPERATOR_DRAIN,
+    EventKind.OPERATOR_RELEASE,
+    EventKind.OPERATOR_RESUME,
+)
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
 DREAM_COUNTED: tuple[DigestState, ...] = (
@@ -140,7 +146,7 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES}
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **model_health.QUERIES}
 LEASE_CAP = 5000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
@@ -226,6 +232,8 @@ def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
     return Backlog(
         inputs=inputs,
         inputs_total=counts["inputs_total"],
+        # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
+        held=model_health.held_sync(conn, now),
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
@@ -368,6 +376,8 @@ def snapshot_sync(conn: Conn, now: int | None = None) -> Snapshot:
         "dream_counts": drift_counts,
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
+        "model": model_health.model_health_sync(conn, now),
+        "usage": model_health.usage_sync(conn),
         "recent_actions": [_event(r) for r in _rows_sync(conn, "recent_actions")],
         "events": [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
         "counts": {
@@ -379,6 +389,7 @@ def snapshot_sync(conn: Conn, now: int | None = None) -> Snapshot:
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
+            "held": len(back["held"]),
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
     }

@@ -30,7 +30,10 @@ class EventKind(StrEnum):
     EXECUTION_TAKEN_OVER = "execution.taken_over"
     EXECUTION_HANDED_BACK = "execution.handed_back"
     EXECUTION_FAILED = "execution.failed"
+    EXECUTION_INTERRUPTED = "execution.interrupted"
     RECOVERY_PARKED = "recovery.parked"
+    MODEL_ERROR = "model.error"
+    SESSION_HELD = "session.held"
     SUMMARY_CLAIMED = "summary.claimed"
     SUMMARY_STAGED = "summary.staged"
     SUMMARY_COMPLETED = "summary.completed"
@@ -55,6 +58,7 @@ class EventKind(StrEnum):
     OPERATOR_RELEASE = "operator.release"
     MEMORY_REINDEXED = "memory.reindexed"
     MEMORY_IMPORTED = "memory.imported"
+    OPERATOR_RESUME = "operator.resume"
 
 
 def operator_name() -> str:

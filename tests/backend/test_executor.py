@@ -131,7 +131,7 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
     assert step is not None
     step.parts = OfflineResponder().compose(step.request)[:parts]
     if parts:
-        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, step.parts))
+        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, "".join(step.parts)))
     return dead, state, step.assistant_id
 
 

@@ -112,8 +112,19 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
             "s-papa": "summary_stale",
         }
         backlog = table(app, "backlog")
-        assert backlog.shown_keys()[0] == "rec:exe_0099"  # parked first
+        assert backlog.shown_keys()[:2] == ["held:s-tango", "rec:exe_0099"]  # held, then parked first
+        assert backlog.cell_text("held:s-tango", "what") == "held"
+        assert backlog.cell_text("held:s-tango", "detail").startswith("2 asleep · auth: HTTP 401")
         assert backlog.cell_text("rec:exe_0099", "what") == "parked"
+        sessions = table(app, "sessions")
+        assert sessions.shown_keys() == ["s:s-echo", "s:s-alpha", "s:s-bravo", "s:s-tango"]  # costliest first
+        assert sessions.cell_text("s:s-echo", "cost") == "$0.0644"
+        assert sessions.cell_text("s:s-echo", "tokens") == "351.9k"
+        assert sessions.cell_text("s:s-tango", "error") == "HELD auth"
+        assert sessions.cell_text("s:s-alpha", "error") == "rate_limited"
+        assert "1 held" in str(sessions.border_title) and sessions.has_class("-alert")
+        header = app.header.header_text().plain
+        assert "model DOWN (auth) 11% err 3 retries p95 1.8 s" in header
         assert backlog.cell_text("in:s-charlie", "detail") == "3 queued"
         workers = table(app, "workers")
         assert workers.cell_text(scenes.EXEC_B, "state") == "dead"
