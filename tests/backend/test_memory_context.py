@@ -47,6 +47,9 @@ async def test_a_step_is_given_its_projects_memory_and_records_it(ctx: Context, 
     assert 'From memory (Maya in session pets): "My dog Biscuit loves running' in reply["text"]
     shown = await ops.show_session(ctx, "new")
     assert shown["messages"][-1]["data"]["memory"] == memory  # what an operator sees
+    transcript = await ops.show(ctx, "new")  # `rem show`
+    assert transcript["session"]["project"] == "ops"
+    assert transcript["messages"][-1]["memory"] == memory
 
 
 async def test_the_sessions_own_recent_turns_are_left_out(ctx: Context, tmp_path: Path) -> None:

@@ -27,6 +27,17 @@ def test_import_then_recall_as_commands(tmp_path: Path, chroma_url: str, collect
     assert result["items"][0]["message_id"] == "f-1" and len(result["items"]) <= 2
     human = run_rem("recall", "sourdough bread", "--project", "ops", "--data", data, env=env)
     assert human.returncode == 0 and "sourdough" in human.stdout and "Traceback" not in human.stderr
+    # an agent's step is given that memory, and `rem show` prints what it was given
+    step_env = {**env, "REM_AGENT_DELAY_MS": "0"}
+    sent = run_rem(
+        "send", "new", "How is the dog doing on the beach?", "--project", "ops", "--data", data, env=step_env
+    )
+    assert sent.returncode == 0, sent.stderr
+    ran = run_rem("daemon", "--role", "executor", "--once", "--data", data, env=step_env)
+    assert ran.returncode == 0, ran.stderr
+    shown = run_rem("show", "new", "--data", data, env=step_env)
+    assert shown.returncode == 0, shown.stderr
+    assert "project ops" in shown.stdout and "memory turn p-1 (pets" in shown.stdout, shown.stdout
 
 
 def test_a_bad_import_line_exits_1_and_bad_recall_input_exits_2(tmp_path: Path) -> None:
