@@ -39,6 +39,7 @@ from tui.refresh import ApplyChain, RefreshScheduler, Ticker, WorkerGroup, new_e
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
+from tui.screens.recall import RecallScreen
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.backlog import BacklogTable
 from tui.widgets.banner import Banner
@@ -568,6 +569,11 @@ class ConsoleApp(App[None]):
         self.apply_snapshot(moment, now=int(recorded["time"]))
 
     # -- operator comforts ------------------------------------------------------------
+    def action_recall(self) -> None:
+        if self.backend is None:
+            return
+        self.push_screen(RecallScreen(self.backend.recall, describe_error=self.one_line))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 

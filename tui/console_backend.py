@@ -112,6 +112,10 @@ class ConsoleBackend:
             ops.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
         )
 
+    async def recall(self, query: str, project: str | None = None, k: int = 20) -> dict[str, Any]:
+        """Ranked memory items, as `rem recall` gives them (never starts Chroma: lexical without it)."""
+        return await self.loop.run(ops.recall(self.ctx, query, project=project, k=k))
+
     async def drain(self, owner_id: str) -> dict[str, Any]:
         return await self.loop.run(ops.drain(self.ctx, owner_id, wait=False))
 

@@ -28,6 +28,8 @@ SYNTHESIS_OWNED_KEYS: tuple[str, ...] = (
     "keywords",
     "dreamInputRevision",
     "summarizer",
+    # the session's project: recall finds summaries by it (`where={"project": ...}`)
+    "project",
 )
 
 # Written by Dream after synthesis; never in a receipt, never deleted by recovery.

@@ -61,6 +61,16 @@ class ChromaStartFailed(ChromaUnreachable):
     pass
 
 
+class EmbedderMismatch(ChromaUnreachable):
+    """A Chroma collection holding another embedder's vectors: unusable until `rem reindex`.
+
+    A ChromaUnreachable, so a daemon waits it out with backoff (a reindex swaps
+    the collection under it) instead of dying; the CLI exits 1, not 3.
+    """
+
+    exit_code = ExitCode.FAILED
+
+
 class NotChroma(ChromaUnreachable):
     """A URL that answers, but not as a Chroma server: a configuration mistake."""
 

@@ -25,19 +25,27 @@ from backend.ops.actions import (
     show,
     status,
 )
+from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
+from backend.ops.reindex import reindex
 
 __all__ = [
     "LEASE_KINDS",
     "check",
     "chroma_health",
     "drain",
+    "graph_neighbors",
+    "import_file",
     "init",
+    "list_projects",
     "metric_rules",
     "metrics",
+    "recall",
+    "reindex",
     "release",
     "replay",
     "resume",
     "send",
     "show",
+    "show_session",
     "status",
 ]

@@ -244,15 +244,27 @@ async def replay(
 
 
 async def send(
-    ctx: Context, session_id: str, text: str, *, delivery: str = Delivery.QUEUE, input_id: str | None = None
+    ctx: Context,
+    session_id: str,
+    text: str,
+    *,
+    delivery: str = Delivery.QUEUE,
+    input_id: str | None = None,
+    project: str | None = None,
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions
 
     ctx.require_writable("send")
-    sessions.validate_input(session_id, text, delivery, input_id)
+    sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
-        await ctx.db(), session_id, text, delivery=delivery, input_id=input_id, actor=ctx.operator
+        await ctx.db(),
+        session_id,
+        text,
+        delivery=delivery,
+        input_id=input_id,
+        actor=ctx.operator,
+        project=project,
     )
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store.db import Conn
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
@@ -131,6 +132,7 @@ SELECT m.session_id, m.id AS message_id, m.seq FROM session_message AS m
 LEFT JOIN session_input AS i ON i.id = m.id
 WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
   AND (i.id IS NULL OR i.promoted_seq IS NULL)
+  AND json_extract(m.data, '$.imported') IS NULL
 """
 # each session's highest seq in use, from three index seeks (never a scan of its rows)
 SQL_SEQ_AHEAD_OF_SEQUENCE = """
@@ -235,6 +237,8 @@ FROM session_message AS u
 LEFT JOIN answered AS a ON a.session_id = u.session_id AND a.input_id = u.id
 LEFT JOIN session_execution AS e ON e.session_id = u.session_id
 WHERE u.session_id > :lo AND u.session_id <= :hi AND u.type = 'user' AND a.input_id IS NULL
+  -- imported conversations (`rem import`) were never inputs: no reply is owed
+  AND json_extract(u.data, '$.imported') IS NULL
 """
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
@@ -370,6 +374,73 @@ def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
+# -- invariant 9: every raw turn up to a session's current revision is in the recall index --
+SQL_ALL_RAW_TURNS = """
+SELECT session_id, id, type, time_created, data FROM session_message
+WHERE type IN ('user', 'assistant') ORDER BY session_id
+"""
+SQL_INDEX_ROWS = "SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn"
+
+
+def _fts_rowids_sync(conn: Conn, projects: set[str]) -> set[tuple[str, int]]:
+    """(project, rowid) of every row in the projects' FTS5 tables (a missing table holds none)."""
+    tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
+    held: set[tuple[str, int]] = set()
+    for project in sorted(projects):
+        table = fts_table(project)
+        if table in tables:
+            held.update((project, r[0]) for r in conn.execute(f"SELECT rowid FROM {table}"))
+    return held
+
+
+def _raw_turn_ids_by_session(conn: Conn) -> dict[str, tuple[str, set[str]]]:
+    """Each session's current raw revision and the ids of the raw turns it covers."""
+    from backend.store.revision import compute_revision, turn_record
+
+    records: dict[str, list[dict[str, Any]]] = {}
+    for sid, mid, kind, created, data in conn.execute(SQL_ALL_RAW_TURNS):
+        parsed = json.loads(data)
+        record = turn_record(mid, kind, created, parsed if isinstance(parsed, dict) else {})
+        if record is not None:
+            records.setdefault(sid, []).append(record)
+    return {sid: (compute_revision(rs), {r["id"] for r in rs}) for sid, rs in records.items()}
+
+
+def check_recall_index_sync(conn: Conn, report: Report) -> None:
+    """Invariant 9, on state.db: the FTS5 side covers each session's indexed revision exactly."""
+    report.checked.append("recall_index")
+    raw = _raw_turn_ids_by_session(conn)
+    published = {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT session_id, input_revision, indexed_revision FROM dream_state")
+    }
+    rows: dict[str, list[dict[str, Any]]] = {}
+    no_fts, vectors_pending = [], []
+    index_rows = _rows_sync(conn, SQL_INDEX_ROWS)
+    fts_rows = _fts_rowids_sync(conn, {r["project"] for r in index_rows})
+    for r in index_rows:
+        rows.setdefault(r["session_id"], []).append(r)
+        if (r["project"], r["id"]) not in fts_rows:
+            no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+        if r["vector_digest"] != r["digest"]:
+            vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+    missing, extra, behind = [], [], []
+    for sid, (revision, turn_ids) in raw.items():
+        held = {r["message_id"] for r in rows.get(sid, [])}
+        current, indexed = published.get(sid, (None, None))
+        if current is not None and indexed != current:
+            behind.append({"session_id": sid, "published": current, "indexed": indexed})
+        if indexed != revision:
+            continue  # the raw turns moved on (or were never published): coverage is checked at the revision
+        missing += [{"session_id": sid, "message_id": m} for m in sorted(turn_ids - held)]
+        extra += [{"session_id": sid, "message_id": m} for m in sorted(held - turn_ids)]
+    report.add(report.violations, "9", "raw turns missing from the recall index at its revision", missing)
+    report.add(report.violations, "9", "recall index rows for turns that are not raw turns", extra)
+    report.add(report.violations, "9", "recall index rows without their FTS5 row", no_fts)
+    report.add(report.unsettled, "9", "recall index behind the session's published revision", behind)
+    report.add(report.unsettled, "9", "turn vectors not written to Chroma yet", vectors_pending)
+
+
 # -- usage: a reply's tokens are counted with it, exactly once ---------------
 # (the sessions a model answered, from their partial index; each reply's usage is
 # written in the same transaction as its completion, so the totals always agree)
@@ -414,6 +485,7 @@ def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     while lo is not None:
         lo, _ = check_sessions_sync(conn, report, lo)
     check_progress_sync(conn, report, now)
+    check_recall_index_sync(conn, report)
     report.ordered()
     return report
 
@@ -441,6 +513,8 @@ async def check_database_in_batches(
         done += n
     tell("sessions", done, max(done, total))
     await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
+    # invariant 9 (issue 16) reads the recall index whole: one read, not batched yet
+    await db.read_in_thread(lambda conn: check_recall_index_sync(conn, report))
     report.ordered()
     return report
 
@@ -457,6 +531,7 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
     try:
         await _check_receipts(ctx, db, report)
         await _check_dream_overlay(ctx, db, report)
+        await _check_turn_vectors(ctx, db, report)
     except ChromaUnreachable as exc:
         report.add(
             report.violations,
@@ -539,6 +614,19 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
                 )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
     report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
+
+
+async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
+    """Invariant 9, Chroma side: every vector state.db marks as written is in the turn collection."""
+    marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
+    if not marked:
+        return  # nothing to compare: Chroma is not asked at all
+    in_chroma: set[str] = set()
+    projects = await db.fetchall("SELECT DISTINCT project FROM memory_turn WHERE vector_digest IS digest")
+    for (project,) in projects:
+        in_chroma.update(await ctx.turn_store(project).all_ids())
+    lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
+    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:

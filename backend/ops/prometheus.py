@@ -4,9 +4,8 @@ Every value is read from one `status()` snapshot, never from a second query,
 so a scrape and `rem status --json` taken from the same snapshot agree
 (tests/backend/test_metrics.py parses the exposition with prometheus_client's
 own parser and compares). A family is added here once the snapshot carries
-its figures (the recall index lag of issue 16 is not in it yet), never
-reported as a made-up zero: a time-to-first-token quantile with no request in
-the window has no sample. Label values are bounded: kinds, roles, states, verdicts
+its figures, never reported as a made-up zero: a time-to-first-token
+quantile with no request in the window has no sample. Label values are bounded: kinds, roles, states, verdicts
 and classes are fixed sets; the per-worker heartbeat gauge has one series per
 listed worker (live ones, and those stopped in the last ten minutes).
 """
@@ -185,6 +184,35 @@ def _chroma_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     yield info
 
 
+def _recall_index_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """How far the recall index is behind Dream's published revisions (issue 16)."""
+    index = status["backlog"]["index"]
+    yield _gauge(
+        "rem_recall_index_sessions_behind",
+        "Sessions whose published revision the recall index has not indexed yet.",
+        [],
+        [([], index["sessions_behind"])],
+    )
+    yield _gauge(
+        "rem_recall_index_oldest_behind_seconds",
+        "Age of the oldest published revision not indexed yet (0: none).",
+        [],
+        [([], _seconds(index["oldest_ms"]))],
+    )
+    yield _gauge(
+        "rem_recall_vectors_pending",
+        "Indexed turns whose vector is not in Chroma yet.",
+        [],
+        [([], index["vectors_pending"])],
+    )
+    yield _gauge(
+        "rem_recall_turns_indexed_approx",
+        "Turn rows ever indexed (the highest row id: approximate, O(1)).",
+        [],
+        [([], index["turns_indexed_approx"])],
+    )
+
+
 def _model_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     """The model endpoint over its recent window, the sessions it holds, and tokens and cost."""
     model = status["model"]
@@ -276,6 +304,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _throughput_families,
         _chroma_families,
         _model_families,
+        _recall_index_families,
     ):
         out.extend(produce(status))
     return out

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 
 from backend.dream.digester import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
+from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
@@ -117,6 +118,8 @@ class Backlog(TypedDict):
     recoveries: list[RecoveryBacklog]
     summary_jobs: SummaryJobs
     dream: DreamBacklog
+    # the recall index's lag (backend.memory.index.index_lag_sync)
+    index: IndexLag
 
 
 class LeaseRecord(TypedDict):

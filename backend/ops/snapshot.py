@@ -28,6 +28,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
+from backend.memory.index import index_lag_sync
 from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
@@ -293,6 +294,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
+        index=index_lag_sync(conn, now),
     )
 
 

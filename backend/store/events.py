@@ -56,6 +56,8 @@ class EventKind(StrEnum):
     OPERATOR_REPLAY = "operator.replay"
     OPERATOR_DRAIN = "operator.drain"
     OPERATOR_RELEASE = "operator.release"
+    MEMORY_REINDEXED = "memory.reindexed"
+    MEMORY_IMPORTED = "memory.imported"
     OPERATOR_RESUME = "operator.resume"
 
 

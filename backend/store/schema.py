@@ -353,8 +353,47 @@ CREATE INDEX event_operator_idx ON event(id)
     WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release', 'operator.resume');
 """
 
+# v4: memory that can be recalled (backend.memory). Sessions belong to a project
+# (seed 004's session table has project/workspace fields; default `default`).
+# `memory_turn` is the recall index of raw turns (one row per user prompt or
+# completed assistant reply), written by Dream per revision under its lease.
+# Its lexical side is one FTS5 table per project (`memory_fts_p<hash>`, rowid =
+# memory_turn.id, created by the index writer with the project's first turn:
+# `backend.memory.text.fts_table`), its dense side one Chroma turn collection
+# per project. `dream_state.indexed_revision`
+# is the revision the index covers (DESIGN invariant 9).
+V4 = """
+ALTER TABLE session ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX session_project_idx ON session(project, time_updated);
+ALTER TABLE dream_state ADD COLUMN indexed_revision TEXT;
+ALTER TABLE dream_state ADD COLUMN time_indexed INTEGER;
+CREATE INDEX dream_state_index_lag_idx ON dream_state(time_published, session_id)
+    WHERE input_revision IS NOT NULL AND indexed_revision IS NOT input_revision;
+
+CREATE TABLE memory_turn (
+    id            INTEGER PRIMARY KEY,
+    message_id    TEXT NOT NULL UNIQUE,
+    session_id    TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+    project       TEXT NOT NULL,
+    -- position in the session's canonical turn order (time, then id)
+    ord           INTEGER NOT NULL,
+    role          TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    speaker       TEXT NOT NULL DEFAULT '',
+    time          INTEGER NOT NULL,
+    -- hash of everything indexed for the turn (FTS columns, dense text, metadata): the diff key
+    digest        TEXT NOT NULL,
+    -- the digest whose vector is in the Chroma turn collection (NULL: not written yet)
+    vector_digest TEXT,
+    revision      TEXT NOT NULL,
+    time_indexed  INTEGER NOT NULL
+);
+CREATE INDEX memory_turn_session_idx ON memory_turn(session_id, ord);
+CREATE INDEX memory_turn_vector_pending_idx ON memory_turn(session_id)
+    WHERE vector_digest IS NOT digest;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3]
+MIGRATIONS: list[str] = [V1, V2, V3, V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -142,6 +142,11 @@ async def test_every_metric_equals_the_status_snapshot_it_came_from(
     for kind, n in usage["tokens"].items():
         assert _get(values, "rem_model_tokens", kind=kind) == n
     assert _get(values, "rem_model_cost") == pytest.approx(usage["cost"])
+    index = status["backlog"]["index"]
+    assert _get(values, "rem_recall_index_sessions_behind") == index["sessions_behind"]
+    assert _get(values, "rem_recall_index_oldest_behind_seconds") == index["oldest_ms"] / 1000
+    assert _get(values, "rem_recall_vectors_pending") == index["vectors_pending"]
+    assert _get(values, "rem_recall_turns_indexed_approx") == index["turns_indexed_approx"]
     assert _get(values, "rem_chroma_up") == int(status["chroma"]["healthy"])
     assert _get(values, "rem_sessions") == status["counts"]["sessions"]
     assert _get(values, "rem_up") == 1
