@@ -13,8 +13,10 @@ from backend.core import clock, faults
 from backend.execution import sessions
 from backend.execution.agent import OfflineResponder
 from backend.execution.executor import Executor
+from backend.execution.openai_agent import MEMORY_HEADER, OpenAIAgent
 from backend.runtime.context import Context
 from tests.backend.test_recall import settle, write_jsonl
+from tests.fake_openai import FakeOpenAIServer
 
 LEASE = 2_000
 
@@ -99,3 +101,21 @@ async def test_a_recovered_step_reuses_the_memory_it_was_given(
     assert old["status"] == "superseded" and recovered["status"] == "completed"
     assert recovered["memory"] == {**interrupted["memory"], "reused": True}
     assert "I baked sourdough bread" in recovered["text"]
+
+
+async def test_the_model_agent_is_sent_the_recalled_memory_with_its_provenance(
+    ctx: Context, tmp_path: Path, fake_model: FakeOpenAIServer
+) -> None:
+    await _ready(ctx, tmp_path)
+    db = await ctx.db()
+    await sessions.admit(db, "new", "How is the dog doing on the beach?", input_id="q1", project="ops")
+    await Executor(ctx, once=True, agent=OpenAIAgent(), lease_ms=LEASE).run()
+    [reply] = await _assistants(ctx, "new")
+    items = reply["memory"]["items"]
+    assert items and items[0]["id"] == "p-1"
+    sent = fake_model.requests()[0].messages
+    assert [m["role"] for m in sent] == ["system", "system", "user"]
+    lines = sent[1]["content"].splitlines()
+    assert lines[0] == MEMORY_HEADER and len(lines) == 1 + len(items)  # every recalled item, in order
+    assert lines[1] == f"- [turn, Maya, session pets] {items[0]['text']}"
+    assert "My dog Biscuit loves running" in lines[1]
