@@ -28,7 +28,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
-from backend.memory.index import index_lag_sync
+from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
@@ -254,6 +254,15 @@ def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
     return [by_session[s] for s in sessions]
 
 
+def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
+    """The recall index's lag: read with the rows (until a commit), its age moved with the clock."""
+    read = cache.rows.get("index_lag")
+    if read is None:
+        read = cache.rows["index_lag"] = (index_lag_sync(conn, now), now)
+    lag, at = read
+    return {**lag, "oldest_ms": lag["oldest_ms"] + (now - at) if lag["oldest_ms"] else 0}
+
+
 def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: int) -> Backlog:
     inputs: list[InputBacklog] = [
         {
@@ -294,7 +303,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
-        index=index_lag_sync(conn, now),
+        index=_index_lag_sync(conn, cache, now),
     )
 
 
@@ -493,6 +502,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
     rows["usage"] = model_health.usage_sync(conn)
+    rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
