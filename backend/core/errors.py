@@ -35,6 +35,10 @@ class SchemaTooNew(RemError):
     """state.db was written by a newer rem."""
 
 
+class SchemaTooOld(RemError):
+    """state.db has an older schema and this open may not migrate it (read-only)."""
+
+
 class DatabaseCorrupt(RemError):
     """state.db is not a readable SQLite database."""
 

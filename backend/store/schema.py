@@ -12,7 +12,7 @@ import logging
 import aiosqlite
 
 from backend.core import clock
-from backend.core.errors import DataDirError, SchemaTooNew
+from backend.core.errors import DataDirError, SchemaTooNew, SchemaTooOld
 from backend.store.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
 
 log = logging.getLogger("rem.schema")
@@ -436,6 +436,14 @@ async def refuse_unusable(db: Database) -> None:
     if current == 0:
         refuse_foreign(db.path, current, [r["name"] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
         raise DataDirError(f"{db.path} has no rem schema yet; run `rem init --data {db.path.parent}`")
+    if current < SCHEMA_VERSION:
+        # a read-only open writes nothing, so it cannot migrate, and this rem's queries name
+        # tables and indexes the older schema lacks: say so instead of failing on one of them
+        raise SchemaTooOld(
+            f"{db.path} has schema version {current}, older than this rem reads ({SCHEMA_VERSION}); "
+            f"run `rem init --data {db.path.parent}` to migrate it (that writes), or read it with the "
+            "rem that wrote it"
+        )
 
 
 def _refuse_newer(db: Database, current: int) -> None:
