@@ -84,7 +84,7 @@ COUNT_QUERIES: dict[str, str] = {
     "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
     "dream_pending": "SELECT count(*) FROM dream_state "
     "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
-    **{f"dream_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'" for s in DREAM_COUNTED},
+    **{f"dream_state_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'" for s in DREAM_COUNTED},
     **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in ReceiptVerdict},
     "receipt_unchecked": "SELECT count(*) FROM summary_job "
     "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
@@ -293,7 +293,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
         failed_rows=[cast(FailedSummary, dict(r)) for r in cache.rows["summary_failed"]],
     )
     by_state: dict[DigestState, int] = {
-        s: counts[f"dream_{s}"] for s in DREAM_COUNTED if s is not DigestState.LEGACY
+        s: counts[f"dream_state_{s}"] for s in DREAM_COUNTED if s is not DigestState.LEGACY
     }
     return Backlog(
         inputs=inputs,
@@ -420,9 +420,9 @@ def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftReco
         by_class[d["class"]] += 1
     # the listed rows are capped; the totals of the big classes come from the counts
     by_class[DriftClass.SUMMARY_STALE] = counts["summary_stale"]
-    by_class[DriftClass.LEGACY_ONLY] = counts["dream_legacy"]
-    by_class[DriftClass.DEFERRED] = counts["dream_deferred"]
-    by_class[DriftClass.UNDIGESTIBLE] = counts["dream_undigestible"]
+    by_class[DriftClass.LEGACY_ONLY] = counts["dream_state_legacy"]
+    by_class[DriftClass.DEFERRED] = counts["dream_state_deferred"]
+    by_class[DriftClass.UNDIGESTIBLE] = counts["dream_state_undigestible"]
     return drift, by_class
 
 
@@ -538,7 +538,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
         ),
         "dream_drift": list(drift),
         "dream_counts": dict(drift_counts),
-        "legacy_only": counts["dream_legacy"],
+        "legacy_only": counts["dream_state_legacy"],
         "workers": worker_view,
         "model": model_health.model_health_sync(conn, now),
         "usage": rows["usage"],

@@ -63,8 +63,7 @@ TOTALS_QUERIES: dict[str, str] = {
     "oldest_dream": """
         SELECT min(time_published) FROM dream_state
         WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
-    # the snapshot's own "dream_pending" count is overwritten by digest_state = 'pending'
-    # (a key reused in its COUNT_QUERIES); Dream's backlog is every revision not digested
+    # Dream's backlog: every published revision not digested yet (the snapshot's dream_pending)
     "dream_drifting": """
         SELECT count(*) FROM dream_state
         WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
