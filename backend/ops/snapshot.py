@@ -84,7 +84,10 @@ COUNT_QUERIES: dict[str, str] = {
     "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
     "dream_pending": "SELECT count(*) FROM dream_state "
     "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
-    **{f"dream_state_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'" for s in DREAM_COUNTED},
+    **{
+        f"dream_state_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
+        for s in DREAM_COUNTED
+    },
     **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in ReceiptVerdict},
     "receipt_unchecked": "SELECT count(*) FROM summary_job "
     "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
