@@ -17,13 +17,11 @@ as a server and every process talks to it over HTTP. The lock protocol:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from backend.core import private
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
 from backend.core.settings import settings
@@ -42,7 +41,6 @@ log = logging.getLogger("rem.chroma_server")
 
 HEARTBEAT_PATH = "/api/v2/heartbeat"
 START_TIMEOUT_S = 60.0
-_PR_SET_PDEATHSIG = 1
 
 
 def external_url(explicit: str | None = None) -> str | None:
@@ -116,13 +114,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def die_with_parent_preexec() -> None:
-    """preexec_fn: the child gets SIGTERM when the spawning thread's process dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -233,7 +224,8 @@ def resolve(
 def try_start(data: DataDir, *, die_with_parent: bool = True) -> ChromaServer | None:
     """Take the lock and start `chroma run`; None when another process holds the lock."""
     data.ensure()
-    fd = os.open(data.chroma_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    # private (0600): another user who could open the lock could take it and stand in for the server
+    fd = os.open(data.chroma_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, private.FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -255,7 +247,7 @@ def _preferred_port(data: DataDir) -> int:
 
 
 def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaServer:
-    data.chroma_dir.mkdir(parents=True, exist_ok=True)
+    private.make_private_dir(data.chroma_dir)
     port = _preferred_port(data)
     url = f"http://127.0.0.1:{port}"
     log_path = data.logs / "chroma.log"
@@ -267,7 +259,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
         RUST_LOG=settings.chroma_log,
     )
     cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
-    with open(log_path, "ab") as log_file:
+    with data.open_log("chroma.log") as log_file:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -276,7 +268,8 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
             pass_fds=(lock_fd,),
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent_preexec if die_with_parent else None,
+            cwd=data.root,
+            preexec_fn=private.private_child_dying_with_parent if die_with_parent else private.private_child,
         )
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, "started_at": time.time()}).encode(), 0)
@@ -286,9 +279,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     except BaseException:
         server.stop(timeout=5)
         raise
-    tmp = data.chroma_url_file.with_suffix(".url.tmp")
-    tmp.write_text(url + "\n")
-    tmp.replace(data.chroma_url_file)
+    private.write_private_text(data.chroma_url_file, url + "\n")
     log.info("started chroma server pid %s at %s for %s", proc.pid, url, data.chroma_dir)
     return server
 

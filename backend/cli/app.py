@@ -26,6 +26,7 @@ from backend.cli import (
     status,
     up,
 )
+from backend.core import private
 from backend.core.errors import ExitCode, RemError
 from backend.core.settings import settings, validate
 
@@ -67,6 +68,7 @@ for command in (init, up, daemon, send, status, replay, drain, release, check, c
 
 def main(argv: list[str] | None = None) -> int:
     """Run `rem`; user errors print one line on stderr and map to an exit code."""
+    private.apply_private_umask()  # everything this rem (and what it starts) creates is private
     try:
         result = app(args=argv, standalone_mode=False)
     except RemError as exc:

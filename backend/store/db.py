@@ -10,6 +10,7 @@ ignoring `busy_timeout`, because SQLite cannot upgrade its read snapshot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import sqlite3
@@ -21,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import aiosqlite
 
+from backend.core import private
 from backend.core.errors import (
     DatabaseCorrupt,
     DatabaseFull,
@@ -124,6 +126,11 @@ class Database:
     @classmethod
     async def open(cls, path: Path, *, read_only: bool = False) -> Database:
         """Open state.db with rem's PRAGMAs; read-only opens set `query_only`."""
+        if not read_only:
+            # created 0600 here, not by SQLite under the caller's umask: SQLite gives the
+            # -wal and -shm files it creates the mode of the database file
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                private.create_private_file(path)
         try:
             conn = await aiosqlite.connect(str(path), isolation_level=None)
         except sqlite3.Error as exc:

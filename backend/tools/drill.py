@@ -33,6 +33,7 @@ from typing import Any
 
 from backend import ops
 from backend.chroma import server as chroma_server
+from backend.core import private
 from backend.core.datadir import DataDir
 from backend.core.errors import RemError, UsageError
 from backend.runtime.context import Context
@@ -142,11 +143,15 @@ class Drill:
             "--load-sessions",
             str(self.config.load_sessions),
         ]
-        log_path = self.ctx.data.logs / "drill-up.log"
         self.ctx.data.ensure()
-        with open(log_path, "ab") as out:
+        with self.ctx.data.open_log("drill-up.log") as out:
             self.up = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                start_new_session=True,
+                preexec_fn=private.private_child,
             )
 
     def manifest(self) -> dict[str, Any] | None:

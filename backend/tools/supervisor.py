@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.chroma import server as chroma_server
-from backend.chroma.server import ChromaServer, die_with_parent_preexec
-from backend.core import faults
+from backend.chroma.server import ChromaServer
+from backend.core import faults, private
 from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
 from backend.runtime.context import Context
@@ -195,15 +195,14 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         env = dict(os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG="1", **self.config.env)
-        log_path = self.ctx.data.logs / f"{child.name}.log"
-        with open(log_path, "ab") as out:
+        with self.ctx.data.open_log(f"{child.name}.log") as out:
             child.proc = subprocess.Popen(
                 self._command(child),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=die_with_parent_preexec,
+                preexec_fn=private.private_child_dying_with_parent,
             )
         child.started_at = time.monotonic()
         log.info("started %s pid %s", child.name, child.proc.pid)
@@ -290,9 +289,7 @@ class Supervisor:
         }
 
     def _write_manifest(self) -> None:
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=2))
-        tmp.replace(self.manifest_path)
+        private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
         from backend.tools.load import LoadGenerator
