@@ -20,10 +20,11 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.events import DescendantFocus
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend.core import clock
+from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
 from tui import actions
@@ -34,6 +35,7 @@ from tui.format import home_short, one_line_error, palette_from
 from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotLoaded
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen, history_keys
+from tui.screens.export import ExportScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.backlog import BacklogTable
@@ -165,6 +167,18 @@ class ConsoleApp(App[None]):
         self._palette = palette_from({})
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Notifications carry ids, paths and errors from the data: plain text unless asked otherwise."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # -- layout ------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:
@@ -640,21 +654,41 @@ class ConsoleApp(App[None]):
         self.request_refresh(force=True)
 
     def action_export_csv(self) -> None:
+        """Write the focused panel as CSV: to logs/ (or the current folder); read-only, where the operator says."""
         table = self.focused_panel()
         text = table.to_csv()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"console-{table.PANEL_NAME}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+        if self.read_only:
+            self.ask_export_path(table, text, name)
+            return
         for folder in (self.data.logs, Path.cwd()):
-            path = folder / f"console-{table.PANEL_NAME}-{stamp}.csv"
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-            except OSError:
+                private.make_private_dir(folder)
+                private.create_export(folder / name, text)
+            except (OSError, RemError):
                 continue
-            self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {path}")
+            self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {folder / name}")
             return
         self.notify(
             "could not write the CSV to the data dir's logs/ or the current directory", severity="error"
         )
+
+    def ask_export_path(self, table: SnapshotTable, text: str, name: str) -> None:
+        """Read-only: the data dir gets no new bytes, so the operator names a file outside it."""
+        folder = Path.cwd() if not private.inside(Path.cwd(), self.data.root) else Path.home()
+        rows = len(table.shown_keys())
+
+        def chosen(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                private.create_export(path, text)
+            except RemError as exc:
+                self.notify(f"export failed: {exc}", severity="error")
+                return
+            self.notify(f"exported {rows} {table.PANEL_NAME} rows to {path}")
+
+        self.push_screen(ExportScreen(table.PANEL_NAME, rows, folder / name, self.data.root), callback=chosen)
 
     def action_copy_csv(self) -> None:
         table = self.focused_panel()

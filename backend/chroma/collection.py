@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from backend.chroma.embedder import Embedder, load_embedder
-from backend.core.errors import ChromaUnreachable
+from backend.core.errors import ChromaUnreachable, ReadOnly
 from backend.core.settings import Settings
 
 log = logging.getLogger("rem.chroma_store")
@@ -40,6 +40,19 @@ def _is_transport_error(exc: BaseException) -> bool:
     )
 
 
+class _EmptyCollection:
+    """What a read-only store reads when the collection does not exist (yet): nothing."""
+
+    def get(self, **_kwargs: Any) -> dict[str, list[Any]]:
+        return {"ids": [], "documents": [], "metadatas": [], "embeddings": []}
+
+    def count(self) -> int:
+        return 0
+
+
+EMPTY_COLLECTION = _EmptyCollection()
+
+
 def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
     return collection.get(include=[], limit=limit, offset=offset)
 
@@ -48,10 +61,17 @@ class ChromaStore:
     """The summary collection. `url_resolver` returns the URL to use right now."""
 
     def __init__(
-        self, url_resolver: Callable[[], str], embedder: Embedder | None = None, collection: str = COLLECTION
+        self,
+        url_resolver: Callable[[], str],
+        embedder: Embedder | None = None,
+        collection: str = COLLECTION,
+        *,
+        read_only: bool = False,
     ) -> None:
         self._resolve = url_resolver
         self.collection_name = collection
+        # read-only: never create the collection, never write (a missing collection reads as empty)
+        self.read_only = read_only
         self.embedder = embedder or load_embedder()
         self._collection: Any = None
         self._url: str | None = None
@@ -64,6 +84,7 @@ class ChromaStore:
     def _connect(self) -> Any:
         import chromadb
         from chromadb.config import Settings
+        from chromadb.errors import NotFoundError
 
         url = self._resolve()
         from urllib.parse import urlparse
@@ -75,18 +96,24 @@ class ChromaStore:
             ssl=parsed.scheme == "https",
             settings=Settings(anonymized_telemetry=False),
         )
+        self._url = url
         # embedding_function=None: Chroma's default would download a model.
-        collection = client.get_or_create_collection(
+        if self.read_only:
+            try:
+                return client.get_collection(self.collection_name, embedding_function=None)
+            except NotFoundError:
+                return None  # not created yet: nothing to read, and read-only creates nothing
+        return client.get_or_create_collection(
             self.collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
         )
-        self._url = url
-        return collection
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
         with self._guard:
             try:
                 if self._collection is None:
                     self._collection = self._connect()
+                if self._collection is None:
+                    return fn(EMPTY_COLLECTION)  # looked up again next call: it may exist by then
                 return fn(self._collection)
             except ChromaUnreachable:
                 self._collection = None
@@ -116,10 +143,15 @@ class ChromaStore:
             rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
         return rows
 
+    def _refuse_write(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnly(f"refused {what} of Chroma rows: this rem is read-only")
+
     async def upsert(
         self, ids: Sequence[str], documents: Sequence[str], metadatas: Sequence[Metadata]
     ) -> None:
         """Write rows with rem's embeddings; metadata merges into what is there."""
+        self._refuse_write("an upsert")
         if not ids:
             return
         embeddings = self.embedder.embed(list(documents))
@@ -134,11 +166,13 @@ class ChromaStore:
 
     async def update_metadata(self, ids: Sequence[str], metadatas: Sequence[Metadata]) -> None:
         """Merge metadata into existing rows (`None` deletes a key)."""
+        self._refuse_write("an update")
         if not ids:
             return
         await self._run(lambda c: c.update(ids=list(ids), metadatas=[dict(m) for m in metadatas]))
 
     async def delete(self, ids: Sequence[str]) -> None:
+        self._refuse_write("a delete")
         if ids:
             await self._run(lambda c: c.delete(ids=list(ids)))
 

@@ -208,7 +208,7 @@ def resolve(
         if server is not None:
             return server
         if not start:
-            raise ChromaUnreachable(f"no Chroma server is running for {data.root}; start one with `rem up`")
+            raise ChromaUnreachable(f"Chroma not running for {data.root}; start it with `rem up`")
         started = try_start(data, die_with_parent=die_with_parent)
         if started is not None:
             return started

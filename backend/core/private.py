@@ -195,7 +195,13 @@ def export_path(raw: str, data_root: Path) -> Path:
         raise BadInput("name the file to export to, e.g. ~/incident-receipts.csv")
     if not text.isprintable() or "\x00" in text:
         raise BadInput("the export path has control characters; type a plain path")
-    path = Path(text).expanduser()
+    try:
+        return _new_path_outside(Path(text).expanduser(), data_root)
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop, no home directory
+        raise BadInput(f"cannot use {text!r} as the export path ({exc}); name another file") from None
+
+
+def _new_path_outside(path: Path, data_root: Path) -> Path:
     if not path.is_absolute():
         path = Path.cwd() / path
     if inside(path, data_root):
@@ -204,6 +210,8 @@ def export_path(raw: str, data_root: Path) -> Path:
         )
     if not path.parent.is_dir():
         raise BadInput(f"folder {path.parent} does not exist; create it or name another path")
+    if len(os.fsencode(path.name)) > 255:
+        raise BadInput("the export file name is longer than 255 bytes; name a shorter file")
     if os.path.lexists(path):
         raise BadInput(f"{path} already exists; rem never overwrites an export: name a new file")
     return path
