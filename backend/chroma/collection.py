@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable, ReadOnly
@@ -28,6 +29,14 @@ log = logging.getLogger("rem.chroma_store")
 
 COLLECTION = Settings.chroma_collection.default
 Metadata = dict[str, Any]
+
+
+class LiveRow(NamedTuple):
+    """A summary row as Chroma holds it now (the embedding as chromadb returns it)."""
+
+    document: str | None
+    metadata: Metadata
+    embedding: Any = None
 
 
 def _is_transport_error(exc: BaseException) -> bool:
@@ -147,19 +156,56 @@ class ChromaStore:
         if self.read_only:
             raise ReadOnly(f"refused {what} of Chroma rows: this rem is read-only")
 
+    async def rows(self, ids: Sequence[str]) -> dict[str, LiveRow]:
+        """`{id: (document, metadata, embedding)}` for the ids that exist (one round trip).
+
+        What receipt verification reads: the vector is compared with the
+        digest the receipt attests.
+        """
+        if not ids:
+            return {}
+        include = ["documents", "metadatas", "embeddings"]
+        result = await self._run(lambda c: c.get(ids=list(ids), include=include))
+        vectors = result.get("embeddings")
+        if vectors is not None and len(vectors):
+            import numpy  # one float64 matrix for the batch: each row's vector is a view of it
+
+            vectors = numpy.asarray(vectors, dtype=numpy.float64)
+        return {
+            row_id: LiveRow(
+                result["documents"][i],
+                dict(result["metadatas"][i] or {}),
+                None if vectors is None else vectors[i],
+            )
+            for i, row_id in enumerate(result["ids"])
+        }
+
+    def embed(self, documents: Sequence[str]) -> list[list[float]]:
+        """rem's vectors for `documents`, rounded to float32 as Chroma stores them.
+
+        Rounded here so that what a receipt's digest covers is exactly what the
+        server keeps (a float32 value survives the JSON round trip unchanged).
+        """
+        return [list(array("f", vector)) for vector in self.embedder.embed(list(documents))]
+
     async def upsert(
-        self, ids: Sequence[str], documents: Sequence[str], metadatas: Sequence[Metadata]
+        self,
+        ids: Sequence[str],
+        documents: Sequence[str],
+        metadatas: Sequence[Metadata],
+        *,
+        embeddings: Sequence[Sequence[float]] | None = None,
     ) -> None:
-        """Write rows with rem's embeddings; metadata merges into what is there."""
+        """Write rows with rem's embeddings (`embeddings`, else embedded now); metadata merges into what is there."""
         self._refuse_write("an upsert")
         if not ids:
             return
-        embeddings = self.embedder.embed(list(documents))
+        vectors = self.embed(documents) if embeddings is None else [list(array("f", v)) for v in embeddings]
         await self._run(
             lambda c: c.upsert(
                 ids=list(ids),
                 documents=list(documents),
-                embeddings=embeddings,
+                embeddings=vectors,
                 metadatas=[dict(m) for m in metadatas],
             )
         )

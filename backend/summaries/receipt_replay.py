@@ -255,7 +255,7 @@ class Recovery:
             else:
                 eligible.append(job)
         # decode while Chroma answers: the get runs in a thread
-        fetch = asyncio.ensure_future(self.store.get([job.summary_id for job in eligible]))
+        fetch = asyncio.ensure_future(self.store.rows([job.summary_id for job in eligible]))
         decoded: list[tuple[Job, Receipt]] = []
         corrupt: list[tuple[Job, str]] = []
         try:
@@ -300,15 +300,22 @@ class Recovery:
         return leased
 
     async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
-        """One upsert of the leased rows and one read-back get; releases the leases on failure."""
+        """One upsert of the leased rows and one strict read-back; releases the leases on failure.
+
+        The upsert names every owned key: the receipt's values, and None (delete)
+        for the owned keys it attests absent; the vector is the embedder's for
+        the receipt's document, which the read-back compares with the digest.
+        """
         ids = [c.job.summary_id for c in leased]
         try:
+            documents = [c.receipt.document for c in leased]
             await self.store.upsert(
                 ids,
-                [c.receipt.document for c in leased],
+                documents,
                 [receipts.chroma_metadata(c.receipt) for c in leased],
+                embeddings=self.store.embed(documents),
             )
-            back = await self.store.get(ids)
+            back = await self.store.rows(ids)
         except BaseException:
             await self._release(leased)
             raise
@@ -458,7 +465,7 @@ class Recovery:
             self._count_completed(c, "replayed")
         else:
             self.counters.unverified += 1
-            self._note(c.job, "unverified", after, reason="read-back after replay still differs")
+            self._note(c.job, "unverified", after, reason=_unverified_reason(after))
 
     def _count_completed(self, c: Checked, outcome: str) -> None:
         self.counters.completed += 1
@@ -516,6 +523,16 @@ _ACK_SET = (
     "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
 )
 _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+
+
+def _unverified_reason(after: Verdict) -> str:
+    if any(k.reason == receipts.VECTOR_DIFFERS for k in after.keys):
+        return (
+            "read-back after replay still differs: the configured embedder "
+            f"(REM_EMBEDDER={settings.embedder}) no longer reproduces the vector this receipt attests "
+            "(was the embedder changed since it was written?)"
+        )
+    return "read-back after replay still differs"
 
 
 def _needs_write(c: Checked) -> bool:
