@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
+from backend.chroma import auth
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaUnreachable, ReadOnly
 from backend.core.settings import Settings
@@ -103,7 +104,7 @@ class ChromaStore:
             host=parsed.hostname or "127.0.0.1",
             port=parsed.port or (443 if parsed.scheme == "https" else 80),
             ssl=parsed.scheme == "https",
-            settings=Settings(anonymized_telemetry=False),
+            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
         )
         self._url = url
         # embedding_function=None: Chroma's default would download a model.

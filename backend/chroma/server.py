@@ -8,8 +8,10 @@ as a server and every process talks to it over HTTP. The lock protocol:
   drops its own copy. So the lock is held exactly while that server lives,
   and the kernel releases it when the server dies, even by SIGKILL.
 * `chroma.url` records where the live server listens. A reader trusts it only
-  if the lock is held *and* the URL answers Chroma's heartbeat; otherwise it
-  is stale and the reader takes the lock and starts a fresh server (on the
+  if the lock is held, the URL answers Chroma's heartbeat *and* the socket
+  listening there belongs to this user (`trust.check_listener`); another
+  uid's listener is refused in one line. A stale file (no lock, no answer)
+  means the reader takes the lock and starts a fresh server (on the
   same port when it is free, so clients that cached the URL keep working).
 * `--chroma-url` / `REM_CHROMA_URL` bypass all of this for an external server.
 """
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from backend.chroma import auth, trust
 from backend.core import private
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
@@ -134,9 +137,18 @@ class ChromaServer:
         return pid if isinstance(pid, int) else None
 
     def alive(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
+        """Answering; and, for a data dir's server this process did not start, still this user's.
+
+        Raises ChromaUntrusted when another uid now listens on its port (the
+        server died and someone took the port over).
+        """
+        if self.process is not None:
+            return self.process.poll() is None and is_alive(self.url)
+        if not is_alive(self.url):
             return False
-        return is_alive(self.url)
+        if not self.external:
+            trust.check_listener(self.url)
+        return True
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server if this process started it (SIGTERM, then SIGKILL)."""
@@ -187,9 +199,14 @@ def recorded_url(data: DataDir) -> str | None:
 
 
 def live_server(data: DataDir) -> ChromaServer | None:
-    """The data dir's running server, if `chroma.url` is live and the lock is held."""
+    """The data dir's running server, if `chroma.url` is live, the lock is held and the listener is ours.
+
+    A listener of another uid on the recorded port raises ChromaUntrusted:
+    rem never talks to it, and never quietly starts another server beside it.
+    """
     url = recorded_url(data)
     if url and lock_is_held(data) and is_alive(url):
+        trust.check_listener(url)
         return ChromaServer(url=url, data=data)
     return None
 
@@ -258,7 +275,13 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
         NO_COLOR="1",
         RUST_LOG=settings.chroma_log,
     )
-    cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
+    env.update(auth.server_env())
+    config = auth.server_config(data.chroma_dir, port, data.root)
+    cmd = [chroma_binary(), "run"] + (
+        [str(config)]
+        if config is not None
+        else ["--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
+    )
     with data.open_log("chroma.log") as log_file:
         proc = subprocess.Popen(
             cmd,
@@ -295,6 +318,8 @@ def _wait_ready(server: ChromaServer, log_path: Path) -> None:
                 f"(see {log_path}): {tail}"
             )
         if is_alive(server.url, timeout=0.5):
+            # the port was free a moment ago: make sure what answers is the server just started
+            trust.check_listener(server.url, source="the server rem just started")
             return
         time.sleep(0.05)
     raise ChromaStartFailed(f"`chroma run` did not answer within {START_TIMEOUT_S:.0f} s (see {log_path})")

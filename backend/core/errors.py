@@ -61,6 +61,10 @@ class ChromaStartFailed(ChromaUnreachable):
     pass
 
 
+class ChromaUntrusted(ChromaUnreachable):
+    """The data dir's recorded Chroma server is not this user's (another uid listens on its port)."""
+
+
 class NotChroma(ChromaUnreachable):
     """A URL that answers, but not as a Chroma server: a configuration mistake."""
 

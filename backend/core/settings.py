@@ -141,6 +141,13 @@ class Settings:
         True, "start a Chroma server for a command's lifetime when none is running", flag()
     )
     chroma_log = Setting("warn", "the Chroma server's log level (`RUST_LOG`)", text("a log level"))
+    chroma_token_file = Setting[Path | None](
+        None,
+        "a private file with a token for Chroma's token auth: clients send it, the server rem starts "
+        "is configured with it (Chroma 1.5.9 does not enforce it yet)",
+        path(),
+        shown_default="none",
+    )
     # leases and turns
     execution_lease_ms = Setting(30_000, "execution lease (renewed every third of it)", whole(100, "ms"))
     summary_lease_ms = Setting(300_000, "summary-job lease", whole(100, "ms"))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backend.chroma import server as chroma_server
+from backend.chroma import trust
 from backend.core import clock
 from backend.core.errors import (
     BadInput,
@@ -60,6 +61,8 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
         return health
     try:
         chroma_server.heartbeat(url, timeout=1.0)
+        if not is_external:
+            trust.check_listener(url)  # another uid on the recorded port is not this data dir's server
         health["healthy"] = True
     except NotChroma:
         if is_external:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import rem_env, spawn_rem, wait_until
+from backend.core.datadir import DataDir
+from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +84,80 @@ def test_another_uid_cannot_read_the_data_or_take_the_chroma_lock(shared_parent:
     finally:
         up.terminate()
         up.wait(60)
+
+
+# a stand-in that answers Chroma's heartbeat, as a squatter on a stale chroma.url port would
+FAKE_CHROMA = """
+import http.server, json, sys
+class Heartbeat(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"nanosecond heartbeat": 1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Heartbeat).serve_forever()
+"""
+
+
+async def _one_receipt(root: Path) -> None:
+    from backend.runtime.context import Context
+    from tests.summaries import base_metadata, stage_receipt
+
+    ctx = Context(DataDir(root), start_chroma=False)
+    await stage_receipt(await ctx.db(), "s1", "summary of s1", base_metadata("s1"), now=1_000)
+    await ctx.close()
+
+
+def _answers(url: str) -> bool:
+    from backend.chroma import server as chroma_server
+
+    return chroma_server.is_alive(url, timeout=0.5)
+
+
+def test_a_listener_of_another_uid_on_the_recorded_port_is_refused(shared_parent: Path) -> None:
+    from backend.chroma import server as chroma_server
+
+    root = shared_parent / "data"
+    asyncio.run(_one_receipt(root))  # so check and replay have a row to fetch from Chroma
+    script = shared_parent / "fake_chroma.py"
+    script.write_text(FAKE_CHROMA)
+    os.chmod(script, 0o644)
+    port = chroma_server.free_port()
+    url = f"http://127.0.0.1:{port}"
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    squatter = subprocess.Popen([SETPRIV, *NOBODY, python, str(script), str(port)], cwd="/")
+    # the lock held (as a live server of this data dir would hold it) and the URL recorded:
+    # everything the old check looked at says "trust it"
+    holder = subprocess.Popen(["flock", str(root / "chroma.lock"), "sleep", "600"])
+    try:
+        wait_until(lambda: _answers(url), timeout=20, message="the squatter to answer")
+        (root / "chroma.url").write_text(url + "\n")
+        wait_until(lambda: chroma_server.lock_is_held(DataDir(root)), timeout=10, message="the lock")
+
+        status = run_rem("status", "--json", "--data", str(root))
+        assert status.returncode == 0, status.stderr
+        chroma = json.loads(status.stdout)["chroma"]
+        assert chroma["healthy"] is False and "nobody (uid 65534)" in chroma["error"]
+        for command in (
+            ["replay", "--all", "--dry-run"],
+            ["replay", "--all"],
+            ["check"],
+        ):
+            proc = run_rem(*command, "--data", str(root), timeout=60)
+            assert "Traceback" not in proc.stderr, (command, proc.stderr)
+            if command[0] == "check":  # a check reports it as a finding
+                assert proc.returncode == 1 and "nobody (uid 65534)" in proc.stdout, proc
+                continue
+            assert proc.returncode == 3, (command, proc.stderr)
+            assert proc.stderr.startswith("rem: error: refusing the Chroma server at " + url), proc.stderr
+            assert proc.stderr.count("\n") == 1
+        assert squatter.poll() is None  # refused, not talked to and not signalled
+    finally:
+        holder.terminate()
+        squatter.terminate()
+        holder.wait(10)
+        squatter.wait(10)
