@@ -35,7 +35,15 @@ FILE_MODE = 0o600
 LOOSE_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 # what rem keeps at the top of a data dir (the rest of a data dir is left alone)
-TOP_FILES = ("state.db", "state.db-wal", "state.db-shm", "chroma.url", "chroma.lock", "up.json")
+TOP_FILES = (
+    "state.db",
+    "state.db-wal",
+    "state.db-shm",
+    "chroma.url",
+    "chroma.lock",
+    "chroma.yaml",
+    "up.json",
+)
 TREES = ("logs", "chroma")
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backend.core import private
+from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
 
@@ -64,17 +64,7 @@ def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[byt
     # --no-reap: a daemon killed during the demo leaves its lease counting down in the
     # console (dead-worker marker, then expired in red) until it expires or the
     # operator releases it with `l`; the supervisor still restarts the daemon.
-    command = [
-        sys.executable,
-        "-m",
-        "backend.cli.app",
-        "up",
-        "--load",
-        "--no-reap",
-        "--data",
-        str(root),
-        *(extra or []),
-    ]
+    command = processes.rem_command("up", "--load", "--no-reap", "--data", str(root), *(extra or []))
     with DataDir(root).open_log("up.log") as out:
         # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
         # gets SIGTERM and drains instead of running on as an orphan.
@@ -83,6 +73,8 @@ def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[byt
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=processes.child_env(),
+            cwd=root,
             start_new_session=True,
             preexec_fn=private.private_child_dying_with_parent,
         )
