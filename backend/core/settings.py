@@ -72,6 +72,20 @@ def text(expects: str = "text") -> Parser[str]:
     return Parser(str, expects)
 
 
+OPERATOR_MAX_LENGTH = 64
+
+
+def printable(max_length: int) -> Parser[str]:
+    """Printable text of at most `max_length` characters: no newline, no terminal escape."""
+
+    def parse(raw: str) -> str:
+        if len(raw) > max_length or not raw.isprintable():
+            raise ValueError(raw)
+        return raw
+
+    return Parser(parse, f"printable text of at most {max_length} characters (no control characters)")
+
+
 def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
 
@@ -110,8 +124,9 @@ class Setting(Generic[T]):
         try:
             value: T = self.parser.parse(raw.strip())
         except ValueError:
+            shown = raw if len(raw) <= 60 else raw[:57] + "..."
             raise SettingsError(
-                f"{self.env}={raw!r} is not {self.parser.expects}; fix it or unset it "
+                f"{self.env}={shown!r} is not {self.parser.expects}; fix it or unset it "
                 f"(default: {self.default_text()})"
             ) from None
         self._cache[raw] = value
@@ -171,7 +186,9 @@ class Settings:
     busy_timeout_ms = Setting(
         10_000, "SQLite `busy_timeout` (the contract wants >= 5000; tests shorten it)", whole(100, "ms")
     )
-    event_retention_days = Setting(30, "journal retention (pruned by `rem up`)", whole(1, "days"))
+    event_retention_days = Setting(
+        30, "journal retention (pruned by `rem up`; operator events are kept)", whole(1, "days")
+    )
     # plug-ins and the offline defaults
     agent = Setting("offline", "the agent: an entry-point name in `rem.agents`, or `module:factory`", text())
     synthesizer = Setting(
@@ -183,7 +200,10 @@ class Settings:
     )
     # people and logs
     operator = Setting[str | None](
-        None, "the operator name written to the audit journal", text(), shown_default="OS user"
+        None,
+        "the operator name written to the audit journal (next to the OS user, which it cannot change)",
+        printable(OPERATOR_MAX_LENGTH),
+        shown_default="OS user",
     )
     log = Setting(False, "log at INFO to stderr (as `--verbose`)", flag())
     # tests and drills only

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.store.events import verify_operator_chain
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
@@ -272,6 +273,24 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
+# -- invariant 8: operator events are hash-chained ---------------------------
+
+
+def check_audit(conn: sqlite3.Connection, report: Report) -> None:
+    """Walk the operator events' hash chain; name the first broken link."""
+    report.checked.append("audit")
+    result = verify_operator_chain(conn)
+    broken = result["broken"]
+    if broken is not None:
+        report.add(
+            report.violations,
+            "8",
+            f"operator event chain broken at event {broken['event_id']} ({broken['kind']}): "
+            f"it {broken['why']}",
+            [broken],
+        )
+
+
 def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
@@ -280,6 +299,7 @@ def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
     check_inputs(conn, report)
     check_projection(conn, report)
     check_progress(conn, report, now)
+    check_audit(conn, report)
     return report
 
 

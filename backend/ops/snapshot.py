@@ -16,10 +16,10 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, classify_drift
 from backend.store import workers
+from backend.store.events import OPERATOR_KINDS_SQL
 
 LIST_CAP = 500
 EVENT_TAIL = 100
-OPERATOR_KINDS = ("operator.replay", "operator.drain", "operator.release")
 RECEIPT_VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
 
 # Scalar counts, all fetched in ONE statement (one round trip to the db thread).
@@ -107,9 +107,9 @@ LIST_QUERIES: dict[str, str] = {
         FROM worker INDEXED BY worker_state_heartbeat_idx
         WHERE state = 'stopped' AND heartbeat_at > :recent
         ORDER BY role, started_at LIMIT :cap""",
-    "recent_actions": """
+    "recent_actions": f"""
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release')
+        WHERE kind IN ({OPERATOR_KINDS_SQL})
         ORDER BY id DESC LIMIT 20""",
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event

@@ -8,7 +8,8 @@
   what one interval writes.
 * `event` is append-only but not forever: rows older than the retention
   window (`REM_EVENT_RETENTION_DAYS`, default 30, the window Dream's legacy
-  retirement rule counts in) are deleted from the old end, in small chunks.
+  retirement rule counts in) are deleted from the old end, in small chunks;
+  operator events (the audit journal) are kept, whatever the window.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from backend.core import clock
 from backend.core.settings import settings
 from backend.store.db import Database, execute
+from backend.store.events import OPERATOR_KINDS_SQL
 
 log = logging.getLogger("rem.maintenance")
 
@@ -44,11 +46,13 @@ async def checkpoint(db: Database) -> dict[str, Any]:
 # delete up to the first row inside the window. Finding that row walks only
 # the rows about to go (no time index to maintain on every write). A row
 # stamped by a clock running ahead holds the rows after it until it ages out.
-PRUNE_SQL = """
+# Operator events are the audit journal: never pruned (a trigger refuses their deletion too).
+PRUNE_SQL = f"""
 DELETE FROM event WHERE id IN (
     SELECT id FROM event
     WHERE id < coalesce((SELECT id FROM event WHERE time >= :cutoff ORDER BY id LIMIT 1),
                         (SELECT max(id) FROM event) + 1)
+      AND kind NOT IN ({OPERATOR_KINDS_SQL})
     ORDER BY id LIMIT :chunk)
 """
 

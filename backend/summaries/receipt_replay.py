@@ -281,7 +281,11 @@ class Recovery:
             self._note(job, "quarantined" if job.quarantined_at else "would_quarantine", reason=reason)
 
     async def _lease(self, mismatched: list[Checked], now: int) -> list[Checked]:
-        """Take the lease on every row this pass will re-write (CAS on envelope and staged_at)."""
+        """Take the lease on every row this pass will re-write (CAS on envelope and staged_at).
+
+        The same transaction journals the intent (`receipt.replaying`, the rows
+        about to be written): it is durable before anything is sent to Chroma.
+        """
         leased: list[Checked] = []
         async with self.db.tx() as conn:
             for c in mismatched:
@@ -297,6 +301,17 @@ class Recovery:
                     leased.append(c)
                 else:
                     await self._lost(conn, c.job, now)
+            if leased:
+                await append_event(
+                    conn,
+                    kind=EventKind.RECEIPT_REPLAYING,
+                    actor=self.actor,
+                    data={
+                        "summary_ids": [c.job.summary_id for c in leased],
+                        "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
+                    },
+                    now=now,
+                )
         return leased
 
     async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
@@ -628,7 +643,8 @@ async def replay_receipts(
     summary_ids: Sequence[str] | None = None,
     dry_run: bool = False,
 ) -> Report:
-    """Replay the named receipts (or all of them), journaling one `operator.replay` with the last effects."""
+    """Replay the named receipts (or all of them): `operator.replay_intent` before anything is written,
+    one `operator.replay` (the outcome) with the last effects."""
     jobs = await named_jobs(db, summary_ids) if summary_ids else None
     batches = in_batches(jobs) if jobs is not None else all_batches(db)
     targets: list[str] | str = list(dict.fromkeys(summary_ids)) if summary_ids else "all"
@@ -640,4 +656,12 @@ async def replay_receipts(
     recovery = Recovery(
         db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final
     )
+    if not dry_run:  # the operator's intent is on record before the first Chroma write
+        async with db.tx() as conn:
+            await append_event(
+                conn,
+                kind=EventKind.OPERATOR_REPLAY_INTENT,
+                actor=actor,
+                data={"operator": actor, "targets": targets},
+            )
     return await recovery.run(batches)

@@ -79,7 +79,9 @@ async def test_a_read_only_open_tightens_nothing(db_ctx: Context) -> None:
     ro = Context(DataDir(root), read_only=True, start_chroma=False)
     await ro.db()
     await ro.close()
-    assert modes(root) == before
+    after = modes(root)
+    # (SQLite's WAL readers create an empty -wal and the -shm index when they are missing)
+    assert {name: after[name] for name in before} == before
 
 
 @pytest.mark.parametrize("read_only", [False, True])

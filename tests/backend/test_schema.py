@@ -60,7 +60,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
                 conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"
             )
             await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
-        assert await migrate(db) == SCHEMA_VERSION == 2
+        assert await migrate(db) == SCHEMA_VERSION == 3
         names = {
             r[0]
             for r in await db.fetchall(
