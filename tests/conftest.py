@@ -76,8 +76,11 @@ def frozen_clock() -> Iterator[clock.FrozenClock]:
 
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS"):
+    for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS", "REM_OPERATOR"):
         monkeypatch.delenv(name, raising=False)
+    # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are
+    # honoured here and in every rem process a test starts; production refuses them
+    monkeypatch.setenv("REM_TEST_MODE", "1")
     faults.reset()
     yield
     faults.reset()

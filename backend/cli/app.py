@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
@@ -28,7 +29,7 @@ from backend.cli import (
 )
 from backend.core import private
 from backend.core.errors import ExitCode, RemError
-from backend.core.settings import settings, validate
+from backend.core.settings import Settings, settings, validate
 
 # Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
 USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
@@ -48,10 +49,14 @@ app = typer.Typer(
 
 @app.callback()
 def _globals(
+    ctx: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
 ) -> None:
+    if ctx.invoked_subcommand == "drill":
+        # a drill is a test: its system may run the unsafe switches (to prove the drill can fail)
+        os.environ[Settings.test_mode.env] = "1"
     validate()  # a bad REM_* value fails here, in one line, before the command does anything
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url

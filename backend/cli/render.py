@@ -1,4 +1,9 @@
-"""Human renderings of `rem` results (rich, on stdout: they are the data without --json)."""
+"""Human renderings of `rem` results (rich, on stdout: they are the data without --json).
+
+Every value that comes from the data (ids, paths, Chroma values, errors) is
+escaped (`_e`) or passed as `Text`: a `[/oops]` in a summary title must print
+as itself, never be read as markup (it used to crash `rem replay`).
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,42 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+
+
+def _console(*, stderr: bool = False) -> Console:
+    # no emoji codes either: `:thumbs_up:` inside a value stays as typed
+    return Console(stderr=stderr, emoji=False)
+
+
+def _e(value: Any) -> str:
+    """A data value as markup-safe text."""
+    return escape(str(value))
+
+
+def _cell(value: Any) -> Text:
+    return Text(str(value))
 
 
 def print_status(result: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     chroma = result["chroma"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({chroma.get('error')})"
-    console.print(f"[bold]rem[/] data dir {result['data_dir']}  schema v{result['schema_version']}")
-    console.print(f"Chroma {chroma.get('url') or '-'}: {health}")
-    table = Table("table", "rows", box=None)
-    for name, count in result["tables"].items():
-        table.add_row(name, str(count))
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({_e(chroma.get('error'))})"
+    console.print(f"[bold]rem[/] data dir {_e(result['data_dir'])}  schema v{result['schema_version']}")
+    console.print(f"Chroma {_e(chroma.get('url') or '-')}: {health}")
+    table = Table("what", "now", box=None)
+    for name, count in result["counts"].items():
+        table.add_row(_cell(name.replace("_", " ")), _cell(count))
     console.print(table)
 
 
 def print_check(result: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
     console.print(
-        f"[bold]rem check[/] {result['data_dir']}: {verdict} "
+        f"[bold]rem check[/] {_e(result['data_dir'])}: {verdict} "
         f"({result['counts']['violations']} violations, "
         f"{result['counts']['unsettled']} in flight)"
     )
@@ -35,8 +56,8 @@ def print_check(result: dict[str, Any]) -> None:
     ):
         for finding in findings:
             console.print(
-                f"[{style}]{title}[/] (invariant {finding['invariant']}) "
-                f"{finding['what']}: {finding['count']}"
+                f"[{style}]{title}[/] (invariant {_e(finding['invariant'])}) "
+                f"{_e(finding['what'])}: {finding['count']}"
             )
             for row in finding["rows"][:5]:
                 console.print(f"    {row}", markup=False)
@@ -44,13 +65,13 @@ def print_check(result: dict[str, Any]) -> None:
 
 def drill_round_printer() -> Any:
     """A callback printing one line per drill round on stderr as it happens."""
-    console = Console(stderr=True)
+    console = _console(stderr=True)
 
     def show(rnd: Any) -> None:
         took = f"{rnd.recovery_s:.2f} s" if rnd.recovery_s is not None else "-"
-        status = f"[red]{rnd.error}[/]" if rnd.error else rnd.recovered
+        status = f"[red]{_e(rnd.error)}[/]" if rnd.error else _e(rnd.recovered)
         console.print(
-            f"round {rnd.number:>2}: SIGKILL {rnd.role} pid {rnd.pid} at "
+            f"round {rnd.number:>2}: SIGKILL {_e(rnd.role)} pid {rnd.pid} at "
             f"{rnd.killed_at_s:.1f} s -> {status} ({took})"
         )
 
@@ -58,7 +79,7 @@ def drill_round_printer() -> Any:
 
 
 def print_drill(report: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     table = Table(
         "round",
         "killed",
@@ -67,22 +88,22 @@ def print_drill(report: dict[str, Any]) -> None:
         "recovered",
         "recovery (s)",
         "released",
-        title=f"rem drill sigkill ({report['data_dir']})",
+        title=f"rem drill sigkill ({_e(report['data_dir'])})",
     )
     for rnd in report["rounds"]:
         table.add_row(
-            str(rnd["number"]),
-            rnd["role"],
-            str(rnd["pid"]),
+            _cell(rnd["number"]),
+            _cell(rnd["role"]),
+            _cell(rnd["pid"]),
             f"{rnd['killed_at_s']:.1f}",
-            rnd["error"] or rnd["recovered"],
+            _cell(rnd["error"] or rnd["recovered"]),
             "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
-            str(rnd["released"]),
+            _cell(rnd["released"]),
         )
     console.print(table)
     check = report["check"]
     for finding in check.get("violations", []):
-        console.print(f"[red]violation[/] {finding['what']}: {finding['count']}")
+        console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
     verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
     console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
 
@@ -98,16 +119,16 @@ def print_bench(report: dict[str, Any]) -> None:
     for bench in report["benchmarks"]:
         for i, line in enumerate(bench["headline"]):
             table.add_row(
-                bench["name"] if i == 0 else "",
-                line["what"],
-                line["figure"],
-                str(bench["seconds"]) if i == 0 else "",
+                _cell(bench["name"] if i == 0 else ""),
+                _cell(line["what"]),
+                _cell(line["figure"]),
+                _cell(bench["seconds"] if i == 0 else ""),
             )
-    Console().print(table)
+    _console().print(table)
 
 
 def print_replay(result: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
         for row in result["rows"]:
@@ -115,7 +136,7 @@ def print_replay(result: dict[str, Any]) -> None:
                 f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})" for k in row["keys"]
             )
             what = "; ".join(filter(None, ["document" if row["document"] else "", keys, row["reason"] or ""]))
-            table.add_row(row["summary_id"], row["outcome"], what or "-")
+            table.add_row(_cell(row["summary_id"]), _cell(row["outcome"]), _cell(what or "-"))
         console.print(table)
     counters = "  ".join(f"{name} {value}" for name, value in result["counters"].items())
     console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)

@@ -17,7 +17,7 @@ declarations.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
@@ -217,6 +217,16 @@ class Settings:
     unsafe_disable_fencing = Setting(
         False, "disable lease fencing (proves the drill can fail; never in production)", flag()
     )
+    test_mode = Setting(
+        False,
+        "this process is part of a test or drill: only then are `REM_FAULTS` and "
+        "`REM_UNSAFE_DISABLE_FENCING` accepted (the test suite and `rem drill` set it)",
+        flag(),
+    )
+
+
+# switches that break rem on purpose: refused unless REM_TEST_MODE marks a test or drill
+UNSAFE = ("faults", "unsafe_disable_fencing")
 
 
 settings = Settings()
@@ -229,7 +239,7 @@ def declared() -> Iterator[Setting[Any]]:
             yield value
 
 
-def validate(environ: dict[str, str] | None = None) -> None:
+def validate(environ: Mapping[str, str] | None = None) -> None:
     """Parse every `REM_*` variable now; one `SettingsError` lists every bad one."""
     env = os.environ if environ is None else environ
     problems = []
@@ -238,8 +248,39 @@ def validate(environ: dict[str, str] | None = None) -> None:
             setting.read(env.get(setting.env))
         except SettingsError as exc:
             problems.append(str(exc))
+    if not problems:
+        problems += [str(exc) for exc in _unsafe_refusals(env)]
     if problems:
         raise SettingsError("; ".join(problems))
+
+
+def _unsafe_refusals(env: Mapping[str, str]) -> list[SettingsError]:
+    if Settings.test_mode.read(env.get(Settings.test_mode.env)):
+        return []
+    refusals = []
+    for name in UNSAFE:
+        setting: Setting[Any] = getattr(Settings, name)
+        if setting.read(env.get(setting.env)):
+            refusals.append(
+                SettingsError(
+                    f"{setting.env} is a test-only switch and is refused outside tests and drills: "
+                    f"unset it, or set {Settings.test_mode.env}=1 as well if this really is a test"
+                )
+            )
+    return refusals
+
+
+def unsafe_switches() -> dict[str, Any]:
+    """The unsafe test switches in effect in this process (journaled by every daemon that starts)."""
+    if not settings.test_mode:
+        return {}
+    active: dict[str, Any] = {}
+    for name in UNSAFE:
+        setting: Setting[Any] = getattr(Settings, name)
+        value = setting.read(os.environ.get(setting.env))
+        if value:
+            active[setting.env] = value
+    return active
 
 
 def markdown_table() -> str:

@@ -139,3 +139,21 @@ async def test_an_owned_key_attested_absent_is_found_and_removed_foreign_keys_un
     _, live = (await ctx.store().get([row_id("s1")]))[row_id("s1")]
     assert "keywords" not in live and live["graphDigested"] is True
     assert (await asyncio.to_thread(_check, ctx, chroma_url))["ok"] is True
+
+
+async def test_markup_in_chroma_values_prints_as_itself(ctx: Context, chroma_url: str) -> None:
+    await _staged(ctx, ["s1"])
+    await ctx.store().update_metadata([row_id("s1")], [{"title": "[/oops] [bold]x[/bold] :thumbs_up:"}])
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--dry-run")
+    assert rc == 0 and "Traceback" not in err, err
+    flat = " ".join(out.split())
+    assert "[/oops]" in flat and "[bold]x[/bold]" in flat and ":thumbs_up:" in flat
+
+
+def test_markup_in_paths_prints_as_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "[red]data[/red]"
+    assert run_rem("init", "--data", str(root)).returncode == 0
+    for command in ("status", "check"):
+        proc = run_rem(command, "--data", str(root), env=rem_env(COLUMNS="400"))
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+        assert f"data dir {root}" in proc.stdout or f"rem check {root}" in proc.stdout, proc.stdout

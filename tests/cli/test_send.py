@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import rem_json, run_rem
+from tests.helpers import REM, rem_env, rem_json, run_rem
 
 
 def _inputs(data: Path) -> list[tuple[str, str, str, int]]:
@@ -55,7 +58,7 @@ def test_send_reads_the_text_from_stdin(tmp_path: Path) -> None:
     [
         (["s1", "hi", "--delivery", "later"], None, "Invalid value for '--delivery'"),
         (["s1", ""], None, "rem: error: the input text is empty"),
-        (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the input text is 262145 bytes, over the"),
+        (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the text on stdin is over the 262144 byte"),
         (["s1", "hi", "--id", "bad id!"], None, "rem: error: malformed input id 'bad id!'"),
         (["bad/session", "hi"], None, "rem: error: malformed session id"),
     ],
@@ -74,3 +77,30 @@ def test_bad_input_is_a_usage_error_and_writes_nothing(
     fresh = tmp_path / "fresh"
     assert run_rem("send", *args, "--data", str(fresh), input=stdin).returncode == 2
     assert not fresh.exists()  # refused before the data dir is even created
+
+
+def test_stdin_is_read_only_up_to_the_limit(tmp_path: Path) -> None:
+    """64 MiB on stdin: refused after reading 256 KiB + 1 byte, not after holding all of it in memory."""
+    data = tmp_path / "d"
+    proc = subprocess.Popen(
+        [REM, "send", "s1", "-", "--data", str(data)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=rem_env(),
+    )
+    assert proc.stdin is not None
+    chunk = b"x" * (1024 * 1024)
+    try:
+        for _ in range(64):
+            proc.stdin.write(chunk)
+    except BrokenPipeError:
+        pass  # rem stopped reading, refused, and exited: the rest was never read
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 2
+    assert proc.stderr is not None and "over the 262144 byte (256 KiB) limit" in proc.stderr.read().decode()
+    assert usage.ru_maxrss < 120 * 1024, f"max RSS {usage.ru_maxrss} KiB"  # ~60 MB is rem's own import
+    assert not data.exists()
