@@ -68,7 +68,13 @@ async def wait_applied(app: ConsoleApp, pilot: Any, count: int) -> None:
 
 
 async def settle(pilot: Any) -> None:
+    """Let the screen finish: a few frames, and until no section still says "loading…" (10 s at most)."""
     for _ in range(20):
+        await pilot.pause(0.025)
+    for _ in range(400):
+        shown = [str(w.render()) for w in pilot.app.screen.query("Static")]
+        if not any(text == "loading…" for text in shown):
+            return
         await pilot.pause(0.025)
 
 

@@ -42,6 +42,7 @@ class ExportScreen(ModalScreen[Path | None]):
     }
     ExportScreen #problem {
         color: $error;
+        width: 100%;
         height: auto;
     }
     ExportScreen #problem.-hidden {
