@@ -6,7 +6,7 @@ Each round, on a fresh data dir:
 1. admits `--turns` queue inputs spread over `--sessions` sessions (`sessions.admit`);
 2. runs one in-process `Executor` (`--once`, instant agent) until every input is
    promoted and answered, counting its write transactions (every `db.tx()` and
-   `db.write_sync()`) and the WAL frames (pages) they write;
+   `db.write_in_thread()`) and the WAL frames (pages) they write;
 3. on the same state.db, through the same aiosqlite `Database`, times `--bare`
    transactions of `BEGIN IMMEDIATE; INSERT; COMMIT`, one statement per call,
    half right before the turn run and half right after it.
@@ -48,9 +48,9 @@ ASKS = (
 
 
 def count_transactions(db: Database) -> dict[str, int]:
-    """Wrap `db.tx` and `db.write_sync` so every write transaction on this Database is counted."""
+    """Wrap `db.tx` and `db.write_in_thread` so every write transaction on this Database is counted."""
     counter = {"tx": 0}
-    original_tx, original_write = db.tx, db.write_sync
+    original_tx, original_write = db.tx, db.write_in_thread
 
     @contextlib.asynccontextmanager
     async def counted_tx() -> AsyncIterator[Any]:
@@ -64,7 +64,7 @@ def count_transactions(db: Database) -> dict[str, int]:
         return result
 
     db.tx = counted_tx  # type: ignore[method-assign]
-    db.write_sync = counted_write  # type: ignore[method-assign]
+    db.write_in_thread = counted_write  # type: ignore[method-assign]
     return counter
 
 

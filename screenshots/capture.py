@@ -26,6 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from textual.widgets import Static
+
 from backend import ops
 from backend.chroma import server as chroma_server
 from backend.core import clock
@@ -33,6 +35,7 @@ from backend.core.datadir import DataDir
 from backend.runtime.context import Context
 from tests.tui import scenes
 from tui.app import ConsoleApp
+from tui.screens.detail import LOADING
 
 SIZE = (120, 40)
 STEP_MS = 10_000
@@ -71,11 +74,13 @@ async def settle(pilot: Any) -> None:
     """Let the screen finish: a few frames, and until no section still says "loading…" (10 s at most)."""
     for _ in range(20):
         await pilot.pause(0.025)
-    for _ in range(400):
-        shown = [str(w.render()) for w in pilot.app.screen.query("Static")]
-        if not any(text == "loading…" for text in shown):
+    # a detail screen loads its journal rows and its live diff (a replay dry run against
+    # Chroma) in workers: on a busy machine that takes seconds, so wait for them to land
+    for _ in range(1200):
+        if not any(str(w.content) == LOADING for w in pilot.app.screen.query(Static)):
             return
         await pilot.pause(0.025)
+    raise RuntimeError("a detail screen was still loading after 30 s")
 
 
 def timeline_step(scene: scenes.Scene, k: int) -> None:

@@ -14,14 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.ops.records import LeaseRecord, ReplayReport
+from backend.store.workers import LeaseKind, WorkerState
 from tui.console_backend import ConsoleBackend
 from tui.format import compact_json, duration, short
 from tui.widgets.leases import left_ms, owner_alive
 from tui.widgets.receipts import VERDICT_LABEL, differing_keys
 from tui.widgets.workers import worker_state
 
-RELEASABLE_KINDS = ("execution", "summary_job", "dream")
-ROW_LIST_KEYS = ("rows", "results", "receipts", "items", "details", "summaries")
+RELEASABLE_KINDS = tuple(LeaseKind)
 
 
 @dataclass
@@ -61,15 +62,6 @@ def result_counts(result: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def result_rows(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The per-receipt entries of a replay result, whatever the list is called."""
-    for name in ROW_LIST_KEYS:
-        rows = result.get(name)
-        if isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows):
-            return rows
-    return []
-
-
 def key_diff_lines(keys: Sequence[Any], indent: str = "    ") -> list[str]:
     lines = []
     for item in keys:
@@ -91,24 +83,21 @@ def _json(value: Any) -> str:
     return short(json.dumps(value, default=str, sort_keys=True), 60)
 
 
-def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, Any]) -> str:
+def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: ReplayReport | None) -> str:
     """The dry-run diff: the library's per-receipt verdicts, else the snapshot's key diffs."""
     lines = []
-    counts = result_counts(dry_run)
+    counts = result_counts(dry_run) if dry_run is not None else ""
     if counts:
         lines.append(f"dry run: {counts}")
-    rows = result_rows(dry_run)
+    rows = dry_run["rows"] if dry_run is not None else []
     if rows:
         for row in rows:
-            ident = row.get("summary_id") or row.get("session_id") or "?"
-            verdict = VERDICT_LABEL.get(str(row.get("verdict")), row.get("verdict") or "")
-            outcome = row.get("outcome") or row.get("action") or ""
-            reason = f" ({row['reason']})" if row.get("reason") else ""
-            lines.append(f"  {ident}  {verdict}  → {outcome}{reason}".rstrip())
-            if row.get("document"):
+            verdict = VERDICT_LABEL.get(str(row["verdict"]), row["verdict"] or "")
+            reason = f" ({row['reason']})" if row["reason"] else ""
+            lines.append(f"  {row['summary_id']}  {verdict}  → {row['outcome']}{reason}".rstrip())
+            if row["document"]:
                 lines.append(f"    document: {_json(row['document'])}")
-            keys = row.get("keys") or row.get("differences") or row.get("diff") or []
-            lines += key_diff_lines(keys if isinstance(keys, list) else [keys])
+            lines += key_diff_lines(row["keys"])
     else:
         for record in records:
             lines.append(
@@ -120,7 +109,7 @@ def replay_preview(records: Sequence[Mapping[str, Any]], dry_run: Mapping[str, A
 
 
 def replay_plan(
-    records: Sequence[Mapping[str, Any]], *, all_mismatched: bool, dry_run: Mapping[str, Any]
+    records: Sequence[Mapping[str, Any]], *, all_mismatched: bool, dry_run: ReplayReport
 ) -> ActionPlan:
     """Replay the selected receipt(s), or every mismatched one, with the dry-run diff shown."""
     ids = [str(r.get("summary_id")) for r in records]
@@ -149,26 +138,22 @@ def replay_plan(
 
 
 # -- drain ------------------------------------------------------------------------
-def drain_plan(worker: Mapping[str, Any], leases: Sequence[Mapping[str, Any]], now: int) -> ActionPlan:
+def drain_plan(worker: Mapping[str, Any], leases: Sequence[LeaseRecord], now: int) -> ActionPlan:
     """Drain one worker; names its role, pid, host, state and the leases it holds."""
     owner = str(worker.get("owner_id"))
     state = worker_state(dict(worker), now)
-    held = [lease for lease in leases if lease.get("owner_id") == owner]
+    held = [lease for lease in leases if lease["owner_id"] == owner]
     lines = [
         f"Worker {owner}",
         f"role {worker.get('role')} · pid {worker.get('pid')} on {worker.get('host')} · {state} · "
         f"heartbeat {duration(now - int(worker.get('heartbeat_at') or now))} ago",
         f"Holds {len(held)} lease{'s' if len(held) != 1 else ''}"
-        + (
-            ": " + ", ".join(f"{lease.get('session_id')} ({lease.get('kind')})" for lease in held[:6])
-            if held
-            else ""
-        )
+        + (": " + ", ".join(f"{lease['session_id']} ({lease['kind']})" for lease in held[:6]) if held else "")
         + (" …" if len(held) > 6 else ""),
         "It stops claiming, finishes or hands back in-flight work, releases its leases and exits.",
     ]
     warning = ""
-    if state in ("stopped", "dead"):
+    if state in (WorkerState.STOPPED, "dead"):
         warning = f"This worker is {state}: the library will refuse to drain it" + (
             "; release its leases instead." if state == "dead" else "."
         )
@@ -214,7 +199,7 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
 
 
 # -- running and describing ----------------------------------------------------
-async def execute(plan: ActionPlan, backend: ConsoleBackend) -> dict[str, Any]:
+async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Mapping[str, Any]:
     """Run a confirmed plan through `backend.ops` (the library re-checks and journals it)."""
     p = plan.params
     if plan.action == "replay":

@@ -1,9 +1,11 @@
 """The rem console: wiring of panels, live refresh, and operator actions.
 
 Refresh: watchfiles sees state.db / state.db-wal change (or the slow poll
-fires) -> one worker reads `PRAGMA data_version` on the gate connection and,
-only if it moved, `ops.status` -> `SnapshotLoaded` -> the tables are updated
-in place. The next refresh starts only after the previous one finished.
+fires) -> the `RefreshScheduler` starts one worker, which reads `PRAGMA
+data_version` on the gate connection and, only if it moved, `ops.status` ->
+`SnapshotLoaded` -> the `ApplyChain` updates the tables in place, a few per
+frame. The next refresh starts only after the previous one finished
+(`tui/refresh.py`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ from textual.worker import Worker, WorkerState
 from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
+from backend.ops.records import Status
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
 from tui.format import home_short, one_line_error, palette_from
 from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotLoaded
+from tui.refresh import ApplyChain, RefreshScheduler, Ticker, WorkerGroup, new_events, state_db_changes
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen, history_keys
+from tui.screens.detail import DetailScreen
 from tui.screens.export import ExportScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.widgets.action_log import ActionLogTable
@@ -54,10 +58,6 @@ from tui.widgets.workers import WorkerTable
 
 log = logging.getLogger("rem.console")
 
-WATCHED_FILES = frozenset({"state.db", "state.db-wal"})
-FRAME_BUDGET_MS = 15.0
-# panels with live (time-derived) cells, in the order the 1 s tick visits them
-TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
 ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release"})
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("backlog", BacklogTable),
@@ -146,24 +146,19 @@ class ConsoleApp(App[None]):
         self.chroma_url = chroma_url
         self.data_label = data_label or home_short(self.data.root)
         self.status_loader = status_loader
-        self.watch_files, self.poll_s, self.health_s = watch, poll_s, health_s
-        self.min_interval_s = min_interval_s
+        self.watch_files, self.poll_s = watch, poll_s
         self.backend: ConsoleBackend | None = None
         self.paused = False
-        self.latest: dict[str, Any] | None = None  # last snapshot loaded
-        self.applied: dict[str, Any] | None = None  # last snapshot shown
+        self.latest: Status | None = None  # last snapshot loaded
+        self.applied: Status | None = None  # last snapshot shown
         self._seen_version: int | None = None
-        self._refresh_running = self._refresh_wanted = self._force_next = self._timer_pending = False
-        self._last_refresh_start = 0.0
-        self._last_forced = 0.0
+        self.refresher = RefreshScheduler(
+            self.load_snapshot, self.set_timer, min_interval_s=min_interval_s, health_s=health_s
+        )
+        self.apply_chain = ApplyChain(self.call_after_refresh, lambda: self._palette, self._applied)
         self._last_panel = "leases"
         self._action_workers: dict[Worker[Any], ActionPlan] = {}
-        self._tick_count = 0
-        self._last_cycle_s = self._apply_started = 0.0
-        self._showing: dict[str, Any] = {}
-        self._showing_now = 0
-        self._apply_queue: list[SnapshotTable] = []
-        self._chain_running = False
+        self.ticker = Ticker(self._tick_panel)
         self._palette = palette_from({})
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
@@ -218,8 +213,8 @@ class ConsoleApp(App[None]):
             self.data, read_only=self.read_only, chroma_url=self.chroma_url, status_loader=self.status_loader
         )
         self.header.set_state(palette=self._palette, now=clock.now_ms())
-        self.set_interval(1.0 / len(TICK_ORDER), self._tick_every_fifth_second)
-        self.set_interval(self.poll_s, self._poll)
+        self.set_interval(Ticker.every_step_s, self.ticker.step)
+        self.set_interval(self.poll_s, self.refresher.poll)
         self.panel("leases").focus()
         self.request_refresh(force=True)
         if self.watch_files:
@@ -254,34 +249,9 @@ class ConsoleApp(App[None]):
     # -- live refresh --------------------------------------------------------------
     def request_refresh(self, force: bool = False) -> None:
         """Start a refresh now, or right after the running one (never two at once)."""
-        self._force_next |= force
-        if self._refresh_running:
-            self._refresh_wanted = True
-            return
-        # at most one refresh per min_interval_s, and never more than half the time busy
-        # refreshing: a big data dir under heavy writes must not starve keys and daemons
-        gap = max(self.min_interval_s, self._last_cycle_s)
-        wait = self._last_refresh_start + gap - time.monotonic()
-        if wait > 0:
-            if not self._timer_pending:
-                self._timer_pending = True
-                self.set_timer(wait, self._start_refresh)
-            return
-        self._start_refresh()
+        self.refresher.request(force)
 
-    def _start_refresh(self) -> None:
-        self._timer_pending = False
-        if self._refresh_running:
-            self._refresh_wanted = True
-            return
-        force, self._force_next = self._force_next, False
-        self._refresh_running, self._refresh_wanted = True, False
-        self._last_refresh_start = time.monotonic()
-        if force:
-            self._last_forced = self._last_refresh_start
-        self.load_snapshot(force)
-
-    @work(exclusive=True, group="snapshot", exit_on_error=False)
+    @work(exclusive=True, group=WorkerGroup.SNAPSHOT, exit_on_error=False)
     async def load_snapshot(self, force: bool) -> None:
         """Read data_version; if it moved (or forced), read the snapshot and report it."""
         assert self.backend is not None
@@ -292,27 +262,10 @@ class ConsoleApp(App[None]):
         snapshot = await self.backend.status()
         self.post_message(SnapshotLoaded(snapshot, version, (time.perf_counter() - started) * 1000))
 
-    def _poll(self) -> None:
-        # Chroma health and heartbeat ages change without a commit: force now and then
-        force = time.monotonic() - self._last_forced >= self.health_s
-        self.request_refresh(force=force)
-
-    @work(exclusive=True, group="watch", exit_on_error=False)
+    @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
     async def watch_data_dir(self) -> None:
-        """Post DataDirChanged whenever state.db or its WAL changes (non-recursive watch)."""
-        from watchfiles import awatch
-
-        def only_state_db(_change: object, path: str) -> bool:
-            return os.path.basename(path) in WATCHED_FILES
-
-        async for _changes in awatch(
-            self.data.root,
-            watch_filter=only_state_db,
-            recursive=False,
-            debounce=50,
-            step=10,
-            yield_on_timeout=False,
-        ):
+        """Post DataDirChanged whenever state.db or its WAL changes."""
+        async for _ in state_db_changes(self.data.root):
             self.post_message(DataDirChanged())
 
     def on_data_dir_changed(self, _message: DataDirChanged) -> None:
@@ -324,12 +277,12 @@ class ConsoleApp(App[None]):
         self.stats["loads"] += 1
         self.stats["load_ms"].append(message.took_ms)
         self.banner.set_problem("database", None)
-        chroma = message.snapshot.get("chroma") or {}
-        error = str(chroma.get("error") or "no answer").replace(str(self.data.root), self.data_label)
+        chroma = message.snapshot["chroma"]
+        error = str(chroma["error"] or "no answer").replace(str(self.data.root), self.data_label)
         self.banner.set_problem(
             "chroma",
             None
-            if chroma.get("healthy") or not chroma
+            if chroma["healthy"]
             else f"Chroma unreachable: {error} — replay needs it; everything else is live",
         )
         if self.paused or len(self.screen_stack) > 1:
@@ -337,78 +290,42 @@ class ConsoleApp(App[None]):
             return
         self.apply_snapshot(message.snapshot)
 
-    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def apply_snapshot(self, snapshot: Status) -> None:
         """Show a snapshot: header and trends at once, the panels as frames allow.
 
-        On a big data dir a panel update costs 10-30 ms; doing all seven in one
-        frame would hold keys and mouse for over 100 ms, so once a frame has
-        spent FRAME_BUDGET_MS the rest wait for the next frame. A snapshot that
-        arrives meanwhile continues the same queue (panels still waiting first),
-        so under constant writes no panel starves. `applied` is set once every
-        panel shows the newest snapshot.
+        `applied` is set once every panel shows the newest snapshot.
         """
         now = clock.now_ms()
-        self._apply_started = time.perf_counter()
-        self._showing, self._showing_now = snapshot, now
         self.header.set_state(snapshot=snapshot, now=now, waiting="")
         self.trends.record(now, trend_values(snapshot, now))
-        waiting = self._apply_queue
-        self._apply_queue = waiting + [t for t in self.panels() if t not in waiting]
-        if not self._chain_running:
-            self._chain_running = True
-            self._apply_next()
+        self.apply_chain.apply(snapshot, now, self.panels())
 
-    def _apply_next(self) -> None:
-        started = time.perf_counter()
-        while self._apply_queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
-            self._apply_queue.pop(0).show(self._showing, self._showing_now, self._palette)
-        if self._apply_queue:
-            self.call_after_refresh(self._apply_next)
-            return
-        self._chain_running = False
+    def _applied(self, snapshot: Status, took_s: float) -> None:
         if self.applied is None:
             # Textual, the modules and the first snapshot are long-lived: keep them out of
             # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms
             # about once a second on a big data dir (refcounting still frees them)
             gc.freeze()
-        self.applied = self._showing
+        self.applied = snapshot
         self.stats["applies"] += 1
-        took = time.perf_counter() - self._apply_started
-        self.stats["apply_ms"].append(took * 1000)
-        self._last_cycle_s = took + (self.stats["load_ms"][-1] / 1000 if self.stats["load_ms"] else 0)
+        self.stats["apply_ms"].append(took_s * 1000)
+        load_s = self.stats["load_ms"][-1] / 1000 if self.stats["load_ms"] else 0
+        self.refresher.last_cycle_s = took_s + load_s
 
     def apply_pending(self) -> None:
         """Show the latest snapshot if it was held back (pause ended, modal closed)."""
         if not self.paused and self.latest is not None and self.latest is not self.applied:
             self.apply_snapshot(self.latest)
 
-    def waiting_changes(self) -> str:
-        """How many journal events arrived since the snapshot shown (`100+` past the tail)."""
-        if self.latest is None or self.applied is None or self.latest is self.applied:
-            return "0 new events"
-        shown = max((e.get("id") or 0 for e in self.applied.get("events") or []), default=0)
-        new = [e.get("id") or 0 for e in self.latest.get("events") or []]
-        count = sum(1 for i in new if i > shown)
-        more = "+" if new and count == len(new) and min(new) > shown + 1 else ""
-        return f"{count}{more} new events"
-
     def _show_waiting(self) -> None:
-        self.header.set_state(paused=self.paused, waiting=self.waiting_changes())
+        self.header.set_state(paused=self.paused, waiting=new_events(self.latest, self.applied))
 
     def tick(self) -> None:
         """Countdowns, heartbeat ages and trends for every panel at once (never the database)."""
-        for step in range(len(TICK_ORDER)):
-            self._tick_step(step)
+        self.ticker.all()
 
-    def _tick_every_fifth_second(self) -> None:
-        # Each panel re-renders its live cells once a second, the panels 200 ms apart, so
-        # no single frame redraws them all; the lease countdown keeps a steady 1 s beat.
-        self._tick_step(self._tick_count % len(TICK_ORDER))
-        self._tick_count += 1
-
-    def _tick_step(self, step: int) -> None:
+    def _tick_panel(self, name: str) -> None:
         now = clock.now_ms()
-        name = TICK_ORDER[step]
         if name == "leases":
             self.header.set_state(now=now)
             if self.latest is not None:
@@ -419,24 +336,22 @@ class ConsoleApp(App[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         finished = event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED)
-        if worker.group == "snapshot" and finished:
-            self._refresh_running = False
+        if worker.group == WorkerGroup.SNAPSHOT and finished:
             if event.state == WorkerState.ERROR:
                 self._snapshot_failed(worker.error)
-            if self._refresh_wanted or self._force_next:
-                self.request_refresh()
+            self.refresher.finished()
         if event.state != WorkerState.ERROR:
             if finished:
                 self._action_workers.pop(worker, None)
             return
         error = worker.error
-        if worker.group in ("action", "dry-run"):
+        if worker.group in (WorkerGroup.ACTION, WorkerGroup.DRY_RUN):
             self._action_failed(self._action_workers.pop(worker, None), worker.name, error)
-        elif worker.group == "watch":
+        elif worker.group == WorkerGroup.WATCH:
             self.notify(
                 f"file watching stopped ({error}); polling every {self.poll_s:g} s", severity="warning"
             )
-        elif worker.group != "snapshot":
+        elif worker.group != WorkerGroup.SNAPSHOT:
             self.notify(f"{worker.group}: {self.one_line(error)}", severity="error")
             log.error("worker %s failed", worker.name, exc_info=error)
 
@@ -504,7 +419,7 @@ class ConsoleApp(App[None]):
             return
         self.prepare_replay(records, True)
 
-    @work(exclusive=True, group="dry-run", exit_on_error=False, name="replay")
+    @work(exclusive=True, group=WorkerGroup.DRY_RUN, exit_on_error=False, name="replay")
     async def prepare_replay(self, records: list[dict[str, Any]], all_mismatched: bool) -> None:
         """Ask the library for the dry-run diff, then confirm with it."""
         assert self.backend is not None
@@ -526,7 +441,7 @@ class ConsoleApp(App[None]):
     def action_drain(self) -> None:
         record = self._selected("workers", "worker")
         if record is not None:
-            leases = (self.applied or {}).get("leases") or []
+            leases = self.applied["leases"] if self.applied is not None else []
             self.confirm(actions.drain_plan(record, leases, clock.now_ms()))
 
     def action_release(self) -> None:
@@ -554,7 +469,7 @@ class ConsoleApp(App[None]):
         self._action_workers[worker] = plan
         return worker
 
-    @work(group="action", exit_on_error=False)
+    @work(group=WorkerGroup.ACTION, exit_on_error=False)
     async def _run_plan(self, plan: ActionPlan) -> None:
         assert self.backend is not None
         result = await actions.execute(plan, self.backend)
@@ -618,28 +533,11 @@ class ConsoleApp(App[None]):
 
     def show_detail(self, table: SnapshotTable) -> None:
         record = table.selected_record()
-        if record is None or self.backend is None:
-            return
-        backend = self.backend
-        session_id, target = history_keys(table.PANEL_NAME, record)
-
-        async def history() -> list[dict[str, Any]]:
-            return await backend.history(session_id=session_id, target=target)
-
-        async def live_diff() -> dict[str, Any]:
-            return await backend.replay([str(record.get("summary_id"))], dry_run=True)
-
-        title = f"{table.PANEL_NAME}: {target or session_id or table.selected_key()}"
-        self.push_screen(
-            DetailScreen(
-                title,
-                record,
-                history=history,
-                live_diff=live_diff,
-                receipt=table.PANEL_NAME == "receipts",
-                describe_error=self.one_line,
+        if record is not None and self.backend is not None:
+            screen = DetailScreen.of_row(
+                table.PANEL_NAME, table.selected_key(), record, self.backend, describe_error=self.one_line
             )
-        )
+            self.push_screen(screen)
 
     def action_focus_panel(self, name: str) -> None:
         self.panel(name).focus()
@@ -656,22 +554,16 @@ class ConsoleApp(App[None]):
     def action_export_csv(self) -> None:
         """Write the focused panel as CSV: to logs/ (or the current folder); read-only, where the operator says."""
         table = self.focused_panel()
-        text = table.to_csv()
-        name = f"console-{table.PANEL_NAME}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
         if self.read_only:
-            self.ask_export_path(table, text, name)
+            self.ask_export_path(table, table.to_csv(), table.csv_file_name())
             return
-        for folder in (self.data.logs, Path.cwd()):
-            try:
-                private.make_private_dir(folder)
-                private.create_export(folder / name, text)
-            except (OSError, RemError):
-                continue
-            self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {folder / name}")
-            return
-        self.notify(
-            "could not write the CSV to the data dir's logs/ or the current directory", severity="error"
-        )
+        path = table.export_csv([self.data.logs, Path.cwd()])
+        if path is None:
+            self.notify(
+                "could not write the CSV to the data dir's logs/ or the current directory", severity="error"
+            )
+        else:
+            self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {path}")
 
     def ask_export_path(self, table: SnapshotTable, text: str, name: str) -> None:
         """Read-only: the data dir gets no new bytes, so the operator names a file outside it."""

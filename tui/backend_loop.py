@@ -46,7 +46,7 @@ class BackendLoop:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return await asyncio.wrap_future(future)
 
-    def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+    def run_blocking(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
         """Block the calling thread on `coro` (shutdown only, never from the UI loop)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 

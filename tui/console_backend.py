@@ -15,6 +15,7 @@ from typing import Any
 from backend import ops
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
+from backend.ops.records import ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import events
 from backend.store.db import Database
@@ -22,7 +23,7 @@ from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
 
-StatusLoader = Callable[[Context], Awaitable[dict[str, Any]]]
+StatusLoader = Callable[[Context], Awaitable[Status]]
 
 
 class ConsoleBackend:
@@ -73,11 +74,11 @@ class ConsoleBackend:
         """`PRAGMA data_version` of the gate connection (changes when anyone else commits)."""
         return await self.loop.run(self._data_version())
 
-    async def _status(self) -> dict[str, Any]:
+    async def _status(self) -> Status:
         self._require_state_db()
         return await self._status_loader(self.ctx)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         return await self.loop.run(self._status())
 
     async def _history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
@@ -91,7 +92,7 @@ class ConsoleBackend:
 
     async def replay(
         self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
-    ) -> dict[str, Any]:
+    ) -> ReplayReport:
         return await self.loop.run(
             ops.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
         )
@@ -111,7 +112,7 @@ class ConsoleBackend:
     def close(self) -> None:
         """Close both connections and stop the loop (called once, at exit)."""
         try:
-            self.loop.run_sync(self._close(), timeout=5)
+            self.loop.run_blocking(self._close(), timeout=5)
         except Exception:  # closing must never turn an exit into a crash
             log.warning("closing the console backend failed", exc_info=True)
         self.loop.stop()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from textual.message import Message
 
+from backend.ops.records import Status
 from tui.actions import ActionPlan
 
 
 class SnapshotLoaded(Message):
     """A status snapshot was read (in `took_ms`) at gate `data_version`."""
 
-    def __init__(self, snapshot: dict[str, Any], data_version: int, took_ms: float) -> None:
+    def __init__(self, snapshot: Status, data_version: int, took_ms: float) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.data_version = data_version
@@ -34,7 +36,7 @@ class DryRunReady(Message):
 class ActionCompleted(Message):
     """A confirmed action returned from `backend.ops`."""
 
-    def __init__(self, plan: ActionPlan, result: dict[str, Any]) -> None:
+    def __init__(self, plan: ActionPlan, result: Mapping[str, Any]) -> None:
         super().__init__()
         self.plan = plan
         self.result = result

@@ -32,6 +32,13 @@ COLLECTION = Settings.chroma_collection.default
 Metadata = dict[str, Any]
 
 
+class ChromaRow(NamedTuple):
+    """One row of the collection as `get` returns it."""
+
+    document: str | None
+    metadata: Metadata
+
+
 class LiveRow(NamedTuple):
     """A summary row as Chroma holds it now (the embedding as chromadb returns it)."""
 
@@ -140,17 +147,17 @@ class ChromaStore:
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
         return await asyncio.to_thread(self._call, fn)
 
-    async def get(
-        self, ids: Sequence[str], *, include_embeddings: bool = False
-    ) -> dict[str, tuple[str | None, Metadata]]:
-        """`{id: (document, metadata)}` for the ids that exist (one round trip)."""
+    async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, ChromaRow]:
+        """`{id: ChromaRow(document, metadata)}` for the ids that exist (one round trip)."""
         include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
         if not ids:
             return {}
         result = await self._run(lambda c: c.get(ids=list(ids), include=include))
-        rows: dict[str, tuple[str | None, Metadata]] = {}
+        rows: dict[str, ChromaRow] = {}
         for i, row_id in enumerate(result["ids"]):
-            rows[row_id] = (result["documents"][i], dict(result["metadatas"][i] or {}))
+            rows[row_id] = ChromaRow(
+                document=result["documents"][i], metadata=dict(result["metadatas"][i] or {})
+            )
         return rows
 
     def _refuse_write(self, what: str) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend.cli import common
+from backend.store.workers import WorkerRole
 
 if TYPE_CHECKING:  # the daemons import Chroma: only `rem daemon` pays for it
     from backend.runtime.daemon import Daemon
@@ -17,14 +17,8 @@ def register(app: typer.Typer) -> None:
     app.command("daemon")(daemon)
 
 
-class Role(str, Enum):
-    executor = "executor"
-    summarizer = "summarizer"
-    dream = "dream"
-
-
 def daemon(
-    role: Annotated[Role, typer.Option("--role", help="Which daemon to run.")],
+    role: Annotated[WorkerRole, typer.Option("--role", help="Which daemon to run.")],
     once: Annotated[bool, typer.Option("--once", help="Do one full pass and exit.")] = False,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
@@ -38,13 +32,13 @@ def daemon(
     return common.run(lambda: common.with_context(ctx, lambda c: cls(c, once=once).run()))
 
 
-def daemon_class(role: Role) -> type[Daemon]:
+def daemon_class(role: WorkerRole) -> type[Daemon]:
     """The `Daemon` subclass for a role, imported only now: `rem send` never pays for Chroma's import."""
-    if role is Role.executor:
+    if role is WorkerRole.EXECUTOR:
         from backend.execution.executor import Executor
 
         return Executor
-    if role is Role.summarizer:
+    if role is WorkerRole.SUMMARIZER:
         from backend.summaries.summarizer import Summarizer
 
         return Summarizer

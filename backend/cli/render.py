@@ -15,6 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from backend.ops.records import ReplayReport, Status
+from backend.store.workers import WorkerState
+
 
 def _console(*, stderr: bool = False) -> Console:
     # no emoji codes either: `:thumbs_up:` inside a value stays as typed
@@ -30,16 +33,80 @@ def _cell(value: Any) -> Text:
     return Text(str(value))
 
 
-def print_status(result: dict[str, Any]) -> None:
-    console = _console()
-    chroma = result["chroma"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({_e(chroma.get('error'))})"
-    console.print(f"[bold]rem[/] data dir {_e(result['data_dir'])}  schema v{result['schema_version']}")
-    console.print(f"Chroma {_e(chroma.get('url') or '-')}: {health}")
-    table = Table("what", "now", box=None)
-    for name, count in result["counts"].items():
-        table.add_row(_cell(name.replace("_", " ")), _cell(count))
+STATUS_ROWS = 20  # rows per list; `--json` has them all
+
+
+def print_status(result: Status) -> None:
+    """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
+    console = Console(highlight=False, emoji=False)  # values print as typed
+    chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
+    console.print(
+        f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
+        f"{counts['sessions']} sessions"
+    )
+    console.print(f"Chroma {escape(chroma['url'] or '-')}: {health}")
+    console.print(
+        f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
+        f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
+        f"workers alive {counts['workers_alive']}"
+    )
+    _print_rows(
+        console,
+        "Leases",
+        ("kind", "id", "owner", "epoch", "left"),
+        [
+            (
+                lease["kind"],
+                lease["id"],
+                lease["owner_id"] or "-",
+                lease["epoch"],
+                f"{lease['time_left_ms'] / 1000:.0f} s",
+            )
+            for lease in result["leases"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Receipt mismatches",
+        ("summary", "verdict", "keys"),
+        [
+            (r["summary_id"], r["verdict"], ", ".join(str(k["key"]) for k in r["keys"]) or "-")
+            for r in result["receipts"]["mismatched"]
+        ],
+    )
+    _print_rows(
+        console,
+        "Dream drift",
+        ("session", "class", "attempts"),
+        [(d["session_id"], d["class"], d["digest_attempts"]) for d in result["dream_drift"]],
+    )
+    _print_rows(
+        console,
+        "Workers",
+        ("owner", "role", "state", "pid", "heartbeat"),
+        [
+            (
+                w["owner_id"],
+                w["role"],
+                w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["pid"],
+                f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
+            )
+            for w in result["workers"]
+        ],
+    )
+
+
+def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(*columns, title=f"{title} ({len(rows)})", title_justify="left", box=None)
+    for row in rows[:STATUS_ROWS]:
+        table.add_row(*(escape(str(cell)) for cell in row))
     console.print(table)
+    if len(rows) > STATUS_ROWS:
+        console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
 
 
 def print_check(result: dict[str, Any]) -> None:
@@ -127,7 +194,7 @@ def print_bench(report: dict[str, Any]) -> None:
     _console().print(table)
 
 
-def print_replay(result: dict[str, Any]) -> None:
+def print_replay(result: ReplayReport) -> None:
     console = _console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
@@ -154,7 +221,7 @@ def drain_progress_printer() -> Any:
             sys.stderr.write(line.ljust(90))
             sys.stderr.flush()
             last[:] = [line]
-        if report["state"] == "stopped":
+        if report["state"] == WorkerState.STOPPED:
             sys.stderr.write("\n")
 
     return show

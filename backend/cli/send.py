@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from typing import Annotated
 
 import typer
@@ -11,11 +10,6 @@ import typer
 from backend import ops
 from backend.cli import common
 from backend.execution import sessions
-
-
-class Delivery(str, Enum):
-    queue = "queue"
-    steer = "steer"
 
 
 def register(app: typer.Typer) -> None:
@@ -31,11 +25,11 @@ def send(
         ),
     ],
     delivery: Annotated[
-        Delivery,
+        sessions.Delivery,
         typer.Option(
             "--delivery", help="queue: start the next turn when idle; steer: join the running turn."
         ),
-    ] = Delivery.queue,
+    ] = sessions.Delivery.QUEUE,
     input_id: Annotated[
         str | None,
         typer.Option(
@@ -56,7 +50,7 @@ def send(
     ctx = common.make_context(data, None)
     result = common.run(
         lambda: common.with_context(
-            ctx, lambda c: ops.send(c, session, text, delivery=delivery.value, input_id=input_id)
+            ctx, lambda c: ops.send(c, session, text, delivery=delivery, input_id=input_id)
         )
     )
     if json:

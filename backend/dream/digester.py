@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import aiosqlite
@@ -63,12 +64,13 @@ from backend.core.errors import (
 from backend.core.settings import Settings, settings
 from backend.dream import graph
 from backend.dream.extractor import Extractor, KeywordExtractor
-from backend.dream.overlay import OVERLAY_BATCH, OVERLAY_SQL, settle_overlays, write_overlays
+from backend.dream.overlay import OVERLAY_BATCH, OVERLAY_SQL, OverlayOutcome, settle_overlays, write_overlays
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import Database, execute, fetchall, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.revision import raw_revision
+from backend.store.workers import WorkerRole
 
 DREAM_LEASE_MS = Settings.dream_lease_ms.default
 MAX_DIGEST_ATTEMPTS = 3
@@ -140,14 +142,49 @@ WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 
 
-@dataclass(frozen=True)
+class DigestState(StrEnum):
+    """`dream_state.digest_state`."""
+
+    PENDING = "pending"  # a published revision waits for Dream
+    IN_PROGRESS = "in_progress"  # a Dream daemon holds the claim lease
+    DIGESTED = "digested"  # the published revision is in the graph
+    DEFERRED = "deferred"  # the last digestion failed; retried after a backoff
+    UNDIGESTIBLE = "undigestible"  # failed MAX_DIGEST_ATTEMPTS times: parked until a new revision
+    LEGACY = "legacy"  # honoured as digested by the legacy `graphDigested` flag alone
+
+
+class DigestOutcome(StrEnum):
+    """What one digestion of a claimed session came to."""
+
+    COMPLETED = "completed"  # the captured revision is attested, and still the published one
+    COMPLETED_SUPERSEDED = "completed_superseded"  # attested, but synthesis published another meanwhile
+    STALE = "stale"  # the raw turns no longer match the published revision: nothing written
+    LOST = "lost"  # the claim lease was lost: nothing published
+    SUPERSEDED = "superseded"  # failed, but a newer revision was published meanwhile
+    DEFERRED = "deferred"  # failed: retried after a backoff
+    UNDIGESTIBLE = "undigestible"  # failed too often: parked
+
+
+class DriftClass(StrEnum):
+    """Why a session's Dream state disagrees with what synthesis published (the Drift panel)."""
+
+    SUMMARY_STALE = "summary_stale"  # raw turns changed since the last summary
+    DREAM_PENDING = "dream_pending"  # never digested at the published revision
+    STALE_COMPLETION = "stale_completion"  # digested an older revision
+    DEFERRED = "deferred"
+    UNDIGESTIBLE = "undigestible"
+    LEGACY_ONLY = "legacy_only"  # only the legacy `graphDigested` flag says it is digested
+    CURRENT = "current"  # no drift (never listed)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Candidate:
     session_id: str
     revision: str
     ready_at: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Claim:
     """A held Dream lease on one session, for exactly one captured revision."""
 
@@ -157,7 +194,7 @@ class Claim:
     owner_id: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     claim: Claim
     turns: list[dict[str, Any]]
@@ -172,7 +209,10 @@ def retry_delay_ms(attempts: int, base_ms: int = RETRY_BASE_MS) -> int:
 async def select_pending(db: Database, now: int, limit: int = BATCH) -> list[Candidate]:
     """The first `limit` sessions ready for Dream, oldest ready time first."""
     rows = await db.fetchall(SELECT_PENDING_SQL, {"now": now, "limit": limit})
-    return [Candidate(r["session_id"], r["input_revision"], int(r["ready_at"])) for r in rows]
+    return [
+        Candidate(session_id=r["session_id"], revision=r["input_revision"], ready_at=int(r["ready_at"]))
+        for r in rows
+    ]
 
 
 async def claim_session(
@@ -186,7 +226,12 @@ async def claim_session(
         )
         if not rows:
             return None
-        claim = Claim(session_id, rows[0]["input_revision"], int(rows[0]["epoch"]), owner_id)
+        claim = Claim(
+            session_id=session_id,
+            revision=rows[0]["input_revision"],
+            epoch=int(rows[0]["epoch"]),
+            owner_id=owner_id,
+        )
         if before is not None and before["owner_id"] not in (None, owner_id):
             # the previous holder died or stalled past its lease: journal the takeover
             await append_event(
@@ -235,7 +280,7 @@ async def release_claim(
 class Dreamer(Daemon):
     """The `dream` daemon: select, claim, re-check, build the graph, attest, overlay."""
 
-    role = "dream"
+    role = WorkerRole.DREAM
 
     def __init__(
         self,
@@ -291,7 +336,7 @@ class Dreamer(Daemon):
                 handled += 1
         return handled + await self.flush_overlays()
 
-    async def digest_candidate(self, candidate: Candidate) -> str | None:
+    async def digest_candidate(self, candidate: Candidate) -> DigestOutcome | None:
         """Claim and digest one selected session; None when it is not claimable any more."""
         claim = await claim_session(
             self.db, candidate.session_id, self.owner_id, clock.now_ms(), self.lease_ms
@@ -300,13 +345,13 @@ class Dreamer(Daemon):
             return None  # another worker holds it, or it was completed meanwhile
         return await self.digest(claim)
 
-    async def digest(self, claim: Claim) -> str:
+    async def digest(self, claim: Claim) -> DigestOutcome:
         """Digest one claimed session; returns the outcome (completed, stale, deferred, ...)."""
         self._current = claim
         try:
             prepared = await self.prepare(claim)
             if prepared is None:
-                return "stale"
+                return DigestOutcome.STALE
             return await self.complete(prepared)
         finally:
             self._current = None
@@ -318,7 +363,7 @@ class Dreamer(Daemon):
             revision, turns = await raw_revision(conn, claim.session_id)
             row = await fetchone(conn, "SELECT title FROM session WHERE id = ?", (claim.session_id,))
         if revision == claim.revision:
-            return Prepared(claim, turns, row["title"] if row else "")
+            return Prepared(claim=claim, turns=turns, title=row["title"] if row else "")
         await self._release_stale(claim, revision)
         return None
 
@@ -360,7 +405,7 @@ class Dreamer(Daemon):
                 )
         self.log.info("dream %s stale: published %s, raw %s", claim.session_id, claim.revision, raw)
 
-    async def complete(self, prepared: Prepared) -> str:
+    async def complete(self, prepared: Prepared) -> DigestOutcome:
         """Build the graph from the prepared raw turns and attest the captured revision."""
         claim = prepared.claim
         try:
@@ -373,7 +418,7 @@ class Dreamer(Daemon):
             return await self._attest(claim, graph.plan_keys(chunks))
         except LeaseLost as exc:
             self.log.warning("dream %s: %s; published nothing", claim.session_id, exc)
-            return "lost"
+            return DigestOutcome.LOST
         except INFRASTRUCTURE_ERRORS:
             await self._release_quietly(claim)
             raise
@@ -389,7 +434,7 @@ class Dreamer(Daemon):
             if index == 0:
                 faults.point("dream.mid_graph")
 
-    async def _attest(self, claim: Claim, plan: graph.Plan) -> str:
+    async def _attest(self, claim: Claim, plan: graph.Plan) -> DigestOutcome:
         """Sweep the previous revision's rows and record completion, by CAS on the claim epoch."""
         now = clock.now_ms()
         async with self.db.tx() as conn:
@@ -445,9 +490,9 @@ class Dreamer(Daemon):
             claim.revision,
             "current" if current else f"published moved on to {row['input_revision']}",
         )
-        return "completed" if current else "completed_superseded"
+        return DigestOutcome.COMPLETED if current else DigestOutcome.COMPLETED_SUPERSEDED
 
-    async def _record_failure(self, claim: Claim, exc: BaseException) -> str:
+    async def _record_failure(self, claim: Claim, exc: BaseException) -> DigestOutcome:
         """Count a failed digestion of the captured revision; the third makes it undigestible."""
         now = clock.now_ms()
         reason = f"{type(exc).__name__}: {exc}"[:500]
@@ -459,7 +504,7 @@ class Dreamer(Daemon):
                 (claim.session_id, claim.owner_id, claim.epoch),
             )
             if row is None:
-                return "lost"
+                return DigestOutcome.LOST
             if row["input_revision"] != claim.revision:
                 # a failure of A must not block B, published meanwhile
                 await execute(
@@ -474,7 +519,7 @@ class Dreamer(Daemon):
                         "epoch": claim.epoch,
                     },
                 )
-                return "superseded"
+                return DigestOutcome.SUPERSEDED
             same = row["attempts_revision"] == claim.revision
             attempts = (int(row["digest_attempts"]) if same else 0) + 1
             undigestible = attempts >= MAX_DIGEST_ATTEMPTS
@@ -482,7 +527,7 @@ class Dreamer(Daemon):
                 conn,
                 FAIL_SQL,
                 {
-                    "state": "undigestible" if undigestible else "deferred",
+                    "state": DigestState.UNDIGESTIBLE if undigestible else DigestState.DEFERRED,
                     "attempts": attempts,
                     "rev": claim.revision,
                     "reason": reason,
@@ -509,7 +554,7 @@ class Dreamer(Daemon):
             attempts,
             reason,
         )
-        return "undigestible" if undigestible else "deferred"
+        return DigestOutcome.UNDIGESTIBLE if undigestible else DigestOutcome.DEFERRED
 
     async def _release_quietly(self, claim: Claim) -> None:
         try:
@@ -551,41 +596,40 @@ class Dreamer(Daemon):
             return 0
         self._chroma_backoff_ms = 500
         await settle_overlays(self.db, rows, outcome, self.owner_id)
-        return sum(1 for v in outcome.values() if v == "confirmed")
+        return sum(1 for v in outcome.values() if v == OverlayOutcome.CONFIRMED)
 
 
 # -- status helpers for the lead's ops.status / check --------------------------
-DRIFT_CLASSES = (
-    "summary_stale",
-    "dream_pending",
-    "stale_completion",
-    "deferred",
-    "undigestible",
-    "legacy_only",
-)
+# the classes the Drift panel lists, in its order
+DRIFT_CLASSES = tuple(c for c in DriftClass if c is not DriftClass.CURRENT)
+# classify_drift runs per row of the status snapshot, and an Enum member attribute costs
+# ~0.5 us on Python 3.11: plain module names for the members it compares and returns
+_LEGACY, _UNDIGESTIBLE, _DEFERRED = DigestState.LEGACY, DigestState.UNDIGESTIBLE, DigestState.DEFERRED
+_D_LEGACY, _D_UNDIGESTIBLE, _D_DEFERRED = DriftClass.LEGACY_ONLY, DriftClass.UNDIGESTIBLE, DriftClass.DEFERRED
+_D_STALE, _D_CURRENT = DriftClass.SUMMARY_STALE, DriftClass.CURRENT
+_D_STALE_COMPLETION, _D_PENDING = DriftClass.STALE_COMPLETION, DriftClass.DREAM_PENDING
 
 
-def classify_drift(row: Mapping[str, Any]) -> str:
+def classify_drift(row: Mapping[str, Any]) -> DriftClass:
     """The drift class of one dream_state row (optionally joined with summary_job's seqs).
 
-    One of DRIFT_CLASSES, or "current" when the row needs nothing. Order is
-    most actionable first: a parked revision before a stale summary before
-    plain pending work.
+    CURRENT when the row needs nothing. Order is most actionable first: a
+    parked revision before a stale summary before plain pending work.
     """
     state = row.get("digest_state")
     published, completed = row.get("input_revision"), row.get("completed_revision")
-    if state == "legacy" or (published is None and row.get("legacy_digested")):
-        return "legacy_only"
-    if state == "undigestible":
-        return "undigestible"
-    if state == "deferred":
-        return "deferred"
+    if state == _LEGACY or (published is None and row.get("legacy_digested")):
+        return _D_LEGACY
+    if state == _UNDIGESTIBLE:
+        return _D_UNDIGESTIBLE
+    if state == _DEFERRED:
+        return _D_DEFERRED
     dirty, clean = row.get("dirty_seq"), row.get("clean_seq")
     if dirty is not None and clean is not None and dirty > clean:
-        return "summary_stale"
+        return _D_STALE
     if published is None or completed == published:
-        return "current"
-    return "stale_completion" if completed is not None else "dream_pending"
+        return _D_CURRENT
+    return _D_STALE_COMPLETION if completed is not None else _D_PENDING
 
 
 async def legacy_only_count(db: Database) -> int:
@@ -612,7 +656,7 @@ async def legacy_retirement(db: Database, now: int | None = None) -> dict[str, A
 
 def is_legacy_only(metadata: Mapping[str, Any]) -> bool:
     """A Chroma row Dream digested before revisions existed: a digested flag, no revision."""
-    flagged = metadata.get("graphDigested") is True or metadata.get("digestState") == "digested"
+    flagged = metadata.get("graphDigested") is True or metadata.get("digestState") == DigestState.DIGESTED
     return flagged and metadata.get("dreamCompletedRevision") is None
 
 
@@ -624,7 +668,7 @@ async def import_legacy(ctx: Context, *, actor: str = "dream", page: int = 500) 
     marked = scanned = 0
     for start in range(0, len(ids), page):
         rows = await store.get(ids[start : start + page])
-        legacy = [session_id_of(i) for i, (_, meta) in rows.items() if is_legacy_only(meta)]
+        legacy = [session_id_of(i) for i, row in rows.items() if is_legacy_only(row.metadata)]
         scanned += len(rows)
         marked += await _mark_legacy(db, [s for s in legacy if s])
     if marked:

@@ -37,7 +37,7 @@ from typing import Any
 import aiosqlite
 
 from backend.dream.extractor import Extraction, Term
-from backend.store.db import execute, executemany, fetchall
+from backend.store.db import execute, executemany, fetchall, fetchone
 
 TURN_LABEL_CHARS = 80
 
@@ -256,6 +256,11 @@ async def sweep_session(conn: aiosqlite.Connection, session_id: str, plan: Plan)
 
 async def session_graph_counts(conn: aiosqlite.Connection, session_id: str) -> dict[str, int]:
     """How many nodes and edges the session owns."""
-    nodes = await fetchall(conn, "SELECT count(*) FROM graph_node WHERE session_id = ?", (session_id,))
-    edges = await fetchall(conn, "SELECT count(*) FROM graph_edge WHERE session_id = ?", (session_id,))
-    return {"nodes": int(nodes[0][0]), "edges": int(edges[0][0])}
+    row = await fetchone(
+        conn,
+        "SELECT (SELECT count(*) FROM graph_node WHERE session_id = :sid) AS nodes, "
+        "(SELECT count(*) FROM graph_edge WHERE session_id = :sid) AS edges",
+        {"sid": session_id},
+    )
+    assert row is not None  # a SELECT without FROM returns one row
+    return {"nodes": int(row["nodes"]), "edges": int(row["edges"])}

@@ -16,6 +16,7 @@ never named, so `update` cannot touch them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 from backend.chroma.ownership import DREAM_OWNED_KEYS, summary_row_id
@@ -25,6 +26,16 @@ from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
 
 OVERLAY_MISSING_RETRY_MS = 60_000
+
+
+class OverlayOutcome(StrEnum):
+    """What the read-back found after writing one session's overlay."""
+
+    CONFIRMED = "confirmed"  # every Dream-owned key reads back as written
+    DIFFERS = "differs"  # a key reads back otherwise (a concurrent writer): retried
+    MISSING = "missing"  # no summary row to overlay: retried after OVERLAY_MISSING_RETRY_MS
+
+
 OVERLAY_BATCH = 100
 
 OVERLAY_SQL = """
@@ -42,6 +53,7 @@ def overlay_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
     state = row["digest_state"]
     metadata = {
         "graphDigested": completed is not None and completed == published,
+        # a claim in flight is still pending to a reader of the row
         "digestState": "pending" if state == "in_progress" else state,
         "digestAttempts": int(row["digest_attempts"]),
         "deferReason": row["defer_reason"],
@@ -52,7 +64,7 @@ def overlay_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-async def write_overlays(ctx: Context, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+async def write_overlays(ctx: Context, rows: Sequence[Mapping[str, Any]]) -> dict[str, OverlayOutcome]:
     """Update the rows' Dream-owned keys and read them back: session -> confirmed/missing/differs."""
     store = ctx.store()
     ids = [summary_row_id(r["session_id"]) for r in rows]
@@ -60,14 +72,14 @@ async def write_overlays(ctx: Context, rows: Sequence[Mapping[str, Any]]) -> dic
     # update never creates a row (Chroma ignores unknown ids), so a missing row stays missing
     await store.update_metadata(ids, wanted)
     back = await store.get(ids)
-    outcome: dict[str, str] = {}
+    outcome: dict[str, OverlayOutcome] = {}
     for row, row_id, meta in zip(rows, ids, wanted, strict=True):
         if row_id not in back:
-            outcome[row["session_id"]] = "missing"
+            outcome[row["session_id"]] = OverlayOutcome.MISSING
             continue
-        stored = back[row_id][1]
+        stored = back[row_id].metadata
         same = all(_same_value(stored.get(k), v) for k, v in meta.items())
-        outcome[row["session_id"]] = "confirmed" if same else "differs"
+        outcome[row["session_id"]] = OverlayOutcome.CONFIRMED if same else OverlayOutcome.DIFFERS
     return outcome
 
 
@@ -76,14 +88,14 @@ def _same_value(stored: Any, wanted: Any) -> bool:
 
 
 async def settle_overlays(
-    db: Database, rows: Sequence[Mapping[str, Any]], outcome: Mapping[str, str], actor: str
+    db: Database, rows: Sequence[Mapping[str, Any]], outcome: Mapping[str, OverlayOutcome], actor: str
 ) -> None:
     """Clear the flag where the written state is still current; back off missing rows."""
     now = clock.now_ms()
     async with db.tx() as conn:
         for row in rows:
             sid, result = row["session_id"], outcome.get(row["session_id"])
-            if result == "confirmed":
+            if result == OverlayOutcome.CONFIRMED:
                 # a state that moved on since the read (or a concurrent writer) keeps it pending
                 await execute(
                     conn,
@@ -91,7 +103,7 @@ async def settle_overlays(
                     "THEN 0 ELSE 1 END, overlay_retry_at = 0 WHERE session_id = ?",
                     (row["state_revision"], sid),
                 )
-            elif result == "missing":
+            elif result == OverlayOutcome.MISSING:
                 await execute(
                     conn,
                     "UPDATE dream_state SET overlay_retry_at = ? "

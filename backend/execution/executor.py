@@ -6,7 +6,7 @@ execution: claim (`ready`) -> per step: promote inputs and open the
 assistant row (`unknown`), stream parts, close the row (`safe`) -> at the
 end, delete the execution row (clean end). `steer` inputs join the running
 turn at the next step boundary; a `queue` input starts the next turn. Every
-write transaction of a turn starts with `leases.guard`, fenced on
+write transaction of a turn starts with `leases.guard_sync`, fenced on
 (execution id, owner, epoch). Expired or released executions are taken
 over through `backend.execution.recovery`. Draining stops claiming, lets in-flight
 turns finish (bounded), and ends their leases cleanly.
@@ -27,11 +27,12 @@ from backend.core.errors import LeaseLost, RemError
 from backend.core.settings import settings
 from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
-from backend.execution.leases import Lease
+from backend.execution.leases import ExecutionPhase, Lease
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import WorkerRole
 
 # Parts that arrive within this window share one write transaction.
 FLUSH_S = 0.05
@@ -67,7 +68,7 @@ class TurnState:
     recovered: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Step:
     """One step in flight: its assistant row, what it answers, the parts streamed so far."""
 
@@ -80,7 +81,7 @@ class Step:
 
 
 class Executor(Daemon):
-    role = "executor"
+    role = WorkerRole.EXECUTOR
 
     def __init__(
         self,
@@ -130,22 +131,22 @@ class Executor(Daemon):
         if self._capacity() <= 0:
             return 0
         limit = self._capacity() * 2
-        candidates = await self.db.read_snapshot(
-            lambda conn: recovery.recoverable(conn, clock.now_ms(), limit)
+        candidates = await self.db.read_in_thread(
+            lambda conn: recovery.recoverable_sync(conn, clock.now_ms(), limit)
         )
         started = 0
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            taken = await self.db.write_sync(partial(self._take_over_tx, execution_id=execution_id))
+            taken = await self.db.write_in_thread(partial(self._take_over_sync, execution_id=execution_id))
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
                 started += 1
         return started
 
-    def _take_over_tx(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
-        return recovery.take_over(
+    def _take_over_sync(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+        return recovery.take_over_sync(
             conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
         )
 
@@ -154,7 +155,7 @@ class Executor(Daemon):
             return 0
         rows = await self.db.fetchall(WAKE_SQL, {"limit": self._capacity() * 4})
         started = 0
-        for session_id in dict.fromkeys(r[0] for r in rows):
+        for session_id in dict.fromkeys(r["session_id"] for r in rows):
             if session_id in self.tasks:
                 continue
             if self._capacity() <= 0:
@@ -167,17 +168,17 @@ class Executor(Daemon):
 
     async def _claim(self, session_id: str) -> Lease | None:
         """Claim the session's lease if it has a waiting input (counting that input's attempt first)."""
-        lease = await self.db.write_sync(lambda conn: self._claim_tx(conn, session_id, clock.now_ms()))
+        lease = await self.db.write_in_thread(lambda conn: self._claim_sync(conn, session_id, clock.now_ms()))
         if lease is not None:
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
 
-    def _claim_tx(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+    def _claim_sync(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
         # the oldest waiting input's attempt is counted before the work; nothing waiting
         # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
-        lease = leases.claim_execution(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
+        lease = leases.claim_execution_sync(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
         if lease is None:
             return None
         append_event_sync(
@@ -228,7 +229,9 @@ class Executor(Daemon):
     async def _drive(self, state: TurnState) -> None:
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
-            step = await self.db.write_sync(lambda conn: self._begin_step(conn, state, clock.now_ms()))
+            step = await self.db.write_in_thread(
+                lambda conn: self._begin_step_sync(conn, state, clock.now_ms())
+            )
             if step is None:
                 return
             faults.point("executor.after_promote")
@@ -237,44 +240,48 @@ class Executor(Daemon):
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
-                await self.db.write_sync(partial(self._fail_step, state=state, step=step, exc=exc))
+                await self.db.write_in_thread(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             faults.point("executor.before_complete")
-            more = await self.db.write_sync(partial(self._finish_step, state=state, step=step, tail=tail))
+            more = await self.db.write_in_thread(
+                partial(self._finish_step_sync, state=state, step=step, tail=tail)
+            )
             step.written += len(tail)
             if not more:
                 return
 
-    def _begin_step(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
+    def _begin_step_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
         lease = state.lease
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
-        leases.guard(conn, lease, now=now, phase="unknown", step=number, assistant_message_id=aid)
-        unanswered = self._recovered_prompts(conn, state)
+        leases.guard_sync(
+            conn, lease, now=now, phase=ExecutionPhase.UNKNOWN, step=number, assistant_message_id=aid
+        )
+        unanswered = self._recovered_prompts_sync(conn, state)
         inputs = (
             []
             if self.draining.is_set()
-            else sessions.pending_inputs(conn, lease.session_id, turn_start=not state.turn_started)
+            else sessions.pending_inputs_sync(conn, lease.session_id, turn_start=not state.turn_started)
         )
         if not unanswered and not inputs:
-            self._end(conn, state, now)
+            self._end_sync(conn, state, now)
             return None
-        step = self._open_step(conn, state, number, aid, unanswered, inputs, now)
+        step = self._open_step_sync(conn, state, number, aid, unanswered, inputs, now)
         # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    def _recovered_prompts(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
+    def _recovered_prompts_sync(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
         """After a takeover: what the interrupted execution promoted but never answered."""
         if not state.recovering:
             return []
         sid, eid = state.lease.session_id, state.lease.execution_id
-        state.turn_started = projection.execution_started_turn(conn, sid, eid)
-        recovery.mark_continuing(conn, eid)
-        return projection.unanswered_prompts(conn, sid)
+        state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
+        recovery.mark_continuing_sync(conn, eid)
+        return projection.unanswered_prompts_sync(conn, sid)
 
-    def _open_step(
+    def _open_step_sync(
         self,
         conn: sqlite3.Connection,
         state: TurnState,
@@ -285,13 +292,13 @@ class Executor(Daemon):
         now: int,
     ) -> Step:
         lease, sid = state.lease, state.lease.session_id
-        first = sessions.reserve_seqs(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
-        promoted = sessions.promote(conn, sid, lease.execution_id, inputs, first, now)
+        first = sessions.reserve_seqs_sync(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
+        promoted = sessions.promote_sync(conn, sid, lease.execution_id, inputs, first, now)
         if promoted and not state.turn_started:
-            projection.record_context_epoch(
+            projection.record_context_epoch_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
-        superseded = projection.supersede_open(conn, sid, aid, now)
+        superseded = projection.supersede_open_sync(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {
             "execution_id": lease.execution_id,
@@ -303,7 +310,7 @@ class Executor(Daemon):
             "epoch": lease.epoch,
             "agent": self.agent.name,
         }
-        sessions.insert_message(conn, aid, sid, "assistant", first + len(promoted), data, now)
+        sessions.insert_message_sync(conn, aid, sid, "assistant", first + len(promoted), data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
             append_event_sync(
@@ -324,7 +331,7 @@ class Executor(Daemon):
         request = StepRequest(
             session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
         )
-        return Step(number, aid, data, request)
+        return Step(number=number, assistant_id=aid, data=data, request=request)
 
     async def _stream(self, state: TurnState, step: Step) -> list[str]:
         """Project the agent's parts as they arrive; returns the parts not yet written."""
@@ -339,27 +346,29 @@ class Executor(Daemon):
             if loop.time() - last_flush >= FLUSH_S:
                 if step.written:
                     faults.point("executor.mid_stream")
-                await self.db.write_sync(partial(self._flush, state=state, step=step, parts=buffer))
+                await self.db.write_in_thread(partial(self._flush_sync, state=state, step=step, parts=buffer))
                 step.written += len(buffer)
                 buffer, last_flush = [], loop.time()
         return buffer
 
-    def _flush(self, conn: sqlite3.Connection, state: TurnState, step: Step, parts: list[str]) -> None:
+    def _flush_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, parts: list[str]) -> None:
         now = clock.now_ms()
-        leases.guard(conn, state.lease, now=now)
-        projection.write_parts(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
-        projection.update_owned_assistant(
+        leases.guard_sync(conn, state.lease, now=now)
+        projection.write_parts_sync(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
+        projection.update_owned_assistant_sync(
             conn, step.assistant_id, {**step.data, "text": "".join(step.parts)}, now
         )
 
-    def _finish_step(self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]) -> bool:
+    def _finish_step_sync(
+        self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]
+    ) -> bool:
         """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
         lease, now = state.lease, clock.now_ms()
-        leases.guard(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         if tail:
-            projection.write_parts(conn, step.assistant_id, lease.session_id, step.written, tail, now)
+            projection.write_parts_sync(conn, step.assistant_id, lease.session_id, step.written, tail, now)
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
-        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -380,18 +389,18 @@ class Executor(Daemon):
             is not None
         )
         if not more:
-            self._end(conn, state, now)
+            self._end_sync(conn, state, now)
         return more
 
-    def _fail_step(self, conn: sqlite3.Connection, state: TurnState, step: Step, exc: Exception) -> None:
+    def _fail_step_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, exc: Exception) -> None:
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
-        leases.guard(conn, lease, now=now, phase="safe")
+        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         step.data.update(
             status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}", time_completed=now
         )
-        projection.update_owned_assistant(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -402,14 +411,14 @@ class Executor(Daemon):
             now=now,
             data={"step": step.number, "error": step.data["error"]},
         )
-        self._end(conn, state, now)
+        self._end_sync(conn, state, now)
 
-    def _end(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
+    def _end_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
-        leases.end_execution(conn, lease)
+        leases.end_execution_sync(conn, lease)
         if state.recovered:
-            recovery.finish(conn, lease.execution_id)
+            recovery.finish_sync(conn, lease.execution_id)
         if state.turn_started:
             conn.execute("UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,))
         append_event_sync(
@@ -432,7 +441,7 @@ class Executor(Daemon):
         """Record the loss; the owner publishes nothing more for this execution."""
         self.log.warning("lost execution %s of session %s: %s", lease.execution_id, lease.session_id, reason)
         with contextlib.suppress(RemError):
-            await self.db.write_sync(
+            await self.db.write_in_thread(
                 lambda conn: append_event_sync(
                     conn,
                     kind=EventKind.EXECUTION_LEASE_LOST,
@@ -476,8 +485,10 @@ class Executor(Daemon):
     async def _hand_back_lease(self, lease: Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""
         try:
-            await self.db.write_sync(
-                lambda conn: leases.hand_back_execution(conn, lease, actor=self.owner_id, now=clock.now_ms())
+            await self.db.write_in_thread(
+                lambda conn: leases.hand_back_execution_sync(
+                    conn, lease, actor=self.owner_id, now=clock.now_ms()
+                )
             )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.execution_id, exc)

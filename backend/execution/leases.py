@@ -3,7 +3,7 @@
 The epoch is drawn from `session.lease_epoch`, so it grows on every grant
 (claim, takeover, operator release) and survives the row's deletion: an
 owner that lost its lease can never hold a matching epoch again. Every
-lease-dependent transaction starts with `guard`, an UPDATE whose WHERE names
+lease-dependent transaction starts with `guard_sync`, an UPDATE whose WHERE names
 `(id, owner_id, epoch)`; 0 rows changed raises `LeaseLost` and the
 transaction rolls back. Because every write transaction is BEGIN IMMEDIATE
 (SQLite's single writer), nobody can take the lease over between the guard
@@ -16,6 +16,7 @@ import logging
 import sqlite3
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import aiosqlite
@@ -26,6 +27,7 @@ from backend.core.settings import settings
 from backend.store import workers
 from backend.store.db import Database, in_thread
 from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import LeaseKind, WorkerState
 
 log = logging.getLogger("rem.leases")
 
@@ -45,7 +47,23 @@ def new_execution_id() -> str:
     return f"exe_{clock.now_ms():013x}{uuid.uuid4().hex[:12]}"
 
 
-@dataclass
+class ExecutionPhase(StrEnum):
+    """Where an execution is (`session_execution.phase`; a recovery row never is `safe`)."""
+
+    READY = "ready"  # claimed, or between steps with nothing in flight
+    UNKNOWN = "unknown"  # a step with effects in flight: a takeover cannot know what landed
+    SAFE = "safe"  # the step is durably projected
+    CONTINUE = "continue"  # taken over: the new owner continues after the continuation message
+
+
+class TakeoverReason(StrEnum):
+    """Why an execution may be taken over now."""
+
+    EXPIRED = "expired"  # its lease ran out
+    OWNER_STOPPED = "owner_stopped"  # the worker registry says its owner is gone
+
+
+@dataclass(kw_only=True)
 class Lease:
     """What an owner holds: the fence every write of the execution names."""
 
@@ -59,25 +77,32 @@ class Lease:
     lost: bool = False
 
 
-def next_epoch(conn: sqlite3.Connection, session_id: str) -> int:
+def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
     """Bump and return the session's lease epoch (inside the granting transaction)."""
     row = conn.execute(
         "UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch", (session_id,)
     ).fetchone()
     if row is None:
         raise LeaseNotFound(f"no session {session_id!r}")
-    return int(row[0])
+    return int(row["lease_epoch"])
 
 
-def claim_execution(
+def claim_execution_sync(
     conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> Lease | None:
     """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
     length = length_ms or lease_ms()
-    epoch = next_epoch(conn, session_id)
-    lease = Lease(new_execution_id(), session_id, owner_id, epoch, now + length, length)
+    epoch = next_epoch_sync(conn, session_id)
+    lease = Lease(
+        execution_id=new_execution_id(),
+        session_id=session_id,
+        owner_id=owner_id,
+        epoch=epoch,
+        expires_at=now + length,
+        length_ms=length,
+    )
     conn.execute(
         "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, step, time_created, "
         "time_renewed, expires_at) VALUES (?, ?, ?, ?, 'ready', 0, ?, ?, ?)",
@@ -86,7 +111,7 @@ def claim_execution(
     return lease
 
 
-def owner_stopped(conn: sqlite3.Connection, owner_id: str) -> bool:
+def owner_stopped_sync(conn: sqlite3.Connection, owner_id: str) -> bool:
     """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
     return (
         conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'", (owner_id,)).fetchone()
@@ -94,8 +119,8 @@ def owner_stopped(conn: sqlite3.Connection, owner_id: str) -> bool:
     )
 
 
-def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str | None:
-    """Why the execution may be taken over now (`expired`, `owner_stopped`), or None if it may not.
+def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> TakeoverReason | None:
+    """Why the execution may be taken over now, or None if it may not.
 
     An owner recorded as stopped cannot renew, so waiting out its lease only
     delays recovery; fencing keeps an early takeover safe even if it were alive.
@@ -103,19 +128,19 @@ def takeover_reason(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> str
     if row["recovery_error"] is not None:
         return None
     if row["expires_at"] <= now:
-        return "expired"
-    return "owner_stopped" if owner_stopped(conn, row["owner_id"]) else None
+        return TakeoverReason.EXPIRED
+    return TakeoverReason.OWNER_STOPPED if owner_stopped_sync(conn, row["owner_id"]) else None
 
 
-def take_over_execution(
+def take_over_execution_sync(
     conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
-    if old is None or takeover_reason(conn, old, now) is None:
+    if old is None or takeover_reason_sync(conn, old, now) is None:
         return None
     length = length_ms or lease_ms()
-    epoch = next_epoch(conn, old["session_id"])
+    epoch = next_epoch_sync(conn, old["session_id"])
     # the caller's BEGIN IMMEDIATE holds the write lock since the read; the epoch check is belt and braces
     changed = conn.execute(
         "UPDATE session_execution SET owner_id = ?, epoch = ?, expires_at = ?, time_renewed = ? "
@@ -124,7 +149,15 @@ def take_over_execution(
     ).rowcount
     if not changed:
         return None
-    return Lease(execution_id, old["session_id"], owner_id, epoch, now + length, length), dict(old)
+    lease = Lease(
+        execution_id=execution_id,
+        session_id=old["session_id"],
+        owner_id=owner_id,
+        epoch=epoch,
+        expires_at=now + length,
+        length_ms=length,
+    )
+    return lease, dict(old)
 
 
 def _lost(lease: Lease) -> LeaseLost:
@@ -139,7 +172,7 @@ UNSAFE_NO_FENCING = settings.unsafe_disable_fencing and settings.test_mode
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 
-def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
+def guard_sync(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
     changed = conn.execute(
@@ -158,7 +191,7 @@ def guard(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -
     lease.expires_at = now + lease.length_ms
 
 
-def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
+def end_execution_sync(conn: sqlite3.Connection, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
     if not conn.execute(
         f"DELETE FROM session_execution WHERE {FENCE}",
@@ -167,9 +200,9 @@ def end_execution(conn: sqlite3.Connection, lease: Lease) -> None:
         raise _lost(lease)
 
 
-def hand_back_execution(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
+def hand_back_execution_sync(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
     """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
-    epoch = next_epoch(conn, lease.session_id)
+    epoch = next_epoch_sync(conn, lease.session_id)
     if not conn.execute(
         "UPDATE session_execution SET epoch = ?, expires_at = ? WHERE id = ? AND owner_id = ? AND epoch = ?",
         (epoch, now, lease.execution_id, lease.owner_id, lease.epoch),
@@ -190,16 +223,16 @@ async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
     """Renew several leases in one transaction; returns the ones that were lost."""
     now = clock.now_ms()
 
-    def renew_all(conn: sqlite3.Connection) -> list[Lease]:
+    def renew_all_sync(conn: sqlite3.Connection) -> list[Lease]:
         lost = []
         for lease in leases:
             try:
-                guard(conn, lease, now=now)
+                guard_sync(conn, lease, now=now)
             except LeaseLost:
                 lost.append(lease)
         return lost
 
-    return await db.write_sync(renew_all)
+    return await db.write_in_thread(renew_all_sync)
 
 
 async def claim(
@@ -208,8 +241,8 @@ async def claim(
     """Claim a session's execution lease in its own transaction (journaled)."""
     now = clock.now_ms()
 
-    def claim_journaled(conn: sqlite3.Connection) -> Lease | None:
-        lease = claim_execution(conn, session_id, owner_id, now=now, length_ms=length_ms)
+    def claim_journaled_sync(conn: sqlite3.Connection) -> Lease | None:
+        lease = claim_execution_sync(conn, session_id, owner_id, now=now, length_ms=length_ms)
         if lease is not None:
             append_event_sync(
                 conn,
@@ -222,7 +255,7 @@ async def claim(
             )
         return lease
 
-    return await db.write_sync(claim_journaled)
+    return await db.write_in_thread(claim_journaled_sync)
 
 
 async def release_execution(
@@ -260,7 +293,7 @@ def release_execution_sync(
             f"execution {execution_id} is at epoch {row['epoch']}, not the epoch {expected_epoch} "
             "you saw: it was taken over or released since; look again, or pass --force"
         )
-    epoch = next_epoch(conn, row["session_id"])
+    epoch = next_epoch_sync(conn, row["session_id"])
     conn.execute(
         "UPDATE session_execution SET epoch = ?, expires_at = ?, recovery_error = NULL WHERE id = ?",
         (epoch, now, execution_id),
@@ -277,7 +310,9 @@ def release_execution_sync(
         "SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (row["owner_id"],)
     ).fetchone()
     alive = (
-        bool(owner) and owner["state"] != "stopped" and workers.heartbeat_alive(owner["heartbeat_at"], now)
+        bool(owner)
+        and owner["state"] != WorkerState.STOPPED
+        and workers.heartbeat_alive(owner["heartbeat_at"], now)
     )
     seen = {
         "owner_id": row["owner_id"],
@@ -287,7 +322,7 @@ def release_execution_sync(
         "time_left_ms": row["expires_at"] - now,
     }
     result = {
-        "kind": "execution",
+        "kind": LeaseKind.EXECUTION,
         "id": execution_id,
         "execution_id": execution_id,
         "session_id": row["session_id"],

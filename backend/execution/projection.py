@@ -3,7 +3,7 @@
 The projection rule of seed 004: a newer turn supersedes stale incomplete
 assistant rows; an older assistant projection is never resumed; only the
 assistant owned by the running execution is mutated. Every write here runs
-inside a transaction that `leases.guard` already fenced, and assistant
+inside a transaction that `leases.guard_sync` already fenced, and assistant
 updates also require the row to still be `streaming`, so a closed row can
 never be reopened. Raw turns (for the summarizer and Dream) are user rows
 and assistant rows whose `data.status == "completed"`.
@@ -34,7 +34,7 @@ def continuation_id(execution_id: str) -> str:
     return f"recovery:{execution_id}"
 
 
-def unanswered_prompts(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """User rows after the newest answered assistant row: what the next step must answer."""
     row = conn.execute(
         "SELECT seq FROM session_message WHERE session_id = ? AND type = 'assistant' "
@@ -44,21 +44,21 @@ def unanswered_prompts(conn: sqlite3.Connection, session_id: str) -> list[dict[s
     rows = conn.execute(
         "SELECT id, seq, data FROM session_message WHERE session_id = ? AND type = 'user' AND seq > ? "
         "ORDER BY seq",
-        (session_id, row[0] if row else 0),
+        (session_id, row["seq"] if row else 0),
     ).fetchall()
     return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
 
 
-def execution_started_turn(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
+def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
     """Whether this execution already promoted its turn's first input (executions are serial)."""
     row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
         (session_id,),
     ).fetchone()
-    return row is not None and json.loads(row[0]).get("execution_id") == execution_id
+    return row is not None and json.loads(row["data"]).get("execution_id") == execution_id
 
 
-def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
+def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
@@ -69,10 +69,10 @@ def supersede_open(conn: sqlite3.Connection, session_id: str, by: str, now: int)
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
     ).fetchall()
-    return [r[0] for r in rows]
+    return [r["id"] for r in rows]
 
 
-def write_parts(
+def write_parts_sync(
     conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
 ) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
@@ -93,7 +93,9 @@ def write_parts(
     )
 
 
-def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int) -> None:
+def update_owned_assistant_sync(
+    conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int
+) -> None:
     """Rewrite the running execution's own assistant row; a closed row is never reopened."""
     # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
@@ -106,7 +108,7 @@ def update_owned_assistant(conn: sqlite3.Connection, message_id: str, data: dict
         raise LeaseLost(f"assistant {message_id} is no longer open for this execution")
 
 
-def record_context_epoch(
+def record_context_epoch_sync(
     conn: sqlite3.Connection, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
@@ -126,7 +128,9 @@ def record_context_epoch(
     )
 
 
-def transcript_violations(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict[str, Any]]:
+def transcript_violations_sync(
+    conn: sqlite3.Connection, session_id: str | None = None
+) -> list[dict[str, Any]]:
     """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
 
     Checks: every promoted input is exactly one `user` row with the input's
@@ -138,9 +142,9 @@ def transcript_violations(conn: sqlite3.Connection, session_id: str | None = Non
     """
     params = {"sid": session_id}
     return (
-        _input_violations(conn, params)
-        + _continuation_violations(conn, params)
-        + _answer_violations(conn, params)
+        _input_violations_sync(conn, params)
+        + _continuation_violations_sync(conn, params)
+        + _answer_violations_sync(conn, params)
     )
 
 
@@ -148,7 +152,7 @@ def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -
     return {"kind": kind, "session_id": session_id, "id": item, "detail": detail}
 
 
-def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
         "LEFT JOIN session_message AS m ON m.id = i.id "
@@ -157,7 +161,12 @@ def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[
         params,
     ).fetchall()
     found = [
-        _violation("input_not_projected", r[0], r[1], f"promoted at seq {r[2]}, message seq {r[3]}")
+        _violation(
+            "input_not_projected",
+            r["session_id"],
+            r["id"],
+            f"promoted at seq {r['promoted_seq']}, message seq {r['seq']}",
+        )
         for r in rows
     ]
     rows = conn.execute(
@@ -166,10 +175,10 @@ def _input_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[
         "AND (i.id IS NULL OR i.promoted_seq IS NOT m.seq)",
         params,
     ).fetchall()
-    return found + [_violation("user_message_without_input", r[0], r[1]) for r in rows]
+    return found + [_violation("user_message_without_input", r["session_id"], r["id"]) for r in rows]
 
 
-def _continuation_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
         "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
@@ -189,7 +198,7 @@ def _continuation_violations(conn: sqlite3.Connection, params: dict[str, Any]) -
     ]
 
 
-def _answer_violations(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _answer_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
     live = dict(
         conn.execute(
             "SELECT session_id, assistant_message_id FROM session_execution "

@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
-from backend.execution.leases import Lease, take_over_execution, takeover_reason
+from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
 from backend.store import handoffs
 from backend.store.events import EventKind, append_event_sync
 
@@ -40,7 +40,7 @@ ORDER BY r.wake_attempts, r.time_created, r.execution_id LIMIT :limit
 """
 # First interruptions: expired executions with no recovery row yet (session_execution_expires_idx).
 EXPIRED_SQL = """
-SELECT e.id, e.session_id FROM session_execution AS e
+SELECT e.id AS execution_id, e.session_id FROM session_execution AS e
 WHERE e.expires_at <= :now AND e.recovery_error IS NULL
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
@@ -48,7 +48,7 @@ ORDER BY e.expires_at LIMIT :limit
 # Executions whose owner the worker registry records as stopped (a supervisor saw it
 # exit, or it shut down without handing back): no need to wait out their leases.
 ORPHANED_SQL = """
-SELECT e.id, e.session_id FROM worker AS w
+SELECT e.id AS execution_id, e.session_id FROM worker AS w
 JOIN session_execution AS e ON e.owner_id = w.owner_id
 WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
 ORDER BY e.expires_at LIMIT :limit
@@ -62,28 +62,28 @@ def recovery_budget() -> int:
     return settings.recovery_budget
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Takeover:
     """What the new owner needs to continue an interrupted execution."""
 
     lease: Lease
     step: int
-    interrupted_phase: str
+    interrupted_phase: ExecutionPhase
     attempt: int
     continuation_id: str
     superseded: list[str]
 
 
-def recoverable(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
+def recoverable_sync(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
     params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS}
     rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
     rows += conn.execute(EXPIRED_SQL, params).fetchall()
     rows += conn.execute(ORPHANED_SQL, params).fetchall()
-    return list(dict.fromkeys((r[0], r[1]) for r in rows))
+    return list(dict.fromkeys((r["execution_id"], r["session_id"]) for r in rows))
 
 
-def take_over(
+def take_over_sync(
     conn: sqlite3.Connection,
     execution_id: str,
     owner_id: str,
@@ -94,7 +94,7 @@ def take_over(
 ) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
-    reason = None if old is None else takeover_reason(conn, old, now)
+    reason = None if old is None else takeover_reason_sync(conn, old, now)
     if reason is None:
         return None
     recovery = conn.execute(
@@ -102,16 +102,16 @@ def take_over(
     ).fetchone()
     attempt = (recovery["wake_attempts"] if recovery else 0) + 1
     if recovery is not None and attempt > budget:
-        park(conn, dict(old), attempt - 1, owner_id, now)
+        park_sync(conn, dict(old), attempt - 1, owner_id, now)
         return None
-    taken = take_over_execution(conn, execution_id, owner_id, now=now, length_ms=length_ms)
+    taken = take_over_execution_sync(conn, execution_id, owner_id, now=now, length_ms=length_ms)
     if taken is None:
         return None
     lease, _ = taken
-    phase = "unknown" if old["phase"] == "unknown" else "ready"
-    cont = _ensure_continuation(conn, dict(old), lease, phase, now)
-    superseded = projection.supersede_open(conn, lease.session_id, cont, now)
-    _upsert_recovery(conn, dict(old), cont, phase, now)
+    phase = ExecutionPhase.UNKNOWN if old["phase"] == ExecutionPhase.UNKNOWN else ExecutionPhase.READY
+    cont = _ensure_continuation_sync(conn, dict(old), lease, phase, now)
+    superseded = projection.supersede_open_sync(conn, lease.session_id, cont, now)
+    _upsert_recovery_sync(conn, dict(old), cont, phase, now)
     conn.execute("UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
     handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
     append_event_sync(
@@ -140,11 +140,18 @@ def take_over(
         phase,
         attempt,
     )
-    return Takeover(lease, int(old["step"]), phase, attempt, cont, superseded)
+    return Takeover(
+        lease=lease,
+        step=int(old["step"]),
+        interrupted_phase=phase,
+        attempt=attempt,
+        continuation_id=cont,
+        superseded=superseded,
+    )
 
 
-def _ensure_continuation(
-    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: str, now: int
+def _ensure_continuation_sync(
+    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: ExecutionPhase, now: int
 ) -> str:
     """Append the execution's one continuation message (a later takeover only reopens it)."""
     cont = projection.continuation_id(lease.execution_id)
@@ -155,7 +162,7 @@ def _ensure_continuation(
     ).rowcount
     if reopened:
         return cont
-    seq = sessions.reserve_seqs(conn, lease.session_id, 1, now, messages=1)
+    seq = sessions.reserve_seqs_sync(conn, lease.session_id, 1, now, messages=1)
     text = (
         f"Execution {lease.execution_id} was interrupted (phase {phase}, owner {old['owner_id']}, "
         f"epoch {old['epoch']}); {lease.owner_id} continues it at epoch {lease.epoch}. "
@@ -171,11 +178,13 @@ def _ensure_continuation(
         "interrupted_epoch": old["epoch"],
         "interrupted_assistant_id": old["assistant_message_id"],
     }
-    sessions.insert_message(conn, cont, lease.session_id, "synthetic", seq, data, now)
+    sessions.insert_message_sync(conn, cont, lease.session_id, "synthetic", seq, data, now)
     return cont
 
 
-def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: str, now: int) -> None:
+def _upsert_recovery_sync(
+    conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: ExecutionPhase, now: int
+) -> None:
     conn.execute(
         "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "
         "continuation_message_id, phase, wake_pending, wake_attempts, time_created) "
@@ -186,7 +195,7 @@ def _upsert_recovery(conn: sqlite3.Connection, old: dict[str, Any], cont: str, p
     )
 
 
-def park(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
+def park_sync(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
     """Stop retrying an execution: record why on both rows and on its continuation message."""
     reason = (
         f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
@@ -211,12 +220,12 @@ def park(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: st
     log.warning("parked execution %s of session %s: %s", old["id"], old["session_id"], reason)
 
 
-def mark_continuing(conn: sqlite3.Connection, execution_id: str) -> None:
+def mark_continuing_sync(conn: sqlite3.Connection, execution_id: str) -> None:
     """The new owner resumed work: the recovery moves to `continue`."""
     conn.execute("UPDATE session_recovery SET phase = 'continue' WHERE execution_id = ?", (execution_id,))
 
 
-def finish(conn: sqlite3.Connection, execution_id: str) -> None:
+def finish_sync(conn: sqlite3.Connection, execution_id: str) -> None:
     """The recovered execution ended cleanly: its recovery needs no more wakes."""
     conn.execute(
         "UPDATE session_recovery SET wake_pending = 0, phase = 'continue' WHERE execution_id = ?",

@@ -13,6 +13,7 @@ import json
 import re
 import sqlite3
 import uuid
+from enum import StrEnum
 from typing import Any, BinaryIO
 
 from backend.core import clock
@@ -20,7 +21,15 @@ from backend.core.errors import BadInput
 from backend.store.db import Database
 from backend.store.events import EventKind, append_event_sync
 
-DELIVERIES = ("queue", "steer")
+
+class Delivery(StrEnum):
+    """How an admitted input reaches the agent (`session_input.delivery`)."""
+
+    QUEUE = "queue"  # starts the next turn when the session is idle
+    STEER = "steer"  # joins the running turn at its next step boundary
+
+
+DELIVERIES = frozenset(Delivery)
 # 256 KiB of UTF-8: a prompt is a message, not a document upload.
 MAX_TEXT_BYTES = 256 * 1024
 # Ids (session ids and input ids): 1-100 chars of letters, digits, `.`, `_`, `-`,
@@ -105,7 +114,7 @@ async def admit(
     session_id: str,
     text: str,
     *,
-    delivery: str = "queue",
+    delivery: str = Delivery.QUEUE,
     input_id: str | None = None,
     now: int | None = None,
     actor: str = "send",
@@ -114,7 +123,7 @@ async def admit(
     validate_input(session_id, text, delivery, input_id)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
-    return await db.write_sync(
+    return await db.write_in_thread(
         lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor)
     )
 
@@ -138,8 +147,8 @@ def admit_sync(
     if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
         # the input id becomes a session_message id at promotion; it must be free
         raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
-    created = ensure_session(conn, session_id, now)
-    seq = reserve_seqs(conn, session_id, 1, now, inputs=1)
+    created = ensure_session_sync(conn, session_id, now)
+    seq = reserve_seqs_sync(conn, session_id, 1, now, inputs=1)
     conn.execute(
         "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
         "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
@@ -198,7 +207,7 @@ def dumps(data: dict[str, Any]) -> str:
     return _ENCODER.encode(data)
 
 
-def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
+def ensure_session_sync(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     """Create the session row if missing; True when it was created."""
     return (
         conn.execute(
@@ -210,7 +219,7 @@ def ensure_session(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
     )
 
 
-def reserve_seqs(
+def reserve_seqs_sync(
     conn: sqlite3.Connection, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
 ) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
@@ -221,7 +230,7 @@ def reserve_seqs(
     ).fetchone()
     if row is None:
         raise BadInput(f"no session {session_id!r}")
-    return int(row[0]) - count + 1
+    return int(row["last_seq"]) - count + 1
 
 
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
@@ -250,7 +259,7 @@ ORDER BY admitted_seq LIMIT 1
 """
 
 
-def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
+def pending_inputs_sync(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
     rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
     if turn_start:
@@ -261,7 +270,7 @@ def pending_inputs(conn: sqlite3.Connection, session_id: str, *, turn_start: boo
     return rows
 
 
-def promote(
+def promote_sync(
     conn: sqlite3.Connection,
     session_id: str,
     execution_id: str,
@@ -288,12 +297,12 @@ def promote(
             "admitted_seq": row["admitted_seq"],
             "execution_id": execution_id,
         }
-        insert_message(conn, row["id"], session_id, "user", seq, data, now)
+        insert_message_sync(conn, row["id"], session_id, "user", seq, data, now)
         promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
     return promoted
 
 
-def insert_message(
+def insert_message_sync(
     conn: sqlite3.Connection,
     message_id: str,
     session_id: str,
@@ -302,7 +311,7 @@ def insert_message(
     data: dict[str, Any],
     now: int,
 ) -> None:
-    """Insert one transcript row (seq must come from `reserve_seqs`)."""
+    """Insert one transcript row (seq must come from `reserve_seqs_sync`)."""
     conn.execute(
         "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",

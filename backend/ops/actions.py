@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from backend.chroma import server as chroma_server
 from backend.chroma import trust
@@ -28,10 +28,13 @@ from backend.core.errors import (
     RemError,
     UsageError,
 )
+from backend.execution.sessions import Delivery
+from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.events import EventKind, append_event
 from backend.store.schema import SCHEMA_VERSION, schema_version
+from backend.store.workers import LeaseKind, WorkerState
 
 log = logging.getLogger("rem.ops")
 
@@ -49,7 +52,7 @@ async def init(ctx: Context) -> dict[str, Any]:
     }
 
 
-def chroma_health(ctx: Context) -> dict[str, Any]:
+def chroma_health(ctx: Context) -> ChromaHealth:
     """Where Chroma is and whether it answers, without starting a server.
 
     Down is a state to report; a URL the operator gave that is malformed or
@@ -61,10 +64,11 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
         url, is_external = external, True
     else:
         url, is_external = chroma_server.recorded_url(ctx.data), False
-    health: dict[str, Any] = {"url": url, "external": is_external, "healthy": False, "error": None}
+    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
-        health["pid"] = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        pid = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
+        health["pid"] = cast(int | None, pid)  # as the lock file says
     if url is None:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
         return health
@@ -82,22 +86,24 @@ def chroma_health(ctx: Context) -> dict[str, Any]:
     return health
 
 
-async def status(ctx: Context) -> dict[str, Any]:
+async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
-    from backend.ops.snapshot import snapshot
+    from backend.ops.snapshot import snapshot_sync
 
     db = await ctx.db()
-    snap = await db.read_snapshot(snapshot)
-    snap.update(
-        {
-            "data_dir": str(ctx.data.root),
-            "schema_version": await schema_version(db),
-            "schema_version_supported": SCHEMA_VERSION,
-            "read_only": ctx.read_only,
-            "chroma": chroma_health(ctx),
-        }
+    snap = await db.read_in_thread(snapshot_sync)
+    return Status(
+        **snap,
+        data_dir=str(ctx.data.root),
+        schema_version=await schema_version(db),
+        schema_version_supported=SCHEMA_VERSION,
+        read_only=ctx.read_only,
+        chroma=chroma_health(ctx),
     )
-    return snap
+
+
+# what `rem release --kind` accepts
+LEASE_KINDS = tuple(LeaseKind)
 
 
 @asynccontextmanager
@@ -161,7 +167,7 @@ async def drain(
         }
         if progress is not None:
             progress(report)
-        if state == "stopped":
+        if state == WorkerState.STOPPED:
             return report
         if loop.time() - started > timeout_s:
             raise Refused(
@@ -171,14 +177,11 @@ async def drain(
         await asyncio.sleep(0.1)
 
 
-LEASE_KINDS = ("execution", "summary_job", "dream")
-
-
 async def release(
     ctx: Context,
     lease_id: str,
     *,
-    kind: str | None = None,
+    kind: LeaseKind | str | None = None,
     expected_epoch: int | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
@@ -191,14 +194,14 @@ async def release(
     """
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
-        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LEASE_KINDS)}")
+        raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
     db = await ctx.db()
     from backend.ops.lease_release import lease_kind, release_job_lease
 
     async with refusals_journaled(ctx, "release", lease_id):
-        kind = kind or await lease_kind(db, lease_id)
+        kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
         async with db.tx() as conn:
-            if kind == "execution":
+            if kind == LeaseKind.EXECUTION:
                 from backend.execution.leases import release_execution
 
                 return await release_execution(
@@ -227,10 +230,10 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
     has stopped and leases have expired or been released). `verify_chroma`
     compares every staged receipt and Dream overlay with its Chroma row.
     """
-    from backend.ops.checks import check_chroma, check_database, summarize
+    from backend.ops.checks import check_chroma, check_database_sync, summarize
 
     db = await ctx.db()
-    report = await db.read_snapshot(check_database)
+    report = await db.read_in_thread(check_database_sync)
     if verify_chroma:
         await check_chroma(ctx, db, report)
     result = summarize(report, settled=settled)
@@ -240,7 +243,7 @@ async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = Tr
 
 async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
-) -> dict[str, Any]:
+) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
     from backend.summaries import receipt_replay
 
@@ -261,7 +264,7 @@ async def replay(
 
 
 async def send(
-    ctx: Context, session_id: str, text: str, *, delivery: str = "queue", input_id: str | None = None
+    ctx: Context, session_id: str, text: str, *, delivery: str = Delivery.QUEUE, input_id: str | None = None
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
-from backend.store.events import verify_operator_chain
+from backend.store.events import verify_operator_chain_sync
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finding:
     invariant: str
     what: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: Sequence[Mapping[str, Any]] = field(default_factory=list)
     count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -49,12 +50,14 @@ class Report:
     unsettled: list[Finding] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
 
-    def add(self, bucket: list[Finding], invariant: str, what: str, rows: list[dict[str, Any]]) -> None:
+    def add(
+        self, bucket: list[Finding], invariant: str, what: str, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
         if rows:
-            bucket.append(Finding(invariant, what, rows[:ROW_CAP], len(rows)))
+            bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -62,16 +65,18 @@ def _rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure(conn: sqlite3.Connection, report: Report) -> None:
+def check_structure_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("structure")
-    problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+    problems = [
+        r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
+    ]
     report.add(
         report.violations,
         "structure",
         "state.db fails PRAGMA quick_check",
         [{"problem": p} for p in problems],
     )
-    orphans = _rows(conn, "PRAGMA foreign_key_check")
+    orphans = _rows_sync(conn, "PRAGMA foreign_key_check")
     report.add(report.violations, "structure", "rows whose foreign key points at nothing", orphans)
 
 
@@ -110,30 +115,33 @@ WHERE i.promoted_seq IS NULL
 """
 
 
-def check_inputs(conn: sqlite3.Connection, report: Report) -> None:
+def check_inputs_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("inputs")
     report.add(
         report.violations,
         "1",
         "promoted inputs whose user message is missing or wrong",
-        _rows(conn, SQL_PROMOTED_WITHOUT_MESSAGE),
+        _rows_sync(conn, SQL_PROMOTED_WITHOUT_MESSAGE),
     )
     report.add(
         report.violations,
         "1",
         "user messages that no admitted input produced",
-        _rows(conn, SQL_USER_WITHOUT_INPUT),
+        _rows_sync(conn, SQL_USER_WITHOUT_INPUT),
     )
     report.add(
         report.violations,
         "1",
         "sequence numbers ahead of their session's sequence",
-        _rows(conn, SQL_SEQ_AHEAD_OF_SEQUENCE),
+        _rows_sync(conn, SQL_SEQ_AHEAD_OF_SEQUENCE),
     )
     report.add(
-        report.violations, "1", "one sequence number used twice in a session", _rows(conn, SQL_SEQ_SHARED)
+        report.violations,
+        "1",
+        "one sequence number used twice in a session",
+        _rows_sync(conn, SQL_SEQ_SHARED),
     )
-    unpromoted = _rows(conn, SQL_UNPROMOTED)
+    unpromoted = _rows_sync(conn, SQL_UNPROMOTED)
     stranded = [r for r in unpromoted if not r["wake_pending"] and r["execution_id"] is None]
     report.add(
         report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)", stranded
@@ -167,10 +175,10 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 """
 
 
-def check_projection(conn: sqlite3.Connection, report: Report) -> None:
+def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
     report.checked.append("projection")
-    assistants = _rows(conn, SQL_ASSISTANTS)
-    live = {r[0] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
+    assistants = _rows_sync(conn, SQL_ASSISTANTS)
+    live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
     completed: dict[Any, list[dict[str, Any]]] = {}
     for row in assistants:
         # one reply per step: a steer adds a step (and a reply) to the running execution
@@ -203,9 +211,9 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         report.violations,
         "3",
         "more than one continuation message for one execution",
-        _rows(conn, SQL_DOUBLE_CONTINUATION),
+        _rows_sync(conn, SQL_DOUBLE_CONTINUATION),
     )
-    counts = _rows(conn, SQL_ANSWER_COUNTS)
+    counts = _rows_sync(conn, SQL_ANSWER_COUNTS)
     report.add(
         report.violations,
         "3",
@@ -213,7 +221,7 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
         [r for r in counts if r["replies"] > 1],
     )
     answered = {r["input_id"] for r in counts}
-    users = _rows(
+    users = _rows_sync(
         conn,
         "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
         "FROM session_message AS m LEFT JOIN session_execution AS e "
@@ -237,14 +245,14 @@ def check_projection(conn: sqlite3.Connection, report: Report) -> None:
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
     report.checked.append("progress")
-    executions = _rows(
+    executions = _rows_sync(
         conn,
         "SELECT id AS execution_id, session_id, owner_id, epoch, phase, expires_at FROM session_execution",
     )
     report.add(report.unsettled, "2", "executions in progress or awaiting takeover", executions)
-    recoveries = _rows(
+    recoveries = _rows_sync(
         conn,
         "SELECT execution_id, session_id, phase, wake_attempts, recovery_error "
         "FROM session_recovery WHERE wake_pending = 1 OR recovery_error IS NOT NULL",
@@ -258,13 +266,13 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
         "recoveries parked for the operator (attempt budget spent)",
         [r for r in recoveries if r["recovery_error"] is not None],
     )
-    jobs = _rows(
+    jobs = _rows_sync(
         conn,
         "SELECT session_id, status, dirty_seq, clean_seq, attempts, last_error "
         "FROM summary_job WHERE status != 'completed' OR dirty_seq > clean_seq",
     )
     report.add(report.unsettled, "2", "summaries not at the current raw turns", jobs)
-    dream = _rows(
+    dream = _rows_sync(
         conn,
         "SELECT session_id, input_revision, completed_revision, digest_state, "
         "digest_attempts, defer_reason FROM dream_state "
@@ -276,10 +284,10 @@ def check_progress(conn: sqlite3.Connection, report: Report, now: int) -> None:
 # -- invariant 8: operator events are hash-chained ---------------------------
 
 
-def check_audit(conn: sqlite3.Connection, report: Report) -> None:
+def check_audit_sync(conn: sqlite3.Connection, report: Report) -> None:
     """Walk the operator events' hash chain; name the first broken link."""
     report.checked.append("audit")
-    result = verify_operator_chain(conn)
+    result = verify_operator_chain_sync(conn)
     broken = result["broken"]
     if broken is not None:
         report.add(
@@ -291,15 +299,15 @@ def check_audit(conn: sqlite3.Connection, report: Report) -> None:
         )
 
 
-def check_database(conn: sqlite3.Connection, now: int | None = None) -> Report:
+def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
     now = clock.now_ms() if now is None else now
-    check_structure(conn, report)
-    check_inputs(conn, report)
-    check_projection(conn, report)
-    check_progress(conn, report, now)
-    check_audit(conn, report)
+    check_structure_sync(conn, report)
+    check_inputs_sync(conn, report)
+    check_projection_sync(conn, report)
+    check_progress_sync(conn, report, now)
+    check_audit_sync(conn, report)
     return report
 
 
@@ -327,17 +335,17 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
 
 
 async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
-    from backend.summaries.receipt_replay import Recovery, all_batches
+    from backend.summaries.receipt_replay import Recovery, ReplayOutcome, all_batches
 
     result = await Recovery(db, ctx.store(), actor="rem check", dry_run=True).run(all_batches(db))
     unacked = {
-        r[0]
+        r["session_id"]
         for r in await db.fetchall(
             "SELECT session_id FROM summary_job WHERE result_staged_at IS NOT NULL "
             "AND result_acknowledged_at IS NULL"
         )
     }
-    differs = [r for r in result.rows if r["outcome"] == "would_replay"]
+    differs = [r for r in result.rows if r["outcome"] == ReplayOutcome.WOULD_REPLAY]
     report.add(
         report.violations,
         "2",
@@ -354,13 +362,17 @@ async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
         report.violations,
         "5",
         "corrupt receipt envelopes (quarantined for the operator)",
-        [r for r in result.rows if r["outcome"] in ("quarantined", "would_quarantine")],
+        [
+            r
+            for r in result.rows
+            if r["outcome"] in (ReplayOutcome.QUARANTINED, ReplayOutcome.WOULD_QUARANTINE)
+        ],
     )
     report.add(
         report.unsettled,
         "2",
         "receipts leased by a running synthesis or replay",
-        [r for r in result.rows if r["outcome"] == "skipped_active"],
+        [r for r in result.rows if r["outcome"] == ReplayOutcome.SKIPPED_ACTIVE],
     )
 
 
@@ -381,14 +393,14 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
         live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
         for r in settled:
             row = live.get(summary_row_id(r["session_id"]))
-            stored = row[1].get("dreamCompletedRevision") if row else None
+            stored = row.metadata.get("dreamCompletedRevision") if row else None
             if row is not None and stored != r["completed_revision"]:
                 lost.append(
                     {
                         "session_id": r["session_id"],
                         "expected": r["completed_revision"],
                         "chroma": stored,
-                        "graphDigested": row[1].get("graphDigested"),
+                        "graphDigested": row.metadata.get("graphDigested"),
                     }
                 )
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)

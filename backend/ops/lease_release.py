@@ -15,18 +15,19 @@ import aiosqlite
 from backend.core.errors import LeaseNotFound, Refused
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
+from backend.store.workers import LeaseKind
 
 # kind -> (table, "lease is held" condition)
 JOB_LEASES = {
-    "summary_job": ("summary_job", "status = 'in_progress'"),
-    "dream": ("dream_state", "digest_state = 'in_progress'"),
+    LeaseKind.SUMMARY_JOB: ("summary_job", "status = 'in_progress'"),
+    LeaseKind.DREAM: ("dream_state", "digest_state = 'in_progress'"),
 }
 
 
-async def lease_kind(db: Database, lease_id: str) -> str:
+async def lease_kind(db: Database, lease_id: str) -> LeaseKind:
     """Which kind of lease `lease_id` names: an execution id, else a session's job lease."""
     if await db.scalar("SELECT 1 FROM session_execution WHERE id = ?", (lease_id,)):
-        return "execution"
+        return LeaseKind.EXECUTION
     for kind, (table, held) in JOB_LEASES.items():
         if await db.scalar(
             f"SELECT 1 FROM {table} WHERE session_id = ? AND {held} AND lease_expires_at IS NOT NULL",
@@ -41,7 +42,7 @@ async def lease_kind(db: Database, lease_id: str) -> str:
 
 async def release_job_lease(
     conn: aiosqlite.Connection,
-    kind: str,
+    kind: LeaseKind,
     session_id: str,
     *,
     expected_epoch: int | None,
@@ -60,7 +61,8 @@ async def release_job_lease(
     )
     if not rows:
         raise LeaseNotFound(f"no live {kind} lease for session {session_id!r}; see `rem status`")
-    owner, epoch, expires_at = rows[0]
+    row = rows[0]
+    owner, epoch, expires_at = row["owner_id"], row["epoch"], row["lease_expires_at"]
     seen = {"owner_id": owner, "epoch": epoch, "expires_at": expires_at, "time_left_ms": expires_at - now}
     if expected_epoch is not None and epoch != expected_epoch and not force:
         raise Refused(

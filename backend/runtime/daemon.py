@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import Any
+from typing import Any, ClassVar
 
 from backend.core import faults
 from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
@@ -20,6 +20,7 @@ from backend.core.settings import unsafe_switches
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Database
+from backend.store.workers import WorkerRole, WorkerState
 
 IDLE_POLL_S = 0.05
 # run a pass at least this often even when nothing was committed (lease expiry is time-based)
@@ -31,7 +32,7 @@ TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOE
 
 
 class Daemon:
-    role: str = ""
+    role: ClassVar[WorkerRole]
 
     def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None) -> None:
         faults.validate()  # a typo in REM_FAULTS fails here, in one line, not inside a task
@@ -140,7 +141,7 @@ class Daemon:
             await asyncio.sleep(workers.HEARTBEAT_INTERVAL_MS / 1000)
             try:
                 state = await workers.beat(self.db, self.owner_id)
-                if state == "draining" and not self.draining.is_set():
+                if state == WorkerState.DRAINING and not self.draining.is_set():
                     self.log.info("%s asked to drain", self.owner_id)
                     self.draining.set()
                 await self.on_heartbeat()

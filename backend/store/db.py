@@ -5,6 +5,18 @@ WAL, `synchronous=NORMAL`, a busy timeout, foreign keys and a journal size
 limit. Every write transaction is `BEGIN IMMEDIATE`: a deferred transaction
 that reads and then writes fails at once with SQLITE_BUSY under contention,
 ignoring `busy_timeout`, because SQLite cannot upgrade its read snapshot.
+
+Naming rule, the database thread made visible: a function whose name ends in
+`_sync` runs on the connection's own thread with the raw `sqlite3.Connection`
+as its first argument (`conn`), inside a transaction its caller opened; it
+never awaits and never commits. Every function that takes a raw connection is
+named so, and nothing else is. Async code reaches the thread through the
+`*_in_thread` doors: `Database.read_in_thread(fn)` (one short read
+transaction), `Database.write_in_thread(fn)` (one group-committed write
+transaction), `Database.run_in_thread(fn)` (no transaction of its own) and
+`in_thread(conn, fn)` (inside an open `db.tx()`). Everything else that touches
+state.db is async and takes a `Database`, or inside `db.tx()` an
+`aiosqlite.Connection`.
 """
 
 from __future__ import annotations
@@ -14,8 +26,8 @@ import contextlib
 import logging
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -66,6 +78,18 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | N
     if "readonly" in msg or "read-only" in msg or "attempt to write" in msg:
         return ReadOnly(f"{path} is opened read-only; this action needs a writable rem")
     return None
+
+
+@contextmanager
+def sqlite_errors(path: Path | str) -> Iterator[None]:
+    """Raise an sqlite3 error from inside as the one-line RemError for `path` (others unchanged)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        translated = translate_sqlite_error(exc, path)
+        if translated is None:
+            raise
+        raise translated from exc
 
 
 # below this much free space, a disk I/O error is a full disk (SQLite reports a
@@ -125,7 +149,7 @@ class Database:
         self.path = path
         self.read_only = read_only
         self._lock = asyncio.Lock()
-        # group commit: write_sync calls waiting for the next group, and the task committing them
+        # group commit: write_in_thread calls waiting for the next group, and the task committing them
         self._writes: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.groups_committed = 0
@@ -146,17 +170,13 @@ class Database:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 private.create_private_file(path)
         database, uri = _target(path, read_only)
-        try:
+        with sqlite_errors(path):
             conn = await aiosqlite.connect(database, uri=uri, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, path) or exc from exc
         conn.row_factory = sqlite3.Row
         db = cls(conn, path, read_only)
         try:
-            await db._apply_pragmas()
-        except sqlite3.Error as exc:
-            await conn.close()
-            raise translate_sqlite_error(exc, path) or exc from exc
+            with sqlite_errors(path):
+                await db._apply_pragmas()
         except BaseException:
             await conn.close()
             raise
@@ -170,7 +190,7 @@ class Database:
             refuse_foreign(
                 self.path,
                 await self.scalar("PRAGMA user_version"),
-                [r[0] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
+                [r["name"] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
             )
             await c.execute("PRAGMA journal_mode = WAL")
         await c.execute("PRAGMA synchronous = NORMAL")
@@ -193,37 +213,31 @@ class Database:
         """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
         if self.read_only:
             raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+        # a statement that fails in the body or at COMMIT (full disk, corrupt page): one clear RemError
         async with self._lock:
-            try:
+            with self.sqlite_errors():
                 await self.conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
-            try:
-                yield self.conn
-            except sqlite3.Error as exc:
-                # a statement in the body failed (full disk, corrupt page): one clear RemError
-                await self._rollback_quietly()
-                raise translate_sqlite_error(exc, self.path) or exc from exc
-            except BaseException:
-                await self._rollback_quietly()
-                raise
-            try:
-                await self.conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                await self._rollback_quietly()
-                raise translate_sqlite_error(exc, self.path) or exc from exc
+                try:
+                    yield self.conn
+                    await self.conn.execute("COMMIT")
+                except BaseException:
+                    await self._rollback_quietly()
+                    raise
 
     @asynccontextmanager
     async def snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
         """A short read transaction so several queries see one consistent state."""
         async with self._lock:
             try:
-                await self.conn.execute("BEGIN")
-                yield self.conn
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
+                with self.sqlite_errors():
+                    await self.conn.execute("BEGIN")
+                    yield self.conn
             finally:
                 await self._rollback_quietly()
+
+    def sqlite_errors(self) -> AbstractContextManager[None]:
+        """`sqlite_errors` for this database's path."""
+        return sqlite_errors(self.path)
 
     async def _rollback_quietly(self) -> None:
         if self.conn.in_transaction:
@@ -235,10 +249,8 @@ class Database:
     async def fetchall(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
         """Run one autocommit query and return all rows."""
         async with self._lock:
-            try:
+            with self.sqlite_errors():
                 return list(await self.conn.execute_fetchall(sql, params))
-            except sqlite3.Error as exc:
-                raise translate_sqlite_error(exc, self.path) or exc from exc
 
     async def fetchone(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
         rows = await self.fetchall(sql, params)
@@ -248,7 +260,7 @@ class Database:
         row = await self.fetchone(sql, params)
         return None if row is None else row[0]
 
-    async def run_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def run_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(raw sqlite3 connection)` on the connection's own thread, in one hop.
 
         For read paths that run many queries and build many rows (the status
@@ -266,24 +278,22 @@ class Database:
         while self._lock.locked():
             async with self._lock:
                 pass
-        try:
+        with self.sqlite_errors():
             return await in_thread(self.conn, fn)
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, self.path) or exc from exc
 
-    async def read_snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def read_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
 
-        def wrapped(raw: sqlite3.Connection) -> T:
-            raw.execute("BEGIN")
+        def read_sync(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN")
             try:
-                return fn(raw)
+                return fn(conn)
             finally:
-                raw.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
 
-        return await self.run_sync(wrapped)
+        return await self.run_in_thread(read_sync)
 
-    async def write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
 
         For hot write paths (the executor's turn transactions). `fn` runs on
@@ -318,7 +328,9 @@ class Database:
                         return
                     continue
                 try:
-                    outcomes = await self.run_sync(partial(commit_group, fns=[fn for fn, _ in group]))
+                    outcomes = await self.run_in_thread(
+                        partial(commit_group_sync, fns=[fn for fn, _ in group])
+                    )
                 except Exception as exc:
                     # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
                     for _, fut in group:
@@ -348,7 +360,7 @@ class Database:
         return int(await self.scalar("PRAGMA data_version"))
 
 
-# At most this many write_sync calls share one commit: bounds how long one group
+# At most this many write_in_thread calls share one commit: bounds how long one group
 # holds SQLite's write lock (each turn-path transaction body takes ~0.2 ms).
 WRITE_GROUP_MAX = 32
 
@@ -357,43 +369,43 @@ class TransactionDropped(DatabaseIOError):
     """SQLite rolled the whole transaction back under a group (full disk, I/O error)."""
 
 
-def commit_group(
-    raw: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
+def commit_group_sync(
+    conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
 ) -> list[tuple[bool, Any]]:
     """On the connection's thread: run `fns` in one write transaction; (ok, result or exception) each.
 
     A lone function needs no savepoint: the transaction is its unit, and its
     exception rolls it back and propagates, as a plain transaction would.
     """
-    raw.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
         if len(fns) == 1:
-            outcomes: list[tuple[bool, Any]] = [(True, fns[0](raw))]
+            outcomes: list[tuple[bool, Any]] = [(True, fns[0](conn))]
         else:
-            outcomes = [_in_savepoint(raw, fn) for fn in fns]
-        raw.execute("COMMIT")
+            outcomes = [_in_savepoint_sync(conn, fn) for fn in fns]
+        conn.execute("COMMIT")
     except BaseException:
-        if raw.in_transaction:
-            raw.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return outcomes
 
 
-def _in_savepoint(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
-    raw.execute("SAVEPOINT rem_write")
+def _in_savepoint_sync(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
+    conn.execute("SAVEPOINT rem_write")
     try:
-        value = fn(raw)
+        value = fn(conn)
     except Exception as exc:
-        if not raw.in_transaction:  # SQLite rolled back the whole transaction (SQLITE_FULL, IOERR)
+        if not conn.in_transaction:  # SQLite rolled back the whole transaction (SQLITE_FULL, IOERR)
             raise
-        raw.execute("ROLLBACK TO rem_write")
-        raw.execute("RELEASE rem_write")
+        conn.execute("ROLLBACK TO rem_write")
+        conn.execute("RELEASE rem_write")
         return False, exc
-    if not raw.in_transaction:
+    if not conn.in_transaction:
         raise TransactionDropped(
             "the write transaction ended inside a group; nothing of the group was written"
         )
-    raw.execute("RELEASE rem_write")
+    conn.execute("RELEASE rem_write")
     return True, value
 
 

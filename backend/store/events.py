@@ -12,7 +12,7 @@ Operator events (`OPERATOR_KINDS`) are the audit journal, and hold:
 * they are hash-chained: `chain` = SHA-256 of the previous operator event's
   `chain` (kept in `chain_prev`) and this row's own content, so `rem check`
   finds an edited, removed, inserted or reordered operator event and names
-  the first broken link (`verify_operator_chain`);
+  the first broken link (`verify_operator_chain_sync`);
 * they are never pruned and a trigger refuses their deletion.
 
 Every append of an operator kind goes through `append_event_sync`, whichever
@@ -179,7 +179,7 @@ def append_event_sync(
     data: dict[str, Any] | None = None,
     now: int | None = None,
 ) -> int:
-    """`append_event` for code already running on the connection's thread (`Database.write_sync`)."""
+    """`append_event` for code already running on the connection's thread (`Database.write_in_thread`)."""
     row = _event_row(kind, actor, session_id, target, data, now)
     if str(kind) in OPERATOR_KINDS:
         return _append_operator_event(conn, row)
@@ -192,7 +192,7 @@ SELECT id, time, kind, actor, session_id, target, data, os_uid, os_user, chain_p
 FROM event INDEXED BY event_operator_idx WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id"""
 
 
-def verify_operator_chain(conn: sqlite3.Connection) -> dict[str, Any]:
+def verify_operator_chain_sync(conn: sqlite3.Connection) -> dict[str, Any]:
     """Walk the operator events in order; the first broken link, if any, and what was checked.
 
     Rows written before the chain existed (schema < 3, `chain` NULL) are

@@ -35,7 +35,7 @@ MARK_TURNS_CHANGED_SQL = (
 def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one).
 
-    For code running on the connection's thread (`Database.write_sync`).
+    For code running on the connection's thread (`Database.write_in_thread`).
     """
     if conn.execute(BUMP_DRIFTED_SQL, (session_id,)).rowcount == 0:
         conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))

@@ -64,9 +64,11 @@ async def load_raw_turns(conn: aiosqlite.Connection, session_id: str) -> list[di
     rows = await conn.execute_fetchall(RAW_TURN_SQL, (session_id,))
     records = []
     for row in rows:
-        data = json.loads(row[3])
+        data = json.loads(row["data"])
         # data is json_valid but not necessarily an object; a non-object carries no text
-        record = turn_record(row[0], row[1], row[2], data if isinstance(data, Mapping) else {})
+        record = turn_record(
+            row["id"], row["type"], row["time_created"], data if isinstance(data, Mapping) else {}
+        )
         if record is not None:
             records.append(record)
     return canonical_turns(records)

@@ -348,7 +348,7 @@ async def migrate(db: Database) -> int:
         # re-read inside the write lock: another process may have migrated meanwhile
         current = int(list(await conn.execute_fetchall("PRAGMA user_version"))[0][0])
         _refuse_newer(db, current)
-        refuse_foreign(db.path, current, [r[0] for r in await conn.execute_fetchall(FOREIGN_TABLES_SQL)])
+        refuse_foreign(db.path, current, [r["name"] for r in await conn.execute_fetchall(FOREIGN_TABLES_SQL)])
         for version in range(current, SCHEMA_VERSION):
             await _apply(conn, MIGRATIONS[version])
             log.info("migrated %s to schema version %d", db.path, version + 1)
@@ -372,7 +372,7 @@ async def refuse_unusable(db: Database) -> None:
     current = await schema_version(db)
     _refuse_newer(db, current)
     if current == 0:
-        refuse_foreign(db.path, current, [r[0] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
+        refuse_foreign(db.path, current, [r["name"] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
         raise DataDirError(f"{db.path} has no rem schema yet; run `rem init --data {db.path.parent}`")
     if current < SCHEMA_VERSION:
         raise DataDirError(

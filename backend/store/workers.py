@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from backend.core import clock
@@ -15,10 +16,37 @@ from backend.store.events import EventKind, append_event
 HEARTBEAT_INTERVAL_MS = 2_000
 # a worker whose heartbeat is older than this is presumed dead
 WORKER_DEAD_AFTER_MS = 10_000
-ROLES = ("executor", "summarizer", "dream")
 
 
-def new_owner_id(role: str) -> str:
+class WorkerRole(StrEnum):
+    """What a daemon does (`worker.role`)."""
+
+    EXECUTOR = "executor"
+    SUMMARIZER = "summarizer"
+    DREAM = "dream"
+
+
+class WorkerState(StrEnum):
+    """`worker.state`: running; draining (asked to stop: finishing, handing back); stopped."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+# states of a worker that still heartbeats and may hold leases
+LIVE_STATES = (WorkerState.RUNNING, WorkerState.DRAINING)
+
+
+class LeaseKind(StrEnum):
+    """The three fenced leases a worker can hold."""
+
+    EXECUTION = "execution"  # a session's turn (`session_execution`)
+    SUMMARY_JOB = "summary_job"  # a session's summary synthesis or replay (`summary_job`)
+    DREAM = "dream"  # a session's Dream digestion (`dream_state`)
+
+
+def new_owner_id(role: WorkerRole) -> str:
     """A unique owner id that names the role, host and pid for operators."""
     return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -30,7 +58,7 @@ def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
 async def register(
     db: Database,
     owner_id: str,
-    role: str,
+    role: WorkerRole,
     info: dict[str, Any] | None = None,
     *,
     unsafe: dict[str, Any] | None = None,
@@ -63,7 +91,7 @@ async def register(
         )
 
 
-async def beat(db: Database, owner_id: str) -> str | None:
+async def beat(db: Database, owner_id: str) -> WorkerState | None:
     """Record a heartbeat; returns the worker's state (`draining` asks it to stop)."""
     now = clock.now_ms()
     async with db.tx() as conn:
@@ -71,7 +99,7 @@ async def beat(db: Database, owner_id: str) -> str | None:
             "UPDATE worker SET heartbeat_at = ? WHERE owner_id = ? RETURNING state", (now, owner_id)
         )
     rows = list(rows)
-    return rows[0][0] if rows else None
+    return WorkerState(rows[0]["state"]) if rows else None
 
 
 async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
@@ -94,9 +122,9 @@ async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
             )
 
 
-async def state_of(db: Database, owner_id: str) -> str | None:
+async def state_of(db: Database, owner_id: str) -> WorkerState | None:
     state = await db.scalar("SELECT state FROM worker WHERE owner_id = ?", (owner_id,))
-    return None if state is None else str(state)
+    return None if state is None else WorkerState(state)
 
 
 async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[str]:
@@ -115,11 +143,11 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[st
                 conn,
                 kind=EventKind.WORKER_STOPPED,
                 actor="supervisor",
-                target=row[0],
+                target=row["owner_id"],
                 data={"reason": reason, "pid": pid},
                 now=now,
             )
-    return [row[0] for row in rows]
+    return [row["owner_id"] for row in rows]
 
 
 async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str, Any]:
@@ -135,16 +163,26 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str,
         )
         if not rows:
             raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
-        role, pid, host, state, heartbeat_at = rows[0]
-        seen = {"state": state, "heartbeat_age_ms": now - heartbeat_at, "pid": pid, "host": host}
-        if state == "stopped":
+        worker = rows[0]
+        role, state, heartbeat_at = (
+            WorkerRole(worker["role"]),
+            WorkerState(worker["state"]),
+            worker["heartbeat_at"],
+        )
+        seen = {
+            "state": state,
+            "heartbeat_age_ms": now - heartbeat_at,
+            "pid": worker["pid"],
+            "host": worker["host"],
+        }
+        if state == WorkerState.STOPPED:
             raise Refused(f"worker {owner_id} is already stopped; nothing to drain")
         if not heartbeat_alive(heartbeat_at, now):
             raise Refused(
                 f"worker {owner_id} has not heartbeated for {(now - heartbeat_at) // 1000} s and is "
                 "presumed dead, so it cannot drain; release its leases with `rem release`"
             )
-        if state == "running":
+        if state == WorkerState.RUNNING:
             await execute(
                 conn,
                 "UPDATE worker SET state = 'draining', drain_requested_at = ? "
@@ -156,10 +194,15 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str,
             kind=EventKind.OPERATOR_DRAIN,
             actor=operator,
             target=owner_id,
-            data={"seen": seen, "result": "draining", "already_draining": state == "draining", "role": role},
+            data={
+                "seen": seen,
+                "result": WorkerState.DRAINING,
+                "already_draining": state == WorkerState.DRAINING,
+                "role": role,
+            },
             now=now,
         )
-    return {"owner_id": owner_id, "role": role, "previous_state": state, "state": "draining"}
+    return {"owner_id": owner_id, "role": role, "previous_state": state, "state": WorkerState.DRAINING}
 
 
 async def leases_held(db: Database, owner_id: str) -> int:

@@ -22,8 +22,9 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any, TypedDict
 
 import aiosqlite
 
@@ -36,7 +37,7 @@ from backend.store.db import Database, execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
-from backend.summaries.receipts import Receipt, Verdict
+from backend.summaries.receipts import Receipt, ReceiptVerdict, Verdict
 
 log = logging.getLogger("rem.replay")
 
@@ -46,21 +47,21 @@ RETRY_AFTER_MS = 30_000
 # quarantined envelopes up to this size are copied into the journal as evidence
 JOURNAL_ENVELOPE_MAX = 64 * 1024
 
-JOB_COLUMNS = (
-    "session_id, status, owner_id, epoch, lease_expires_at, result_envelope, result_encoding, "
-    "result_staged_at, result_acknowledged_at, result_last_replayed_at, quarantined_at, verdict, "
-    "verdict_detail"
-)
-PENDING_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
-  AND (result_staged_at, session_id) > (:staged, :sid)
-ORDER BY result_staged_at, session_id LIMIT :n"""
-ALL_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
 # a live lease: someone holds the row right now (a synthesis or another replay)
 NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
+
+
+class ReplayOutcome(StrEnum):
+    """What a recovery pass did with one receipt (a row of its report)."""
+
+    PRESENT = "present"  # the row matched: nothing written to Chroma
+    REPLAYED = "replayed"  # re-written from the receipt and verified by read-back
+    UNVERIFIED = "unverified"  # re-written, but the read-back still differs
+    SKIPPED_ACTIVE = "skipped_active"  # leased by a running synthesis or replay
+    SUPERSEDED = "superseded"  # re-staged (or its replay lease lost) since it was read
+    QUARANTINED = "quarantined"  # a corrupt envelope, kept and shown
+    WOULD_REPLAY = "would_replay"  # dry run: it differs
+    WOULD_QUARANTINE = "would_quarantine"  # dry run: its envelope is corrupt
 
 
 def summary_lease_ms() -> int:
@@ -68,7 +69,7 @@ def summary_lease_ms() -> int:
     return settings.summary_lease_ms
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """One summary_job row as recovery sees it."""
 
@@ -83,12 +84,12 @@ class Job:
     acknowledged_at: int | None
     last_replayed_at: int | None
     quarantined_at: int | None
-    verdict: str | None
+    verdict: str | None  # the stored text: a ReceiptVerdict, unless the column was written by hand
     verdict_detail: str | None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
-        return cls(*tuple(row))
+        return cls(**{field: row[column] for field, column in JOB_FIELDS.items()})
 
     @property
     def summary_id(self) -> str:
@@ -99,6 +100,21 @@ class Job:
 
     def cas(self) -> dict[str, Any]:
         return {"sid": self.session_id, "env": self.envelope, "staged": self.staged_at}
+
+
+# Job field -> its summary_job column (the receipt's own columns carry a `result_` prefix);
+# the SELECT lists and Job.from_row both come from it
+_RESULT_FIELDS = ("envelope", "encoding", "staged_at", "acknowledged_at", "last_replayed_at")
+JOB_FIELDS = {f.name: f"result_{f.name}" if f.name in _RESULT_FIELDS else f.name for f in fields(Job)}
+JOB_COLUMNS = ", ".join(JOB_FIELDS.values())
+PENDING_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
+  AND (result_staged_at, session_id) > (:staged, :sid)
+ORDER BY result_staged_at, session_id LIMIT :n"""
+ALL_SQL = f"""
+SELECT {JOB_COLUMNS} FROM summary_job
+WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
 
 
 @dataclass
@@ -121,7 +137,7 @@ class Counters:
             setattr(self, name, getattr(self, name) + value)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Checked:
     """A decoded receipt and the verdict on its live row."""
 
@@ -131,10 +147,32 @@ class Checked:
     epoch: int = 0  # the epoch of the lease this pass took to re-write the row
 
 
+class ReplayRow(TypedDict):
+    """One receipt in a replay report (`rem replay --json` rows)."""
+
+    summary_id: str
+    session_id: str
+    outcome: ReplayOutcome
+    verdict: ReceiptVerdict | None  # what the pass found (None: not checked, e.g. skipped)
+    keys: list[dict[str, Any]]  # KeyDifference.as_dict() of each differing owned key
+    document: dict[str, Any] | None  # how the document differs, if it does
+    reason: str | None
+
+
+class ReplayReport(TypedDict):
+    """What `ops.replay` returns and `rem replay --json` prints."""
+
+    counters: dict[str, int]  # Counters, by field name
+    rows: list[ReplayRow]
+    dry_run: bool
+    ok: bool
+    rows_written: int
+
+
 @dataclass
 class Report:
     counters: Counters = field(default_factory=Counters)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ReplayRow] = field(default_factory=list)
     dry_run: bool = False
     # summary_job rows this pass changed (0 on a healthy store: the pass is idempotent)
     rows_written: int = 0
@@ -143,29 +181,29 @@ class Report:
     def ok(self) -> bool:
         return self.counters.unverified == 0 and self.counters.quarantined == 0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "counters": asdict(self.counters),
-            "rows": self.rows,
-            "dry_run": self.dry_run,
-            "ok": self.ok,
-            "rows_written": self.rows_written,
-        }
+    def as_dict(self) -> ReplayReport:
+        return ReplayReport(
+            counters=asdict(self.counters),
+            rows=self.rows,
+            dry_run=self.dry_run,
+            ok=self.ok,
+            rows_written=self.rows_written,
+        )
 
 
 def _row_report(
-    job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
-) -> dict[str, Any]:
+    job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
+) -> ReplayRow:
     detail = verdict.detail() if verdict is not None else None
-    return {
-        "summary_id": job.summary_id,
-        "session_id": job.session_id,
-        "outcome": outcome,
-        "verdict": verdict.verdict if verdict is not None else None,
-        "keys": (detail or {}).get("keys", []),
-        "document": (detail or {}).get("document"),
-        "reason": reason,
-    }
+    return ReplayRow(
+        summary_id=job.summary_id,
+        session_id=job.session_id,
+        outcome=outcome,
+        verdict=verdict.verdict if verdict is not None else None,
+        keys=(detail or {}).get("keys", []),
+        document=(detail or {}).get("document"),
+        reason=reason,
+    )
 
 
 class Recovery:
@@ -214,9 +252,9 @@ class Recovery:
         return self.report
 
     def _note(
-        self, job: Job, outcome: str, verdict: Verdict | None = None, reason: str | None = None
+        self, job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
     ) -> None:
-        if outcome != "present" or self.report_present:
+        if outcome != ReplayOutcome.PRESENT or self.report_present:
             self.report.rows.append(_row_report(job, outcome, verdict, reason))
 
     # -- one batch -------------------------------------------------------------
@@ -243,7 +281,7 @@ class Recovery:
                     await self._final_event(conn)
         else:
             for c in present:
-                self._count_completed(c, "present")
+                self._count_completed(c, ReplayOutcome.PRESENT)
 
     async def _check(self, batch: list[Job], now: int) -> tuple[list[Checked], list[tuple[Job, str]]]:
         """Decode every envelope and judge it against its live row (one Chroma get)."""
@@ -251,7 +289,7 @@ class Recovery:
         for job in batch:
             if job.leased(now):
                 self.counters.skipped_active += 1
-                self._note(job, "skipped_active", reason=f"leased by {job.owner_id}")
+                self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {job.owner_id}")
             else:
                 eligible.append(job)
         # decode while Chroma answers: the get runs in a thread
@@ -266,19 +304,27 @@ class Recovery:
                     corrupt.append((job, str(exc)))
         finally:
             rows = await fetch
-        return [Checked(job, r, receipts.verify(r, rows.get(job.summary_id))) for job, r in decoded], corrupt
+        checked = [
+            Checked(job=job, receipt=r, verdict=receipts.verify(r, rows.get(job.summary_id)))
+            for job, r in decoded
+        ]
+        return checked, corrupt
 
     def _report_dry(
         self, present: list[Checked], mismatched: list[Checked], corrupt: list[tuple[Job, str]]
     ) -> None:
         self.counters.present += len(present)
         for c in present:
-            self._note(c.job, "present", c.verdict)
+            self._note(c.job, ReplayOutcome.PRESENT, c.verdict)
         for c in mismatched:
-            self._note(c.job, "would_replay", c.verdict)
+            self._note(c.job, ReplayOutcome.WOULD_REPLAY, c.verdict)
         for job, reason in corrupt:
             self.counters.quarantined += 1
-            self._note(job, "quarantined" if job.quarantined_at else "would_quarantine", reason=reason)
+            self._note(
+                job,
+                ReplayOutcome.QUARANTINED if job.quarantined_at else ReplayOutcome.WOULD_QUARANTINE,
+                reason=reason,
+            )
 
     async def _lease(self, mismatched: list[Checked], now: int) -> list[Checked]:
         """Take the lease on every row this pass will re-write (CAS on envelope and staged_at).
@@ -297,7 +343,7 @@ class Recovery:
                 )
                 rows = list(rows)
                 if rows:
-                    c.epoch = int(rows[0][0])
+                    c.epoch = int(rows[0]["epoch"])
                     leased.append(c)
                 else:
                     await self._lost(conn, c.job, now)
@@ -368,16 +414,22 @@ class Recovery:
 
     async def _quarantine(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
         self.counters.quarantined += 1
-        self._note(job, "quarantined", reason=reason)
+        self._note(job, ReplayOutcome.QUARANTINED, reason=reason)
         if job.quarantined_at is not None:
             return
-        detail = json.dumps({"verdict": receipts.QUARANTINED, "reason": reason, "keys": []})
+        detail = json.dumps({"verdict": ReceiptVerdict.QUARANTINED, "reason": reason, "keys": []})
         changed = await execute(
             conn,
-            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = 'quarantined', "
+            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
             "verdict_detail = :detail, verdict_checked_at = :now "
             "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
-            {**job.cas(), "now": now, "reason": reason, "detail": detail},
+            {
+                **job.cas(),
+                "now": now,
+                "reason": reason,
+                "detail": detail,
+                "verdict": ReceiptVerdict.QUARANTINED,
+            },
         )
         if not changed:
             self.counters.quarantined -= 1
@@ -398,7 +450,7 @@ class Recovery:
     async def _confirm(self, conn: aiosqlite.Connection, c: Checked, now: int) -> None:
         """A row found present: acknowledge it if unacknowledged, refresh a stale verdict."""
         if not _needs_write(c):
-            self._count_completed(c, "present")
+            self._count_completed(c, ReplayOutcome.PRESENT)
             return
         ack = c.job.acknowledged_at is None
         changed = await execute(
@@ -411,7 +463,7 @@ class Recovery:
                 **c.job.cas(),
                 "now": now,
                 "rev": c.receipt.revision,
-                "verdict": receipts.PRESENT,
+                "verdict": ReceiptVerdict.PRESENT,
                 "detail": None,
             },
         )
@@ -421,7 +473,7 @@ class Recovery:
         self.report.rows_written += 1
         if ack:
             await self._acknowledged(conn, c, now, replayed=False)
-        self._count_completed(c, "present")
+        self._count_completed(c, ReplayOutcome.PRESENT)
 
     async def _settle(self, conn: aiosqlite.Connection, c: Checked, after: Verdict, now: int) -> None:
         """A row this pass re-wrote: release the lease, record the read-back verdict."""
@@ -451,7 +503,7 @@ class Recovery:
         if not changed:
             log.warning("replay of %s lost its lease (epoch %d)", c.job.summary_id, c.epoch)
             self.counters.superseded += 1
-            self._note(c.job, "superseded", reason="lease lost during replay")
+            self._note(c.job, ReplayOutcome.SUPERSEDED, reason="lease lost during replay")
             return
         self.report.rows_written += 1
         self.counters.replayed += 1
@@ -466,7 +518,7 @@ class Recovery:
         )
         if ack:
             await self._acknowledged(conn, c, now, replayed=True)
-        if c.verdict.verdict == "missing":
+        if c.verdict.verdict == ReceiptVerdict.MISSING:
             # the row was re-created from the receipt: Dream's keys went with the old row,
             # so ask Dream to write its overlay again (it never creates rows itself)
             await execute(
@@ -477,14 +529,14 @@ class Recovery:
                 (c.job.session_id,),
             )
         if after.present:
-            self._count_completed(c, "replayed")
+            self._count_completed(c, ReplayOutcome.REPLAYED)
         else:
             self.counters.unverified += 1
-            self._note(c.job, "unverified", after, reason=_unverified_reason(after))
+            self._note(c.job, ReplayOutcome.UNVERIFIED, after, reason=_unverified_reason(after))
 
-    def _count_completed(self, c: Checked, outcome: str) -> None:
+    def _count_completed(self, c: Checked, outcome: ReplayOutcome) -> None:
         self.counters.completed += 1
-        if outcome == "present":
+        if outcome == ReplayOutcome.PRESENT:
             self.counters.present += 1
         self._note(c.job, outcome, c.verdict)
 
@@ -515,16 +567,16 @@ class Recovery:
         )
         if (
             row is not None
-            and row[0] == job.envelope
-            and row[1] == job.staged_at
-            and row[2]
-            and (row[3] or 0) > now
+            and row["result_envelope"] == job.envelope
+            and row["result_staged_at"] == job.staged_at
+            and row["owner_id"]
+            and (row["lease_expires_at"] or 0) > now
         ):
             self.counters.skipped_active += 1
-            self._note(job, "skipped_active", reason=f"leased by {row[2]}")
+            self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {row['owner_id']}")
         else:
             self.counters.superseded += 1
-            self._note(job, "superseded", reason="re-staged since it was read")
+            self._note(job, ReplayOutcome.SUPERSEDED, reason="re-staged since it was read")
 
     async def _final_event(self, conn: aiosqlite.Connection) -> None:
         if self.final_event is None:
@@ -541,7 +593,7 @@ _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at
 
 
 def _unverified_reason(after: Verdict) -> str:
-    if any(k.reason == receipts.VECTOR_DIFFERS for k in after.keys):
+    if any(k.reason == receipts.KeyReason.VECTOR_DIFFERS for k in after.keys):
         return (
             "read-back after replay still differs: the configured embedder "
             f"(REM_EMBEDDER={settings.embedder}) no longer reproduces the vector this receipt attests "
@@ -553,7 +605,9 @@ def _unverified_reason(after: Verdict) -> str:
 def _needs_write(c: Checked) -> bool:
     """A present row needs a write only to acknowledge it or to correct a stale verdict."""
     return (
-        c.job.acknowledged_at is None or c.job.verdict != receipts.PRESENT or c.job.verdict_detail is not None
+        c.job.acknowledged_at is None
+        or c.job.verdict != ReceiptVerdict.PRESENT
+        or c.job.verdict_detail is not None
     )
 
 
@@ -591,7 +645,7 @@ async def pending_batches(
 
 def _backing_off(job: Job, now: int) -> bool:
     return (
-        job.verdict not in (None, receipts.PRESENT)
+        job.verdict not in (None, ReceiptVerdict.PRESENT)
         and job.last_replayed_at is not None
         and now - job.last_replayed_at < RETRY_AFTER_MS
     )

@@ -40,8 +40,10 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+from backend.chroma.collection import ChromaRow, LiveRow
 from backend.chroma.ownership import SYNTHESIS_OWNED_KEYS, SYNTHESIS_REQUIRED_KEYS
 from backend.core.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
 
@@ -63,19 +65,36 @@ SKETCH_LEVELS = 32767
 VECTOR_TOLERANCE = 1.0
 INT64 = (-(2**63), 2**63 - 1)
 
-PRESENT = "present"
-MISSING = "missing"
-DOCUMENT_DIFFERS = "document_differs"
-KEYS_DIFFER = "keys_differ"
-QUARANTINED = "quarantined"
-# key differences that are not a changed value: an owned key the receipt attests absent is on
-# the row, and the row's vector is not the one written (named as the pseudo-key `embedding`)
-ATTESTED_ABSENT = "attested_absent"
-VECTOR_DIFFERS = "vector_differs"
+
+class ReceiptVerdict(StrEnum):
+    """A receipt checked against its live Chroma row (`summary_job.verdict`)."""
+
+    PRESENT = "present"  # document equal, every owned key present and type-equal
+    MISSING = "missing"  # no row
+    DOCUMENT_DIFFERS = "document_differs"
+    KEYS_DIFFER = "keys_differ"  # the document is equal; owned keys are missing or differ
+    QUARANTINED = "quarantined"  # the envelope itself is corrupt: kept for the operator
+
+
+# every verdict that is not ReceiptVerdict.PRESENT: the receipt panel's rows
+MISMATCHES = tuple(v for v in ReceiptVerdict if v is not ReceiptVerdict.PRESENT)
+
+
+class KeyReason(StrEnum):
+    """How one receipt-owned key differs on the live row."""
+
+    MISSING = "missing"
+    TYPE_DIFFERS = "type_differs"  # equal value, other type (`1` vs `1.0` vs `True`)
+    VALUE_DIFFERS = "value_differs"
+    ATTESTED_ABSENT = "attested_absent"  # an owned key the receipt does not carry is on the row
+    VECTOR_DIFFERS = "vector_differs"  # the `embedding` pseudo-key: the row's vector is not the one written
+
+
+# the pseudo-key a vector difference is reported under (no metadata key of that name is owned)
 EMBEDDING_KEY = "embedding"
 
-# (document, metadata) or (document, metadata, embedding): the vector is compared when read
-Row = tuple[str | None, Mapping[str, Any]] | tuple[str | None, Mapping[str, Any], Any]
+# a row read without its vector, or with it (`ChromaStore.rows`): the vector is compared when read
+Row = ChromaRow | LiveRow
 _SCALARS = (str, int, float, bool)
 _OWNED = frozenset(SYNTHESIS_OWNED_KEYS)
 
@@ -221,7 +240,9 @@ def issue(document: str, metadata: Mapping[str, Any], *, embedding: Sequence[flo
         raise ReceiptIncomplete(
             "a receipt needs the embedding written with its document; got an empty vector"
         )
-    receipt = Receipt(document, _copy(dict(metadata)), embedding_digest(embedding))
+    receipt = Receipt(
+        document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding)
+    )
     try:
         encode(receipt)
     except UnicodeEncodeError as exc:  # e.g. a lone surrogate: not storable as UTF-8
@@ -334,7 +355,7 @@ def decode(blob: Any, encoding: str | None = None) -> Receipt:
     problem = _metadata_problem(metadata, version)
     if problem is not None:
         raise ReceiptCorrupt(f"receipt envelope metadata is unsound: {problem[1]}")
-    return Receipt(document, metadata, digest, version)
+    return Receipt(document=document, metadata=metadata, embedding=digest, version=version)
 
 
 # -- the ownership-aware match ---------------------------------------------------
@@ -361,9 +382,11 @@ def _vector_of(row: Row) -> Any:
 def is_present(receipt: Receipt, row: Row | None) -> bool:
     """True when the row carries the receipt's document and every owned key, type-equal, no
     owned key the receipt attests absent, and (when read) the vector the receipt attests."""
-    if row is None or type(row[0]) is not str or row[0] != receipt.document:
+    if row is None:
         return False
-    live = row[1]
+    document, live = row[0], row[1]
+    if type(document) is not str or document != receipt.document:
+        return False
     for key, expected in receipt.metadata.items():
         if key not in live:
             return False
@@ -378,14 +401,12 @@ def is_present(receipt: Receipt, row: Row | None) -> bool:
     return receipt.embedding is None or vector is None or embedding_matches(receipt.embedding, vector)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyDifference:
     """How one receipt-owned key differs on the live row."""
 
     key: str
-    # missing, type_differs, value_differs; attested_absent (an owned key the receipt does not
-    # carry is on the row); vector_differs (the `embedding` pseudo-key: the row's vector changed)
-    reason: str
+    reason: KeyReason
     expected: Any
     actual: Any = None
 
@@ -395,22 +416,22 @@ class KeyDifference:
             "reason": self.reason,
             "expected": self.expected,
             "actual": self.actual,
-            "expected_type": None if self.reason == ATTESTED_ABSENT else _type_name(self.expected),
-            "actual_type": None if self.reason == "missing" else _type_name(self.actual),
+            "expected_type": None if self.reason == KeyReason.ATTESTED_ABSENT else _type_name(self.expected),
+            "actual_type": None if self.reason == KeyReason.MISSING else _type_name(self.actual),
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """The outcome of checking one receipt against its live row."""
 
-    verdict: str
+    verdict: ReceiptVerdict
     keys: tuple[KeyDifference, ...] = ()
     document: dict[str, Any] | None = field(default=None)
 
     @property
     def present(self) -> bool:
-        return self.verdict == PRESENT
+        return self.verdict == ReceiptVerdict.PRESENT
 
     def detail(self) -> dict[str, Any] | None:
         """The JSON stored in `summary_job.verdict_detail` (None when present)."""
@@ -431,12 +452,12 @@ def _type_name(value: Any) -> str:
 
 def _key_difference(key: str, expected: Any, live: Mapping[str, Any]) -> KeyDifference | None:
     if key not in live:
-        return KeyDifference(key, "missing", expected)
+        return KeyDifference(key=key, reason=KeyReason.MISSING, expected=expected)
     actual = live[key]
     if strict_equal(expected, actual):
         return None
-    reason = "type_differs" if expected == actual else "value_differs"
-    return KeyDifference(key, reason, expected, actual)
+    reason = KeyReason.TYPE_DIFFERS if expected == actual else KeyReason.VALUE_DIFFERS
+    return KeyDifference(key=key, reason=reason, expected=expected, actual=actual)
 
 
 def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
@@ -458,27 +479,41 @@ def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
 def _differences(receipt: Receipt, row: Row) -> tuple[KeyDifference, ...]:
     live = row[1] or {}
     keys = [d for k, v in receipt.metadata.items() if (d := _key_difference(k, v, live))]
-    keys += [KeyDifference(k, ATTESTED_ABSENT, None, live[k]) for k in receipt.attested_absent if k in live]
+    keys += [
+        KeyDifference(key=k, reason=KeyReason.ATTESTED_ABSENT, expected=None, actual=live[k])
+        for k in receipt.attested_absent
+        if k in live
+    ]
     vector = _vector_of(row)
     if receipt.embedding is not None and vector is not None:
         deviation = vector_deviation(receipt.embedding, vector)
         if deviation > VECTOR_TOLERANCE:
             dim = (len(base64.b64decode(receipt.embedding[len(SKETCH_PREFIX) :])) - 4) // 2
             actual = "another vector" if math.isinf(deviation) else f"{deviation:.3g} quanta away"
-            keys.append(KeyDifference(EMBEDDING_KEY, VECTOR_DIFFERS, f"the {dim}-dim vector written", actual))
+            written = f"the {dim}-dim vector written"
+            keys.append(
+                KeyDifference(
+                    key=EMBEDDING_KEY, reason=KeyReason.VECTOR_DIFFERS, expected=written, actual=actual
+                )
+            )
     return tuple(keys)
 
 
 def verify(receipt: Receipt, row: Row | None) -> Verdict:
     """Classify a live row against a receipt, naming every owned key (and the vector) that differs, and how."""
     if row is None:
-        return Verdict(MISSING)
+        return Verdict(verdict=ReceiptVerdict.MISSING)
     if is_present(receipt, row):
-        return Verdict(PRESENT)
+        return Verdict(verdict=ReceiptVerdict.PRESENT)
     keys = _differences(receipt, row)
-    if row[0] != receipt.document:
-        return Verdict(DOCUMENT_DIFFERS, keys, _document_difference(receipt.document, row[0]))
-    return Verdict(KEYS_DIFFER, keys)
+    document = row[0]
+    if document != receipt.document:
+        return Verdict(
+            verdict=ReceiptVerdict.DOCUMENT_DIFFERS,
+            keys=keys,
+            document=_document_difference(receipt.document, document),
+        )
+    return Verdict(verdict=ReceiptVerdict.KEYS_DIFFER, keys=keys)
 
 
 def chroma_metadata(receipt: Receipt) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from backend.chroma.ownership import summary_row_id
@@ -36,6 +37,7 @@ from backend.store.db import execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.store.revision import raw_revision
+from backend.store.workers import WorkerRole
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.synthesizer import Synthesis, Synthesizer, load_synthesizer
 
@@ -53,7 +55,16 @@ FROM summary_job WHERE session_id = ?"""
 FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
 
 
-@dataclass
+class JobStatus(StrEnum):
+    """`summary_job.status`."""
+
+    PENDING = "pending"  # drifted, waiting for a summarizer (or its retry time)
+    IN_PROGRESS = "in_progress"  # claimed: a summarizer holds its lease
+    COMPLETED = "completed"  # the receipt is acknowledged
+    FAILED = "failed"  # out of attempts for this revision: shown to the operator
+
+
+@dataclass(kw_only=True)
 class Claim:
     """A summary_job lease this summarizer holds, and the turns it read under it."""
 
@@ -74,7 +85,7 @@ CLEAN = "clean"
 
 
 class Summarizer(Daemon):
-    role = "summarizer"
+    role = WorkerRole.SUMMARIZER
 
     def __init__(
         self,
@@ -141,7 +152,7 @@ class Summarizer(Daemon):
 
     async def _drifted(self) -> list[str]:
         rows = await self.db.fetchall(DRIFTED_SQL, {"now": clock.now_ms(), "n": self.batch})
-        return [r[0] for r in rows]
+        return [r["session_id"] for r in rows]
 
     async def summarize(self, session_id: str) -> int:
         """Claim (or mark clean) one drifted session and summarize it; 1 when its state changed."""
@@ -196,7 +207,7 @@ class Summarizer(Daemon):
                     },
                 )
             )
-            epoch, attempts = int(claimed[0][0]), int(claimed[0][1])
+            epoch, attempts = int(claimed[0]["epoch"]), int(claimed[0]["attempts"])
             await append_event(
                 conn,
                 kind=EventKind.SUMMARY_CLAIMED,
@@ -209,7 +220,15 @@ class Summarizer(Daemon):
         self.log.info(
             "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns)
         )
-        return Claim(session_id, epoch, revision, turns, int(row["dirty_seq"]), attempts, now + self.lease_ms)
+        return Claim(
+            session_id=session_id,
+            epoch=epoch,
+            revision=revision,
+            turns=turns,
+            dirty_seq=int(row["dirty_seq"]),
+            attempts=attempts,
+            expires_at=now + self.lease_ms,
+        )
 
     async def _synthesize_and_write(self, claim: Claim) -> None:
         try:
@@ -369,7 +388,7 @@ class Summarizer(Daemon):
                 "ELSE clean_seq END " + FENCE,
                 self._fence(
                     claim,
-                    status="failed" if final else "pending",
+                    status=JobStatus.FAILED if final else JobStatus.PENDING,
                     error=error,
                     now=now,
                     final=final,

@@ -35,6 +35,7 @@ from backend.chroma import server as chroma_server
 from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError, UsageError
+from backend.ops.records import LeaseRecord
 from backend.runtime.context import Context
 
 log = logging.getLogger("rem.drill")
@@ -210,7 +211,7 @@ class Drill:
 
     async def _busy_victim(
         self, role: str, patience_s: float = 5.0
-    ) -> tuple[str, int, float, str | None, list[dict[str, Any]]] | None:
+    ) -> tuple[str, int, float, str | None, list[LeaseRecord]] | None:
         """A victim, preferably caught holding a lease (mid-turn is where crashes hurt)."""
         deadline = time.monotonic() + patience_s
         while True:
@@ -231,7 +232,7 @@ class Drill:
         )
         return None if owner is None else str(owner)
 
-    async def _leases_of(self, owner: str | None) -> list[dict[str, Any]]:
+    async def _leases_of(self, owner: str | None) -> list[LeaseRecord]:
         if owner is None:
             return []
         snap = await ops.status(self.ctx)
@@ -265,7 +266,7 @@ class Drill:
                 await self._zombie_wakes(pid, started, owner)
         return rnd
 
-    async def _recover_from_zombie(self, pid: int, owner: str | None, held: list[dict[str, Any]]) -> str:
+    async def _recover_from_zombie(self, pid: int, owner: str | None, held: list[LeaseRecord]) -> str:
         """The paused executor's leases expire and are taken over while it sleeps."""
         held_ids = {lease["id"] for lease in held if lease["kind"] == "execution"}
 
@@ -297,7 +298,7 @@ class Drill:
             await self.wait_for(noticed, 3.0, f"{owner} to notice its lost lease")
 
     async def _recover(
-        self, name: str, pid: int, owner: str | None, held: list[dict[str, Any]], rnd: Round
+        self, name: str, pid: int, owner: str | None, held: list[LeaseRecord], rnd: Round
     ) -> str:
         """Wait until the victim is replaced and every lease it held is taken over."""
         timeout = self.config.recover_timeout_s

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 from backend.core.errors import RemError
+from backend.execution.sessions import Delivery
 from backend.runtime.context import Context
 
 log = logging.getLogger("rem.load")
@@ -61,13 +62,13 @@ class LoadGenerator:
         ]
         self.sent = 0
 
-    def next_input(self) -> tuple[str, str, str]:
+    def next_input(self) -> tuple[str, str, Delivery]:
         """(session id, text, delivery) of the next input."""
         sid = self.rng.choice(self.session_ids)
         a, b, c, d = TOPICS[sid.split("-")[1]]
         steer = self.rng.random() < self.steer_ratio
         template = self.rng.choice(STEERS if steer else ASKS)
-        return sid, template.format(a=a, b=b, c=c, d=d), "steer" if steer else "queue"
+        return sid, template.format(a=a, b=b, c=c, d=d), Delivery.STEER if steer else Delivery.QUEUE
 
     async def send_one(self) -> None:
         from backend import ops

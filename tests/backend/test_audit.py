@@ -19,7 +19,7 @@ from backend.core.settings import OPERATOR_MAX_LENGTH, Settings, SettingsError
 from backend.runtime.context import Context
 from backend.store import maintenance
 from backend.store.db import Database
-from backend.store.events import OPERATOR_KINDS, append_event, verify_operator_chain
+from backend.store.events import OPERATOR_KINDS, append_event, verify_operator_chain_sync
 from tests.helpers import rem_env, run_rem
 from tests.summaries import base_metadata, row_id, stage_receipt
 
@@ -46,7 +46,7 @@ async def _operator_events(db: Database, n: int, *, actor: str = "alice", start:
 
 
 async def chain(db: Database) -> dict[str, Any]:
-    return await db.read_snapshot(verify_operator_chain)
+    return await db.read_in_thread(verify_operator_chain_sync)
 
 
 async def _tamper(db: Database, sql: str, params: tuple[Any, ...] = ()) -> None:

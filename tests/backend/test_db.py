@@ -38,7 +38,7 @@ async def test_tx_rolls_back_on_error(db_ctx: Context) -> None:
 
 
 async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx: Context) -> None:
-    """Tasks queue `write_sync` calls without taking turns; none runs inside an open `tx()`."""
+    """Tasks queue `write_in_thread` calls without taking turns; none runs inside an open `tx()`."""
     import asyncio
 
     db = await db_ctx.db()
@@ -58,10 +58,10 @@ async def test_queued_single_hop_transactions_never_enter_a_multi_hop_one(db_ctx
             after = (await (await conn.execute("SELECT count(*) FROM t")).fetchone())[0]
         return before, after
 
-    hops = [db.write_sync(lambda raw, i=i: one_hop(raw, i)) for i in range(300)]
+    hops = [db.write_in_thread(lambda raw, i=i: one_hop(raw, i)) for i in range(300)]
     txs = [multi_hop(i) for i in range(30)]
     reads = [
-        db.read_snapshot(lambda raw: raw.execute("SELECT count(*) FROM t").fetchone()[0]) for _ in range(30)
+        db.read_in_thread(lambda raw: raw.execute("SELECT count(*) FROM t").fetchone()[0]) for _ in range(30)
     ]
     # started interleaved: a hop, a multi-hop transaction, a snapshot, a hop, ...
     order = [c for trio in zip(hops[:30], txs, reads, strict=True) for c in trio] + hops[30:]
@@ -89,14 +89,14 @@ async def _grouped(
     cancel: tuple[int, ...] = (),  # type: ignore[type-arg]
     committed: int = 2,
 ) -> list:  # type: ignore[type-arg]
-    """Run `fns` through write_sync as one group: a blocker holds the thread until all are queued."""
+    """Run `fns` through write_in_thread as one group: a blocker holds the thread until all are queued."""
     import asyncio
     import threading
 
     started, gate = threading.Event(), threading.Event()
-    blocker = asyncio.ensure_future(db.write_sync(lambda raw: started.set() or gate.wait(10)))
+    blocker = asyncio.ensure_future(db.write_in_thread(lambda raw: started.set() or gate.wait(10)))
     await _on_the_thread(started)  # the blocker's group holds the connection's thread
-    calls = [asyncio.ensure_future(db.write_sync(fn)) for fn in fns]
+    calls = [asyncio.ensure_future(db.write_in_thread(fn)) for fn in fns]
     await asyncio.sleep(0)  # one loop turn: each call queues itself for the next group
     assert len(db._writes) == len(fns)
     for i in cancel:
@@ -187,7 +187,10 @@ async def test_a_transaction_dropped_under_a_group_fails_every_write_in_it(db_ct
     assert all(isinstance(r, TransactionDropped) for r in results), results
     assert await _rows(db) == []  # not even 'third' slipped in outside a transaction
     assert not db.conn.in_transaction
-    assert await db.write_sync(lambda raw: raw.execute("INSERT INTO t (who) VALUES ('after')").rowcount) == 1
+    assert (
+        await db.write_in_thread(lambda raw: raw.execute("INSERT INTO t (who) VALUES ('after')").rowcount)
+        == 1
+    )
 
 
 async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: Context) -> None:
@@ -196,9 +199,9 @@ async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: C
 
     db = await db_ctx.db()
     started, gate = threading.Event(), threading.Event()
-    first = asyncio.ensure_future(db.write_sync(lambda raw: started.set() or gate.wait(10)))
+    first = asyncio.ensure_future(db.write_in_thread(lambda raw: started.set() or gate.wait(10)))
     await _on_the_thread(started)
-    second = asyncio.ensure_future(db.write_sync(lambda raw: 1))
+    second = asyncio.ensure_future(db.write_in_thread(lambda raw: 1))
     await asyncio.sleep(0)  # one loop turn: the second call queues itself
     assert len(db._writes) == 1
     assert db._committer is not None
@@ -206,7 +209,7 @@ async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: C
     gate.set()
     results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 10)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-    assert await db.write_sync(lambda raw: 7) == 7  # a new committer serves the next write
+    assert await db.write_in_thread(lambda raw: 7) == 7  # a new committer serves the next write
 
 
 async def test_read_only_connection_refuses_writes(db_ctx: Context) -> None:

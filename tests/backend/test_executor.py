@@ -38,7 +38,7 @@ async def _messages(db: Database, sid: str) -> list[dict[str, Any]]:
 
 
 async def _violations(db: Database) -> list[dict[str, Any]]:
-    return await db.read_snapshot(projection.transcript_violations)
+    return await db.read_in_thread(projection.transcript_violations_sync)
 
 
 async def _parts_text(db: Database, message_id: str) -> str:
@@ -126,11 +126,11 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
     lease = await dead._claim("s1")
     assert lease is not None
     state = TurnState(lease)
-    step = await db.write_sync(lambda conn: dead._begin_step(conn, state, clock.now_ms()))
+    step = await db.write_in_thread(lambda conn: dead._begin_step_sync(conn, state, clock.now_ms()))
     assert step is not None
     step.parts = OfflineResponder().compose(step.request)[:parts]
     if parts:
-        await db.write_sync(lambda conn: dead._flush(conn, state, step, step.parts))
+        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, step.parts))
     return dead, state, step.assistant_id
 
 
@@ -168,10 +168,10 @@ async def test_takeover_of_a_step_in_flight_supersedes_it_and_reruns_it(
     assert await _violations(db) == []
     # the dead owner wakes up: its fence fails and the closed row can never reopen
     with pytest.raises(LeaseLost):
-        await db.write_sync(lambda conn: leases.guard(conn, state.lease, now=clock.now_ms()))
+        await db.write_in_thread(lambda conn: leases.guard_sync(conn, state.lease, now=clock.now_ms()))
     with pytest.raises(LeaseLost):
-        await db.write_sync(
-            lambda conn: projection.update_owned_assistant(
+        await db.write_in_thread(
+            lambda conn: projection.update_owned_assistant_sync(
                 conn, stale_id, {"status": "completed", "text": "late"}, clock.now_ms()
             )
         )
@@ -206,8 +206,16 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
     step = projection.assistant_id(state.lease.execution_id, 1)
     from backend.execution.executor import Step
 
-    done = Step(1, step, (await _messages(db, "s1"))[1], StepRequest("s1", ["first"]), parts=["ok"])
-    assert await db.write_sync(lambda conn: dead._finish_step(conn, state, done, ["ok"]))  # steer waits
+    done = Step(
+        number=1,
+        assistant_id=step,
+        data=(await _messages(db, "s1"))[1],
+        request=StepRequest("s1", ["first"]),
+        parts=["ok"],
+    )
+    assert await db.write_in_thread(
+        lambda conn: dead._finish_step_sync(conn, state, done, ["ok"])
+    )  # steer waits
     assert await db.scalar("SELECT phase FROM session_execution") == "safe"
     frozen_clock.advance(LEASE)
     await _executor(db_ctx).run()
@@ -228,8 +236,8 @@ async def test_the_attempt_budget_parks_and_release_retries(
     for attempt in range(1, recovery.RECOVERY_BUDGET + 1):
         frozen_clock.advance(LEASE)
         # each taker dies right after its takeover: the attempt is counted before any work
-        taken = await db.write_sync(
-            lambda conn, a=attempt: recovery.take_over(
+        taken = await db.write_in_thread(
+            lambda conn, a=attempt: recovery.take_over_sync(
                 conn,
                 eid,
                 f"executor-{a}",
@@ -248,7 +256,10 @@ async def test_the_attempt_budget_parks_and_release_retries(
     cont = (await _messages(db, "s1"))[2]
     assert cont["type"] == "synthetic" and cont["status"] == "error" and "parked" in cont["error"]
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'recovery.parked'") == 1
-    assert await db.read_snapshot(lambda conn: recovery.recoverable(conn, clock.now_ms() + 10**9, 10)) == []
+    assert (
+        await db.read_in_thread(lambda conn: recovery.recoverable_sync(conn, clock.now_ms() + 10**9, 10))
+        == []
+    )
     frozen_clock.advance(10 * LEASE)
     await _executor(db_ctx).run()  # parked rows are never retried in a loop
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'recovery.parked'") == 1
@@ -397,8 +408,10 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     moved = await db.fetchone("SELECT snapshot, baseline_seq FROM session_context_epoch")
     q3_seq = await db.scalar("SELECT promoted_seq FROM session_input WHERE id = 'q3'")
     assert moved["baseline_seq"] == q3_seq and json.loads(moved["snapshot"])["version"] == "2"
-    assert not await db.write_sync(
-        lambda conn: projection.record_context_epoch(conn, "s1", "older", {"agent": "x"}, 1, clock.now_ms())
+    assert not await db.write_in_thread(
+        lambda conn: projection.record_context_epoch_sync(
+            conn, "s1", "older", {"agent": "x"}, 1, clock.now_ms()
+        )
     )
     assert await db.scalar("SELECT baseline_seq FROM session_context_epoch") == q3_seq
 

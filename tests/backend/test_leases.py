@@ -33,13 +33,15 @@ async def test_one_lease_per_session_and_the_epoch_survives_deletion(
     assert await leases.claim(db, "s1", "owner-b", length_ms=LEASE) is None
     row = await _row(db, first.execution_id)
     assert row is not None and row["phase"] == "ready" and row["expires_at"] == frozen_clock.now + LEASE
-    await db.write_sync(lambda conn: leases.end_execution(conn, first))
+    await db.write_in_thread(lambda conn: leases.end_execution_sync(conn, first))
     assert await _row(db, first.execution_id) is None
     second = await leases.claim(db, "s1", "owner-b", length_ms=LEASE)
     assert second is not None and second.epoch == 2  # never reuses the deleted row's epoch
     # the first owner's fence names epoch 1: nothing it writes can land
     with pytest.raises(LeaseLost):
-        await db.write_sync(lambda conn: leases.guard(conn, first, now=clock.now_ms(), phase="unknown"))
+        await db.write_in_thread(
+            lambda conn: leases.guard_sync(conn, first, now=clock.now_ms(), phase="unknown")
+        )
     assert (await _row(db, second.execution_id))["phase"] == "ready"  # type: ignore[index]
 
 
@@ -51,22 +53,24 @@ async def test_guard_renews_and_a_takeover_needs_expiry(
     lease = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
     assert lease is not None
     frozen_clock.advance(LEASE - 1)
-    await db.write_sync(lambda conn: leases.guard(conn, lease, now=clock.now_ms(), phase="unknown", step=1))
+    await db.write_in_thread(
+        lambda conn: leases.guard_sync(conn, lease, now=clock.now_ms(), phase="unknown", step=1)
+    )
     row = await _row(db, lease.execution_id)
     assert row is not None and (row["phase"], row["step"]) == ("unknown", 1)
     assert row["expires_at"] == frozen_clock.now + LEASE and lease.expires_at == row["expires_at"]
     frozen_clock.advance(LEASE - 1)  # renewed, so still held
     assert (
-        await db.write_sync(
-            lambda conn: leases.take_over_execution(
+        await db.write_in_thread(
+            lambda conn: leases.take_over_execution_sync(
                 conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
             )
         )
         is None
     )
     frozen_clock.advance(1)  # now expired
-    taken = await db.write_sync(
-        lambda conn: leases.take_over_execution(
+    taken = await db.write_in_thread(
+        lambda conn: leases.take_over_execution_sync(
             conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
         )
     )
@@ -74,7 +78,7 @@ async def test_guard_renews_and_a_takeover_needs_expiry(
     new, old = taken
     assert (new.epoch, new.owner_id, old["owner_id"], old["phase"]) == (2, "owner-b", "owner-a", "unknown")
     with pytest.raises(LeaseLost):
-        await db.write_sync(lambda conn: leases.guard(conn, lease, now=clock.now_ms()))
+        await db.write_in_thread(lambda conn: leases.guard_sync(conn, lease, now=clock.now_ms()))
     lost = await leases.renew(db, [lease, new])
     assert lost == [lease]
 
@@ -102,12 +106,12 @@ async def test_release_refuses_a_stale_epoch_unless_forced(
     row = await _row(db, lease.execution_id)
     assert row is not None and row["epoch"] == 2 and row["expires_at"] == frozen_clock.now
     with pytest.raises(LeaseLost):  # the old owner is fenced
-        await db.write_sync(lambda conn: leases.guard(conn, lease, now=clock.now_ms()))
+        await db.write_in_thread(lambda conn: leases.guard_sync(conn, lease, now=clock.now_ms()))
     event = await db.fetchone("SELECT kind, actor, target FROM event ORDER BY id DESC LIMIT 1")
     assert tuple(event) == ("operator.release", "op", lease.execution_id)
     # released means expired: any executor may take it over right away
-    taken = await db.write_sync(
-        lambda conn: leases.take_over_execution(
+    taken = await db.write_in_thread(
+        lambda conn: leases.take_over_execution_sync(
             conn, lease.execution_id, "owner-b", now=clock.now_ms(), length_ms=LEASE
         )
     )

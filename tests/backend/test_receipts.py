@@ -232,7 +232,7 @@ def test_foreign_keys_on_the_live_row_are_tolerated() -> None:
     receipt = _receipt()
     row = _row(receipt, graphDigested=True, digestState="digested", digestAttempts=2, somethingNew="x")
     assert receipts.is_present(receipt, row)
-    assert receipts.verify(receipt, row) == receipts.Verdict(receipts.PRESENT)
+    assert receipts.verify(receipt, row) == receipts.Verdict(verdict=receipts.ReceiptVerdict.PRESENT)
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ def test_foreign_keys_on_the_live_row_are_tolerated() -> None:
 def test_equal_values_of_another_type_do_not_match(expected: Any, actual: Any) -> None:
     receipt = _receipt(memoryCount=expected)
     verdict = receipts.verify(receipt, _row(receipt, memoryCount=actual))
-    assert verdict.verdict == receipts.KEYS_DIFFER
+    assert verdict.verdict == receipts.ReceiptVerdict.KEYS_DIFFER
     difference = verdict.keys[0]
     assert (difference.key, difference.expected, difference.actual) == ("memoryCount", expected, actual)
     assert difference.reason in ("type_differs", "value_differs")
@@ -260,9 +260,9 @@ def test_equal_values_of_another_type_do_not_match(expected: Any, actual: Any) -
 
 def test_verdicts_name_what_differs() -> None:
     receipt = _receipt()
-    assert receipts.verify(receipt, None).verdict == receipts.MISSING
+    assert receipts.verify(receipt, None).verdict == receipts.ReceiptVerdict.MISSING
     missing_key = receipts.verify(receipt, _row(receipt, title=_DELETE))
-    assert missing_key.verdict == receipts.KEYS_DIFFER
+    assert missing_key.verdict == receipts.ReceiptVerdict.KEYS_DIFFER
     assert missing_key.detail()["keys"] == [
         {
             "key": "title",
@@ -279,7 +279,7 @@ def test_verdicts_name_what_differs() -> None:
         ("memoryCount", "value_differs"),
     }
     doc = receipts.verify(receipt, (DOC + "!", dict(receipt.metadata)))
-    assert doc.verdict == receipts.DOCUMENT_DIFFERS
+    assert doc.verdict == receipts.ReceiptVerdict.DOCUMENT_DIFFERS
     assert doc.document["first_difference_at"] == len(DOC)
     assert doc.keys == ()
 
@@ -299,7 +299,9 @@ def test_an_owned_key_the_receipt_attests_absent_is_a_mismatch_on_the_row() -> N
     assert receipts.verify(receipt, (DOC, dict(metadata))).present
     planted = (DOC, {**metadata, "keywords": ["planted"], "graphDigested": True})
     verdict = receipts.verify(receipt, planted)
-    assert not receipts.is_present(receipt, planted) and verdict.verdict == receipts.KEYS_DIFFER
+    assert (
+        not receipts.is_present(receipt, planted) and verdict.verdict == receipts.ReceiptVerdict.KEYS_DIFFER
+    )
     assert verdict.detail()["keys"] == [
         {
             "key": "keywords",
@@ -321,7 +323,7 @@ def test_a_replaced_vector_is_a_mismatch_and_the_same_vector_is_not() -> None:
     assert receipts.verify(receipt, (DOC, dict(receipt.metadata), stored)).present
     replaced = numpy.asarray([v + 1e-3 for v in VECTOR], dtype=numpy.float32)
     verdict = receipts.verify(receipt, (DOC, dict(receipt.metadata), replaced))
-    assert verdict.verdict == receipts.KEYS_DIFFER
+    assert verdict.verdict == receipts.ReceiptVerdict.KEYS_DIFFER
     (difference,) = verdict.keys
     assert (difference.key, difference.reason, difference.expected) == (
         "embedding",

@@ -111,13 +111,13 @@ async def _damage(ctx: Context, sid: str, how: str) -> None:
 
 
 DAMAGE = {
-    "missing_row": receipts.MISSING,
-    "changed_document": receipts.DOCUMENT_DIFFERS,
-    "missing_owned_key": receipts.KEYS_DIFFER,
-    "changed_owned_value": receipts.KEYS_DIFFER,
-    "int_became_float": receipts.KEYS_DIFFER,
-    "int_became_bool": receipts.KEYS_DIFFER,
-    "list_changed": receipts.KEYS_DIFFER,
+    "missing_row": receipts.ReceiptVerdict.MISSING,
+    "changed_document": receipts.ReceiptVerdict.DOCUMENT_DIFFERS,
+    "missing_owned_key": receipts.ReceiptVerdict.KEYS_DIFFER,
+    "changed_owned_value": receipts.ReceiptVerdict.KEYS_DIFFER,
+    "int_became_float": receipts.ReceiptVerdict.KEYS_DIFFER,
+    "int_became_bool": receipts.ReceiptVerdict.KEYS_DIFFER,
+    "list_changed": receipts.ReceiptVerdict.KEYS_DIFFER,
 }
 
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from enum import StrEnum
 
 import pytest
 
 from backend.core.errors import SchemaTooNew
+from backend.dream.digester import DigestState
+from backend.execution.leases import ExecutionPhase
+from backend.execution.sessions import Delivery
 from backend.runtime.context import Context
 from backend.store.db import Database
 from backend.store.schema import SCHEMA_VERSION, migrate, schema_version
+from backend.store.workers import WorkerRole, WorkerState
+from backend.summaries.summarizer import JobStatus
 
 SEED_004_INDEXES = {
     "session_message_session_seq_idx",
@@ -220,3 +227,27 @@ async def test_state_db_from_a_newer_rem_is_refused(db_ctx: Context) -> None:
     await db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaTooNew, match="newer than this rem supports"):
         await migrate(db)
+
+
+# every closed set of strings a column holds is one StrEnum in the code; the schema's CHECK is the other copy
+COLUMN_ENUMS = [
+    ("session_execution", "phase", ExecutionPhase, set(ExecutionPhase)),
+    ("session_recovery", "phase", ExecutionPhase, set(ExecutionPhase) - {ExecutionPhase.SAFE}),
+    ("session_input", "delivery", Delivery, set(Delivery)),
+    ("summary_job", "status", JobStatus, set(JobStatus)),
+    ("dream_state", "digest_state", DigestState, set(DigestState)),
+    ("worker", "role", WorkerRole, set(WorkerRole)),
+    ("worker", "state", WorkerState, set(WorkerState)),
+]
+
+
+@pytest.mark.parametrize(("table", "column", "enum", "allowed"), COLUMN_ENUMS, ids=lambda v: str(v))
+async def test_each_enum_matches_its_column_check(
+    db_ctx: Context, table: str, column: str, enum: type[StrEnum], allowed: set[StrEnum]
+) -> None:
+    db = await db_ctx.db()
+    sql = await db.scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+    check = re.search(rf"CHECK \({column} IN \(([^)]*)\)\)", sql)
+    assert check is not None, f"{table}.{column} has no CHECK ... IN (...)"
+    values = {v.strip().strip("'") for v in check.group(1).split(",")}
+    assert values == {str(v) for v in allowed}, enum.__name__

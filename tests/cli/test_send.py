@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,28 +78,37 @@ def test_bad_input_is_a_usage_error_and_writes_nothing(
     assert not fresh.exists()  # refused before the data dir is even created
 
 
+# Runs `rem send -` with 64 MiB on its stdin and prints its exit code, peak RSS (KiB) and stderr. A
+# process forked from pytest itself would report pytest's own size as its peak (the high-water
+# mark survives exec), so this small intermediary starts it and measures it.
+MEASURE_SEND = """
+import contextlib, json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+chunk = b"x" * (1024 * 1024)
+try:
+    for _ in range(64):
+        proc.stdin.write(chunk)
+except BrokenPipeError:
+    pass
+with contextlib.suppress(BrokenPipeError):
+    proc.stdin.close()
+err = proc.stderr.read().decode()
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss, err]))
+"""
+
+
 def test_stdin_is_read_only_up_to_the_limit(tmp_path: Path) -> None:
     """64 MiB on stdin: refused after reading 256 KiB + 1 byte, not after holding all of it in memory."""
     data = tmp_path / "d"
-    proc = subprocess.Popen(
-        [REM, "send", "s1", "-", "--data", str(data)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    measured = subprocess.run(
+        [sys.executable, "-c", MEASURE_SEND, REM, "send", "s1", "-", "--data", str(data)],
+        capture_output=True,
+        text=True,
         env=rem_env(),
+        timeout=120,
     )
-    assert proc.stdin is not None
-    chunk = b"x" * (1024 * 1024)
-    try:
-        for _ in range(64):
-            proc.stdin.write(chunk)
-    except BrokenPipeError:
-        pass  # rem stopped reading, refused, and exited: the rest was never read
-    with contextlib.suppress(BrokenPipeError):
-        proc.stdin.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 2
-    assert proc.stderr is not None and "over the 262144 byte (256 KiB) limit" in proc.stderr.read().decode()
-    assert usage.ru_maxrss < 120 * 1024, f"max RSS {usage.ru_maxrss} KiB"  # ~60 MB is rem's own import
+    code, max_rss_kib, stderr = json.loads(measured.stdout)
+    assert code == 2 and "over the 262144 byte (256 KiB) limit" in stderr, (measured, stderr)
+    assert max_rss_kib < 120 * 1024, f"max RSS {max_rss_kib} KiB"  # rem's own imports are ~40 MB
     assert not data.exists()

@@ -85,7 +85,7 @@ def _all_done(data: Path) -> bool:
 
 def _violations(data: Path) -> list[dict[str, Any]]:
     with _connect(data) as conn:
-        return projection.transcript_violations(conn)
+        return projection.transcript_violations_sync(conn)
 
 
 def _stop(*procs: subprocess.Popen[bytes]) -> None:
@@ -143,8 +143,8 @@ async def _race(db_path: Path, owner: str, rounds: int, barrier: Any, results: A
             lease = await leases.claim(db, "race", owner, length_ms=60_000)
         else:  # a takeover of the lease the last winner released
             eid = await db.scalar("SELECT id FROM session_execution WHERE session_id = 'race'")
-            taken = await db.write_sync(
-                lambda conn, e=eid: leases.take_over_execution(
+            taken = await db.write_in_thread(
+                lambda conn, e=eid: leases.take_over_execution_sync(
                     conn, e, owner, now=clock.now_ms(), length_ms=60_000
                 )
             )
@@ -157,7 +157,7 @@ async def _race(db_path: Path, owner: str, rounds: int, barrier: Any, results: A
                     conn, lease.execution_id, expected_epoch=lease.epoch, actor=owner, now=clock.now_ms()
                 )
         elif lease is not None:
-            await db.write_sync(lambda conn, held=lease: leases.end_execution(conn, held))
+            await db.write_in_thread(lambda conn, held=lease: leases.end_execution_sync(conn, held))
         barrier.wait()
     await db.close()
     results.put((owner, wins))

@@ -19,11 +19,16 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
 from backend.core.errors import RemError
+from backend.ops.records import ReplayReport
 from tui.actions import key_diff_lines, replay_preview
+from tui.console_backend import ConsoleBackend
 from tui.format import clock_time, compact_json, full_time
+from tui.refresh import WorkerGroup
 
+# what a section shows until its worker has loaded it
+LOADING = "loading…"
 HistoryLoader = Callable[[], Awaitable[list[dict[str, Any]]]]
-DiffLoader = Callable[[], Awaitable[dict[str, Any]]]
+DiffLoader = Callable[[], Awaitable[ReplayReport]]
 TIME_FIELDS = (
     "time",
     "time_created",
@@ -150,7 +155,7 @@ class DetailScreen(ModalScreen[None]):
             self.error = error
 
     class LiveDiffLoaded(Message):
-        def __init__(self, result: dict[str, Any] | None, error: str | None) -> None:
+        def __init__(self, result: ReplayReport | None, error: str | None) -> None:
             super().__init__()
             self.result = result
             self.error = error
@@ -173,6 +178,34 @@ class DetailScreen(ModalScreen[None]):
         self._live_diff = live_diff
         self.receipt = receipt
 
+    @classmethod
+    def of_row(
+        cls,
+        panel: str,
+        key: str | None,
+        record: Mapping[str, Any],
+        backend: ConsoleBackend,
+        *,
+        describe_error: Callable[[BaseException], str] = str,
+    ) -> DetailScreen:
+        """The detail of one panel row: the row, its journal history, and for a receipt the live diff."""
+        session_id, target = history_keys(panel, record)
+
+        async def history() -> list[dict[str, Any]]:
+            return await backend.history(session_id=session_id, target=target)
+
+        async def live_diff() -> ReplayReport:
+            return await backend.replay([str(record.get("summary_id"))], dry_run=True)
+
+        return cls(
+            f"{panel}: {target or session_id or key}",
+            record,
+            history=history,
+            live_diff=live_diff,
+            receipt=panel == "receipts",
+            describe_error=describe_error,
+        )
+
     def compose(self) -> ComposeResult:
         with Vertical(id="detail"):
             yield Label(self.title_text, id="detail-title", markup=False)
@@ -181,11 +214,11 @@ class DetailScreen(ModalScreen[None]):
                     yield Label("Receipt vs Chroma (last verification)", classes="section")
                     yield Static(receipt_diff_table(self.record), id="receipt-diff")
                     yield Label("Receipt vs Chroma now (replay dry run)", classes="section")
-                    yield Static("loading…", id="live-diff")
+                    yield Static(LOADING, id="live-diff")
                 yield Label("Row", classes="section")
                 yield Static(row_table(self.record), id="row")
                 yield Label("History (event journal, newest first)", classes="section")
-                yield Static("loading…", id="history")
+                yield Static(LOADING, id="history")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -196,12 +229,12 @@ class DetailScreen(ModalScreen[None]):
         if self.receipt and self._live_diff is not None:
             self.load_live_diff()
 
-    @work(exclusive=True, group="detail-history", exit_on_error=False)
+    @work(exclusive=True, group=WorkerGroup.DETAIL_HISTORY, exit_on_error=False)
     async def load_history(self) -> None:
         assert self._history is not None
         await self._load(self._history, self.HistoryLoaded)
 
-    @work(exclusive=True, group="detail-diff", exit_on_error=False)
+    @work(exclusive=True, group=WorkerGroup.DETAIL_DIFF, exit_on_error=False)
     async def load_live_diff(self) -> None:
         assert self._live_diff is not None
         await self._load(self._live_diff, self.LiveDiffLoaded)
@@ -229,7 +262,7 @@ class DetailScreen(ModalScreen[None]):
         if message.error:
             target.update(Text(f"unavailable: {message.error}"))
             return
-        lines = replay_preview([self.record], message.result or {}).splitlines()
+        lines = replay_preview([self.record], message.result).splitlines()
         target.update(Group(*(Text(line) for line in lines or key_diff_lines([]))))
 
     def action_close(self) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from itertools import count
-from typing import Any
 
 from rich.text import Text
 
+from backend.ops.records import EventRecord, Status
 from tui.format import cell, clock_time, compact_json, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -27,17 +27,17 @@ def _outcome(record: Record, now: int, palette: Palette) -> Text:
     return cell(outcome, OUTCOME_TONE.get(outcome), palette, bold=outcome in ("refused", "failed"))
 
 
-def _journal_record(event: Mapping[str, Any]) -> Record:
+def _journal_record(event: EventRecord) -> Record:
     return {
-        "time": event.get("time"),
-        "action": str(event.get("kind", "")).removeprefix("operator."),
-        "target": event.get("target") or event.get("session_id"),
-        "session_id": event.get("session_id"),
+        "time": event["time"],
+        "action": event["kind"].removeprefix("operator."),
+        "target": event["target"] or event["session_id"],
+        "session_id": event["session_id"],
         "outcome": "journal",
-        "message": f"{event.get('actor')}: {compact_json(event.get('data'), 160)}",
-        "by": event.get("actor"),
-        "event_id": event.get("id"),
-        "data": event.get("data"),
+        "message": f"{event['actor']}: {compact_json(event['data'], 160)}",
+        "by": event["actor"],
+        "event_id": event["id"],
+        "data": event["data"],
     }
 
 
@@ -97,16 +97,22 @@ class ActionLogTable(SnapshotTable):
         self._merge()
         return record
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        if "recent_actions" in snapshot:  # a log_action() re-show keeps the last journal view
-            self._journal = [
-                (f"event:{e.get('id')}", _journal_record(e)) for e in snapshot.get("recent_actions") or []
-            ]
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        self._journal = [(f"event:{e['id']}", _journal_record(e)) for e in snapshot["recent_actions"]]
+        return self._merged()
+
+    def _merged(self) -> list[tuple[str, Record]]:
         rows = self._local + self._journal
         return sorted(rows, key=lambda kv: -(kv[1].get("time") or 0))
 
     def _merge(self) -> None:
-        self.show({}, self._now, self._palette)
+        """Re-show after a local entry, keeping the last journal view."""
+        self._set_rows(self._merged(), self._now, self._palette)
+        self._show_title(*self._title())
+        self._sync()
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        return self._title()
+
+    def _title(self) -> tuple[str, bool]:
         return f"Action log {len(self._rows)}", False

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from rich.text import Text
 
+from backend.dream.digester import DigestState
+from backend.ops.records import Status
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -35,37 +36,33 @@ def _detail(record: Record) -> str:
     return str(record.get("detail", ""))
 
 
-def _rows(snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-    backlog = snapshot.get("backlog") or {}
-    recoveries = sorted(backlog.get("recoveries") or [], key=lambda r: not r.get("parked"))
-    for rec in recoveries:
-        what = "parked" if rec.get("parked") else "recov"
+def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
+    backlog = snapshot["backlog"]
+    for rec in sorted(backlog["recoveries"], key=lambda r: not r["parked"]):
+        what = "parked" if rec["parked"] else "recov"
         yield (
-            f"rec:{rec.get('execution_id')}",
-            {"what": what, "target": rec.get("session_id"), "since": rec.get("time_created"), **rec},
+            f"rec:{rec['execution_id']}",
+            {"what": what, "target": rec["session_id"], "since": rec["time_created"], **rec},
         )
-    for sj in (backlog.get("summary_jobs") or {}).get("failed_rows") or []:
+    for sj in backlog["summary_jobs"]["failed_rows"]:
         yield (
-            f"sumfail:{sj.get('session_id')}",
-            {"what": "failed", "target": sj.get("session_id"), "since": sj.get("time_updated"), **sj},
+            f"sumfail:{sj['session_id']}",
+            {"what": "failed", "target": sj["session_id"], "since": sj["time_updated"], **sj},
         )
-    for item in backlog.get("inputs") or []:
+    for item in backlog["inputs"]:
         yield (
-            f"in:{item.get('session_id')}",
-            {"what": "input", "target": item.get("session_id"), "since": item.get("oldest_at"), **item},
+            f"in:{item['session_id']}",
+            {"what": "input", "target": item["session_id"], "since": item["oldest_at"], **item},
         )
 
 
-def summary_line(snapshot: Mapping[str, Any]) -> str:
+def summary_line(snapshot: Status) -> str:
     """The aggregate counts that do not fit as rows: summary jobs and Dream by state."""
-    backlog = snapshot.get("backlog") or {}
-    jobs = backlog.get("summary_jobs") or {}
-    dream = backlog.get("dream") or {}
-    by_state = dream.get("by_state") or {}
+    jobs, dream = snapshot["backlog"]["summary_jobs"], snapshot["backlog"]["dream"]
     return (
-        f"sum {jobs.get('pending', 0)} pend {jobs.get('in_progress', 0)} run "
-        f"{jobs.get('stale', 0)} stale · dream {dream.get('pending', 0)} pend "
-        f"{by_state.get('deferred', 0)} def"
+        f"sum {jobs['pending']} pend {jobs['in_progress']} run "
+        f"{jobs['stale']} stale · dream {dream['pending']} pend "
+        f"{dream['by_state'].get(DigestState.DEFERRED, 0)} def"
     )
 
 
@@ -90,15 +87,13 @@ class BacklogTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         return _rows(snapshot)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        counts = snapshot.get("counts") or {}
-        backlog = snapshot.get("backlog") or {}
-        parked = sum(1 for r in backlog.get("recoveries") or [] if r.get("parked"))
-        total = counts.get("backlog", len(self._rows))
-        title = f"Backlog {total}" + (f" · {parked} parked" if parked else "")
-        failed = (backlog.get("summary_jobs") or {}).get("failed", 0)
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        backlog = snapshot["backlog"]
+        parked = sum(1 for r in backlog["recoveries"] if r["parked"])
+        title = f"Backlog {snapshot['counts']['backlog']}" + (f" · {parked} parked" if parked else "")
+        failed = backlog["summary_jobs"]["failed"]
         self.summary = summary_line(snapshot)
         return title, bool(parked or failed)

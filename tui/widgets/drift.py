@@ -2,42 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from rich.text import Text
 
+from backend.dream.digester import DriftClass
+from backend.ops.records import Status
 from tui.format import age, cell, short_id, short_revision
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-CLASS_LABEL = {
-    "summary_stale": "sum stale",
-    "dream_pending": "pending",
-    "stale_completion": "stale done",
-    "deferred": "deferred",
-    "undigestible": "undigest",
-    "legacy_only": "legacy",
+CLASS_LABEL: dict[str, str] = {
+    DriftClass.SUMMARY_STALE: "sum stale",
+    DriftClass.DREAM_PENDING: "pending",
+    DriftClass.STALE_COMPLETION: "stale done",
+    DriftClass.DEFERRED: "deferred",
+    DriftClass.UNDIGESTIBLE: "undigest",
+    DriftClass.LEGACY_ONLY: "legacy",
 }
-CLASS_TONE = {
-    "undigestible": "error",
-    "deferred": "warning",
-    "stale_completion": "warning",
-    "legacy_only": "muted",
-    "summary_stale": "primary",
+CLASS_TONE: dict[str, str] = {
+    DriftClass.UNDIGESTIBLE: "error",
+    DriftClass.DEFERRED: "warning",
+    DriftClass.STALE_COMPLETION: "warning",
+    DriftClass.LEGACY_ONLY: "muted",
+    DriftClass.SUMMARY_STALE: "primary",
 }
-CLASS_ABBREV = {
-    "summary_stale": "sum",
-    "dream_pending": "pend",
-    "stale_completion": "stale",
-    "deferred": "def",
-    "undigestible": "undig",
-    "legacy_only": "legacy",
+CLASS_ABBREV: dict[DriftClass, str] = {
+    DriftClass.SUMMARY_STALE: "sum",
+    DriftClass.DREAM_PENDING: "pend",
+    DriftClass.STALE_COMPLETION: "stale",
+    DriftClass.DEFERRED: "def",
+    DriftClass.UNDIGESTIBLE: "undig",
+    DriftClass.LEGACY_ONLY: "legacy",
 }
 
 
 def _class(record: Record, now: int, palette: Palette) -> Text:
     klass = str(record.get("class"))
-    return cell(CLASS_LABEL.get(klass, klass), CLASS_TONE.get(klass), palette, bold=klass == "undigestible")
+    return cell(
+        CLASS_LABEL.get(klass, klass), CLASS_TONE.get(klass), palette, bold=klass == DriftClass.UNDIGESTIBLE
+    )
 
 
 def revisions(record: Record) -> str:
@@ -84,12 +87,11 @@ class DriftTable(SnapshotTable):
         Column("revisions", "revisions", None, lambda r, n, p: cell(revisions(r)), sort=revisions),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        for row in snapshot.get("dream_drift") or []:
-            yield f"{row.get('class')}:{row.get('session_id')}", dict(row)
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        for row in snapshot["dream_drift"]:
+            yield f"{row['class']}:{row['session_id']}", dict(row)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        counts = snapshot.get("dream_counts") or {}
-        total = sum(v for v in counts.values() if isinstance(v, int)) if counts else len(self._rows)
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        counts = snapshot["dream_counts"]
         self.summary = " ".join(f"{CLASS_ABBREV[k]} {counts[k]}" for k in CLASS_ABBREV if counts.get(k))
-        return f"Dream drift {total}", bool(counts.get("undigestible"))
+        return f"Dream drift {sum(counts.values())}", bool(counts.get(DriftClass.UNDIGESTIBLE))

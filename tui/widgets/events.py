@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from tui.format import cell, clock_time, compact_json, owner_short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -69,9 +69,9 @@ class EventTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        for event in snapshot.get("events") or []:
-            yield str(event.get("id")), dict(event)
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        for event in snapshot["events"]:
+            yield str(event["id"]), dict(event)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         return f"Events · last {len(self._rows)}", False

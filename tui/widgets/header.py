@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
+from backend.ops.records import ChromaHealth, Status
 from tui.format import DEFAULT_PALETTE, clock_time
 
 
-def chroma_label(chroma: Mapping[str, Any] | None) -> tuple[str, bool | None]:
+def chroma_label(chroma: ChromaHealth | None) -> tuple[str, bool | None]:
     """A short Chroma description and whether it is healthy (None: not known yet)."""
-    if not chroma:
+    if chroma is None:
         return "Chroma ?", None
-    url = str(chroma.get("url") or "").removeprefix("http://")
+    url = (chroma["url"] or "").removeprefix("http://")
     where = f" {url}" if url else ""
-    if chroma.get("external"):
+    if chroma["external"]:
         where += " (ext)"
-    return (f"Chroma up{where}", True) if chroma.get("healthy") else (f"Chroma DOWN{where}", False)
+    return (f"Chroma up{where}", True) if chroma["healthy"] else (f"Chroma DOWN{where}", False)
 
 
 class ConsoleHeader(Static):
@@ -43,7 +43,7 @@ class ConsoleHeader(Static):
         super().__init__("", id=id)
         self.data_label = data_label
         self.read_only = read_only
-        self.snapshot: Mapping[str, Any] = {}
+        self.snapshot: Status | None = None
         self.paused = False
         self.waiting = ""
         self.now = 0
@@ -53,7 +53,7 @@ class ConsoleHeader(Static):
     def set_state(
         self,
         *,
-        snapshot: Mapping[str, Any] | None = None,
+        snapshot: Status | None = None,
         paused: bool | None = None,
         waiting: str | None = None,
         now: int | None = None,
@@ -83,15 +83,13 @@ class ConsoleHeader(Static):
         line = Text()
         line.append("rem ", style="bold")
         line.append(self.data_label)
-        label, healthy = chroma_label(snap.get("chroma"))
+        label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))
         line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
-        if snap.get("schema_version") is not None:
+        if snap is not None:
             line.append(f"  schema v{snap['schema_version']}")
-        counts = snap.get("counts") or {}
-        if counts:
-            line.append(f"  {counts.get('sessions', 0)} sessions")
+            line.append(f"  {snap['counts']['sessions']} sessions")
         line.append("  ")
         if self.read_only:
             line.append_text(self._badge("READ-ONLY", "warning"))
@@ -99,7 +97,7 @@ class ConsoleHeader(Static):
         if self.paused:
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
-        if snap.get("generated_at"):
+        if snap is not None:
             line.append(
                 f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
             )

@@ -7,11 +7,17 @@ from typing import Any
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from backend.store import workers
+from backend.store.workers import LIVE_STATES, LeaseKind, WorkerState
 from tui.format import cell, owner_short, short_id, time_left
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-KIND_LABEL = {"execution": "exec", "summary_job": "sum", "dream": "dream"}
+KIND_LABEL: dict[str, str] = {
+    LeaseKind.EXECUTION: "exec",
+    LeaseKind.SUMMARY_JOB: "sum",
+    LeaseKind.DREAM: "dream",
+}
 WARN_BEFORE_MS = 5_000
 
 
@@ -24,7 +30,7 @@ def owner_alive(record: Record, now: int) -> bool:
     beat = record.get("owner_heartbeat_at")
     if beat is None:
         return bool(record.get("owner_alive"))
-    return record.get("owner_state") in ("running", "draining") and workers.heartbeat_alive(beat, now)
+    return record.get("owner_state") in LIVE_STATES and workers.heartbeat_alive(beat, now)
 
 
 def left_ms(record: Record, now: int) -> int:
@@ -42,7 +48,7 @@ def _owner(record: Record, now: int, palette: Palette) -> Text:
     owner = owner_short(record.get("owner_id"))
     if not owner_alive(record, now):
         return cell(f"✗ {owner}", "error", palette)
-    if record.get("owner_state") == "draining":
+    if record.get("owner_state") == WorkerState.DRAINING:
         return cell(f"⇣ {owner}", "warning", palette)
     return cell(f"● {owner}", None, palette)
 
@@ -76,20 +82,20 @@ class LeaseTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        beats = {w.get("owner_id"): w for w in snapshot.get("workers") or []}
-        for lease in snapshot.get("leases") or []:
-            record = dict(lease)
-            worker = beats.get(lease.get("owner_id"))
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        beats = {w["owner_id"]: w for w in snapshot["workers"]}
+        for lease in snapshot["leases"]:
+            record: Record = dict(lease)
+            worker = beats.get(lease["owner_id"] or "")
             if worker is not None:
-                record["owner_heartbeat_at"] = worker.get("heartbeat_at")
-                record.setdefault("owner_state", worker.get("state"))
+                record["owner_heartbeat_at"] = worker["heartbeat_at"]
+                record.setdefault("owner_state", worker["state"])
             yield lease_key(lease), record
 
     def expired_count(self, now: int) -> int:
         return sum(1 for r in self.all_records() if left_ms(r, now) <= 0)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         return self.live_title(self._now)
 
     def live_title(self, now: int) -> tuple[str, bool]:

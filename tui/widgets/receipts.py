@@ -7,33 +7,35 @@ from typing import Any
 
 from rich.text import Text
 
+from backend.ops.records import Status
+from backend.summaries.receipts import ReceiptVerdict
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-VERDICT_LABEL = {
-    "missing": "missing",
-    "document_differs": "doc≠",
-    "keys_differ": "keys≠",
-    "quarantined": "quarant",
-    "present": "present",
+VERDICT_LABEL: dict[str, str] = {
+    ReceiptVerdict.MISSING: "missing",
+    ReceiptVerdict.DOCUMENT_DIFFERS: "doc≠",
+    ReceiptVerdict.KEYS_DIFFER: "keys≠",
+    ReceiptVerdict.QUARANTINED: "quarant",
+    ReceiptVerdict.PRESENT: "present",
 }
-VERDICT_TONE = {
-    "missing": "error",
-    "quarantined": "error",
-    "document_differs": "warning",
-    "keys_differ": "warning",
+VERDICT_TONE: dict[str, str] = {
+    ReceiptVerdict.MISSING: "error",
+    ReceiptVerdict.QUARANTINED: "error",
+    ReceiptVerdict.DOCUMENT_DIFFERS: "warning",
+    ReceiptVerdict.KEYS_DIFFER: "warning",
 }
 
 
 def differing_keys(record: Mapping[str, Any]) -> str:
     """What differs, in words: the owned keys, the document, or why it is quarantined."""
     verdict = record.get("verdict")
-    if verdict == "missing":
+    if verdict == ReceiptVerdict.MISSING:
         return "row missing in Chroma"
-    if verdict == "quarantined":
+    if verdict == ReceiptVerdict.QUARANTINED:
         return f"quarantined: {record.get('quarantine_reason') or '?'}"
     names = [str(k.get("key")) for k in record.get("keys") or [] if isinstance(k, dict)]
-    if verdict == "document_differs":
+    if verdict == ReceiptVerdict.DOCUMENT_DIFFERS:
         names = ["document", *[n for n in names if n != "document"]]
     return ", ".join(names) or "-"
 
@@ -44,7 +46,7 @@ def _verdict(record: Record, now: int, palette: Palette) -> Text:
         VERDICT_LABEL.get(verdict, verdict),
         VERDICT_TONE.get(verdict),
         palette,
-        bold=verdict in ("missing", "quarantined"),
+        bold=verdict in (ReceiptVerdict.MISSING, ReceiptVerdict.QUARANTINED),
     )
 
 
@@ -76,12 +78,12 @@ class ReceiptTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        for row in (snapshot.get("receipts") or {}).get("mismatched") or []:
-            yield str(row.get("summary_id") or row.get("session_id")), dict(row)
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        for row in snapshot["receipts"]["mismatched"]:
+            yield row["summary_id"], dict(row)
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
-        counts = (snapshot.get("receipts") or {}).get("counts") or {}
-        mismatched = (snapshot.get("counts") or {}).get("mismatches", len(self._rows))
-        self.summary = f"present {counts.get('present', 0)} · unchecked {counts.get('unchecked', 0)}"
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
+        counts = snapshot["receipts"]["counts"]
+        mismatched = snapshot["counts"]["mismatches"]
+        self.summary = f"present {counts[ReceiptVerdict.PRESENT]} · unchecked {counts['unchecked']}"
         return f"Receipts · {mismatched} mismatched", mismatched > 0

@@ -13,13 +13,18 @@ import csv
 import io
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
 
+from backend.core import private
+from backend.core.errors import RemError
+from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE
 from tui.widgets.panel_table import PanelTable, TableColumn
 
@@ -170,11 +175,11 @@ class SnapshotTable(PanelTable):
         return next(c for c in self.COLUMNS if c.key == key)
 
     # -- what subclasses provide ---------------------------------------------
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         """(row key, record) pairs, most urgent first."""
         raise NotImplementedError
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         """The border title for this snapshot and whether the panel needs attention."""
         return f"{self.PANEL_TITLE} {len(self._rows)}", False
 
@@ -183,11 +188,16 @@ class SnapshotTable(PanelTable):
         return None
 
     # -- feeding it ------------------------------------------------------------
-    def show(self, snapshot: Mapping[str, Any], now: int, palette: Palette) -> None:
+    def show(self, snapshot: Status, now: int, palette: Palette) -> None:
         """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
+        self._set_rows(self.records(snapshot), now, palette)
+        self._show_title(*self.titles(snapshot))
+        self._sync()
+
+    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
         self._now, self._palette = now, palette
         rows = {}
-        for key, record in self.records(snapshot):
+        for key, record in records:
             old = self._rows.get(key)
             stable = stable_part(record)
             if old is not None and old.stable == stable:
@@ -197,8 +207,6 @@ class SnapshotTable(PanelTable):
                 rows[key] = Row(key, record, stable, cells=old.cells if old else {})
         self._rows = rows
         self._order = list(rows)
-        self._show_title(*self.titles(snapshot))
-        self._sync()
 
     def _show_title(self, title: str, alert: bool) -> None:
         self.border_title = title
@@ -377,6 +385,27 @@ class SnapshotTable(PanelTable):
         row = self._rows.get(key)
         text = row.cells.get(column) if row is not None else None
         return text.plain if text is not None else ""
+
+    def csv_file_name(self) -> str:
+        """`console-<panel>-<time>.csv`: the name an export of this panel gets."""
+        return f"console-{self.PANEL_NAME}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+
+    def export_csv(self, folders: Iterable[Path]) -> Path | None:
+        """Write `to_csv()` to a new private file in the first folder that takes it; its path, or None.
+
+        Never over an existing file, never through a symlink (`private.create_export`).
+        """
+        text = self.to_csv()
+        name = self.csv_file_name()
+        for folder in folders:
+            path = folder / name
+            try:
+                private.make_private_dir(folder)
+                private.create_export(path, text)
+            except (OSError, RemError):
+                continue
+            return path
+        return None
 
     def to_csv(self) -> str:
         """The rows shown (filter and sort applied) as CSV with full, uncut values."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
+from backend.ops.records import Status
 from tui.format import duration
 
 SERIES = (("backlog", "backlog"), ("expired_leases", "expired leases"), ("mismatches", "mismatches"))
@@ -74,12 +74,11 @@ class Trends(Horizontal):
             )
 
 
-def trend_values(snapshot: Mapping[str, Any], now: int) -> dict[str, int]:
+def trend_values(snapshot: Status, now: int) -> dict[str, int]:
     """The three series' values in a snapshot; expired leases counted against `now`."""
-    counts = snapshot.get("counts") or {}
-    expired = sum(1 for lease in snapshot.get("leases") or [] if (lease.get("expires_at") or 0) <= now)
+    counts = snapshot["counts"]
     return {
-        "backlog": int(counts.get("backlog", 0)),
-        "expired_leases": expired,
-        "mismatches": int(counts.get("mismatches", 0)),
+        "backlog": counts["backlog"],
+        "expired_leases": sum(1 for lease in snapshot["leases"] if lease["expires_at"] <= now),
+        "mismatches": counts["mismatches"],
     }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections import Counter
+from collections.abc import Iterable
 
 from rich.text import Text
 
+from backend.ops.records import Status
 from backend.store import workers
+from backend.store.workers import WorkerState
 from tui.format import age, cell, owner_short, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -16,13 +18,13 @@ def worker_alive(record: Record, now: int) -> bool:
     beat = record.get("heartbeat_at")
     if beat is None:
         return bool(record.get("alive"))
-    return record.get("state") != "stopped" and workers.heartbeat_alive(beat, now)
+    return record.get("state") != WorkerState.STOPPED and workers.heartbeat_alive(beat, now)
 
 
 def worker_state(record: Record, now: int) -> str:
     """`running`, `draining`, `stopped`, or `dead` (not stopped, heartbeat too old)."""
     state = str(record.get("state") or "?")
-    if state != "stopped" and not worker_alive(record, now):
+    if state != WorkerState.STOPPED and not worker_alive(record, now):
         return "dead"
     return state
 
@@ -36,7 +38,7 @@ def _state(record: Record, now: int, palette: Palette) -> Text:
 
 
 def _beat(record: Record, now: int, palette: Palette) -> Text:
-    tone = None if worker_alive(record, now) or record.get("state") == "stopped" else "error"
+    tone = None if worker_alive(record, now) or record.get("state") == WorkerState.STOPPED else "error"
     return cell(age(record.get("heartbeat_at"), now), tone, palette)
 
 
@@ -81,14 +83,12 @@ class WorkerTable(SnapshotTable):
         ),
     )
 
-    def records(self, snapshot: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-        held: dict[str, int] = {}
-        for lease in snapshot.get("leases") or []:
-            held[lease.get("owner_id")] = held.get(lease.get("owner_id"), 0) + 1
-        for worker in snapshot.get("workers") or []:
-            yield str(worker.get("owner_id")), {**worker, "leases": held.get(worker.get("owner_id"), 0)}
+    def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        held = Counter(lease["owner_id"] for lease in snapshot["leases"])
+        for worker in snapshot["workers"]:
+            yield worker["owner_id"], {**worker, "leases": held[worker["owner_id"]]}
 
-    def titles(self, snapshot: Mapping[str, Any]) -> tuple[str, bool]:
+    def titles(self, snapshot: Status) -> tuple[str, bool]:
         return self.live_title(self._now)
 
     def live_title(self, now: int) -> tuple[str, bool]:

@@ -1,0 +1,218 @@
+"""The typed records of the status snapshot: what `ops.status` returns, the console shows
+and `rem status --json` prints (the same dicts: TypedDicts serialise as they are).
+
+One module for both sides, so a change of shape is one change here that mypy
+carries to every reader. Enum-typed fields hold members of the enums named;
+`json.dumps` writes them as their plain string values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+from backend.dream.digester import DigestState, DriftClass
+from backend.execution.leases import ExecutionPhase
+from backend.store.workers import LeaseKind, WorkerRole, WorkerState
+from backend.summaries.receipt_replay import ReplayReport, ReplayRow
+from backend.summaries.receipts import ReceiptVerdict
+
+# the replay report is built in the summaries layer; named here too, so the console
+# imports every record it reads from one module
+__all__ = [
+    "Backlog",
+    "ChromaHealth",
+    "Counts",
+    "DreamBacklog",
+    "DriftRecord",
+    "EventRecord",
+    "FailedSummary",
+    "InputBacklog",
+    "KeyDiff",
+    "LeaseRecord",
+    "ReceiptMismatch",
+    "Receipts",
+    "RecoveryBacklog",
+    "ReplayReport",
+    "ReplayRow",
+    "Snapshot",
+    "Status",
+    "SummaryJobs",
+    "WorkerRecord",
+]
+
+
+class InputBacklog(TypedDict):
+    """A session with admitted inputs not promoted yet."""
+
+    session_id: str
+    pending: int
+    oldest_at: int
+    oldest_age_ms: int
+
+
+class RecoveryBacklog(TypedDict):
+    """An interrupted execution waiting for takeover, or parked for the operator."""
+
+    execution_id: str
+    session_id: str
+    phase: ExecutionPhase
+    wake_attempts: int
+    recovery_error: str | None
+    time_created: int
+    parked: bool
+
+
+class FailedSummary(TypedDict):
+    session_id: str
+    attempts: int
+    last_error: str | None
+    time_updated: int
+
+
+class SummaryJobs(TypedDict):
+    """summary_job counts by status (`stale`: raw turns changed since the last summary)."""
+
+    pending: int
+    in_progress: int
+    failed: int
+    stale: int
+    failed_rows: list[FailedSummary]
+
+
+class DreamBacklog(TypedDict):
+    pending: int  # published revisions not completed
+    by_state: dict[DigestState, int]
+
+
+class Backlog(TypedDict):
+    inputs: list[InputBacklog]
+    inputs_total: int
+    recoveries: list[RecoveryBacklog]
+    summary_jobs: SummaryJobs
+    dream: DreamBacklog
+
+
+class LeaseRecord(TypedDict):
+    """One held lease of any kind; `id` is what `rem release` takes."""
+
+    kind: LeaseKind
+    id: str  # the execution id, or the session id of a summary-job or Dream lease
+    session_id: str
+    owner_id: str | None
+    epoch: int
+    phase: ExecutionPhase | None  # executions only
+    expires_at: int
+    owner_state: WorkerState | None  # None: the owner has no worker row
+    time_left_ms: int
+    expired: bool
+    owner_alive: bool
+
+
+class KeyDiff(TypedDict):
+    """One receipt-owned key that differs on the Chroma row, as the stored verdict names it."""
+
+    key: str
+    expected: Any
+    actual: Any
+    reason: str | None  # a KeyReason when rem wrote it; stored text is shown as it is
+
+
+class ReceiptMismatch(TypedDict):
+    summary_id: str
+    session_id: str
+    verdict: ReceiptVerdict
+    keys: list[KeyDiff]
+    detail: dict[str, Any]  # the stored verdict detail (the document diff, ...)
+    checked_at: int | None
+    quarantine_reason: str | None
+
+
+class Receipts(TypedDict):
+    counts: dict[str, int]  # by ReceiptVerdict, plus `unchecked`
+    mismatched: list[ReceiptMismatch]
+
+
+# `class` is a keyword: the functional form
+DriftRecord = TypedDict(
+    "DriftRecord",
+    {
+        "session_id": str,
+        "input_revision": str | None,
+        "completed_revision": str | None,
+        "digest_state": DigestState | None,  # None: summary_stale rows with no Dream state
+        "digest_attempts": int,
+        "defer_reason": str | None,
+        "since": int,
+        "class": DriftClass,
+    },
+)
+
+
+class WorkerRecord(TypedDict):
+    owner_id: str
+    role: WorkerRole
+    pid: int
+    host: str
+    state: WorkerState
+    started_at: int
+    heartbeat_at: int
+    heartbeat_age_ms: int
+    alive: bool
+
+
+class EventRecord(TypedDict):
+    """One journal row; `data` decoded (`{"raw": text}` if it is not JSON)."""
+
+    id: int
+    time: int
+    kind: str  # an EventKind, or a kind a newer rem wrote
+    actor: str
+    session_id: str | None
+    target: str | None
+    data: dict[str, Any]
+
+
+class Counts(TypedDict):
+    """The headline figures (the console's header, trends and panel titles)."""
+
+    backlog: int
+    expired_leases: int
+    mismatches: int
+    dream_pending: int
+    sessions: int
+    workers_alive: int
+
+
+class ChromaHealth(TypedDict):
+    url: str | None
+    external: bool
+    healthy: bool
+    error: str | None
+    lock_held: NotRequired[bool]  # the data dir's own server only
+    pid: NotRequired[int | None]
+
+
+class Snapshot(TypedDict):
+    """What one read transaction of state.db sees (`ops.snapshot.snapshot_sync`)."""
+
+    generated_at: int
+    backlog: Backlog
+    leases: list[LeaseRecord]
+    receipts: Receipts
+    dream_drift: list[DriftRecord]
+    dream_counts: dict[DriftClass, int]
+    legacy_only: int
+    workers: list[WorkerRecord]
+    recent_actions: list[EventRecord]
+    events: list[EventRecord]
+    counts: Counts
+
+
+class Status(Snapshot):
+    """`ops.status`: the snapshot plus where it came from and Chroma's health."""
+
+    data_dir: str
+    schema_version: int
+    schema_version_supported: int
+    read_only: bool
+    chroma: ChromaHealth

@@ -1,0 +1,73 @@
+"""`rem status --json` is pinned: the exact document for a deterministic incident data dir.
+
+Scripts and runbooks parse this output, so its keys, nesting, value types and
+values must not drift when the code behind it changes shape. The golden file
+was written by the code before the snapshot became typed records; regenerate
+it (REM_GOLDEN_UPDATE=1) only for a deliberate, documented change of output.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from backend.cli.app import app
+from backend.core import clock
+from tests.tui import scenes
+
+GOLDEN = Path(__file__).with_name("golden") / "status_incident.json"
+
+
+def every_kind_of_row(scene: scenes.Scene) -> None:
+    """What the incident lacks: summary-job and Dream leases, a legacy row, operator actions."""
+    scene.summary("s-job", status="in_progress", verdict=None)
+    scene.x(
+        "UPDATE summary_job SET owner_id = ?, epoch = 4, lease_expires_at = ? WHERE session_id = 's-job'",
+        scenes.SUMM,
+        scene.now + 120_000,
+    )
+    scene.dream("s-dreaming", input_rev=scenes.REV_A, completed_rev=None, state="in_progress")
+    scene.x(
+        "UPDATE dream_state SET owner_id = ?, epoch = 2, lease_expires_at = ? WHERE session_id = 's-dreaming'",
+        scenes.DREAM,
+        scene.now - 3_000,
+    )
+    scene.dream("s-legacy", input_rev=None, completed_rev=None, state="legacy")
+    scene.event("operator.release", "alice", ago_ms=9_000, target="exe_0001", old_epoch=3, new_epoch=4)
+    scene.event("operator.drain", "alice", ago_ms=8_000, target=scenes.EXEC_B, result="draining")
+    scene.event("operator.replay", "bob", ago_ms=0, targets="all", ok=True)
+
+
+def rem_status(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """`rem status ARGS` over an incident data dir at `root` (the clock frozen at scenes.NOW)."""
+    monkeypatch.delenv("REM_CHROMA_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "160")
+    data = scenes.build(root, scenes.incident, every_kind_of_row)
+    result = CliRunner().invoke(app, ["status", "--data", str(data.root), *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout.replace(str(data.root), "<data>")
+
+
+def test_status_json_is_byte_identical_to_the_golden_file(
+    tmp_path: Path, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert frozen_clock.now == scenes.NOW
+    document = rem_status(tmp_path / "data", monkeypatch, "--json")
+    if os.environ.get("REM_GOLDEN_UPDATE"):
+        GOLDEN.write_text(document, encoding="utf-8")
+    assert document == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_status_without_json_prints_the_snapshot(
+    tmp_path: Path, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it raised KeyError('tables') before the snapshot was typed: nothing read it as a Status
+    out = rem_status(tmp_path / "data", monkeypatch)
+    assert "Chroma -: down (no Chroma server recorded for this data dir" in out
+    assert "backlog 7 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
+    for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
+        assert section in out, section
+    assert "s-dreaming" in out and "summary_s-job" not in out  # a lease row, and no replay noise
