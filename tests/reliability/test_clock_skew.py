@@ -91,15 +91,23 @@ async def test_skew_past_the_lease_takes_over_early_but_fencing_keeps_it_exact(
 ) -> None:
     rig = Rig(ctx, chroma_url, tmp_path, extra_env=SKEWED)
     try:
-        on_time = rig.spawn("executor", name="executor-on-time")
+        # slow parts and a queue of follow-ups keep the on-time executor holding s0's lease for
+        # ~25 s, longer than the far-ahead executor can take to start on a loaded machine
+        on_time = rig.spawn("executor", name="executor-on-time", **SLOW_PARTS)
         rig.spawn("summarizer")
         rig.spawn("dream")
-        await rig.admit([*WORK, ("s0", "And the follow-up on the Welcome Flow?", "queue")])
+        follow_ups = [("s0", f"And follow-up {i} on the Welcome Flow?", "queue") for i in range(3)]
+        await rig.admit([*WORK, *follow_ups])
         wait_until(
             lambda: rig.events("execution.claimed"), timeout=30, message="the on-time executor to claim"
         )
         rig.spawn("executor", name="executor-far-ahead", REM_CLOCK_SKEW_MS="6000")  # Δ = 6 s > L = 5 s
-        await rig.settle(timeout=90)
+        wait_until(
+            lambda: rig.events("execution.taken_over"),
+            timeout=90,
+            message="the far-ahead executor to take over",
+        )
+        await rig.settle(timeout=120)
         await rig.stop()
     finally:
         rig.kill_all()
