@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from backend.chroma import auth
 from backend.chroma.embedder import Embedder, load_embedder
-from backend.core.errors import ChromaUnreachable, ReadOnly
+from backend.core.errors import ChromaNotReady, ChromaUnreachable, ReadOnly
 from backend.core.settings import Settings
 
 log = logging.getLogger("rem.chroma_store")
@@ -45,6 +45,19 @@ class LiveRow(NamedTuple):
     document: str | None
     metadata: Metadata
     embedding: Any = None
+
+
+# Chroma 1.5.9 answers a read that includes vectors, made while a new collection's first
+# writes are being applied, with "Error creating hnsw segment reader: Nothing found on disk"
+# (its vector index is neither cached nor persisted yet), or with the rows but fewer vectors.
+# The same read succeeds moments later, so reads of vectors retry with these pauses (3.15 s
+# in all) before giving up.
+VECTOR_INDEX_NOT_READY = "Nothing found on disk"
+VECTOR_READ_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
+def _vector_index_not_ready(exc: BaseException) -> bool:
+    return type(exc).__name__ == "InternalError" and VECTOR_INDEX_NOT_READY in str(exc)
 
 
 def _is_transport_error(exc: BaseException) -> bool:
@@ -164,6 +177,28 @@ class ChromaStore:
         if self.read_only:
             raise ReadOnly(f"refused {what} of Chroma rows: this rem is read-only")
 
+    async def _read_vectors(self, ids: list[str], include: list[str]) -> Any:
+        """`collection.get` of rows with their vectors, through Chroma's not-ready window."""
+        for pause in (*VECTOR_READ_PAUSES, None):
+            try:
+                result = await self._run(lambda c: c.get(ids=ids, include=include))
+                vectors = result.get("embeddings")
+                if not result["ids"] or (vectors is not None and len(vectors) == len(result["ids"])):
+                    return result
+                problem = f"{len(result['ids'])} rows came back with {0 if vectors is None else len(vectors)} vectors"
+            except Exception as exc:
+                if not _vector_index_not_ready(exc):
+                    raise
+                problem = VECTOR_INDEX_NOT_READY.lower()
+            if pause is None:
+                raise ChromaNotReady(
+                    f"Chroma cannot read the vectors of collection {self.collection_name} ({problem}, "
+                    f"still after {sum(VECTOR_READ_PAUSES):.1f} s); rem retries, or restart Chroma with `rem up`"
+                )
+            log.debug("Chroma's vector index is not ready (%s): reading again in %.2f s", problem, pause)
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
     async def rows(self, ids: Sequence[str]) -> dict[str, LiveRow]:
         """`{id: (document, metadata, embedding)}` for the ids that exist (one round trip).
 
@@ -173,7 +208,7 @@ class ChromaStore:
         if not ids:
             return {}
         include = ["documents", "metadatas", "embeddings"]
-        result = await self._run(lambda c: c.get(ids=list(ids), include=include))
+        result = await self._read_vectors(list(ids), include)
         vectors = result.get("embeddings")
         if vectors is not None and len(vectors):
             import numpy  # one float64 matrix for the batch: each row's vector is a view of it
@@ -183,7 +218,7 @@ class ChromaStore:
             row_id: LiveRow(
                 result["documents"][i],
                 dict(result["metadatas"][i] or {}),
-                None if vectors is None else vectors[i],
+                vectors[i],
             )
             for i, row_id in enumerate(result["ids"])
         }

@@ -65,6 +65,10 @@ class ChromaUntrusted(ChromaUnreachable):
     """The data dir's recorded Chroma server is not this user's (another uid listens on its port)."""
 
 
+class ChromaNotReady(ChromaUnreachable):
+    """Chroma answers but cannot read a collection's vectors yet (its index is not loaded)."""
+
+
 class NotChroma(ChromaUnreachable):
     """A URL that answers, but not as a Chroma server: a configuration mistake."""
 
