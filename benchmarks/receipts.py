@@ -62,7 +62,7 @@ async def _stage(ctx: Context, n: int, batch: int) -> None:
     rows = []
     for i in range(n):
         meta = _metadata(i)
-        vector = store.embed([_document(i)])[0]
+        vector = (await store.embed([_document(i)]))[0]
         envelope = receipts.encode(receipts.issue(_document(i), meta, embedding=vector))
         rows.append((meta["sessionId"], envelope))
     async with db.tx() as conn:

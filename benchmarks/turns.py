@@ -1,19 +1,23 @@
 """Benchmark the turn path: turns/s end to end with the instant agent, against bare SQLite writes.
 
-    python benchmarks/turns.py [--turns 2000] [--sessions 50] [--concurrency 8] [--bare 5000] [--rounds 5]
+    python benchmarks/turns.py [--turns 2000] [--sessions 50] [--concurrency 8] [--bare 5000]
+                               [--rounds 9] [--slices 5]
 
-Each round, on a fresh data dir:
-1. admits `--turns` queue inputs spread over `--sessions` sessions (`sessions.admit`);
-2. runs one in-process `Executor` (`--once`, instant agent) until every input is
-   promoted and answered, counting its write transactions (every `db.tx()` and
-   `db.write_in_thread()`) and the WAL frames (pages) they write;
-3. on the same state.db, through the same aiosqlite `Database`, times `--bare`
-   transactions of `BEGIN IMMEDIATE; INSERT; COMMIT`, one statement per call,
-   half right before the turn run and half right after it.
-The turn run and the bare run alternate, so a slow patch of the machine hits
-both; the headline is the median round (the machine's jitter is +-15 %).
-Prints the median figures and every round's, as a table on stderr and one
-JSON line on stdout (target: ratio >= 0.5). The temp dirs are removed.
+Each round, on a fresh data dir, `--slices` times in a row:
+1. admits a slice of the `--turns` queue inputs spread over `--sessions` sessions
+   (`sessions.admit`; not timed);
+2. times a burst of bare `BEGIN IMMEDIATE; INSERT; COMMIT` transactions on the same
+   state.db through the same aiosqlite `Database`, one statement per call;
+3. times one in-process `Executor` (`--once`, instant agent) until every input of
+   the slice is promoted and answered, counting its write transactions (every
+   `db.tx()` and `db.write_in_thread()`) and the WAL frames (pages) they write;
+and a last bare burst after the last slice. Turn and bare work alternate every
+few hundred milliseconds, so a busy or quiet patch of a shared machine weighs on
+both sides of the ratio alike (whole-run alternation gave rounds from 0.37 to
+0.59). Both sides are also timed in CPU seconds of the process (both its threads):
+the CPU ratio does not depend on how much of the machine other work leaves us.
+Prints the median figures and every round's, as a table on stderr and one JSON
+line on stdout (target: median ratio >= 0.5). The temp dirs are removed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -47,10 +53,11 @@ ASKS = (
 )
 
 
-def count_transactions(db: Database) -> dict[str, int]:
+def count_transactions(db: Database) -> dict[str, Any]:
     """Wrap `db.tx` and `db.write_in_thread` so every write transaction on this Database is counted."""
-    counter = {"tx": 0}
+    counter: dict[str, Any] = {"tx": 0}
     original_tx, original_write = db.tx, db.write_in_thread
+    counter["original"] = (original_tx, original_write)
 
     @contextlib.asynccontextmanager
     async def counted_tx() -> AsyncIterator[Any]:
@@ -68,11 +75,9 @@ def count_transactions(db: Database) -> dict[str, int]:
     return counter
 
 
-async def admit_all(db: Database, turns: int, session_count: int) -> float:
-    start = time.perf_counter()
-    for i in range(turns):
+async def admit_all(db: Database, first: int, count: int, session_count: int) -> None:
+    for i in range(first, first + count):
         await sessions.admit(db, f"bench-{i % session_count}", f"{ASKS[i % len(ASKS)]} (#{i})")
-    return time.perf_counter() - start
 
 
 WAL_FRAME = 4096 + 24
@@ -86,17 +91,24 @@ async def wal_frames(db: Database, *, reset: bool = False) -> int:
     return max(0, (wal.stat().st_size - 32) // WAL_FRAME) if wal.exists() else 0
 
 
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, Any]:
     counter = count_transactions(db)
     executor = Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), concurrency=concurrency)
     await wal_frames(db, reset=True)
     groups = db.groups_committed
-    start = time.perf_counter()
+    cpu, start = cpu_s(), time.perf_counter()
     await executor.run()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_s() - cpu
     frames = await wal_frames(db)
+    db.tx, db.write_in_thread = counter.pop("original")  # type: ignore[assignment,method-assign]
     return {
         "elapsed": elapsed,
+        "cpu": cpu,
         "tx": counter["tx"],
         "turns": executor.turns_completed,
         "frames": frames,
@@ -104,54 +116,68 @@ async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, A
     }
 
 
-async def bare_rate(db: Database, count: int) -> tuple[float, float]:
-    """(transactions/s, WAL frames per transaction) of BEGIN IMMEDIATE; INSERT; COMMIT."""
-    async with db.tx() as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id INTEGER PRIMARY KEY, v TEXT)")
+async def bare_burst(db: Database, count: int) -> dict[str, float]:
+    """Time `count` BEGIN IMMEDIATE; INSERT; COMMIT transactions (wall, CPU, WAL frames)."""
     await wal_frames(db, reset=True)
-    start = time.perf_counter()
+    cpu, start = cpu_s(), time.perf_counter()
     for i in range(count):
         async with db.tx() as conn:
             await conn.execute("INSERT INTO bench_bare (v) VALUES (?)", (f"row {i}",))
-    rate = count / (time.perf_counter() - start)
-    return rate, await wal_frames(db) / count
+    return {
+        "elapsed": time.perf_counter() - start,
+        "cpu": cpu_s() - cpu,
+        "tx": count,
+        "frames": await wal_frames(db),
+    }
 
 
-async def measure(root: Path, turns: int, session_count: int, concurrency: int, bare: int) -> dict[str, Any]:
+def _total(parts: list[dict[str, Any]], key: str) -> float:
+    return float(sum(p[key] for p in parts))
+
+
+async def measure(
+    root: Path, turns: int, session_count: int, concurrency: int, bare: int, slices: int
+) -> dict[str, Any]:
     ctx = Context(DataDir(root), start_chroma=False)
     db = await ctx.db()
-    admit_s = await admit_all(db, turns, session_count)
     # WAL frames (pages) per transaction explain the ratio: measure them
     # with autocheckpoint off, so the WAL only grows during each phase
     await db.fetchall("PRAGMA wal_autocheckpoint = 0")
-    # the bare rate is timed right before and right after the turn run (half each),
-    # so a slow or fast patch of the machine weighs on both sides of the ratio alike
-    before_tps, before_frames = await bare_rate(db, bare // 2)
-    run = await run_turns(ctx, db, concurrency)  # the Executor shares ctx's Database, as a daemon does
-    after_tps, after_frames = await bare_rate(db, bare - bare // 2)
-    bare_tps = 2 / (1 / before_tps + 1 / after_tps)  # the rate over both halves together
-    bare_frames = (before_frames + after_frames) / 2
+    async with db.tx() as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id INTEGER PRIMARY KEY, v TEXT)")
+    runs, bares = [], []
+    per_slice = max(1, turns // slices)
+    for k in range(slices):
+        await admit_all(db, k * per_slice, per_slice, session_count)
+        bares.append(await bare_burst(db, bare // (slices + 1)))
+        runs.append(await run_turns(ctx, db, concurrency))  # shares ctx's Database, as a daemon does
+    bares.append(await bare_burst(db, bare // (slices + 1)))
     unpromoted = await db.scalar("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL")
     await ctx.close()
-    tx, done, elapsed = run["tx"], run["turns"], run["elapsed"]
-    turn_tps = tx / elapsed
+    tx, done, elapsed = _total(runs, "tx"), _total(runs, "turns"), _total(runs, "elapsed")
+    commits, frames = _total(runs, "commits"), _total(runs, "frames")
+    turn_tps, bare_tps = tx / elapsed, _total(bares, "tx") / _total(bares, "elapsed")
+    turn_per_cpu, bare_per_cpu = tx / _total(runs, "cpu"), _total(bares, "tx") / _total(bares, "cpu")
     return {
-        "turns": done,
+        "turns": int(done),
         "unpromoted": unpromoted,
         "sessions": session_count,
         "concurrency": concurrency,
-        "admit_per_s": round(turns / admit_s, 1),
+        "slices": slices,
         "turns_per_s": round(done / elapsed, 1),
-        "turn_path_tx": tx,
+        "turn_path_tx": int(tx),
         "tx_per_turn": round(tx / max(done, 1), 2),
         "turn_path_tx_per_s": round(turn_tps, 1),
         "bare_tx_per_s": round(bare_tps, 1),
         "ratio": round(turn_tps / bare_tps, 3),
-        "commits_per_s": round(run["commits"] / elapsed, 1),
-        "tx_per_commit": round(tx / max(run["commits"], 1), 2),
-        "wal_frames_per_turn_tx": round(run["frames"] / max(tx, 1), 1),
-        "wal_frames_per_commit": round(run["frames"] / max(run["commits"], 1), 1),
-        "wal_frames_per_bare_tx": round(bare_frames, 1),
+        "turn_path_tx_per_cpu_s": round(turn_per_cpu, 1),
+        "bare_tx_per_cpu_s": round(bare_per_cpu, 1),
+        "ratio_cpu": round(turn_per_cpu / bare_per_cpu, 3),
+        "commits_per_s": round(commits / elapsed, 1),
+        "tx_per_commit": round(tx / max(commits, 1), 2),
+        "wal_frames_per_turn_tx": round(frames / max(tx, 1), 1),
+        "wal_frames_per_commit": round(frames / max(commits, 1), 1),
+        "wal_frames_per_bare_tx": round(_total(bares, "frames") / _total(bares, "tx"), 1),
     }
 
 
@@ -162,11 +188,16 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     result["rounds"] = len(rounds)
     result["ratio_median"] = round(statistics.median(r["ratio"] for r in rounds), 3)
     result["ratio_min"], result["ratio_max"] = ranked[0]["ratio"], ranked[-1]["ratio"]
+    cpu = sorted(r["ratio_cpu"] for r in rounds)
+    result["ratio_cpu_median"] = round(statistics.median(cpu), 3)
+    result["ratio_cpu_min"], result["ratio_cpu_max"] = cpu[0], cpu[-1]
     result["turns_per_s_median"] = round(statistics.median(r["turns_per_s"] for r in rounds), 1)
     result["per_round"] = [
-        {k: r[k] for k in ("turns_per_s", "turn_path_tx_per_s", "bare_tx_per_s", "ratio")} for r in rounds
+        {k: r[k] for k in ("turns_per_s", "turn_path_tx_per_s", "bare_tx_per_s", "ratio", "ratio_cpu")}
+        for r in rounds
     ]
     result["all_promoted"] = all(r["unpromoted"] == 0 and r["turns"] > 0 for r in rounds)
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
     return result
 
 
@@ -176,15 +207,21 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--bare", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--slices", type=int, default=5)
     args = parser.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory(prefix="rem-turns-") as tmp:
         for n in range(max(1, args.rounds)):
             root = Path(tmp) / f"round-{n}"
-            rounds.append(asyncio.run(measure(root, args.turns, args.sessions, args.concurrency, args.bare)))
+            rounds.append(
+                asyncio.run(
+                    measure(root, args.turns, args.sessions, args.concurrency, args.bare, args.slices)
+                )
+            )
             print(
-                f"round {n + 1}: {rounds[-1]['turns_per_s']} turns/s, ratio {rounds[-1]['ratio']}",
+                f"round {n + 1}: {rounds[-1]['turns_per_s']} turns/s, ratio {rounds[-1]['ratio']} "
+                f"(CPU ratio {rounds[-1]['ratio_cpu']})",
                 file=sys.stderr,
             )
     result = median_round(rounds)

@@ -8,7 +8,9 @@ at a fixed terminal size. A real Chroma server is started for the data dir
 so the header shows real health; only its random port is shown as 8000 so
 the SVGs do not change from run to run. The main picture (`console.svg`)
 replays three minutes of an incident step by step through the console, so
-its sparklines are the history the console itself recorded.
+its sparklines are the history the console itself recorded; in its last
+steps the model endpoint starts rate-limiting and one session is held after
+a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`).
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ def timeline_step(scene: scenes.Scene, k: int) -> None:
         scenes.receipt_mismatches(scene)
     if k == 14:
         scenes.dream_drift(scene)
+    if k == 16:
+        scenes.model_trouble(scene)
     scene.event(
         "execution.step",
         scenes.EXEC_A,
@@ -203,6 +207,9 @@ def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...]
         ("dream-drift", build("drift", scenes.healthy, scenes.dream_drift), ("4",), {}),
         ("confirm-release", build("confirm", scenes.incident), ("2", "l"), {}),
         ("narrow-80x24", build("narrow", scenes.incident), (), {"size": (80, 24)}),
+        ("model-sessions", build("sessions", scenes.incident), ("8", "z"), {}),
+        ("session-detail", build("detail", scenes.incident), ("8", "end", "enter"), {}),
+        ("confirm-resume", build("resume", scenes.incident), ("1", "u"), {}),
     ]
 
 

@@ -12,9 +12,13 @@ from backend.chroma import server as chroma_server
 from backend.chroma.server import ChromaServer
 from backend.core import clock, faults
 from backend.core.datadir import DataDir
+from backend.models import health
 from backend.runtime.context import Context
+from tests.fake_openai import FakeOpenAIServer, Scenario
 
 pytest_plugins = ["tests.gates"]
+
+MODEL = "gpt-4o-mini"
 
 
 @pytest.fixture
@@ -74,14 +78,36 @@ def frozen_clock() -> Iterator[clock.FrozenClock]:
     clock.set_clock(None)
 
 
+@pytest.fixture
+def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
+    """A scripted OpenAI-compatible server (tests/fake_openai.py) on a loopback port, in a
+    thread, with the `REM_MODEL_*` settings pointing at it and short retry waits."""
+    with FakeOpenAIServer(
+        Scenario(reply="The ledger export stalled because the window closed early.")
+    ) as server:
+        monkeypatch.setenv("REM_MODEL_BASE_URL", server.base_url)
+        monkeypatch.setenv("REM_MODEL", MODEL)
+        monkeypatch.setenv("REM_MODEL_RETRY_MAX_MS", "2000")
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS", "REM_OPERATOR"):
+    for name in (
+        "REM_DATA",
+        "REM_CHROMA_URL",
+        "REM_FAULTS",
+        "REM_CLOCK_SKEW_MS",
+        "REM_OPERATOR",
+        "REM_MODEL_API_KEY",
+    ):
         monkeypatch.delenv(name, raising=False)
     # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are
     # honoured here and in every rem process a test starts; production refuses them
     monkeypatch.setenv("REM_TEST_MODE", "1")
     faults.reset()
+    health.take()  # model request records are per process: a test starts with none
     yield
     faults.reset()
+    health.take()
     clock.set_clock(None)

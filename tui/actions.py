@@ -29,7 +29,7 @@ RELEASABLE_KINDS = tuple(LeaseKind)
 class ActionPlan:
     """One confirmed-before-run operator action and everything its modal shows."""
 
-    action: str  # replay | drain | release
+    action: str  # replay | drain | release | resume
     title: str
     targets: list[str]
     lines: list[str]
@@ -198,6 +198,30 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     )
 
 
+# -- resume -----------------------------------------------------------------------
+def resume_plan(record: Mapping[str, Any]) -> ActionPlan:
+    """Resume one session a model error holds; names why it is held and what will run."""
+    sid = record.get("session_id") or record.get("target")
+    held = record.get("what") == "held" or bool(record.get("held"))
+    if not sid or not held:
+        raise NotActionable("select a held session (a red `held` row in Backlog, or HELD in Sessions)")
+    reason = record.get("reason") or (record.get("last_error") or {}).get("message") or "a model error"
+    lines = [
+        f"Session {sid} is held: {short(str(reason), 100)}",
+        f"{record.get('waiting', 'its')} waiting input(s) run again, and the prompt that got the error "
+        "reply is asked again as a new input.",
+        "Fix the cause first (the key, the model name, the quota): otherwise it is held again at once.",
+    ]
+    return ActionPlan(
+        action="resume",
+        title=f"Resume {sid}",
+        targets=[str(sid)],
+        lines=lines,
+        confirm_label="Resume",
+        params={"session_id": str(sid)},
+    )
+
+
 # -- running and describing ----------------------------------------------------
 async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Mapping[str, Any]:
     """Run a confirmed plan through `backend.ops` (the library re-checks and journals it)."""
@@ -208,6 +232,8 @@ async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Mapping[str, Any
         return await backend.drain(p["owner_id"])
     if plan.action == "release":
         return await backend.release(p["lease_id"], kind=p["kind"], expected_epoch=p["expected_epoch"])
+    if plan.action == "resume":
+        return await backend.resume(p["session_id"])
     raise ValueError(f"unknown action {plan.action!r}")
 
 
@@ -222,6 +248,10 @@ def describe_result(plan: ActionPlan, result: Mapping[str, Any]) -> str:
             f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
             + (" (forced)" if result.get("forced") else "")
         )
+    if plan.action == "resume" and result.get("resumed"):
+        item = result["resumed"][0]
+        again = f"; asked again as {', '.join(item['reasked'])}" if item.get("reasked") else ""
+        return f"resumed {item['session_id']}: {item['inputs_woken']} waiting input(s) woken{again}"
     if plan.action == "drain" and "state" in result:
         return (
             f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "

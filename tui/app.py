@@ -52,13 +52,14 @@ from tui.widgets.key_bar import KeyBar
 from tui.widgets.leases import LeaseTable
 from tui.widgets.panel_table import PanelTable
 from tui.widgets.receipts import ReceiptTable
+from tui.widgets.sessions import SessionsTable
 from tui.widgets.snapshot_table import SnapshotTable
 from tui.widgets.trends import Trends, trend_values
 from tui.widgets.workers import WorkerTable
 
 log = logging.getLogger("rem.console")
 
-ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release"})
+ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release", "resume"})
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("backlog", BacklogTable),
     ("leases", LeaseTable),
@@ -67,6 +68,7 @@ PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("workers", WorkerTable),
     ("events", EventTable),
     ("actions", ActionLogTable),
+    ("sessions", SessionsTable),
 )
 
 
@@ -89,11 +91,12 @@ class ConsoleApp(App[None]):
     | / | filter the focused panel |
     | s / S | cycle the sort column / reverse it |
     | enter | detail of the selected row |
-    | 1 … 7 | focus backlog, leases, receipts, drift, workers, events, action log |
+    | 1 … 8 | focus backlog, leases, receipts, drift, workers, events, action log, sessions |
     | z | maximize / restore the focused panel |
     | r / R | replay the selected receipt / all mismatched (dry run first) |
     | d | drain the selected worker |
     | l | release the selected lease |
+    | u | resume the selected session a model error holds |
     | e / c | export the focused panel as CSV / copy it to the clipboard |
     | ctrl+r | refresh now |
     | ctrl+p | command palette |
@@ -114,6 +117,7 @@ class ConsoleApp(App[None]):
         Binding("d", "drain", "Drain"),
         Binding("r", "replay_selected", "Replay"),
         Binding("R", "replay_all", "Replay all"),
+        Binding("u", "resume", "Resume"),
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse sort", show=False),
         Binding("e", "export_csv", "Export CSV"),
@@ -188,6 +192,7 @@ class ConsoleApp(App[None]):
                 yield cls(id=name)
         with Grid(id="bottom"):
             yield WorkerTable(id="workers")
+            yield SessionsTable(id="sessions")
             yield EventTable(id="events")
             yield ActionLogTable(id="actions")
         yield FilterBar(id="filter")
@@ -443,6 +448,20 @@ class ConsoleApp(App[None]):
         if record is not None:
             leases = self.applied["leases"] if self.applied is not None else []
             self.confirm(actions.drain_plan(record, leases, clock.now_ms()))
+
+    def action_resume(self) -> None:
+        panel = self.focused_panel()
+        record = panel.selected_record() if panel.PANEL_NAME in ("backlog", "sessions") else None
+        if record is None:
+            self.notify(
+                "no held session selected: focus Backlog (1) or Sessions (8) and pick a held row",
+                severity="warning",
+            )
+            return
+        try:
+            self.confirm(actions.resume_plan(record))
+        except NotActionable as exc:
+            self.notify(str(exc), severity="warning")
 
     def action_release(self) -> None:
         record = self._selected("leases", "lease")

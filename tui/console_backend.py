@@ -103,6 +103,9 @@ class ConsoleBackend:
     async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
         return await self.loop.run(ops.release(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch))
 
+    async def resume(self, session_id: str) -> dict[str, Any]:
+        return await self.loop.run(ops.resume(self.ctx, [session_id]))
+
     async def _close(self) -> None:
         if self._gate is not None:
             await self._gate.close()

@@ -25,6 +25,7 @@ from backend.chroma import auth
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import ChromaNotReady, ChromaUnreachable, ReadOnly
 from backend.core.settings import Settings
+from backend.models.errors import ModelError
 
 log = logging.getLogger("rem.chroma_store")
 
@@ -85,6 +86,10 @@ EMPTY_COLLECTION = _EmptyCollection()
 
 def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
     return collection.get(include=[], limit=limit, offset=offset)
+
+
+class EmbeddingFailed(ChromaUnreachable):
+    """The embedding model failed: like an unreachable Chroma, the write waits and is retried."""
 
 
 class ChromaStore:
@@ -223,13 +228,22 @@ class ChromaStore:
             for i, row_id in enumerate(result["ids"])
         }
 
-    def embed(self, documents: Sequence[str]) -> list[list[float]]:
+    async def embed(self, documents: Sequence[str]) -> list[list[float]]:
         """rem's vectors for `documents`, rounded to float32 as Chroma stores them.
 
         Rounded here so that what a receipt's digest covers is exactly what the
         server keeps (a float32 value survives the JSON round trip unchanged).
+        In a thread: a model embedder waits on the network (and on its retries'
+        backoff). A model failure is EmbeddingFailed: nothing is written.
         """
-        return [list(array("f", vector)) for vector in self.embedder.embed(list(documents))]
+        try:
+            vectors = await asyncio.to_thread(self.embedder.embed, list(documents))
+        except ModelError as exc:
+            raise EmbeddingFailed(
+                f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "
+                "and the staged receipts are replayed once it answers"
+            ) from exc
+        return [list(array("f", vector)) for vector in vectors]
 
     async def upsert(
         self,
@@ -243,7 +257,9 @@ class ChromaStore:
         self._refuse_write("an upsert")
         if not ids:
             return
-        vectors = self.embed(documents) if embeddings is None else [list(array("f", v)) for v in embeddings]
+        vectors = (
+            await self.embed(documents) if embeddings is None else [list(array("f", v)) for v in embeddings]
+        )
         await self._run(
             lambda c: c.upsert(
                 ids=list(ids),

@@ -23,7 +23,9 @@ from backend.cli import (
     init,
     release,
     replay,
+    resume,
     send,
+    show,
     status,
     up,
 )
@@ -67,7 +69,23 @@ def _globals(
 
 
 # in the order `rem --help` lists them: set up, run, operate, inspect, prove
-for command in (init, up, daemon, send, status, replay, drain, release, check, console, demo, drill, bench):
+for command in (
+    init,
+    up,
+    daemon,
+    send,
+    status,
+    show,
+    replay,
+    drain,
+    release,
+    resume,
+    check,
+    console,
+    demo,
+    drill,
+    bench,
+):
     command.register(app)
 
 

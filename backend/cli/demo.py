@@ -30,9 +30,21 @@ def open_console(data: DataDir) -> None:
 def demo(
     data: common.DataOpt = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
+    model_url: Annotated[
+        str | None,
+        typer.Option("--model-url", help="An OpenAI-compatible endpoint to answer with (its .../v1 URL)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="The chat model to ask there.")] = None,
+    embedding_model: Annotated[
+        str | None, typer.Option("--embedding-model", help="Also embed summaries with this model there.")
+    ] = None,
 ) -> int:
     """A fresh demo data dir, `rem up --load` (Chroma, daemons, synthetic load) and the console.
 
-    Example: rem demo
+    With --model-url and --model, the agent and the synthesizer are a real model
+    (REM_AGENT=openai, REM_SYNTHESIZER=openai); without them, nothing changes (offline).
+
+    Example: rem demo --model-url http://127.0.0.1:11434/v1 --model llama3.2
     """
-    return demo_run.run_demo(data or common.Globals.data, keep=keep, console=open_console)
+    env = demo_run.model_env(model_url, model, embedding_model)
+    return demo_run.run_demo(data or common.Globals.data, keep=keep, console=open_console, model=env)

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from backend.ops.records import ReplayReport, Status
+from backend.models.health import ModelState
+from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
 
 
@@ -31,6 +32,56 @@ def _e(value: Any) -> str:
 
 def _cell(value: Any) -> Text:
     return Text(str(value))
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0.01:
+        return f"${value:.6f}"
+    return f"${value:,.4f}" if value < 100 else f"${value:,.2f}"
+
+
+def _tokens(tokens: dict[str, int]) -> str:
+    cache = tokens.get("cache_read", 0) + tokens.get("cache_write", 0)
+    parts = [f"in {tokens.get('input', 0):,}", f"out {tokens.get('output', 0):,}"]
+    if tokens.get("reasoning"):
+        parts.append(f"reasoning {tokens['reasoning']:,}")
+    if cache:
+        parts.append(f"cache {tokens.get('cache_read', 0):,}r/{tokens.get('cache_write', 0):,}w")
+    return " ".join(parts)
+
+
+MODEL_TONE = {ModelState.OK: "green", ModelState.DEGRADED: "yellow", ModelState.DOWN: "red"}
+
+
+def model_lines(model: ModelHealth) -> list[str]:
+    """The model-health block of `rem status`, in rich markup."""
+    state = model["state"]
+    if state == ModelState.UNUSED:
+        return ["Model: none used (offline defaults)"]
+    where = _e(", ".join(model["endpoints"]) or "-")
+    head = (
+        f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({_e(', '.join(model['models']) or '-')})"
+    )
+    if state == ModelState.IDLE:
+        return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
+    errors = _e(", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items())))
+    ttft = (
+        f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
+        if model["ttft_ms_p50"] is not None
+        else "-"
+    )
+    lines = [
+        head,
+        f"  last {model['window_ms'] // 60_000} min: {model['requests']} requests, {model['errors']} errors "
+        f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
+        f"time to first token {ttft}",
+    ]
+    last = model["last_error"]
+    if last:
+        lines.append(f"  last error: {_e(last['error_class'])} {escape(last['message'] or '')}".rstrip())
+    return lines
 
 
 STATUS_ROWS = 20  # rows per list; `--json` has them all
@@ -51,6 +102,7 @@ def print_status(result: Status) -> None:
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
         f"workers alive {counts['workers_alive']}"
     )
+    _print_model(console, result)
     _print_rows(
         console,
         "Leases",
@@ -84,12 +136,13 @@ def print_status(result: Status) -> None:
     _print_rows(
         console,
         "Workers",
-        ("owner", "role", "state", "pid", "heartbeat"),
+        ("owner", "role", "state", "host", "pid", "heartbeat"),
         [
             (
                 w["owner_id"],
                 w["role"],
                 w["state"] if w["alive"] or w["state"] == WorkerState.STOPPED else "dead",
+                w["host"],
                 w["pid"],
                 f"{(now - w['heartbeat_at']) / 1000:.0f} s ago",
             )
@@ -107,6 +160,93 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
     console.print(table)
     if len(rows) > STATUS_ROWS:
         console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
+
+
+def _print_model(console: Console, result: Status) -> None:
+    """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
+    for line in model_lines(result["model"]):
+        console.print(line)
+    for held in result["backlog"]["held"]:
+        console.print(
+            f"[red]held[/] {_e(held['session_id'])}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {_e(held['session_id'])}` once fixed"
+        )
+    _print_usage(console, result)
+
+
+def _print_usage(console: Console, result: Status) -> None:
+    usage = result["usage"]
+    total = usage["total"]
+    if not total["sessions"]:
+        return
+    console.print(
+        f"Usage: {total['sessions']:,} sessions, {_tokens(total['tokens'])}, cost {_money(total['cost'])}"
+    )
+    table = Table("session", "model", "turns", "tokens", "cost", "last model error", box=None)
+    for row in usage["sessions"][:STATUS_ROWS]:
+        error = row["last_error"] or {}
+        table.add_row(
+            _cell(row["session_id"]),
+            _cell(row["model"] or "-"),
+            str(row["turns"]),
+            _tokens(row["tokens"]),
+            _money(row["cost"]),
+            _cell(str(error.get("class") or "") + (" (held)" if row["held"] else "")),
+        )
+    console.print(table)
+
+
+def print_transcript(result: dict[str, Any]) -> None:
+    """`rem show`: the session's header, then each message with its markers and usage."""
+    console = Console(highlight=False, emoji=False)  # values print as typed
+    session = result["session"]
+    console.print(
+        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  {session['turn_count']} turns, "
+        f"{session['message_count']} messages; {_e(session['model'] or 'no model')}: "
+        f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
+    )
+    if session["held_at"]:
+        console.print(
+            f"[red]held[/]: {_e(session['held_reason'])}; `rem resume {_e(session['id'])}` once fixed"
+        )
+    if session["model_error"]:
+        error = session["model_error"]
+        console.print(f"last model error: {error.get('class')} {error.get('message') or ''}", markup=False)
+    for message in result["messages"]:
+        _print_message(console, message)
+    for waiting in result["waiting"]:
+        asleep = " (asleep: session held)" if waiting["asleep"] else ""
+        console.print(
+            f"[dim]waiting[/] {_e(waiting['id'])} {_e(waiting['delivery'])}{asleep}: {_e(waiting['text'])}"
+        )
+    if result["execution"]:
+        ex = result["execution"]
+        console.print(
+            f"[yellow]running[/] {_e(ex['id'])} owner {_e(ex['owner_id'])} epoch {ex['epoch']} "
+            f"phase {_e(ex['phase'])}"
+        )
+
+
+def _print_message(console: Console, message: dict[str, Any]) -> None:
+    role = message["type"]
+    marker = f" [yellow]\\[{_e(message['marker'])}][/]" if message.get("marker") else ""
+    head = f"[bold]#{message['seq']} {_e(role)}[/] {_e(message['id'])}{marker}"
+    extra = []
+    if message.get("usage"):
+        extra.append(_tokens(message["usage"]))
+    if "cost" in message:
+        extra.append(_money(message["cost"]))
+    if message.get("ttft_ms") is not None:
+        extra.append(f"first token {message['ttft_ms']:.0f} ms")
+    if message.get("reask"):
+        extra.append(f"re-asked after {_e(message['reask'])}")
+    if role == "assistant" and message["parts"]:
+        extra.append(f"{len(message['parts'])} parts")
+    console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
+    console.print(f"  {message['text']}", markup=False)
+    error = message.get("error")
+    if isinstance(error, dict):
+        console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
 
 
 def print_check(result: dict[str, Any]) -> None:

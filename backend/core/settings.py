@@ -16,7 +16,9 @@ declarations.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,8 +88,64 @@ def printable(max_length: int) -> Parser[str]:
     return Parser(parse, f"printable text of at most {max_length} characters (no control characters)")
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62})")
+
+
+def host_name() -> Parser[str]:
+    """A host identity: what `hostname` prints, or any short name in its alphabet."""
+
+    def parse(raw: str) -> str:
+        if not HOST_NAME.fullmatch(raw):
+            raise ValueError(raw)
+        return raw
+
+    return Parser(parse, "a host name (letters, digits, '.', '_' or '-', at most 63 characters)")
+
+
 def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
+
+
+def url() -> Parser[str]:
+    """An http(s) URL (no check that anything answers there)."""
+
+    def parse(raw: str) -> str:
+        if not raw.startswith(("http://", "https://")) or len(raw) < 10:
+            raise ValueError(raw)
+        return raw.rstrip("/")
+
+    return Parser(parse, "an http:// or https:// URL")
+
+
+PRICE_KEYS = frozenset({"input", "output", "reasoning", "cache_read", "cache_write"})
+Prices = dict[str, dict[str, float]]
+
+
+def prices() -> Parser[Prices]:
+    """A price table: inline JSON, or the path of a JSON file, `{model: {input: $/Mtok, ...}}`."""
+
+    def parse(raw: str) -> Prices:
+        try:
+            text = raw if raw.lstrip().startswith("{") else Path(raw).expanduser().read_text()
+            table = json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(raw) from exc
+        if not isinstance(table, dict):
+            raise ValueError(raw)
+        for model, row in table.items():
+            if not isinstance(row, dict) or not set(row) <= PRICE_KEYS:
+                raise ValueError(model)
+            if not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row.values()
+            ):
+                raise ValueError(model)
+        return {str(m): {k: float(v) for k, v in row.items()} for m, row in table.items()}
+
+    return Parser(
+        parse,
+        'a JSON price table (inline, or a file holding one): {"MODEL": {"input": 0.15, "output": 0.6, '
+        '"cache_read": 0.075, "cache_write": 0, "reasoning": 0.6}} in dollars per million tokens',
+    )
 
 
 class Setting(Generic[T]):
@@ -149,6 +207,14 @@ class Settings:
         text("a URL"),
         shown_default="the data dir's own server",
     )
+    host = Setting[str | None](
+        None,
+        "this host's identity in the worker registry (`worker.host`, owner ids): the same-host fast "
+        "takeover trusts a stopped worker's record only on its own host; set it to run several hosts on "
+        "one machine, or when host names are not unique",
+        host_name(),
+        shown_default="the host name",
+    )
     chroma_collection = Setting(
         "rem_summaries", "the Chroma collection of summary rows", text("a collection name")
     )
@@ -198,6 +264,63 @@ class Settings:
     agent_delay_ms = Setting(
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
     )
+    # real models: the OpenAI-compatible adapter (REM_AGENT / REM_SYNTHESIZER / REM_EMBEDDER = openai)
+    model_base_url = Setting[str | None](
+        None,
+        "the OpenAI-compatible endpoint (OpenAI, vLLM, llama.cpp, Ollama, LiteLLM: its `.../v1` URL)",
+        url(),
+        shown_default="OpenAI's",
+    )
+    model = Setting[str | None](
+        None,
+        "the chat model the `openai` agent and synthesizer ask for",
+        text("a model name"),
+        shown_default="none (they require it)",
+    )
+    embedding_model = Setting[str | None](
+        None,
+        "the embedding model of the `openai` embedder",
+        text("a model name"),
+        shown_default="none (it requires it)",
+    )
+    model_api_key_file = Setting[Path | None](
+        None, "a file holding the endpoint's API key (mode 0600 or stricter)", path(), shown_default="none"
+    )
+    model_api_key = Setting[str | None](
+        None,
+        "the API key itself (accepted, never logged or journaled; prefer the file)",
+        text("a key"),
+        shown_default="none",
+    )
+    model_connect_timeout_ms = Setting(10_000, "connecting to the model endpoint", whole(100, "ms"))
+    model_read_timeout_ms = Setting(
+        60_000,
+        "the longest silence inside a model response (a stalled stream is interrupted after it)",
+        whole(100, "ms"),
+    )
+    model_request_timeout_ms = Setting(600_000, "one whole model request, streamed or not", whole(1000, "ms"))
+    model_concurrency = Setting(32, "model requests one process has in flight at once", whole(1))
+    model_retries = Setting(
+        4, "retries of a failed model request (429, 5xx, refused, timeout, broken stream)", whole(0)
+    )
+    model_retry_max_ms = Setting(
+        60_000,
+        "the longest wait before a retry (a longer `Retry-After` fails the request now)",
+        whole(0, "ms"),
+    )
+    model_prices = Setting[Prices | None](
+        None,
+        "model prices per million tokens: inline JSON or a JSON file (`{model: {input, output, ...}}`)",
+        prices(),
+        shown_default="none (cost 0)",
+    )
+    model_history = Setting(
+        20, "earlier transcript messages the `openai` agent sends with each step", whole(0)
+    )
+    stream_flush_ms = Setting(
+        100, "a streamed delta is written at most this long after it arrives", whole(1, "ms")
+    )
+    stream_flush_bytes = Setting(4096, "... or as soon as this many bytes of deltas wait", whole(1, "bytes"))
     # people and logs
     operator = Setting[str | None](
         None,

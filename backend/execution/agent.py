@@ -17,10 +17,13 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.core.plugins import load_plugin
 from backend.core.settings import settings
+
+if TYPE_CHECKING:  # importing the SDK costs seconds: the offline default never does
+    from backend.models.client import ChatReply
 
 STOPWORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have how i if in into is "
@@ -38,11 +41,26 @@ class StepRequest:
     step: int = 1
     # set when this step re-runs a step an interrupted execution left incomplete
     resumed_from: str | None = None
+    # earlier transcript messages ({"role", "text"}), oldest first, for agents that ask
+    # for them (an `history_messages` attribute > 0)
     history: list[dict[str, Any]] = field(default_factory=list)
+    # the reply an earlier attempt at this step streamed before it broke (a dropped
+    # stream, a killed executor): the agent re-asks with it, marked interrupted
+    interrupted: str | None = None
+    interrupted_reason: str | None = None
+    # set by a model-backed agent: the model, usage, finish reason, attempts of its reply
+    reply: ChatReply | None = None
 
 
 class Agent(Protocol):
-    """The pluggable agent: a name, its system context, and a streamed reply."""
+    """The pluggable agent: a name, its system context, and a streamed reply.
+
+    Optional: `history_messages` (int), how many earlier transcript messages
+    the executor reads into `StepRequest.history` (0 or absent: none, and no
+    query). A model-backed agent sets `request.reply` to report usage, and
+    raises `backend.models.errors.ModelError` (or `StreamInterrupted` once
+    text has arrived) so the executor can tell the failures apart.
+    """
 
     name: str
 

@@ -10,14 +10,22 @@ write transaction of a turn starts with `leases.guard_sync`, fenced on
 (execution id, owner, epoch). Expired or released executions are taken
 over through `backend.execution.recovery`. Draining stops claiming, lets in-flight
 turns finish (bounded), and ends their leases cleanly.
+
+Streamed parts are written by `backend.execution.streaming.PartWriter`
+(coalesced, fenced inserts; the renewal loop keeps the lease while a stream
+runs). A model's usage is written with the step's completion, in the same
+transaction. Model failures (`backend.models.errors`): a stream that broke
+mid-reply is closed as `interrupted` and the step re-asked with the partial
+text (bounded by `REM_MODEL_RETRIES` per turn); any other failure ends the
+turn with an error reply, and one that needs an operator (a bad key, an
+unknown model) also holds the session until `rem resume`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -25,17 +33,19 @@ from typing import Any
 from backend.core import clock, faults
 from backend.core.errors import LeaseLost, RemError
 from backend.core.settings import settings
-from backend.execution import leases, projection, recovery, sessions
+from backend.execution import leases, model_turns, projection, recovery, sessions
 from backend.execution.agent import Agent, StepRequest, load_agent
 from backend.execution.leases import ExecutionPhase, Lease
+from backend.execution.streaming import PartSink, PartWriter, StreamStats
+from backend.models import health
+from backend.models.errors import ModelError, StreamInterrupted
+from backend.models.health import CallRecord
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
-
-# Parts that arrive within this window share one write transaction.
-FLUSH_S = 0.05
 
 # The wake scan, served by the seed's index
 # session_input_wake_pending_promoted_attempts_created_id_idx: least-tried first,
@@ -48,10 +58,12 @@ ORDER BY i.wake_attempts, i.time_created, i.id LIMIT :limit
 """
 
 
+# a session held for an operator (a model error that needs one) is never claimed
 BUMP_OLDEST_SQL = f"""
 UPDATE session_input SET wake_attempts = wake_attempts + 1
 WHERE id = ({sessions.OLDEST_PENDING_SQL})
   AND NOT EXISTS (SELECT 1 FROM session_execution WHERE session_id = :sid)
+  AND NOT EXISTS (SELECT 1 FROM session WHERE id = :sid AND held_at IS NOT NULL)
 RETURNING id
 """
 
@@ -66,6 +78,9 @@ class TurnState:
     # set after a takeover: the first step re-derives its state from the transcript
     recovering: bool = False
     recovered: bool = False
+    # set when a step's stream broke mid-reply: the next step re-asks with what arrived
+    reask: model_turns.Reask | None = None
+    interruptions: int = 0
 
 
 @dataclass(kw_only=True)
@@ -76,6 +91,7 @@ class Step:
     assistant_id: str
     data: dict[str, Any]
     request: StepRequest
+    # the deltas streamed so far, and how many part rows they were written as
     parts: list[str] = field(default_factory=list)
     written: int = 0
 
@@ -102,6 +118,11 @@ class Executor(Daemon):
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.held: dict[str, Lease] = {}
         self.turns_completed = 0
+        self.stream_stats = StreamStats()
+        # how many earlier messages a step reads for the agent (none: no query at all)
+        self.history_messages = int(getattr(self.agent, "history_messages", 0) or 0)
+        self.reasks = settings.model_retries
+        self._sink: PartSink | None = None
         self._renewer: asyncio.Task[None] | None = None
 
     def info(self) -> dict[str, Any]:
@@ -145,7 +166,7 @@ class Executor(Daemon):
                 started += 1
         return started
 
-    def _take_over_sync(self, conn: sqlite3.Connection, execution_id: str) -> recovery.Takeover | None:
+    def _take_over_sync(self, conn: Conn, execution_id: str) -> recovery.Takeover | None:
         return recovery.take_over_sync(
             conn, execution_id, self.owner_id, now=clock.now_ms(), budget=self.budget, length_ms=self.lease_ms
         )
@@ -154,16 +175,20 @@ class Executor(Daemon):
         if self._capacity() <= 0:
             return 0
         rows = await self.db.fetchall(WAKE_SQL, {"limit": self._capacity() * 4})
+        candidates = [sid for sid in dict.fromkeys(r[0] for r in rows) if sid not in self.tasks]
+        # claimed together, the claims share group commits (a backlog of 200 sessions starts in
+        # a few commits, not 200 round trips); a claim that loses a race just starts nothing
+        claims = await asyncio.gather(
+            *(self._claim(sid) for sid in candidates[: self._capacity()]), return_exceptions=True
+        )
         started = 0
-        for session_id in dict.fromkeys(r["session_id"] for r in rows):
-            if session_id in self.tasks:
-                continue
-            if self._capacity() <= 0:
-                break
-            lease = await self._claim(session_id)
-            if lease is not None:
+        for session_id, lease in zip(candidates, claims, strict=False):
+            if isinstance(lease, Lease):
                 self._spawn(session_id, self._run_session(TurnState(lease)))
                 started += 1
+        for failure in claims:
+            if isinstance(failure, BaseException):
+                raise failure
         return started
 
     async def _claim(self, session_id: str) -> Lease | None:
@@ -173,7 +198,7 @@ class Executor(Daemon):
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
 
-    def _claim_sync(self, conn: sqlite3.Connection, session_id: str, now: int) -> Lease | None:
+    def _claim_sync(self, conn: Conn, session_id: str, now: int) -> Lease | None:
         # the oldest waiting input's attempt is counted before the work; nothing waiting
         # or the session busy: nothing written
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
@@ -236,21 +261,35 @@ class Executor(Daemon):
                 return
             faults.point("executor.after_promote")
             try:
-                tail = await self._stream(state, step)
+                tail, arrived, broken = await self._stream(state, step)
+            except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
+                return
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
-                await self.db.write_in_thread(partial(self._fail_step_sync, state=state, step=step, exc=exc))
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
-            faults.point("executor.before_complete")
-            more = await self.db.write_in_thread(
-                partial(self._finish_step_sync, state=state, step=step, tail=tail)
-            )
-            step.written += len(tail)
+            if broken is not None:
+                finish = partial(self._interrupt_step_sync, state=state, step=step, tail=tail, error=broken)
+            else:
+                faults.point("executor.before_complete")
+                finish = partial(self._finish_step_sync, state=state, step=step, tail=tail)
+            more = await self._write(finish)
+            self.stream_stats.committed(arrived, asyncio.get_running_loop().time())
             if not more:
                 return
 
-    def _begin_step_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> Step | None:
+    async def _write(self, fn: partial[bool] | partial[None]) -> bool:
+        """A step-closing transaction, carrying the model request records made so far."""
+        calls = health.take()
+        try:
+            return bool(await self.db.write_in_thread(partial(fn, calls=calls)))
+        except BaseException:
+            health.give_back(calls)
+            raise
+
+    def _begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
         """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
         lease = state.lease
         number = state.step + 1
@@ -272,18 +311,20 @@ class Executor(Daemon):
         state.step, state.turn_started, state.recovering = number, True, False
         return step
 
-    def _recovered_prompts_sync(self, conn: sqlite3.Connection, state: TurnState) -> list[dict[str, Any]]:
-        """After a takeover: what the interrupted execution promoted but never answered."""
-        if not state.recovering:
-            return []
+    def _recovered_prompts_sync(self, conn: Conn, state: TurnState) -> list[dict[str, Any]]:
+        """After a takeover or a broken stream: what was promoted but never answered."""
         sid, eid = state.lease.session_id, state.lease.execution_id
-        state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
-        recovery.mark_continuing_sync(conn, eid)
+        if state.recovering:
+            state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
+            recovery.mark_continuing_sync(conn, eid)
+            state.reask = model_turns.interrupted_reply_sync(conn, sid)
+        elif state.reask is None:
+            return []
         return projection.unanswered_prompts_sync(conn, sid)
 
     def _open_step_sync(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         state: TurnState,
         number: int,
         aid: str,
@@ -331,43 +372,74 @@ class Executor(Daemon):
         request = StepRequest(
             session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
         )
+        if state.reask is not None:
+            data["reask"] = state.reask.reason
+            request.interrupted, request.interrupted_reason = state.reask.partial, state.reask.reason
+            state.reask = None
+        if self.history_messages:
+            request.history = model_turns.history_sync(conn, sid, prompts[0]["seq"], self.history_messages)
         return Step(number=number, assistant_id=aid, data=data, request=request)
 
-    async def _stream(self, state: TurnState, step: Step) -> list[str]:
-        """Project the agent's parts as they arrive; returns the parts not yet written."""
-        loop = asyncio.get_running_loop()
-        last_flush = loop.time()
-        buffer: list[str] = []
-        async for part in self.agent.stream(step.request):
-            if state.lease.lost:
-                raise LeaseLost(f"execution {state.lease.execution_id}: renewal failed")
-            step.parts.append(part)
-            buffer.append(part)
-            if loop.time() - last_flush >= FLUSH_S:
-                if step.written:
-                    faults.point("executor.mid_stream")
-                await self.db.write_in_thread(partial(self._flush_sync, state=state, step=step, parts=buffer))
-                step.written += len(buffer)
-                buffer, last_flush = [], loop.time()
-        return buffer
+    async def _stream(
+        self, state: TurnState, step: Step
+    ) -> tuple[list[str], list[float], StreamInterrupted | None]:
+        """Project the agent's deltas as they arrive: (deltas not yet written, their arrival, a break)."""
+        writer = PartWriter(partial(self._flush_parts, state=state, step=step), stats=self.stream_stats)
+        stream = self.agent.stream(step.request)
+        broken: StreamInterrupted | None = None
+        try:
+            async for part in stream:
+                if state.lease.lost:
+                    raise LeaseLost(f"execution {state.lease.execution_id}: renewal failed")
+                if not part:
+                    continue  # nothing to make durable (never an empty part row)
+                step.parts.append(part)
+                writer.add(part)
+        except StreamInterrupted as exc:
+            broken = exc
+        except BaseException:
+            await writer.abort()
+            raise
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        tail, arrived = await writer.close()
+        return tail, arrived, broken
 
-    def _flush_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, parts: list[str]) -> None:
-        now = clock.now_ms()
-        leases.guard_sync(conn, state.lease, now=now)
-        projection.write_parts_sync(conn, step.assistant_id, state.lease.session_id, step.written, parts, now)
-        projection.update_owned_assistant_sync(
-            conn, step.assistant_id, {**step.data, "text": "".join(step.parts)}, now
+    async def _flush_parts(self, parts: list[str], *, state: TurnState, step: Step) -> None:
+        if step.written:
+            faults.point("executor.mid_stream")
+        if self._sink is None:
+            self._sink = PartSink(self.db)
+        await self._sink.write(state.lease, step.assistant_id, step.written, "".join(parts))
+        step.written += 1
+
+    def _flush_sync(self, conn: Conn, state: TurnState, step: Step, text: str) -> None:
+        """One coalesced part, fenced (no lease-row write: the renewal loop keeps the lease)."""
+        projection.write_fenced_part_sync(
+            conn, state.lease, step.assistant_id, step.written, text, clock.now_ms()
         )
 
     def _finish_step_sync(
-        self, conn: sqlite3.Connection, state: TurnState, step: Step, tail: list[str]
+        self,
+        conn: Conn,
+        state: TurnState,
+        step: Step,
+        tail: list[str],
+        calls: Sequence[CallRecord] = (),
     ) -> bool:
-        """Close the step (`safe`, assistant completed); end the turn unless a steer is waiting."""
+        """Close the step (`safe`, assistant completed, usage counted); end the turn unless a steer waits."""
         lease, now = state.lease, clock.now_ms()
         leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
         if tail:
-            projection.write_parts_sync(conn, step.assistant_id, lease.session_id, step.written, tail, now)
+            projection.write_parts_sync(
+                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
+            )
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
+        model_turns.record_reply_sync(
+            conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
+        )
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
@@ -392,14 +464,27 @@ class Executor(Daemon):
             self._end_sync(conn, state, now)
         return more
 
-    def _fail_step_sync(self, conn: sqlite3.Connection, state: TurnState, step: Step, exc: Exception) -> None:
+    def _fail_step_sync(
+        self,
+        conn: Conn,
+        state: TurnState,
+        step: Step,
+        exc: Exception,
+        calls: Sequence[CallRecord] = (),
+    ) -> None:
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
         leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
-        step.data.update(
-            status="error", text="".join(step.parts), error=f"{type(exc).__name__}: {exc}", time_completed=now
-        )
+        text = "".join(step.parts)
+        error: Any = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ModelError):
+            error = exc.as_dict()
+            text = text or model_turns.error_reply(exc, lease.session_id)
+            model_turns.record_failure_sync(
+                conn, lease.session_id, exc, step.request.reply, calls, self.owner_id, now
+            )
+        step.data.update(status="error", text=text, error=error, time_completed=now)
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
@@ -409,11 +494,62 @@ class Executor(Daemon):
             session_id=lease.session_id,
             target=lease.execution_id,
             now=now,
-            data={"step": step.number, "error": step.data["error"]},
+            data={
+                "step": step.number,
+                "error": error,
+                "class": exc.error_class if isinstance(exc, ModelError) else "agent",
+            },
         )
         self._end_sync(conn, state, now)
 
-    def _end_sync(self, conn: sqlite3.Connection, state: TurnState, now: int) -> None:
+    def _interrupt_step_sync(
+        self,
+        conn: Conn,
+        state: TurnState,
+        step: Step,
+        tail: list[str],
+        error: StreamInterrupted,
+        calls: Sequence[CallRecord] = (),
+    ) -> bool:
+        """A stream broke mid-reply: keep what arrived, close the row as interrupted, re-ask.
+
+        Past `REM_MODEL_RETRIES` interruptions in one turn, the step ends as an error reply.
+        """
+        lease, now = state.lease, clock.now_ms()
+        if state.interruptions >= self.reasks:
+            self._fail_step_sync(conn, state, step, error, calls)
+            return False
+        leases.guard_sync(conn, lease, now=now)
+        if tail:
+            projection.write_parts_sync(
+                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
+            )
+        step.data.update(
+            status="interrupted", text="".join(step.parts), error=error.as_dict(), time_completed=now
+        )
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        model_turns.record_failure_sync(
+            conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
+        )
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_INTERRUPTED,
+            actor=self.owner_id,
+            session_id=lease.session_id,
+            target=lease.execution_id,
+            now=now,
+            data={
+                "step": step.number,
+                "assistant_id": step.assistant_id,
+                "chars": len(step.data["text"]),
+                **error.as_dict(),
+            },
+        )
+        state.interruptions += 1
+        state.reask = model_turns.Reask(step.data["text"], error.error_class)
+        return True
+
+    def _end_sync(self, conn: Conn, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
         leases.end_execution_sync(conn, lease)
@@ -481,6 +617,9 @@ class Executor(Daemon):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
             self._renewer = None
+        close = getattr(self.agent, "aclose", None)  # a model agent's connections
+        if close is not None:
+            await close()
 
     async def _hand_back_lease(self, lease: Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""

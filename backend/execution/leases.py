@@ -13,7 +13,6 @@ and the rest of that transaction, so the whole transaction is fenced.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,7 +24,7 @@ from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused
 from backend.core.settings import settings
 from backend.store import workers
-from backend.store.db import Database, in_thread
+from backend.store.db import Conn, Database, Row, in_thread
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import LeaseKind, WorkerState
 
@@ -77,7 +76,7 @@ class Lease:
     lost: bool = False
 
 
-def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
+def next_epoch_sync(conn: Conn, session_id: str) -> int:
     """Bump and return the session's lease epoch (inside the granting transaction)."""
     row = conn.execute(
         "UPDATE session SET lease_epoch = lease_epoch + 1 WHERE id = ? RETURNING lease_epoch", (session_id,)
@@ -88,7 +87,7 @@ def next_epoch_sync(conn: sqlite3.Connection, session_id: str) -> int:
 
 
 def claim_execution_sync(
-    conn: sqlite3.Connection, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+    conn: Conn, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> Lease | None:
     """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
@@ -111,29 +110,38 @@ def claim_execution_sync(
     return lease
 
 
-def owner_stopped_sync(conn: sqlite3.Connection, owner_id: str) -> bool:
-    """Whether the worker registry says the owner process is gone (it stopped, or its supervisor saw it exit)."""
+def owner_stopped_sync(conn: Conn, owner_id: str, host: str) -> bool:
+    """Whether the registry says the owner process on `host` is gone (it stopped, or its supervisor saw it exit).
+
+    Only a worker on the owner's own host asks (`host` is the asker's): a
+    record of another host's process is waited out, or released by an operator.
+    """
     return (
-        conn.execute("SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped'", (owner_id,)).fetchone()
+        conn.execute(
+            "SELECT 1 FROM worker WHERE owner_id = ? AND state = 'stopped' AND host = ?", (owner_id, host)
+        ).fetchone()
         is not None
     )
 
 
-def takeover_reason_sync(conn: sqlite3.Connection, row: sqlite3.Row, now: int) -> TakeoverReason | None:
-    """Why the execution may be taken over now, or None if it may not.
+def takeover_reason_sync(conn: Conn, row: Row, now: int) -> TakeoverReason | None:
+    """Why the execution may be taken over now by a worker of this host, or None if it may not.
 
     An owner recorded as stopped cannot renew, so waiting out its lease only
     delays recovery; fencing keeps an early takeover safe even if it were alive.
+    That shortcut is the owner's host's alone (its supervisor saw the pid
+    exit; a pid means nothing elsewhere): other hosts wait for the expiry.
     """
     if row["recovery_error"] is not None:
         return None
     if row["expires_at"] <= now:
         return TakeoverReason.EXPIRED
-    return TakeoverReason.OWNER_STOPPED if owner_stopped_sync(conn, row["owner_id"]) else None
+    stopped = owner_stopped_sync(conn, row["owner_id"], workers.host_name())
+    return TakeoverReason.OWNER_STOPPED if stopped else None
 
 
 def take_over_execution_sync(
-    conn: sqlite3.Connection, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
+    conn: Conn, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
     old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
@@ -172,7 +180,7 @@ UNSAFE_NO_FENCING = settings.unsafe_disable_fencing and settings.test_mode
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 
-def guard_sync(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: Any) -> None:
+def guard_sync(conn: Conn, lease: Lease, *, now: int, **changes: Any) -> None:
     """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
     sets = "".join(f", {column} = :{column}" for column in changes)
     changed = conn.execute(
@@ -191,7 +199,7 @@ def guard_sync(conn: sqlite3.Connection, lease: Lease, *, now: int, **changes: A
     lease.expires_at = now + lease.length_ms
 
 
-def end_execution_sync(conn: sqlite3.Connection, lease: Lease) -> None:
+def end_execution_sync(conn: Conn, lease: Lease) -> None:
     """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
     if not conn.execute(
         f"DELETE FROM session_execution WHERE {FENCE}",
@@ -200,7 +208,7 @@ def end_execution_sync(conn: sqlite3.Connection, lease: Lease) -> None:
         raise _lost(lease)
 
 
-def hand_back_execution_sync(conn: sqlite3.Connection, lease: Lease, *, actor: str, now: int) -> None:
+def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) -> None:
     """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
     epoch = next_epoch_sync(conn, lease.session_id)
     if not conn.execute(
@@ -223,7 +231,7 @@ async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
     """Renew several leases in one transaction; returns the ones that were lost."""
     now = clock.now_ms()
 
-    def renew_all_sync(conn: sqlite3.Connection) -> list[Lease]:
+    def renew_all_sync(conn: Conn) -> list[Lease]:
         lost = []
         for lease in leases:
             try:
@@ -241,7 +249,7 @@ async def claim(
     """Claim a session's execution lease in its own transaction (journaled)."""
     now = clock.now_ms()
 
-    def claim_journaled_sync(conn: sqlite3.Connection) -> Lease | None:
+    def claim_journaled_sync(conn: Conn) -> Lease | None:
         lease = claim_execution_sync(conn, session_id, owner_id, now=now, length_ms=length_ms)
         if lease is not None:
             append_event_sync(
@@ -279,7 +287,7 @@ async def release_execution(
 
 
 def release_execution_sync(
-    conn: sqlite3.Connection, execution_id: str, expected_epoch: int | None, force: bool, actor: str, now: int
+    conn: Conn, execution_id: str, expected_epoch: int | None, force: bool, actor: str, now: int
 ) -> dict[str, Any]:
     """The body of `release_execution`, on the connection's thread."""
     row = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()

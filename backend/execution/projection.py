@@ -12,15 +12,16 @@ and assistant rows whose `data.status == "completed"`.
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.execution.leases import UNSAFE_NO_FENCING
+from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
+from backend.store.db import Conn
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
-# superseded (closed by a newer turn or a recovery), error (the agent failed).
+# superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
+# the next step re-asks), error (the agent failed).
 ANSWERED = ("completed", "error")
 
 
@@ -34,7 +35,7 @@ def continuation_id(execution_id: str) -> str:
     return f"recovery:{execution_id}"
 
 
-def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+def unanswered_prompts_sync(conn: Conn, session_id: str) -> list[dict[str, Any]]:
     """User rows after the newest answered assistant row: what the next step must answer."""
     row = conn.execute(
         "SELECT seq FROM session_message WHERE session_id = ? AND type = 'assistant' "
@@ -49,7 +50,7 @@ def unanswered_prompts_sync(conn: sqlite3.Connection, session_id: str) -> list[d
     return [{"id": r["id"], "seq": r["seq"], "text": json.loads(r["data"]).get("text", "")} for r in rows]
 
 
-def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execution_id: str) -> bool:
+def execution_started_turn_sync(conn: Conn, session_id: str, execution_id: str) -> bool:
     """Whether this execution already promoted its turn's first input (executions are serial)."""
     row = conn.execute(
         "SELECT data FROM session_message WHERE session_id = ? AND type = 'user' ORDER BY seq DESC LIMIT 1",
@@ -58,13 +59,17 @@ def execution_started_turn_sync(conn: sqlite3.Connection, session_id: str, execu
     return row is not None and json.loads(row["data"]).get("execution_id") == execution_id
 
 
-def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now: int) -> list[str]:
+def supersede_open_sync(conn: Conn, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
+    # a streaming row's text lives in its parts (flushes never rewrite the row): closing
+    # it records the text that was durable, so the transcript shows what was cut off
     rows = conn.execute(
         "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
-        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by) "
+        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by, '$.text', "
+        "(SELECT coalesce(group_concat(json_extract(p.data, '$.text'), ''), '') FROM "
+        "(SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY idx) AS p)) "
         "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
         "RETURNING id",
         {"now": now, "by": by, "sid": session_id},
@@ -73,7 +78,7 @@ def supersede_open_sync(conn: sqlite3.Connection, session_id: str, by: str, now:
 
 
 def write_parts_sync(
-    conn: sqlite3.Connection, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
+    conn: Conn, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
 ) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
     conn.executemany(
@@ -93,9 +98,57 @@ def write_parts_sync(
     )
 
 
-def update_owned_assistant_sync(
-    conn: sqlite3.Connection, message_id: str, data: dict[str, Any], now: int
-) -> None:
+# Streamed parts, many sessions' at once, in ONE statement: each row fenced on its own
+# lease in the insert itself (no write to the lease rows: the renewal loop keeps them), so
+# a lost lease drops only its own rows. One statement matters: the database thread
+# retakes the GIL after every SQLite call, and on a busy event loop each retake waits.
+PARTS_SQL = f"""
+INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data)
+SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', j.value ->> 'idx', 'text', :now,
+       j.value ->> 'data'
+FROM json_each(:rows) AS j
+WHERE EXISTS (SELECT 1 FROM session_execution AS e WHERE e.id = j.value ->> 'eid'
+              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = j.value ->> 'epoch'"})
+"""
+WRITTEN_SQL = """
+SELECT json_group_array(id) FROM session_part
+WHERE id IN (SELECT j.value ->> 'pid' FROM json_each(:rows) AS j)
+"""
+
+
+def part_row(lease: Lease, message_id: str, idx: int, text: str) -> dict[str, Any]:
+    """One part for `write_fenced_parts_sync`: its id, place, text and the lease that must still hold."""
+    return {
+        "pid": f"{message_id}:p{idx}",
+        "mid": message_id,
+        "sid": lease.session_id,
+        "idx": idx,
+        # encoded here, not by SQLite: its text functions stop at a NUL character
+        "data": dumps({"text": text}),
+        "eid": lease.execution_id,
+        "owner": lease.owner_id,
+        "epoch": lease.epoch,
+    }
+
+
+def write_fenced_parts_sync(conn: Conn, rows: list[dict[str, Any]], now: int) -> set[str]:
+    """Insert the parts whose lease still holds; returns the ids written (the rest: lease lost)."""
+    payload = dumps(rows)
+    written = conn.execute(PARTS_SQL, {"rows": payload, "now": now}).rowcount
+    if written == len(rows):
+        return {row["pid"] for row in rows}
+    return set(json.loads(conn.execute(WRITTEN_SQL, {"rows": payload}).fetchone()[0]))
+
+
+def write_fenced_part_sync(conn: Conn, lease: Lease, message_id: str, idx: int, text: str, now: int) -> None:
+    """Append one streamed part if `lease` is still held, else raise LeaseLost (nothing written)."""
+    if not write_fenced_parts_sync(conn, [part_row(lease, message_id, idx, text)], now):
+        raise LeaseLost(
+            f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
+        )
+
+
+def update_owned_assistant_sync(conn: Conn, message_id: str, data: dict[str, Any], now: int) -> None:
     """Rewrite the running execution's own assistant row; a closed row is never reopened."""
     # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
@@ -109,7 +162,7 @@ def update_owned_assistant_sync(
 
 
 def record_context_epoch_sync(
-    conn: sqlite3.Connection, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
+    conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
     snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
@@ -128,9 +181,7 @@ def record_context_epoch_sync(
     )
 
 
-def transcript_violations_sync(
-    conn: sqlite3.Connection, session_id: str | None = None
-) -> list[dict[str, Any]]:
+def transcript_violations_sync(conn: Conn, session_id: str | None = None) -> list[dict[str, Any]]:
     """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
 
     Checks: every promoted input is exactly one `user` row with the input's
@@ -152,7 +203,7 @@ def _violation(kind: str, session_id: str | None, item: str, detail: str = "") -
     return {"kind": kind, "session_id": session_id, "id": item, "detail": detail}
 
 
-def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _input_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT i.session_id, i.id, i.promoted_seq, m.seq FROM session_input AS i "
         "LEFT JOIN session_message AS m ON m.id = i.id "
@@ -178,7 +229,7 @@ def _input_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> 
     return found + [_violation("user_message_without_input", r["session_id"], r["id"]) for r in rows]
 
 
-def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _continuation_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     rows = conn.execute(
         "SELECT m.session_id, m.id, json_extract(m.data, '$.execution_id'), r.execution_id "
         "FROM session_message AS m LEFT JOIN session_recovery AS r ON r.continuation_message_id = m.id "
@@ -198,7 +249,7 @@ def _continuation_violations_sync(conn: sqlite3.Connection, params: dict[str, An
     ]
 
 
-def _answer_violations_sync(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+def _answer_violations_sync(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     live = dict(
         conn.execute(
             "SELECT session_id, assistant_message_id FROM session_execution "

@@ -15,14 +15,14 @@ operator (`rem release` retries it), never retried in a hot loop.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
 from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
-from backend.store import handoffs
+from backend.store import handoffs, workers
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 
 log = logging.getLogger("rem.recovery")
@@ -45,12 +45,14 @@ WHERE e.expires_at <= :now AND e.recovery_error IS NULL
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
 """
-# Executions whose owner the worker registry records as stopped (a supervisor saw it
-# exit, or it shut down without handing back): no need to wait out their leases.
+# Executions whose owner on this host the worker registry records as stopped (its
+# supervisor saw it exit, or it shut down without handing back): no need to wait out
+# their leases. Another host's stopped owners are left to their expiry (EXPIRED_SQL).
 ORPHANED_SQL = """
 SELECT e.id AS execution_id, e.session_id FROM worker AS w
 JOIN session_execution AS e ON e.owner_id = w.owner_id
-WHERE w.state = 'stopped' AND w.heartbeat_at > :since AND e.expires_at > :now AND e.recovery_error IS NULL
+WHERE w.state = 'stopped' AND w.host = :host AND w.heartbeat_at > :since AND e.expires_at > :now
+  AND e.recovery_error IS NULL
 ORDER BY e.expires_at LIMIT :limit
 """
 # Only workers stopped within one lease can still hold an unexpired lease.
@@ -74,9 +76,9 @@ class Takeover:
     superseded: list[str]
 
 
-def recoverable_sync(conn: sqlite3.Connection, now: int, limit: int) -> list[tuple[str, str]]:
+def recoverable_sync(conn: Conn, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
-    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS}
+    params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS, "host": workers.host_name()}
     rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
     rows += conn.execute(EXPIRED_SQL, params).fetchall()
     rows += conn.execute(ORPHANED_SQL, params).fetchall()
@@ -84,7 +86,7 @@ def recoverable_sync(conn: sqlite3.Connection, now: int, limit: int) -> list[tup
 
 
 def take_over_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     execution_id: str,
     owner_id: str,
     *,
@@ -151,7 +153,7 @@ def take_over_sync(
 
 
 def _ensure_continuation_sync(
-    conn: sqlite3.Connection, old: dict[str, Any], lease: Lease, phase: ExecutionPhase, now: int
+    conn: Conn, old: dict[str, Any], lease: Lease, phase: ExecutionPhase, now: int
 ) -> str:
     """Append the execution's one continuation message (a later takeover only reopens it)."""
     cont = projection.continuation_id(lease.execution_id)
@@ -183,19 +185,19 @@ def _ensure_continuation_sync(
 
 
 def _upsert_recovery_sync(
-    conn: sqlite3.Connection, old: dict[str, Any], cont: str, phase: ExecutionPhase, now: int
+    conn: Conn, old: dict[str, Any], cont: str, phase: ExecutionPhase, now: int
 ) -> None:
     conn.execute(
         "INSERT INTO session_recovery (execution_id, session_id, assistant_message_id, "
         "continuation_message_id, phase, wake_pending, wake_attempts, time_created) "
         "VALUES (?, ?, ?, ?, ?, 1, 1, ?) ON CONFLICT (execution_id) DO UPDATE SET "
-        "phase = excluded.phase, wake_pending = 1, wake_attempts = wake_attempts + 1, "
-        "assistant_message_id = coalesce(excluded.assistant_message_id, assistant_message_id)",
+        "phase = excluded.phase, wake_pending = 1, wake_attempts = session_recovery.wake_attempts + 1, "
+        "assistant_message_id = coalesce(excluded.assistant_message_id, session_recovery.assistant_message_id)",
         (old["id"], old["session_id"], old["assistant_message_id"], cont, phase, now),
     )
 
 
-def park_sync(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
+def park_sync(conn: Conn, old: dict[str, Any], attempts: int, actor: str, now: int) -> None:
     """Stop retrying an execution: record why on both rows and on its continuation message."""
     reason = (
         f"parked after {attempts} recovery attempts (budget spent); inspect the session, then "
@@ -220,12 +222,12 @@ def park_sync(conn: sqlite3.Connection, old: dict[str, Any], attempts: int, acto
     log.warning("parked execution %s of session %s: %s", old["id"], old["session_id"], reason)
 
 
-def mark_continuing_sync(conn: sqlite3.Connection, execution_id: str) -> None:
+def mark_continuing_sync(conn: Conn, execution_id: str) -> None:
     """The new owner resumed work: the recovery moves to `continue`."""
     conn.execute("UPDATE session_recovery SET phase = 'continue' WHERE execution_id = ?", (execution_id,))
 
 
-def finish_sync(conn: sqlite3.Connection, execution_id: str) -> None:
+def finish_sync(conn: Conn, execution_id: str) -> None:
     """The recovered execution ended cleanly: its recovery needs no more wakes."""
     conn.execute(
         "UPDATE session_recovery SET wake_pending = 0, phase = 'continue' WHERE execution_id = ?",

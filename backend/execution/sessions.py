@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import uuid
 from enum import StrEnum
 from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
-from backend.store.db import Database
+from backend.store.db import Conn, Database, Row
 from backend.store.events import EventKind, append_event_sync
 
 
@@ -129,7 +128,7 @@ async def admit(
 
 
 def admit_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     text: str,
     delivery: str,
@@ -149,10 +148,13 @@ def admit_sync(
         raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
     created = ensure_session_sync(conn, session_id, now)
     seq = reserve_seqs_sync(conn, session_id, 1, now, inputs=1)
+    # a held session (a model error an operator must fix) admits its inputs asleep: they
+    # wait, visible, and wake when the operator resumes it
     conn.execute(
         "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
-        "wake_pending, wake_attempts, time_created) VALUES (?, ?, ?, ?, ?, 1, 0, ?)",
-        (input_id, session_id, dumps({"text": text}), delivery, seq, now),
+        "wake_pending, wake_attempts, time_created) "
+        "VALUES (?, ?, ?, ?, ?, (SELECT held_at IS NULL FROM session WHERE id = ?), 0, ?)",
+        (input_id, session_id, dumps({"text": text}), delivery, seq, session_id, now),
     )
     append_event_sync(
         conn,
@@ -174,7 +176,7 @@ def admit_sync(
     }
 
 
-def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
+def _readmitted(row: Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
     """The answer to a re-admission: the original admission, or a refusal if it differs."""
     same = (
         row["session_id"] == session_id
@@ -202,12 +204,12 @@ def _readmitted(row: sqlite3.Row, session_id: str, input_id: str, text: str, del
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def dumps(data: dict[str, Any]) -> str:
+def dumps(data: Any) -> str:
     """Compact JSON for the data columns (UTF-8 kept as is)."""
     return _ENCODER.encode(data)
 
 
-def ensure_session_sync(conn: sqlite3.Connection, session_id: str, now: int) -> bool:
+def ensure_session_sync(conn: Conn, session_id: str, now: int) -> bool:
     """Create the session row if missing; True when it was created."""
     return (
         conn.execute(
@@ -220,7 +222,7 @@ def ensure_session_sync(conn: sqlite3.Connection, session_id: str, now: int) -> 
 
 
 def reserve_seqs_sync(
-    conn: sqlite3.Connection, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
+    conn: Conn, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
 ) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
     row = conn.execute(
@@ -259,7 +261,7 @@ ORDER BY admitted_seq LIMIT 1
 """
 
 
-def pending_inputs_sync(conn: sqlite3.Connection, session_id: str, *, turn_start: bool) -> list[sqlite3.Row]:
+def pending_inputs_sync(conn: Conn, session_id: str, *, turn_start: bool) -> list[Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
     rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
     if turn_start:
@@ -271,10 +273,10 @@ def pending_inputs_sync(conn: sqlite3.Connection, session_id: str, *, turn_start
 
 
 def promote_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     session_id: str,
     execution_id: str,
-    inputs: list[sqlite3.Row],
+    inputs: list[Row],
     first_seq: int,
     now: int,
 ) -> list[dict[str, Any]]:
@@ -303,7 +305,7 @@ def promote_sync(
 
 
 def insert_message_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     message_id: str,
     session_id: str,
     kind: str,

@@ -8,6 +8,30 @@ and Dream leases.
 
 from __future__ import annotations
 
-from backend.ops.actions import LEASE_KINDS, check, chroma_health, drain, init, release, replay, send, status
+from backend.ops.actions import (
+    LEASE_KINDS,
+    check,
+    chroma_health,
+    drain,
+    init,
+    release,
+    replay,
+    resume,
+    send,
+    show,
+    status,
+)
 
-__all__ = ["LEASE_KINDS", "check", "chroma_health", "drain", "init", "release", "replay", "send", "status"]
+__all__ = [
+    "LEASE_KINDS",
+    "check",
+    "chroma_health",
+    "drain",
+    "init",
+    "release",
+    "replay",
+    "resume",
+    "send",
+    "show",
+    "status",
+]

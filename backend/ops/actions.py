@@ -274,3 +274,35 @@ async def send(
     return await sessions.admit(
         await ctx.db(), session_id, text, delivery=delivery, input_id=input_id, actor=ctx.operator
     )
+
+
+async def resume(
+    ctx: Context, session_ids: list[str] | None = None, *, all_held: bool = False, reask: bool = True
+) -> dict[str, Any]:
+    """Lift the hold a model error put on sessions (a bad key, an unknown model), once it is fixed.
+
+    Their waiting inputs run again; with `reask`, the prompt the failing turn
+    answered with an error is asked again as a new input. Refused when a
+    named session is not held.
+    """
+    from backend.execution.model_turns import resume_sync
+
+    if bool(session_ids) == all_held:
+        raise BadInput(
+            "name the held sessions to resume (SESSION ...) or pass --all, not both and not neither"
+        )
+    ctx.require_writable("resume")
+    db = await ctx.db()
+    names = None if all_held else list(dict.fromkeys(session_ids or []))
+    async with refusals_journaled(ctx, "resume", "--all" if names is None else ",".join(names)):
+        return await db.write_in_thread(
+            lambda conn: resume_sync(conn, names, reask=reask, actor=ctx.operator, now=clock.now_ms())
+        )
+
+
+async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:
+    """One session's transcript: messages, parts, usage, cost, model errors, recovery markers."""
+    from backend.ops.transcript import transcript_sync
+
+    db = await ctx.db()
+    return await db.read_in_thread(lambda conn: transcript_sync(conn, session_id, last))

@@ -17,12 +17,12 @@ summary rows in batches and compares them with the receipts.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.store.db import Conn
 from backend.store.events import verify_operator_chain_sync
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
@@ -57,7 +57,7 @@ class Report:
             bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
 
 
-def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
     cursor.row_factory = None
     names = [d[0] for d in cursor.description]
@@ -65,7 +65,7 @@ def _rows_sync(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dic
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_structure_sync(conn: Conn, report: Report) -> None:
     report.checked.append("structure")
     problems = [
         r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
@@ -115,7 +115,7 @@ WHERE i.promoted_seq IS NULL
 """
 
 
-def check_inputs_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_inputs_sync(conn: Conn, report: Report) -> None:
     report.checked.append("inputs")
     report.add(
         report.violations,
@@ -175,7 +175,7 @@ GROUP BY session_id, execution_id HAVING count(*) > 1
 """
 
 
-def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_projection_sync(conn: Conn, report: Report) -> None:
     report.checked.append("projection")
     assistants = _rows_sync(conn, SQL_ASSISTANTS)
     live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
@@ -245,7 +245,7 @@ def check_projection_sync(conn: sqlite3.Connection, report: Report) -> None:
 # -- invariant 2: after settling, everything reaches its current state -------
 
 
-def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> None:
+def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.checked.append("progress")
     executions = _rows_sync(
         conn,
@@ -284,7 +284,7 @@ def check_progress_sync(conn: sqlite3.Connection, report: Report, now: int) -> N
 # -- invariant 8: operator events are hash-chained ---------------------------
 
 
-def check_audit_sync(conn: sqlite3.Connection, report: Report) -> None:
+def check_audit_sync(conn: Conn, report: Report) -> None:
     """Walk the operator events' hash chain; name the first broken link."""
     report.checked.append("audit")
     result = verify_operator_chain_sync(conn)
@@ -299,13 +299,45 @@ def check_audit_sync(conn: sqlite3.Connection, report: Report) -> None:
         )
 
 
-def check_database_sync(conn: sqlite3.Connection, now: int | None = None) -> Report:
+# -- usage: a reply's tokens are counted with it, exactly once ---------------
+# (the sessions a model answered, from their partial index; each reply's usage is
+# written in the same transaction as its completion, so the totals always agree)
+SQL_USAGE_MISMATCH = """
+SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, s.tokens_cache_read,
+       s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
+FROM session AS s INDEXED BY session_usage_idx
+JOIN (SELECT session_id,
+             total(json_extract(data, '$.usage.input')) AS input,
+             total(json_extract(data, '$.usage.output')) AS output,
+             total(json_extract(data, '$.usage.reasoning')) AS reasoning,
+             total(json_extract(data, '$.usage.cache_read')) AS cache_read,
+             total(json_extract(data, '$.usage.cache_write')) AS cache_write
+      FROM session_message WHERE type = 'assistant' AND json_extract(data, '$.status') = 'completed'
+      GROUP BY session_id) AS r ON r.session_id = s.id
+WHERE (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
+  AND (s.tokens_input != r.input OR s.tokens_output != r.output OR s.tokens_reasoning != r.reasoning
+       OR s.tokens_cache_read != r.cache_read OR s.tokens_cache_write != r.cache_write)
+"""
+
+
+def check_usage_sync(conn: Conn, report: Report) -> None:
+    report.checked.append("usage")
+    report.add(
+        report.violations,
+        "usage",
+        "session token totals that differ from the sum of their replies' usage",
+        _rows_sync(conn, SQL_USAGE_MISMATCH),
+    )
+
+
+def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants, inside the caller's read transaction."""
     report = Report()
     now = clock.now_ms() if now is None else now
     check_structure_sync(conn, report)
     check_inputs_sync(conn, report)
     check_projection_sync(conn, report)
+    check_usage_sync(conn, report)
     check_progress_sync(conn, report, now)
     check_audit_sync(conn, report)
     return report

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 
 from backend.dream.digester import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
+from backend.models.health import ModelState
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict
@@ -26,17 +27,23 @@ __all__ = [
     "DriftRecord",
     "EventRecord",
     "FailedSummary",
+    "HeldSession",
     "InputBacklog",
     "KeyDiff",
+    "LastModelError",
     "LeaseRecord",
+    "ModelHealth",
     "ReceiptMismatch",
     "Receipts",
     "RecoveryBacklog",
     "ReplayReport",
     "ReplayRow",
+    "SessionUsage",
     "Snapshot",
     "Status",
     "SummaryJobs",
+    "Usage",
+    "UsageTotal",
     "WorkerRecord",
 ]
 
@@ -84,9 +91,21 @@ class DreamBacklog(TypedDict):
     by_state: dict[DigestState, int]
 
 
+class HeldSession(TypedDict):
+    """A session a model error holds until an operator acts (`rem resume`); its inputs wait asleep."""
+
+    session_id: str
+    held_at: int
+    held_ms: int
+    reason: str  # "<error class>: <message>"
+    error_class: str | None
+    waiting: int  # inputs not promoted yet
+
+
 class Backlog(TypedDict):
     inputs: list[InputBacklog]
     inputs_total: int
+    held: list[HeldSession]
     recoveries: list[RecoveryBacklog]
     summary_jobs: SummaryJobs
     dream: DreamBacklog
@@ -180,6 +199,7 @@ class Counts(TypedDict):
     mismatches: int
     dream_pending: int
     sessions: int
+    held: int  # sessions held after a model error (Backlog.held)
     workers_alive: int
 
 
@@ -190,6 +210,64 @@ class ChromaHealth(TypedDict):
     error: str | None
     lock_held: NotRequired[bool]  # the data dir's own server only
     pid: NotRequired[int | None]
+
+
+class LastModelError(TypedDict):
+    """The newest failed model request attempt in the window."""
+
+    time: int
+    error_class: str  # a ModelErrorClass, or a class a newer rem wrote
+    status: int | None
+    message: str | None
+    kind: str  # a CallKind, or a kind a newer rem wrote
+    session_id: str | None
+
+
+class ModelHealth(TypedDict):
+    """The model endpoint over a recent window of request attempts (`ops.model_health`)."""
+
+    state: ModelState
+    window_ms: int
+    endpoints: list[str]
+    models: list[str]
+    requests: int
+    errors: int
+    error_rate: float
+    errors_by_class: dict[str, int]
+    retries: int
+    requests_by_kind: dict[str, int]
+    ttft_ms_p50: float | None
+    ttft_ms_p95: float | None
+    last_error: LastModelError | None
+    last_call_at: int | None
+
+
+class SessionUsage(TypedDict):
+    """One session's model usage: the seed's token totals, written with each reply, and its cost."""
+
+    session_id: str
+    title: str
+    model: str | None
+    turns: int
+    tokens: dict[str, int]  # input, output, reasoning, cache_read, cache_write
+    tokens_total: int
+    cost: float
+    last_error: dict[str, Any] | None  # the session's last model error as journaled (class, status, message)
+    held: bool
+    time_updated: int
+
+
+class UsageTotal(TypedDict):
+    sessions: int
+    cost: float
+    tokens: dict[str, int]
+
+
+class Usage(TypedDict):
+    """Sessions that used a model (or failed to), costliest first, and the total over all of them."""
+
+    total: UsageTotal
+    sessions: list[SessionUsage]
 
 
 class Snapshot(TypedDict):
@@ -203,6 +281,8 @@ class Snapshot(TypedDict):
     dream_counts: dict[DriftClass, int]
     legacy_only: int
     workers: list[WorkerRecord]
+    model: ModelHealth
+    usage: Usage
     recent_actions: list[EventRecord]
     events: list[EventRecord]
     counts: Counts

@@ -9,7 +9,6 @@ snapshot is consistent. Lists are capped and sorted most urgent first.
 from __future__ import annotations
 
 import json
-import sqlite3
 from enum import StrEnum
 from typing import Any, TypeVar, cast
 
@@ -17,6 +16,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
+from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -34,6 +34,7 @@ from backend.ops.records import (
     WorkerRecord,
 )
 from backend.store import workers
+from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
@@ -138,21 +139,21 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES}
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **model_health.QUERIES}
 LEASE_CAP = 5000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
 
 
-def _rows_sync(conn: sqlite3.Connection, name: str, **params: Any) -> list[dict[str, Any]]:
+def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
     cursor = conn.execute(LIST_QUERIES[name], params)
-    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than sqlite3.Row
+    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than Row
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _counts_sync(conn: sqlite3.Connection) -> dict[str, int]:
+def _counts_sync(conn: Conn) -> dict[str, int]:
     row = conn.execute(COUNTS_SQL).fetchone()
     return {k: int(row[k]) for k in row.keys()}
 
@@ -189,7 +190,7 @@ def _event(row: dict[str, Any]) -> EventRecord:
     }
 
 
-def backlog_sync(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> Backlog:
+def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
     inputs: list[InputBacklog] = [
         {
             "session_id": r["session_id"],
@@ -224,13 +225,15 @@ def backlog_sync(conn: sqlite3.Connection, counts: dict[str, int], now: int) -> 
     return Backlog(
         inputs=inputs,
         inputs_total=counts["inputs_total"],
+        # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
+        held=model_health.held_sync(conn, now),
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
     )
 
 
-def leases_sync(conn: sqlite3.Connection, now: int) -> list[LeaseRecord]:
+def leases_sync(conn: Conn, now: int) -> list[LeaseRecord]:
     """Every execution, summary-job and Dream lease, soonest expiry first."""
     out = _rows_sync(conn, "leases", lease_cap=LEASE_CAP)
     kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.heartbeat_alive  # up to 5000 rows
@@ -268,7 +271,7 @@ def receipt_keys(detail: Any) -> list[KeyDiff]:
     return out
 
 
-def receipts_sync(conn: sqlite3.Connection, counts: dict[str, int]) -> Receipts:
+def receipts_sync(conn: Conn, counts: dict[str, int]) -> Receipts:
     verdicts = {v: counts[f"receipt_{v}"] for v in (*ReceiptVerdict, "unchecked")}
     mismatched: list[ReceiptMismatch] = []
     for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
@@ -303,9 +306,7 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
     }
 
 
-def dream_drift_sync(
-    conn: sqlite3.Connection, counts: dict[str, int]
-) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
+def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
     rows = _rows_sync(conn, "dream_drift", cap=LIST_CAP) + _rows_sync(conn, "dream_legacy", cap=LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
     seen = {d["session_id"] for d in drift}
@@ -332,7 +333,7 @@ def dream_drift_sync(
     return drift, by_class
 
 
-def worker_rows_sync(conn: sqlite3.Connection, now: int) -> list[WorkerRecord]:
+def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
     return [
         {
             "owner_id": r["owner_id"],
@@ -349,7 +350,7 @@ def worker_rows_sync(conn: sqlite3.Connection, now: int) -> list[WorkerRecord]:
     ]
 
 
-def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> Snapshot:
+def snapshot_sync(conn: Conn, now: int | None = None) -> Snapshot:
     """Everything but Chroma health and identity; run it inside one read transaction."""
     now = clock.now_ms() if now is None else now
     counts = _counts_sync(conn)
@@ -367,6 +368,8 @@ def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> Snapshot:
         "dream_counts": drift_counts,
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
+        "model": model_health.model_health_sync(conn, now),
+        "usage": model_health.usage_sync(conn),
         "recent_actions": [_event(r) for r in _rows_sync(conn, "recent_actions")],
         "events": [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
         "counts": {
@@ -378,6 +381,7 @@ def snapshot_sync(conn: sqlite3.Connection, now: int | None = None) -> Snapshot:
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
+            "held": len(back["held"]),
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
     }

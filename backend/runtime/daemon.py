@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 from backend.core import faults
 from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
 from backend.core.settings import unsafe_switches
+from backend.models import health
 from backend.runtime.context import Context
-from backend.store import workers
+from backend.store import model_calls, workers
 from backend.store.db import Database
 from backend.store.workers import WorkerRole, WorkerState
 
@@ -43,7 +44,9 @@ class Daemon:
         self.draining = asyncio.Event()
         self.db: Database
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._calls_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._model_failed = asyncio.Event()
 
     # -- hooks for roles -------------------------------------------------
     async def run_pass(self) -> int:
@@ -67,6 +70,7 @@ class Daemon:
         self.log.info("%s %s started", self.role, self.owner_id)
         self._install_signal_handlers()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
+        self._calls_task = asyncio.create_task(self._model_failures_loop())
         reason = "once" if self.once else "drained"
         try:
             await self._loop()
@@ -145,8 +149,29 @@ class Daemon:
                     self.log.info("%s asked to drain", self.owner_id)
                     self.draining.set()
                 await self.on_heartbeat()
+                # model requests no step transaction carried (synthesis, embeddings, retries)
+                await model_calls.flush(self.db, self.owner_id)
             except RemError as exc:
                 self.log.warning("%s heartbeat failed: %s", self.owner_id, exc)
+
+    async def _model_failures_loop(self) -> None:
+        """Write failed model requests as soon as they happen (the rest go with the heartbeat)."""
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:
+            loop.call_soon_threadsafe(self._model_failed.set)
+
+        health.on_failure.append(notify)
+        try:
+            while True:
+                await self._model_failed.wait()
+                self._model_failed.clear()
+                try:
+                    await model_calls.flush(self.db, self.owner_id)
+                except RemError as exc:
+                    self.log.warning("%s could not record model failures yet: %s", self.owner_id, exc)
+        finally:
+            health.on_failure.remove(notify)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -159,12 +184,16 @@ class Daemon:
         self.draining.set()
 
     async def _shutdown(self, reason: str) -> None:
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
+        for task in (self._heartbeat_task, self._calls_task):
+            if task is None:
+                continue
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._heartbeat_task
+                await task
         try:
             await self.hand_back()
+            with contextlib.suppress(RemError):
+                await model_calls.flush(self.db, self.owner_id)
         finally:
             await workers.mark_stopped(self.db, self.owner_id, reason)
             self.log.info("%s %s stopped (%s)", self.role, self.owner_id, reason)

@@ -7,7 +7,7 @@ that reads and then writes fails at once with SQLITE_BUSY under contention,
 ignoring `busy_timeout`, because SQLite cannot upgrade its read snapshot.
 
 Naming rule, the database thread made visible: a function whose name ends in
-`_sync` runs on the connection's own thread with the raw `sqlite3.Connection`
+`_sync` runs on the connection's own thread with the raw connection (`Conn`, today an `sqlite3.Connection`)
 as its first argument (`conn`), inside a transaction its caller opened; it
 never awaits and never commits. Every function that takes a raw connection is
 named so, and nothing else is. Async code reaches the thread through the
@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import aiosqlite
 
@@ -54,6 +54,37 @@ JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 Params = Sequence[Any] | dict[str, Any]
 T = TypeVar("T")
+# a result row, read by column name (`sqlite3.Row` today; the PostgreSQL store's row type later)
+Row = Any
+
+
+class Cursor(Protocol):
+    """What rem reads from a cursor, on any engine behind `Database`."""
+
+    row_factory: Any
+
+    @property
+    def rowcount(self) -> int: ...
+    @property
+    def lastrowid(self) -> int | None: ...
+    @property
+    def description(self) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """The raw connection a `_sync` function takes: the DB-API subset rem uses.
+
+    `sqlite3.Connection` is one; the PostgreSQL store (issue 17) will provide a
+    psycopg adapter of the same shape, so `_sync` functions run unchanged.
+    """
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+    def executemany(self, sql: str, parameters: Any, /) -> Cursor: ...
+    @property
+    def in_transaction(self) -> bool: ...
 
 
 def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | None:
@@ -150,7 +181,7 @@ class Database:
         self.read_only = read_only
         self._lock = asyncio.Lock()
         # group commit: write_in_thread calls waiting for the next group, and the task committing them
-        self._writes: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.groups_committed = 0
 
@@ -246,13 +277,13 @@ class Database:
             except sqlite3.Error:
                 log.warning("rollback failed on %s", self.path, exc_info=True)
 
-    async def fetchall(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one autocommit query and return all rows."""
         async with self._lock:
             with self.sqlite_errors():
                 return list(await self.conn.execute_fetchall(sql, params))
 
-    async def fetchone(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
@@ -260,7 +291,7 @@ class Database:
         row = await self.fetchone(sql, params)
         return None if row is None else row[0]
 
-    async def run_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def run_in_thread(self, fn: Callable[[Conn], T]) -> T:
         """Run `fn(raw sqlite3 connection)` on the connection's own thread, in one hop.
 
         For read paths that run many queries and build many rows (the status
@@ -281,10 +312,10 @@ class Database:
         with self.sqlite_errors():
             return await in_thread(self.conn, fn)
 
-    async def read_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def read_in_thread(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
 
-        def read_sync(conn: sqlite3.Connection) -> T:
+        def read_sync(conn: Conn) -> T:
             conn.execute("BEGIN")
             try:
                 return fn(conn)
@@ -293,7 +324,7 @@ class Database:
 
         return await self.run_in_thread(read_sync)
 
-    async def write_in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write_in_thread(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
 
         For hot write paths (the executor's turn transactions). `fn` runs on
@@ -317,7 +348,7 @@ class Database:
         return await future
 
     async def _commit_groups(self) -> None:
-        group: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        group: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
         try:
             while True:
                 await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
@@ -369,9 +400,7 @@ class TransactionDropped(DatabaseIOError):
     """SQLite rolled the whole transaction back under a group (full disk, I/O error)."""
 
 
-def commit_group_sync(
-    conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
-) -> list[tuple[bool, Any]]:
+def commit_group_sync(conn: Conn, fns: list[Callable[[Conn], Any]]) -> list[tuple[bool, Any]]:
     """On the connection's thread: run `fns` in one write transaction; (ok, result or exception) each.
 
     A lone function needs no savepoint: the transaction is its unit, and its
@@ -391,7 +420,7 @@ def commit_group_sync(
     return outcomes
 
 
-def _in_savepoint_sync(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
+def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any]:
     conn.execute("SAVEPOINT rem_write")
     try:
         value = fn(conn)
@@ -419,12 +448,12 @@ async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any
     return cast(T, result)
 
 
-async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[sqlite3.Row]:
+async def fetchall(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> list[Row]:
     """Rows of one query on a connection already inside a transaction."""
     return list(await conn.execute_fetchall(sql, params))
 
 
-async def fetchone(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> sqlite3.Row | None:
+async def fetchone(conn: aiosqlite.Connection, sql: str, params: Params = ()) -> Row | None:
     rows = await fetchall(conn, sql, params)
     return rows[0] if rows else None
 

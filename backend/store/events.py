@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import pwd
-import sqlite3
 from enum import StrEnum
 from typing import Any
 
@@ -33,7 +32,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.settings import settings
-from backend.store.db import in_thread
+from backend.store.db import Conn, in_thread
 
 
 class EventKind(StrEnum):
@@ -47,7 +46,10 @@ class EventKind(StrEnum):
     EXECUTION_TAKEN_OVER = "execution.taken_over"
     EXECUTION_HANDED_BACK = "execution.handed_back"
     EXECUTION_FAILED = "execution.failed"
+    EXECUTION_INTERRUPTED = "execution.interrupted"
     RECOVERY_PARKED = "recovery.parked"
+    MODEL_ERROR = "model.error"
+    SESSION_HELD = "session.held"
     SUMMARY_CLAIMED = "summary.claimed"
     SUMMARY_STAGED = "summary.staged"
     SUMMARY_COMPLETED = "summary.completed"
@@ -73,15 +75,17 @@ class EventKind(StrEnum):
     OPERATOR_DRAIN = "operator.drain"
     OPERATOR_RELEASE = "operator.release"
     OPERATOR_REFUSED = "operator.refused"
+    OPERATOR_RESUME = "operator.resume"
     UNSAFE_SWITCH = "unsafe.switch"
 
 
-# the audit journal: chained, kept forever (the partial index and the trigger of schema v3 list them)
+# the audit journal: chained, kept forever (the partial index and the trigger of schema v4 list them)
 OPERATOR_KINDS: tuple[str, ...] = (
     EventKind.OPERATOR_REPLAY,
     EventKind.OPERATOR_REPLAY_INTENT,
     EventKind.OPERATOR_DRAIN,
     EventKind.OPERATOR_RELEASE,
+    EventKind.OPERATOR_RESUME,
     EventKind.OPERATOR_REFUSED,
 )
 OPERATOR_KINDS_SQL = ", ".join(f"'{kind}'" for kind in OPERATOR_KINDS)
@@ -138,7 +142,7 @@ def chain_link(previous: str | None, row: tuple[Any, ...]) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
-def _append_operator_event(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int:
+def _append_operator_event(conn: Conn, row: tuple[Any, ...]) -> int:
     """Insert an operator event chained to the last one (inside the caller's write transaction)."""
     previous = conn.execute(LAST_CHAIN_SQL).fetchone()
     prev = previous[0] if previous is not None else None
@@ -170,7 +174,7 @@ async def append_event(
 
 
 def append_event_sync(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     kind: EventKind | str,
     actor: str,
@@ -192,7 +196,7 @@ SELECT id, time, kind, actor, session_id, target, data, os_uid, os_user, chain_p
 FROM event INDEXED BY event_operator_idx WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id"""
 
 
-def verify_operator_chain_sync(conn: sqlite3.Connection) -> dict[str, Any]:
+def verify_operator_chain_sync(conn: Conn) -> dict[str, Any]:
     """Walk the operator events in order; the first broken link, if any, and what was checked.
 
     Rows written before the chain existed (schema < 3, `chain` NULL) are

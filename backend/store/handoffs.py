@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import aiosqlite
 
-from backend.store.db import execute, in_thread
+from backend.store.db import Conn, execute, in_thread
 
 # Already drifted: count the change, keep `time_updated` = when it first drifted.
 # The summarizer takes the oldest drift first, so a session that keeps talking
@@ -27,12 +25,12 @@ BUMP_DRIFTED_SQL = (
 MARK_TURNS_CHANGED_SQL = (
     "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
     "VALUES (?, 'pending', 1, ?, ?) "
-    "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = dirty_seq + 1, "
+    "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = summary_job.dirty_seq + 1, "
     "time_updated = excluded.time_updated"
 )
 
 
-def mark_turns_changed_sync(conn: sqlite3.Connection, session_id: str, now: int) -> None:
+def mark_turns_changed_sync(conn: Conn, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one).
 
     For code running on the connection's thread (`Database.write_in_thread`).

@@ -107,8 +107,29 @@ async def prune_events(db: Database, now: int | None = None) -> int:
             return deleted
 
 
+# model request attempts age out with the journal (served by model_call_time_idx)
+PRUNE_CALLS_SQL = """
+DELETE FROM model_call WHERE id IN (
+    SELECT id FROM model_call WHERE time < :cutoff ORDER BY time LIMIT :chunk)
+"""
+
+
+async def prune_model_calls(db: Database, now: int | None = None) -> int:
+    """Delete model request records older than the retention window; returns rows deleted."""
+    cutoff = (clock.now_ms() if now is None else now) - retention_ms()
+    deleted = 0
+    while True:
+        async with db.tx() as conn:
+            changed = await execute(conn, PRUNE_CALLS_SQL, {"cutoff": cutoff, "chunk": PRUNE_CHUNK})
+        deleted += changed
+        if changed < PRUNE_CHUNK:
+            return deleted
+
+
 async def run_once(db: Database) -> dict[str, Any]:
     pruned = await prune_events(db)
+    calls = await prune_model_calls(db)
     result = await checkpoint(db)
     result["events_pruned"] = pruned
+    result["model_calls_pruned"] = calls
     return result

@@ -308,11 +308,56 @@ CREATE INDEX event_legacy_idx ON event(time)
     WHERE kind IN ('dream.legacy_imported', 'dream.legacy_superseded');
 """
 
-# v3: the audit journal holds. Operator events record the OS identity of who acted (effective
+# v3: real models. The seed's usage columns on `session` were there from v1; this adds
+# what an operator needs around them: a session held after a model error that needs
+# them (`held_at`, `held_reason`; its inputs wait with wake_pending = 0 until `rem
+# resume`), the session's last model error, the sessions view's index (sessions with
+# usage or an error, by cost; covering, so the totals read only it), and one row per
+# model request attempt for the model-health block (recent window by time; pruned
+# with the journal).
+V3 = """
+ALTER TABLE session ADD COLUMN held_at INTEGER;
+ALTER TABLE session ADD COLUMN held_reason TEXT;
+ALTER TABLE session ADD COLUMN model_error TEXT CHECK (model_error IS NULL OR json_valid(model_error));
+CREATE INDEX session_held_idx ON session(held_at) WHERE held_at IS NOT NULL;
+CREATE INDEX session_usage_idx ON session(cost, tokens_input, tokens_output, tokens_reasoning,
+                                          tokens_cache_read, tokens_cache_write, model_error)
+    WHERE tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL;
+
+CREATE TABLE model_call (
+    id             INTEGER PRIMARY KEY,
+    time           INTEGER NOT NULL,
+    owner_id       TEXT NOT NULL,
+    -- chat (the agent), synthesis, embedding
+    kind           TEXT NOT NULL,
+    endpoint       TEXT NOT NULL,
+    model          TEXT NOT NULL,
+    session_id     TEXT,
+    -- 1: a first try; more: a retry
+    attempt        INTEGER NOT NULL,
+    -- ok, or an error class (backend/models/errors.py)
+    outcome        TEXT NOT NULL,
+    status         INTEGER,
+    ttft_ms        REAL,
+    duration_ms    REAL,
+    tokens_in      INTEGER,
+    tokens_out     INTEGER,
+    retry_after_ms INTEGER,
+    error          TEXT
+);
+CREATE INDEX model_call_time_idx ON model_call(time);
+
+-- `rem resume` is an operator action like the others: listed with them
+DROP INDEX event_operator_idx;
+CREATE INDEX event_operator_idx ON event(id)
+    WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release', 'operator.resume');
+"""
+
+# v4: the audit journal holds. Operator events record the OS identity of who acted (effective
 # uid and its user name) next to the claimed operator (`actor`), are hash-chained (`chain` is
 # SHA-256 of the previous operator event's `chain` and this row's content; see
 # backend/store/events.py), are never pruned or deleted, and refusals are journaled too.
-V3 = """
+V4 = """
 ALTER TABLE event ADD COLUMN os_uid INTEGER;
 ALTER TABLE event ADD COLUMN os_user TEXT;
 ALTER TABLE event ADD COLUMN chain_prev TEXT;
@@ -320,17 +365,17 @@ ALTER TABLE event ADD COLUMN chain TEXT;
 DROP INDEX event_operator_idx;
 CREATE INDEX event_operator_idx ON event(id)
     WHERE kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
-                   'operator.refused');
+                   'operator.resume', 'operator.refused');
 CREATE TRIGGER event_operator_kept BEFORE DELETE ON event
 WHEN old.kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
-                  'operator.refused')
+                  'operator.resume', 'operator.refused')
 BEGIN
     SELECT RAISE(ABORT, 'operator events are the audit journal: never pruned, never deleted');
 END;
 """
 
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3]
+MIGRATIONS: list[str] = [V1, V2, V3, V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from backend.core import clock
+from backend.core.settings import settings
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
 
@@ -46,9 +47,19 @@ class LeaseKind(StrEnum):
     DREAM = "dream"  # a session's Dream digestion (`dream_state`)
 
 
+def host_name() -> str:
+    """This host's identity in the registry: `REM_HOST`, else the machine's host name.
+
+    A worker's `host` says where its pid means something: only a process on
+    the same host can trust a supervisor's "it exited" record enough to take
+    its leases over before they expire (`leases.takeover_reason_sync`).
+    """
+    return settings.host or socket.gethostname()
+
+
 def new_owner_id(role: WorkerRole) -> str:
     """A unique owner id that names the role, host and pid for operators."""
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return f"{role}-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
@@ -79,14 +90,14 @@ async def register(
             conn,
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "
             "VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
-            (owner_id, role, os.getpid(), socket.gethostname(), now, now, json.dumps(info or {})),
+            (owner_id, role, os.getpid(), host_name(), now, now, json.dumps(info or {})),
         )
         await append_event(
             conn,
             kind=EventKind.WORKER_STARTED,
             actor=owner_id,
             target=owner_id,
-            data={"role": role, "pid": os.getpid()},
+            data={"role": role, "pid": os.getpid(), "host": host_name()},
             now=now,
         )
 

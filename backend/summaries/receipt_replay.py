@@ -20,7 +20,6 @@ import base64
 import hashlib
 import json
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
@@ -33,7 +32,7 @@ from backend.chroma.ownership import session_id_of, summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
 from backend.core.settings import settings
-from backend.store.db import Database, execute, fetchone
+from backend.store.db import Database, Row, execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
@@ -88,7 +87,7 @@ class Job:
     verdict_detail: str | None
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Job:
+    def from_row(cls, row: Row) -> Job:
         return cls(**{field: row[column] for field, column in JOB_FIELDS.items()})
 
     @property
@@ -374,7 +373,7 @@ class Recovery:
                 ids,
                 documents,
                 [receipts.chroma_metadata(c.receipt) for c in leased],
-                embeddings=self.store.embed(documents),
+                embeddings=await self.store.embed(documents),
             )
             back = await self.store.rows(ids)
         except BaseException:
@@ -484,7 +483,7 @@ class Recovery:
             "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
             # an unacknowledged row that still differs waits for the next attempt, owned by nobody
             + (
-                _ACK_SET
+                _ACK_SET.replace("owner_id = NULL, lease_expires_at = NULL, ", "")  # set above already
                 if ack
                 else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, "
             )

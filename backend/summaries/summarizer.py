@@ -31,6 +31,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable, LeaseLost, ReceiptCorrupt
 from backend.core.settings import settings
+from backend.models.errors import ModelError
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import execute, fetchone
@@ -234,7 +235,7 @@ class Summarizer(Daemon):
         try:
             synthesis = await self.synthesizer.synthesize(claim.session_id, claim.turns)
             # the vector is part of what the receipt attests: embedded before staging
-            vector = self.ctx.store().embed([synthesis.document])[0]
+            vector = (await self.ctx.store().embed([synthesis.document]))[0]
             receipt = receipts.issue(synthesis.document, self._metadata(claim, synthesis), embedding=vector)
         except Exception as exc:  # any model or plugin failure: counted, retried with backoff
             await self._fail(claim, exc)
@@ -377,7 +378,8 @@ class Summarizer(Daemon):
     async def _fail(self, claim: Claim, exc: Exception) -> None:
         """A synthesis that failed: retry with backoff, and park it after MAX_ATTEMPTS."""
         final = claim.attempts >= MAX_ATTEMPTS
-        error = f"{type(exc).__name__}: {exc}"[:500]
+        error_class = exc.error_class if isinstance(exc, ModelError) else "synthesizer"
+        error = f"{exc.error_class if isinstance(exc, ModelError) else type(exc).__name__}: {exc}"[:500]
         async with self.db.tx() as conn:
             now = clock.now_ms()
             # a pending row's lease_expires_at (with no owner) is its retry-after time
@@ -403,7 +405,7 @@ class Summarizer(Daemon):
                     actor=self.owner_id,
                     session_id=claim.session_id,
                     target=claim.summary_id,
-                    data={"error": error, "attempts": claim.attempts, "parked": final},
+                    data={"error": error, "class": error_class, "attempts": claim.attempts, "parked": final},
                     now=now,
                 )
         self.log.warning(
@@ -435,6 +437,9 @@ class Summarizer(Daemon):
     async def hand_back(self) -> None:
         if self._claim is not None:
             await self._release(self._claim, "summarizer stopped")
+        close = getattr(self.synthesizer, "aclose", None)  # a model synthesizer's connections
+        if close is not None:
+            await close()
 
 
 def _needs_synthesis(row: Any, revision: str, turns: list[dict[str, Any]]) -> bool:

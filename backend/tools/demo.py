@@ -25,6 +25,7 @@ from typing import Any
 from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
+from backend.core.settings import Settings
 
 log = logging.getLogger("rem.demo")
 
@@ -59,7 +60,35 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
     return root, False
 
 
-def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+def model_env(model_url: str | None, model: str | None, embedding_model: str | None = None) -> dict[str, str]:
+    """The settings that make the demo's daemons answer with a real model endpoint (none: offline)."""
+    if (model_url is None) != (model is None):
+        raise UsageError("pass --model-url and --model together (the endpoint, and the model to ask there)")
+    if embedding_model is not None and model_url is None:
+        raise UsageError("--embedding-model needs --model-url and --model")
+    if model_url is None or model is None:
+        return {}
+    url_setting = Settings.model_base_url
+    try:
+        url = url_setting.parser.parse(model_url.strip())
+    except ValueError:
+        raise UsageError(
+            f"--model-url {model_url!r} is not {url_setting.parser.expects}, e.g. http://127.0.0.1:11434/v1"
+        ) from None
+    env = {
+        "REM_AGENT": "openai",
+        "REM_SYNTHESIZER": "openai",
+        url_setting.env: url,
+        Settings.model.env: model,
+    }
+    if embedding_model is not None:
+        env.update({"REM_EMBEDDER": "openai", Settings.embedding_model.env: embedding_model})
+    return env
+
+
+def start_up(
+    root: Path, extra: list[str] | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start `rem up --load` in its own process group, logging to DATA/logs/up.log."""
     # --no-reap: a daemon killed during the demo leaves its lease counting down in the
     # console (dead-worker marker, then expired in red) until it expires or the
@@ -73,7 +102,7 @@ def start_up(root: Path, extra: list[str] | None = None) -> subprocess.Popen[byt
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=processes.child_env(),
+            env={**processes.child_env(), **(env or {})},
             cwd=root,
             start_new_session=True,
             preexec_fn=private.private_child_dying_with_parent,
@@ -173,16 +202,26 @@ def run_demo(
     keep: bool = False,
     console: ConsoleRunner,
     up_args: list[str] | None = None,
+    model: dict[str, str] | None = None,
 ) -> int:
-    """The whole demo; returns the exit code. Everything started here is stopped here."""
+    """The whole demo; returns the exit code. Everything started here is stopped here.
+
+    `model` (from `model_env`) makes the daemons answer with a real endpoint.
+    """
     root, created = fresh_data_dir(data)
     note(f"rem demo: data dir {root}")
     note(
         "rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
         f"daemon, synthetic sessions); log in {root}/logs/up.log"
     )
+    if model:
+        note(
+            f"rem demo: replies and summaries from {model[Settings.model.env]} at "
+            f"{model[Settings.model_base_url.env]} (the API key from REM_MODEL_API_KEY_FILE or "
+            "REM_MODEL_API_KEY, if it needs one); the console's header shows the endpoint's health"
+        )
     previous = set_signal_handlers(_interrupted)
-    proc = start_up(root, up_args)
+    proc = start_up(root, up_args, model)
     try:
         count = wait_ready(root, proc)
         note(

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -108,7 +107,7 @@ class Supervisor:
         self._chroma_identity: dict[str, Any] = {}
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
-        self._host = socket.gethostname()
+        self._host = workers.host_name()
 
     # -- lifecycle -------------------------------------------------------
     async def run(self) -> int:

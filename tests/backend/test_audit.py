@@ -69,7 +69,7 @@ async def test_operator_events_record_the_os_identity_next_to_the_claimed_operat
     await ctx.close()
 
 
-async def test_a_refused_release_or_drain_leaves_a_journal_row(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+async def test_a_refused_release_drain_or_resume_leaves_a_journal_row(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
     db = await db_ctx.db()
     async with db.tx() as conn:
         await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s1', 1, 1)")
@@ -84,15 +84,18 @@ async def test_a_refused_release_or_drain_leaves_a_journal_row(db_ctx: Context, 
         await ops.release(db_ctx, "exe_gone")
     with pytest.raises(WorkerNotFound):
         await ops.drain(db_ctx, "nobody")
+    with pytest.raises(Refused, match="not held"):
+        await ops.resume(db_ctx, ["s1"])
     refused = await journal(db, "operator.refused")
     assert [(e["target"], json.loads(e["data"])["action"]) for e in refused] == [
         ("s1", "release"),
         ("exe_gone", "release"),
         ("nobody", "drain"),
+        ("s1", "resume"),
     ]
     assert "epoch 3, not 2" in json.loads(refused[0]["data"])["reason"]
     assert await db.scalar("SELECT epoch FROM summary_job") == 3  # the refused release changed nothing
-    assert await journal(db, "operator.release", "operator.drain") == []
+    assert await journal(db, "operator.release", "operator.drain", "operator.resume") == []
     assert (await chain(db))["ok"]
 
 

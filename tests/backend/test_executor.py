@@ -16,6 +16,7 @@ from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import OfflineResponder, StepRequest
 from backend.execution.executor import WAKE_SQL, Executor, TurnState
 from backend.runtime.context import Context
+from backend.store import workers
 from backend.store.db import Database
 from tests.helpers import await_until
 
@@ -130,7 +131,7 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
     assert step is not None
     step.parts = OfflineResponder().compose(step.request)[:parts]
     if parts:
-        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, step.parts))
+        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, "".join(step.parts)))
     return dead, state, step.assistant_id
 
 
@@ -416,6 +417,16 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     assert await db.scalar("SELECT baseline_seq FROM session_context_epoch") == q3_seq
 
 
+async def _record_stopped(db: Database, host: str) -> None:
+    """What a supervisor on `host` records when it sees the dead executor's process exit."""
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES ('executor-dead', 'executor', 1, ?, ?, ?, 'stopped')",
+            (host, clock.now_ms(), clock.now_ms()),
+        )
+
+
 async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before_expiry(
     db_ctx: Context, frozen_clock: clock.FrozenClock
 ) -> None:
@@ -424,15 +435,29 @@ async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before
     _, state, _ = await _dead_executor_mid_step(db_ctx, parts=1)
     await _executor(db_ctx).run()
     assert await db.scalar("SELECT count(*) FROM session_recovery") == 0  # alive as far as anyone knows
-    async with db.tx() as conn:  # what a supervisor records when it sees the process exit
-        await conn.execute(
-            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
-            "VALUES ('executor-dead', 'executor', 1, 'h', ?, ?, 'stopped')",
-            (clock.now_ms(), clock.now_ms()),
-        )
+    await _record_stopped(db, workers.host_name())  # the owner ran on this host
     await _executor(db_ctx).run()  # the clock has not moved: the lease is still unexpired
     taken = json.loads(await db.scalar("SELECT data FROM event WHERE kind = 'execution.taken_over'"))
     assert taken["reason"] == "owner_stopped" and taken["from_owner"] == "executor-dead"
+    assert await db.scalar("SELECT count(*) FROM session_execution") == 0
+    assert await _violations(db) == []
+
+
+async def test_a_stopped_owner_of_another_host_is_waited_out_until_its_lease_expires(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Is anyone still there?", input_id="in-1")
+    _, state, _ = await _dead_executor_mid_step(db_ctx, parts=1)
+    await _record_stopped(db, "host-a")
+    monkeypatch.setenv("REM_HOST", "host-b")
+    await _executor(db_ctx).run()  # host-b cannot see host-a's pids: the record alone is not enough
+    assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'execution.taken_over'") == 0
+    assert await db.scalar("SELECT owner_id FROM session_execution") == "executor-dead"
+    frozen_clock.advance(LEASE)
+    await _executor(db_ctx).run()
+    taken = json.loads(await db.scalar("SELECT data FROM event WHERE kind = 'execution.taken_over'"))
+    assert taken["reason"] == "expired" and taken["from_owner"] == "executor-dead"
     assert await db.scalar("SELECT count(*) FROM session_execution") == 0
     assert await _violations(db) == []
 
@@ -449,5 +474,5 @@ async def test_an_execution_whose_owner_is_recorded_stopped_is_taken_over_before
 )
 async def test_the_wake_scans_use_the_seed_indexes(db_ctx: Context, sql: str, index: str) -> None:
     db = await db_ctx.db()
-    plan = await db.fetchall(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10, "now": 0, "since": 0})
+    plan = await db.fetchall(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10, "now": 0, "since": 0, "host": "h"})
     assert any(index in row[3] for row in plan), [row[3] for row in plan]

@@ -67,7 +67,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
                 conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"
             )
             await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
-        assert await migrate(db) == SCHEMA_VERSION == 3
+        assert await migrate(db) == SCHEMA_VERSION == 4
         names = {
             r[0]
             for r in await db.fetchall(
@@ -227,6 +227,33 @@ async def test_state_db_from_a_newer_rem_is_refused(db_ctx: Context) -> None:
     await db.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaTooNew, match="newer than this rem supports"):
         await migrate(db)
+
+
+async def test_a_v2_database_gains_the_model_columns_and_keeps_its_sessions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """v3: holds, the last model error, the usage index and model_call; existing rows untouched."""
+    from backend.store import schema
+
+    db = await Database.open(tmp_path / "state.db")
+    try:
+        async with db.tx() as conn:
+            await schema._apply(conn, schema.V1)
+            await schema._apply(conn, schema.V2)
+            await conn.execute("PRAGMA user_version = 2")
+            await conn.execute(
+                "INSERT INTO session (id, tokens_input, tokens_output, cost, time_created, time_updated) "
+                "VALUES ('s1', 10, 5, 0.5, 1, 1)"
+            )
+        assert await migrate(db) == SCHEMA_VERSION >= 3
+        row = await db.fetchone("SELECT tokens_input, cost, held_at, held_reason, model_error FROM session")
+        assert tuple(row) == (10, 0.5, None, None, None)
+        assert await db.scalar("SELECT count(*) FROM model_call") == 0
+        plan = await db.fetchall(
+            "EXPLAIN QUERY PLAN SELECT count(*) FROM session INDEXED BY session_usage_idx "
+            "WHERE tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL"
+        )
+        assert "COVERING INDEX session_usage_idx" in " ".join(r["detail"] for r in plan)
+    finally:
+        await db.close()
 
 
 # every closed set of strings a column holds is one StrEnum in the code; the schema's CHECK is the other copy

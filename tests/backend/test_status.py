@@ -24,6 +24,7 @@ BIG_TABLES = (
     "graph_node",
     "graph_edge",
     "worker",
+    "model_call",
 )
 
 
@@ -72,7 +73,7 @@ async def _assert_indexed(db: Database, name: str) -> None:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'"
         )
     }
-    params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5}
+    params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5, "since": 0}
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
     details = [row["detail"] for row in plan]
     for detail in details:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from backend.cli.app import app
 from backend.store.schema import SCHEMA_VERSION
-from tests.helpers import run_rem
+from tests.helpers import rem_env, run_rem
 
 DESIGN_COMMANDS = [
     "init",
@@ -22,9 +22,11 @@ DESIGN_COMMANDS = [
     "daemon",
     "send",
     "status",
+    "show",
     "replay",
     "drain",
     "release",
+    "resume",
     "check",
     "drill",
     "console",
@@ -168,3 +170,41 @@ def test_backend_never_imports_the_ui_and_send_never_imports_chroma() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_show_prints_the_transcript_as_json_and_names_an_unknown_session(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    assert run_rem("send", "s1", "Why did the export stall?", "--id", "q1", "--data", data).returncode == 0
+    assert (
+        run_rem(
+            "daemon",
+            "--role",
+            "executor",
+            "--once",
+            "--data",
+            data,
+            env=rem_env(REM_AGENT_DELAY_MS="0", REM_CHROMA_AUTOSTART="0"),
+        ).returncode
+        == 0
+    )
+    proc = run_rem("show", "s1", "--json", "--data", data)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    user, reply = shown["messages"]
+    assert (user["id"], user["type"], user["text"]) == ("q1", "user", "Why did the export stall?")
+    assert reply["status"] == "completed" and reply["answers"] == ["q1"]
+    assert "".join(p["text"] for p in reply["parts"]) == reply["text"] != ""
+    assert shown["session"]["usage"] == {
+        "input": 0,
+        "output": 0,
+        "reasoning": 0,
+        "cache_read": 0,
+        "cache_write": 0,
+    }
+    human = run_rem("show", "s1", "--data", data)
+    assert human.returncode == 0 and "#3 assistant" in human.stdout and "You asked" in human.stdout
+    missing = run_rem("show", "nope", "--data", data)
+    assert missing.returncode == 1 and missing.stderr.startswith("rem: error: no session 'nope'")
+    refused = run_rem("resume", "s1", "--data", data)
+    assert refused.returncode == 1 and "is not held" in refused.stderr
+    assert run_rem("resume", "--data", data).returncode == 2  # neither ids nor --all

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from backend.core import settings as settings_module
 from backend.core.plugins import PluginError, installed, load_plugin
 from backend.core.settings import SettingsError, declared, markdown_table, settings, validate
 from backend.execution.agent import OfflineResponder
+from backend.store import workers
 from tests.helpers import rem_env, run_rem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +47,8 @@ def _bad_value(setting: settings_module.Setting) -> str | None:  # type: ignore[
         if expects.startswith("a whole number")
         else "maybe"
         if expects.startswith("1 or 0")
+        else "two words"
+        if expects.startswith("a host name")
         else None
     )
 
@@ -66,6 +70,17 @@ def test_bounds_are_checked_and_every_problem_is_named_at_once() -> None:
     assert "REM_EXECUTOR_CONCURRENCY='0' is not a whole number, at least 1" in str(caught.value)
     assert "REM_RECOVERY_BUDGET='x'" in str(caught.value)
     validate({"REM_EXECUTOR_CONCURRENCY": " 3 "})  # surrounding blanks are forgiven
+
+
+def test_the_host_identity_is_rem_host_else_the_machines_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REM_HOST", raising=False)
+    assert workers.host_name() == socket.gethostname()
+    monkeypatch.setenv("REM_HOST", "rack-2.example")
+    assert workers.host_name() == "rack-2.example"
+    assert workers.new_owner_id(workers.WorkerRole.EXECUTOR).startswith("executor-rack-2.example-")
+    for bad in ("-lead", "a/b", "x" * 64):
+        with pytest.raises(SettingsError, match="REM_HOST="):
+            validate({"REM_HOST": bad})
 
 
 def test_settings_follow_the_environment_at_the_moment_they_are_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,7 +67,14 @@ def test_status_without_json_prints_the_snapshot(
     # it raised KeyError('tables') before the snapshot was typed: nothing read it as a Status
     out = rem_status(tmp_path / "data", monkeypatch)
     assert "Chroma -: down (no Chroma server recorded for this data dir" in out
-    assert "backlog 7 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
+    # 9: the incident's held session (s-tango) has 2 inputs waiting asleep, counted as backlog
+    assert "backlog 9 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
+    assert "Model down api.openai.com/v1 (gpt-4o-mini)" in out and "3 retries" in out
+    assert "held s-tango: auth: HTTP 401" in out and "`rem resume s-tango` once fixed" in out
+    assert "Usage: 4 sessions" in out
     for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
         assert section in out, section
     assert "s-dreaming" in out and "summary_s-job" not in out  # a lease row, and no replay noise
+    workers = out[out.index("Workers (4)") :].splitlines()
+    assert workers[1].split()[:6] == ["owner", "role", "state", "host", "pid", "heartbeat"]
+    assert all(" ops-1 " in row for row in workers[2:6]), workers  # each worker's host

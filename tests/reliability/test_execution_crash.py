@@ -25,6 +25,7 @@ from backend.core import clock
 from backend.core.datadir import DataDir
 from backend.execution import leases, projection, sessions
 from backend.runtime.context import Context
+from backend.store import workers
 from backend.store.db import Database
 from tests.helpers import rem_env, rem_json, spawn_rem, wait_until
 
@@ -416,6 +417,69 @@ def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path:
         taken_at = _scalar(data, "SELECT time FROM event WHERE kind = 'execution.taken_over'")
         assert taken_at - released["released_at"] < 1000  # not the 30 s lease
         wait_until(lambda: _all_done(data), timeout=20, message="turn finished")
+    finally:
+        _stop(rescuer)
+    _assert_recovered(data)
+
+
+# -- several hosts: the fast takeover is the owner's host's alone ------------------------------
+
+
+def _record_exit(data: Path, pid: int, host: str) -> None:
+    """What the victim's supervisor on `host` records when it sees the process die."""
+
+    async def go() -> None:
+        ctx = Context(DataDir(data), start_chroma=False)
+        try:
+            assert await workers.mark_exited(await ctx.db(), pid, host, "killed by signal 9")
+        finally:
+            await ctx.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("rescuer_host", ["host-a", "host-b"])
+def test_a_killed_owner_is_taken_over_at_once_on_its_host_and_after_expiry_elsewhere(
+    tmp_path: Path, rescuer_host: str
+) -> None:
+    data = tmp_path / "d"
+    _admit(data, [("s1", "A question that will outlive its executor?", "queue")])
+    lease = {"REM_EXECUTION_LEASE_MS": "8000"}
+    # 5 parts 5 s apart: the victim is still mid-turn however long the rescuer takes to start
+    victim = _spawn_executor(
+        data, tmp_path / "victim.log", REM_HOST="host-a", REM_AGENT_DELAY_MS="5000", **lease
+    )
+    wait_until(lambda: _scalar(data, "SELECT count(*) FROM session_part"), timeout=20, message="streaming")
+    assert _scalar(data, "SELECT host FROM worker WHERE pid = ?", (victim.pid,)) == "host-a"
+    # the rescuer is up and scanning before the kill, so its start-up time is not in the window
+    rescuer = _spawn_executor(
+        data, tmp_path / "rescuer.log", REM_HOST=rescuer_host, REM_AGENT_DELAY_MS="100", **lease
+    )
+    try:
+        wait_until(
+            lambda: _scalar(data, "SELECT state FROM worker WHERE pid = ?", (rescuer.pid,)) == "running",
+            timeout=30,
+            message="rescuer registered",
+        )
+        assert _scalar(data, "SELECT host FROM worker WHERE pid = ?", (rescuer.pid,)) == rescuer_host
+        assert _scalar(data, "SELECT owner_id FROM session_execution") is not None, "the turn ended too soon"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        _record_exit(data, victim.pid, "host-a")
+        recorded_at = clock.now_ms()
+        expires_at = _scalar(data, "SELECT expires_at FROM session_execution")
+        wait_until(
+            lambda: _scalar(data, "SELECT count(*) FROM event WHERE kind = 'execution.taken_over'"),
+            timeout=40,
+            message="takeover",
+        )
+        taken_at, taken = _query(data, "SELECT time, data FROM event WHERE kind = 'execution.taken_over'")[0]
+        if rescuer_host == "host-a":  # its supervisor's record is trusted on its own host
+            assert json.loads(taken)["reason"] == "owner_stopped" and taken_at < expires_at
+        else:  # another host had the record in front of it for seconds, and still waited the lease out
+            assert recorded_at < expires_at - 2000, "the exit was recorded too late to prove anything"
+            assert json.loads(taken)["reason"] == "expired" and taken_at >= expires_at
+        wait_until(lambda: _all_done(data), timeout=30, message="turn finished")
     finally:
         _stop(rescuer)
     _assert_recovered(data)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from backend import ops
+from backend.chroma import server as chroma_server
+from backend.chroma.server import ChromaServer
 from backend.core.datadir import DataDir
 from backend.runtime.context import Context
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
@@ -89,3 +91,62 @@ async def test_no_reap_kill_then_release_hands_over_within_a_second(tmp_path: Pa
 async def _settled(ctx: Context) -> bool:
     result = await ops.check(ctx, verify_chroma=False)
     return result["ok"] and result["counts"]["unsettled"] == 0
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+async def test_up_against_an_external_chroma_starts_none_and_names_its_host(
+    tmp_path: Path, chroma: ChromaServer, chroma_url: str, collection: str
+) -> None:
+    """One host's `rem up` of a fleet: the shared Chroma is someone else's, this host is REM_HOST."""
+    root = tmp_path / "data"
+    env = rem_env(REM_HOST="rack-7", REM_CHROMA_COLLECTION=collection)
+    up = spawn_rem(
+        "up", "--data", str(root), "--chroma-url", chroma_url, "--executors", "1",
+        env=env, log=tmp_path / "up.log",
+    )  # fmt: skip
+    ctx = Context(DataDir(root), chroma_url=chroma_url, start_chroma=False, collection=collection)
+    try:
+        kids = wait_until(
+            lambda: len(_manifest(root).get("children", [])) == 3 and _manifest(root)["children"],
+            timeout=60,
+            message="the supervisor's manifest",
+        )
+        assert _manifest(root)["chroma"] == {"url": chroma_url, "pid": None, "external": True}
+        assert not chroma_server.lock_is_held(DataDir(root))  # no Chroma of this data dir
+        for kid in kids:  # every daemon is pointed at the shared server
+            line = _cmdline(kid["pid"])
+            assert line[line.index("--chroma-url") + 1] == chroma_url, line
+
+        async def hosts() -> set[str]:
+            return {w["host"] for w in (await ops.status(ctx))["workers"] if w["state"] == "running"}
+
+        assert await await_until(
+            lambda: _all_running(ctx), timeout=60, message="the three daemons registered"
+        )
+        assert await hosts() == {"rack-7"}
+        out = run_rem("status", "--data", str(root), "--chroma-url", chroma_url, env=env).stdout
+        assert "rack-7" in out[out.index("Workers (") :]
+        assert run_rem("send", "s1", "hello from rack 7", "--data", str(root), env=env).returncode == 0
+
+        async def checked_clean() -> bool:  # receipts and Dream keys checked against the shared Chroma
+            return bool((await ops.check(ctx, settled=True))["ok"])
+
+        await await_until(
+            checked_clean, timeout=90, interval=0.5, message="the turn, summary and Dream to settle"
+        )
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+        await ctx.close()
+    assert up.returncode == 0
+    assert chroma.alive()  # stopping this host's fleet left the shared server alone
+
+
+async def _all_running(ctx: Context) -> bool:
+    return sum(w["state"] == "running" for w in (await ops.status(ctx))["workers"]) == 3

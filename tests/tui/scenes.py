@@ -243,6 +243,55 @@ class Scene:
             self.now - published_ago_ms,
         )
 
+    def usage(
+        self,
+        sid: str,
+        *,
+        tokens: tuple[int, int, int, int],
+        cost: float,
+        turns: int,
+        model: str = "gpt-4o-mini",
+        error: dict[str, Any] | None = None,
+        held: str | None = None,
+    ) -> None:
+        """A session's model totals (input, output, reasoning, cache read), last error, hold."""
+        self.session(sid)
+        self.x(
+            "UPDATE session SET tokens_input = ?, tokens_output = ?, tokens_reasoning = ?, "
+            "tokens_cache_read = ?, cost = ?, turn_count = ?, model = ?, model_error = ?, held_at = ?, "
+            "held_reason = ? WHERE id = ?",
+            *tokens,
+            cost,
+            turns,
+            model,
+            json.dumps(error) if error else None,
+            self.now - 95_000 if held else None,
+            held,
+            sid,
+        )
+
+    def model_calls(
+        self, outcomes: list[tuple[str, int | None, float | None]], *, every_ms: int = 1_500
+    ) -> None:
+        """Model request attempts, oldest first, ending now: (outcome, status, time to first token)."""
+        for i, (outcome, status, ttft) in enumerate(outcomes):
+            self.x(
+                "INSERT INTO model_call (time, owner_id, kind, endpoint, model, session_id, attempt, outcome, "
+                "status, ttft_ms, duration_ms, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                self.now - (len(outcomes) - i) * every_ms,
+                EXEC_A,
+                "chat",
+                "api.openai.com/v1",
+                "gpt-4o-mini",
+                "s-alpha",
+                2 if i and outcomes[i - 1][0] != "ok" else 1,
+                outcome,
+                status,
+                ttft,
+                (ttft or 0) + 2_400,
+                None if outcome == "ok" else f"HTTP {status} {outcome}",
+            )
+
     def event(
         self,
         kind: str,
@@ -286,6 +335,10 @@ def healthy(scene: Scene) -> None:
         for sid in ("s-alpha", "s-bravo", "s-echo", "s-foxtrot"):
             scene.summary(sid)
         scene.dream("s-echo", input_rev=REV_A, completed_rev=REV_A, state="digested")
+        scene.usage("s-alpha", tokens=(48_210, 9_880, 1_204, 22_400), cost=0.0171, turns=14)
+        scene.usage("s-bravo", tokens=(5_120, 1_430, 0, 0), cost=0.0016, turns=3)
+        scene.usage("s-echo", tokens=(212_004, 35_120, 8_800, 96_000), cost=0.0644, turns=41)
+        scene.model_calls([("ok", None, 310.0 + 40 * (i % 5)) for i in range(24)])
         for i, (kind, actor, sid) in enumerate(
             [
                 ("worker.started", EXEC_A, None),
@@ -423,12 +476,53 @@ def dream_drift(scene: Scene) -> None:
     scene.tx(rows)
 
 
+def model_trouble(scene: Scene) -> None:
+    """The endpoint rate-limits (retries) and one session hit a 401: held, two inputs asleep."""
+
+    def rows() -> None:
+        scene.model_calls(
+            [("ok", None, 350.0)] * 6
+            + [("rate_limited", 429, None), ("ok", None, 1_840.0), ("rate_limited", 429, None)]
+            + [("rate_limited", 429, None), ("ok", None, 2_120.0), ("auth", 401, None)],
+            every_ms=900,
+        )
+        error = {"class": "auth", "status": 401, "message": "HTTP 401 invalid_api_key: Incorrect API key"}
+        scene.usage(
+            "s-tango",
+            tokens=(1_310, 240, 0, 0),
+            cost=0.0004,
+            turns=2,
+            error=error,
+            held="auth: HTTP 401 invalid_api_key: Incorrect API key provided: sk-pr***",
+        )
+        scene.inputs("s-tango", 2, oldest_ago_ms=80_000)
+        scene.x("UPDATE session_input SET wake_pending = 0 WHERE session_id = 's-tango'")
+        scene.usage(
+            "s-alpha",
+            tokens=(48_210, 9_880, 1_204, 22_400),
+            cost=0.0171,
+            turns=14,
+            error={"class": "rate_limited", "status": 429, "message": "HTTP 429 rate_limit_exceeded"},
+        )
+        scene.event(
+            "session.held",
+            EXEC_A,
+            ago_ms=95_000,
+            session_id="s-tango",
+            target="s-tango",
+            **{"class": "auth", "status": 401, "resume": "rem resume s-tango"},
+        )
+
+    scene.tx(rows)
+
+
 def incident(scene: Scene) -> None:
     """Everything at once: the main screenshot."""
     healthy(scene)
     killed_executor(scene)
     receipt_mismatches(scene)
     dream_drift(scene)
+    model_trouble(scene)
 
 
 def build(root: Path, *steps: Callable[[Scene], None], now: int = NOW) -> DataDir:

@@ -167,3 +167,39 @@ async def test_unknown_lease_by_the_time_of_release_is_a_notification_not_a_cras
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "failed", "the failure")
         assert "no execution lease" in log.all_records()[0]["message"]
         assert app.is_running
+
+
+async def test_resuming_a_held_session_wakes_its_inputs_and_is_journaled(incident_dir: Any) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("1")  # the held session is the backlog's first row
+        assert table(app, "backlog").selected_key() == "held:s-tango"
+        await pilot.press("u")
+        modal = await confirm_modal(pilot)
+        assert modal.plan.params == {"session_id": "s-tango"}
+        assert "held: auth: HTTP 401" in modal.plan.lines[0]
+        await pilot.press("tab", "enter")
+        log = table(app, "actions")
+        await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the resume")
+        assert "resumed s-tango: 2 waiting input(s) woken" in log.all_records()[0]["message"]
+        await until(pilot, lambda: "held:s-tango" not in table(app, "backlog").shown_keys(), "the hold gone")
+    conn = sqlite3.connect(incident_dir.state_db)
+    try:
+        held = conn.execute("SELECT held_at FROM session WHERE id = 's-tango'").fetchone()[0]
+        woken = conn.execute(
+            "SELECT sum(wake_pending) FROM session_input WHERE session_id = 's-tango'"
+        ).fetchone()
+        (data,) = conn.execute("SELECT data FROM event WHERE kind = 'operator.resume'").fetchone()
+    finally:
+        conn.close()
+    assert held is None and woken[0] == 2 and json.loads(data)["session_id"] == "s-tango"
+
+
+async def test_resume_on_a_session_that_is_not_held_explains_itself(incident_dir: Any) -> None:
+    async with console(incident_dir).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("8")  # sessions: the costliest (s-echo) is not held
+        await pilot.press("u")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1  # no confirmation for a session that is not held
+        assert any("select a held session" in str(n.message) for n in app._notifications)

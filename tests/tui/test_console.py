@@ -114,8 +114,19 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
             "s-papa": "summary_stale",
         }
         backlog = table(app, "backlog")
-        assert backlog.shown_keys()[0] == "rec:exe_0099"  # parked first
+        assert backlog.shown_keys()[:2] == ["held:s-tango", "rec:exe_0099"]  # held, then parked first
+        assert backlog.cell_text("held:s-tango", "what") == "held"
+        assert backlog.cell_text("held:s-tango", "detail").startswith("2 asleep · auth: HTTP 401")
         assert backlog.cell_text("rec:exe_0099", "what") == "parked"
+        sessions = table(app, "sessions")
+        assert sessions.shown_keys() == ["s:s-echo", "s:s-alpha", "s:s-bravo", "s:s-tango"]  # costliest first
+        assert sessions.cell_text("s:s-echo", "cost") == "$0.0644"
+        assert sessions.cell_text("s:s-echo", "tokens") == "351.9k"
+        assert sessions.cell_text("s:s-tango", "error") == "HELD auth"
+        assert sessions.cell_text("s:s-alpha", "error") == "rate_limited"
+        assert "1 held" in str(sessions.border_title) and sessions.has_class("-alert")
+        header = app.header.header_text().plain
+        assert "model DOWN (auth) 11% err 3 retries p95 1.8 s" in header
         assert backlog.cell_text("in:s-charlie", "detail") == "3 queued"
         workers = table(app, "workers")
         assert workers.cell_text(scenes.EXEC_B, "state") == "dead"
@@ -216,6 +227,28 @@ async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
             pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101", timeout=2
         )
         assert "dead" in str(workers.border_title)
+
+
+async def test_the_workers_panel_names_each_workers_host_and_counts_hosts(
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
+    async with console(healthy_dir, poll_s=0.1).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        assert workers.cell_text(scenes.EXEC_A, "host") == "ops-1"
+        assert "hosts" not in str(workers.border_title)  # one host: nothing to say
+        write(
+            healthy_dir,
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES ('executor-ops-2-77-abcdef', 'executor', 77, 'ops-2', ?, ?, 'running')",
+            clock_at_scene.now - 1000,
+            clock_at_scene.now - 500,
+        )
+        await until(
+            pilot, lambda: "executor-ops-2-77-abcdef" in workers.shown_keys(), "the other host's worker"
+        )
+        assert workers.cell_text("executor-ops-2-77-abcdef", "host") == "ops-2"
+        await until(pilot, lambda: "on 2 hosts" in str(workers.border_title), "the host count")
 
 
 async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident_dir: DataDir) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.datadir import DataDir
+from backend.tools.demo import model_env as demo_model_env
 from backend.tools.demo import run_demo, stop
 from tests.helpers import rem_json, run_rem, wait_until
 
@@ -136,7 +137,8 @@ def test_a_hangup_before_the_console_still_stops_rem_up_and_removes_the_dir() ->
         "    return real_wait(root, proc, *a, **k)\n"
         "demo.wait_ready = wait_ready\n"
         "real_start = demo.start_up\n"
-        "demo.start_up = lambda root, extra=None: real_start(root, ['--executors', '0', '--summarizers', '0', '--dreams', '0'])\n"
+        "demo.start_up = lambda root, extra=None, env=None: real_start(\n"
+        "    root, ['--executors', '0', '--summarizers', '0', '--dreams', '0'], env)\n"
         "import sys\n"
         "sys.argv = ['rem', 'demo']\n"
         "from backend.cli.app import main\n"
@@ -148,3 +150,40 @@ def test_a_hangup_before_the_console_still_stops_rem_up_and_removes_the_dir() ->
     assert "SIGHUP before the console opened" in proc.stderr and "Traceback" not in proc.stderr
     assert "stopping `rem up`" in proc.stderr and "removed" in proc.stderr
     assert not root.exists()
+
+
+def test_demo_with_a_model_url_answers_with_that_endpoint() -> None:
+    from tests.fake_openai import FakeOpenAIServer, Scenario
+
+    reply = "The export stalled because the pool was recycled mid-window."
+    seen: dict[str, Any] = {}
+    with FakeOpenAIServer(Scenario(reply=reply, tokens_per_second=200)) as server:
+        model = demo_model_env(server.base_url, "gpt-4o-mini")
+
+        def console(data: DataDir) -> None:
+            def answered() -> Any:
+                status = rem_json("status", "--data", str(data.root))
+                return status if status["usage"]["total"]["sessions"] else None
+
+            seen["status"] = wait_until(answered, timeout=90, message="a reply from the endpoint")
+
+        assert (
+            run_demo(
+                None,
+                console=console,
+                up_args=["--executors", "1", "--summarizers", "0", "--dreams", "0"],
+                model=model,
+            )
+            == 0
+        )
+        assert server.requests() and server.requests()[0].path == "/v1/chat/completions"
+    status = seen["status"]
+    assert status["model"]["state"] in ("ok", "degraded") and status["model"]["models"] == ["gpt-4o-mini"]
+    assert status["usage"]["total"]["tokens"]["output"] > 0
+
+
+def test_demo_model_options_go_together() -> None:
+    proc = run_rem("demo", "--model-url", "http://127.0.0.1:1/v1")
+    assert proc.returncode == 2 and "--model-url and --model together" in proc.stderr
+    proc = run_rem("demo", "--model-url", "ftp://x", "--model", "m")
+    assert proc.returncode == 2 and "is not an http:// or https:// URL" in proc.stderr

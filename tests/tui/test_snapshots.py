@@ -110,3 +110,10 @@ def test_incident_at_80x24_read_only_paused(
 ) -> None:
     app = app_for(scene_dir(scenes.incident), read_only=True)
     assert snap_compare(app, terminal_size=(80, 24), run_before=after("p"))
+
+
+def test_held_session_detail_with_usage_and_model_error(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir]
+) -> None:
+    app = app_for(scene_dir(scenes.healthy, scenes.model_trouble))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("8", "end", "enter"))

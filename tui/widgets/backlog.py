@@ -11,7 +11,7 @@ from backend.ops.records import Status
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-WHAT_TONE = {"parked": "error", "failed": "error", "recov": "warning"}
+WHAT_TONE = {"parked": "error", "failed": "error", "held": "error", "recov": "warning"}
 
 
 def _what(record: Record, now: int, palette: Palette) -> Text:
@@ -33,11 +33,18 @@ def _detail(record: Record) -> str:
         return f"{text} {error}" if error else text
     if what == "failed":
         return f"×{record.get('attempts', 0)} {record.get('last_error') or ''}".strip()
+    if what == "held":
+        return f"{record.get('waiting', 0)} asleep · {record.get('reason') or ''} · u resumes"
     return str(record.get("detail", ""))
 
 
 def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
     backlog = snapshot["backlog"]
+    for held in backlog["held"]:
+        yield (
+            f"held:{held['session_id']}",
+            {"what": "held", "target": held["session_id"], "since": held["held_at"], **held},
+        )
     for rec in sorted(backlog["recoveries"], key=lambda r: not r["parked"]):
         what = "parked" if rec["parked"] else "recov"
         yield (
@@ -67,7 +74,7 @@ def summary_line(snapshot: Status) -> str:
 
 
 class BacklogTable(SnapshotTable):
-    """Work waiting: recoveries (parked first), failed summaries, inputs by oldest."""
+    """Work waiting: sessions held for an operator, recoveries (parked first), failed summaries, inputs."""
 
     PANEL_TITLE = "Backlog"
     PANEL_NAME = "backlog"
@@ -93,7 +100,12 @@ class BacklogTable(SnapshotTable):
     def titles(self, snapshot: Status) -> tuple[str, bool]:
         backlog = snapshot["backlog"]
         parked = sum(1 for r in backlog["recoveries"] if r["parked"])
-        title = f"Backlog {snapshot['counts']['backlog']}" + (f" · {parked} parked" if parked else "")
+        held = len(backlog["held"])
+        title = (
+            f"Backlog {snapshot['counts']['backlog']}"
+            + (f" · {parked} parked" if parked else "")
+            + (f" · {held} held" if held else "")
+        )
         failed = backlog["summary_jobs"]["failed"]
         self.summary = summary_line(snapshot)
-        return title, bool(parked or failed)
+        return title, bool(parked or failed or held)

@@ -8,7 +8,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from backend.ops.records import ChromaHealth, Status
+from backend.models.health import ModelState
+from backend.ops.records import ChromaHealth, ModelHealth, Status
 from tui.format import DEFAULT_PALETTE, clock_time
 
 
@@ -21,6 +22,36 @@ def chroma_label(chroma: ChromaHealth | None) -> tuple[str, bool | None]:
     if chroma["external"]:
         where += " (ext)"
     return (f"Chroma up{where}", True) if chroma["healthy"] else (f"Chroma DOWN{where}", False)
+
+
+MODEL_TONE = {
+    ModelState.OK: "success",
+    ModelState.DEGRADED: "warning",
+    ModelState.DOWN: "error",
+    ModelState.IDLE: "muted",
+}
+
+
+def model_label(model: ModelHealth | None) -> tuple[str, str] | None:
+    """The model endpoint's health in a few words, and its tone (None: no model used, ever)."""
+    if model is None or model["state"] == ModelState.UNUSED:
+        return None
+    state = model["state"]
+    if state == ModelState.IDLE:
+        return "model idle", "muted"
+    label = f"model {state}"
+    if state == ModelState.DOWN:
+        last = model["last_error"]
+        label = f"model DOWN ({last['error_class']})" if last else "model DOWN"
+    parts = [label]
+    if model["requests"]:
+        parts.append(f"{100 * model['error_rate']:.0f}% err")
+    if model["retries"]:
+        parts.append(f"{model['retries']} retries")
+    if model["ttft_ms_p95"] is not None:
+        p95 = model["ttft_ms_p95"]
+        parts.append(f"p95 {p95:.0f} ms" if p95 < 1000 else f"p95 {p95 / 1000:.1f} s")
+    return " ".join(parts), MODEL_TONE.get(state, "muted")
 
 
 class ConsoleHeader(Static):
@@ -87,6 +118,11 @@ class ConsoleHeader(Static):
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))
         line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
+        model = model_label(snap["model"] if snap is not None else None)
+        if model is not None:
+            text, tone = model
+            line.append("  ● ", style=Style(color=self.palette[tone]))
+            line.append(text, style=Style(color=self.palette[tone]) if tone in ("error", "warning") else "")
         if snap is not None:
             line.append(f"  schema v{snap['schema_version']}")
             line.append(f"  {snap['counts']['sessions']} sessions")

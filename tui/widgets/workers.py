@@ -95,5 +95,10 @@ class WorkerTable(SnapshotTable):
         records = self.all_records()
         dead = sum(1 for r in records if worker_state(r, now) == "dead")
         alive = sum(1 for r in records if worker_alive(r, now))
-        title = f"Workers {alive} alive" + (f" · {dead} dead" if dead else "")
+        hosts = len({r.get("host") for r in records})
+        title = (
+            f"Workers {alive} alive"
+            + (f" on {hosts} hosts" if hosts > 1 else "")  # one host: the usual case, said by the host column
+            + (f" · {dead} dead" if dead else "")
+        )
         return title, dead > 0

@@ -1,0 +1,33 @@
+"""`rem show`: one session's transcript, with usage, cost, model errors and recovery markers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from backend import ops
+from backend.cli import common
+from backend.cli.render import print_transcript
+
+
+def register(app: typer.Typer) -> None:
+    app.command("show")(show)
+
+
+def show(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session to show.")],
+    last: Annotated[int, typer.Option("--last", min=0, help="Only the last N messages (0: all).")] = 0,
+    data: common.DataOpt = None,
+    json: common.JsonOpt = False,
+) -> None:
+    """Show a session's transcript: messages, parts, each reply's usage, cost and model error, recovery markers.
+
+    Example: rem show demo-billing-1 --last 10
+    """
+    ctx = common.make_context(data, None, read_only=True)
+    result = common.run(lambda: common.with_context(ctx, lambda c: ops.show(c, session_id, last=last)))
+    if json:
+        common.emit_json(result)
+    else:
+        print_transcript(result)

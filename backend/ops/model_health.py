@@ -1,0 +1,171 @@
+"""The model-health and usage blocks of the status snapshot (what the console header shows).
+
+Model health comes from `model_call`, one row per request attempt, over a
+recent window (`WINDOW_MS`, at most `WINDOW_ROWS` attempts): requests,
+errors by class, retries, the last error, and the time to first token of
+streamed replies (p50/p95). Its `state`:
+
+* `down`: the last `DOWN_AFTER` attempts all failed, or the last one failed in
+  a way only an operator can fix (a bad key, an unknown model, no quota);
+* `degraded`: at least `DEGRADED_RATE` of the window's attempts failed;
+* `ok`: otherwise; `idle`: no attempt in the window; `unused`: none ever.
+
+Usage comes from the session totals (the seed's columns, written with each
+reply): the sessions that used a model or failed to, by cost, and the total.
+Both are typed records (`backend.ops.records`): a metrics exporter reads the same snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from backend.models.errors import NEEDS_OPERATOR
+from backend.models.health import OK, CallKind, ModelState
+from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
+from backend.store.db import Conn, Row
+
+WINDOW_MS = 5 * 60_000
+WINDOW_ROWS = 2000
+DOWN_AFTER = 3
+DEGRADED_RATE = 0.05
+USAGE_CAP = 500
+
+CALLS_SQL = """
+SELECT time, kind, endpoint, model, session_id, attempt, outcome, status, ttft_ms, error
+FROM model_call WHERE time >= :since ORDER BY time DESC LIMIT :cap"""
+LAST_CALL_SQL = "SELECT max(time) FROM model_call"
+USAGE_WHERE = "tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL"
+USAGE_SESSIONS_SQL = f"""
+SELECT id AS session_id, title, model, turn_count, tokens_input, tokens_output, tokens_reasoning,
+       tokens_cache_read, tokens_cache_write, cost, model_error, held_at, time_updated
+FROM session INDEXED BY session_usage_idx WHERE {USAGE_WHERE} ORDER BY cost DESC LIMIT :cap"""
+USAGE_TOTAL_SQL = f"""
+SELECT count(*), total(cost), total(tokens_input), total(tokens_output), total(tokens_reasoning),
+       total(tokens_cache_read), total(tokens_cache_write)
+FROM session INDEXED BY session_usage_idx WHERE {USAGE_WHERE}"""
+HELD_SQL = """
+SELECT s.id AS session_id, s.held_at, s.held_reason,
+       (SELECT count(*) FROM session_input AS i
+        WHERE i.session_id = s.id AND i.promoted_seq IS NULL) AS waiting
+FROM session AS s INDEXED BY session_held_idx WHERE s.held_at IS NOT NULL ORDER BY s.held_at LIMIT :cap"""
+QUERIES = {
+    "model_calls": CALLS_SQL,
+    "usage_sessions": USAGE_SESSIONS_SQL,
+    "usage_total": USAGE_TOTAL_SQL,
+    "held": HELD_SQL,
+}
+TOKENS = ("input", "output", "reasoning", "cache_read", "cache_write")
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+def _state(rows: list[Row], errors: int, last_call_at: int | None) -> ModelState:
+    if not rows:
+        return ModelState.IDLE if last_call_at is not None else ModelState.UNUSED
+    newest = rows[:DOWN_AFTER]
+    if rows[0]["outcome"] in NEEDS_OPERATOR or (
+        len(newest) == DOWN_AFTER and all(r["outcome"] != OK for r in newest)
+    ):
+        return ModelState.DOWN
+    return ModelState.DEGRADED if errors / len(rows) >= DEGRADED_RATE else ModelState.OK
+
+
+def model_health_sync(conn: Conn, now: int) -> ModelHealth:
+    """The endpoint's health over the recent window (rows newest first)."""
+    rows = conn.execute(CALLS_SQL, {"since": now - WINDOW_MS, "cap": WINDOW_ROWS}).fetchall()
+    last_call_at = conn.execute(LAST_CALL_SQL).fetchone()[0]
+    failed = [r for r in rows if r["outcome"] != OK]
+    by_class: dict[str, int] = {}
+    for r in failed:
+        by_class[r["outcome"]] = by_class.get(r["outcome"], 0) + 1
+    by_kind: dict[str, int] = {}
+    for r in rows:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1
+    ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None and r["kind"] == CallKind.CHAT)
+    last = failed[0] if failed else None
+    return {
+        "state": _state(rows, len(failed), last_call_at),
+        "window_ms": WINDOW_MS,
+        "endpoints": sorted({r["endpoint"] for r in rows}),
+        "models": sorted({r["model"] for r in rows}),
+        "requests": len(rows),
+        "errors": len(failed),
+        "error_rate": round(len(failed) / len(rows), 4) if rows else 0.0,
+        "errors_by_class": by_class,
+        "retries": sum(1 for r in rows if r["attempt"] > 1),
+        "requests_by_kind": by_kind,
+        "ttft_ms_p50": _percentile(ttft, 0.5),
+        "ttft_ms_p95": _percentile(ttft, 0.95),
+        "last_error": None
+        if last is None
+        else {
+            "time": last["time"],
+            "error_class": last["outcome"],
+            "status": last["status"],
+            "message": last["error"],
+            "kind": last["kind"],
+            "session_id": last["session_id"],
+        },
+        "last_call_at": last_call_at,
+    }
+
+
+def _last_error(raw: str | None) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return {"message": raw}
+    return value if isinstance(value, dict) else None
+
+
+def usage_sync(conn: Conn) -> Usage:
+    """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total."""
+    sessions: list[SessionUsage] = []
+    for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP}):
+        tokens = {name: int(r[f"tokens_{name}"]) for name in TOKENS}
+        sessions.append(
+            {
+                "session_id": r["session_id"],
+                "title": r["title"],
+                "model": r["model"],
+                "turns": r["turn_count"],
+                "tokens": tokens,
+                "tokens_total": sum(tokens.values()),
+                "cost": float(r["cost"]),
+                "last_error": _last_error(r["model_error"]),
+                "held": r["held_at"] is not None,
+                "time_updated": r["time_updated"],
+            }
+        )
+    count, cost, *totals = conn.execute(USAGE_TOTAL_SQL).fetchone()
+    return {
+        "total": {
+            "sessions": int(count),
+            "cost": float(cost),
+            "tokens": {name: int(v) for name, v in zip(TOKENS, totals, strict=True)},
+        },
+        "sessions": sessions,
+    }
+
+
+def held_sync(conn: Conn, now: int) -> list[HeldSession]:
+    """Sessions held after a model error that needs an operator, oldest hold first."""
+    out: list[HeldSession] = []
+    for r in conn.execute(HELD_SQL, {"cap": USAGE_CAP}):
+        reason = r["held_reason"] or ""
+        out.append(
+            {
+                "session_id": r["session_id"],
+                "held_at": r["held_at"],
+                "held_ms": now - r["held_at"],
+                "reason": reason,
+                "error_class": reason.split(":", 1)[0] if ":" in reason else None,
+                "waiting": r["waiting"],
+            }
+        )
+    return out
