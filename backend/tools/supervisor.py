@@ -271,7 +271,7 @@ class Supervisor:
     def manifest(self) -> dict[str, Any]:
         """`up.json`: every process with its pid *and* start time, so nobody signals a reused pid."""
         chroma_pid = self.chroma.pid if self.chroma else None
-        if chroma_pid != self._chroma_identity.get("pid"):
+        if not self._chroma_identity or chroma_pid != self._chroma_identity["pid"]:
             self._chroma_identity = processes.identity(chroma_pid)
         return {
             **self._identity,
