@@ -142,12 +142,19 @@ def main() -> None:
         "--sessions", type=int, default=100_000, help="size of the generated data dir when DIR is omitted"
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated data dir (printed)")
+    parser.add_argument(
+        "--scale", type=int, choices=(1, 10), help="use benchmarks/scale.py's cached data dir of this scale"
+    )
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_start:
         start_child(args.child_start)
         return
     root = args.dir
+    if root is None and args.scale:
+        from benchmarks.scale import default_cache, ensure_data  # type: ignore[import-not-found]
+
+        root, _ = ensure_data(args.scale, default_cache())
     if root is None:
         from benchmarks.gen_big import generate  # type: ignore[import-not-found]
 

@@ -49,8 +49,11 @@ def generate(
     rng = random.Random(seed)
     now = int(time.time() * 1000)
     conn = sqlite3.connect(root / "state.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
+    # a bulk load into a fresh file: no journal (a failed build is simply rebuilt), a big page
+    # cache for the index b-trees; WAL again at the end, as rem runs it
+    conn.execute("PRAGMA journal_mode = OFF")
     conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("PRAGMA cache_size = -1000000")
     conn.execute("BEGIN")
     sids = [f"s{i:06d}" for i in range(sessions)]
     conn.executemany(
@@ -169,8 +172,8 @@ def generate(
         ),
     )
     conn.execute("COMMIT")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.execute("ANALYZE")
+    conn.execute("PRAGMA journal_mode = WAL")
     conn.close()
     return {
         "sessions": sessions,

@@ -8,7 +8,11 @@ at a fixed terminal size. A real Chroma server is started for the data dir
 so the header shows real health; only its random port is shown as 8000 so
 the SVGs do not change from run to run. The main picture (`console.svg`)
 replays three minutes of an incident step by step through the console, so
-its sparklines are the history the console itself recorded; in its last
+its sparklines are the history the console itself recorded. The same replay is
+recorded into the data dir's status history, as `rem up` would, and
+`post-mortem.svg` is the console opened on it with `--at`, two steps after the
+kill.
+In the replay's last
 steps the model endpoint starts rate-limiting and one session is held after
 a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`).
 """
@@ -34,7 +38,9 @@ from backend import ops
 from backend.chroma import server as chroma_server
 from backend.core import clock
 from backend.core.datadir import DataDir
+from backend.ops import timeline
 from backend.runtime.context import Context
+from backend.store.history import HistoryStore
 from tests.tui import scenes
 from tui.app import ConsoleApp
 from tui.screens.detail import LOADING
@@ -158,6 +164,8 @@ async def capture_timeline(out: Path, work: Path) -> None:
             app = new_app(data)
             async with app.run_test(size=SIZE) as pilot:
                 await wait_applied(app, pilot, 1)
+                history = HistoryStore.open(data.root)
+                recorder = Context(data, read_only=True, start_chroma=False)
                 for k in range(1, STEPS + 1):
                     scene.now = start + k * STEP_MS
                     frozen.now = scene.now
@@ -165,9 +173,22 @@ async def capture_timeline(out: Path, work: Path) -> None:
                     applies = app.stats["applies"]
                     app.request_refresh(force=True)
                     await wait_applied(app, pilot, applies + 1)
+                    shown = await fixed_port_status(recorder)
+                    await timeline.record(recorder, history, "interval", shown)
+                await recorder.close()
+                history.close()
                 app.tick()
                 await settle(pilot)
                 app.save_screenshot("console.svg", str(out))
+            post_mortem = new_app(data, read_only=True, at=start + 11 * STEP_MS)
+            async with post_mortem.run_test(size=SIZE) as pilot:
+                for _ in range(400):
+                    await pilot.pause()
+                    if post_mortem.moment is not None and post_mortem.applied is post_mortem.moment:
+                        break
+                    await asyncio.sleep(0.025)
+                await settle(pilot)
+                post_mortem.save_screenshot("post-mortem.svg", str(out))
         finally:
             server.stop()
 
@@ -220,7 +241,7 @@ async def main(out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="rem-shots-") as tmp:
         work = Path(tmp)
         await capture_timeline(out, work)
-        print(f"wrote {out / 'console.svg'}")
+        print(f"wrote {out / 'console.svg'} and {out / 'post-mortem.svg'}")
         for name, make, keys, extra in states(work):
             await capture_state(out, name, make(), keys, **extra)
             print(f"wrote {out / (name + '.svg')}")

@@ -100,6 +100,7 @@ def synthesis_metadata(sid: str, revision: str, memory_count: int) -> dict[str, 
         "keywords": "alpha,beta",
         "dreamInputRevision": revision,
         "summarizer": "test-extractive",
+        "project": "default",
     }
 
 

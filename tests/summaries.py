@@ -149,6 +149,7 @@ def base_metadata(session_id: str, **extra: Any) -> dict[str, Any]:
         "keywords": ["restart", "service"],
         "dreamInputRevision": f"sha256:{session_id:0>64}"[:71],
         "summarizer": "test",
+        "project": "default",
         **extra,
     }
 

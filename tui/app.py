@@ -29,18 +29,19 @@ from textual.worker import Worker, WorkerState
 from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
-from backend.ops.records import Status
+from backend.ops.records import Moment, Status
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
 from tui.format import home_short, one_line_error, palette_from
-from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, SnapshotLoaded
+from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, MomentLoaded, SnapshotLoaded
 from tui.refresh import ApplyChain, RefreshScheduler, Ticker, WorkerGroup, new_events, state_db_changes
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.export import ExportScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
+from tui.screens.recall import RecallScreen
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.backlog import BacklogTable
 from tui.widgets.banner import Banner
@@ -54,6 +55,7 @@ from tui.widgets.panel_table import PanelTable
 from tui.widgets.receipts import ReceiptTable
 from tui.widgets.sessions import SessionsTable
 from tui.widgets.snapshot_table import SnapshotTable
+from tui.widgets.timeline_bar import TimelineBar
 from tui.widgets.trends import Trends, trend_values
 from tui.widgets.workers import WorkerTable
 
@@ -98,6 +100,9 @@ class ConsoleApp(App[None]):
     | l | release the selected lease |
     | u | resume the selected session a model error holds |
     | e / c | export the focused panel as CSV / copy it to the clipboard |
+    | t | timeline: the panels as recorded (`rem up` records them) / back to live |
+    | [ / ] | timeline: previous / next recorded snapshot |
+    | { / } | timeline: previous / next incident start |
     | ctrl+r | refresh now |
     | ctrl+p | command palette |
     | q | quit |
@@ -113,6 +118,7 @@ class ConsoleApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("p", "toggle_pause", "Pause"),
         Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("t", "timeline", "Timeline"),
         Binding("l", "release", "Release"),
         Binding("d", "drain", "Drain"),
         Binding("r", "replay_selected", "Replay"),
@@ -123,6 +129,14 @@ class ConsoleApp(App[None]):
         Binding("e", "export_csv", "Export CSV"),
         Binding("c", "copy_csv", "Copy CSV", show=False),
         Binding("z", "toggle_maximize", "Zoom"),
+        Binding("left_square_bracket", "timeline_seek('back')", "Timeline: step back", show=False),
+        Binding("right_square_bracket", "timeline_seek('forward')", "Timeline: step forward", show=False),
+        Binding(
+            "left_curly_bracket", "timeline_seek('incident_back')", "Timeline: previous incident", show=False
+        ),
+        Binding(
+            "right_curly_bracket", "timeline_seek('incident_forward')", "Timeline: next incident", show=False
+        ),
         Binding("ctrl+r", "refresh_now", "Refresh now", show=False),
         *(
             Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
@@ -143,6 +157,7 @@ class ConsoleApp(App[None]):
         poll_s: float = 2.0,
         health_s: float = 10.0,
         min_interval_s: float = 0.1,
+        at: int | None = None,
     ) -> None:
         super().__init__()
         self.data = data if isinstance(data, DataDir) else DataDir.resolve(data)
@@ -164,6 +179,11 @@ class ConsoleApp(App[None]):
         self._action_workers: dict[Worker[Any], ActionPlan] = {}
         self.ticker = Ticker(self._tick_panel)
         self._palette = palette_from({})
+        # the timeline: a recorded moment shown instead of live state (None: live)
+        self.start_at = at
+        self.moment: Moment | None = None
+        # `--at`: live snapshots wait until the moment asked for has been shown (or failed to load)
+        self._awaiting_moment = at is not None
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
 
@@ -185,6 +205,7 @@ class ConsoleApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield ConsoleHeader(self.data_label, read_only=self.read_only, id="header")
+        yield TimelineBar(id="timeline")
         yield Banner(id="banner")
         yield Trends(id="trends")
         with Horizontal(id="panels"):
@@ -207,6 +228,7 @@ class ConsoleApp(App[None]):
         # widget references held from mount on: timers firing during shutdown find them too
         self.header = self.query_one("#header", ConsoleHeader)
         self.banner = self.query_one("#banner", Banner)
+        self.timeline_bar = self.query_one("#timeline", TimelineBar)
         self.trends = self.query_one("#trends", Trends)
         self.filter_bar = self.query_one("#filter", FilterBar)
         self.key_bar = self.query_one("#keys", KeyBar)
@@ -222,6 +244,8 @@ class ConsoleApp(App[None]):
         self.set_interval(self.poll_s, self.refresher.poll)
         self.panel("leases").focus()
         self.request_refresh(force=True)
+        if self.start_at is not None:
+            self.load_moment("at", self.start_at)
         if self.watch_files:
             self.watch_data_dir()
 
@@ -290,19 +314,21 @@ class ConsoleApp(App[None]):
             if chroma["healthy"]
             else f"Chroma unreachable: {error} — replay needs it; everything else is live",
         )
-        if self.paused or len(self.screen_stack) > 1:
+        if self.paused or len(self.screen_stack) > 1 or self.moment is not None or self._awaiting_moment:
             self._show_waiting()
             return
         self.apply_snapshot(message.snapshot)
 
-    def apply_snapshot(self, snapshot: Status) -> None:
+    def apply_snapshot(self, snapshot: Status, now: int | None = None) -> None:
         """Show a snapshot: header and trends at once, the panels as frames allow.
 
         `applied` is set once every panel shows the newest snapshot.
         """
-        now = clock.now_ms()
+        recorded = now is not None  # a moment of the timeline, shown as of its own time
+        now = clock.now_ms() if now is None else now
         self.header.set_state(snapshot=snapshot, now=now, waiting="")
-        self.trends.record(now, trend_values(snapshot, now))
+        if not recorded:
+            self.trends.record(now, trend_values(snapshot, now))
         self.apply_chain.apply(snapshot, now, self.panels())
 
     def _applied(self, snapshot: Status, took_s: float) -> None:
@@ -318,7 +344,9 @@ class ConsoleApp(App[None]):
         self.refresher.last_cycle_s = took_s + load_s
 
     def apply_pending(self) -> None:
-        """Show the latest snapshot if it was held back (pause ended, modal closed)."""
+        """Show the latest snapshot if it was held back (pause ended, modal closed, back from the past)."""
+        if self.moment is not None:
+            return
         if not self.paused and self.latest is not None and self.latest is not self.applied:
             self.apply_snapshot(self.latest)
 
@@ -330,6 +358,8 @@ class ConsoleApp(App[None]):
         self.ticker.all()
 
     def _tick_panel(self, name: str) -> None:
+        if self.moment is not None:  # a recorded moment stands still: no countdown runs in the past
+            return
         now = clock.now_ms()
         if name == "leases":
             self.header.set_state(now=now)
@@ -352,6 +382,11 @@ class ConsoleApp(App[None]):
         error = worker.error
         if worker.group in (WorkerGroup.ACTION, WorkerGroup.DRY_RUN):
             self._action_failed(self._action_workers.pop(worker, None), worker.name, error)
+        elif worker.group == WorkerGroup.TIMELINE:
+            self.notify(f"timeline: {self.one_line(error)}", severity="error", timeout=10)
+            if self._awaiting_moment:  # show live state rather than nothing
+                self._awaiting_moment = False
+                self.apply_pending()
         elif worker.group == WorkerGroup.WATCH:
             self.notify(
                 f"file watching stopped ({error}); polling every {self.poll_s:g} s", severity="warning"
@@ -398,8 +433,8 @@ class ConsoleApp(App[None]):
 
     # -- actions -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ACTIONS and self.read_only:
-            return None  # shown greyed out; the library would refuse anyway
+        if action in ACTIONS and (self.read_only or self.moment is not None):
+            return None  # greyed out; read-only: the library would refuse anyway; the past: not actionable
         return True
 
     def _selected(self, name: str, what: str) -> dict[str, Any] | None:
@@ -500,7 +535,59 @@ class ConsoleApp(App[None]):
         self._log_action(message.plan.action, message.plan.target_text, "ok", text)
         self.request_refresh(force=True)
 
+    # -- the timeline: recorded moments instead of live state ---------------------------
+    def action_timeline(self) -> None:
+        """Enter the timeline at the newest recorded snapshot, or go back to live."""
+        if self.moment is None:
+            self.load_moment("at", clock.now_ms())
+            return
+        self.moment = None
+        self.timeline_bar.show_moment(None)
+        self.header.show_timeline(None)
+        self.trends.display = True
+        self._show_keys()
+        if self.latest is not None:
+            self.apply_snapshot(self.latest)
+        self.notify("live again")
+
+    def action_timeline_seek(self, how: str) -> None:
+        if self.moment is None:  # not in the timeline yet: start at the newest snapshot, then move
+            self.load_moment("at", clock.now_ms(), then=how)
+            return
+        recorded = self.moment["recorded"]
+        self.load_moment(how, recorded["time"], recorded["id"])
+
+    @work(exclusive=True, group=WorkerGroup.TIMELINE, exit_on_error=False)
+    async def load_moment(self, how: str, time_ms: int, entry_id: int = 0, then: str | None = None) -> None:
+        """Read a recorded moment from the history store and the journal around it."""
+        assert self.backend is not None
+        moment = await self.backend.moment(how, time_ms, entry_id)
+        if moment is not None and then is not None:
+            recorded = moment["recorded"]
+            moment = await self.backend.moment(then, int(recorded["time"]), int(recorded["id"])) or moment
+        self.post_message(MomentLoaded(moment, how))
+
+    def on_moment_loaded(self, message: MomentLoaded) -> None:
+        moment = message.moment
+        self._awaiting_moment = False
+        if moment is None:
+            where = "no recorded status history yet" if self.moment is None else "nothing further that way"
+            self.notify(f"timeline: {where}", severity="warning")
+            return
+        recorded = moment["recorded"]
+        self.moment = moment
+        self.timeline_bar.show_moment(recorded)
+        self.header.show_timeline(int(recorded["time"]))
+        self.trends.display = False  # the sparklines are the live minutes, not the moment shown
+        self._show_keys()
+        self.apply_snapshot(moment, now=int(recorded["time"]))
+
     # -- operator comforts ------------------------------------------------------------
+    def action_recall(self) -> None:
+        if self.backend is None:
+            return
+        self.push_screen(RecallScreen(self.backend.recall, describe_error=self.one_line))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_markdown(help_sections(self.BINDINGS))))
 

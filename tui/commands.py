@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("copy_csv", "Copy focused panel as CSV", "Put the rows shown on the clipboard"),
     ("refresh_now", "Refresh now", "Reload the snapshot even if nothing was committed"),
     ("toggle_maximize", "Maximize / restore focused panel", "Give the focused panel the whole screen"),
+    ("recall", "Recall memory", "Type a query; see the turns, summaries and facts an agent would be given"),
     ("help", "Help: all keys", "List every key of the console"),
 )
 

@@ -8,6 +8,7 @@ front of every refresh. Neither keeps a transaction open between calls.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,10 +16,11 @@ from typing import Any
 from backend import ops
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
-from backend.ops.records import ReplayReport, Status
+from backend.ops.records import Moment, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import events
 from backend.store.db import Database
+from backend.store.history import HistoryStore
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
@@ -44,6 +46,7 @@ class ConsoleBackend:
         self.ctx = Context(data, chroma_url=chroma_url, read_only=read_only, start_chroma=False)
         self.loop = BackendLoop().start()
         self._gate: Database | None = None
+        self._history_store: HistoryStore | None = None
         self._status_loader = status_loader or ops.status
 
     def _require_state_db(self) -> None:
@@ -90,12 +93,28 @@ class ConsoleBackend:
         """Journal rows about a session and/or a target (lease id, owner id), newest first."""
         return await self.loop.run(self._history(session_id, target))
 
+    async def _moment(self, how: str, time: int, entry_id: int) -> Moment | None:
+        from backend.ops import timeline
+
+        self._require_state_db()
+        if self._history_store is None:  # read-only whatever the console is: only `rem up` writes it
+            self._history_store = await asyncio.to_thread(HistoryStore.open, self.data.root, read_only=True)
+        return await timeline.seek(self.ctx, self._history_store, how, time, entry_id)
+
+    async def moment(self, how: str, time: int, entry_id: int = 0) -> Moment | None:
+        """A recorded moment (`backend.ops.timeline.seek`): panels as they were, the journal around it."""
+        return await self.loop.run(self._moment(how, time, entry_id))
+
     async def replay(
         self, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
     ) -> ReplayReport:
         return await self.loop.run(
             ops.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
         )
+
+    async def recall(self, query: str, project: str | None = None, k: int = 20) -> dict[str, Any]:
+        """Ranked memory items, as `rem recall` gives them (never starts Chroma: lexical without it)."""
+        return await self.loop.run(ops.recall(self.ctx, query, project=project, k=k))
 
     async def drain(self, owner_id: str) -> dict[str, Any]:
         return await self.loop.run(ops.drain(self.ctx, owner_id, wait=False))
@@ -110,6 +129,9 @@ class ConsoleBackend:
         if self._gate is not None:
             await self._gate.close()
             self._gate = None
+        if self._history_store is not None:
+            self._history_store.close()
+            self._history_store = None
         await self.ctx.close()
 
     def close(self) -> None:

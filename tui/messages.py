@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.message import Message
 
-from backend.ops.records import Status
+from backend.ops.records import Moment, Status
 from tui.actions import ActionPlan
 
 
@@ -40,3 +40,12 @@ class ActionCompleted(Message):
         super().__init__()
         self.plan = plan
         self.result = result
+
+
+class MomentLoaded(Message):
+    """A recorded moment was read for the timeline (None: nothing further that way)."""
+
+    def __init__(self, moment: Moment | None, how: str) -> None:
+        super().__init__()
+        self.moment = moment
+        self.how = how

@@ -43,6 +43,7 @@ class WorkerGroup(StrEnum):
     DRY_RUN = "dry-run"  # the replay dry run shown in the confirmation
     DETAIL_HISTORY = "detail-history"  # a detail screen's journal rows
     DETAIL_DIFF = "detail-diff"  # a detail screen's live receipt diff
+    TIMELINE = "timeline"  # a recorded moment read from the status history
 
 
 class RefreshScheduler:

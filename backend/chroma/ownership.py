@@ -32,6 +32,8 @@ SYNTHESIS_KEYS: dict[str, bool] = {
     "keywords": False,
     "dreamInputRevision": True,
     "summarizer": True,
+    # the session's project: recall finds summaries by it (`where={"project": ...}`)
+    "project": True,
 }
 SYNTHESIS_OWNED_KEYS: tuple[str, ...] = tuple(SYNTHESIS_KEYS)
 SYNTHESIS_REQUIRED_KEYS: tuple[str, ...] = tuple(key for key, required in SYNTHESIS_KEYS.items() if required)

@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
 def bench(
     only: Annotated[
         list[str] | None,
-        typer.Argument(help="Benchmarks to run (turns, receipts, dream, status); default all."),
+        typer.Argument(
+            help="Benchmarks to run (turns, receipts, dream, status, console, console-scale, scale); default all."
+        ),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
     json: common.JsonOpt = False,

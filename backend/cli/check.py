@@ -8,7 +8,7 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_check
+from backend.cli.render import check_progress_bar, print_check
 
 
 def register(app: typer.Typer) -> None:
@@ -28,7 +28,10 @@ def check(
     Example: rem check --settled --json
     """
     ctx = common.make_context(data, chroma_url, read_only=True)
-    result = common.run(lambda: common.with_context(ctx, lambda c: ops.check(c, settled=settled)))
+    with check_progress_bar() as progress:  # on stderr, and only on a terminal
+        result = common.run(
+            lambda: common.with_context(ctx, lambda c: ops.check(c, settled=settled, progress=progress))
+        )
     if json:
         common.emit_json(result)
     else:

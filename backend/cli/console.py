@@ -34,14 +34,41 @@ def console(
             "--read-only", help="Watch only: every action is refused by the library and greyed out."
         ),
     ] = False,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="Open on the timeline at TIME (2026-11-30T03:12:00, 03:12, -15m): the panels as "
+            "`rem up` recorded them; t goes live.",
+            show_default=False,
+        ),
+    ] = None,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
 ) -> None:
     """Open the live on-call console over a data dir (press ? inside for every key).
 
     Example: rem console --read-only --data ./demo-data
+    Example: rem console --at 03:12 --read-only --data ./copy-of-data   (the post-mortem timeline)
     """
     root = existing_data_dir(data)
+    when = None if at is None else recorded_time(root, at)
     from tui.app import ConsoleApp
 
-    ConsoleApp(root, read_only=read_only, chroma_url=chroma_url or common.Globals.chroma_url).run()
+    ConsoleApp(root, read_only=read_only, chroma_url=chroma_url or common.Globals.chroma_url, at=when).run()
+
+
+def recorded_time(root: DataDir, at: str) -> int:
+    """`--at` as ms, refused in one line when the data dir has no status history to show."""
+    from backend.ops.timeline import parse_time
+    from backend.store.history import HistoryStore
+
+    when = parse_time(at)
+    history = HistoryStore.open(root.root, read_only=True)
+    try:
+        bounds = history.bounds()
+    finally:
+        history.close()
+    if not bounds["count"]:
+        raise DataDirError(f"{history.path} holds no snapshot yet; `rem up` records one every few seconds")
+    return when

@@ -8,6 +8,8 @@ as itself, never be read as markup (it used to crash `rem replay`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -102,6 +104,13 @@ def print_status(result: Status) -> None:
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
         f"workers alive {counts['workers_alive']}"
     )
+    _print_totals(console, result)
+    index = result["backlog"]["index"]
+    console.print(
+        f"recall index: {index['sessions_behind']} session(s) behind"
+        + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
+        + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
+    )
     _print_model(console, result)
     _print_rows(
         console,
@@ -162,6 +171,32 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
         console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
 
 
+def _age(ms: int) -> str:
+    seconds = ms // 1000
+    return "-" if not ms else f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _print_totals(console: Console, result: Status) -> None:
+    """Every lease and every backlog, counted (the lists below stop at what a panel shows)."""
+    totals = result["totals"]
+    table = Table("backlog", "waiting", "oldest", box=None)
+    for kind, count in totals["backlog"].items():
+        table.add_row(kind, str(count), _age(totals["backlog_oldest_ms"][kind]))
+    console.print(table)
+    leases = Table("leases", "held", "expired", "dead owner", "longest expired", box=None)
+    for kind, lease in totals["leases"].items():
+        leases.add_row(
+            kind,
+            str(lease["held"]),
+            str(lease["expired"]),
+            str(lease["dead_owner"]),
+            _age(lease["expired_max_ms"]),
+        )
+    console.print(leases)
+    recoveries = totals["recoveries"]
+    console.print(f"recoveries: {recoveries['waiting']} waiting, {recoveries['parked']} parked")
+
+
 def _print_model(console: Console, result: Status) -> None:
     """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
     for line in model_lines(result["model"]):
@@ -201,8 +236,8 @@ def print_transcript(result: dict[str, Any]) -> None:
     console = Console(highlight=False, emoji=False)  # values print as typed
     session = result["session"]
     console.print(
-        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  {session['turn_count']} turns, "
-        f"{session['message_count']} messages; {_e(session['model'] or 'no model')}: "
+        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  project {_e(session['project'])}, "
+        f"{session['turn_count']} turns, {session['message_count']} messages; {_e(session['model'] or 'no model')}: "
         f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
     )
     if session["held_at"]:
@@ -247,6 +282,13 @@ def _print_message(console: Console, message: dict[str, Any]) -> None:
     error = message.get("error")
     if isinstance(error, dict):
         console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
+    memory = message.get("memory") or {}
+    reused = " (reused after recovery)" if memory.get("reused") else ""
+    for item in memory.get("items") or []:
+        console.print(
+            f"  [cyan]memory[/] {_e(item['kind'])} {_e(item['id'])} ({_e(item['session_id'])}, {item['score']:.2f})"
+            f"{reused}: {escape(str(item['text'])[:120])}"
+        )
 
 
 def print_check(result: dict[str, Any]) -> None:
@@ -268,6 +310,42 @@ def print_check(result: dict[str, Any]) -> None:
             )
             for row in finding["rows"][:5]:
                 console.print(f"    {row}", markup=False)
+
+
+def check_progress_bar() -> Any:
+    """A progress bar on stderr for `rem check` (a context manager yielding the callback)."""
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    labels = {
+        "structure": "structure (quick_check, foreign keys)",
+        "sessions": "sessions",
+        "chroma": "Chroma",
+    }
+
+    @contextmanager
+    def bar() -> Any:
+        console = Console(stderr=True)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        ) as shown:
+            tasks: dict[str, Any] = {}
+
+            def update(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = shown.add_task(labels.get(phase, phase), total=total)
+                shown.update(tasks[phase], completed=done, total=total)
+
+            yield update
+
+    return bar()
 
 
 def drill_round_printer() -> Any:
@@ -365,3 +443,98 @@ def drain_progress_printer() -> Any:
             sys.stderr.write("\n")
 
     return show
+
+
+def progress_printer() -> Any:
+    """A callback that prints `what: n` progress on stderr (one line, rewritten)."""
+    console = Console(stderr=True)
+
+    def show(what: str, done: int) -> None:
+        console.print(f"{what}: {done}", end="\r", highlight=False)
+
+    return show
+
+
+def print_reindex(result: dict[str, Any]) -> None:
+    console = Console()
+    summaries, turns = result["summaries"], result["turns"]
+    receipts = summaries["receipts"]
+    console.print(
+        f"[bold]rem reindex[/] with {result['embedder']} ({result['dim']}-d) in {result['seconds']:.1f} s"
+    )
+    console.print(
+        f"summaries: {receipts['scanned']} receipts replayed ({receipts['quarantined']} quarantined), "
+        f"{summaries['legacy_rows']} legacy rows kept, {summaries['overlays']} Dream overlays rewritten"
+    )
+    pending = f", [yellow]{turns['pending']} pending[/]" if turns["pending"] else ""
+    console.print(f"turns: {turns['vectors']} vectors written{pending}")
+
+
+def _when(ms: Any) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ms / 1000)) if isinstance(ms, int) else "-"
+
+
+def print_recall(result: dict[str, Any]) -> None:
+    console = Console()
+    scope = f"session {result['session']}" if result["session"] else f"project {result['project'] or '(all)'}"
+    console.print(
+        f"[bold]rem recall[/] {result['query']!r} in {scope}: {len(result['items'])} item(s) "
+        f"in {result['took_ms']:.1f} ms",
+        highlight=False,
+    )
+    for note in result["degraded"]:
+        console.print(f"[yellow]degraded[/] {note}", highlight=False)
+    table = Table("#", "kind", "score", "session", "who / when", "text", "found by", box=None)
+    for rank, item in enumerate(result["items"], 1):
+        who = item.get("speaker") or item.get("title") or ""
+        table.add_row(
+            str(rank),
+            item["kind"],
+            f"{item['score']:.3f}",
+            item["session_id"],
+            f"{who} {_when(item.get('time'))}".strip(),
+            " ".join(str(item["text"]).split())[:160],
+            ",".join(item["provenance"]["found_by"]),
+        )
+    console.print(table)
+
+
+@contextmanager
+def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr driven by (done, total) bytes; silent when stderr is not a terminal."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def print_import(result: dict[str, Any]) -> None:
+    console = Console()
+    verdict = "[green]ok[/]" if result["ok"] else f"[red]{result['error_count']} bad line(s)[/]"
+    console.print(
+        f"[bold]rem import[/] {result['file']}: {verdict}; {result['written']} message(s) written, "
+        f"{result['already_imported']} already there, {result['sessions']} session(s)",
+        highlight=False,
+    )
+    for error in result["errors"]:
+        console.print(f"  line {error['line']}: {error['error']}", markup=False, highlight=False)
+    if result["sessions_skipped"]:
+        shown = ", ".join(result["sessions_skipped"][:10])
+        console.print(f"  sessions left out whole: {shown}", markup=False, highlight=False)

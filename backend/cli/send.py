@@ -38,6 +38,14 @@ def send(
             show_default=False,
         ),
     ] = None,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            help="The project a new session belongs to (default: default); recall is scoped by it.",
+            show_default=False,
+        ),
+    ] = None,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -50,7 +58,8 @@ def send(
     ctx = common.make_context(data, None)
     result = common.run(
         lambda: common.with_context(
-            ctx, lambda c: ops.send(c, session, text, delivery=delivery, input_id=input_id)
+            ctx,
+            lambda c: ops.send(c, session, text, delivery=delivery, input_id=input_id, project=project),
         )
     )
     if json:

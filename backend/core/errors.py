@@ -35,6 +35,10 @@ class SchemaTooNew(RemError):
     """state.db was written by a newer rem."""
 
 
+class SchemaTooOld(RemError):
+    """state.db has an older schema and this open may not migrate it (read-only)."""
+
+
 class DatabaseCorrupt(RemError):
     """state.db is not a readable SQLite database."""
 
@@ -67,6 +71,16 @@ class ChromaUntrusted(ChromaUnreachable):
 
 class ChromaNotReady(ChromaUnreachable):
     """Chroma answers but cannot read a collection's vectors yet (its index is not loaded)."""
+
+
+class EmbedderMismatch(ChromaUnreachable):
+    """A Chroma collection holding another embedder's vectors: unusable until `rem reindex`.
+
+    A ChromaUnreachable, so a daemon waits it out with backoff (a reindex swaps
+    the collection under it) instead of dying; the CLI exits 1, not 3.
+    """
+
+    exit_code = ExitCode.FAILED
 
 
 class NotChroma(ChromaUnreachable):

@@ -51,6 +51,8 @@ POINTS = {
     "replay.after_rewrite": "recovery re-wrote and read back Chroma rows, before its acknowledge transaction",
     "dream.mid_graph": "after part of the graph is written, before completion",
     "dream.before_attest": "after the graph, before attesting completion",
+    "index.mid_rows": "after a chunk of recall-index rows (FTS5) is written, before the rest",
+    "index.after_vectors": "turn vectors written to Chroma, before they are marked in state.db",
 }
 
 

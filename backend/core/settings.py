@@ -70,6 +70,29 @@ def flag() -> Parser[bool]:
     return Parser(parse, "1 or 0 (also true/false, yes/no, on/off)")
 
 
+def fraction() -> Parser[float]:
+    """A number from 0 to 1."""
+
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(raw)
+        return value
+
+    return Parser(parse, "a number from 0 to 1")
+
+
+def choice(*options: str) -> Parser[str]:
+    """One of `options` (case-insensitive)."""
+
+    def parse(raw: str) -> str:
+        if raw.lower() not in options:
+            raise ValueError(raw)
+        return raw.lower()
+
+    return Parser(parse, "one of " + ", ".join(options))
+
+
 def text(expects: str = "text") -> Parser[str]:
     return Parser(str, expects)
 
@@ -255,12 +278,35 @@ class Settings:
     event_retention_days = Setting(
         30, "journal retention (pruned by `rem up`; operator events are kept)", whole(1, "days")
     )
+    # the status history behind the console's timeline (`rem console --at`)
+    history_interval_ms = Setting(
+        5_000, "how often `rem up` records a status snapshot into `history.db`", whole(500, "ms")
+    )
+    history_retention_days = Setting(7, "status history retention", whole(1, "days"))
+    history_max_mb = Setting(256, "status history size bound (the oldest snapshots go first)", whole(1, "MB"))
     # plug-ins and the offline defaults
     agent = Setting("offline", "the agent: an entry-point name in `rem.agents`, or `module:factory`", text())
     synthesizer = Setting(
         "extractive", "the summary synthesizer: a name in `rem.synthesizers`, or `module:factory`", text()
     )
-    embedder = Setting("hashing", "the embedder: a name in `rem.embedders`, or `module:factory`", text())
+    embedder = Setting(
+        "wordllama",
+        "the embedder: a name in `rem.embedders` (wordllama, hashing), or `module:factory`",
+        text(),
+    )
+    # memory and recall (backend/memory; the pipeline's other knobs are in backend/memory/config.py)
+    recall_fusion = Setting(
+        "linear", "how recall fuses FTS5 and dense lists: linear (min-max) or rrf", choice("linear", "rrf")
+    )
+    recall_dense_weight = Setting(0.1, "the dense list's weight in recall's fusion", fraction())
+    recall_candidates = Setting(200, "candidates each retriever gives recall before fusion", whole(10))
+    memory_context_items = Setting(5, "recalled items put in each agent step's context (0: none)", whole(0))
+    memory_context_chars = Setting(
+        2000, "character budget of the recalled items in a step's context", whole(100)
+    )
+    memory_recent_turns = Setting(
+        20, "a session's own latest turns left out of its recalled memory (0: all of them)", whole(0)
+    )
     agent_delay_ms = Setting(
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
     )

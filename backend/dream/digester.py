@@ -65,6 +65,7 @@ from backend.core.settings import Settings, settings
 from backend.dream import graph
 from backend.dream.extractor import Extractor, KeywordExtractor
 from backend.dream.overlay import OVERLAY_BATCH, OVERLAY_SQL, OverlayOutcome, settle_overlays, write_overlays
+from backend.memory import index as memory_index
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import Database, execute, fetchall, fetchone
@@ -305,6 +306,8 @@ class Dreamer(Daemon):
         self._current: Claim | None = None
         self._chroma_retry_at = 0
         self._chroma_backoff_ms = 500
+        self._vector_retry_at = 0
+        self._vector_backoff_ms = 500
 
     def info(self) -> dict[str, Any]:
         return {"lease_ms": self.lease_ms, "batch": self.batch, "chunk_rows": self.chunk_rows}
@@ -326,7 +329,7 @@ class Dreamer(Daemon):
 
     # -- one pass ------------------------------------------------------------
     async def run_pass(self) -> int:
-        """Digest up to `batch` ready sessions, then flush pending Chroma overlays."""
+        """Digest up to `batch` ready sessions, then flush pending Chroma overlays and turn vectors."""
         await self.open()
         handled = 0
         for candidate in await select_pending(self.db, clock.now_ms(), self.batch):
@@ -334,7 +337,11 @@ class Dreamer(Daemon):
                 break
             if await self.digest_candidate(candidate) is not None:
                 handled += 1
-        return handled + await self.flush_overlays()
+        handled += await self.flush_overlays()
+        # turn vectors count only in a pass that did nothing else (a pass reports its
+        # digestions and overlays as before); a pass that flushed some is not idle
+        flushed = await self.flush_vectors()
+        return handled or flushed
 
     async def digest_candidate(self, candidate: Candidate) -> DigestOutcome | None:
         """Claim and digest one selected session; None when it is not claimable any more."""
@@ -409,6 +416,7 @@ class Dreamer(Daemon):
         """Build the graph from the prepared raw turns and attest the captured revision."""
         claim = prepared.claim
         try:
+            await self._index_turns(prepared)
             extraction = await asyncio.to_thread(self.extractor.extract, prepared.turns)
             chunks = graph.plan_chunks(
                 claim.session_id, prepared.title, prepared.turns, extraction, self.chunk_rows
@@ -424,6 +432,26 @@ class Dreamer(Daemon):
             raise
         except Exception as exc:  # the extractor or the graph refused this input: count it
             return await self._record_failure(claim, exc)
+
+    async def _index_turns(self, prepared: Prepared) -> None:
+        """Bring the recall index to the captured revision, before the graph (so an
+        undigestible revision is still recallable); its vectors follow in `flush_vectors`."""
+        claim = prepared.claim
+
+        async def fenced(conn: aiosqlite.Connection) -> None:
+            await fence(conn, claim, clock.now_ms(), self.lease_ms)
+
+        counts = await memory_index.index_session(
+            self.db,
+            self.ctx.turn_store,
+            claim.session_id,
+            claim.revision,
+            prepared.turns,
+            fenced,
+            self.chunk_rows,
+        )
+        if counts["written"] or counts["removed"]:
+            self.log.info("dream %s indexed %s: %s", claim.session_id, claim.revision, counts)
 
     async def _write_graph(self, claim: Claim, chunks: Sequence[graph.Chunk]) -> None:
         for index, chunk in enumerate(chunks):
@@ -597,6 +625,21 @@ class Dreamer(Daemon):
         self._chroma_backoff_ms = 500
         await settle_overlays(self.db, rows, outcome, self.owner_id)
         return sum(1 for v in outcome.values() if v == OverlayOutcome.CONFIRMED)
+
+    async def flush_vectors(self) -> int:
+        """Write pending turn vectors (the recall index's dense side); backs off while Chroma is down."""
+        now = clock.now_ms()
+        if now < self._vector_retry_at:
+            return 0
+        try:
+            written = await memory_index.flush_vectors(self.db, self.ctx.turn_store)
+        except ChromaUnreachable as exc:
+            self._vector_retry_at = now + self._vector_backoff_ms
+            self._vector_backoff_ms = min(self._vector_backoff_ms * 2, CHROMA_RETRY_MAX_MS)
+            self.log.warning("turn vectors deferred: %s", exc)
+            return 0
+        self._vector_backoff_ms = 500
+        return written
 
 
 # -- status helpers for the lead's ops.status / check --------------------------

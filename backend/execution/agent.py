@@ -44,6 +44,8 @@ class StepRequest:
     # earlier transcript messages ({"role", "text"}), oldest first, for agents that ask
     # for them (an `history_messages` attribute > 0)
     history: list[dict[str, Any]] = field(default_factory=list)
+    # items recalled from the project's memory for these prompts (recorded with the step)
+    memory: list[dict[str, Any]] = field(default_factory=list)
     # the reply an earlier attempt at this step streamed before it broke (a dropped
     # stream, a killed executor): the agent re-asks with it, marked interrupted
     interrupted: str | None = None
@@ -147,8 +149,20 @@ class OfflineResponder:
             parts.append(f'You said: "{_clip(said[0] if said else text)}". ')
         parts.append(f"Key terms: {', '.join(terms)}. " if terms else "There are no key terms to pick out. ")
         parts.append(self._focus(text, terms))
+        if request.memory:
+            parts.append(self._recalled(request.memory))
         parts.append(self._closing(request, questions, terms))
         return parts
+
+    @staticmethod
+    def _recalled(memory: list[dict[str, Any]]) -> str:
+        """What the agent was given from memory, so a demo shows memory at work."""
+        top = memory[0]
+        who = f"{top['speaker']} in " if top.get("speaker") else ""
+        more = (
+            f" (and {len(memory) - 1} more item{'s' if len(memory) > 2 else ''})" if len(memory) > 1 else ""
+        )
+        return f'From memory ({who}session {top["session_id"]}): "{_clip(top["text"])}"{more}. '
 
     @staticmethod
     def _focus(text: str, terms: list[str]) -> str:

@@ -37,6 +37,7 @@ from backend.execution import leases, model_turns, projection, recovery, session
 from backend.execution.agent import Agent, StepRequest, load_agent
 from backend.execution.leases import ExecutionPhase, Lease
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
+from backend.memory.context import memory_for_step
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
 from backend.models.health import CallRecord
@@ -78,6 +79,8 @@ class TurnState:
     # set after a takeover: the first step re-derives its state from the transcript
     recovering: bool = False
     recovered: bool = False
+    # when the oldest input this execution promoted was admitted (the turn's latency starts there)
+    admitted_at: int | None = None
     # set when a step's stream broke mid-reply: the next step re-asks with what arrived
     reask: model_turns.Reask | None = None
     interruptions: int = 0
@@ -261,6 +264,7 @@ class Executor(Daemon):
                 return
             faults.point("executor.after_promote")
             try:
+                await self._give_memory(state, step)
                 tail, arrived, broken = await self._stream(state, step)
             except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
                 await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
@@ -335,10 +339,18 @@ class Executor(Daemon):
         lease, sid = state.lease, state.lease.session_id
         first = sessions.reserve_seqs_sync(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
         promoted = sessions.promote_sync(conn, sid, lease.execution_id, inputs, first, now)
+        if promoted and state.admitted_at is None:
+            state.admitted_at = min(p["admitted_at"] for p in promoted)
         if promoted and not state.turn_started:
             projection.record_context_epoch_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
+        # a recovered step is given exactly the memory the interrupted one was given
+        reused = (
+            projection.interrupted_step_memory_sync(conn, sid, lease.execution_id)
+            if state.recovering
+            else None
+        )
         superseded = projection.supersede_open_sync(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {
@@ -351,6 +363,8 @@ class Executor(Daemon):
             "epoch": lease.epoch,
             "agent": self.agent.name,
         }
+        if reused is not None:
+            data["memory"] = {**reused, "reused": True}
         sessions.insert_message_sync(conn, aid, sid, "assistant", first + len(promoted), data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
         if promoted or superseded:
@@ -370,7 +384,11 @@ class Executor(Daemon):
             )
         resumed = lease.execution_id if state.recovering else None
         request = StepRequest(
-            session_id=sid, prompts=[p["text"] for p in prompts], step=number, resumed_from=resumed
+            session_id=sid,
+            prompts=[p["text"] for p in prompts],
+            step=number,
+            resumed_from=resumed,
+            memory=list(reused.get("items") or []) if reused else [],
         )
         if state.reask is not None:
             data["reask"] = state.reask.reason
@@ -379,6 +397,22 @@ class Executor(Daemon):
         if self.history_messages:
             request.history = model_turns.history_sync(conn, sid, prompts[0]["seq"], self.history_messages)
         return Step(number=number, assistant_id=aid, data=data, request=request)
+
+    async def _give_memory(self, state: TurnState, step: Step) -> None:
+        """Recall the step's memory and record it with the step before the agent sees it."""
+        if "memory" in step.data:
+            return  # reused from the interrupted step
+        memory = await memory_for_step(self.ctx, state.lease.session_id, step.request.prompts)
+        if memory is None:
+            return
+        step.data["memory"] = memory
+        await self.db.write_in_thread(partial(self._record_memory, state=state, step=step))
+        step.request.memory = list(memory["items"])
+
+    def _record_memory(self, conn: Conn, state: TurnState, step: Step) -> None:
+        now = clock.now_ms()
+        leases.guard_sync(conn, state.lease, now=now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
 
     async def _stream(
         self, state: TurnState, step: Step
@@ -564,14 +598,22 @@ class Executor(Daemon):
             session_id=lease.session_id,
             target=lease.execution_id,
             now=now,
-            data={
-                "epoch": lease.epoch,
-                "steps": state.step,
-                "recovered": state.recovered,
-                "turn": state.turn_started,
-            },
+            data=self._completion(state, now),
         )
         self.turns_completed += int(state.turn_started)
+
+    @staticmethod
+    def _completion(state: TurnState, now: int) -> dict[str, Any]:
+        """The execution.completed event's data; a turn's latency when its inputs were seen admitted."""
+        data: dict[str, Any] = {
+            "epoch": state.lease.epoch,
+            "steps": state.step,
+            "recovered": state.recovered,
+            "turn": state.turn_started,
+        }
+        if state.turn_started and state.admitted_at is not None:
+            data["latency_ms"] = now - state.admitted_at
+        return data
 
     async def _journal_lost(self, lease: Lease, reason: str) -> None:
         """Record the loss; the owner publishes nothing more for this execution."""

@@ -3,7 +3,9 @@
 `REM_AGENT=openai` with `REM_MODEL` (and `REM_MODEL_BASE_URL` for anything
 but OpenAI itself: vLLM, llama.cpp's server, Ollama, LiteLLM's proxy). Each
 step sends the system prompt, the session's recent transcript
-(`REM_MODEL_HISTORY` messages of completed turns), the prompts to answer,
+(`REM_MODEL_HISTORY` messages of completed turns), what the project's memory recalled for these prompts
+(as a second system message, each item with its session and speaker, so
+the model can say where it learned something), the prompts to answer,
 and, when an earlier attempt at the step broke mid-reply (a dropped stream,
 a killed executor), that partial reply followed by a note that it was
 interrupted and never delivered, so the model answers again in full rather
@@ -25,6 +27,10 @@ from backend.models.health import CallKind
 SYSTEM_PROMPT = (
     "You are the assistant of a long-running agent session. Answer the user's latest messages "
     "directly and completely, using the earlier conversation as context."
+)
+MEMORY_HEADER = (
+    "Recalled from this project's long-term memory (earlier sessions; may be relevant or not, "
+    "best match first):"
 )
 INTERRUPTED_NOTE = (
     "[rem: your reply above was cut off ({reason}) and never reached me. "
@@ -56,6 +62,8 @@ class OpenAIAgent:
     def messages(self, request: StepRequest) -> list[Message]:
         """The conversation one step sends: system, history, prompts, and an interrupted reply."""
         out: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT}]
+        if request.memory:
+            out.append({"role": "system", "content": memory_message(request.memory)})
         out += [{"role": m["role"], "content": str(m["text"])} for m in request.history if m.get("text")]
         out += [{"role": "user", "content": prompt} for prompt in request.prompts]
         if request.interrupted:
@@ -75,3 +83,12 @@ class OpenAIAgent:
             self.messages(request), reply=reply, session_id=request.session_id
         ):
             yield text
+
+
+def memory_message(memory: list[dict[str, Any]]) -> str:
+    """The recalled items as one system message: one line each, with where it came from."""
+    lines = [MEMORY_HEADER]
+    for item in memory:
+        who = f"{item['speaker']}, " if item.get("speaker") else ""
+        lines.append(f"- [{item.get('kind', 'memory')}, {who}session {item['session_id']}] {item['text']}")
+    return "\n".join(lines)

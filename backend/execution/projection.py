@@ -59,6 +59,18 @@ def execution_started_turn_sync(conn: Conn, session_id: str, execution_id: str) 
     return row is not None and json.loads(row["data"]).get("execution_id") == execution_id
 
 
+def interrupted_step_memory_sync(conn: Conn, session_id: str, execution_id: str) -> dict[str, Any] | None:
+    """The memory recorded with the execution's newest interrupted (superseded) step: what its
+    agent was given, for the recovered step to reuse; None when it recorded none."""
+    row = conn.execute(
+        "SELECT json_extract(data, '$.memory') FROM session_message "
+        "WHERE session_id = ? AND type = 'assistant' AND json_extract(data, '$.execution_id') = ? "
+        "AND json_extract(data, '$.status') = 'superseded' ORDER BY seq DESC LIMIT 1",
+        (session_id, execution_id),
+    ).fetchone()
+    return json.loads(row[0]) if row is not None and row[0] is not None else None
+
+
 def supersede_open_sync(conn: Conn, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and

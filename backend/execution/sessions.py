@@ -51,9 +51,16 @@ def validate_id(kind: str, value: str, flag: str) -> str:
     return value
 
 
-def validate_input(session_id: str, text: str, delivery: str, input_id: str | None) -> None:
+DEFAULT_PROJECT = "default"
+
+
+def validate_input(
+    session_id: str, text: str, delivery: str, input_id: str | None, project: str | None = None
+) -> None:
     """Refuse bad admission input with one line that names the fix; writes nothing."""
     validate_id("session id", session_id, "SESSION")
+    if project is not None:
+        validate_id("project", project, "--project")
     if input_id is not None:
         validate_id("input id", input_id, "--id")
     if delivery not in DELIVERIES:
@@ -117,13 +124,14 @@ async def admit(
     input_id: str | None = None,
     now: int | None = None,
     actor: str = "send",
+    project: str | None = None,
 ) -> dict[str, Any]:
-    """Admit one input (idempotent on its id), creating the session on first use."""
-    validate_input(session_id, text, delivery, input_id)
+    """Admit one input (idempotent on its id), creating the session (in `project`) on first use."""
+    validate_input(session_id, text, delivery, input_id, project)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
     return await db.write_in_thread(
-        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor)
+        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project)
     )
 
 
@@ -135,6 +143,7 @@ def admit_sync(
     input_id: str,
     now: int,
     actor: str = "send",
+    project: str | None = None,
 ) -> dict[str, Any]:
     """The admission transaction body (validated input, on the connection's thread)."""
     existing = conn.execute(
@@ -146,7 +155,7 @@ def admit_sync(
     if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
         # the input id becomes a session_message id at promotion; it must be free
         raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
-    created = ensure_session_sync(conn, session_id, now)
+    created = ensure_session_sync(conn, session_id, now, project)
     seq = reserve_seqs_sync(conn, session_id, 1, now, inputs=1)
     # a held session (a model error an operator must fix) admits its inputs asleep: they
     # wait, visible, and wake when the operator resumes it
@@ -209,16 +218,29 @@ def dumps(data: Any) -> str:
     return _ENCODER.encode(data)
 
 
-def ensure_session_sync(conn: Conn, session_id: str, now: int) -> bool:
-    """Create the session row if missing; True when it was created."""
-    return (
+def ensure_session_sync(conn: Conn, session_id: str, now: int, project: str | None = None) -> bool:
+    """Create the session row (in `project`, default `default`) if missing; True when it was created.
+
+    A session's project is fixed when it is created: naming another one for
+    an existing session is refused (recall is scoped by project, so moving a
+    session would silently move its memory).
+    """
+    created = (
         conn.execute(
-            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) "
+            "INSERT INTO session (id, project, time_created, time_updated) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (id) DO NOTHING",
-            (session_id, now, now),
+            (session_id, project or DEFAULT_PROJECT, now, now),
         ).rowcount
         > 0
     )
+    if not created and project is not None:
+        row = conn.execute("SELECT project FROM session WHERE id = ?", (session_id,)).fetchone()
+        if row is not None and row[0] != project:
+            raise BadInput(
+                f"session {session_id!r} belongs to project {row[0]!r}, not {project!r}: "
+                f"send without --project, or use another session"
+            )
+    return created
 
 
 def reserve_seqs_sync(
@@ -235,7 +257,7 @@ def reserve_seqs_sync(
     return int(row["last_seq"]) - count + 1
 
 
-PENDING_COLUMNS = "id, prompt, delivery, admitted_seq"
+PENDING_COLUMNS = "id, prompt, delivery, admitted_seq, time_created"
 
 
 # Both served in order by session_input_session_promoted_delivery_admitted_idx
@@ -300,7 +322,15 @@ def promote_sync(
             "execution_id": execution_id,
         }
         insert_message_sync(conn, row["id"], session_id, "user", seq, data, now)
-        promoted.append({"id": row["id"], "seq": seq, "text": text, "delivery": row["delivery"]})
+        promoted.append(
+            {
+                "id": row["id"],
+                "seq": seq,
+                "text": text,
+                "delivery": row["delivery"],
+                "admitted_at": row["time_created"],
+            }
+        )
     return promoted
 
 

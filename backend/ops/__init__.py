@@ -2,8 +2,10 @@
 
 `backend.ops.<command>` is the library call behind `rem <command>`: the
 functions live in `actions`; `snapshot` builds the status snapshot,
-`checks` verifies the invariants and `lease_release` releases summary-job
-and Dream leases.
+`checks` verifies the invariants, `lease_release` releases summary-job
+and Dream leases, `totals` and `throughput` are the snapshot's uncapped
+figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
+alerts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from backend.ops.actions import (
     chroma_health,
     drain,
     init,
+    metric_rules,
+    metrics,
     release,
     replay,
     resume,
@@ -21,17 +25,27 @@ from backend.ops.actions import (
     show,
     status,
 )
+from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
+from backend.ops.reindex import reindex
 
 __all__ = [
     "LEASE_KINDS",
     "check",
     "chroma_health",
     "drain",
+    "graph_neighbors",
+    "import_file",
     "init",
+    "list_projects",
+    "metric_rules",
+    "metrics",
+    "recall",
+    "reindex",
     "release",
     "replay",
     "resume",
     "send",
     "show",
+    "show_session",
     "status",
 ]

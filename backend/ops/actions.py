@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from backend.chroma import server as chroma_server
 from backend.chroma import trust
@@ -32,9 +33,13 @@ from backend.execution.sessions import Delivery
 from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
+from backend.store.db import Database
 from backend.store.events import EventKind, append_event
 from backend.store.schema import SCHEMA_VERSION, schema_version
 from backend.store.workers import LeaseKind, WorkerState
+
+if TYPE_CHECKING:
+    from backend.ops.snapshot import SnapshotCache
 
 log = logging.getLogger("rem.ops")
 
@@ -86,19 +91,29 @@ def chroma_health(ctx: Context) -> ChromaHealth:
     return health
 
 
+# one per open Database: what its last snapshot read (gone with the Database)
+_SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.WeakKeyDictionary()
+
+
 async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
-    from backend.ops.snapshot import snapshot_sync
+    from backend.ops.snapshot import SnapshotCache, snapshot_sync
+    from backend.ops.throughput import journal_throughput
 
     db = await ctx.db()
-    snap = await db.read_in_thread(snapshot_sync)
+    cache = _SNAPSHOT_CACHES.get(db)
+    if cache is None:
+        cache = _SNAPSHOT_CACHES[db] = SnapshotCache()
+    snap = await db.read_in_thread(lambda conn: snapshot_sync(conn, cache=cache))
     return Status(
         **snap,
         data_dir=str(ctx.data.root),
         schema_version=await schema_version(db),
         schema_version_supported=SCHEMA_VERSION,
         read_only=ctx.read_only,
-        chroma=chroma_health(ctx),
+        throughput=await journal_throughput(ctx, db),
+        # a blocking HTTP heartbeat (1 s timeout when Chroma hangs): off the event loop
+        chroma=await asyncio.to_thread(chroma_health, ctx),
     )
 
 
@@ -223,19 +238,30 @@ async def release(
             )
 
 
-async def check(ctx: Context, *, settled: bool = False, verify_chroma: bool = True) -> dict[str, Any]:
+async def check(
+    ctx: Context,
+    *,
+    settled: bool = False,
+    verify_chroma: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
     """Verify the invariants of DESIGN section 5 on the live data dir.
 
     `settled=True` also counts in-flight work as a violation (for use once load
     has stopped and leases have expired or been released). `verify_chroma`
     compares every staged receipt and Dream overlay with its Chroma row.
+    `progress(phase, done, total)` is called as the batches go.
     """
-    from backend.ops.checks import check_chroma, check_database_sync, summarize
+    from backend.ops.checks import check_chroma, check_database_in_batches, summarize
 
     db = await ctx.db()
-    report = await db.read_in_thread(check_database_sync)
+    report = await check_database_in_batches(db, progress=progress)
     if verify_chroma:
+        if progress is not None:
+            progress("chroma", 0, 1)
         await check_chroma(ctx, db, report)
+        if progress is not None:
+            progress("chroma", 1, 1)
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result
@@ -264,16 +290,42 @@ async def replay(
 
 
 async def send(
-    ctx: Context, session_id: str, text: str, *, delivery: str = Delivery.QUEUE, input_id: str | None = None
+    ctx: Context,
+    session_id: str,
+    text: str,
+    *,
+    delivery: str = Delivery.QUEUE,
+    input_id: str | None = None,
+    project: str | None = None,
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
     from backend.execution import sessions
 
     ctx.require_writable("send")
-    sessions.validate_input(session_id, text, delivery, input_id)
+    sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
-        await ctx.db(), session_id, text, delivery=delivery, input_id=input_id, actor=ctx.operator
+        await ctx.db(),
+        session_id,
+        text,
+        delivery=delivery,
+        input_id=input_id,
+        actor=ctx.operator,
+        project=project,
     )
+
+
+async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
+    """One scrape: the status snapshot as Prometheus metrics (OpenMetrics text unless told otherwise)."""
+    from backend.ops.prometheus import exposition
+
+    return exposition(await status(ctx), openmetrics=openmetrics).decode()
+
+
+def metric_rules() -> str:
+    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press."""
+    from backend.ops.alert_rules import rules_yaml
+
+    return rules_yaml()
 
 
 async def resume(

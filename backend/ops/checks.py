@@ -10,29 +10,40 @@ Findings come in two kinds:
   `settled=True` (what the drills use once load has stopped) each one is a
   violation too, because a settled system has none.
 
-The state.db part runs in one read transaction; the Chroma part reads the
-summary rows in batches and compares them with the receipts.
+The state.db part visits every session's rows in bounded batches of
+sessions (`CHECK_BATCH_SESSIONS`, in id order), each batch in its own short
+read transaction: every invariant here is about one session's rows, so a
+batch sees each of its sessions whole and consistent, and no read
+transaction lives long enough to hold back a WAL checkpoint (a 10-million
+message state.db is checked in thousands of reads of a few milliseconds,
+not one of a minute). Findings are merged across batches in a fixed order,
+counts whole and rows capped. The structure checks (`quick_check`, foreign
+keys) are one statement per table. The Chroma part reads the summary rows
+in batches and compares them with the receipts.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
+from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store.db import Conn
 from backend.store.events import verify_operator_chain_sync
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
+CHECK_BATCH_SESSIONS = 2_000
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass(kw_only=True)
 class Finding:
     invariant: str
     what: str
-    rows: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    rows: list[Mapping[str, Any]] = field(default_factory=list)
     count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,8 +64,22 @@ class Report:
     def add(
         self, bucket: list[Finding], invariant: str, what: str, rows: Sequence[Mapping[str, Any]]
     ) -> None:
-        if rows:
-            bucket.append(Finding(invariant=invariant, what=what, rows=rows[:ROW_CAP], count=len(rows)))
+        """Add rows to a finding, merging with the same finding from an earlier batch."""
+        if not rows:
+            return
+        for finding in bucket:
+            if (finding.invariant, finding.what) == (invariant, what):
+                finding.rows.extend(rows[: max(0, ROW_CAP - len(finding.rows))])
+                finding.count += len(rows)
+                return
+        bucket.append(Finding(invariant=invariant, what=what, rows=list(rows[:ROW_CAP]), count=len(rows)))
+
+    def ordered(self) -> None:
+        """Findings in the order the checks declare them (batches find them in any order)."""
+        for bucket in (self.violations, self.unsettled):
+            bucket.sort(
+                key=lambda f: FINDING_ORDER.index(f.what) if f.what in FINDING_ORDER else len(FINDING_ORDER)
+            )
 
 
 def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
@@ -65,10 +90,24 @@ def _rows_sync(conn: Conn, sql: str, params: Any = ()) -> list[dict[str, Any]]:
 
 
 # -- invariant 0: the database itself ---------------------------------------
-def check_structure_sync(conn: Conn, report: Report) -> None:
-    report.checked.append("structure")
+STRUCTURE_TABLES_SQL = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+)
+
+
+def structure_tables_sync(conn: Conn) -> list[str]:
+    return [r["name"] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
+
+
+def check_structure_sync(conn: Conn, report: Report, table: str | None = None) -> None:
+    """`quick_check` and the foreign keys, of one table (and its indexes) or of the whole file."""
+    if "structure" not in report.checked:
+        report.checked.append("structure")
+    target = f"({json.dumps(table)})" if table else ""
     problems = [
-        r["quick_check"] for r in conn.execute("PRAGMA quick_check").fetchall() if r["quick_check"] != "ok"
+        r["quick_check"]
+        for r in conn.execute(f"PRAGMA quick_check{target}").fetchall()
+        if r["quick_check"] != "ok"
     ]
     report.add(
         report.violations,
@@ -76,72 +115,82 @@ def check_structure_sync(conn: Conn, report: Report) -> None:
         "state.db fails PRAGMA quick_check",
         [{"problem": p} for p in problems],
     )
-    orphans = _rows_sync(conn, "PRAGMA foreign_key_check")
+    orphans = _rows_sync(conn, f"PRAGMA foreign_key_check{target}")
     report.add(report.violations, "structure", "rows whose foreign key points at nothing", orphans)
 
 
 # -- invariant 1: every admitted input promoted exactly once, no seq collision --
+# Every query below reads the sessions of one batch, (:lo, :hi] in id order, through the
+# session_id-leading index of each table it touches.
 SQL_PROMOTED_WITHOUT_MESSAGE = """
 SELECT i.session_id, i.id AS input_id, i.promoted_seq FROM session_input AS i
 LEFT JOIN session_message AS m ON m.id = i.id
-WHERE i.promoted_seq IS NOT NULL
+WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NOT NULL
   AND (m.id IS NULL OR m.type != 'user' OR m.seq != i.promoted_seq OR m.session_id != i.session_id)
 """
 SQL_USER_WITHOUT_INPUT = """
 SELECT m.session_id, m.id AS message_id, m.seq FROM session_message AS m
 LEFT JOIN session_input AS i ON i.id = m.id
-WHERE m.type = 'user' AND (i.id IS NULL OR i.promoted_seq IS NULL)
+WHERE m.session_id > :lo AND m.session_id <= :hi AND m.type = 'user'
+  AND (i.id IS NULL OR i.promoted_seq IS NULL)
+  AND json_extract(m.data, '$.imported') IS NULL
 """
+# each session's highest seq in use, from three index seeks (never a scan of its rows)
 SQL_SEQ_AHEAD_OF_SEQUENCE = """
-SELECT s.id AS session_id, s.last_seq, max(x.seq) AS max_seq FROM session AS s
-JOIN (SELECT session_id, seq FROM session_message
-      UNION ALL SELECT session_id, admitted_seq FROM session_input
-      UNION ALL SELECT session_id, promoted_seq FROM session_input WHERE promoted_seq IS NOT NULL) AS x
-  ON x.session_id = s.id
-GROUP BY s.id HAVING max(x.seq) > s.last_seq
+SELECT * FROM (
+  SELECT s.id AS session_id, s.last_seq,
+         max(coalesce((SELECT max(seq) FROM session_message WHERE session_id = s.id), 0),
+             coalesce((SELECT max(admitted_seq) FROM session_input WHERE session_id = s.id), 0),
+             coalesce((SELECT max(promoted_seq) FROM session_input WHERE session_id = s.id), 0)) AS max_seq
+  FROM session AS s WHERE s.id > :lo AND s.id <= :hi)
+WHERE max_seq > last_seq
 """
 SQL_SEQ_SHARED = """
 SELECT session_id, seq, count(*) AS users FROM (
-  SELECT session_id, admitted_seq AS seq FROM session_input
-  UNION ALL SELECT session_id, promoted_seq FROM session_input WHERE promoted_seq IS NOT NULL
-  UNION ALL SELECT session_id, seq FROM session_message WHERE type != 'user')
+  SELECT session_id, admitted_seq AS seq FROM session_input WHERE session_id > :lo AND session_id <= :hi
+  UNION ALL SELECT session_id, promoted_seq FROM session_input
+            WHERE session_id > :lo AND session_id <= :hi AND promoted_seq IS NOT NULL
+  UNION ALL SELECT session_id, seq FROM session_message
+            WHERE session_id > :lo AND session_id <= :hi AND type != 'user')
 GROUP BY session_id, seq HAVING count(*) > 1
 """
 SQL_UNPROMOTED = """
 SELECT i.session_id, i.id AS input_id, i.wake_pending, i.wake_attempts, i.time_created,
        e.id AS execution_id FROM session_input AS i
 LEFT JOIN session_execution AS e ON e.session_id = i.session_id
-WHERE i.promoted_seq IS NULL
+WHERE i.session_id > :lo AND i.session_id <= :hi AND i.promoted_seq IS NULL
 """
 
 
-def check_inputs_sync(conn: Conn, report: Report) -> None:
-    report.checked.append("inputs")
+def check_inputs_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
+    if "inputs" not in report.checked:
+        report.checked.append("inputs")
+    batch = {"lo": lo, "hi": hi}
     report.add(
         report.violations,
         "1",
         "promoted inputs whose user message is missing or wrong",
-        _rows_sync(conn, SQL_PROMOTED_WITHOUT_MESSAGE),
+        _rows_sync(conn, SQL_PROMOTED_WITHOUT_MESSAGE, batch),
     )
     report.add(
         report.violations,
         "1",
         "user messages that no admitted input produced",
-        _rows_sync(conn, SQL_USER_WITHOUT_INPUT),
+        _rows_sync(conn, SQL_USER_WITHOUT_INPUT, batch),
     )
     report.add(
         report.violations,
         "1",
         "sequence numbers ahead of their session's sequence",
-        _rows_sync(conn, SQL_SEQ_AHEAD_OF_SEQUENCE),
+        _rows_sync(conn, SQL_SEQ_AHEAD_OF_SEQUENCE, batch),
     )
     report.add(
         report.violations,
         "1",
         "one sequence number used twice in a session",
-        _rows_sync(conn, SQL_SEQ_SHARED),
+        _rows_sync(conn, SQL_SEQ_SHARED, batch),
     )
-    unpromoted = _rows_sync(conn, SQL_UNPROMOTED)
+    unpromoted = _rows_sync(conn, SQL_UNPROMOTED, batch)
     stranded = [r for r in unpromoted if not r["wake_pending"] and r["execution_id"] is None]
     report.add(
         report.violations, "1", "admitted inputs nobody will wake (wake_pending=0, no execution)", stranded
@@ -155,46 +204,68 @@ def check_inputs_sync(conn: Conn, report: Report) -> None:
 
 
 # -- invariant 3: a write after a lost lease changes nothing ----------------
-SQL_ASSISTANTS = """
-SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
-       json_extract(data, '$.step') AS step,
-       json_extract(data, '$.status') AS status FROM session_message WHERE type = 'assistant'
+# one reply per step: a steer adds a step (and a reply) to the running execution
+SQL_DOUBLE_REPLY = """
+SELECT json_extract(data, '$.execution_id') AS execution_id, json_extract(data, '$.step') AS step,
+       group_concat(id) AS messages, count(*) AS replies
+FROM session_message
+WHERE session_id > :lo AND session_id <= :hi AND type = 'assistant'
+  AND json_extract(data, '$.status') = 'completed' AND json_extract(data, '$.execution_id') IS NOT NULL
+GROUP BY 1, 2 HAVING count(*) > 1
 """
-# exactly-once replies: every input a completed (or failed) reply answers, counted
-SQL_ANSWER_COUNTS = """
-SELECT m.session_id, j.value AS input_id, count(*) AS replies,
-       group_concat(m.id) AS messages
-FROM session_message AS m, json_each(m.data, '$.answers') AS j
-WHERE m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
-GROUP BY m.session_id, j.value
+# rows still streaming: few, found through the partial index of open assistant rows
+SQL_OPEN_ASSISTANTS = """
+SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
+       json_extract(data, '$.step') AS step, json_extract(data, '$.status') AS status
+FROM session_message INDEXED BY session_message_open_assistant_idx
+WHERE session_id > :lo AND session_id <= :hi
+  AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming'
+"""
+# exactly-once replies: the inputs a completed (or failed) reply answers, counted once per
+# batch; the inputs answered twice, and the promoted (user) messages nobody answered
+SQL_ANSWERS = """
+WITH answered AS MATERIALIZED (
+  SELECT m.session_id, j.value AS input_id, count(*) AS replies, group_concat(m.id) AS messages
+  FROM session_message AS m, json_each(m.data, '$.answers') AS j
+  WHERE m.session_id > :lo AND m.session_id <= :hi
+    AND m.type = 'assistant' AND json_extract(m.data, '$.status') IN ('completed', 'error')
+  GROUP BY m.session_id, j.value)
+SELECT 'twice' AS finding, session_id, input_id, replies, messages, NULL AS seq, NULL AS execution_id
+FROM answered WHERE replies > 1
+UNION ALL
+SELECT 'unanswered', u.session_id, u.id, NULL, NULL, u.seq, e.id
+FROM session_message AS u
+LEFT JOIN answered AS a ON a.session_id = u.session_id AND a.input_id = u.id
+LEFT JOIN session_execution AS e ON e.session_id = u.session_id
+WHERE u.session_id > :lo AND u.session_id <= :hi AND u.type = 'user' AND a.input_id IS NULL
+  -- imported conversations (`rem import`) were never inputs: no reply is owed
+  AND json_extract(u.data, '$.imported') IS NULL
 """
 SQL_DOUBLE_CONTINUATION = """
 SELECT session_id, json_extract(data, '$.execution_id') AS execution_id, count(*) AS continuations
-FROM session_message WHERE type = 'synthetic' AND json_extract(data, '$.execution_id') IS NOT NULL
+FROM session_message
+WHERE session_id > :lo AND session_id <= :hi
+  AND type = 'synthetic' AND json_extract(data, '$.execution_id') IS NOT NULL
 GROUP BY session_id, execution_id HAVING count(*) > 1
 """
+SQL_LIVE_EXECUTIONS = "SELECT id FROM session_execution WHERE session_id > :lo AND session_id <= :hi"
 
 
-def check_projection_sync(conn: Conn, report: Report) -> None:
-    report.checked.append("projection")
-    assistants = _rows_sync(conn, SQL_ASSISTANTS)
-    live = {r["id"] for r in conn.execute("SELECT id FROM session_execution").fetchall()}
-    completed: dict[Any, list[dict[str, Any]]] = {}
-    for row in assistants:
-        # one reply per step: a steer adds a step (and a reply) to the running execution
-        if row["status"] == "completed" and row["execution_id"] is not None:
-            completed.setdefault((row["execution_id"], row["step"]), []).append(row)
+def check_projection_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
+    if "projection" not in report.checked:
+        report.checked.append("projection")
+    batch = {"lo": lo, "hi": hi}
     report.add(
         report.violations,
         "3",
         "executions that published more than one completed reply",
         [
-            {"execution_id": k[0], "step": k[1], "messages": [r["message_id"] for r in v]}
-            for k, v in completed.items()
-            if len(v) > 1
+            {"execution_id": r["execution_id"], "step": r["step"], "messages": r["messages"].split(",")}
+            for r in _rows_sync(conn, SQL_DOUBLE_REPLY, batch)
         ],
     )
-    open_rows = [r for r in assistants if r["status"] == "streaming"]
+    live = {r["id"] for r in conn.execute(SQL_LIVE_EXECUTIONS, batch).fetchall()}
+    open_rows = _rows_sync(conn, SQL_OPEN_ASSISTANTS, batch)
     report.add(
         report.unsettled,
         "3",
@@ -211,23 +282,24 @@ def check_projection_sync(conn: Conn, report: Report) -> None:
         report.violations,
         "3",
         "more than one continuation message for one execution",
-        _rows_sync(conn, SQL_DOUBLE_CONTINUATION),
+        _rows_sync(conn, SQL_DOUBLE_CONTINUATION, batch),
     )
-    counts = _rows_sync(conn, SQL_ANSWER_COUNTS)
+    answers = _rows_sync(conn, SQL_ANSWERS, batch)
     report.add(
         report.violations,
         "3",
         "inputs answered by more than one reply (a late write landed)",
-        [r for r in counts if r["replies"] > 1],
+        [
+            {k: r[k] for k in ("session_id", "input_id", "replies", "messages")}
+            for r in answers
+            if r["finding"] == "twice"
+        ],
     )
-    answered = {r["input_id"] for r in counts}
-    users = _rows_sync(
-        conn,
-        "SELECT m.session_id, m.id AS input_id, m.seq, e.id AS execution_id "
-        "FROM session_message AS m LEFT JOIN session_execution AS e "
-        "ON e.session_id = m.session_id WHERE m.type = 'user'",
-    )
-    unanswered = [r for r in users if r["input_id"] not in answered]
+    unanswered = [
+        {k: r[k] for k in ("session_id", "input_id", "seq", "execution_id")}
+        for r in answers
+        if r["finding"] == "unanswered"
+    ]
     report.add(
         report.unsettled,
         "2",
@@ -240,6 +312,28 @@ def check_projection_sync(conn: Conn, report: Report) -> None:
         "promoted inputs no reply answers and no execution will",
         [r for r in unanswered if r["execution_id"] is None],
     )
+
+
+SQL_NEXT_BATCH = (
+    "SELECT max(id) AS hi, count(*) AS n FROM (SELECT id FROM session WHERE id > :lo ORDER BY id LIMIT :n)"
+)
+
+
+def check_sessions_sync(
+    conn: Conn, report: Report, lo: str, batch: int = CHECK_BATCH_SESSIONS
+) -> tuple[str | None, int]:
+    """Check the next `batch` sessions after `lo` (in the caller's read transaction).
+
+    Returns the last session id checked (None: no session after `lo`) and how many.
+    """
+    row = conn.execute(SQL_NEXT_BATCH, {"lo": lo, "n": batch}).fetchone()
+    hi, n = row["hi"], row["n"]
+    if hi is None:
+        return None, 0
+    check_inputs_sync(conn, report, lo, hi)
+    check_projection_sync(conn, report, lo, hi)
+    check_usage_sync(conn, report, lo, hi)
+    return str(hi), int(n)
 
 
 # -- invariant 2: after settling, everything reaches its current state -------
@@ -299,47 +393,151 @@ def check_audit_sync(conn: Conn, report: Report) -> None:
         )
 
 
+# -- invariant 9: every raw turn up to a session's current revision is in the recall index --
+SQL_ALL_RAW_TURNS = """
+SELECT session_id, id, type, time_created, data FROM session_message
+WHERE type IN ('user', 'assistant') ORDER BY session_id
+"""
+SQL_INDEX_ROWS = "SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn"
+
+
+def _fts_rowids_sync(conn: Conn, projects: set[str]) -> set[tuple[str, int]]:
+    """(project, rowid) of every row in the projects' FTS5 tables (a missing table holds none)."""
+    tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
+    held: set[tuple[str, int]] = set()
+    for project in sorted(projects):
+        table = fts_table(project)
+        if table in tables:
+            held.update((project, r[0]) for r in conn.execute(f"SELECT rowid FROM {table}"))
+    return held
+
+
+def _raw_turn_ids_by_session(conn: Conn) -> dict[str, tuple[str, set[str]]]:
+    """Each session's current raw revision and the ids of the raw turns it covers."""
+    from backend.store.revision import compute_revision, turn_record
+
+    records: dict[str, list[dict[str, Any]]] = {}
+    for sid, mid, kind, created, data in conn.execute(SQL_ALL_RAW_TURNS):
+        parsed = json.loads(data)
+        record = turn_record(mid, kind, created, parsed if isinstance(parsed, dict) else {})
+        if record is not None:
+            records.setdefault(sid, []).append(record)
+    return {sid: (compute_revision(rs), {r["id"] for r in rs}) for sid, rs in records.items()}
+
+
+def check_recall_index_sync(conn: Conn, report: Report) -> None:
+    """Invariant 9, on state.db: the FTS5 side covers each session's indexed revision exactly."""
+    report.checked.append("recall_index")
+    raw = _raw_turn_ids_by_session(conn)
+    published = {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT session_id, input_revision, indexed_revision FROM dream_state")
+    }
+    rows: dict[str, list[dict[str, Any]]] = {}
+    no_fts, vectors_pending = [], []
+    index_rows = _rows_sync(conn, SQL_INDEX_ROWS)
+    fts_rows = _fts_rowids_sync(conn, {r["project"] for r in index_rows})
+    for r in index_rows:
+        rows.setdefault(r["session_id"], []).append(r)
+        if (r["project"], r["id"]) not in fts_rows:
+            no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+        if r["vector_digest"] != r["digest"]:
+            vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
+    missing, extra, behind = [], [], []
+    for sid, (revision, turn_ids) in raw.items():
+        held = {r["message_id"] for r in rows.get(sid, [])}
+        current, indexed = published.get(sid, (None, None))
+        if current is not None and indexed != current:
+            behind.append({"session_id": sid, "published": current, "indexed": indexed})
+        if indexed != revision:
+            continue  # the raw turns moved on (or were never published): coverage is checked at the revision
+        missing += [{"session_id": sid, "message_id": m} for m in sorted(turn_ids - held)]
+        extra += [{"session_id": sid, "message_id": m} for m in sorted(held - turn_ids)]
+    report.add(report.violations, "9", "raw turns missing from the recall index at its revision", missing)
+    report.add(report.violations, "9", "recall index rows for turns that are not raw turns", extra)
+    report.add(report.violations, "9", "recall index rows without their FTS5 row", no_fts)
+    report.add(report.unsettled, "9", "recall index behind the session's published revision", behind)
+    report.add(report.unsettled, "9", "turn vectors not written to Chroma yet", vectors_pending)
+
+
 # -- usage: a reply's tokens are counted with it, exactly once ---------------
 # (the sessions a model answered, from their partial index; each reply's usage is
 # written in the same transaction as its completion, so the totals always agree)
 SQL_USAGE_MISMATCH = """
 SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, s.tokens_cache_read,
        s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
-FROM session AS s INDEXED BY session_usage_idx
+FROM session AS s
 JOIN (SELECT session_id,
              total(json_extract(data, '$.usage.input')) AS input,
              total(json_extract(data, '$.usage.output')) AS output,
              total(json_extract(data, '$.usage.reasoning')) AS reasoning,
              total(json_extract(data, '$.usage.cache_read')) AS cache_read,
              total(json_extract(data, '$.usage.cache_write')) AS cache_write
-      FROM session_message WHERE type = 'assistant' AND json_extract(data, '$.status') = 'completed'
+      FROM session_message
+      WHERE session_id > :lo AND session_id <= :hi
+        AND type = 'assistant' AND json_extract(data, '$.status') = 'completed'
       GROUP BY session_id) AS r ON r.session_id = s.id
-WHERE (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
+WHERE s.id > :lo AND s.id <= :hi AND (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
   AND (s.tokens_input != r.input OR s.tokens_output != r.output OR s.tokens_reasoning != r.reasoning
        OR s.tokens_cache_read != r.cache_read OR s.tokens_cache_write != r.cache_write)
 """
 
 
-def check_usage_sync(conn: Conn, report: Report) -> None:
-    report.checked.append("usage")
+def check_usage_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
+    """The sessions `lo` < id <= `hi` (one batch; rows merged into the report's finding)."""
+    if "usage" not in report.checked:
+        report.checked.append("usage")
     report.add(
         report.violations,
         "usage",
         "session token totals that differ from the sum of their replies' usage",
-        _rows_sync(conn, SQL_USAGE_MISMATCH),
+        _rows_sync(conn, SQL_USAGE_MISMATCH, {"lo": lo, "hi": hi}),
     )
 
 
 def check_database_sync(conn: Conn, now: int | None = None) -> Report:
-    """All state.db invariants, inside the caller's read transaction."""
+    """All state.db invariants inside the caller's one read transaction (small data dirs, tests)."""
     report = Report()
     now = clock.now_ms() if now is None else now
     check_structure_sync(conn, report)
-    check_inputs_sync(conn, report)
-    check_projection_sync(conn, report)
-    check_usage_sync(conn, report)
+    lo: str | None = ""
+    while lo is not None:
+        lo, _ = check_sessions_sync(conn, report, lo)
     check_progress_sync(conn, report, now)
     check_audit_sync(conn, report)
+    check_recall_index_sync(conn, report)
+    report.ordered()
+    return report
+
+
+async def check_database_in_batches(
+    db: Any, *, now: int | None = None, batch: int = CHECK_BATCH_SESSIONS, progress: Progress | None = None
+) -> Report:
+    """All state.db invariants, one short read transaction per table or per batch of sessions."""
+    report = Report()
+    now = clock.now_ms() if now is None else now
+    tell = progress or (lambda _phase, _done, _total: None)
+    tables = await db.read_in_thread(structure_tables_sync)
+    for i, table in enumerate(tables):
+        tell("structure", i, len(tables))
+        await db.read_in_thread(lambda conn, t=table: check_structure_sync(conn, report, t))
+    tell("structure", len(tables), len(tables))
+    total = int(await db.scalar("SELECT count(*) FROM session"))
+    lo: str | None = ""
+    done = 0
+    while lo is not None:
+        tell("sessions", done, total)
+        lo, n = await db.read_in_thread(
+            lambda conn, after=lo: check_sessions_sync(conn, report, after, batch)
+        )
+        done += n
+    tell("sessions", done, max(done, total))
+    await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
+    # invariant 8 walks the operator events' chain in order (they are few: operator actions only)
+    await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
+    # invariant 9 (issue 16) reads the recall index whole: one read, not batched yet
+    await db.read_in_thread(lambda conn: check_recall_index_sync(conn, report))
+    report.ordered()
     return report
 
 
@@ -355,6 +553,7 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
     try:
         await _check_receipts(ctx, db, report)
         await _check_dream_overlay(ctx, db, report)
+        await _check_turn_vectors(ctx, db, report)
     except ChromaUnreachable as exc:
         report.add(
             report.violations,
@@ -439,6 +638,19 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
     report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
 
 
+async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
+    """Invariant 9, Chroma side: every vector state.db marks as written is in the turn collection."""
+    marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
+    if not marked:
+        return  # nothing to compare: Chroma is not asked at all
+    in_chroma: set[str] = set()
+    projects = await db.fetchall("SELECT DISTINCT project FROM memory_turn WHERE vector_digest IS digest")
+    for (project,) in projects:
+        in_chroma.update(await ctx.turn_store(project).all_ids())
+    lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
+    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
+
+
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
     violations = [f.as_dict() for f in report.violations]
     unsettled = [f.as_dict() for f in report.unsettled]
@@ -461,3 +673,29 @@ def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
 
 def dumps(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=True, default=str)
+
+
+# the order findings are listed in (the order the checks above declare them)
+FINDING_ORDER = (
+    "state.db fails PRAGMA quick_check",
+    "rows whose foreign key points at nothing",
+    "promoted inputs whose user message is missing or wrong",
+    "user messages that no admitted input produced",
+    "sequence numbers ahead of their session's sequence",
+    "one sequence number used twice in a session",
+    "admitted inputs nobody will wake (wake_pending=0, no execution)",
+    "admitted inputs not promoted yet",
+    "executions that published more than one completed reply",
+    "assistant rows still streaming under a live execution",
+    "stale assistant rows not closed yet (their execution is gone)",
+    "more than one continuation message for one execution",
+    "inputs answered by more than one reply (a late write landed)",
+    "promoted inputs not answered yet",
+    "promoted inputs no reply answers and no execution will",
+    "session token totals that differ from the sum of their replies' usage",
+    "executions in progress or awaiting takeover",
+    "recoveries waiting",
+    "recoveries parked for the operator (attempt budget spent)",
+    "summaries not at the current raw turns",
+    "Dream not at the published input revision",
+)

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 
 from backend.dream.digester import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
+from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
@@ -30,18 +31,26 @@ __all__ = [
     "HeldSession",
     "InputBacklog",
     "KeyDiff",
+    "LatencyHistogram",
+    "LeaseTotals",
+    "OperatorActionCount",
     "LastModelError",
     "LeaseRecord",
     "ModelHealth",
     "ReceiptMismatch",
     "Receipts",
     "RecoveryBacklog",
+    "Moment",
+    "RecordedMoment",
+    "RecoveryTotals",
     "ReplayReport",
     "ReplayRow",
     "SessionUsage",
     "Snapshot",
     "Status",
     "SummaryJobs",
+    "Throughput",
+    "Totals",
     "Usage",
     "UsageTotal",
     "WorkerRecord",
@@ -109,6 +118,8 @@ class Backlog(TypedDict):
     recoveries: list[RecoveryBacklog]
     summary_jobs: SummaryJobs
     dream: DreamBacklog
+    # the recall index's lag (backend.memory.index.index_lag_sync)
+    index: IndexLag
 
 
 class LeaseRecord(TypedDict):
@@ -212,6 +223,54 @@ class ChromaHealth(TypedDict):
     pid: NotRequired[int | None]
 
 
+class LeaseTotals(TypedDict):
+    """The leases of one kind, all of them (the list stops at what a panel shows)."""
+
+    held: int
+    expired: int
+    dead_owner: int
+    expired_max_ms: int  # how long the longest-expired one has been expired (0: none)
+
+
+class RecoveryTotals(TypedDict):
+    waiting: int
+    parked: int
+
+
+class Totals(TypedDict):
+    """Uncapped figures for metrics and alerts (`ops.totals`)."""
+
+    leases: dict[str, LeaseTotals]  # by LeaseKind
+    backlog: dict[str, int]  # input, recovery, summary, dream
+    backlog_oldest_ms: dict[str, int]  # age of the oldest item of each backlog kind (0: empty)
+    recoveries: RecoveryTotals
+
+
+class LatencyHistogram(TypedDict):
+    """Cumulative counts per upper bound (seconds), as Prometheus histograms are."""
+
+    buckets_s: list[float]
+    cumulative: list[int]
+    count: int
+    sum_s: float
+
+
+class OperatorActionCount(TypedDict):
+    action: str
+    result: str
+    count: int
+
+
+class Throughput(TypedDict):
+    """The journal tally (`ops.throughput`): counters since `since`, folded through an event id."""
+
+    through_event_id: int
+    since: int | None
+    counters: dict[str, int]
+    turn_latency: LatencyHistogram
+    operator_actions: list[OperatorActionCount]
+
+
 class LastModelError(TypedDict):
     """The newest failed model request attempt in the window."""
 
@@ -285,7 +344,22 @@ class Snapshot(TypedDict):
     usage: Usage
     recent_actions: list[EventRecord]
     events: list[EventRecord]
+    totals: Totals
     counts: Counts
+
+
+class RecordedMoment(TypedDict):
+    """Where a timeline moment comes from (`ops.timeline`): one row of the status history."""
+
+    id: int
+    time: int
+    reason: str  # interval, start, stop, or the operator event kind that triggered it
+    alerts: list[str]
+    incident: bool
+    last_event_id: int
+    index: NotRequired[int]  # 1-based position in the history
+    count: NotRequired[int]
+    asked: NotRequired[int]  # the time asked for (`--at`)
 
 
 class Status(Snapshot):
@@ -295,4 +369,11 @@ class Status(Snapshot):
     schema_version: int
     schema_version_supported: int
     read_only: bool
+    throughput: Throughput
     chroma: ChromaHealth
+
+
+class Moment(Status):
+    """A recorded moment of the timeline (`ops.timeline.moment`): a status as it was, not live state."""
+
+    recorded: RecordedMoment

@@ -3,12 +3,24 @@
 Every query here is served by an index (see `STATUS_QUERIES` and
 tests/backend/test_status.py, which asserts no query plan scans a large
 table), and all of them run inside one short read transaction so the
-snapshot is consistent. Lists are capped and sorted most urgent first.
+snapshot is consistent. Lists are capped at what a panel can show
+(`LIST_CAP` rows, most urgent first), so a snapshot's cost follows the
+screen, not the size of the fleet.
+
+Incremental: a `SnapshotCache` (one per `Database`, see `ops.status`) keeps
+what the last snapshot read, keyed by `PRAGMA data_version` and the
+connection's own `total_changes`. While neither moved (nothing committed
+since), the rows are reused and only what depends on the clock (ages, time
+left, expiry, liveness, the totals) is computed again. The session count
+is kept up to date from the rows added since (`rowid` above the last one
+counted) and counted whole again every `SESSION_RECOUNT_MS`.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, cast
 
@@ -16,6 +28,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
+from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health
 from backend.ops.records import (
     Backlog,
@@ -33,6 +46,7 @@ from backend.ops.records import (
     SummaryJobs,
     WorkerRecord,
 )
+from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
@@ -40,7 +54,10 @@ from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerStat
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus
 
-LIST_CAP = 500
+# rows listed per panel: a maximized panel on a 60-line terminal shows ~55, so this is
+# three to four pages of scrolling; the panel's filter and sort work on these rows, its
+# title and the totals count every row
+LIST_CAP = 200
 EVENT_TAIL = 100
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
@@ -65,8 +82,6 @@ COUNT_QUERIES: dict[str, str] = {
     **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in ReceiptVerdict},
     "receipt_unchecked": "SELECT count(*) FROM summary_job "
     "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
-    # walks the smallest index of session, not the table (~1 ms per 100 000 sessions)
-    "sessions": "SELECT count(*) FROM session",
 }
 COUNTS_SQL = "SELECT " + ", ".join(f"({sql}) AS {name}" for name, sql in COUNT_QUERIES.items())
 
@@ -74,11 +89,28 @@ COUNTS_SQL = "SELECT " + ", ".join(f"({sql}) AS {name}" for name, sql in COUNT_Q
 # the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
 # plans where the planner, given statistics, would walk a big index in GROUP BY order.
 LIST_QUERIES: dict[str, str] = {
-    "inputs": f"""
+    # the :scan oldest waiting inputs from the covering index (a sort of their rowids and
+    # times only), then the session of each of those (one rowid seek each)
+    "inputs_oldest": f"""
+        SELECT i.session_id, o.created FROM (
+            SELECT rowid AS input_rowid, time_created AS created
+            FROM session_input INDEXED BY {_INPUT_IDX}
+            WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
+            ORDER BY created, input_rowid LIMIT :scan) AS o
+        JOIN session_input AS i ON i.rowid = o.input_rowid
+        ORDER BY o.created, o.input_rowid""",
+    # then each listed session's waiting inputs, one index seek per session
+    "inputs": """
         SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at
-        FROM session_input INDEXED BY {_INPUT_IDX}
-        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
-        GROUP BY session_id ORDER BY oldest_at LIMIT :cap""",
+        FROM session_input INDEXED BY session_input_session_promoted_delivery_admitted_idx
+        WHERE session_id IN (SELECT value FROM json_each(:sessions))
+          AND promoted_seq IS NULL AND wake_pending IN (0, 1)
+        GROUP BY session_id""",
+    # walks the smallest index of session, not the table (~15 ms per 1 000 000 sessions):
+    # only the first snapshot and every SESSION_RECOUNT_MS; between, the rows added since
+    "sessions": "SELECT count(*) FROM session",
+    "sessions_last": "SELECT max(rowid) FROM session",
+    "sessions_since": "SELECT count(*), max(rowid) FROM session WHERE rowid > :after",
     "recoveries": """
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
         FROM session_recovery WHERE wake_pending = 1
@@ -103,7 +135,7 @@ LIST_QUERIES: dict[str, str] = {
                d.lease_expires_at, w.state, w.heartbeat_at
         FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
         WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
-        ORDER BY expires_at LIMIT :lease_cap""",
+        ORDER BY expires_at LIMIT :cap""",
     "receipt_mismatched": f"""
         SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
         FROM summary_job INDEXED BY summary_job_verdict_idx
@@ -139,8 +171,8 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **model_health.QUERIES}
-LEASE_CAP = 5000
+STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
+SESSION_RECOUNT_MS = 60_000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
@@ -190,7 +222,42 @@ def _event(row: dict[str, Any]) -> EventRecord:
     }
 
 
-def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
+def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
+    """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
+    scan = 4 * LIST_CAP
+    while True:
+        rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
+        seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
+        for session_id, created in rows:
+            entry = seen.get(session_id)
+            if entry is None:
+                seen[session_id] = [1, created]
+            else:
+                entry[0] += 1
+        complete = len(rows) < scan  # every waiting input was read
+        # enough sessions, or all of them (a few sessions with many inputs: read wider)
+        if complete or len(seen) >= LIST_CAP:
+            break
+        scan *= 4
+    sessions = list(seen)[:LIST_CAP]
+    if complete:  # the counts are whole already
+        return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
+    if not sessions:
+        return []
+    by_session = {r["session_id"]: r for r in _rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
+    return [by_session[s] for s in sessions]
+
+
+def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
+    """The recall index's lag: read with the rows (until a commit), its age moved with the clock."""
+    read = cache.rows.get("index_lag")
+    if read is None:
+        read = cache.rows["index_lag"] = (index_lag_sync(conn, now), now)
+    lag, at = read
+    return {**lag, "oldest_ms": lag["oldest_ms"] + (now - at) if lag["oldest_ms"] else 0}
+
+
+def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: int) -> Backlog:
     inputs: list[InputBacklog] = [
         {
             "session_id": r["session_id"],
@@ -198,7 +265,7 @@ def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
             "oldest_at": r["oldest_at"],
             "oldest_age_ms": now - r["oldest_at"],
         }
-        for r in _rows_sync(conn, "inputs", cap=LIST_CAP)
+        for r in cache.rows["inputs"]
     ]
     recoveries: list[RecoveryBacklog] = [
         {
@@ -210,14 +277,14 @@ def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
             "time_created": r["time_created"],
             "parked": r["recovery_error"] is not None,
         }
-        for r in _rows_sync(conn, "recoveries", cap=LIST_CAP)
+        for r in cache.rows["recoveries"]
     ]
     summary = SummaryJobs(
         pending=counts["summary_pending"],
         in_progress=counts["summary_in_progress"],
         failed=counts["summary_failed"],
         stale=counts["summary_stale"],
-        failed_rows=cast(list[FailedSummary], _rows_sync(conn, "summary_failed", cap=50)),
+        failed_rows=[cast(FailedSummary, dict(r)) for r in cache.rows["summary_failed"]],
     )
     by_state: dict[DigestState, int] = {
         s: counts[f"dream_{s}"] for s in DREAM_COUNTED if s is not DigestState.LEGACY
@@ -230,24 +297,33 @@ def backlog_sync(conn: Conn, counts: dict[str, int], now: int) -> Backlog:
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
+        index=_index_lag_sync(conn, cache, now),
     )
 
 
-def leases_sync(conn: Conn, now: int) -> list[LeaseRecord]:
-    """Every execution, summary-job and Dream lease, soonest expiry first."""
-    out = _rows_sync(conn, "leases", lease_cap=LEASE_CAP)
-    kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.heartbeat_alive  # up to 5000 rows
-    for lease in out:
-        heartbeat = lease.pop("heartbeat_at")
-        expires_at = lease["expires_at"]
-        lease["kind"] = kinds[lease["kind"]]
-        lease["phase"] = phases(lease["phase"])
-        lease["owner_state"] = owner_state = states(lease["owner_state"])
-        lease["time_left_ms"] = expires_at - now
-        lease["expired"] = expires_at <= now
-        lease["owner_alive"] = owner_state in LIVE_STATES and alive(heartbeat, now)
-    # built in place (thousands of rows): the keys are the query's columns plus the three above
-    return cast(list[LeaseRecord], out)
+def leases_sync(rows: list[dict[str, Any]], now: int) -> list[LeaseRecord]:
+    """The listed execution, summary-job and Dream leases (soonest expiry first), as of `now`."""
+    kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.heartbeat_alive
+    out: list[LeaseRecord] = []
+    for r in rows:
+        expires_at = r["expires_at"]
+        owner_state = states(r["owner_state"])
+        out.append(
+            {
+                "kind": kinds[r["kind"]],
+                "id": r["id"],
+                "session_id": r["session_id"],
+                "owner_id": r["owner_id"],
+                "epoch": r["epoch"],
+                "phase": phases(r["phase"]),
+                "expires_at": expires_at,
+                "owner_state": owner_state,
+                "time_left_ms": expires_at - now,
+                "expired": expires_at <= now,
+                "owner_alive": owner_state in LIVE_STATES and alive(r["heartbeat_at"], now),
+            }
+        )
+    return out
 
 
 def receipt_keys(detail: Any) -> list[KeyDiff]:
@@ -271,16 +347,26 @@ def receipt_keys(detail: Any) -> list[KeyDiff]:
     return out
 
 
-def receipts_sync(conn: Conn, counts: dict[str, int]) -> Receipts:
-    verdicts = {v: counts[f"receipt_{v}"] for v in (*ReceiptVerdict, "unchecked")}
+def mismatches_sync(
+    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None
+) -> tuple[list[ReceiptMismatch], dict[tuple[Any, ...], ReceiptMismatch]]:
+    """The listed mismatched receipts, most recently checked first, and each by its row.
+
+    A row read before (the same verdict, detail, check time and reason: `known`,
+    from the last snapshot) is not decoded again.
+    """
+    known = known or {}
     mismatched: list[ReceiptMismatch] = []
+    by_row: dict[tuple[Any, ...], ReceiptMismatch] = {}
     for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
-        try:
-            detail = json.loads(r["verdict_detail"]) if r["verdict_detail"] else {}
-        except ValueError:
-            detail = {}
-        mismatched.append(
-            {
+        row_key = tuple(r.values())
+        record = known.get(row_key)
+        if record is None:
+            try:
+                detail = json.loads(r["verdict_detail"]) if r["verdict_detail"] else {}
+            except ValueError:
+                detail = {}
+            record = {
                 "summary_id": summary_row_id(r["session_id"]),
                 "session_id": r["session_id"],
                 "verdict": _VERDICT[r["verdict"]],  # the query selects mismatch verdicts only
@@ -289,8 +375,9 @@ def receipts_sync(conn: Conn, counts: dict[str, int]) -> Receipts:
                 "checked_at": r["verdict_checked_at"],
                 "quarantine_reason": r["quarantine_reason"],
             }
-        )
-    return Receipts(counts=verdicts, mismatched=mismatched)
+        by_row[row_key] = record
+        mismatched.append(record)
+    return mismatched, by_row
 
 
 def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
@@ -350,34 +437,111 @@ def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
     ]
 
 
-def snapshot_sync(conn: Conn, now: int | None = None) -> Snapshot:
-    """Everything but Chroma health and identity; run it inside one read transaction."""
-    now = clock.now_ms() if now is None else now
+@dataclass
+class SnapshotCache:
+    """What the last snapshot read from state.db, reused while nothing was committed since.
+
+    `key` is (`PRAGMA data_version`, the connection's `total_changes`): the
+    first moves when another connection commits, the second when this one
+    does. `rows` holds each list query's rows (or what was built from them
+    that does not depend on the clock). `sessions` is (highest rowid counted,
+    count, when it was last counted whole).
+    """
+
+    key: tuple[int, int] | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    rows: dict[str, Any] = field(default_factory=dict)
+    sessions: tuple[int, int, int] | None = None
+    hits: int = 0
+    misses: int = 0
+
+
+def _change_key(conn: Conn) -> tuple[int, int] | None:
+    """What moves when anything is committed: None where the engine offers nothing (never reused).
+
+    Read before anything else: a commit landing after it is seen by the next call.
+    """
+    if not isinstance(conn, sqlite3.Connection):
+        return None
+    return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
+
+
+def _session_count_sync(conn: Conn, cache: SnapshotCache, now: int) -> int:
+    """Every session: counted whole now and then, in between by the rows added since."""
+    if cache.sessions is not None:
+        last, count, counted_at = cache.sessions
+        highest = conn.execute(LIST_QUERIES["sessions_last"]).fetchone()[0] or 0
+        # rowids only grow while no session is deleted (none is); a lower one means they were
+        # renumbered or removed (VACUUM, a hand edit): count again
+        if highest >= last and now - counted_at < SESSION_RECOUNT_MS:
+            added, top = conn.execute(LIST_QUERIES["sessions_since"], {"after": last}).fetchone()
+            cache.sessions = (top or last, count + added, counted_at)
+            return int(count + added)
+    count = conn.execute(LIST_QUERIES["sessions"]).fetchone()[0]
+    highest = conn.execute(LIST_QUERIES["sessions_last"]).fetchone()[0] or 0
+    cache.sessions = (highest, count, now)
+    return int(count)
+
+
+def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
+    """Every list and count that does not depend on the clock, into the cache."""
     counts = _counts_sync(conn)
-    drift, drift_counts = dream_drift_sync(conn, counts)
-    lease_rows = leases_sync(conn, now)
-    receipt_view = receipts_sync(conn, counts)
+    rows = cache.rows
+    rows["inputs"] = _inputs_rows_sync(conn)
+    rows["recoveries"] = _rows_sync(conn, "recoveries", cap=LIST_CAP)
+    rows["summary_failed"] = _rows_sync(conn, "summary_failed", cap=50)
+    rows["leases"] = _rows_sync(conn, "leases", cap=LIST_CAP)
+    rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(conn, rows.get("mismatched_by_row"))
+    rows["drift"] = dream_drift_sync(conn, counts)
+    rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
+    rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
+    rows["usage"] = model_health.usage_sync(conn)
+    rows.pop("index_lag", None)  # read again at its next use
+    cache.counts = counts
+    rows["totals"] = {}  # the clockless totals, read again at their next use
+
+
+def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | None = None) -> Snapshot:
+    """Everything but Chroma health and identity; run it inside one read transaction.
+
+    With a `cache` (kept between calls on the same connection), what has not
+    changed since the last call is not read again.
+    """
+    now = clock.now_ms() if now is None else now
+    cache = SnapshotCache() if cache is None else cache
+    key = _change_key(conn)
+    if key is None or key != cache.key or not cache.rows:
+        _read_rows_sync(conn, cache)
+        cache.key = key
+        cache.misses += 1
+    else:
+        cache.hits += 1
+    counts = {**cache.counts, "sessions": _session_count_sync(conn, cache, now)}
+    rows = cache.rows
+    drift, drift_counts = rows["drift"]
     worker_view = worker_rows_sync(conn, now)
-    back = backlog_sync(conn, counts, now)
+    total = totals_sync(conn, now, counts, rows["totals"])
+    back = backlog_sync(conn, cache, counts, now)
     snapshot: Snapshot = {
         "generated_at": now,
         "backlog": back,
-        "leases": lease_rows,
-        "receipts": receipt_view,
-        "dream_drift": drift,
-        "dream_counts": drift_counts,
+        "leases": leases_sync(rows["leases"], now),
+        "receipts": Receipts(
+            counts={v: counts[f"receipt_{v}"] for v in (*ReceiptVerdict, "unchecked")},
+            mismatched=list(rows["mismatched"]),
+        ),
+        "dream_drift": list(drift),
+        "dream_counts": dict(drift_counts),
         "legacy_only": counts["dream_legacy"],
         "workers": worker_view,
         "model": model_health.model_health_sync(conn, now),
-        "usage": model_health.usage_sync(conn),
-        "recent_actions": [_event(r) for r in _rows_sync(conn, "recent_actions")],
-        "events": [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)],
+        "usage": rows["usage"],
+        "recent_actions": list(rows["recent_actions"]),
+        "events": list(rows["events"]),
+        "totals": total,
         "counts": {
-            "backlog": back["inputs_total"]
-            + sum(1 for r in back["recoveries"] if not r["parked"])
-            + counts["summary_pending"]
-            + counts["dream_pending"],
-            "expired_leases": sum(1 for lease in lease_rows if lease["expired"]),
+            "backlog": sum(total["backlog"].values()),
+            "expired_leases": sum(t["expired"] for t in total["leases"].values()),
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],

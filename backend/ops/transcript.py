@@ -15,7 +15,7 @@ from backend.core.errors import SessionNotFound
 from backend.store.db import Conn, Row
 
 SESSION_COLUMNS = (
-    "id, title, model, turn_count, message_count, input_count, last_seq, cost, tokens_input, tokens_output, "
+    "id, project, title, model, turn_count, message_count, input_count, last_seq, cost, tokens_input, tokens_output, "
     "tokens_reasoning, tokens_cache_read, tokens_cache_write, held_at, held_reason, model_error, "
     "time_created, time_updated"
 )
@@ -76,6 +76,8 @@ def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
                 "reask",
                 "superseded_by",
                 "interrupted_phase",
+                "speaker",
+                "memory",
             )
             if key in data
         },

@@ -75,6 +75,8 @@ class EventKind(StrEnum):
     OPERATOR_DRAIN = "operator.drain"
     OPERATOR_RELEASE = "operator.release"
     OPERATOR_REFUSED = "operator.refused"
+    MEMORY_REINDEXED = "memory.reindexed"
+    MEMORY_IMPORTED = "memory.imported"
     OPERATOR_RESUME = "operator.resume"
     UNSAFE_SWITCH = "unsafe.switch"
 

@@ -12,7 +12,7 @@ import logging
 import aiosqlite
 
 from backend.core import clock
-from backend.core.errors import DataDirError, SchemaTooNew
+from backend.core.errors import DataDirError, SchemaTooNew, SchemaTooOld
 from backend.store.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
 
 log = logging.getLogger("rem.schema")
@@ -353,11 +353,50 @@ CREATE INDEX event_operator_idx ON event(id)
     WHERE kind IN ('operator.replay', 'operator.drain', 'operator.release', 'operator.resume');
 """
 
-# v4: the audit journal holds. Operator events record the OS identity of who acted (effective
+# v4: memory that can be recalled (backend.memory). Sessions belong to a project
+# (seed 004's session table has project/workspace fields; default `default`).
+# `memory_turn` is the recall index of raw turns (one row per user prompt or
+# completed assistant reply), written by Dream per revision under its lease.
+# Its lexical side is one FTS5 table per project (`memory_fts_p<hash>`, rowid =
+# memory_turn.id, created by the index writer with the project's first turn:
+# `backend.memory.text.fts_table`), its dense side one Chroma turn collection
+# per project. `dream_state.indexed_revision`
+# is the revision the index covers (DESIGN invariant 9).
+V4 = """
+ALTER TABLE session ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX session_project_idx ON session(project, time_updated);
+ALTER TABLE dream_state ADD COLUMN indexed_revision TEXT;
+ALTER TABLE dream_state ADD COLUMN time_indexed INTEGER;
+CREATE INDEX dream_state_index_lag_idx ON dream_state(time_published, session_id)
+    WHERE input_revision IS NOT NULL AND indexed_revision IS NOT input_revision;
+
+CREATE TABLE memory_turn (
+    id            INTEGER PRIMARY KEY,
+    message_id    TEXT NOT NULL UNIQUE,
+    session_id    TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+    project       TEXT NOT NULL,
+    -- position in the session's canonical turn order (time, then id)
+    ord           INTEGER NOT NULL,
+    role          TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    speaker       TEXT NOT NULL DEFAULT '',
+    time          INTEGER NOT NULL,
+    -- hash of everything indexed for the turn (FTS columns, dense text, metadata): the diff key
+    digest        TEXT NOT NULL,
+    -- the digest whose vector is in the Chroma turn collection (NULL: not written yet)
+    vector_digest TEXT,
+    revision      TEXT NOT NULL,
+    time_indexed  INTEGER NOT NULL
+);
+CREATE INDEX memory_turn_session_idx ON memory_turn(session_id, ord);
+CREATE INDEX memory_turn_vector_pending_idx ON memory_turn(session_id)
+    WHERE vector_digest IS NOT digest;
+"""
+
+# v5: the audit journal holds. Operator events record the OS identity of who acted (effective
 # uid and its user name) next to the claimed operator (`actor`), are hash-chained (`chain` is
 # SHA-256 of the previous operator event's `chain` and this row's content; see
 # backend/store/events.py), are never pruned or deleted, and refusals are journaled too.
-V4 = """
+V5 = """
 ALTER TABLE event ADD COLUMN os_uid INTEGER;
 ALTER TABLE event ADD COLUMN os_user TEXT;
 ALTER TABLE event ADD COLUMN chain_prev TEXT;
@@ -375,7 +414,7 @@ END;
 """
 
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -420,9 +459,12 @@ async def refuse_unusable(db: Database) -> None:
         refuse_foreign(db.path, current, [r["name"] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
         raise DataDirError(f"{db.path} has no rem schema yet; run `rem init --data {db.path.parent}`")
     if current < SCHEMA_VERSION:
-        raise DataDirError(
-            f"{db.path} has schema version {current}, older than this rem's ({SCHEMA_VERSION}), and a "
-            f"read-only rem never migrates; run `rem init --data {db.path.parent}` once to migrate it"
+        # a read-only open writes nothing, so it cannot migrate, and this rem's queries name
+        # tables and indexes the older schema lacks: say so instead of failing on one of them
+        raise SchemaTooOld(
+            f"{db.path} has schema version {current}, older than this rem reads ({SCHEMA_VERSION}); "
+            f"run `rem init --data {db.path.parent}` to migrate it (that writes), or read it with the "
+            "rem that wrote it"
         )
 
 

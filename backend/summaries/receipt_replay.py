@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -718,3 +719,55 @@ async def replay_receipts(
                 data={"operator": actor, "targets": targets},
             )
     return await recovery.run(batches)
+
+
+async def reissue_for_embedder(db: Database, store: ChromaStore, *, now: int | None = None) -> dict[str, int]:
+    """Re-record the vector in every v2 receipt with the store's (new) embedder; `rem reindex`.
+
+    A v2 receipt records the vector written with its document, and replay
+    compares the row's vector with that record. After the embedder changes
+    the old record can never match again, so a reindex re-stages each receipt
+    with `embedding_digest` of the new embedder's vector for the same
+    document, before it replays them. Document and owned keys are unchanged.
+    Compare-and-swap on the envelope bytes, and never under a live lease: a
+    receipt a summarizer re-staged meanwhile is left to it (counted `skipped`).
+    v1 receipts carry no vector record and corrupt ones are left for replay
+    to verify or quarantine.
+    """
+    counts = {"reissued": 0, "skipped": 0, "unchanged": 0}
+    async for jobs in all_batches(db):
+        decoded: list[tuple[Job, Receipt]] = []
+        for job in jobs:
+            try:
+                receipt = receipts.decode(job.envelope, job.encoding)
+            except (ReceiptCorrupt, ValueError):
+                counts["unchanged"] += 1
+                continue
+            if receipt.embedding is None:
+                counts["unchanged"] += 1
+                continue
+            decoded.append((job, receipt))
+        if not decoded:
+            continue
+        vectors = await store.embed([r.document for _, r in decoded])
+        stamp = clock.now_ms() if now is None else now
+        async with db.tx() as conn:
+            for (job, receipt), vector in zip(decoded, vectors, strict=True):
+                fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
+                if fresh == receipt:
+                    counts["unchanged"] += 1
+                    continue
+                changed = await execute(
+                    conn,
+                    "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
+                    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
+                    f"AND {NOT_LEASED}",
+                    {
+                        **job.cas(),
+                        "new": receipts.encode(fresh),
+                        "enc": receipts.encoding_of(fresh),
+                        "now": stamp,
+                    },
+                )
+                counts["reissued" if changed else "skipped"] += 1
+    return counts

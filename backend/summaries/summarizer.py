@@ -76,6 +76,7 @@ class Claim:
     dirty_seq: int
     attempts: int
     expires_at: int
+    project: str = "default"
 
     @property
     def summary_id(self) -> str:
@@ -209,6 +210,7 @@ class Summarizer(Daemon):
                 )
             )
             epoch, attempts = int(claimed[0]["epoch"]), int(claimed[0]["attempts"])
+            project = await fetchone(conn, "SELECT project FROM session WHERE id = ?", (session_id,))
             await append_event(
                 conn,
                 kind=EventKind.SUMMARY_CLAIMED,
@@ -229,6 +231,7 @@ class Summarizer(Daemon):
             dirty_seq=int(row["dirty_seq"]),
             attempts=attempts,
             expires_at=now + self.lease_ms,
+            project=project[0] if project else "default",
         )
 
     async def _synthesize_and_write(self, claim: Claim) -> None:
@@ -275,6 +278,7 @@ class Summarizer(Daemon):
             "category": synthesis.category,
             "dreamInputRevision": claim.revision,
             "summarizer": self.synthesizer.name,
+            "project": claim.project,
         }
         if synthesis.keywords:  # Chroma refuses empty lists
             metadata["keywords"] = list(synthesis.keywords)

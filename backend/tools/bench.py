@@ -130,6 +130,43 @@ def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _scale(r: dict[str, Any]) -> list[tuple[str, str]]:
+    data, status, scrape = r["data"], r["status"], r["scrape"]
+    size = (
+        f"{data['sessions']:,} sessions / {data['messages']:,} messages / {data['receipts']:,} receipts "
+        f"({data['mismatched']:,} mismatched) / {data['leases']:,} leases"
+    )
+    out = [
+        (
+            f"scale {r['scale']}x data dir: {size}",
+            f"{data['bytes'] / 2**30:.2f} GiB, built in {data['build_s']} s",
+        ),
+        *(
+            (
+                f"status() at {r['scale']}x, {label} ({status[mode]['n']} rounds)",
+                f"p50 {status[mode]['p50_ms']} ms, p95 {status[mode]['p95_ms']} ms, max {status[mode]['max_ms']} ms",
+            )
+            for mode, label in (
+                ("unchanged", "nothing committed between"),
+                ("after_commit", "re-read as after a commit"),
+                ("scrape_after_commit", "the same + OpenMetrics (a scrape's work)"),
+            )
+        ),
+        (
+            f"rem metrics scrape at {r['scale']}x (1.1 s apart / cached)",
+            f"p95 {scrape['cold']['p95_ms']} ms / {scrape['warm']['p95_ms']} ms",
+        ),
+    ]
+    if "check" in r:
+        out.append(
+            (
+                f"rem check (state.db) at {r['scale']}x",
+                f"{r['check']['seconds']} s, longest read {r['check']['longest_read_ms']} ms",
+            )
+        )
+    return out
+
+
 BENCHES = {
     "turns": Bench(
         "turns",
@@ -157,6 +194,13 @@ BENCHES = {
     ),
     "status": Bench("status", "status.py", (), ("--quick",), _status),
     "console": Bench("console", "console_freshness.py", (), ("--commits", "30"), _console_freshness),
+    "scale": Bench(
+        "scale",
+        "scale.py",
+        ("--scale", "10"),
+        ("--scale", "1", "--rounds", "50", "--scrapes", "5"),
+        _scale,
+    ),
     "console-scale": Bench(
         "console-scale",
         "console_scale.py",

@@ -76,6 +76,8 @@ class UpConfig:
     # waiting for expiry; off, a kill looks as it would on another machine (the
     # lease counts down, or an operator releases it): what the demo shows
     reap: bool = True
+    # record the status history the console's timeline reads (history.db)
+    history: bool = True
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -120,6 +122,8 @@ class Supervisor:
             self._start(child)
         self._write_manifest()
         load_task = asyncio.create_task(self._run_load()) if self.config.load else None
+        recorder_stop = asyncio.Event()
+        recorder = asyncio.create_task(self._run_recorder(recorder_stop)) if self.config.history else None
         next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
         try:
             while not self.stopping.is_set():
@@ -135,6 +139,10 @@ class Supervisor:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await load_task
             await self._drain_all()
+            if recorder is not None:  # one last snapshot: the drained state
+                recorder_stop.set()
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(recorder, 10)
             self._stop_chroma()
             with contextlib.suppress(FileNotFoundError):
                 self.manifest_path.unlink()
@@ -223,6 +231,15 @@ class Supervisor:
                 changed = True
         if changed:
             self._write_manifest()
+
+    async def _run_recorder(self, stop: asyncio.Event) -> None:
+        from backend.tools.recorder import HistoryRecorder
+
+        chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
+        try:
+            await HistoryRecorder(self.ctx.data, chroma_url=chroma_url).run(stop)
+        except Exception:  # the history is for post-mortems: losing it must not stop rem up
+            log.exception("status history recorder stopped")
 
     async def _housekeeping(self, db: Any) -> None:
         try:

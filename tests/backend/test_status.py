@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from backend import ops
-from backend.ops.snapshot import STATUS_QUERIES
+from backend.ops import actions, snapshot
+from backend.ops.records import Snapshot
+from backend.ops.snapshot import LIST_CAP, SESSION_RECOUNT_MS, STATUS_QUERIES, snapshot_sync
 from backend.runtime.context import Context
 from backend.store.db import Database
 
@@ -73,7 +75,17 @@ async def _assert_indexed(db: Database, name: str) -> None:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'"
         )
     }
-    params = {"cap": 10, "lease_cap": 10, "recent": 0, "tail": 5, "since": 0}
+    params = {
+        "cap": 10,
+        "recent": 0,
+        "tail": 5,
+        "now": 0,
+        "fresh": 0,
+        "after": 0,
+        "sessions": "[]",
+        "scan": 10,
+        "since": 0,
+    }
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
     details = [row["detail"] for row in plan]
     for detail in details:
@@ -170,3 +182,155 @@ async def test_snapshot_sections(db_ctx: Context, frozen_clock) -> None:  # type
     workers = {w["owner_id"]: w["alive"] for w in snap["workers"]}
     assert workers == {"ex-live": True, "ex-dead": False}
     assert snap["chroma"]["healthy"] is False
+
+
+async def _fresh(db: Database, now: int) -> Snapshot:
+    """A snapshot read from scratch (no cache), at `now`."""
+    return await db.read_in_thread(lambda conn: snapshot_sync(conn, now=now))
+
+
+async def test_snapshot_cache_reuses_rows_until_a_commit(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    db = await db_ctx.db()
+    await ops.status(db_ctx)
+    cache = actions._SNAPSHOT_CACHES[db]
+    misses = cache.misses
+    again = await ops.status(db_ctx)
+    assert cache.misses == misses and cache.hits >= 1, "nothing was committed: the rows are reused"
+    fresh = await _fresh(db, now)
+    assert {key: again[key] for key in fresh} == fresh  # type: ignore[literal-required]
+
+    # the clock moves, nothing is committed: ages, time left, expiry follow the clock
+    frozen_clock.advance(30_000)
+    later = await ops.status(db_ctx)
+    assert cache.misses == misses
+    leases = {lease["id"]: lease for lease in later["leases"]}
+    assert leases["e-live"]["expired"] and leases["e-live"]["time_left_ms"] == -10_000
+    assert later["backlog"]["inputs"][0]["oldest_age_ms"] == 35_000
+    assert later["counts"]["expired_leases"] == 2
+    fresh = await _fresh(db, frozen_clock.now)
+    assert {key: later[key] for key in fresh} == fresh  # type: ignore[literal-required]
+
+    # another connection commits: the next snapshot reads again and sees it
+    other = await Database.open(db_ctx.data.state_db)
+    try:
+        async with other.tx() as conn:
+            await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s4', 1, 1)")
+            await conn.execute(
+                "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                "wake_pending, time_created) VALUES ('i4', 's4', '{}', 'queue', 1, 1, ?)",
+                (now - 90_000,),
+            )
+    finally:
+        await other.close()
+    seen = await ops.status(db_ctx)
+    assert cache.misses == misses + 1
+    assert seen["counts"]["sessions"] == 4
+    assert [i["session_id"] for i in seen["backlog"]["inputs"]] == ["s4", "s1"]
+
+    # this connection commits (data_version does not move for its own writes)
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s5', 1, 1)")
+        await conn.execute("DELETE FROM session_execution WHERE id = 'e-dead'")
+    mine = await ops.status(db_ctx)
+    assert cache.misses == misses + 2
+    assert mine["counts"]["sessions"] == 5
+    assert [lease["id"] for lease in mine["leases"]] == ["e-live"]
+    fresh = await _fresh(db, frozen_clock.now)
+    assert {key: mine[key] for key in fresh} == fresh  # type: ignore[literal-required]
+
+
+async def test_session_count_is_recounted_when_rowids_go_down(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        for i in range(5):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"s{i}",)
+            )
+    assert (await ops.status(db_ctx))["counts"]["sessions"] == 5
+    async with db.tx() as conn:  # the highest rowid goes: the incremental count cannot see that
+        await conn.execute("DELETE FROM session WHERE rowid = (SELECT max(rowid) FROM session)")
+    assert (await ops.status(db_ctx))["counts"]["sessions"] == 4
+    async with db.tx() as conn:
+        await conn.execute("DELETE FROM session WHERE id = 's0'")
+    frozen_clock.advance(SESSION_RECOUNT_MS)  # a delete below the top shows at the next whole count
+    assert (await ops.status(db_ctx))["counts"]["sessions"] == 3
+
+
+@pytest.mark.parametrize(
+    ("cap", "crowd"),
+    [(None, 0), (50, 0), (50, 900)],
+    ids=["all-read-at-once", "counted-per-session", "one-session-crowds-the-oldest"],
+)
+async def test_inputs_list_the_sessions_waiting_longest(
+    db_ctx: Context,
+    frozen_clock,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    cap: int | None,
+    crowd: int,
+) -> None:
+    """More waiting sessions than a panel lists: the oldest, as the GROUP BY over all would pick."""
+    if cap is not None:
+        monkeypatch.setattr(snapshot, "LIST_CAP", cap)
+    listed = snapshot.LIST_CAP
+    now = frozen_clock.now
+    db = await db_ctx.db()
+    n = LIST_CAP + 40
+    async with db.tx() as conn:
+        for i in range(n):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"s{i:04d}",)
+            )
+            # two inputs per session, the sessions' oldest in a shuffled order; some promoted
+            oldest = now - 1_000 * ((i * 7919) % n) - 10
+            for seq, (created, promoted) in enumerate(((oldest, None), (now - 5, i % 3 or None))):
+                await conn.execute(
+                    "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                    "promoted_seq, wake_pending, time_created) VALUES (?, ?, '{}', 'queue', ?, ?, ?, ?)",
+                    (f"i{i}-{seq}", f"s{i:04d}", seq + 1, promoted, i % 2, created),
+                )
+        if crowd:  # one session whose inputs are all older than anyone else's
+            await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('crowd', 1, 1)")
+            for k in range(crowd):
+                await conn.execute(
+                    "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                    "wake_pending, time_created) VALUES (?, 'crowd', '{}', 'queue', ?, 1, ?)",
+                    (f"c{k}", k + 1, now - 10_000_000 + k),
+                )
+    expected = await db.fetchall(
+        "SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at FROM session_input "
+        "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL GROUP BY session_id "
+        "ORDER BY oldest_at LIMIT ?",
+        (listed,),
+    )
+    inputs = (await ops.status(db_ctx))["backlog"]["inputs"]
+    assert [(i["session_id"], i["pending"], i["oldest_at"]) for i in inputs] == [tuple(r) for r in expected]
+    assert len(inputs) == listed
+    if crowd:
+        assert inputs[0]["session_id"] == "crowd" and inputs[0]["pending"] == crowd
+
+
+async def test_leases_past_the_cap_are_counted_not_listed(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    """A snapshot lists what a panel can show, soonest expiry first; the totals count every lease."""
+    now = frozen_clock.now
+    db = await db_ctx.db()
+    n = LIST_CAP + 30
+    async with db.tx() as conn:
+        for i in range(n):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"s{i:04d}",)
+            )
+            await conn.execute(
+                "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+                "time_renewed, expires_at) VALUES (?, ?, 'gone', 1, 'safe', 1, 1, ?)",
+                (f"e{i:04d}", f"s{i:04d}", now + 1_000 * ((i * 7919) % n) - 20_000),
+            )
+    snap = await ops.status(db_ctx)
+    listed = [lease["expires_at"] for lease in snap["leases"]]
+    assert len(listed) == LIST_CAP
+    everything = sorted(r[0] for r in await db.fetchall("SELECT expires_at FROM session_execution"))
+    assert listed == everything[:LIST_CAP]
+    execution = snap["totals"]["leases"]["execution"]
+    assert execution["held"] == n and execution["dead_owner"] == n
+    assert execution["expired"] == sum(1 for t in everything if t <= now) == snap["counts"]["expired_leases"]

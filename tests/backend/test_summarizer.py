@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from backend.chroma.embedder import HashingEmbedder
+from backend.chroma.embedder import WordLlamaEmbedder
 from backend.core.errors import ChromaUnreachable
 from backend.runtime.context import Context
 from backend.store.revision import raw_revision
@@ -38,7 +38,11 @@ async def test_a_drifted_session_is_summarized_into_chroma(ctx: Context) -> None
     assert metadata["dreamInputRevision"] == revision and type(metadata["timestamp"]) is int
     assert metadata["summarizer"] == synth.name and metadata["keywords"] and metadata["title"]
     raw = await ctx.store()._run(lambda c: c.get(ids=[row_id("s1")], include=["embeddings"]))
-    assert list(raw["embeddings"][0]) == pytest.approx(HashingEmbedder().embed_one(document), abs=1e-6)
+    # the default embedder wrote the vector (WordLlama, from its wheel), and the collection records it
+    assert ctx.store().embedder.name == WordLlamaEmbedder.name
+    assert list(raw["embeddings"][0]) == pytest.approx(WordLlamaEmbedder().embed([document])[0], abs=1e-5)
+    recorded = await ctx.store()._run(lambda c: c.metadata)
+    assert (recorded["rem:embedder"], recorded["rem:dim"]) == (WordLlamaEmbedder.name, 256)
 
     j = await job(db, "s1")
     assert (j["status"], j["verdict"], j["summarized_revision"], j["clean_seq"]) == (

@@ -208,3 +208,30 @@ def test_show_prints_the_transcript_as_json_and_names_an_unknown_session(tmp_pat
     refused = run_rem("resume", "s1", "--data", data)
     assert refused.returncode == 1 and "is not held" in refused.stderr
     assert run_rem("resume", "--data", data).returncode == 2  # neither ids nor --all
+
+
+def test_a_read_only_command_on_an_older_schema_says_to_migrate_and_writes_nothing(tmp_path: Path) -> None:
+    """Read-only opens cannot migrate: an older state.db is refused in one line naming `rem init`."""
+    from backend.store import schema
+
+    data = tmp_path / "old"
+    data.mkdir(mode=0o700)
+    conn = sqlite3.connect(data / "state.db", isolation_level=None)
+    for script in schema.MIGRATIONS[:-1]:
+        for statement in schema._split_statements(script):
+            conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    conn.close()
+    before = (data / "state.db").read_bytes()
+    proc = run_rem("status", "--data", str(data))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"schema version {SCHEMA_VERSION - 1}, older than this rem reads ({SCHEMA_VERSION})" in lines[0]
+    assert f"rem init --data {data}" in lines[0]
+    assert (data / "state.db").read_bytes() == before and proc.stdout == ""
+    assert run_rem("init", "--data", str(data)).returncode == 0  # the fix it names works
+    assert (
+        json.loads(run_rem("status", "--data", str(data), "--json").stdout)["schema_version"]
+        == SCHEMA_VERSION
+    )

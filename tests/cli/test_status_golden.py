@@ -67,8 +67,9 @@ def test_status_without_json_prints_the_snapshot(
     # it raised KeyError('tables') before the snapshot was typed: nothing read it as a Status
     out = rem_status(tmp_path / "data", monkeypatch)
     assert "Chroma -: down (no Chroma server recorded for this data dir" in out
-    # 9: the incident's held session (s-tango) has 2 inputs waiting asleep, counted as backlog
-    assert "backlog 9 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
+    # backlog: every kind counted (inputs, recoveries waiting, summaries behind, Dream revisions);
+    # the held session (s-tango) has 2 inputs waiting asleep, counted with the inputs
+    assert "backlog 14 · expired leases 2 · receipt mismatches 4 · Dream pending 2" in out
     assert "Model down api.openai.com/v1 (gpt-4o-mini)" in out and "3 retries" in out
     assert "held s-tango: auth: HTTP 401" in out and "`rem resume s-tango` once fixed" in out
     assert "Usage: 4 sessions" in out

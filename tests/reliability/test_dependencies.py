@@ -207,11 +207,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def _fill(disk: Path) -> Path:
     """Write a filler file until the filesystem refuses (ENOSPC)."""
     filler = disk / "filler"
-    with open(filler, "wb") as out:
+    # unbuffered: a partial last write leaves nothing for close() to flush (and fail on)
+    with open(filler, "wb", buffering=0) as out:
         with contextlib.suppress(OSError):
             while True:
                 out.write(b"\0" * 65536)
-                out.flush()
     assert os.statvfs(disk).f_bavail == 0
     return filler
 

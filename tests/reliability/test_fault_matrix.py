@@ -88,6 +88,10 @@ CASES = {
     ),
     "dream.mid_graph": ("dream", ["dream.mid_graph"], lambda r: _taken_over(r, "dream.taken_over")),
     "dream.before_attest": ("dream", ["dream.before_attest"], lambda r: _taken_over(r, "dream.taken_over")),
+    # the recall index (written by Dream): a victim dies between its FTS5 chunks, or after
+    # writing turn vectors to Chroma but before marking them; check --settled covers invariant 9
+    "index.mid_rows": ("dream", ["index.mid_rows"], lambda r: _taken_over(r, "dream.taken_over")),
+    "index.after_vectors": ("dream", ["index.after_vectors"], lambda r: bool(r.events("dream.completed"))),
 }
 
 

@@ -112,6 +112,33 @@ def test_incident_at_80x24_read_only_paused(
     assert snap_compare(app, terminal_size=(80, 24), run_before=after("p"))
 
 
+def test_timeline_at_the_kill(
+    snap_compare: SnapCompare, scene_dir: Callable[..., DataDir], clock_at_scene: Any
+) -> None:
+    """`rem console --at`: the incident as recorded 5 s after the kill, badged as the past."""
+    from backend.ops import timeline
+    from backend.store.history import HistoryStore
+
+    data = scene_dir(scenes.healthy)
+    history = HistoryStore.open(data.root)
+
+    async def record(reason: str) -> None:
+        ctx = Context(data, read_only=True, start_chroma=False)
+        try:
+            await timeline.record(ctx, history, reason)
+        finally:
+            await ctx.close()
+
+    scenes._run(record("start"))
+    with scenes.Scene(data.root) as scene:
+        scenes.killed_executor(scene)
+    clock_at_scene.advance(5_000)
+    scenes._run(record("interval"))
+    history.close()
+    app = app_for(data, read_only=True, at=scenes.NOW + 5_000)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after())
+
+
 def test_held_session_detail_with_usage_and_model_error(
     snap_compare: SnapCompare, scene_dir: Callable[..., DataDir]
 ) -> None:

@@ -64,10 +64,15 @@ def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
 
 
 def summary_line(snapshot: Status) -> str:
-    """The aggregate counts that do not fit as rows: summary jobs and Dream by state."""
+    """The aggregate counts that do not fit as rows: the index lag, summary jobs, Dream by state."""
     jobs, dream = snapshot["backlog"]["summary_jobs"], snapshot["backlog"]["dream"]
+    index = snapshot["backlog"]["index"]
+    lag = f"index {index['sessions_behind']} behind"
+    if index["vectors_pending"]:
+        lag += f" {index['vectors_pending']} vec"
+    # the index lag first: the panel's border cuts the end of the line when it is narrow
     return (
-        f"sum {jobs['pending']} pend {jobs['in_progress']} run "
+        f"{lag} · sum {jobs['pending']} pend {jobs['in_progress']} run "
         f"{jobs['stale']} stale · dream {dream['pending']} pend "
         f"{dream['by_state'].get(DigestState.DEFERRED, 0)} def"
     )

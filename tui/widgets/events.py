@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from rich.text import Text
 
 from backend.ops.records import Status
-from tui.format import cell, clock_time, compact_json, owner_short, short_id
+from tui.format import cell, clock_time, compact_json, duration, owner_short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
 
@@ -27,7 +28,21 @@ def kind_tone(kind: str) -> str | None:
 
 def _kind(record: Record, now: int, palette: Palette) -> Text:
     kind = str(record.get("kind") or "")
-    return cell(kind, kind_tone(kind), palette)
+    # on the timeline, the events after the moment shown are dimmed: they had not happened yet
+    return cell(kind, "muted" if record.get("after") else kind_tone(kind), palette)
+
+
+def _when(record: Record) -> str:
+    """The event's wall-clock time; on the timeline, an event after the moment shows how long after."""
+    if record.get("after"):
+        return f"+{duration(int(record.get('after_ms') or 0))}"
+    return clock_time(record.get("time"))
+
+
+def _recorded(snapshot: Status) -> Mapping[str, Any] | None:
+    """The recorded moment a timeline snapshot carries (`backend.ops.records.Moment`); None when live."""
+    recorded = cast(Mapping[str, Any], snapshot).get("recorded")
+    return recorded if isinstance(recorded, Mapping) else None
 
 
 class EventTable(SnapshotTable):
@@ -42,7 +57,7 @@ class EventTable(SnapshotTable):
             "time",
             "time",
             8,
-            lambda r, n, p: cell(clock_time(r.get("time")), "muted", p),
+            lambda r, n, p: cell(_when(r), "muted", p),
             sort=lambda r: r.get("id"),
         ),
         Column("kind", "kind", 20, _kind, sort=lambda r: r.get("kind")),
@@ -70,8 +85,21 @@ class EventTable(SnapshotTable):
     )
 
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
+        recorded = _recorded(snapshot)
         for event in snapshot["events"]:
-            yield str(event["id"]), dict(event)
+            record: Record = dict(event)
+            if recorded is not None and event["id"] > recorded["last_event_id"]:
+                # on the timeline: this happened after the moment shown
+                record.update(after=True, after_ms=max(0, event["time"] - recorded["time"]))
+            yield str(event["id"]), record
 
     def titles(self, snapshot: Status) -> tuple[str, bool]:
+        recorded = _recorded(snapshot)
+        if recorded is not None:
+            after = sum(1 for e in snapshot["events"] if e["id"] > recorded["last_event_id"])
+            return (
+                f"Events around {clock_time(recorded['time'])} · "
+                f"{len(self._rows) - after} before, {after} after (dimmed)",
+                False,
+            )
         return f"Events · last {len(self._rows)}", False

@@ -1,4 +1,4 @@
-"""The one-line header: data dir, Chroma health, schema, counts, read-only and paused badges."""
+"""The one-line header: data dir, Chroma health, schema, counts, read-only, paused and timeline badges."""
 
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ class ConsoleHeader(Static):
     ConsoleHeader.-paused {
         background: $warning-muted;
     }
+    ConsoleHeader.-timeline {
+        background: $accent-muted;
+    }
     """
 
     def __init__(self, data_label: str, *, read_only: bool, id: str | None = None) -> None:
@@ -76,6 +79,8 @@ class ConsoleHeader(Static):
         self.read_only = read_only
         self.snapshot: Status | None = None
         self.paused = False
+        # the recorded moment shown instead of live state (None: live)
+        self.timeline_at: int | None = None
         self.waiting = ""
         self.now = 0
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
@@ -101,10 +106,16 @@ class ConsoleHeader(Static):
         if palette is not None:
             self.palette = palette
         self.set_class(self.paused, "-paused")
+        self.set_class(self.timeline_at is not None, "-timeline")
         text = self.header_text()
         if text != self._shown:
             self._shown = text
             self.update(text, layout=False)  # one line, always: no relayout of the screen
+
+    def show_timeline(self, at: int | None) -> None:
+        """Badge the header with the recorded moment shown (None: live again)."""
+        self.timeline_at = at
+        self.set_state()
 
     def _badge(self, text: str, tone: str) -> Text:
         return Text(f" {text} ", style=Style(color="#000000", bgcolor=self.palette[tone], bold=True))
@@ -112,6 +123,9 @@ class ConsoleHeader(Static):
     def header_text(self) -> Text:
         snap = self.snapshot
         line = Text()
+        if self.timeline_at is not None:  # first: whatever the width, the past is never clipped away
+            line.append_text(self._badge(f"◀ PAST {clock_time(self.timeline_at)}, NOT LIVE", "error"))
+            line.append(" ")
         line.append("rem ", style="bold")
         line.append(self.data_label)
         label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
@@ -133,7 +147,7 @@ class ConsoleHeader(Static):
         if self.paused:
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
-        if snap is not None:
+        if snap is not None and self.timeline_at is None:
             line.append(
                 f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
             )

@@ -1,0 +1,74 @@
+"""`rem metrics`: Prometheus metrics from the status snapshot; `--rules` prints the alert rules."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from backend import ops
+from backend.cli import common
+from backend.core.errors import UsageError
+from backend.runtime.context import Context
+
+
+def register(app: typer.Typer) -> None:
+    app.command("metrics")(metrics)
+
+
+def metrics(
+    listen: Annotated[
+        str, typer.Option("--listen", help="Where to serve /metrics (HOST:PORT; loopback by default).")
+    ] = "127.0.0.1:9464",
+    rules: Annotated[
+        bool, typer.Option("--rules", help="Print the Prometheus alerting rules (YAML) and exit.")
+    ] = False,
+    once: Annotated[bool, typer.Option("--once", help="Print one scrape on stdout and exit.")] = False,
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    json: common.JsonOpt = False,
+) -> int:
+    """Serve Prometheus metrics (OpenMetrics) from the snapshot the console shows; read-only.
+
+    Example: rem metrics --listen 127.0.0.1:9464   (and `rem metrics --rules > rem-rules.yml`)
+    """
+    if rules:
+        if json:
+            from backend.ops.alert_rules import rules_document
+
+            common.emit_json(rules_document())
+        else:
+            sys.stdout.write(ops.metric_rules())
+        return 0
+    ctx = common.make_context(data, chroma_url, read_only=True, start_chroma=False)
+    if once:
+        return _once(ctx, json)
+    if json:
+        raise UsageError("--json goes with --once or --rules; the server speaks the Prometheus formats")
+    from backend.tools.metrics_server import is_loopback, parse_listen, serve
+
+    host, _ = parse_listen(listen)
+    if not is_loopback(host):
+        common.note(
+            f"rem metrics: {host} is not loopback: anyone who reaches it reads this data dir's status"
+        )
+    result = common.run(
+        lambda: common.with_context(
+            ctx, lambda c: serve(c, listen, ready=lambda url: common.note(f"rem metrics: serving {url}"))
+        )
+    )
+    common.note(f"rem metrics: stopped after {result['snapshots']} snapshots")
+    return 0
+
+
+def _once(ctx: Context, json: bool) -> int:
+    from backend.ops.prometheus import samples
+
+    if json:
+        status = common.run(lambda: common.with_context(ctx, ops.status))
+        common.emit_json([{"name": n, "labels": labels, "value": v} for n, labels, v in samples(status)])
+        return 0
+    text = common.run(lambda: common.with_context(ctx, ops.metrics))
+    sys.stdout.write(text)
+    return 0

@@ -1,0 +1,33 @@
+"""`rem reindex`: rebuild every vector (summaries from their receipts, turns from state.db)."""
+
+from __future__ import annotations
+
+import typer
+
+from backend import ops
+from backend.cli import common
+from backend.cli.render import print_reindex, progress_printer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reindex")(reindex)
+
+
+def reindex(
+    data: common.DataOpt = None, chroma_url: common.ChromaOpt = None, json: common.JsonOpt = False
+) -> None:
+    """Rebuild the Chroma collections with the configured embedder (REM_EMBEDDER); no model call.
+
+    Run it after changing REM_EMBEDDER: until then rem refuses a collection
+    written by another embedder. Safe to run again after a crash.
+
+    Example: REM_EMBEDDER=wordllama rem reindex --json
+    """
+    ctx = common.make_context(data, chroma_url)
+    result = common.run(
+        lambda: common.with_context(ctx, lambda c: ops.reindex(c, progress=progress_printer()))
+    )
+    if json:
+        common.emit_json(result)
+    else:
+        print_reindex(result)

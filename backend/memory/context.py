@@ -1,0 +1,83 @@
+"""Memory in the agent's context: what each step is given, recorded with the step.
+
+For a step's prompts, recall the top items of the session's project,
+leaving out the session's own latest turns (they are in the conversation
+already), within a count and character budget (`REM_MEMORY_CONTEXT_ITEMS`,
+`REM_MEMORY_CONTEXT_CHARS`, `REM_MEMORY_RECENT_TURNS`). The executor
+records the result in the step's assistant row (`data.memory`) before the
+agent sees it, so a recovered step reuses exactly what the interrupted one
+was given, and `rem show` / the console's detail show it to an operator.
+
+The executor never starts a Chroma server for this: with no Chroma running,
+the step's memory is recalled from the lexical index and the graph alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from backend.core.errors import ChromaUnreachable, RemError
+from backend.core.settings import settings
+from backend.memory import recall as memory_recall
+from backend.memory.text import clip
+from backend.runtime.context import Context
+
+log = logging.getLogger("rem.memory")
+ITEM_CHARS = 400
+
+
+def chroma_running(ctx: Context) -> bool:
+    """Whether a Chroma server is there to ask (never starts one)."""
+    try:
+        ctx.chroma(start=False)
+    except ChromaUnreachable:
+        return False
+    return True
+
+
+async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> dict[str, Any] | None:
+    """The recalled items for a step (None when memory in context is off or the query is empty)."""
+    items_wanted = settings.memory_context_items
+    query = " ".join(p for p in prompts if p.strip())[: memory_recall.MAX_QUERY_CHARS]
+    if items_wanted <= 0 or not query.strip():
+        return None
+    db = await ctx.db()
+    project = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,)) or "default"
+    retrievers = memory_recall.RETRIEVERS if chroma_running(ctx) else ("fts", "graph", "facts")
+    try:
+        result = await memory_recall.recall(
+            ctx,
+            query,
+            project=project,
+            k=items_wanted,
+            retrievers=retrievers,
+            exclude_session=session_id,
+            exclude_recent=settings.memory_recent_turns,
+        )
+    except RemError as exc:  # memory is a help, not a dependency: the step runs without it
+        log.warning("memory for %s unavailable: %s", session_id, exc)
+        return {"items": [], "error": str(exc)}
+    return {"items": within_budget(result["items"], settings.memory_context_chars), "project": project}
+
+
+def within_budget(items: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
+    """The items, best first, clipped, until the character budget is spent."""
+    kept: list[dict[str, Any]] = []
+    left = chars
+    for item in items:
+        text = clip(str(item["text"]), min(ITEM_CHARS, left))
+        if left <= 0 or not text:
+            break
+        left -= len(text)
+        kept.append(
+            {
+                "kind": item["kind"],
+                "id": item["id"],
+                "session_id": item["session_id"],
+                "score": item["score"],
+                "text": text,
+                **({"speaker": item["speaker"]} if item.get("speaker") else {}),
+            }
+        )
+    return kept

@@ -1,0 +1,150 @@
+"""The memory commands' library calls: `ops.recall`, `ops.import_file`, `ops.list_projects`,
+`ops.show_session`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from backend.core.errors import BadInput, NotFound, SessionNotFound
+from backend.execution import importer
+from backend.execution.sessions import validate_id
+from backend.memory import recall as memory_recall
+from backend.runtime.context import Context
+
+
+async def recall(
+    ctx: Context,
+    query: str,
+    *,
+    project: str | None = None,
+    session_id: str | None = None,
+    k: int = 10,
+    all_projects: bool = False,
+    kinds: Collection[str] = memory_recall.KINDS,
+) -> dict[str, Any]:
+    """Ranked memory items for `query`, in one project (default `default`), one session, or all."""
+    if project is not None:
+        validate_id("project", project, "--project")
+        if all_projects:
+            raise BadInput("--project and --all-projects contradict each other: pass one of them")
+    if session_id is not None:
+        validate_id("session id", session_id, "--session")
+    memory_recall.validate(query, k, kinds)
+    db = await ctx.db()
+    if session_id is not None:
+        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
+        if owner is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in {ctx.data.root}; check the id (`rem status`)"
+            )
+        if project is not None and owner != project:
+            raise BadInput(f"session {session_id!r} is in project {owner!r}, not {project!r}: drop --project")
+        project = owner
+    scope = None if all_projects else (project or "default")
+    return await memory_recall.recall(ctx, query, project=scope, session_id=session_id, k=k, kinds=kinds)
+
+
+async def list_projects(ctx: Context) -> dict[str, Any]:
+    """Every project with its session count, indexed turns and last activity."""
+    db = await ctx.db()
+    # turns counted per session through memory_turn's session index, once (a count per project
+    # scanned the whole table for each: minutes at 1 000 000 turns and a thousand projects)
+    rows = await db.fetchall(
+        "SELECT s.project, count(*) AS sessions, max(s.time_updated) AS last_active, "
+        "coalesce(sum(t.n), 0) AS turns_indexed FROM session AS s "
+        "LEFT JOIN (SELECT session_id, count(*) AS n FROM memory_turn GROUP BY session_id) AS t "
+        "ON t.session_id = s.id GROUP BY s.project ORDER BY s.project"
+    )
+    return {"projects": [dict(r) for r in rows]}
+
+
+async def show_session(ctx: Context, session_id: str, *, limit: int = 200) -> dict[str, Any]:
+    """A session's transcript (newest `limit` messages) with its project and Dream/index state."""
+    validate_id("session id", session_id, "SESSION")
+    db = await ctx.db()
+    session = await db.fetchone(
+        "SELECT id, project, title, message_count, turn_count, time_created, time_updated FROM session "
+        "WHERE id = ?",
+        (session_id,),
+    )
+    if session is None:
+        raise SessionNotFound(f"no session {session_id!r} in {ctx.data.root}; check the id (`rem status`)")
+    rows = await db.fetchall(
+        "SELECT * FROM (SELECT id, type, seq, time_created, data FROM session_message WHERE session_id = ? "
+        "ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+        (session_id, limit),
+    )
+    messages = []
+    for r in rows:
+        data = json.loads(r["data"])
+        messages.append(
+            {"id": r["id"], "type": r["type"], "seq": r["seq"], "time": r["time_created"], "data": data}
+        )
+    dream = await db.fetchone(
+        "SELECT input_revision, completed_revision, indexed_revision, digest_state FROM dream_state "
+        "WHERE session_id = ?",
+        (session_id,),
+    )
+    return {"session": dict(session), "messages": messages, "dream": dict(dream) if dream else None}
+
+
+async def import_file(
+    ctx: Context, path: Path, *, progress: importer.Progress | None = None
+) -> dict[str, Any]:
+    """`rem import`: conversations from JSON Lines (validated per line, idempotent on ids)."""
+    ctx.require_writable("import")
+    return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress)
+
+
+async def graph_neighbors(
+    ctx: Context, node: str, *, project: str | None = None, limit: int = 25
+) -> dict[str, Any]:
+    """The Dream graph around a node: its edges (both ways) with labels, kinds, weights, sessions.
+
+    `node` is a node id (`entity:caroline`, `concept:garden`, `turn:<message id>`) or a plain
+    label, looked up as an entity, then a concept.
+    """
+    if not isinstance(node, str) or not node.strip():
+        raise BadInput("name a graph node: an id like entity:caroline, or a label like Caroline")
+    if not 1 <= limit <= 500:
+        raise BadInput(f"limit {limit} is out of range: ask for 1 to 500 edges")
+    db = await ctx.db()
+    key = node.strip()
+    candidates = [key] if ":" in key else [f"entity:{key.casefold()}", f"concept:{key.casefold()}"]
+    found = None
+    for candidate in candidates:
+        found = await db.fetchone(
+            "SELECT id, kind, label, session_id FROM graph_node WHERE id = ?", (candidate,)
+        )
+        if found is not None:
+            break
+    if found is None:
+        raise NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
+    scope, params = ("AND s.project = ?", [project]) if project else ("", [])
+    edges = await db.fetchall(
+        "SELECT e.src, e.dst, e.kind, e.weight, e.session_id, s.project, n.label AS other_label, n.kind AS other_kind "
+        "FROM graph_edge AS e JOIN session AS s ON s.id = e.session_id "
+        "JOIN graph_node AS n ON n.id = CASE WHEN e.src = :id THEN e.dst ELSE e.src END "
+        f"WHERE (e.src = :id OR e.dst = :id) {scope.replace('?', ':project')} "
+        "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
+        {"id": found["id"], "limit": limit, **({"project": params[0]} if params else {})},
+    )
+    return {
+        "node": dict(found),
+        "edges": [
+            {
+                "direction": "out" if r["src"] == found["id"] else "in",
+                "kind": r["kind"],
+                "other": r["dst"] if r["src"] == found["id"] else r["src"],
+                "other_label": r["other_label"],
+                "other_kind": r["other_kind"],
+                "weight": r["weight"],
+                "session_id": r["session_id"],
+                "project": r["project"],
+            }
+            for r in edges
+        ],
+    }

@@ -1,0 +1,156 @@
+"""The totals `status()` carries beside its lists: what a metric or an alert needs, never capped.
+
+The snapshot's lists stop at what a panel can show; an operator (and
+Prometheus) still needs the whole picture: how many leases of each kind are
+held, how many have expired and how long ago the oldest did, how many belong
+to a dead worker, how old the oldest piece of each backlog is, how many
+recoveries wait and how many are parked. Every figure here is one indexed
+query (tests/backend/test_status.py checks their plans), run inside the
+snapshot's read transaction so they agree with its lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.ops.records import LeaseTotals, RecoveryTotals, Totals
+from backend.store import workers
+from backend.store.db import Conn
+
+LEASE_KINDS = ("execution", "summary_job", "dream")
+BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
+
+
+_WAKE_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
+_RECOVERY_IDX = "session_recovery_wake_pending_error_attempts_created_execution_idx"
+
+# name -> SQL; each is checked against EXPLAIN QUERY PLAN with the snapshot's queries
+TOTALS_QUERIES: dict[str, str] = {
+    # the owner index covers the count: no table rows read
+    "execution_by_owner": """
+        SELECT owner_id, count(*) AS held FROM session_execution INDEXED BY session_execution_owner_idx
+        GROUP BY owner_id""",
+    "execution_expired": """
+        SELECT count(*) AS expired, min(expires_at) AS oldest FROM session_execution
+        WHERE expires_at <= :now""",
+    "summary_job_by_owner": """
+        SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
+               min(lease_expires_at) AS oldest
+        FROM summary_job INDEXED BY summary_job_lease_idx
+        WHERE lease_expires_at IS NOT NULL AND status = 'in_progress' GROUP BY owner_id""",
+    "dream_by_owner": """
+        SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
+               min(lease_expires_at) AS oldest
+        FROM dream_state INDEXED BY dream_state_lease_idx
+        WHERE lease_expires_at IS NOT NULL AND digest_state = 'in_progress' GROUP BY owner_id""",
+    "alive_owners": """
+        SELECT owner_id FROM worker INDEXED BY worker_state_heartbeat_idx
+        WHERE state IN ('running', 'draining') AND heartbeat_at >= :fresh""",
+    "oldest_input": f"""
+        SELECT min(time_created) FROM session_input INDEXED BY {_WAKE_IDX}
+        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL""",
+    "recoveries": f"""
+        SELECT (SELECT count(*) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending = 1 AND recovery_error IS NULL) AS waiting,
+               (SELECT min(time_created) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending = 1 AND recovery_error IS NULL) AS oldest,
+               (SELECT count(*) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
+                WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL) AS parked""",
+    # a drifted job keeps `time_updated` = when it first drifted (backend/store/handoffs.py)
+    "oldest_summary": """
+        SELECT min(time_updated) FROM summary_job INDEXED BY summary_job_drift_idx
+        WHERE dirty_seq > clean_seq""",
+    "oldest_dream": """
+        SELECT min(time_published) FROM dream_state
+        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
+    # the snapshot's own "dream_pending" count is overwritten by digest_state = 'pending'
+    # (a key reused in its COUNT_QUERIES); Dream's backlog is every revision not digested
+    "dream_drifting": """
+        SELECT count(*) FROM dream_state
+        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
+}
+
+
+# the queries whose answer does not depend on the clock: kept in `memo` until a commit
+CLOCKLESS = frozenset(
+    ("execution_by_owner", "oldest_input", "recoveries", "oldest_summary", "oldest_dream", "dream_drifting")
+)
+
+
+def _rows_sync(
+    conn: Conn, name: str, memo: dict[str, list[tuple[Any, ...]]] | None, **params: object
+) -> list[tuple[Any, ...]]:
+    """A totals query's rows; a clockless one's come from `memo` when it has them."""
+    if memo is not None and name in memo:
+        return memo[name]
+    rows = [tuple(r) for r in conn.execute(TOTALS_QUERIES[name], params).fetchall()]
+    if memo is not None and name in CLOCKLESS:
+        memo[name] = rows
+    return rows
+
+
+def _scalar_sync(conn: Conn, name: str, memo: dict[str, list[tuple[Any, ...]]] | None = None) -> int | None:
+    rows = _rows_sync(conn, name, memo)
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
+def _age(now: int, since: int | None) -> int:
+    return max(0, now - since) if since is not None else 0
+
+
+def lease_totals_sync(
+    conn: Conn, now: int, memo: dict[str, list[tuple[Any, ...]]] | None = None
+) -> dict[str, LeaseTotals]:
+    """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
+    fresh = now - workers.WORKER_DEAD_AFTER_MS
+    alive = {r[0] for r in conn.execute(TOTALS_QUERIES["alive_owners"], {"fresh": fresh})}
+    out: dict[str, LeaseTotals] = {}
+    by_owner = _rows_sync(conn, "execution_by_owner", memo)
+    expired, oldest = conn.execute(TOTALS_QUERIES["execution_expired"], {"now": now}).fetchone()
+    out["execution"] = LeaseTotals(
+        held=sum(r[1] for r in by_owner),
+        expired=int(expired or 0),
+        dead_owner=sum(r[1] for r in by_owner if r[0] not in alive),
+        expired_max_ms=_age(now, oldest),
+    )
+    for kind, query in (("summary_job", "summary_job_by_owner"), ("dream", "dream_by_owner")):
+        rows = conn.execute(TOTALS_QUERIES[query], {"now": now}).fetchall()
+        expired_at = [r[3] for r in rows if r[2]]
+        out[kind] = LeaseTotals(
+            held=sum(r[1] for r in rows),
+            expired=sum(int(r[2] or 0) for r in rows),
+            dead_owner=sum(r[1] for r in rows if r[0] not in alive),
+            expired_max_ms=_age(now, min(expired_at)) if expired_at else 0,
+        )
+    return out
+
+
+def totals_sync(
+    conn: Conn,
+    now: int,
+    counts: dict[str, int],
+    memo: dict[str, list[tuple[Any, ...]]] | None = None,
+) -> Totals:
+    """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx.
+
+    `memo` (emptied by the caller whenever something was committed) keeps the
+    answers that do not depend on the clock between snapshots.
+    """
+    ((waiting, oldest_recovery, parked),) = _rows_sync(conn, "recoveries", memo)
+    return Totals(
+        leases=lease_totals_sync(conn, now, memo),
+        backlog={
+            "input": counts["inputs_total"],
+            "recovery": int(waiting),
+            # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
+            "summary": counts["summary_stale"],
+            "dream": _scalar_sync(conn, "dream_drifting", memo) or 0,
+        },
+        backlog_oldest_ms={
+            "input": _age(now, _scalar_sync(conn, "oldest_input", memo)),
+            "recovery": _age(now, oldest_recovery),
+            "summary": _age(now, _scalar_sync(conn, "oldest_summary", memo)),
+            "dream": _age(now, _scalar_sync(conn, "oldest_dream", memo)),
+        },
+        recoveries=RecoveryTotals(waiting=int(waiting), parked=int(parked)),
+    )

@@ -1,0 +1,306 @@
+"""LoCoMo retrieval benchmark: rem's recall against BM25-over-turns and dense-only, in one run.
+
+    .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo [--keep] [--json]
+
+1. Imports the LoCoMo conversations into a fresh data dir through `rem import`'s
+   library call: one project per conversation (`c26`), one rem session per
+   LoCoMo session (`c26-s3`), every turn's dia_id kept in its message id
+   (`D3:7` -> `c26-D3-7`), speaker names kept, a shared photo's caption kept
+   in the turn's text ("[shares a photo: ...]", as the conversation shows it),
+   each turn timed at its session's date. Only raw turns are used: never the
+   dataset's observations, event summaries or session summaries.
+2. Runs the summarizer and Dream in-process until every session is
+   summarized, digested and indexed (FTS5 and turn vectors).
+3. For every question with evidence, recalls within the conversation's
+   project and scores LoCoMo's recall at turn level (the share of the
+   question's evidence turns among the first k retrieved; a summary or fact
+   item counts for the turns it cites), over categories 1-4 and over all.
+
+Retrievers, all in the same run, on the same data dir:
+
+* `rem recall` (turns): the default pipeline, turn items only (k = 50);
+* `rem recall` (all kinds): turns, summaries and facts ranked together,
+  flattened to the turns each item cites (a summary cites none);
+* BM25 over turns: SQLite FTS5 (`porter unicode61`) over each turn's text
+  alone, the query's non-stop words OR-ed: the baseline the issue names;
+* dense only: rem's WordLlama turn vectors in Chroma, alone.
+
+Latency is that of the library call `backend.memory.recall.recall` (the
+default pipeline, k=10, all kinds) on a warm process: p50 and p95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend import ops
+from backend.core.datadir import DataDir
+from backend.dream.digester import Dreamer
+from backend.memory import recall as memory_recall
+from backend.memory.text import query_terms
+from backend.runtime.context import Context
+from backend.summaries.summarizer import Summarizer
+
+KS = (5, 10, 25, 50)
+DRAGON = {"R@5": 0.567, "R@10": 0.662, "R@25": 0.767, "R@50": 0.827}
+
+
+def session_time(raw: str) -> int:
+    """'1:56 pm on 8 May, 2023' -> ms since the epoch (UTC)."""
+    parsed = datetime.strptime(raw.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def message_id(cid: str, dia_id: str) -> str:
+    return f"c{cid}-" + re.sub(r"[^A-Za-z0-9]+", "-", dia_id.strip())
+
+
+def load(path: Path) -> tuple[str, dict[str, Any]]:
+    return path.stem, json.loads(path.read_text())
+
+
+def to_jsonl(cid: str, conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation's raw turns as `rem import` lines."""
+    c = conv.get("conversation", conv)
+    numbers = sorted(int(m.group(1)) for k in c if (m := re.fullmatch(r"session_(\d+)", k)))
+    speaker_a = c["speaker_a"]
+    lines = []
+    for n in numbers:
+        start = session_time(c[f"session_{n}_date_time"])
+        for i, turn in enumerate(c[f"session_{n}"]):
+            text = turn["text"]
+            if turn.get("blip_caption"):
+                text += f" [shares a photo: {turn['blip_caption']}]"
+            lines.append(
+                {
+                    "project": f"c{cid}",
+                    "session": f"c{cid}-s{n}",
+                    "id": message_id(cid, turn["dia_id"]),
+                    "role": "user" if turn["speaker"] == speaker_a else "assistant",
+                    "speaker": turn["speaker"],
+                    "text": text,
+                    "time": start + i * 1000,
+                }
+            )
+    return lines
+
+
+def questions(cid: str, conv: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for qa in conv["qa"]:
+        evidence = [
+            message_id(cid, e) for raw in qa.get("evidence", []) for e in re.split(r"[;,]", raw) if e.strip()
+        ]
+        if evidence:
+            out.append({"question": qa["question"], "category": int(qa["category"]), "evidence": evidence})
+    return out
+
+
+async def settle(ctx: Context, timeout_s: float = 1800) -> float:
+    """Summarize, digest and index everything; seconds taken."""
+    started = time.monotonic()
+    summarizer, dreamer = Summarizer(ctx, once=True), Dreamer(ctx, once=True)
+    db = await ctx.db()
+    summarizer.db = dreamer.db = db
+    while time.monotonic() - started < timeout_s:
+        done = await summarizer.run_pass() + await dreamer.run_pass()
+        status = await ops.status(ctx)
+        index = status["backlog"]["index"]
+        if (
+            not done
+            and not status["counts"]["backlog"]
+            and not index["sessions_behind"]
+            and not index["vectors_pending"]
+        ):
+            return time.monotonic() - started
+    raise TimeoutError("the data dir did not settle")
+
+
+def recall_at(ranked: list[str], evidence: list[str], k: int) -> float:
+    top = set(ranked[:k])
+    return sum(e in top for e in evidence) / len(evidence)
+
+
+def score(rows: list[tuple[int, list[str], list[str]]]) -> dict[str, Any]:
+    """R@k over categories 1-4, over all, and R@10 per category."""
+    out: dict[str, Any] = {}
+    for name, keep in (("c1-4", lambda c: c <= 4), ("all", lambda c: True)):
+        chosen = [r for r in rows if keep(r[0])]
+        out[name] = {
+            f"R@{k}": round(statistics.fmean(recall_at(r[2], r[1], k) for r in chosen), 3) for k in KS
+        }
+        out[name]["n"] = len(chosen)
+    out["per_category_R@10"] = {
+        str(c): round(statistics.fmean(recall_at(r[2], r[1], 10) for r in rows if r[0] == c), 3)
+        for c in sorted({r[0] for r in rows})
+    }
+    return out
+
+
+def flatten(items: list[dict[str, Any]]) -> list[str]:
+    """The turns the ranked items cite, in order, each once."""
+    seen: dict[str, None] = {}
+    for item in items:
+        for mid in item["provenance"]["cites"]:
+            seen.setdefault(mid, None)
+    return list(seen)
+
+
+def bm25_baseline(convs: dict[str, list[dict[str, Any]]]) -> dict[str, sqlite3.Connection]:
+    """Per conversation: FTS5 (porter unicode61) over each turn's text alone."""
+    dbs = {}
+    for cid, lines in convs.items():
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE VIRTUAL TABLE t USING fts5(id UNINDEXED, body, tokenize='porter unicode61')")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", [(ln["id"], ln["text"]) for ln in lines])
+        dbs[cid] = conn
+    return dbs
+
+
+def bm25(conn: sqlite3.Connection, question: str) -> list[str]:
+    terms = query_terms(question)
+    if not terms:
+        return []
+    match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+    return [
+        r[0] for r in conn.execute("SELECT id FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 50", (match,))
+    ]
+
+
+async def evaluate(ctx: Context, convs: dict[str, Any], quick: bool) -> dict[str, Any]:
+    lines = {cid: to_jsonl(cid, conv) for cid, conv in convs.items()}
+    baseline = bm25_baseline(lines)
+    rows: dict[str, list[tuple[int, list[str], list[str]]]] = {
+        "rem recall (turns)": [],
+        "rem recall (all kinds, cited turns)": [],
+        "BM25 over turns": [],
+        "dense only (WordLlama)": [],
+    }
+    latencies: list[float] = []
+    for cid, conv in convs.items():
+        qs = questions(cid, conv)
+        if quick:
+            qs = qs[:40]
+        project = f"c{cid}"
+        for q in qs:
+            item = (q["category"], q["evidence"])
+            turns = await memory_recall.recall(ctx, q["question"], project=project, k=50, kinds=("turn",))
+            rows["rem recall (turns)"].append((*item, [i["message_id"] for i in turns["items"]]))
+            started = time.perf_counter()
+            mixed = await memory_recall.recall(ctx, q["question"], project=project, k=10)
+            latencies.append((time.perf_counter() - started) * 1000)
+            wide = await memory_recall.recall(ctx, q["question"], project=project, k=50)
+            rows["rem recall (all kinds, cited turns)"].append((*item, flatten(wide["items"])))
+            dense = await memory_recall.recall(
+                ctx, q["question"], project=project, k=50, kinds=("turn",), retrievers=("dense",)
+            )
+            rows["dense only (WordLlama)"].append((*item, [i["message_id"] for i in dense["items"]]))
+            rows["BM25 over turns"].append((*item, bm25(baseline[cid], q["question"])))
+            assert not mixed["degraded"], mixed["degraded"]
+    results = {name: score(r) for name, r in rows.items()}
+    latencies.sort()
+    return {
+        "retrievers": results,
+        "latency_ms": {
+            "p50": round(statistics.median(latencies), 2),
+            "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
+            "max": round(latencies[-1], 2),
+            "n": len(latencies),
+        },
+    }
+
+
+async def run(data: Path, root: Path, quick: bool) -> dict[str, Any]:
+    convs = dict(load(p) for p in sorted(data.glob("*.json")))
+    if not convs:
+        raise SystemExit(f"no LoCoMo conversations (*.json) in {data}")
+    ctx = Context(DataDir(root / "data"))
+    try:
+        jsonl = root / "locomo.jsonl"
+        with jsonl.open("w") as handle:
+            for cid, conv in convs.items():
+                for line in to_jsonl(cid, conv):
+                    handle.write(json.dumps(line) + "\n")
+        started = time.monotonic()
+        imported = await ops.import_file(ctx, jsonl)
+        import_s = time.monotonic() - started
+        settle_s = await settle(ctx)
+        evaluation = await evaluate(ctx, convs, quick)
+    finally:
+        await ctx.close()
+    turns = evaluation["retrievers"]["rem recall (turns)"]
+    bm25_r10 = evaluation["retrievers"]["BM25 over turns"]["c1-4"]["R@10"]
+    return {
+        "conversations": sorted(convs),
+        "messages": imported["written"],
+        "import_s": round(import_s, 2),
+        "settle_s": round(settle_s, 1),
+        **evaluation,
+        "targets": {
+            "R@10 c1-4 vs 1.2 x BM25": [turns["c1-4"]["R@10"], round(1.2 * bm25_r10, 3)],
+            "p95 ms < 50": evaluation["latency_ms"]["p95"],
+            "all-category R@10 vs DRAGON 0.662": turns["all"]["R@10"],
+        },
+        "dragon_all_categories": DRAGON,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(
+        f"LoCoMo conversations {', '.join(result['conversations'])}: {result['messages']} turns; "
+        f"import {result['import_s']} s, summaries + Dream + index {result['settle_s']} s"
+    )
+    header = "| retriever | c1-4 R@5 | R@10 | R@25 | R@50 | all R@5 | R@10 | R@25 | R@50 | R@10 by category 1/2/3/4/5 |"
+    print(header)
+    print("|---" * 10 + "|")
+    for name, r in result["retrievers"].items():
+        cats = "/".join(f"{v:.3f}" for v in r["per_category_R@10"].values())
+        cells = [f"{r['c1-4'][f'R@{k}']:.3f}" for k in KS] + [f"{r['all'][f'R@{k}']:.3f}" for k in KS]
+        print(f"| {name} | " + " | ".join(cells) + f" | {cats} |")
+    lat = result["latency_ms"]
+    print(
+        f"recall latency (k=10, all kinds, {lat['n']} queries): p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms"
+    )
+    n = result["retrievers"]["rem recall (turns)"]
+    print(f"questions: {n['c1-4']['n']} of categories 1-4, {n['all']['n']} in all")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", type=Path, required=True, help="the LoCoMo JSON files (e.g. ../shared/data/locomo)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the generated data dir")
+    parser.add_argument("--quick", action="store_true", help="40 questions per conversation")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rem-locomo-"))
+    try:
+        result = asyncio.run(run(args.data, root, args.quick))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"data dir kept: {root / 'data'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+
+
+if __name__ == "__main__":
+    main()

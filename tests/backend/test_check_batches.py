@@ -1,0 +1,80 @@
+"""`rem check` in bounded batches finds exactly what one read transaction over everything finds."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from backend.core.datadir import DataDir
+from backend.ops.checks import check_database_in_batches, check_database_sync, summarize
+from backend.runtime.context import Context
+from benchmarks.gen_big import generate
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """600 sessions of the benchmark's shape, with violations spread over the id range."""
+    _ = json
+    root = tmp_path_factory.mktemp("check") / "data"
+    generate(
+        root, sessions=600, per_session=4, receipts=100, mismatched=5, leases=20, dream_pending=10, events=100
+    )
+    conn = sqlite3.connect(root / "state.db", isolation_level=None)
+    conn.execute("BEGIN")
+    for sid in ("s000003", "s000299", "s000598"):  # a user message nobody admitted
+        conn.execute(
+            "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+            "VALUES (?, ?, 'user', 40, 1, 1, '{}')",
+            (f"forged_{sid}", sid),
+        )
+    for sid in ("s000100", "s000450"):  # an input admitted at a reply's seq, past the session's sequence
+        conn.execute(
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, wake_pending, "
+            "time_created) VALUES (?, ?, '{}', 'queue', 2, 1, 1)",
+            (f"dup_{sid}", sid),
+        )
+        conn.execute("UPDATE session SET last_seq = 1 WHERE id = ?", (sid,))
+    conn.execute(  # an input nobody will wake
+        "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, wake_pending, time_created) "
+        "VALUES ('stranded', 's000500', '{}', 'queue', 90, 0, 1)"
+    )
+    conn.execute("COMMIT")
+    conn.close()
+    return root
+
+
+async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
+    ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
+    db = await ctx.db()
+    try:
+        whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
+        calls: list[tuple[str, int, int]] = []
+        batched = summarize(
+            await check_database_in_batches(db, batch=37, progress=lambda *a: calls.append(a)),
+            settled=False,
+        )
+    finally:
+        await ctx.close()
+    assert batched == whole
+    whats = {f["what"]: f["count"] for f in whole["violations"]}
+    # the generator admits only each session's first prompt: its second user message (seq 3) has no input
+    assert whats["user messages that no admitted input produced"] == 600 + 3
+    # ... and gives its first input one seq for both admission and promotion
+    assert whats["one sequence number used twice in a session"] == 600 + 2
+    assert whats["admitted inputs nobody will wake (wake_pending=0, no execution)"] == 1
+    sessions = [c for c in calls if c[0] == "sessions"]
+    assert len(sessions) == -(-600 // 37) + 2  # one report per batch, the first (0) and the last
+    assert sessions[-1] == ("sessions", 600, 600)
+    structure = [c for c in calls if c[0] == "structure"]
+    assert structure[-1][1] == structure[-1][2] >= 10  # quick_check and foreign keys, table by table
+
+
+async def test_rem_check_on_a_terminal_less_run_prints_no_progress_to_stdout(damaged: Path) -> None:
+    from tests.helpers import run_rem
+
+    proc = run_rem("check", "--json", "--data", str(damaged), "--chroma-url", "http://127.0.0.1:9")
+    report = json.loads(proc.stdout)  # stdout holds the one JSON document, nothing else
+    assert proc.returncode == 1 and not report["ok"]

@@ -1,0 +1,228 @@
+"""import -> index -> recall, in-process on a real Chroma: by meaning, by keyword, scoped by project."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import ops
+from backend.core.errors import BadInput, SessionNotFound
+from backend.dream.digester import Dreamer
+from backend.runtime.context import Context
+from backend.summaries.summarizer import Summarizer
+
+LINES = [
+    ("ops", "deploy", "d-1", "user", "Maya", "We moved the payments service to the new Kubernetes cluster."),
+    ("ops", "deploy", "d-2", "assistant", "Bot", "Noted; retire the old cluster once the replicas catch up."),
+    ("ops", "pets", "p-1", "user", "Maya", "My dog Biscuit loves running on the beach every morning."),
+    ("ops", "pets", "p-2", "assistant", "Bot", "Sand and waves, a great start of the day for him."),
+    ("ops", "food", "f-1", "user", "Ravi", "I baked sourdough bread with rye flour yesterday."),
+    ("home", "money", "h-1", "user", "Sam", "The payments for the mortgage are due on the first."),
+]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]] | None = None) -> Path:
+    rows = rows or [
+        {
+            "project": p,
+            "session": s,
+            "id": i,
+            "role": r,
+            "speaker": sp,
+            "text": t,
+            "time": 1_700_000_000_000 + n,
+        }
+        for n, (p, s, i, r, sp, t) in enumerate(LINES)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+async def settle(ctx: Context) -> None:
+    """Summaries, Dream and the index, as the daemons do them."""
+    await Summarizer(ctx, once=True).run()
+    await Dreamer(ctx, once=True).run()
+
+
+@pytest.fixture
+async def imported(ctx: Context, tmp_path: Path) -> Context:
+    result = await ops.import_file(ctx, write_jsonl(tmp_path / "chats.jsonl"))
+    assert result["ok"] and result["written"] == len(LINES)
+    await settle(ctx)
+    return ctx
+
+
+def _turns(result: dict[str, Any]) -> list[str]:
+    return [i["message_id"] for i in result["items"] if i["kind"] == "turn"]
+
+
+async def test_recall_finds_a_turn_by_meaning_with_no_shared_word(imported: Context) -> None:
+    result = await ops.recall(imported, "puppy playing at the seaside", project="ops", k=3, kinds=("turn",))
+    assert result["terms"] == ["puppy", "playing", "seaside"]
+    assert result["candidates"]["fts"] == 0  # no indexed turn shares a word with the query
+    assert _turns(result)[0] == "p-1"
+    top = result["items"][0]
+    assert top["provenance"]["found_by"] == ["dense"] and top["speaker"] == "Maya"
+    assert top["text"].startswith("My dog Biscuit") and top["session_id"] == "pets"
+    assert top["provenance"]["revision"].startswith("sha256:")
+
+
+async def test_recall_finds_a_turn_by_keyword(imported: Context) -> None:
+    result = await ops.recall(imported, "sourdough", project="ops", k=5)
+    assert _turns(result)[0] == "f-1"
+    assert "fts" in result["items"][0]["provenance"]["found_by"]
+
+
+async def test_recall_is_scoped_by_project(imported: Context) -> None:
+    ops_only = await ops.recall(imported, "payments due", project="ops", k=10, kinds=("turn",))
+    home_only = await ops.recall(imported, "payments due", project="home", k=10, kinds=("turn",))
+    everywhere = await ops.recall(imported, "payments due", all_projects=True, k=10, kinds=("turn",))
+    assert "h-1" not in _turns(ops_only) and {i["project"] for i in ops_only["items"]} == {"ops"}
+    assert _turns(home_only) == ["h-1"]
+    assert {"h-1", "d-1"} <= set(_turns(everywhere))
+    default = await ops.recall(imported, "payments due", k=10)
+    assert default["project"] == "default" and default["items"] == []
+
+
+async def test_recall_returns_summaries_and_session_scope(imported: Context) -> None:
+    result = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    kinds = {i["kind"] for i in result["items"]}
+    assert {"turn", "summary"} <= kinds
+    summary = next(i for i in result["items"] if i["kind"] == "summary")
+    assert summary["id"].startswith("summary_") and summary["provenance"]["revision"].startswith("sha256:")
+    scoped = await ops.recall(imported, "cluster", session_id="deploy", k=10)
+    assert scoped["project"] == "ops" and {i["session_id"] for i in scoped["items"]} == {"deploy"}
+
+
+async def test_bad_recall_input_is_refused_in_one_line(imported: Context) -> None:
+    with pytest.raises(BadInput, match="empty"):
+        await ops.recall(imported, "   ")
+    with pytest.raises(BadInput, match="--k 0 is out of range"):
+        await ops.recall(imported, "x", k=0)
+    with pytest.raises(SessionNotFound, match="no session 'nope'"):
+        await ops.recall(imported, "x", session_id="nope")
+    with pytest.raises(BadInput, match="malformed project"):
+        await ops.recall(imported, "x", project="bad project")
+
+
+async def test_recall_without_chroma_degrades_to_lexical(imported: Context, data_dir: Any) -> None:
+    offline = Context(data_dir, start_chroma=False, collection=imported.collection)
+    try:
+        result = await ops.recall(offline, "sourdough", project="ops")
+    finally:
+        await offline.close()
+    assert _turns(result)[0] == "f-1"
+    assert any(d.startswith("dense:") for d in result["degraded"])
+
+
+async def test_import_twice_changes_nothing(ctx: Context, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "chats.jsonl")
+    first = await ops.import_file(ctx, path)
+    db = await ctx.db()
+    before = [
+        tuple(r)
+        for r in await db.fetchall("SELECT id, session_id, seq, data FROM session_message ORDER BY id")
+    ]
+    second = await ops.import_file(ctx, path)
+    after = [
+        tuple(r)
+        for r in await db.fetchall("SELECT id, session_id, seq, data FROM session_message ORDER BY id")
+    ]
+    assert (first["written"], second["written"], second["already_imported"]) == (6, 0, 6)
+    assert before == after
+    sessions = {r[0]: r[1] for r in await db.fetchall("SELECT id, project FROM session")}
+    assert sessions == {"deploy": "ops", "pets": "ops", "food": "ops", "money": "home"}
+
+
+async def test_a_bad_line_leaves_its_whole_session_out_and_names_the_line(
+    ctx: Context, tmp_path: Path
+) -> None:
+    rows = [
+        {"project": "p", "session": "good", "id": "g-1", "role": "user", "text": "fine", "time": 1},
+        {"project": "p", "session": "bad", "id": "b-1", "role": "user", "text": "fine too", "time": 1},
+        {"project": "p", "session": "bad", "id": "b-2", "role": "robot", "text": "wrong role", "time": 2},
+        {
+            "project": "p",
+            "session": "bad",
+            "id": "b-3",
+            "role": "user",
+            "text": "after the bad one",
+            "time": 3,
+        },
+    ]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    with path.open("a") as handle:
+        handle.write('{"session": "bad", "id": "b-4", "role": "user", "text": 5, "time": 4}\n[1, 2]\n')
+    result = await ops.import_file(ctx, path)
+    assert not result["ok"] and result["written"] == 1 and result["sessions_skipped"] == ["bad"]
+    assert [(e["line"], e["error"]) for e in result["errors"]] == [
+        (3, "role 'robot' must be user or assistant"),
+        (5, "text must be non-empty text"),
+        (6, "a line must be a JSON object, not list"),
+    ]
+    db = await ctx.db()
+    assert await db.scalar("SELECT count(*) FROM session_message WHERE session_id = 'bad'") == 0
+    assert await db.scalar("SELECT count(*) FROM session WHERE id = 'bad'") == 0
+    # the file fixed, the same import completes the session
+    fixed = write_jsonl(
+        tmp_path / "fixed.jsonl", [r if r["id"] != "b-2" else {**r, "role": "assistant"} for r in rows]
+    )
+    again = await ops.import_file(ctx, fixed)
+    assert again["ok"] and again["written"] == 3 and again["already_imported"] == 1
+
+
+async def test_import_refuses_an_id_that_names_another_message(ctx: Context, tmp_path: Path) -> None:
+    await ops.import_file(ctx, write_jsonl(tmp_path / "a.jsonl"))
+    clash = [
+        {"project": "ops", "session": "pets", "id": "p-1", "role": "user", "text": "different", "time": 5}
+    ]
+    result = await ops.import_file(ctx, write_jsonl(tmp_path / "b.jsonl", clash))
+    assert result["errors"] == [
+        {"line": 1, "session": "pets", "error": "id 'p-1' already names a different message"}
+    ]
+
+
+async def test_imported_sessions_pass_rem_check_once_settled(imported: Context) -> None:
+    report = await ops.check(imported, settled=True)
+    assert report["ok"], report["violations"]
+
+
+async def test_recall_returns_graph_facts_in_scope_with_the_turns_they_cite(
+    ctx: Context, tmp_path: Path
+) -> None:
+    rows = [
+        {"project": p, "session": s, "id": i, "role": "user", "text": t, "time": 1_700_000_000_000 + n}
+        for n, (p, s, i, t) in enumerate(
+            [
+                ("infra", "db", "i-1", "The Billing Service depends on Postgres for every invoice."),
+                ("infra", "db", "i-2", "Lunch was late today."),
+                ("lab", "db2", "l-1", "The Billing Service uses Redis in the lab."),
+            ]
+        )
+    ]
+    assert (await ops.import_file(ctx, write_jsonl(tmp_path / "facts.jsonl", rows)))["ok"]
+    await settle(ctx)
+    result = await ops.recall(ctx, "what does the Billing Service need?", project="infra", k=10)
+    facts = [i for i in result["items"] if i["kind"] == "fact"]
+    assert [f["text"] for f in facts] == ["Billing Service depends on Postgres"]
+    fact = facts[0]
+    assert fact["project"] == "infra" and fact["session_id"] == "db"
+    assert fact["provenance"]["cites"] == ["i-1"] and fact["provenance"]["found_by"] == ["graph"]
+    lab = await ops.recall(ctx, "what does the Billing Service need?", project="lab", k=10)
+    assert [i["text"] for i in lab["items"] if i["kind"] == "fact"] == ["Billing Service uses Redis"]
+
+
+async def test_summaries_ranked_by_id_equal_chromas_filtered_search(imported: Context) -> None:
+    # recall ranks a small project's summaries among its own rows, fetched by id
+    vector = (imported.embedder().embed(["dog on the beach"]))[0]
+    db = await imported.db()
+    ids = [f"summary_{r[0]}" for r in await db.fetchall("SELECT id FROM session WHERE project = 'ops'")]
+    by_id = await imported.store().nearest_among([*ids, "summary_nope"], vector, 5)
+    filtered = await imported.store().query(vector, 5, {"project": "ops"})
+    assert [h[0] for h in by_id] == [h[0] for h in filtered] and len(by_id) == 3
+    assert [round(h[1], 4) for h in by_id] == [round(h[1], 4) for h in filtered]
+    assert [(h[2], h[3]) for h in by_id] == [(h[2], h[3]) for h in filtered]
+    assert await imported.store().nearest_among([], vector, 5) == []

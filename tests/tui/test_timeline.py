@@ -1,0 +1,205 @@
+"""The post-mortem timeline: the README's drill (SIGKILL an executor, release its lease) replayed with --at.
+
+`rem up` runs for real and records its status history; an executor is
+SIGKILLed mid-turn and, once it shows dead, its lease is released with
+`rem release`. Then the data dir is copied (as after an incident) and the
+console opens on the copy, read-only, at a moment between the kill and the
+release: the panels show the dead owner's lease counting down, the header
+and the timeline bar say this is the past, and the actions are disabled.
+Stepping forward reaches the release, which the panels show as an action.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.cli.console import recorded_time
+from backend.core.datadir import DataDir
+from tests.helpers import data_fingerprint, rem_env, run_rem, spawn_rem, wait_until
+from tests.tui.test_console import SIZE, console, table, until
+from tui.app import ConsoleApp
+from tui.widgets.leases import left_ms, owner_alive
+
+pytestmark = pytest.mark.slow
+
+
+def _executor_pid(root: Path) -> int | None:
+    try:
+        kids = json.loads((root / "up.json").read_text())["children"]
+    except (OSError, ValueError, KeyError):
+        return None
+    pids = [c["pid"] for c in kids if c["role"] == "executor"]
+    return pids[0] if pids else None
+
+
+def _history(root: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    path = root / "history.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
+def _state(root: Path, sql: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(f"{(root / 'state.db').as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the drill once against a real `rem up`; return a copy of its data dir and its moments."""
+    base = tmp_path_factory.mktemp("timeline")
+    root = base / "data"
+    env = rem_env(REM_AGENT_DELAY_MS="3000", REM_HISTORY_INTERVAL_MS="500")  # a turn takes ~15 s
+    up = spawn_rem(
+        "up", "--data", str(root), "--executors", "1", "--summarizers", "0", "--dreams", "0",
+        "--no-reap", env=env, log=base / "up.log",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _executor_pid(root), timeout=60, message="the executor to start")
+        assert run_rem("send", "s1", "a long question about leases", "--data", str(root)).returncode == 0
+        (execution_id, owner) = wait_until(
+            lambda: (_state(root, "SELECT id, owner_id FROM session_execution") or [None])[0],
+            timeout=30,
+            message="the executor to hold the lease",
+        )
+        os.kill(_executor_pid(root) or 0, signal.SIGKILL)
+        killed_at = wait_until(
+            lambda: _history(
+                root,
+                "SELECT time FROM snapshot WHERE alerts LIKE '%RemLeaseDeadOwner%' ORDER BY time LIMIT 1",
+            ),
+            timeout=40,
+            message="a recorded snapshot with the dead owner's lease",
+        )[0][0]
+        released = run_rem("release", execution_id, "--data", str(root), "--json")
+        assert released.returncode == 0, released.stderr
+        wait_until(
+            lambda: _history(root, "SELECT 1 FROM snapshot WHERE reason = 'operator.release'"),
+            timeout=20,
+            message="the snapshot recorded at the release",
+        )
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(90)
+    copy = base / "copy"
+    shutil.copytree(root, copy)  # the post-mortem happens on a copy taken after the incident
+    return {"copy": DataDir(copy), "dead_at": killed_at, "execution_id": execution_id, "owner": owner}
+
+
+def _lease(app: ConsoleApp, execution_id: str) -> dict[str, Any] | None:
+    for record in table(app, "leases").all_records():
+        if record.get("id") == execution_id:
+            return record
+    return None
+
+
+def _recorded(app: ConsoleApp) -> dict[str, Any]:
+    assert app.moment is not None
+    return dict(app.moment["recorded"])
+
+
+async def test_the_drill_replays_with_at_on_a_read_only_copy(drill: dict[str, Any]) -> None:
+    copy, execution_id = drill["copy"], drill["execution_id"]
+    # `rem console --at` takes the time as an operator types it
+    at_text = (
+        dt.datetime.fromtimestamp(drill["dead_at"] / 1000).astimezone().isoformat(timespec="milliseconds")
+    )
+    at = recorded_time(copy, at_text)
+    assert at == drill["dead_at"]
+    before = data_fingerprint(copy.root)
+    async with console(copy, read_only=True, watch=False, at=at).run_test(size=SIZE) as pilot:
+        app = await until(pilot, lambda: app_if_moment(pilot.app), "the recorded moment to show")
+        recorded = _recorded(app)
+        assert recorded["time"] == drill["dead_at"] and "RemLeaseDeadOwner" in recorded["alerts"]
+        # unmistakably the past: the header badge, the timeline bar, the actions greyed out
+        assert app.header.header_text().plain.startswith(" ◀ PAST ")  # first, never clipped
+        assert "NOT LIVE" in app.header.header_text().plain
+        assert app.timeline_bar.has_class("-shown") and "THE PAST" in app.timeline_bar.text
+        for action in ("release", "drain", "replay_selected", "replay_all"):
+            assert app.check_action(action, ()) is None
+        lease = _lease(app, execution_id)
+        assert lease is not None, table(app, "leases").all_records()
+        now = recorded["time"]
+        assert not owner_alive(lease, now) and left_ms(lease, now) > 0  # dead owner, not expired yet
+        owner_cell = table(app, "leases").cell_text(f"execution:{execution_id}", "owner")
+        assert owner_cell.startswith("✗")
+        # stepping forward: the same lease counts down between recorded moments
+        left_before = left_ms(lease, now)
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: _recorded(app)["time"] > now, "the next recorded snapshot")
+        later = _recorded(app)
+        if later["reason"] != "operator.release":
+            lease_later = _lease(app, execution_id)
+            assert lease_later is not None and left_ms(lease_later, later["time"]) < left_before
+        # pressing an action key in the past does nothing
+        await pilot.press("2", "l")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1
+        # the next incident start is the release: the panels show the action
+        await pilot.press("right_curly_bracket")
+        await until(pilot, lambda: _recorded(app)["reason"] == "operator.release", "the release moment")
+        actions = table(app, "actions").all_records()
+        assert any(r.get("action") == "release" and execution_id in str(r.get("target")) for r in actions), (
+            actions
+        )
+        last = app.moment["recorded"]["last_event_id"]
+        events = [e for e in app.moment["events"] if e["id"] <= last]
+        assert any(e["kind"] == "operator.release" and e["target"] == execution_id for e in events)
+        # back to live: the badge goes, the actions come back (read-only still greys them)
+        await pilot.press("t")
+        await until(pilot, lambda: app.moment is None, "live again")
+        assert "NOT LIVE" not in app.header.header_text().plain
+        assert not app.timeline_bar.has_class("-shown")
+    assert data_fingerprint(copy.root) == before  # the read-only console changed nothing in the copy
+
+
+def app_if_moment(app: Any) -> ConsoleApp | None:
+    return app if isinstance(app, ConsoleApp) and app.moment is not None else None
+
+
+async def test_t_enters_the_timeline_and_brackets_step(drill: dict[str, Any]) -> None:
+    copy = drill["copy"]
+    async with console(copy, read_only=True, watch=False).run_test(size=SIZE) as pilot:
+        app = pilot.app
+        assert isinstance(app, ConsoleApp)
+        await until(pilot, lambda: app.applied is not None, "the live snapshot")
+        await pilot.press("t")
+        await until(pilot, lambda: app.moment is not None, "the newest recorded snapshot")
+        newest = _recorded(app)
+        assert newest["index"] == newest["count"] and newest["reason"] == "stop"
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: _recorded(app)["index"] == newest["count"] - 1, "one step back")
+        await pilot.press("left_curly_bracket")
+        await until(pilot, lambda: _recorded(app)["incident"], "an incident start")
+        assert _recorded(app)["time"] < newest["time"]
+        await pilot.press("t")
+        await until(pilot, lambda: app.moment is None, "live again")
+
+
+def test_at_without_a_history_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    assert run_rem("init", "--data", str(root)).returncode == 0
+    proc = run_rem("console", "--at", "-15m", "--data", str(root))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("rem: error: no status history at") and "`rem up` records it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    bad = run_rem("console", "--at", "teatime", "--data", str(root))
+    assert bad.returncode == 2 and "is not a time" in bad.stderr
