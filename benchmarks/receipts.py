@@ -4,10 +4,12 @@ Stages N receipts (default 20 000) in a temp state.db and their rows in a
 Chroma server this script starts in a temp dir, then measures, in the same
 run and over the same ids:
 
-* raw: `collection.get(ids=batch, include=[documents, metadatas])`, rows/s;
+* raw: `collection.get(ids=batch, include=[documents, metadatas, embeddings])`,
+  rows/s: what verification must read (the vector too, since receipts attest it);
 * verify: a full recovery sweep (`receipt_replay.Recovery` over `all_batches`):
   read envelopes from state.db, decode + checksum them, one Chroma get per
-  batch, the ownership-aware predicate; receipts/s (all present, nothing written).
+  batch, the ownership-aware predicate and the vector digest; receipts/s
+  (all present, nothing written).
 
 Prints both and their ratio (target >= 0.5). Run:
     .venv/bin/python benchmarks/receipts.py [--receipts 20000] [--batch 500] [--json]
@@ -56,10 +58,12 @@ def _metadata(i: int) -> dict[str, Any]:
 
 async def _stage(ctx: Context, n: int, batch: int) -> None:
     db = await ctx.db()
+    store = ctx.store()
     rows = []
     for i in range(n):
         meta = _metadata(i)
-        envelope = receipts.encode(receipts.issue(_document(i), meta))
+        vector = (await store.embed([_document(i)]))[0]
+        envelope = receipts.encode(receipts.issue(_document(i), meta, embedding=vector))
         rows.append((meta["sessionId"], envelope))
     async with db.tx() as conn:
         await conn.executemany(
@@ -72,7 +76,6 @@ async def _stage(ctx: Context, n: int, batch: int) -> None:
             "VALUES (?, 'completed', ?, ?, 1, 1, 'present', 1, 1, 1)",
             [(sid, env, receipts.ENCODING) for sid, env in rows],
         )
-    store = ctx.store()
     for start in range(0, n, batch):
         ids = range(start, min(n, start + batch))
         await store.upsert(
@@ -95,7 +98,9 @@ async def _raw_get(ctx: Context, n: int, batch: int) -> float:
     started = time.perf_counter()
     got = 0
     for start in range(0, n, batch):
-        result = collection.get(ids=ids[start : start + batch], include=["documents", "metadatas"])
+        result = collection.get(
+            ids=ids[start : start + batch], include=["documents", "metadatas", "embeddings"]
+        )
         got += len(result["ids"])
     elapsed = time.perf_counter() - started
     assert got == n, got

@@ -79,6 +79,7 @@ async def wait_applied(app: ConsoleApp, pilot: Any, count: int) -> None:
 
 
 async def settle(pilot: Any) -> None:
+    """Let the screen finish: a few frames, and until no section still says "loading…" (10 s at most)."""
     for _ in range(20):
         await pilot.pause(0.025)
     # a detail screen loads its journal rows and its live diff (a replay dry run against

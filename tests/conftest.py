@@ -93,8 +93,18 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
 
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("REM_DATA", "REM_CHROMA_URL", "REM_FAULTS", "REM_CLOCK_SKEW_MS", "REM_MODEL_API_KEY"):
+    for name in (
+        "REM_DATA",
+        "REM_CHROMA_URL",
+        "REM_FAULTS",
+        "REM_CLOCK_SKEW_MS",
+        "REM_OPERATOR",
+        "REM_MODEL_API_KEY",
+    ):
         monkeypatch.delenv(name, raising=False)
+    # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are
+    # honoured here and in every rem process a test starts; production refuses them
+    monkeypatch.setenv("REM_TEST_MODE", "1")
     faults.reset()
     health.take()  # model request records are per process: a test starts with none
     yield

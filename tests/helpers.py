@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -84,3 +85,19 @@ async def await_until(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message} (last={last!r})")
+
+
+def data_fingerprint(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under `root`, as a read-only path must leave it.
+
+    Left out: SQLite's `-shm` index, which every WAL reader writes by design,
+    and an empty `-wal`, which a `mode=ro` reader creates when a cleanly closed
+    database has none (it holds nothing; README, "Read-only writes nothing").
+    """
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not p.name.endswith("-shm")
+        and not (p.name.endswith("-wal") and p.stat().st_size == 0)
+    }

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from backend.chroma.embedder import load_embedder
 from backend.chroma.ownership import summary_row_id
 from backend.store.db import Database
 from backend.store.handoffs import mark_turns_changed
@@ -105,7 +106,7 @@ async def stage_receipt(
     acknowledged: bool = True,
 ) -> bytes:
     """Stage (and by default acknowledge) a receipt directly, as a finished synthesis leaves it."""
-    envelope = receipts.encode(receipts.issue(document, metadata))
+    envelope = receipts.encode(receipts.issue(document, metadata, embedding=vector_of(document)))
     async with db.tx() as conn:
         await conn.execute(
             "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
@@ -132,6 +133,11 @@ async def stage_receipt(
     return envelope
 
 
+def vector_of(document: str) -> list[float]:
+    """The configured embedder's vector for `document`, as the summarizer writes it."""
+    return load_embedder().embed([document])[0]
+
+
 def base_metadata(session_id: str, **extra: Any) -> dict[str, Any]:
     """Synthesis-owned metadata of a plausible receipt."""
     return {
@@ -143,6 +149,7 @@ def base_metadata(session_id: str, **extra: Any) -> dict[str, Any]:
         "keywords": ["restart", "service"],
         "dreamInputRevision": f"sha256:{session_id:0>64}"[:71],
         "summarizer": "test",
+        "project": "default",
         **extra,
     }
 

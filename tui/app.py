@@ -22,10 +22,11 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.events import DescendantFocus
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend.core import clock
+from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
 from backend.ops.records import Moment, Status
@@ -38,6 +39,7 @@ from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, MomentLoa
 from tui.refresh import ApplyChain, RefreshScheduler, Ticker, WorkerGroup, new_events, state_db_changes
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
+from tui.screens.export import ExportScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.screens.recall import RecallScreen
 from tui.widgets.action_log import ActionLogTable
@@ -184,6 +186,18 @@ class ConsoleApp(App[None]):
         self._awaiting_moment = at is not None
         # figures the benchmarks read: (load ms, apply ms) per applied snapshot
         self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Notifications carry ids, paths and errors from the data: plain text unless asked otherwise."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # -- layout ------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:
@@ -644,7 +658,11 @@ class ConsoleApp(App[None]):
         self.request_refresh(force=True)
 
     def action_export_csv(self) -> None:
+        """Write the focused panel as CSV: to logs/ (or the current folder); read-only, where the operator says."""
         table = self.focused_panel()
+        if self.read_only:
+            self.ask_export_path(table, table.to_csv(), table.csv_file_name())
+            return
         path = table.export_csv([self.data.logs, Path.cwd()])
         if path is None:
             self.notify(
@@ -652,6 +670,23 @@ class ConsoleApp(App[None]):
             )
         else:
             self.notify(f"exported {len(table.shown_keys())} {table.PANEL_NAME} rows to {path}")
+
+    def ask_export_path(self, table: SnapshotTable, text: str, name: str) -> None:
+        """Read-only: the data dir gets no new bytes, so the operator names a file outside it."""
+        folder = Path.cwd() if not private.inside(Path.cwd(), self.data.root) else Path.home()
+        rows = len(table.shown_keys())
+
+        def chosen(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                private.create_export(path, text)
+            except RemError as exc:
+                self.notify(f"export failed: {exc}", severity="error")
+                return
+            self.notify(f"exported {rows} {table.PANEL_NAME} rows to {path}")
+
+        self.push_screen(ExportScreen(table.PANEL_NAME, rows, folder / name, self.data.root), callback=chosen)
 
     def action_copy_csv(self) -> None:
         table = self.focused_panel()

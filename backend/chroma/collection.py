@@ -24,14 +24,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from backend.chroma import auth
 from backend.chroma.embedder import Embedder, load_embedder
-from backend.core.errors import ChromaUnreachable, EmbedderMismatch
+from backend.core.errors import ChromaNotReady, ChromaUnreachable, EmbedderMismatch, ReadOnly
 from backend.core.settings import Settings
 from backend.models.errors import ModelError
 
@@ -69,6 +71,27 @@ class ChromaRow(NamedTuple):
     metadata: Metadata
 
 
+class LiveRow(NamedTuple):
+    """A summary row as Chroma holds it now (the embedding as chromadb returns it)."""
+
+    document: str | None
+    metadata: Metadata
+    embedding: Any = None
+
+
+# Chroma 1.5.9 answers a read that includes vectors, made while a new collection's first
+# writes are being applied, with "Error creating hnsw segment reader: Nothing found on disk"
+# (its vector index is neither cached nor persisted yet), or with the rows but fewer vectors.
+# The same read succeeds moments later, so reads of vectors retry with these pauses (3.15 s
+# in all) before giving up.
+VECTOR_INDEX_NOT_READY = "Nothing found on disk"
+VECTOR_READ_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
+def _vector_index_not_ready(exc: BaseException) -> bool:
+    return type(exc).__name__ == "InternalError" and VECTOR_INDEX_NOT_READY in str(exc)
+
+
 def _is_transport_error(exc: BaseException) -> bool:
     name = type(exc).__name__
     module = type(exc).__module__
@@ -77,6 +100,19 @@ def _is_transport_error(exc: BaseException) -> bool:
         or module.startswith(("httpx", "httpcore", "urllib3", "requests"))
         or name in {"ConnectError", "ReadTimeout", "RemoteProtocolError", "ReadError"}
     )
+
+
+class _EmptyCollection:
+    """What a read-only store reads when the collection does not exist (yet): nothing."""
+
+    def get(self, **_kwargs: Any) -> dict[str, list[Any]]:
+        return {"ids": [], "documents": [], "metadatas": [], "embeddings": []}
+
+    def count(self) -> int:
+        return 0
+
+
+EMPTY_COLLECTION = _EmptyCollection()
 
 
 def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
@@ -96,12 +132,15 @@ class ChromaStore:
         embedder: Embedder | None = None,
         collection: str = COLLECTION,
         *,
+        read_only: bool = False,
         check_embedder: bool = True,
     ) -> None:
         self._resolve = url_resolver
         # off only to read a collection whose vectors are about to be rebuilt (`rem reindex`)
         self.check_embedder = check_embedder
         self.collection_name = collection
+        # read-only: never create the collection, never write (a missing collection reads as empty)
+        self.read_only = read_only
         self.embedder = embedder or load_embedder()
         self._collection: Any = None
         self._url: str | None = None
@@ -124,17 +163,25 @@ class ChromaStore:
             host=parsed.hostname or "127.0.0.1",
             port=parsed.port or (443 if parsed.scheme == "https" else 80),
             ssl=parsed.scheme == "https",
-            settings=Settings(anonymized_telemetry=False),
+            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
         )
         self._url = url
         return client
 
     def _connect(self) -> Any:
         client = self.client()
+        from chromadb.errors import NotFoundError
+
         # embedding_function=None: Chroma's default would download a model.
-        collection = client.get_or_create_collection(
-            self.collection_name, embedding_function=None, metadata=embedder_record(self.embedder)
-        )
+        if self.read_only:
+            try:
+                collection = client.get_collection(self.collection_name, embedding_function=None)
+            except NotFoundError:
+                return None  # not created yet: nothing to read, and read-only creates nothing
+        else:
+            collection = client.get_or_create_collection(
+                self.collection_name, embedding_function=None, metadata=embedder_record(self.embedder)
+            )
         if self.check_embedder:
             self._check_embedder(collection)
         return collection
@@ -144,7 +191,8 @@ class ChromaStore:
         recorded = recorded_embedder(collection.metadata, collection.count())
         wanted = (self.embedder.name, int(self.embedder.dim))
         if recorded is None:
-            collection.modify(metadata={EMBEDDER_KEY: wanted[0], DIM_KEY: wanted[1]})
+            if not self.read_only:  # read-only writes nothing, not even this record
+                collection.modify(metadata={EMBEDDER_KEY: wanted[0], DIM_KEY: wanted[1]})
             return
         if recorded != wanted:
             raise EmbedderMismatch(
@@ -168,6 +216,8 @@ class ChromaStore:
         try:
             if self._collection is None:
                 self._collection = self._connect()
+            if self._collection is None:
+                return fn(EMPTY_COLLECTION)  # looked up again next call: it may exist by then
             return fn(self._collection)
         except ChromaUnreachable:
             self._collection = None
@@ -197,33 +247,100 @@ class ChromaStore:
             )
         return rows
 
+    def _refuse_write(self, what: str) -> None:
+        if self.read_only:
+            raise ReadOnly(f"refused {what} of Chroma rows: this rem is read-only")
+
+    async def _read_vectors(self, ids: list[str], include: list[str]) -> Any:
+        """`collection.get` of rows with their vectors, through Chroma's not-ready window."""
+        for pause in (*VECTOR_READ_PAUSES, None):
+            try:
+                result = await self._run(lambda c: c.get(ids=ids, include=include))
+                vectors = result.get("embeddings")
+                if not result["ids"] or (vectors is not None and len(vectors) == len(result["ids"])):
+                    return result
+                problem = f"{len(result['ids'])} rows came back with {0 if vectors is None else len(vectors)} vectors"
+            except Exception as exc:
+                if not _vector_index_not_ready(exc):
+                    raise
+                problem = VECTOR_INDEX_NOT_READY.lower()
+            if pause is None:
+                raise ChromaNotReady(
+                    f"Chroma cannot read the vectors of collection {self.collection_name} ({problem}, "
+                    f"still after {sum(VECTOR_READ_PAUSES):.1f} s); rem retries, or restart Chroma with `rem up`"
+                )
+            log.debug("Chroma's vector index is not ready (%s): reading again in %.2f s", problem, pause)
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def rows(self, ids: Sequence[str]) -> dict[str, LiveRow]:
+        """`{id: (document, metadata, embedding)}` for the ids that exist (one round trip).
+
+        What receipt verification reads: the vector is compared with the
+        digest the receipt attests.
+        """
+        if not ids:
+            return {}
+        include = ["documents", "metadatas", "embeddings"]
+        result = await self._read_vectors(list(ids), include)
+        vectors = result.get("embeddings")
+        if vectors is not None and len(vectors):
+            import numpy  # one float64 matrix for the batch: each row's vector is a view of it
+
+            vectors = numpy.asarray(vectors, dtype=numpy.float64)
+        return {
+            row_id: LiveRow(
+                result["documents"][i],
+                dict(result["metadatas"][i] or {}),
+                vectors[i],
+            )
+            for i, row_id in enumerate(result["ids"])
+        }
+
+    async def embed(self, documents: Sequence[str]) -> list[list[float]]:
+        """rem's vectors for `documents`, rounded to float32 as Chroma stores them.
+
+        Rounded here so that what a receipt's digest covers is exactly what the
+        server keeps (a float32 value survives the JSON round trip unchanged).
+        In a thread: a model embedder waits on the network (and on its retries'
+        backoff). A model failure is EmbeddingFailed: nothing is written.
+        """
+        try:
+            vectors = await asyncio.to_thread(self.embedder.embed, list(documents))
+        except ModelError as exc:
+            raise EmbeddingFailed(
+                f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "
+                "and the staged receipts are replayed once it answers"
+            ) from exc
+        return [list(array("f", vector)) for vector in vectors]
+
     async def upsert(
         self,
         ids: Sequence[str],
         documents: Sequence[str],
         metadatas: Sequence[Metadata] | None,
         *,
+        embeddings: Sequence[Sequence[float]] | None = None,
         embed_texts: Sequence[str] | None = None,
     ) -> None:
-        """Write rows with rem's embeddings (of `embed_texts`, else the documents); metadata merges."""
+        """Write rows with rem's embeddings; metadata merges into what is there.
+
+        The vectors are `embeddings` when given, else rem's embeddings of
+        `embed_texts` (else of the documents), rounded to float32 either way.
+        """
+        self._refuse_write("an upsert")
         if not ids:
             return
-        texts = list(embed_texts if embed_texts is not None else documents)
-        # in a thread: the first call loads the model; a model embedder waits on the network
-        # (and on its retries' backoff)
-        try:
-            embeddings = await asyncio.to_thread(self.embedder.embed, texts)
-        except ModelError as exc:
-            raise EmbeddingFailed(
-                f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "
-                "and the staged receipts are replayed once it answers"
-            ) from exc
+        if embeddings is not None:
+            vectors = [list(array("f", v)) for v in embeddings]
+        else:
+            vectors = await self.embed(list(embed_texts if embed_texts is not None else documents))
 
         def write(c: Any) -> None:
             c.upsert(
                 ids=list(ids),
                 documents=list(documents),
-                embeddings=embeddings,
+                embeddings=vectors,
                 # None: rows without metadata (Chroma refuses an empty dict, which stays refused)
                 metadatas=None if metadatas is None else [dict(m) for m in metadatas],
             )
@@ -297,11 +414,13 @@ class ChromaStore:
 
     async def update_metadata(self, ids: Sequence[str], metadatas: Sequence[Metadata]) -> None:
         """Merge metadata into existing rows (`None` deletes a key)."""
+        self._refuse_write("an update")
         if not ids:
             return
         await self._run(lambda c: c.update(ids=list(ids), metadatas=[dict(m) for m in metadatas]))
 
     async def delete(self, ids: Sequence[str]) -> None:
+        self._refuse_write("a delete")
         if ids:
             await self._run(lambda c: c.delete(ids=list(ids)))
 
@@ -337,6 +456,7 @@ class ChromaStore:
 
     async def drop(self) -> bool:
         """Delete the whole collection (the next call recreates it with our embedder); False if absent."""
+        self._refuse_write("a drop")
 
         def delete() -> bool:
             with self._guard:

@@ -8,8 +8,10 @@ as a server and every process talks to it over HTTP. The lock protocol:
   drops its own copy. So the lock is held exactly while that server lives,
   and the kernel releases it when the server dies, even by SIGKILL.
 * `chroma.url` records where the live server listens. A reader trusts it only
-  if the lock is held *and* the URL answers Chroma's heartbeat; otherwise it
-  is stale and the reader takes the lock and starts a fresh server (on the
+  if the lock is held, the URL answers Chroma's heartbeat *and* the socket
+  listening there belongs to this user (`trust.check_listener`); another
+  uid's listener is refused in one line. A stale file (no lock, no answer)
+  means the reader takes the lock and starts a fresh server (on the
   same port when it is free, so clients that cached the URL keep working).
 * `--chroma-url` / `REM_CHROMA_URL` bypass all of this for an external server.
 """
@@ -17,13 +19,11 @@ as a server and every process talks to it over HTTP. The lock protocol:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from backend.chroma import auth, trust
+from backend.core import private
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
 from backend.core.settings import settings
@@ -42,7 +44,6 @@ log = logging.getLogger("rem.chroma_server")
 
 HEARTBEAT_PATH = "/api/v2/heartbeat"
 START_TIMEOUT_S = 60.0
-_PR_SET_PDEATHSIG = 1
 
 
 def external_url(explicit: str | None = None) -> str | None:
@@ -118,13 +119,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def die_with_parent_preexec() -> None:
-    """preexec_fn: the child gets SIGTERM when the spawning thread's process dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass
 class ChromaServer:
     """A handle on the Chroma server a process uses (started by it or not)."""
@@ -143,9 +137,18 @@ class ChromaServer:
         return pid if isinstance(pid, int) else None
 
     def alive(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
+        """Answering; and, for a data dir's server this process did not start, still this user's.
+
+        Raises ChromaUntrusted when another uid now listens on its port (the
+        server died and someone took the port over).
+        """
+        if self.process is not None:
+            return self.process.poll() is None and is_alive(self.url)
+        if not is_alive(self.url):
             return False
-        return is_alive(self.url)
+        if not self.external:
+            trust.check_listener(self.url)
+        return True
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server if this process started it (SIGTERM, then SIGKILL)."""
@@ -196,9 +199,14 @@ def recorded_url(data: DataDir) -> str | None:
 
 
 def live_server(data: DataDir) -> ChromaServer | None:
-    """The data dir's running server, if `chroma.url` is live and the lock is held."""
+    """The data dir's running server, if `chroma.url` is live, the lock is held and the listener is ours.
+
+    A listener of another uid on the recorded port raises ChromaUntrusted:
+    rem never talks to it, and never quietly starts another server beside it.
+    """
     url = recorded_url(data)
     if url and lock_is_held(data) and is_alive(url):
+        trust.check_listener(url)
         return ChromaServer(url=url, data=data)
     return None
 
@@ -217,7 +225,7 @@ def resolve(
         if server is not None:
             return server
         if not start:
-            raise ChromaUnreachable(f"no Chroma server is running for {data.root}; start one with `rem up`")
+            raise ChromaUnreachable(f"Chroma not running for {data.root}; start it with `rem up`")
         started = try_start(data, die_with_parent=die_with_parent)
         if started is not None:
             return started
@@ -233,7 +241,8 @@ def resolve(
 def try_start(data: DataDir, *, die_with_parent: bool = True) -> ChromaServer | None:
     """Take the lock and start `chroma run`; None when another process holds the lock."""
     data.ensure()
-    fd = os.open(data.chroma_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    # private (0600): another user who could open the lock could take it and stand in for the server
+    fd = os.open(data.chroma_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, private.FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -255,7 +264,7 @@ def _preferred_port(data: DataDir) -> int:
 
 
 def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaServer:
-    data.chroma_dir.mkdir(parents=True, exist_ok=True)
+    private.make_private_dir(data.chroma_dir)
     port = _preferred_port(data)
     url = f"http://127.0.0.1:{port}"
     log_path = data.logs / "chroma.log"
@@ -266,8 +275,14 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
         NO_COLOR="1",
         RUST_LOG=settings.chroma_log,
     )
-    cmd = [chroma_binary(), "run", "--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
-    with open(log_path, "ab") as log_file:
+    env.update(auth.server_env())
+    config = auth.server_config(data.chroma_dir, port, data.root)
+    cmd = [chroma_binary(), "run"] + (
+        [str(config)]
+        if config is not None
+        else ["--path", str(data.chroma_dir), "--host", "127.0.0.1", "--port", str(port)]
+    )
+    with data.open_log("chroma.log") as log_file:
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -276,7 +291,8 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
             pass_fds=(lock_fd,),
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent_preexec if die_with_parent else None,
+            cwd=data.root,
+            preexec_fn=private.private_child_dying_with_parent if die_with_parent else private.private_child,
         )
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, "started_at": time.time()}).encode(), 0)
@@ -286,9 +302,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     except BaseException:
         server.stop(timeout=5)
         raise
-    tmp = data.chroma_url_file.with_suffix(".url.tmp")
-    tmp.write_text(url + "\n")
-    tmp.replace(data.chroma_url_file)
+    private.write_private_text(data.chroma_url_file, url + "\n")
     log.info("started chroma server pid %s at %s for %s", proc.pid, url, data.chroma_dir)
     return server
 
@@ -304,6 +318,8 @@ def _wait_ready(server: ChromaServer, log_path: Path) -> None:
                 f"(see {log_path}): {tail}"
             )
         if is_alive(server.url, timeout=0.5):
+            # the port was free a moment ago: make sure what answers is the server just started
+            trust.check_listener(server.url, source="the server rem just started")
             return
         time.sleep(0.05)
     raise ChromaStartFailed(f"`chroma run` did not answer within {START_TIMEOUT_S:.0f} s (see {log_path})")

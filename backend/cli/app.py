@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
@@ -33,8 +34,9 @@ from backend.cli import (
     status,
     up,
 )
+from backend.core import private
 from backend.core.errors import ExitCode, RemError
-from backend.core.settings import settings, validate
+from backend.core.settings import Settings, settings, validate
 
 # Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
 USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
@@ -54,10 +56,14 @@ app = typer.Typer(
 
 @app.callback()
 def _globals(
+    ctx: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
 ) -> None:
+    if ctx.invoked_subcommand == "drill":
+        # a drill is a test: its system may run the unsafe switches (to prove the drill can fail)
+        os.environ[Settings.test_mode.env] = "1"
     validate()  # a bad REM_* value fails here, in one line, before the command does anything
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url
@@ -95,6 +101,7 @@ for command in (
 
 def main(argv: list[str] | None = None) -> int:
     """Run `rem`; user errors print one line on stderr and map to an exit code."""
+    private.apply_private_umask()  # everything this rem (and what it starts) creates is private
     try:
         result = app(args=argv, standalone_mode=False)
     except RemError as exc:

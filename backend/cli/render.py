@@ -1,4 +1,9 @@
-"""Human renderings of `rem` results (rich, on stdout: they are the data without --json)."""
+"""Human renderings of `rem` results (rich, on stdout: they are the data without --json).
+
+Every value that comes from the data (ids, paths, Chroma values, errors) is
+escaped (`_e`) or passed as `Text`: a `[/oops]` in a summary title must print
+as itself, never be read as markup (it used to crash `rem replay`).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,25 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
+
+
+def _console(*, stderr: bool = False) -> Console:
+    # no emoji codes either: `:thumbs_up:` inside a value stays as typed
+    return Console(stderr=stderr, emoji=False)
+
+
+def _e(value: Any) -> str:
+    """A data value as markup-safe text."""
+    return escape(str(value))
+
+
+def _cell(value: Any) -> Text:
+    return Text(str(value))
 
 
 def _money(value: float | None) -> str:
@@ -42,11 +62,13 @@ def model_lines(model: ModelHealth) -> list[str]:
     state = model["state"]
     if state == ModelState.UNUSED:
         return ["Model: none used (offline defaults)"]
-    where = ", ".join(model["endpoints"]) or "-"
-    head = f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({', '.join(model['models']) or '-'})"
+    where = _e(", ".join(model["endpoints"]) or "-")
+    head = (
+        f"Model [{MODEL_TONE.get(state, 'dim')}]{state}[/] {where} ({_e(', '.join(model['models']) or '-')})"
+    )
     if state == ModelState.IDLE:
         return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
-    errors = ", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items()))
+    errors = _e(", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items())))
     ttft = (
         f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
         if model["ttft_ms_p50"] is not None
@@ -60,7 +82,7 @@ def model_lines(model: ModelHealth) -> list[str]:
     ]
     last = model["last_error"]
     if last:
-        lines.append(f"  last error: {last['error_class']} {escape(last['message'] or '')}".rstrip())
+        lines.append(f"  last error: {_e(last['error_class'])} {escape(last['message'] or '')}".rstrip())
     return lines
 
 
@@ -69,14 +91,14 @@ STATUS_ROWS = 20  # rows per list; `--json` has them all
 
 def print_status(result: Status) -> None:
     """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)  # values print as typed
     chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
     health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
     console.print(
         f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
         f"{counts['sessions']} sessions"
     )
-    console.print(f"Chroma {chroma['url'] or '-'}: {health}")
+    console.print(f"Chroma {escape(chroma['url'] or '-')}: {health}")
     console.print(
         f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
@@ -181,8 +203,8 @@ def _print_model(console: Console, result: Status) -> None:
         console.print(line)
     for held in result["backlog"]["held"]:
         console.print(
-            f"[red]held[/] {held['session_id']}: {escape(held['reason'])} ({held['waiting']} waiting); "
-            f"`rem resume {held['session_id']}` once fixed"
+            f"[red]held[/] {_e(held['session_id'])}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"`rem resume {_e(held['session_id'])}` once fixed"
         )
     _print_usage(console, result)
 
@@ -199,27 +221,29 @@ def _print_usage(console: Console, result: Status) -> None:
     for row in usage["sessions"][:STATUS_ROWS]:
         error = row["last_error"] or {}
         table.add_row(
-            row["session_id"],
-            escape(row["model"] or "-"),
+            _cell(row["session_id"]),
+            _cell(row["model"] or "-"),
             str(row["turns"]),
             _tokens(row["tokens"]),
             _money(row["cost"]),
-            str(error.get("class") or "") + (" (held)" if row["held"] else ""),
+            _cell(str(error.get("class") or "") + (" (held)" if row["held"] else "")),
         )
     console.print(table)
 
 
 def print_transcript(result: dict[str, Any]) -> None:
     """`rem show`: the session's header, then each message with its markers and usage."""
-    console = Console(highlight=False)
+    console = Console(highlight=False, emoji=False)  # values print as typed
     session = result["session"]
     console.print(
-        f"[bold]{session['id']}[/] {session['title'] or ''}  project {session['project']}, {session['turn_count']} turns, "
-        f"{session['message_count']} messages; {session['model'] or 'no model'}: "
+        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  project {_e(session['project'])}, "
+        f"{session['turn_count']} turns, {session['message_count']} messages; {_e(session['model'] or 'no model')}: "
         f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
     )
     if session["held_at"]:
-        console.print(f"[red]held[/]: {session['held_reason']}; `rem resume {session['id']}` once fixed")
+        console.print(
+            f"[red]held[/]: {_e(session['held_reason'])}; `rem resume {_e(session['id'])}` once fixed"
+        )
     if session["model_error"]:
         error = session["model_error"]
         console.print(f"last model error: {error.get('class')} {error.get('message') or ''}", markup=False)
@@ -227,18 +251,21 @@ def print_transcript(result: dict[str, Any]) -> None:
         _print_message(console, message)
     for waiting in result["waiting"]:
         asleep = " (asleep: session held)" if waiting["asleep"] else ""
-        console.print(f"[dim]waiting[/] {waiting['id']} {waiting['delivery']}{asleep}: {waiting['text']}")
+        console.print(
+            f"[dim]waiting[/] {_e(waiting['id'])} {_e(waiting['delivery'])}{asleep}: {_e(waiting['text'])}"
+        )
     if result["execution"]:
         ex = result["execution"]
         console.print(
-            f"[yellow]running[/] {ex['id']} owner {ex['owner_id']} epoch {ex['epoch']} phase {ex['phase']}"
+            f"[yellow]running[/] {_e(ex['id'])} owner {_e(ex['owner_id'])} epoch {ex['epoch']} "
+            f"phase {_e(ex['phase'])}"
         )
 
 
 def _print_message(console: Console, message: dict[str, Any]) -> None:
     role = message["type"]
-    marker = f" [yellow]\\[{message['marker']}][/]" if message.get("marker") else ""
-    head = f"[bold]#{message['seq']} {role}[/] {message['id']}{marker}"
+    marker = f" [yellow]\\[{_e(message['marker'])}][/]" if message.get("marker") else ""
+    head = f"[bold]#{message['seq']} {_e(role)}[/] {_e(message['id'])}{marker}"
     extra = []
     if message.get("usage"):
         extra.append(_tokens(message["usage"]))
@@ -247,28 +274,28 @@ def _print_message(console: Console, message: dict[str, Any]) -> None:
     if message.get("ttft_ms") is not None:
         extra.append(f"first token {message['ttft_ms']:.0f} ms")
     if message.get("reask"):
-        extra.append(f"re-asked after {message['reask']}")
+        extra.append(f"re-asked after {_e(message['reask'])}")
     if role == "assistant" and message["parts"]:
         extra.append(f"{len(message['parts'])} parts")
     console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
     console.print(f"  {message['text']}", markup=False)
     error = message.get("error")
     if isinstance(error, dict):
-        console.print(f"  [red]{error.get('class')}[/]: {error.get('message')}")
+        console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
     memory = message.get("memory") or {}
     reused = " (reused after recovery)" if memory.get("reused") else ""
     for item in memory.get("items") or []:
         console.print(
-            f"  [cyan]memory[/] {item['kind']} {item['id']} ({item['session_id']}, {item['score']:.2f})"
+            f"  [cyan]memory[/] {_e(item['kind'])} {_e(item['id'])} ({_e(item['session_id'])}, {item['score']:.2f})"
             f"{reused}: {escape(str(item['text'])[:120])}"
         )
 
 
 def print_check(result: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
     console.print(
-        f"[bold]rem check[/] {result['data_dir']}: {verdict} "
+        f"[bold]rem check[/] {_e(result['data_dir'])}: {verdict} "
         f"({result['counts']['violations']} violations, "
         f"{result['counts']['unsettled']} in flight)"
     )
@@ -278,8 +305,8 @@ def print_check(result: dict[str, Any]) -> None:
     ):
         for finding in findings:
             console.print(
-                f"[{style}]{title}[/] (invariant {finding['invariant']}) "
-                f"{finding['what']}: {finding['count']}"
+                f"[{style}]{title}[/] (invariant {_e(finding['invariant'])}) "
+                f"{_e(finding['what'])}: {finding['count']}"
             )
             for row in finding["rows"][:5]:
                 console.print(f"    {row}", markup=False)
@@ -323,13 +350,13 @@ def check_progress_bar() -> Any:
 
 def drill_round_printer() -> Any:
     """A callback printing one line per drill round on stderr as it happens."""
-    console = Console(stderr=True)
+    console = _console(stderr=True)
 
     def show(rnd: Any) -> None:
         took = f"{rnd.recovery_s:.2f} s" if rnd.recovery_s is not None else "-"
-        status = f"[red]{rnd.error}[/]" if rnd.error else rnd.recovered
+        status = f"[red]{_e(rnd.error)}[/]" if rnd.error else _e(rnd.recovered)
         console.print(
-            f"round {rnd.number:>2}: SIGKILL {rnd.role} pid {rnd.pid} at "
+            f"round {rnd.number:>2}: SIGKILL {_e(rnd.role)} pid {rnd.pid} at "
             f"{rnd.killed_at_s:.1f} s -> {status} ({took})"
         )
 
@@ -337,7 +364,7 @@ def drill_round_printer() -> Any:
 
 
 def print_drill(report: dict[str, Any]) -> None:
-    console = Console()
+    console = _console()
     table = Table(
         "round",
         "killed",
@@ -346,22 +373,22 @@ def print_drill(report: dict[str, Any]) -> None:
         "recovered",
         "recovery (s)",
         "released",
-        title=f"rem drill sigkill ({report['data_dir']})",
+        title=f"rem drill sigkill ({_e(report['data_dir'])})",
     )
     for rnd in report["rounds"]:
         table.add_row(
-            str(rnd["number"]),
-            rnd["role"],
-            str(rnd["pid"]),
+            _cell(rnd["number"]),
+            _cell(rnd["role"]),
+            _cell(rnd["pid"]),
             f"{rnd['killed_at_s']:.1f}",
-            rnd["error"] or rnd["recovered"],
+            _cell(rnd["error"] or rnd["recovered"]),
             "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
-            str(rnd["released"]),
+            _cell(rnd["released"]),
         )
     console.print(table)
     check = report["check"]
     for finding in check.get("violations", []):
-        console.print(f"[red]violation[/] {finding['what']}: {finding['count']}")
+        console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
     verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
     console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
 
@@ -377,16 +404,16 @@ def print_bench(report: dict[str, Any]) -> None:
     for bench in report["benchmarks"]:
         for i, line in enumerate(bench["headline"]):
             table.add_row(
-                bench["name"] if i == 0 else "",
-                line["what"],
-                line["figure"],
-                str(bench["seconds"]) if i == 0 else "",
+                _cell(bench["name"] if i == 0 else ""),
+                _cell(line["what"]),
+                _cell(line["figure"]),
+                _cell(bench["seconds"] if i == 0 else ""),
             )
-    Console().print(table)
+    _console().print(table)
 
 
 def print_replay(result: ReplayReport) -> None:
-    console = Console()
+    console = _console()
     if result["rows"]:
         table = Table("summary id", "outcome", "what differs", box=None)
         for row in result["rows"]:
@@ -394,7 +421,7 @@ def print_replay(result: ReplayReport) -> None:
                 f"{k['key']} ({k['reason']}: {k['expected']!r} -> {k['actual']!r})" for k in row["keys"]
             )
             what = "; ".join(filter(None, ["document" if row["document"] else "", keys, row["reason"] or ""]))
-            table.add_row(row["summary_id"], row["outcome"], what or "-")
+            table.add_row(_cell(row["summary_id"]), _cell(row["outcome"]), _cell(what or "-"))
         console.print(table)
     counters = "  ".join(f"{name} {value}" for name, value in result["counters"].items())
     console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)

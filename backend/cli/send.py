@@ -54,7 +54,7 @@ def send(
     Example: rem send s1 "summarise yesterday's run" --delivery queue
     """
     if text == "-":
-        text = sessions.decode_text(sys.stdin.buffer.read())
+        text = sessions.decode_text(sessions.read_bounded(sys.stdin.buffer))
     ctx = common.make_context(data, None)
     result = common.run(
         lambda: common.with_context(

@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from backend.core import private
 from backend.core.errors import DataDirError
 from backend.core.settings import settings
+
+# data dirs this process has already made private (tightening walks chroma/: once is enough)
+_tightened: set[Path] = set()
 
 
 def default_data_root() -> Path:
@@ -51,8 +56,12 @@ class DataDir:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def up_manifest(self) -> Path:
+        return self.root / "up.json"
+
     def check_usable(self) -> None:
-        """Refuse a data dir that is a file or cannot be written."""
+        """Refuse a data dir that is a file, cannot be written, or is not private to this user."""
         if self.root.exists() and not self.root.is_dir():
             raise DataDirError(
                 f"data dir {self.root} is a file, not a directory; pass --data with a directory path"
@@ -63,19 +72,33 @@ class DataDir:
             )
         if self.state_db.exists() and self.state_db.is_dir():
             raise DataDirError(f"{self.state_db} is a directory; remove it or pass another --data")
+        private.check_data_dir(self.root)
 
     def ensure(self) -> DataDir:
-        """Create the data dir and its subfolders (idempotent)."""
+        """Create the data dir and its subfolders (idempotent), private to this user.
+
+        An existing data dir of this user is tightened (0700 dirs, 0600 files)
+        the first time this process opens it; one of another user, or
+        writable by group or others, is refused.
+        """
         self.check_usable()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self.logs.mkdir(exist_ok=True)
+            private.make_private_dir(self.root)
+            private.make_private_dir(self.logs)
         except OSError as exc:
             raise DataDirError(
                 f"cannot create data dir {self.root}: {exc.strerror}; pass another --data"
             ) from exc
         self.check_usable()
+        if self.root not in _tightened:
+            private.tighten(self.root)
+            _tightened.add(self.root)
         return self
+
+    def open_log(self, name: str) -> IO[bytes]:
+        """`logs/<name>` for appending: private, never through a symlink."""
+        private.make_private_dir(self.logs)
+        return private.open_private_append(self.logs / name)
 
     def exists(self) -> bool:
         return self.state_db.is_file()

@@ -65,6 +65,14 @@ class ChromaStartFailed(ChromaUnreachable):
     pass
 
 
+class ChromaUntrusted(ChromaUnreachable):
+    """The data dir's recorded Chroma server is not this user's (another uid listens on its port)."""
+
+
+class ChromaNotReady(ChromaUnreachable):
+    """Chroma answers but cannot read a collection's vectors yet (its index is not loaded)."""
+
+
 class EmbedderMismatch(ChromaUnreachable):
     """A Chroma collection holding another embedder's vectors: unusable until `rem reindex`.
 

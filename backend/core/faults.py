@@ -89,6 +89,11 @@ _faults: dict[str, _Fault] | None = None
 def _active() -> dict[str, _Fault]:
     global _faults
     if _faults is None:
+        if settings.faults and not settings.test_mode:
+            raise UsageError(
+                "REM_FAULTS is a test-only switch and is refused outside tests and drills: "
+                "unset it, or set REM_TEST_MODE=1 as well if this really is a test"
+            )
         _faults = _parse(settings.faults)
     return _faults
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
@@ -95,6 +95,20 @@ def choice(*options: str) -> Parser[str]:
 
 def text(expects: str = "text") -> Parser[str]:
     return Parser(str, expects)
+
+
+OPERATOR_MAX_LENGTH = 64
+
+
+def printable(max_length: int) -> Parser[str]:
+    """Printable text of at most `max_length` characters: no newline, no terminal escape."""
+
+    def parse(raw: str) -> str:
+        if len(raw) > max_length or not raw.isprintable():
+            raise ValueError(raw)
+        return raw
+
+    return Parser(parse, f"printable text of at most {max_length} characters (no control characters)")
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62})")
@@ -191,8 +205,9 @@ class Setting(Generic[T]):
         try:
             value: T = self.parser.parse(raw.strip())
         except ValueError:
+            shown = raw if len(raw) <= 60 else raw[:57] + "..."
             raise SettingsError(
-                f"{self.env}={raw!r} is not {self.parser.expects}; fix it or unset it "
+                f"{self.env}={shown!r} is not {self.parser.expects}; fix it or unset it "
                 f"(default: {self.default_text()})"
             ) from None
         self._cache[raw] = value
@@ -230,6 +245,13 @@ class Settings:
         True, "start a Chroma server for a command's lifetime when none is running", flag()
     )
     chroma_log = Setting("warn", "the Chroma server's log level (`RUST_LOG`)", text("a log level"))
+    chroma_token_file = Setting[Path | None](
+        None,
+        "a private file with a token for Chroma's token auth: clients send it, the server rem starts "
+        "is configured with it (Chroma 1.5.9 does not enforce it yet)",
+        path(),
+        shown_default="none",
+    )
     # leases and turns
     execution_lease_ms = Setting(30_000, "execution lease (renewed every third of it)", whole(100, "ms"))
     summary_lease_ms = Setting(300_000, "summary-job lease", whole(100, "ms"))
@@ -253,7 +275,9 @@ class Settings:
     busy_timeout_ms = Setting(
         10_000, "SQLite `busy_timeout` (the contract wants >= 5000; tests shorten it)", whole(100, "ms")
     )
-    event_retention_days = Setting(30, "journal retention (pruned by `rem up`)", whole(1, "days"))
+    event_retention_days = Setting(
+        30, "journal retention (pruned by `rem up`; operator events are kept)", whole(1, "days")
+    )
     # the status history behind the console's timeline (`rem console --at`)
     history_interval_ms = Setting(
         5_000, "how often `rem up` records a status snapshot into `history.db`", whole(500, "ms")
@@ -345,7 +369,10 @@ class Settings:
     stream_flush_bytes = Setting(4096, "... or as soon as this many bytes of deltas wait", whole(1, "bytes"))
     # people and logs
     operator = Setting[str | None](
-        None, "the operator name written to the audit journal", text(), shown_default="OS user"
+        None,
+        "the operator name written to the audit journal (next to the OS user, which it cannot change)",
+        printable(OPERATOR_MAX_LENGTH),
+        shown_default="OS user",
     )
     log = Setting(False, "log at INFO to stderr (as `--verbose`)", flag())
     # tests and drills only
@@ -359,6 +386,16 @@ class Settings:
     unsafe_disable_fencing = Setting(
         False, "disable lease fencing (proves the drill can fail; never in production)", flag()
     )
+    test_mode = Setting(
+        False,
+        "this process is part of a test or drill: only then are `REM_FAULTS` and "
+        "`REM_UNSAFE_DISABLE_FENCING` accepted (the test suite and `rem drill` set it)",
+        flag(),
+    )
+
+
+# switches that break rem on purpose: refused unless REM_TEST_MODE marks a test or drill
+UNSAFE = ("faults", "unsafe_disable_fencing")
 
 
 settings = Settings()
@@ -371,7 +408,7 @@ def declared() -> Iterator[Setting[Any]]:
             yield value
 
 
-def validate(environ: dict[str, str] | None = None) -> None:
+def validate(environ: Mapping[str, str] | None = None) -> None:
     """Parse every `REM_*` variable now; one `SettingsError` lists every bad one."""
     env = os.environ if environ is None else environ
     problems = []
@@ -380,8 +417,39 @@ def validate(environ: dict[str, str] | None = None) -> None:
             setting.read(env.get(setting.env))
         except SettingsError as exc:
             problems.append(str(exc))
+    if not problems:
+        problems += [str(exc) for exc in _unsafe_refusals(env)]
     if problems:
         raise SettingsError("; ".join(problems))
+
+
+def _unsafe_refusals(env: Mapping[str, str]) -> list[SettingsError]:
+    if Settings.test_mode.read(env.get(Settings.test_mode.env)):
+        return []
+    refusals = []
+    for name in UNSAFE:
+        setting: Setting[Any] = getattr(Settings, name)
+        if setting.read(env.get(setting.env)):
+            refusals.append(
+                SettingsError(
+                    f"{setting.env} is a test-only switch and is refused outside tests and drills: "
+                    f"unset it, or set {Settings.test_mode.env}=1 as well if this really is a test"
+                )
+            )
+    return refusals
+
+
+def unsafe_switches() -> dict[str, Any]:
+    """The unsafe test switches in effect in this process (journaled by every daemon that starts)."""
+    if not settings.test_mode:
+        return {}
+    active: dict[str, Any] = {}
+    for name in UNSAFE:
+        setting: Setting[Any] = getattr(Settings, name)
+        value = setting.read(os.environ.get(setting.env))
+        if value:
+            active[setting.env] = value
+    return active
 
 
 def markdown_table() -> str:

@@ -176,7 +176,7 @@ def _lost(lease: Lease) -> LeaseLost:
 
 # A deliberately broken build for proving the drills can fail: fenced writes stop
 # checking (owner, epoch). Never set outside tests.
-UNSAFE_NO_FENCING = settings.unsafe_disable_fencing
+UNSAFE_NO_FENCING = settings.unsafe_disable_fencing and settings.test_mode
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 

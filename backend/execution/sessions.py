@@ -13,7 +13,7 @@ import json
 import re
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
@@ -87,6 +87,21 @@ def _utf8_size(text: str) -> int:
             f"the input text is not valid UTF-8 ({what} at character {exc.start}): "
             "send UTF-8 text (e.g. convert it with `iconv -t UTF-8`)"
         ) from None
+
+
+def read_bounded(stream: BinaryIO, source: str = "stdin") -> bytes:
+    """At most MAX_TEXT_BYTES from `stream`; refuses more without reading the rest (`rem send -`).
+
+    Reading everything first and measuring afterwards let 64 MiB on stdin grow
+    the process to 172 MB before the limit was even checked.
+    """
+    raw = stream.read(MAX_TEXT_BYTES + 1)
+    if len(raw) > MAX_TEXT_BYTES:
+        raise BadInput(
+            f"the text on {source} is over the {MAX_TEXT_BYTES} byte (256 KiB) limit: "
+            "send a shorter prompt or split it into several inputs"
+        )
+    return bytes(raw)
 
 
 def decode_text(raw: bytes, source: str = "stdin") -> str:

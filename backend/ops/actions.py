@@ -9,17 +9,24 @@ refuse to run from a read-only context before touching anything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from backend.chroma import server as chroma_server
+from backend.chroma import trust
 from backend.core import clock
 from backend.core.errors import (
     BadInput,
     ChromaUnreachable,
     NotChroma,
+    NotFound,
+    ReadOnly,
     Refused,
+    RemError,
     UsageError,
 )
 from backend.execution.sessions import Delivery
@@ -27,11 +34,14 @@ from backend.ops.records import ChromaHealth, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Database
+from backend.store.events import EventKind, append_event
 from backend.store.schema import SCHEMA_VERSION, schema_version
 from backend.store.workers import LeaseKind, WorkerState
 
 if TYPE_CHECKING:
     from backend.ops.snapshot import SnapshotCache
+
+log = logging.getLogger("rem.ops")
 
 
 async def init(ctx: Context) -> dict[str, Any]:
@@ -69,6 +79,8 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         return health
     try:
         chroma_server.heartbeat(url, timeout=1.0)
+        if not is_external:
+            trust.check_listener(url)  # another uid on the recorded port is not this data dir's server
         health["healthy"] = True
     except NotChroma:
         if is_external:
@@ -109,6 +121,35 @@ async def status(ctx: Context) -> Status:
 LEASE_KINDS = tuple(LeaseKind)
 
 
+@asynccontextmanager
+async def refusals_journaled(ctx: Context, action: str, target: str | None) -> AsyncIterator[None]:
+    """Journal an operator action's refusal (`operator.refused`) in a transaction of its own.
+
+    The refused action's own transaction has rolled back, so this is the only
+    trace of the attempt. A read-only rem writes nothing, not even this; and
+    if the journal cannot be written (say the database is locked) the
+    original refusal is what the operator sees.
+    """
+    try:
+        yield
+    except (Refused, NotFound) as exc:
+        if ctx.read_only or isinstance(exc, ReadOnly):
+            raise
+        try:
+            db = await ctx.db()
+            async with db.tx() as conn:
+                await append_event(
+                    conn,
+                    kind=EventKind.OPERATOR_REFUSED,
+                    actor=ctx.operator,
+                    target=target,
+                    data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
+                )
+        except RemError:
+            log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
+        raise
+
+
 async def drain(
     ctx: Context,
     owner_id: str,
@@ -124,7 +165,8 @@ async def drain(
     """
     ctx.require_writable(f"drain {owner_id}")
     db = await ctx.db()
-    result = await workers.request_drain(db, owner_id, ctx.operator)
+    async with refusals_journaled(ctx, "drain", owner_id):
+        result = await workers.request_drain(db, owner_id, ctx.operator)
     if not wait:
         return result
     loop = asyncio.get_running_loop()
@@ -171,28 +213,29 @@ async def release(
     db = await ctx.db()
     from backend.ops.lease_release import lease_kind, release_job_lease
 
-    kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
-    async with db.tx() as conn:
-        if kind == LeaseKind.EXECUTION:
-            from backend.execution.leases import release_execution
+    async with refusals_journaled(ctx, "release", lease_id):
+        kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
+        async with db.tx() as conn:
+            if kind == LeaseKind.EXECUTION:
+                from backend.execution.leases import release_execution
 
-            return await release_execution(
+                return await release_execution(
+                    conn,
+                    lease_id,
+                    expected_epoch=expected_epoch,
+                    force=force,
+                    actor=ctx.operator,
+                    now=clock.now_ms(),
+                )
+            return await release_job_lease(
                 conn,
+                kind,
                 lease_id,
                 expected_epoch=expected_epoch,
                 force=force,
                 actor=ctx.operator,
                 now=clock.now_ms(),
             )
-        return await release_job_lease(
-            conn,
-            kind,
-            lease_id,
-            expected_epoch=expected_epoch,
-            force=force,
-            actor=ctx.operator,
-            now=clock.now_ms(),
-        )
 
 
 async def check(
@@ -237,9 +280,12 @@ async def replay(
     db = await ctx.db()
     store = ctx.store()
     await store.count()  # Chroma down: say so now, before anything is read or written
-    report = await receipt_replay.replay_receipts(
-        db, store, actor=ctx.operator, summary_ids=summary_ids, dry_run=dry_run
-    )
+    targets = ", ".join(summary_ids) if summary_ids else "all"
+    # a dry run is a look, not an action: nothing to journal, refused or not
+    async with contextlib.nullcontext() if dry_run else refusals_journaled(ctx, "replay", targets):
+        report = await receipt_replay.replay_receipts(
+            db, store, actor=ctx.operator, summary_ids=summary_ids, dry_run=dry_run
+        )
     return report.as_dict()
 
 
@@ -300,9 +346,10 @@ async def resume(
     ctx.require_writable("resume")
     db = await ctx.db()
     names = None if all_held else list(dict.fromkeys(session_ids or []))
-    return await db.write_in_thread(
-        lambda conn: resume_sync(conn, names, reask=reask, actor=ctx.operator, now=clock.now_ms())
-    )
+    async with refusals_journaled(ctx, "resume", "--all" if names is None else ",".join(names)):
+        return await db.write_in_thread(
+            lambda conn: resume_sync(conn, names, reask=reask, actor=ctx.operator, now=clock.now_ms())
+        )
 
 
 async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 from backend.core import clock
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store.db import Conn
+from backend.store.events import verify_operator_chain_sync
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 CHECK_BATCH_SESSIONS = 2_000
@@ -374,6 +375,24 @@ def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
     report.add(report.unsettled, "2", "Dream not at the published input revision", dream)
 
 
+# -- invariant 8: operator events are hash-chained ---------------------------
+
+
+def check_audit_sync(conn: Conn, report: Report) -> None:
+    """Walk the operator events' hash chain; name the first broken link."""
+    report.checked.append("audit")
+    result = verify_operator_chain_sync(conn)
+    broken = result["broken"]
+    if broken is not None:
+        report.add(
+            report.violations,
+            "8",
+            f"operator event chain broken at event {broken['event_id']} ({broken['kind']}): "
+            f"it {broken['why']}",
+            [broken],
+        )
+
+
 # -- invariant 9: every raw turn up to a session's current revision is in the recall index --
 SQL_ALL_RAW_TURNS = """
 SELECT session_id, id, type, time_created, data FROM session_message
@@ -485,6 +504,7 @@ def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     while lo is not None:
         lo, _ = check_sessions_sync(conn, report, lo)
     check_progress_sync(conn, report, now)
+    check_audit_sync(conn, report)
     check_recall_index_sync(conn, report)
     report.ordered()
     return report
@@ -513,6 +533,8 @@ async def check_database_in_batches(
         done += n
     tell("sessions", done, max(done, total))
     await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
+    # invariant 8 walks the operator events' chain in order (they are few: operator actions only)
+    await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
     # invariant 9 (issue 16) reads the recall index whole: one read, not batched yet
     await db.read_in_thread(lambda conn: check_recall_index_sync(conn, report))
     report.ordered()

@@ -3,7 +3,9 @@
 Chroma is rebuildable from state.db (DESIGN section 1), so a reindex drops
 each collection and writes it again, never asking a model:
 
-* **summaries**: the collection is recreated with the embedder's record and
+* **summaries**: the collection is recreated with the embedder's record,
+  each receipt's record of its vector is re-staged with the new embedder's
+  vector for the same document (`receipt_replay.reissue_for_embedder`), and
   every staged receipt is replayed (the same verified, fenced, compare-and-
   swap path as `rem replay`: exact document and owned keys, read back).
   Rows that have no receipt (legacy rows written before receipts) are copied
@@ -88,15 +90,21 @@ async def _rebuild_summaries(ctx: Context, progress: Progress | None) -> dict[st
             batch = kept[start : start + PAGE]
             metadatas = [legacy[i][1] for i in batch] if with_metadata else None
             await store.upsert(batch, [legacy[i][0] or "" for i in batch], metadatas)
-    # seam for the receipt's embedding digest (issue 14): replay rewrites each row from its
-    # receipt, so whatever replay records about the vector is recorded here too
+    # each v2 receipt records the vector written; the new embedder's vector for the same
+    # document differs, so the record is re-staged first, then replay writes and verifies it
+    reissued = await receipt_replay.reissue_for_embedder(db, store)
     report = await receipt_replay.Recovery(db, store, actor=f"rem reindex ({ctx.operator})").run(
         receipt_replay.all_batches(db)
     )
     if progress:
         progress("summaries", report.counters.scanned)
     overlays = await _rewrite_overlays(ctx)
-    return {"legacy_rows": len(ids), "receipts": asdict(report.counters), "overlays": overlays}
+    return {
+        "legacy_rows": len(ids),
+        "vector_records": reissued,
+        "receipts": asdict(report.counters),
+        "overlays": overlays,
+    }
 
 
 async def _rewrite_overlays(ctx: Context) -> int:

@@ -49,7 +49,7 @@ from backend.ops.records import (
 from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import workers
 from backend.store.db import Conn
-from backend.store.events import EventKind
+from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus
@@ -59,12 +59,6 @@ from backend.summaries.summarizer import JobStatus
 # title and the totals count every row
 LIST_CAP = 200
 EVENT_TAIL = 100
-OPERATOR_KINDS = (
-    EventKind.OPERATOR_REPLAY,
-    EventKind.OPERATOR_DRAIN,
-    EventKind.OPERATOR_RELEASE,
-    EventKind.OPERATOR_RESUME,
-)
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
 DREAM_COUNTED: tuple[DigestState, ...] = (
@@ -174,7 +168,7 @@ LIST_QUERIES: dict[str, str] = {
         ORDER BY role, started_at LIMIT :cap""",
     "recent_actions": f"""
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ({", ".join(f"'{k}'" for k in OPERATOR_KINDS)})
+        WHERE kind IN ({OPERATOR_KINDS_SQL})
         ORDER BY id DESC LIMIT 20""",
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event

@@ -94,13 +94,15 @@ class Context:
         return db
 
     def chroma(self, *, start: bool | None = None) -> ChromaServer:
-        """The Chroma server to use, started for this process's lifetime if needed."""
+        """The Chroma server to use, started for this process's lifetime if needed.
+
+        A read-only context never starts one: with no server running it says so.
+        """
         server = self._server
         if server is not None and (server.external or server.alive()):
             return server
-        self._server = chroma_server.resolve(
-            self.data, self.chroma_url, start=self.start_chroma if start is None else start
-        )
+        wanted = self.start_chroma if start is None else start
+        self._server = chroma_server.resolve(self.data, self.chroma_url, start=wanted and not self.read_only)
         return self._server
 
     def chroma_url_now(self) -> str:
@@ -113,9 +115,14 @@ class Context:
         return self._embedder
 
     def store(self) -> ChromaStore:
-        """The summary collection (lazily connected; reconnects after a Chroma restart)."""
+        """The summary collection (lazily connected; reconnects after a Chroma restart).
+
+        A read-only context's store never creates the collection: a missing one reads as empty.
+        """
         if self._store is None:
-            self._store = ChromaStore(self.chroma_url_now, self.embedder(), collection=self.collection)
+            self._store = ChromaStore(
+                self.chroma_url_now, self.embedder(), collection=self.collection, read_only=self.read_only
+            )
         return self._store
 
     def store_unchecked(self) -> ChromaStore:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from backend.core import faults
 from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
+from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
 from backend.store import model_calls, workers
@@ -85,7 +86,10 @@ class Daemon:
         backoff = 0.1
         while True:
             try:
-                await workers.register(self.db, self.owner_id, self.role, self.info())
+                unsafe = unsafe_switches()
+                if unsafe:
+                    self.log.warning("%s runs with unsafe test switches %s", self.owner_id, unsafe)
+                await workers.register(self.db, self.owner_id, self.role, self.info(), unsafe=unsafe)
                 return
             except TRANSIENT_ERRORS as exc:
                 if self.once:

@@ -22,6 +22,7 @@ state.db is async and takes a `Database`, or inside `db.tx()` an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import sqlite3
@@ -33,6 +34,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import aiosqlite
 
+from backend.core import private
 from backend.core.errors import (
     DatabaseCorrupt,
     DatabaseFull,
@@ -159,6 +161,13 @@ def refuse_foreign(path: Path | str, user_version: int, tables: list[str]) -> No
         )
 
 
+def _target(path: Path, read_only: bool) -> tuple[str, bool]:
+    """What `sqlite3.connect` opens: the path, or a read-only URI (`(database, uri)`)."""
+    if not read_only:
+        return str(path), False
+    return f"{Path(path).absolute().as_uri()}?mode=ro", True
+
+
 class Database:
     """One aiosqlite connection to state.db, shared by the tasks of a process.
 
@@ -178,9 +187,22 @@ class Database:
 
     @classmethod
     async def open(cls, path: Path, *, read_only: bool = False) -> Database:
-        """Open state.db with rem's PRAGMAs; read-only opens set `query_only`."""
+        """Open state.db with rem's PRAGMAs.
+
+        A read-only open is a `mode=ro` connection, not a writable one told to
+        behave: it cannot write a byte of state.db or its WAL, so closing it never
+        checkpoints the WAL into state.db nor deletes the -wal file (SQLite
+        needs the write lock to do either). It still shares the -shm index,
+        which every reader writes by design.
+        """
+        if not read_only:
+            # created 0600 here, not by SQLite under the caller's umask: SQLite gives the
+            # -wal and -shm files it creates the mode of the database file
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                private.create_private_file(path)
+        database, uri = _target(path, read_only)
         with sqlite_errors(path):
-            conn = await aiosqlite.connect(str(path), isolation_level=None)
+            conn = await aiosqlite.connect(database, uri=uri, isolation_level=None)
         conn.row_factory = sqlite3.Row
         db = cls(conn, path, read_only)
         try:

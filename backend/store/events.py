@@ -2,13 +2,29 @@
 
 The console tails it; runbooks query it. `append_event` must be called with a
 connection that is inside the write transaction of the change it describes.
+
+Operator events (`OPERATOR_KINDS`) are the audit journal, and hold:
+
+* who acted: `actor` is the claimed operator (`REM_OPERATOR`, validated:
+  printable, at most 64 characters; else the OS user), and next to it
+  `os_uid` / `os_user`, the effective uid and its name from the password
+  database, which a process cannot claim;
+* they are hash-chained: `chain` = SHA-256 of the previous operator event's
+  `chain` (kept in `chain_prev`) and this row's own content, so `rem check`
+  finds an edited, removed, inserted or reordered operator event and names
+  the first broken link (`verify_operator_chain_sync`);
+* they are never pruned and a trigger refuses their deletion.
+
+Every append of an operator kind goes through `append_event_sync`, whichever
+function was called, so no caller can write an unchained one.
 """
 
 from __future__ import annotations
 
-import getpass
+import hashlib
 import json
 import os
+import pwd
 from enum import StrEnum
 from typing import Any
 
@@ -16,7 +32,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.settings import settings
-from backend.store.db import Conn
+from backend.store.db import Conn, in_thread
 
 
 class EventKind(StrEnum):
@@ -53,24 +69,51 @@ class EventKind(StrEnum):
     WORKER_STARTED = "worker.started"
     WORKER_DRAINING = "worker.draining"
     WORKER_STOPPED = "worker.stopped"
+    RECEIPT_REPLAYING = "receipt.replaying"
     OPERATOR_REPLAY = "operator.replay"
+    OPERATOR_REPLAY_INTENT = "operator.replay_intent"
     OPERATOR_DRAIN = "operator.drain"
     OPERATOR_RELEASE = "operator.release"
+    OPERATOR_REFUSED = "operator.refused"
     MEMORY_REINDEXED = "memory.reindexed"
     MEMORY_IMPORTED = "memory.imported"
     OPERATOR_RESUME = "operator.resume"
+    UNSAFE_SWITCH = "unsafe.switch"
+
+
+# the audit journal: chained, kept forever (the partial index and the trigger of schema v4 list them)
+OPERATOR_KINDS: tuple[str, ...] = (
+    EventKind.OPERATOR_REPLAY,
+    EventKind.OPERATOR_REPLAY_INTENT,
+    EventKind.OPERATOR_DRAIN,
+    EventKind.OPERATOR_RELEASE,
+    EventKind.OPERATOR_RESUME,
+    EventKind.OPERATOR_REFUSED,
+)
+OPERATOR_KINDS_SQL = ", ".join(f"'{kind}'" for kind in OPERATOR_KINDS)
+
+
+def os_identity() -> tuple[int, str]:
+    """This process's effective uid and its user name from the password database."""
+    uid = os.geteuid()
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, f"uid:{uid}"
 
 
 def operator_name() -> str:
-    """The OS user acting, for the audit trail of operator actions."""
-    try:
-        return settings.operator or getpass.getuser()
-    except Exception:  # getpass raises when no user name can be found at all
-        return f"uid:{os.getuid()}"
+    """The operator named in the audit journal: `REM_OPERATOR` (validated), else the OS user."""
+    return settings.operator or os_identity()[1]
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str)  # reused: see sessions.dumps
 EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
+OPERATOR_EVENT_SQL = (
+    "INSERT INTO event (time, kind, actor, session_id, target, data, os_uid, os_user, chain_prev, chain) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+LAST_CHAIN_SQL = f"SELECT chain FROM event WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id DESC LIMIT 1"
 
 
 def _event_row(
@@ -91,6 +134,26 @@ def _event_row(
     )
 
 
+def chain_link(previous: str | None, row: tuple[Any, ...]) -> str:
+    """SHA-256 (hex) of the previous operator event's link and this event's content.
+
+    `row` is (time, kind, actor, session_id, target, data, os_uid, os_user)
+    as stored: `data` is the exact JSON text, so the hash covers the bytes.
+    """
+    content = json.dumps([previous, *row], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def _append_operator_event(conn: Conn, row: tuple[Any, ...]) -> int:
+    """Insert an operator event chained to the last one (inside the caller's write transaction)."""
+    previous = conn.execute(LAST_CHAIN_SQL).fetchone()
+    prev = previous[0] if previous is not None else None
+    uid, user = os_identity()
+    full = (*row, uid, user)
+    cursor = conn.execute(OPERATOR_EVENT_SQL, (*full, prev, chain_link(prev, full)))
+    return int(cursor.lastrowid or 0)
+
+
 async def append_event(
     conn: aiosqlite.Connection,
     *,
@@ -102,7 +165,10 @@ async def append_event(
     now: int | None = None,
 ) -> int:
     """Append one journal row inside the caller's transaction; returns its id."""
-    cursor = await conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
+    row = _event_row(kind, actor, session_id, target, data, now)
+    if str(kind) in OPERATOR_KINDS:  # read the previous link and insert in one hop
+        return int(await in_thread(conn, _append_operator_event, row))
+    cursor = await conn.execute(EVENT_SQL, row)
     try:
         return int(cursor.lastrowid or 0)
     finally:
@@ -120,8 +186,54 @@ def append_event_sync(
     now: int | None = None,
 ) -> int:
     """`append_event` for code already running on the connection's thread (`Database.write_in_thread`)."""
-    cursor = conn.execute(EVENT_SQL, _event_row(kind, actor, session_id, target, data, now))
+    row = _event_row(kind, actor, session_id, target, data, now)
+    if str(kind) in OPERATOR_KINDS:
+        return _append_operator_event(conn, row)
+    cursor = conn.execute(EVENT_SQL, row)
     return int(cursor.lastrowid or 0)
+
+
+CHAIN_SQL = f"""
+SELECT id, time, kind, actor, session_id, target, data, os_uid, os_user, chain_prev, chain
+FROM event INDEXED BY event_operator_idx WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id"""
+
+
+def verify_operator_chain_sync(conn: Conn) -> dict[str, Any]:
+    """Walk the operator events in order; the first broken link, if any, and what was checked.
+
+    Rows written before the chain existed (schema < 3, `chain` NULL) are
+    counted as `unchained` while no chained row came before them; after the
+    first chained row, a row without a link is itself a break.
+    """
+    checked = unchained = 0
+    previous: str | None = None
+    chained = False
+    for record in conn.execute(CHAIN_SQL):
+        event_id, content, prev, link = record[0], tuple(record[1:9]), record[9], record[10]
+        checked += 1
+        if link is None:
+            if chained:
+                return _broken(
+                    event_id, content, checked, unchained, "carries no chain link (written outside rem)"
+                )
+            unchained += 1
+            continue
+        if prev != previous:
+            why = "does not follow the operator event before it (one was removed, inserted or reordered)"
+            return _broken(event_id, content, checked, unchained, why)
+        if chain_link(prev, content) != link:
+            return _broken(
+                event_id, content, checked, unchained, "does not match its own hash (it was edited)"
+            )
+        previous, chained = link, True
+    return {"ok": True, "checked": checked, "unchained": unchained, "broken": None}
+
+
+def _broken(
+    event_id: int, content: tuple[Any, ...], checked: int, unchained: int, why: str
+) -> dict[str, Any]:
+    broken = {"event_id": event_id, "time": content[0], "kind": content[1], "actor": content[2], "why": why}
+    return {"ok": False, "checked": checked, "unchained": unchained, "broken": broken}
 
 
 # A session's rows come by session (every row of an execution, a summary job or a

@@ -2,27 +2,37 @@
 
 * A passive autocheckpoint cannot restart the WAL while readers keep using
   it, so under steady load the `-wal` file creeps upward. Every
-  `CHECKPOINT_EVERY_S` the supervisor runs `wal_checkpoint(TRUNCATE)`, which
-  waits (busy handler) for readers to move to the newest snapshot, copies
-  every frame back and truncates the file to zero: the WAL stays bounded by
-  what one interval writes.
+  `CHECKPOINT_EVERY_S` the supervisor checkpoints on a connection of its own
+  with a short busy timeout (`CHECKPOINT_BUSY_TIMEOUT_MS`): first PASSIVE
+  (copies what it can, never waits), then, only when the WAL file is larger
+  than `TRUNCATE_ABOVE_BYTES`, TRUNCATE (waits for readers to move on, copies
+  every frame back, truncates the file to zero). A reader in the way costs
+  the TRUNCATE at most the short timeout, never the full `busy_timeout` the
+  daemons' connections use; it is simply tried again next interval.
 * `event` is append-only but not forever: rows older than the retention
   window (`REM_EVENT_RETENTION_DAYS`, default 30, the window Dream's legacy
-  retirement rule counts in) are deleted from the old end, in small chunks.
+  retirement rule counts in) are deleted from the old end, in small chunks;
+  operator events (the audit journal) are kept, whatever the window.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 from backend.core import clock
 from backend.core.settings import settings
-from backend.store.db import Database, execute
+from backend.store.db import Database, execute, translate_sqlite_error
+from backend.store.events import OPERATOR_KINDS_SQL
 
 log = logging.getLogger("rem.maintenance")
 
 CHECKPOINT_EVERY_S = 30.0
+CHECKPOINT_BUSY_TIMEOUT_MS = 250
+TRUNCATE_ABOVE_BYTES = 8 * 1024 * 1024
 PRUNE_CHUNK = 5_000
 DAY_MS = 86_400_000
 
@@ -31,24 +41,56 @@ def retention_ms() -> int:
     return settings.event_retention_days * DAY_MS
 
 
-async def checkpoint(db: Database) -> dict[str, Any]:
-    """`PRAGMA wal_checkpoint(TRUNCATE)`: (busy, WAL frames, frames checkpointed)."""
-    row = await db.fetchone("PRAGMA wal_checkpoint(TRUNCATE)")
-    busy, frames, done = (int(v) for v in row) if row is not None else (1, -1, -1)
-    if busy:
-        log.info("WAL checkpoint could not finish (readers busy); %s of %s frames copied", done, frames)
-    return {"busy": bool(busy), "frames": frames, "checkpointed": done}
+def checkpoint_sync(path: Path, truncate_above: int | None = None) -> dict[str, Any]:
+    """PASSIVE, then TRUNCATE if the WAL is over `truncate_above` bytes, on a short-timeout connection."""
+    limit = TRUNCATE_ABOVE_BYTES if truncate_above is None else truncate_above
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=CHECKPOINT_BUSY_TIMEOUT_MS / 1000)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
+        busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        wal = Path(f"{path}-wal")
+        size = wal.stat().st_size if wal.exists() else 0
+        result: dict[str, Any] = {
+            "mode": "passive",
+            "busy": bool(busy),
+            "frames": frames,
+            "checkpointed": done,
+            "wal_bytes": size,
+            "truncated": False,
+            "busy_timeout_ms": int(conn.execute("PRAGMA busy_timeout").fetchone()[0]),
+        }
+        if size > limit:
+            busy, frames, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            result.update(
+                mode="truncate", busy=bool(busy), frames=frames, checkpointed=done, truncated=not busy
+            )
+        return result
+    finally:
+        conn.close()
+
+
+async def checkpoint(db: Database, truncate_above: int | None = None) -> dict[str, Any]:
+    """`checkpoint_sync` on state.db, off the event loop."""
+    try:
+        result = await asyncio.to_thread(checkpoint_sync, db.path, truncate_above)
+    except sqlite3.Error as exc:
+        raise translate_sqlite_error(exc, db.path) or exc from exc
+    if result["busy"]:
+        log.info("WAL checkpoint (%s) could not finish (readers busy); tried again later", result["mode"])
+    return result
 
 
 # The journal is appended in time order, so its old end is a prefix in id order:
 # delete up to the first row inside the window. Finding that row walks only
 # the rows about to go (no time index to maintain on every write). A row
 # stamped by a clock running ahead holds the rows after it until it ages out.
-PRUNE_SQL = """
+# Operator events are the audit journal: never pruned (a trigger refuses their deletion too).
+PRUNE_SQL = f"""
 DELETE FROM event WHERE id IN (
     SELECT id FROM event
     WHERE id < coalesce((SELECT id FROM event WHERE time >= :cutoff ORDER BY id LIMIT 1),
                         (SELECT max(id) FROM event) + 1)
+      AND kind NOT IN ({OPERATOR_KINDS_SQL})
     ORDER BY id LIMIT :chunk)
 """
 

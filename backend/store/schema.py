@@ -392,8 +392,29 @@ CREATE INDEX memory_turn_vector_pending_idx ON memory_turn(session_id)
     WHERE vector_digest IS NOT digest;
 """
 
+# v5: the audit journal holds. Operator events record the OS identity of who acted (effective
+# uid and its user name) next to the claimed operator (`actor`), are hash-chained (`chain` is
+# SHA-256 of the previous operator event's `chain` and this row's content; see
+# backend/store/events.py), are never pruned or deleted, and refusals are journaled too.
+V5 = """
+ALTER TABLE event ADD COLUMN os_uid INTEGER;
+ALTER TABLE event ADD COLUMN os_user TEXT;
+ALTER TABLE event ADD COLUMN chain_prev TEXT;
+ALTER TABLE event ADD COLUMN chain TEXT;
+DROP INDEX event_operator_idx;
+CREATE INDEX event_operator_idx ON event(id)
+    WHERE kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
+                   'operator.resume', 'operator.refused');
+CREATE TRIGGER event_operator_kept BEFORE DELETE ON event
+WHEN old.kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
+                  'operator.resume', 'operator.refused')
+BEGIN
+    SELECT RAISE(ABORT, 'operator events are the audit journal: never pruned, never deleted');
+END;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -430,7 +451,8 @@ async def migrate(db: Database) -> int:
 
 
 async def refuse_unusable(db: Database) -> None:
-    """For read-only opens: refuse a state.db from a newer rem, another program, or never initialised."""
+    """For read-only opens: refuse a state.db from a newer rem, another program, never initialised,
+    or not migrated yet (a read-only rem never migrates, and cannot read an older schema)."""
     current = await schema_version(db)
     _refuse_newer(db, current)
     if current == 0:

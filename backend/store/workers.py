@@ -66,9 +66,26 @@ def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
     return heartbeat_at is not None and now - heartbeat_at <= WORKER_DEAD_AFTER_MS
 
 
-async def register(db: Database, owner_id: str, role: WorkerRole, info: dict[str, Any] | None = None) -> None:
+async def register(
+    db: Database,
+    owner_id: str,
+    role: WorkerRole,
+    info: dict[str, Any] | None = None,
+    *,
+    unsafe: dict[str, Any] | None = None,
+) -> None:
+    """Join the worker registry; a worker running with unsafe test switches says so in the journal."""
     now = clock.now_ms()
     async with db.tx() as conn:
+        if unsafe:
+            await append_event(
+                conn,
+                kind=EventKind.UNSAFE_SWITCH,
+                actor=owner_id,
+                target=owner_id,
+                data={"role": role, "pid": os.getpid(), "switches": unsafe},
+                now=now,
+            )
         await execute(
             conn,
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -292,7 +293,7 @@ class Recovery:
             else:
                 eligible.append(job)
         # decode while Chroma answers: the get runs in a thread
-        fetch = asyncio.ensure_future(self.store.get([job.summary_id for job in eligible]))
+        fetch = asyncio.ensure_future(self.store.rows([job.summary_id for job in eligible]))
         decoded: list[tuple[Job, Receipt]] = []
         corrupt: list[tuple[Job, str]] = []
         try:
@@ -326,7 +327,11 @@ class Recovery:
             )
 
     async def _lease(self, mismatched: list[Checked], now: int) -> list[Checked]:
-        """Take the lease on every row this pass will re-write (CAS on envelope and staged_at)."""
+        """Take the lease on every row this pass will re-write (CAS on envelope and staged_at).
+
+        The same transaction journals the intent (`receipt.replaying`, the rows
+        about to be written): it is durable before anything is sent to Chroma.
+        """
         leased: list[Checked] = []
         async with self.db.tx() as conn:
             for c in mismatched:
@@ -342,18 +347,36 @@ class Recovery:
                     leased.append(c)
                 else:
                     await self._lost(conn, c.job, now)
+            if leased:
+                await append_event(
+                    conn,
+                    kind=EventKind.RECEIPT_REPLAYING,
+                    actor=self.actor,
+                    data={
+                        "summary_ids": [c.job.summary_id for c in leased],
+                        "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
+                    },
+                    now=now,
+                )
         return leased
 
     async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
-        """One upsert of the leased rows and one read-back get; releases the leases on failure."""
+        """One upsert of the leased rows and one strict read-back; releases the leases on failure.
+
+        The upsert names every owned key: the receipt's values, and None (delete)
+        for the owned keys it attests absent; the vector is the embedder's for
+        the receipt's document, which the read-back compares with the digest.
+        """
         ids = [c.job.summary_id for c in leased]
         try:
+            documents = [c.receipt.document for c in leased]
             await self.store.upsert(
                 ids,
-                [c.receipt.document for c in leased],
+                documents,
                 [receipts.chroma_metadata(c.receipt) for c in leased],
+                embeddings=await self.store.embed(documents),
             )
-            back = await self.store.get(ids)
+            back = await self.store.rows(ids)
         except BaseException:
             await self._release(leased)
             raise
@@ -509,7 +532,7 @@ class Recovery:
             self._count_completed(c, ReplayOutcome.REPLAYED)
         else:
             self.counters.unverified += 1
-            self._note(c.job, ReplayOutcome.UNVERIFIED, after, reason="read-back after replay still differs")
+            self._note(c.job, ReplayOutcome.UNVERIFIED, after, reason=_unverified_reason(after))
 
     def _count_completed(self, c: Checked, outcome: ReplayOutcome) -> None:
         self.counters.completed += 1
@@ -567,6 +590,16 @@ _ACK_SET = (
     "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
 )
 _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+
+
+def _unverified_reason(after: Verdict) -> str:
+    if any(k.reason == receipts.KeyReason.VECTOR_DIFFERS for k in after.keys):
+        return (
+            "read-back after replay still differs: the configured embedder "
+            f"(REM_EMBEDDER={settings.embedder}) no longer reproduces the vector this receipt attests "
+            "(was the embedder changed since it was written?)"
+        )
+    return "read-back after replay still differs"
 
 
 def _needs_write(c: Checked) -> bool:
@@ -664,7 +697,8 @@ async def replay_receipts(
     summary_ids: Sequence[str] | None = None,
     dry_run: bool = False,
 ) -> Report:
-    """Replay the named receipts (or all of them), journaling one `operator.replay` with the last effects."""
+    """Replay the named receipts (or all of them): `operator.replay_intent` before anything is written,
+    one `operator.replay` (the outcome) with the last effects."""
     jobs = await named_jobs(db, summary_ids) if summary_ids else None
     batches = in_batches(jobs) if jobs is not None else all_batches(db)
     targets: list[str] | str = list(dict.fromkeys(summary_ids)) if summary_ids else "all"
@@ -676,4 +710,64 @@ async def replay_receipts(
     recovery = Recovery(
         db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final
     )
+    if not dry_run:  # the operator's intent is on record before the first Chroma write
+        async with db.tx() as conn:
+            await append_event(
+                conn,
+                kind=EventKind.OPERATOR_REPLAY_INTENT,
+                actor=actor,
+                data={"operator": actor, "targets": targets},
+            )
     return await recovery.run(batches)
+
+
+async def reissue_for_embedder(db: Database, store: ChromaStore, *, now: int | None = None) -> dict[str, int]:
+    """Re-record the vector in every v2 receipt with the store's (new) embedder; `rem reindex`.
+
+    A v2 receipt records the vector written with its document, and replay
+    compares the row's vector with that record. After the embedder changes
+    the old record can never match again, so a reindex re-stages each receipt
+    with `embedding_digest` of the new embedder's vector for the same
+    document, before it replays them. Document and owned keys are unchanged.
+    Compare-and-swap on the envelope bytes, and never under a live lease: a
+    receipt a summarizer re-staged meanwhile is left to it (counted `skipped`).
+    v1 receipts carry no vector record and corrupt ones are left for replay
+    to verify or quarantine.
+    """
+    counts = {"reissued": 0, "skipped": 0, "unchanged": 0}
+    async for jobs in all_batches(db):
+        decoded: list[tuple[Job, Receipt]] = []
+        for job in jobs:
+            try:
+                receipt = receipts.decode(job.envelope, job.encoding)
+            except (ReceiptCorrupt, ValueError):
+                counts["unchanged"] += 1
+                continue
+            if receipt.embedding is None:
+                counts["unchanged"] += 1
+                continue
+            decoded.append((job, receipt))
+        if not decoded:
+            continue
+        vectors = await store.embed([r.document for _, r in decoded])
+        stamp = clock.now_ms() if now is None else now
+        async with db.tx() as conn:
+            for (job, receipt), vector in zip(decoded, vectors, strict=True):
+                fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
+                if fresh == receipt:
+                    counts["unchanged"] += 1
+                    continue
+                changed = await execute(
+                    conn,
+                    "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
+                    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
+                    f"AND {NOT_LEASED}",
+                    {
+                        **job.cas(),
+                        "new": receipts.encode(fresh),
+                        "enc": receipts.encoding_of(fresh),
+                        "now": stamp,
+                    },
+                )
+                counts["reissued" if changed else "skipped"] += 1
+    return counts

@@ -1,40 +1,68 @@
 """Summary receipts: the durable record of exactly what synthesis wrote to a Chroma row.
 
-A receipt holds the summary document and the metadata keys synthesis owns
-(`ownership.SYNTHESIS_OWNED_KEYS`), nothing else: Dream's lifecycle keys are
-mutable after staging, so a receipt that carried them would be stale by
-construction (seed 001).
+A receipt holds the summary document, the metadata keys synthesis owns
+(`ownership.SYNTHESIS_KEYS`, declared once) and a digest of the embedding
+written, nothing else: Dream's lifecycle keys are mutable after staging, so a
+receipt that carried them would be stale by construction (seed 001).
 
-Envelope v1 (`result_encoding = ENCODING`) is the canonical JSON (sorted keys,
-no spaces, UTF-8) of `{"v": 1, "document", "metadata", "sha256"}` where
-`sha256` covers the canonical JSON of `{"document", "metadata"}`, which is
-the envelope's own prefix (sorted keys put `sha256` and `v` last). Decoding
+It owns its whole key set: every required owned key is carried (issuance
+refuses a receipt without one), and every owned key it does not carry is
+attested absent, so a row that carries it anyway is a mismatch that replay
+removes. Keys owned by others stay tolerated and untouched.
+
+Envelope v2 (`result_encoding = ENCODING`, "rem.receipt/2+json") is the
+canonical JSON (sorted keys, no spaces, UTF-8) of `{"v": 2, "document",
+"embedding", "metadata", "sha256"}` where `embedding` records the vector
+written (`embedding_digest`: 16 bits per component, compared with Chroma's
+float rounding tolerated) and `sha256` covers the
+canonical JSON of `{"document", "embedding", "metadata"}`, which is the
+envelope's own prefix (sorted keys put `sha256` and `v` last). Decoding
 checks that prefix against the checksum and the tail byte for byte, so any
-change to the bytes is caught without re-encoding. JSON keeps `1`, `1.0` and
-`true` apart, as Chroma does.
+change to the bytes is caught without re-encoding. JSON keeps `1`, `1.0`
+and `true` apart, as Chroma does.
 
-A row is *present* when its document is equal and every receipt-owned key is
-there with a deep-equal, type-equal value; other live keys are tolerated.
+Envelope v1 ("rem.receipt/1+json", no `embedding`, only `sessionId` and
+`dreamInputRevision` required) is what rem wrote before; it still decodes
+and verifies, without the vector comparison.
+
+A row is *present* when its document is equal, every key the receipt
+carries is there with a deep-equal, type-equal value, every owned key it
+does not carry is absent, and (v2) its vector is the one the receipt
+records; other live keys are tolerated.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from backend.chroma.collection import ChromaRow
-from backend.chroma.ownership import SYNTHESIS_OWNED_KEYS
+from backend.chroma.collection import ChromaRow, LiveRow
+from backend.chroma.ownership import SYNTHESIS_OWNED_KEYS, SYNTHESIS_REQUIRED_KEYS
 from backend.core.errors import ReceiptCorrupt, ReceiptIncomplete, UndeclaredReceiptKey
 
-VERSION = 1
-ENCODING = "rem.receipt/1+json"
-# every receipt names its session and the revision it was made from
-REQUIRED_KEYS = ("sessionId", "dreamInputRevision")
+VERSION = 2
+ENCODING = "rem.receipt/2+json"
+V1_ENCODING = "rem.receipt/1+json"
+ENCODINGS = {V1_ENCODING: 1, ENCODING: 2}
+FIELDS = {1: {"v", "document", "metadata", "sha256"}, 2: {"v", "document", "embedding", "metadata", "sha256"}}
+# what each envelope version requires: v1 receipts named their session and revision only
+REQUIRED_KEYS: dict[int, tuple[str, ...]] = {
+    1: ("sessionId", "dreamInputRevision"),
+    2: SYNTHESIS_REQUIRED_KEYS,
+}
+# the embedding record: `q16:` + base64 of a float32 scale and one int16 per component
+SKETCH_PREFIX = "q16:"
+SKETCH_LEVELS = 32767
+# quanta a live vector may stray from the record: rounding to the record costs 0.5, Chroma's
+# float32 rounding a few millionths of one
+VECTOR_TOLERANCE = 1.0
 INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -58,19 +86,33 @@ class KeyReason(StrEnum):
     MISSING = "missing"
     TYPE_DIFFERS = "type_differs"  # equal value, other type (`1` vs `1.0` vs `True`)
     VALUE_DIFFERS = "value_differs"
+    ATTESTED_ABSENT = "attested_absent"  # an owned key the receipt does not carry is on the row
+    VECTOR_DIFFERS = "vector_differs"  # the `embedding` pseudo-key: the row's vector is not the one written
 
 
-Row = ChromaRow
+# the pseudo-key a vector difference is reported under (no metadata key of that name is owned)
+EMBEDDING_KEY = "embedding"
+
+# a row read without its vector, or with it (`ChromaStore.rows`): the vector is compared when read
+Row = ChromaRow | LiveRow
 _SCALARS = (str, int, float, bool)
 _OWNED = frozenset(SYNTHESIS_OWNED_KEYS)
 
 
 @dataclass(frozen=True)
 class Receipt:
-    """What synthesis wrote: the exact document and its owned metadata."""
+    """What synthesis wrote: the exact document, its owned metadata and its vector's digest."""
 
     document: str
     metadata: dict[str, Any]
+    # `embedding_digest` of the vector written (None in a v1 receipt, which predates it)
+    embedding: str | None = None
+    version: int = VERSION
+
+    @property
+    def attested_absent(self) -> tuple[str, ...]:
+        """The owned keys this receipt does not carry: the row must not carry them either."""
+        return tuple(key for key in SYNTHESIS_OWNED_KEYS if key not in self.metadata)
 
     @property
     def session_id(self) -> str:
@@ -99,16 +141,74 @@ def _value_problem(value: Any) -> str | None:
     return None
 
 
-def _metadata_problem(metadata: Mapping[str, Any]) -> tuple[type[Exception], str] | None:
+def _as_floats(vector: Any) -> Any:
+    import numpy  # chromadb's own dependency; imported here so `rem send` never pays for it
+
+    return numpy.asarray(vector, dtype=numpy.float32).astype(numpy.float64)
+
+
+def embedding_digest(vector: Any) -> str:
+    """The receipt's record of a vector: `q16:` + base64 of its scale and its components in 16 bits.
+
+    Not a hash, on purpose: Chroma (1.5.9, cosine collections) hands back a
+    vector up to 2 float32 ulps away from the one written, so an exact hash
+    would call a third of all healthy rows tampered. Each component is kept
+    to 1/32767 of the largest one instead, and `vector_deviation` compares a
+    live vector with that tolerance: Chroma's rounding passes, a replaced
+    vector does not. Takes a list of floats or the numpy array chromadb
+    returns; `rem reindex` calls this too when it re-embeds a row.
+    """
+    import numpy
+
+    values = _as_floats(vector)
+    if values.ndim != 1 or values.size == 0 or not numpy.all(numpy.isfinite(values)):
+        raise ReceiptIncomplete("a receipt's embedding must be a non-empty vector of finite numbers")
+    scale = float(numpy.max(numpy.abs(values)))
+    levels = numpy.zeros(values.size) if scale == 0 else numpy.rint(values / scale * SKETCH_LEVELS)
+    raw = struct.pack("<f", scale) + levels.astype("<i2").tobytes()
+    return SKETCH_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def vector_deviation(digest: str, vector: Any) -> float:
+    """How far `vector` lies from the one `digest` records, in quanta (<= 1: the same vector).
+
+    Runs for every receipt of a verification sweep: four numpy operations, no copies of the record.
+    """
+    import numpy
+
+    raw = base64.b64decode(digest[len(SKETCH_PREFIX) :])
+    scale = float(struct.unpack_from("<f", raw)[0])
+    levels = numpy.frombuffer(raw, dtype="<i2", offset=4)
+    values = vector if getattr(vector, "dtype", None) == numpy.float64 else _as_floats(vector)
+    if values.shape != levels.shape:
+        return math.inf
+    if scale == 0:
+        return 0.0 if not numpy.any(values) else math.inf
+    deviation = float(numpy.max(numpy.abs(values * (SKETCH_LEVELS / scale) - levels)))
+    return deviation if math.isfinite(deviation) else math.inf
+
+
+def embedding_matches(digest: str, vector: Any) -> bool:
+    """True when `vector` is the one `digest` records, up to Chroma's float rounding."""
+    return vector_deviation(digest, vector) <= VECTOR_TOLERANCE
+
+
+def _metadata_problem(
+    metadata: Mapping[str, Any], version: int = VERSION
+) -> tuple[type[Exception], str] | None:
     undeclared = metadata.keys() - _OWNED
     if undeclared:
         return UndeclaredReceiptKey, (
             f"receipt keys {sorted(undeclared)} are not synthesis-owned; declared keys are "
-            f"{list(SYNTHESIS_OWNED_KEYS)} (backend/ownership.py)"
+            f"{list(SYNTHESIS_OWNED_KEYS)} (backend/chroma/ownership.py)"
         )
-    missing = [k for k in REQUIRED_KEYS if k not in metadata]
+    required = REQUIRED_KEYS[version]
+    missing = [k for k in required if k not in metadata]
     if missing:
-        return ReceiptIncomplete, f"a receipt must carry {list(REQUIRED_KEYS)}; missing {missing}"
+        return ReceiptIncomplete, (
+            f"a receipt must carry every required synthesis-owned key {list(required)}; missing {missing} "
+            "(the synthesizer left them out)"
+        )
     for key, value in metadata.items():
         # scalars are settled inline: decoding runs this for every receipt of a sweep
         kind = type(value)
@@ -125,14 +225,24 @@ def _metadata_problem(metadata: Mapping[str, Any]) -> tuple[type[Exception], str
     return None
 
 
-def issue(document: str, metadata: Mapping[str, Any]) -> Receipt:
-    """A receipt for what synthesis writes; refuses undeclared keys and unstorable values."""
+def issue(document: str, metadata: Mapping[str, Any], *, embedding: Sequence[float]) -> Receipt:
+    """A receipt for what synthesis writes (`embedding`: the vector written with it).
+
+    Refuses a key synthesis does not own, a missing required key and a value
+    Chroma cannot store, before anything is staged.
+    """
     if not isinstance(document, str):
         raise ReceiptIncomplete(f"a receipt document must be text, not {type(document).__name__}")
     problem = _metadata_problem(metadata)
     if problem is not None:
         raise problem[0](problem[1])
-    receipt = Receipt(document, _copy(dict(metadata)))
+    if len(embedding) == 0:
+        raise ReceiptIncomplete(
+            "a receipt needs the embedding written with its document; got an empty vector"
+        )
+    receipt = Receipt(
+        document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding)
+    )
     try:
         encode(receipt)
     except UnicodeEncodeError as exc:  # e.g. a lone surrogate: not storable as UTF-8
@@ -152,20 +262,22 @@ def _canonical(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def _checksum(document: str, metadata: Mapping[str, Any]) -> str:
-    return hashlib.sha256(_canonical({"document": document, "metadata": metadata})).hexdigest()
+def _body(receipt: Receipt) -> dict[str, Any]:
+    body: dict[str, Any] = {"document": receipt.document, "metadata": receipt.metadata}
+    if receipt.version >= 2:
+        body["embedding"] = receipt.embedding
+    return body
 
 
 def encode(receipt: Receipt) -> bytes:
-    """The v1 envelope bytes of a receipt (deterministic: equal receipts, equal bytes)."""
-    return _canonical(
-        {
-            "v": VERSION,
-            "document": receipt.document,
-            "metadata": receipt.metadata,
-            "sha256": _checksum(receipt.document, receipt.metadata),
-        }
-    )
+    """The envelope bytes of a receipt, in its own version (deterministic: equal receipts, equal bytes)."""
+    body = _body(receipt)
+    return _canonical({**body, "v": receipt.version, "sha256": hashlib.sha256(_canonical(body)).hexdigest()})
+
+
+def encoding_of(receipt: Receipt) -> str:
+    """The `result_encoding` that names a receipt's envelope version."""
+    return ENCODING if receipt.version == 2 else V1_ENCODING
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -188,8 +300,8 @@ def _as_bytes(blob: Any) -> bytes:
     return bytes(blob)
 
 
-def _check_integrity(raw: bytes, checksum: Any) -> None:
-    """The bytes are exactly `<body without "}">,"sha256":"<hex>","v":1}` and the hex covers the body.
+def _check_integrity(raw: bytes, checksum: Any, version: int) -> None:
+    """The bytes are exactly `<body without "}">,"sha256":"<hex>","v":N}` and the hex covers the body.
 
     In the canonical form the sorted keys put `sha256` and `v` last, so the
     checksummed body is a prefix of the envelope: no re-encoding is needed,
@@ -197,7 +309,7 @@ def _check_integrity(raw: bytes, checksum: Any) -> None:
     """
     if not isinstance(checksum, str) or len(checksum) != 64:
         raise ReceiptCorrupt("receipt envelope checksum is malformed")
-    tail = b',"sha256":"' + checksum.encode("ascii", "replace") + b'","v":1}'
+    tail = b',"sha256":"' + checksum.encode("ascii", "replace") + b'","v":%d}' % version
     if not raw.endswith(tail):
         raise ReceiptCorrupt("receipt envelope is not in canonical form (bytes were altered)")
     body = raw[: len(raw) - len(tail)] + b"}"
@@ -205,27 +317,45 @@ def _check_integrity(raw: bytes, checksum: Any) -> None:
         raise ReceiptCorrupt("receipt envelope checksum does not match its content")
 
 
-def decode(blob: Any, encoding: str | None = ENCODING) -> Receipt:
-    """The receipt in an envelope; raises ReceiptCorrupt for anything but a sound v1 envelope."""
-    if encoding is not None and encoding != ENCODING:
-        raise ReceiptCorrupt(f"unknown receipt encoding {encoding!r} (this rem reads {ENCODING!r})")
+def _sound_sketch(digest: str) -> bool:
+    """A `q16:` record of a float32 scale and at least one int16 component (strict base64)."""
+    if not digest.startswith(SKETCH_PREFIX):
+        return False
+    try:
+        size = len(base64.b64decode(digest[len(SKETCH_PREFIX) :], validate=True))
+    except ValueError:
+        return False
+    return size >= 6 and size % 2 == 0
+
+
+def decode(blob: Any, encoding: str | None = None) -> Receipt:
+    """The receipt in a v1 or v2 envelope; raises ReceiptCorrupt for anything else.
+
+    `encoding` is the row's `result_encoding`; None reads the version from the envelope.
+    """
+    if encoding is not None and encoding not in ENCODINGS:
+        raise ReceiptCorrupt(f"unknown receipt encoding {encoding!r} (this rem reads {sorted(ENCODINGS)})")
     raw = _as_bytes(blob)
     parsed = _parse(raw)
     version = parsed.get("v")
-    if type(version) is not int or version != VERSION:
-        raise ReceiptCorrupt(f"unknown receipt version {version!r} (this rem reads {VERSION})")
-    if parsed.keys() != {"v", "document", "metadata", "sha256"}:
+    if type(version) is not int or version not in FIELDS:
+        raise ReceiptCorrupt(f"unknown receipt version {version!r} (this rem reads {sorted(FIELDS)})")
+    if encoding is not None and ENCODINGS[encoding] != version:
+        raise ReceiptCorrupt(f"receipt envelope says v{version} but its encoding is {encoding!r}")
+    if parsed.keys() != FIELDS[version]:
         raise ReceiptCorrupt(
-            f"receipt envelope has fields {sorted(parsed)}, expected v/document/metadata/sha256"
+            f"receipt envelope has fields {sorted(parsed)}, expected {'/'.join(sorted(FIELDS[version]))}"
         )
-    document, metadata = parsed["document"], parsed["metadata"]
+    document, metadata, digest = parsed["document"], parsed["metadata"], parsed.get("embedding")
     if not isinstance(document, str) or not isinstance(metadata, dict):
         raise ReceiptCorrupt("receipt envelope document is not text or its metadata is not an object")
-    _check_integrity(raw, parsed["sha256"])
-    problem = _metadata_problem(metadata)
+    if version >= 2 and not (isinstance(digest, str) and _sound_sketch(digest)):
+        raise ReceiptCorrupt("receipt envelope embedding digest is not a q16: vector record")
+    _check_integrity(raw, parsed["sha256"], version)
+    problem = _metadata_problem(metadata, version)
     if problem is not None:
         raise ReceiptCorrupt(f"receipt envelope metadata is unsound: {problem[1]}")
-    return Receipt(document, metadata)
+    return Receipt(document=document, metadata=metadata, embedding=digest, version=version)
 
 
 # -- the ownership-aware match ---------------------------------------------------
@@ -244,11 +374,17 @@ def strict_equal(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
+def _vector_of(row: Row) -> Any:
+    """The row's embedding, when it was read with one (a 3-tuple); None otherwise."""
+    return row[2] if len(row) > 2 else None
+
+
 def is_present(receipt: Receipt, row: Row | None) -> bool:
-    """True when the row carries the receipt's document and every owned key, type-equal."""
+    """True when the row carries the receipt's document and every owned key, type-equal, no
+    owned key the receipt attests absent, and (when read) the vector the receipt attests."""
     if row is None:
         return False
-    document, live = row
+    document, live = row[0], row[1]
     if type(document) is not str or document != receipt.document:
         return False
     for key, expected in receipt.metadata.items():
@@ -259,7 +395,10 @@ def is_present(receipt: Receipt, row: Row | None) -> bool:
             return False
         if not (strict_equal(expected, actual) if type(expected) is list else expected == actual):
             return False
-    return True
+    if any(key in live for key in receipt.attested_absent):
+        return False
+    vector = _vector_of(row)
+    return receipt.embedding is None or vector is None or embedding_matches(receipt.embedding, vector)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,7 +416,7 @@ class KeyDifference:
             "reason": self.reason,
             "expected": self.expected,
             "actual": self.actual,
-            "expected_type": _type_name(self.expected),
+            "expected_type": None if self.reason == KeyReason.ATTESTED_ABSENT else _type_name(self.expected),
             "actual_type": None if self.reason == KeyReason.MISSING else _type_name(self.actual),
         }
 
@@ -337,15 +476,37 @@ def _document_difference(expected: str, actual: Any) -> dict[str, Any]:
     }
 
 
+def _differences(receipt: Receipt, row: Row) -> tuple[KeyDifference, ...]:
+    live = row[1] or {}
+    keys = [d for k, v in receipt.metadata.items() if (d := _key_difference(k, v, live))]
+    keys += [
+        KeyDifference(key=k, reason=KeyReason.ATTESTED_ABSENT, expected=None, actual=live[k])
+        for k in receipt.attested_absent
+        if k in live
+    ]
+    vector = _vector_of(row)
+    if receipt.embedding is not None and vector is not None:
+        deviation = vector_deviation(receipt.embedding, vector)
+        if deviation > VECTOR_TOLERANCE:
+            dim = (len(base64.b64decode(receipt.embedding[len(SKETCH_PREFIX) :])) - 4) // 2
+            actual = "another vector" if math.isinf(deviation) else f"{deviation:.3g} quanta away"
+            written = f"the {dim}-dim vector written"
+            keys.append(
+                KeyDifference(
+                    key=EMBEDDING_KEY, reason=KeyReason.VECTOR_DIFFERS, expected=written, actual=actual
+                )
+            )
+    return tuple(keys)
+
+
 def verify(receipt: Receipt, row: Row | None) -> Verdict:
-    """Classify a live row against a receipt, naming every owned key that differs and how."""
+    """Classify a live row against a receipt, naming every owned key (and the vector) that differs, and how."""
     if row is None:
         return Verdict(verdict=ReceiptVerdict.MISSING)
     if is_present(receipt, row):
         return Verdict(verdict=ReceiptVerdict.PRESENT)
-    document, metadata = row
-    live = metadata or {}
-    keys = tuple(d for k, v in receipt.metadata.items() if (d := _key_difference(k, v, live)))
+    keys = _differences(receipt, row)
+    document = row[0]
     if document != receipt.document:
         return Verdict(
             verdict=ReceiptVerdict.DOCUMENT_DIFFERS,

@@ -237,7 +237,9 @@ class Summarizer(Daemon):
     async def _synthesize_and_write(self, claim: Claim) -> None:
         try:
             synthesis = await self.synthesizer.synthesize(claim.session_id, claim.turns)
-            receipt = receipts.issue(synthesis.document, self._metadata(claim, synthesis))
+            # the vector is part of what the receipt attests: embedded before staging
+            vector = (await self.ctx.store().embed([synthesis.document]))[0]
+            receipt = receipts.issue(synthesis.document, self._metadata(claim, synthesis), embedding=vector)
         except Exception as exc:  # any model or plugin failure: counted, retried with backoff
             await self._fail(claim, exc)
             return
@@ -247,9 +249,14 @@ class Summarizer(Daemon):
         try:
             faults.point("summarizer.before_chroma_write")
             store = self.ctx.store()
-            await store.upsert([claim.summary_id], [receipt.document], [receipts.chroma_metadata(receipt)])
+            await store.upsert(
+                [claim.summary_id],
+                [receipt.document],
+                [receipts.chroma_metadata(receipt)],
+                embeddings=[vector],
+            )
             faults.point("summarizer.after_chroma_write")
-            row = (await store.get([claim.summary_id])).get(claim.summary_id)
+            row = (await store.rows([claim.summary_id])).get(claim.summary_id)
         except ChromaUnreachable:
             # the receipt is staged: hand the row to recovery instead of holding the lease
             await self._release(claim, "chroma unreachable; recovery replays the staged receipt")
@@ -275,7 +282,8 @@ class Summarizer(Daemon):
         }
         if synthesis.keywords:  # Chroma refuses empty lists
             metadata["keywords"] = list(synthesis.keywords)
-        return metadata
+        # a plug-in that leaves a value out gives None: that key is missing, and issuance says so
+        return {key: value for key, value in metadata.items() if value is not None}
 
     def _fence(self, claim: Claim, **params: Any) -> dict[str, Any]:
         return {"sid": claim.session_id, "owner": self.owner_id, "epoch": claim.epoch, **params}
@@ -291,7 +299,7 @@ class Summarizer(Daemon):
                 "result_acknowledged_at = NULL, result_last_replayed_at = NULL, quarantined_at = NULL, "
                 "quarantine_reason = NULL, verdict = NULL, verdict_detail = NULL, verdict_checked_at = NULL, "
                 "time_updated = :now " + FENCE,
-                self._fence(claim, env=envelope, enc=receipts.ENCODING, now=now),
+                self._fence(claim, env=envelope, enc=receipts.encoding_of(receipt), now=now),
             )
             if not changed:
                 raise LeaseLost(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backend.chroma.server import die_with_parent_preexec
+from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
 from backend.core.settings import Settings
@@ -55,7 +55,8 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
         raise UsageError(
             f"{root} is not empty; `rem demo` wants a fresh data dir (omit --data for a temporary one)"
         )
-    root.mkdir(parents=True, exist_ok=True)
+    private.make_private_dir(root)
+    DataDir(root).check_usable()  # e.g. an empty folder of another user: refused before anything starts
     return root, False
 
 
@@ -89,22 +90,11 @@ def start_up(
     root: Path, extra: list[str] | None = None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start `rem up --load` in its own process group, logging to DATA/logs/up.log."""
-    (root / "logs").mkdir(parents=True, exist_ok=True)
     # --no-reap: a daemon killed during the demo leaves its lease counting down in the
     # console (dead-worker marker, then expired in red) until it expires or the
     # operator releases it with `l`; the supervisor still restarts the daemon.
-    command = [
-        sys.executable,
-        "-m",
-        "backend.cli.app",
-        "up",
-        "--load",
-        "--no-reap",
-        "--data",
-        str(root),
-        *(extra or []),
-    ]
-    with open(root / "logs" / "up.log", "ab") as out:
+    command = processes.rem_command("up", "--load", "--no-reap", "--data", str(root), *(extra or []))
+    with DataDir(root).open_log("up.log") as out:
         # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
         # gets SIGTERM and drains instead of running on as an orphan.
         return subprocess.Popen(
@@ -112,9 +102,10 @@ def start_up(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**processes.child_env(), **(env or {})},
+            cwd=root,
             start_new_session=True,
-            preexec_fn=die_with_parent_preexec,
-            env={**os.environ, **env} if env else None,
+            preexec_fn=private.private_child_dying_with_parent,
         )
 
 

@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,8 +32,9 @@ from typing import Any
 
 from backend import ops
 from backend.chroma import server as chroma_server
+from backend.core import private, processes
 from backend.core.datadir import DataDir
-from backend.core.errors import RemError, UsageError
+from backend.core.errors import Refused, RemError, UsageError
 from backend.ops.records import LeaseRecord
 from backend.runtime.context import Context
 
@@ -116,22 +116,15 @@ class Drill:
 
     # -- the system under test -------------------------------------------
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            {
-                "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
-                "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
-                "REM_DREAM_LEASE_MS": str(self.config.lease_ms),
-                "REM_AGENT_DELAY_MS": str(self.config.agent_delay_ms),
-            }
+        return processes.child_env(
+            REM_EXECUTION_LEASE_MS=str(self.config.lease_ms),
+            REM_SUMMARY_LEASE_MS=str(self.config.lease_ms),
+            REM_DREAM_LEASE_MS=str(self.config.lease_ms),
+            REM_AGENT_DELAY_MS=str(self.config.agent_delay_ms),
         )
-        return env
 
     def start_system(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "backend.cli.app",
+        cmd = processes.rem_command(
             "up",
             "--data",
             str(self.ctx.data.root),
@@ -142,12 +135,17 @@ class Drill:
             str(self.config.load_rate),
             "--load-sessions",
             str(self.config.load_sessions),
-        ]
-        log_path = self.ctx.data.logs / "drill-up.log"
+        )
         self.ctx.data.ensure()
-        with open(log_path, "ab") as out:
+        with self.ctx.data.open_log("drill-up.log") as out:
             self.up = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                cwd=self.ctx.data.root,
+                start_new_session=True,
+                preexec_fn=private.private_child,
             )
 
     def manifest(self) -> dict[str, Any] | None:
@@ -186,14 +184,22 @@ class Drill:
             self.up.wait(10)
 
     # -- one round ----------------------------------------------------------
-    def _pick_victim(self, role: str) -> tuple[str, int] | None:
-        """(name, pid) of a live process of `role`, chosen by the seeded generator."""
+    def _pick_victim(self, role: str) -> tuple[str, int, float] | None:
+        """(name, pid, start time) of a live process of `role`, chosen by the seeded generator.
+
+        Only processes that are still the ones `up.json` recorded (pid and start
+        time) are candidates: a reused pid is never a victim.
+        """
         manifest = self.manifest() or {}
         if role == "chroma":
-            pid = (manifest.get("chroma") or {}).get("pid")
-            return ("chroma", pid) if pid else None
+            chroma: dict[str, Any] = manifest.get("chroma") or {}
+            if not processes.same_process(chroma.get("pid"), chroma.get("started_at")):
+                return None
+            return "chroma", chroma["pid"], chroma["started_at"]
         live = sorted(
-            (c["name"], c["pid"]) for c in manifest.get("children", []) if c["role"] == role and c["pid"]
+            (c["name"], c["pid"], c.get("started_at"))
+            for c in manifest.get("children", [])
+            if c["role"] == role and processes.same_process(c["pid"], c.get("started_at"))
         )
         return self.rng.choice(live) if live else None
 
@@ -205,18 +211,18 @@ class Drill:
 
     async def _busy_victim(
         self, role: str, patience_s: float = 5.0
-    ) -> tuple[str, int, str | None, list[LeaseRecord]] | None:
+    ) -> tuple[str, int, float, str | None, list[LeaseRecord]] | None:
         """A victim, preferably caught holding a lease (mid-turn is where crashes hurt)."""
         deadline = time.monotonic() + patience_s
         while True:
             victim = self._pick_victim(role)
             if victim is None:
                 return None
-            name, pid = victim
+            name, pid, started = victim
             owner = None if role == "chroma" else await self._owner_of(pid)
             held = await self._leases_of(owner)
             if held or role == "chroma" or time.monotonic() > deadline:
-                return name, pid, owner, held
+                return name, pid, started, owner, held
             await asyncio.sleep(self.rng.uniform(0.02, 0.15))
 
     async def _owner_of(self, pid: int) -> str | None:
@@ -240,11 +246,13 @@ class Drill:
         if victim is None:
             rnd.error = f"no live {role} to kill"
             return rnd
-        name, pid, owner, held = victim
+        name, pid, started, owner, held = victim
         rnd.pid = pid
         rnd.killed_at_s = round(time.monotonic() - self.started, 2)
         killed = time.monotonic()
-        os.kill(pid, signal.SIGSTOP if role == ZOMBIE else signal.SIGKILL)
+        if not processes.signal_if_same(pid, started, signal.SIGSTOP if role == ZOMBIE else signal.SIGKILL):
+            rnd.error = f"{name} pid {pid} exited before the signal; nothing was killed"
+            return rnd
         try:
             if role == ZOMBIE:
                 rnd.recovered = await self._recover_from_zombie(pid, owner, held)
@@ -255,8 +263,7 @@ class Drill:
             rnd.error = str(exc)
         finally:
             if role == ZOMBIE:
-                with contextlib.suppress(ProcessLookupError):
-                    await self._zombie_wakes(pid, owner)
+                await self._zombie_wakes(pid, started, owner)
         return rnd
 
     async def _recover_from_zombie(self, pid: int, owner: str | None, held: list[LeaseRecord]) -> str:
@@ -274,9 +281,10 @@ class Drill:
         )
         return f"paused; {len(held_ids)} lease(s) taken over, then SIGCONT (late writes must be fenced)"
 
-    async def _zombie_wakes(self, pid: int, owner: str | None) -> None:
+    async def _zombie_wakes(self, pid: int, started: float, owner: str | None) -> None:
         """After SIGCONT, give the zombie time to try its late writes (and find them fenced)."""
-        os.kill(pid, signal.SIGCONT)
+        if not processes.signal_if_same(pid, started, signal.SIGCONT):
+            return
         db = await self.ctx.db()
 
         async def noticed() -> bool:
@@ -327,11 +335,10 @@ class Drill:
         started = time.monotonic()
         from backend.tools.supervisor import read_manifest
 
-        manifest = read_manifest(self.ctx)
+        manifest = read_manifest(self.ctx)  # None unless its pid is still that `rem up`
         if manifest is not None:
             # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(manifest["pid"]), signal.SIGUSR1)
+            processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
 
         async def quiet() -> bool:
             result = await ops.check(self.ctx)
@@ -366,11 +373,31 @@ def private_data_dir() -> DataDir:
     return DataDir(Path(tempfile.mkdtemp(prefix="rem-drill-")) / "data")
 
 
+def refuse_a_live_data_dir(ctx: Context) -> None:
+    """The drill kills processes: never on a data dir a live `rem up` (or Chroma server) owns."""
+    from backend.tools.supervisor import read_manifest
+
+    manifest = read_manifest(ctx)
+    if manifest is not None:
+        raise Refused(
+            f"data dir {ctx.data.root} belongs to a live `rem up` (pid {manifest['pid']}); the drill "
+            "SIGKILLs the processes of its data dir: stop that `rem up` first, or omit --data "
+            "for a private one"
+        )
+    if chroma_server.lock_is_held(ctx.data):
+        pid = chroma_server.read_lock_info(ctx.data).get("pid")
+        raise Refused(
+            f"data dir {ctx.data.root} has a live Chroma server (pid {pid}); the drill SIGKILLs "
+            "the processes of its data dir: stop what uses it first, or omit --data for a private one"
+        )
+
+
 async def run_drill(
     ctx: Context, config: DrillConfig, on_round: Callable[[Round], None] | None = None
 ) -> dict[str, Any]:
     """Run the drill and return its JSON-able report."""
     config.victims()  # validate the role before starting anything
+    refuse_a_live_data_dir(ctx)
     result = await Drill(ctx, config, on_round).run()
     return result.as_dict()
 

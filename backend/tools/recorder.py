@@ -24,8 +24,8 @@ from backend.core.datadir import DataDir
 from backend.core.errors import RemError
 from backend.core.settings import settings
 from backend.ops import timeline
-from backend.ops.snapshot import OPERATOR_KINDS
 from backend.runtime.context import Context
+from backend.store.events import OPERATOR_KINDS
 from backend.store.history import DAY_MS, HistoryStore
 
 log = logging.getLogger("rem.recorder")

@@ -23,14 +23,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.chroma import server as chroma_server
-from backend.chroma.server import ChromaServer, die_with_parent_preexec
-from backend.core import faults
+from backend.chroma.server import ChromaServer
+from backend.core import faults, private, processes
 from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
 from backend.runtime.context import Context
@@ -54,6 +53,7 @@ class Child:
     started_at: float = 0.0
     next_start: float = 0.0
     exits: list[dict[str, Any]] = field(default_factory=list)
+    identity: dict[str, Any] = field(default_factory=dict)  # pid and start time of the live process
 
     @property
     def name(self) -> str:
@@ -105,6 +105,8 @@ class Supervisor:
             for i in range(1, count + 1)
         ]
         self.chroma: ChromaServer | None = None
+        self._identity = processes.identity(os.getpid())
+        self._chroma_identity: dict[str, Any] = {}
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
         self._host = workers.host_name()
@@ -186,33 +188,25 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------
     def _command(self, child: Child) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "backend.cli.app",
-            "daemon",
-            "--role",
-            child.role,
-            "--data",
-            str(self.ctx.data.root),
-        ]
+        cmd = processes.rem_command("daemon", "--role", child.role, "--data", str(self.ctx.data.root))
         if self.chroma is not None and self.chroma.external:
             cmd += ["--chroma-url", self.chroma.url]
         return cmd
 
     def _start(self, child: Child) -> None:
-        env = dict(os.environ, REM_CHROMA_AUTOSTART="0", REM_LOG="1", **self.config.env)
-        log_path = self.ctx.data.logs / f"{child.name}.log"
-        with open(log_path, "ab") as out:
+        env = processes.child_env(REM_CHROMA_AUTOSTART="0", REM_LOG="1", **self.config.env)
+        with self.ctx.data.open_log(f"{child.name}.log") as out:
             child.proc = subprocess.Popen(
                 self._command(child),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=die_with_parent_preexec,
+                cwd=self.ctx.data.root,
+                preexec_fn=private.private_child_dying_with_parent,
             )
         child.started_at = time.monotonic()
+        child.identity = processes.identity(child.proc.pid)
         log.info("started %s pid %s", child.name, child.proc.pid)
 
     async def _monitor(self, db: Any) -> None:
@@ -292,23 +286,32 @@ class Supervisor:
         return self.ctx.data.root / "up.json"
 
     def manifest(self) -> dict[str, Any]:
+        """`up.json`: every process with its pid *and* start time, so nobody signals a reused pid."""
+        chroma_pid = self.chroma.pid if self.chroma else None
+        if not self._chroma_identity or chroma_pid != self._chroma_identity["pid"]:
+            self._chroma_identity = processes.identity(chroma_pid)
         return {
-            "pid": os.getpid(),
+            **self._identity,
             "reap": self.config.reap,
             "chroma": {
                 "url": self.chroma.url if self.chroma else None,
-                "pid": self.chroma.pid if self.chroma else None,
+                **self._chroma_identity,
                 "external": bool(self.chroma and self.chroma.external),
             },
             "children": [
-                {"name": c.name, "role": c.role, "pid": c.pid, "restarts": c.restarts} for c in self.children
+                {
+                    "name": c.name,
+                    "role": c.role,
+                    "pid": c.pid,
+                    "started_at": c.identity.get("started_at") if c.pid else None,
+                    "restarts": c.restarts,
+                }
+                for c in self.children
             ],
         }
 
     def _write_manifest(self) -> None:
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=2))
-        tmp.replace(self.manifest_path)
+        private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
         from backend.tools.load import LoadGenerator
@@ -332,17 +335,18 @@ class Supervisor:
 
 
 def read_manifest(ctx: Context) -> dict[str, Any] | None:
-    """The live `rem up` manifest of a data dir, if its supervisor is alive."""
+    """The live `rem up` manifest of a data dir: None unless its supervisor is still that very process.
+
+    A stale `up.json` (its `rem up` was SIGKILLed) may name a pid the kernel
+    has since given to something else; the recorded start time tells them apart.
+    """
     try:
-        manifest = json.loads((ctx.data.root / "up.json").read_text())
+        manifest = json.loads(ctx.data.up_manifest.read_text())
     except (OSError, ValueError):
         return None
-    pid = manifest.get("pid")
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError):
+    if not isinstance(manifest, dict):
         return None
-    return manifest if isinstance(manifest, dict) else None
+    return manifest if processes.same_process(manifest.get("pid"), manifest.get("started_at")) else None
 
 
 __all__ = ["Supervisor", "UpConfig", "read_manifest", "workers"]

@@ -4,19 +4,55 @@ from __future__ import annotations
 
 from backend.runtime.context import Context
 from backend.store import maintenance
+from backend.store.db import BUSY_TIMEOUT_MS
 from backend.store.events import append_event
 
 
-async def test_checkpoint_truncates_the_wal(db_ctx: Context) -> None:
+async def _fill(db_ctx: Context) -> int:
     db = await db_ctx.db()
     async with db.tx() as conn:
         for i in range(500):
             await append_event(conn, kind="test.fill", actor="t", data={"i": i, "pad": "x" * 500})
+    size = (db_ctx.data.root / "state.db-wal").stat().st_size
+    assert size > 100_000
+    return size
+
+
+async def test_checkpoint_truncates_the_wal_only_above_its_size_limit(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    size = await _fill(db_ctx)
     wal = db_ctx.data.root / "state.db-wal"
-    assert wal.stat().st_size > 100_000
-    result = await maintenance.checkpoint(db)
-    assert not result["busy"] and result["frames"] == result["checkpointed"]
+    below = await maintenance.checkpoint(db, truncate_above=size + 1)
+    assert (below["mode"], below["busy"], below["truncated"]) == ("passive", False, False)
+    assert below["frames"] == below["checkpointed"] and wal.stat().st_size == size  # copied, not truncated
+    above = await maintenance.checkpoint(db, truncate_above=size - 1)
+    assert (above["mode"], above["busy"], above["truncated"]) == ("truncate", False, True)
     assert wal.stat().st_size == 0
+
+
+async def test_a_reader_in_the_way_costs_the_checkpoint_a_short_timeout_not_the_busy_timeout(
+    db_ctx: Context,
+) -> None:
+    import sqlite3
+    import time
+
+    db = await db_ctx.db()
+    await _fill(db_ctx)
+    reader = sqlite3.connect(str(db_ctx.data.state_db), isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM event").fetchone()  # holds a read snapshot on the WAL
+    try:
+        async with db.tx() as conn:  # frames the reader's snapshot does not cover
+            await append_event(conn, kind="test.more", actor="t", data={"pad": "y" * 500})
+        started = time.monotonic()
+        result = await maintenance.checkpoint(db, truncate_above=0)
+        took = time.monotonic() - started
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+    assert result["busy_timeout_ms"] == maintenance.CHECKPOINT_BUSY_TIMEOUT_MS < BUSY_TIMEOUT_MS
+    assert (result["mode"], result["busy"], result["truncated"]) == ("truncate", True, False)
+    assert took < BUSY_TIMEOUT_MS / 1000 / 2, took  # gave up after its own short timeout
 
 
 async def _journal_by_day(db, days, *, fresh: bool = True) -> None:  # type: ignore[no-untyped-def]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
@@ -20,7 +19,7 @@ from backend.core import clock
 from backend.core.datadir import DataDir
 from backend.ops.prometheus import SnapshotCollector, exposition, registry_for
 from backend.runtime.context import Context
-from tests.helpers import REM, rem_env, run_rem, wait_until
+from tests.helpers import REM, data_fingerprint, rem_env, run_rem, wait_until
 from tests.tui import scenes
 
 
@@ -218,17 +217,9 @@ def test_concurrent_scrapes_within_a_second_share_one_snapshot() -> None:
     assert len(taken) == 2
 
 
-def _fingerprint(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_the_server_binds_loopback_serves_openmetrics_and_writes_nothing(tmp_path: Path) -> None:
     data = scenes.build(tmp_path / "data", scenes.incident, journal, now=int(time.time() * 1000))
-    before = _fingerprint(data.root)
+    before = data_fingerprint(data.root)
     log = tmp_path / "metrics.log"
     proc = subprocess_rem(["metrics", "--listen", "127.0.0.1:0", "--data", str(data.root)], log)
     try:
@@ -249,7 +240,7 @@ def test_the_server_binds_loopback_serves_openmetrics_and_writes_nothing(tmp_pat
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
-    assert _fingerprint(data.root) == before
+    assert data_fingerprint(data.root) == before
     assert "stopped after" in log.read_text()
 
 

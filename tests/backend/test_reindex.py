@@ -49,6 +49,8 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
         assert result["embedder"] == WordLlamaEmbedder.name and result["dim"] == 256
         assert result["summaries"]["receipts"]["scanned"] == 2
         assert result["summaries"]["receipts"]["quarantined"] == 0
+        # each receipt's record of its vector now names the new embedder's vector
+        assert result["summaries"]["vector_records"] == {"reissued": 2, "skipped": 0, "unchanged": 0}
         assert result["turns"] == {"collections_dropped": 1, "vectors": len(turn_ids), "pending": 0}
 
         after = await ctx.store().get([summary_row_id("s1"), summary_row_id("s2")])
@@ -57,6 +59,9 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
             j = await job(db, sid)
             receipt = receipts.decode(j["result_envelope"], j["result_encoding"])
             assert receipts.is_present(receipt, after[summary_row_id(sid)])
+            # read with its vector, the row is the one the re-recorded receipt attests
+            live = (await ctx.store().rows([summary_row_id(sid)]))[summary_row_id(sid)]
+            assert receipts.verify(receipt, live).verdict == receipts.ReceiptVerdict.PRESENT
             # Dream's keys came back from dream_state, equal to what they were
             for key in ("graphDigested", "dreamCompletedRevision", "digestState"):
                 assert after[summary_row_id(sid)][1][key] == before[summary_row_id(sid)][1][key]
@@ -77,5 +82,6 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
         # a second run is a no-op in effect: same rows, still verified
         again = await ops.reindex(ctx)
         assert again["turns"]["pending"] == 0 and again["summaries"]["receipts"]["quarantined"] == 0
+        assert again["summaries"]["vector_records"] == {"reissued": 0, "skipped": 0, "unchanged": 2}
     finally:
         await ctx.close()

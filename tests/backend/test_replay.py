@@ -8,13 +8,14 @@ import pytest
 
 from backend import ops
 from backend.chroma.collection import ChromaStore
+from backend.chroma.embedder import HashingEmbedder
 from backend.core.errors import BadInput, ChromaUnreachable, ReadOnly, ReceiptNotFound
 from backend.runtime.context import Context
 from backend.store.db import Database
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
-from tests.summaries import all_jobs, job, row_id, seed_session
+from tests.summaries import all_jobs, base_metadata, job, row_id, seed_session, vector_of
 
 DREAM_OVERLAY = {"graphDigested": True, "digestState": "digested"}
 
@@ -267,14 +268,13 @@ class RestagingStore(ChromaStore):
         self._collection = inner._collection
         self.db, self.session_id, self.fired = db, session_id, False
 
-    async def get(self, ids: Any, **kwargs: Any) -> Any:
-        result = await super().get(ids, **kwargs)
+    async def rows(self, ids: Any) -> Any:
+        result = await super().rows(ids)
         if not self.fired:
             self.fired = True
+            metadata = base_metadata(self.session_id, dreamInputRevision="sha256:newer")
             envelope = receipts.encode(
-                receipts.issue(
-                    "newer synthesis", {"sessionId": self.session_id, "dreamInputRevision": "sha256:newer"}
-                )
+                receipts.issue("newer synthesis", metadata, embedding=vector_of("newer synthesis"))
             )
             async with self.db.tx() as conn:
                 await conn.execute(
@@ -380,3 +380,34 @@ async def test_a_row_that_does_not_verify_after_replay_is_reported_and_retried_l
     again = await recover(ctx, db, everything=False)
     assert (again.counters.replayed, again.counters.acknowledged, again.ok) == (1, 1, True)
     assert (await job(db, "s1"))["status"] == "completed"
+
+
+class MirroredEmbedder(HashingEmbedder):
+    """Another embedder of the same dimension: what a changed REM_EMBEDDER writes."""
+
+    name = "mirrored"
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return [[-v for v in vector] for vector in super().embed(texts)]
+
+
+async def test_a_vector_the_embedder_no_longer_reproduces_is_unverified_and_says_why(
+    ctx: Context, chroma_url: str
+) -> None:
+    db = await summarize(ctx, ["s1"])
+    forged = [0.0] * 256
+    forged[3] = 1.0
+    await ctx.store()._run(lambda c: c.update(ids=[row_id("s1")], embeddings=[forged]))
+    # an embedder whose output changed under the same record (a remote model updated behind its
+    # name): the collection's embedder check cannot see it, the receipt's vector record does
+    changed = ChromaStore(
+        lambda: chroma_url, embedder=MirroredEmbedder(), collection=ctx.collection, check_embedder=False
+    )
+    report = await recover(ctx, db, store=changed)
+    assert report.counters.unverified == 1
+    (row,) = [r for r in report.rows if r["outcome"] == "unverified"]
+    assert "no longer reproduces the vector this receipt attests" in row["reason"]
+    assert [k["key"] for k in row["keys"]] == ["embedding"]
+    report = await recover(ctx, db)  # with the embedder that wrote it, replay restores the vector
+    assert report.counters.unverified == 0
+    assert (await recover(ctx, db)).counters.present == 1

@@ -169,3 +169,23 @@ async def test_chroma_down_at_the_write_keeps_the_receipt_for_recovery(ctx: Cont
     assert j["result_last_replayed_at"] is not None
     receipt = receipts.decode(j["result_envelope"])
     assert receipts.is_present(receipt, (await ctx.store().get([row_id("s1")]))[row_id("s1")])
+
+
+class UntitledSynthesizer(CountingSynthesizer):
+    """A plug-in that leaves the title and category out of its synthesis."""
+
+    async def synthesize(self, session_id: str, turns: Sequence[Turn]) -> Synthesis:
+        synthesis = await super().synthesize(session_id, turns)
+        return Synthesis(synthesis.document, None, None, synthesis.keywords)  # type: ignore[arg-type]
+
+
+async def test_a_synthesis_missing_required_owned_keys_issues_no_receipt(ctx: Context) -> None:
+    db = await ctx.db()
+    await seed_session(db, "s1")
+    await run_once(ctx, UntitledSynthesizer())
+    j = await job(db, "s1")
+    assert j["result_envelope"] is None and j["result_staged_at"] is None
+    assert "ReceiptIncomplete" in j["last_error"] and "missing ['title', 'category']" in j["last_error"]
+    assert await ctx.store().get([row_id("s1")]) == {}
+    kinds = [r[0] for r in await db.fetchall("SELECT kind FROM event WHERE session_id = 's1' ORDER BY id")]
+    assert kinds == ["summary.claimed", "summary.failed"]

@@ -79,3 +79,81 @@ async def test_errors_are_one_line_with_the_right_exit_code(ctx: Context, chroma
         assert err.startswith("rem: error: ") and message in err and err.count("\n") == 1, err
     rc, out, err = await asyncio.to_thread(_rem, ctx, "http://127.0.0.1:9", "--all", "--json")
     assert (rc, out) == (3, "") and err.startswith("rem: error: ") and err.count("\n") == 1, err
+
+
+def _check(ctx: Context, chroma_url: str) -> dict:  # type: ignore[type-arg]
+    env = rem_env(REM_CHROMA_COLLECTION=ctx.collection)
+    proc = run_rem("check", "--json", "--data", str(ctx.data.root), "--chroma-url", chroma_url, env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def _violating(report: dict) -> list[dict]:  # type: ignore[type-arg]
+    return [row for f in report["violations"] for row in f["rows"]]
+
+
+async def test_a_replaced_vector_alone_is_found_by_check_and_repaired_by_replay(
+    ctx: Context, chroma_url: str
+) -> None:
+    await _staged(ctx, ["s1", "s2"])
+    store = ctx.store()
+    original = (await store.rows([row_id("s1")]))[row_id("s1")]
+    forged = [0.0] * len(original.embedding)
+    forged[0] = 1.0  # another writer points s1's vector somewhere else; document and metadata untouched
+    await store._run(lambda c: c.update(ids=[row_id("s1")], embeddings=[forged]))
+    assert (await store.get([row_id("s1")]))[row_id("s1")] == (original.document, original.metadata)
+
+    report = await asyncio.to_thread(_check, ctx, chroma_url)
+    assert report["ok"] is False
+    (row,) = _violating(report)
+    assert row["summary_id"] == "summary_s1"
+    assert [(k["key"], k["reason"]) for k in row["keys"]] == [("embedding", "vector_differs")]
+
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["counters"]["replayed"] == 1
+    repaired = (await store.rows([row_id("s1")]))[row_id("s1")]
+    assert list(repaired.embedding) == list(original.embedding)
+    assert (await asyncio.to_thread(_check, ctx, chroma_url))["ok"] is True
+
+
+async def test_an_owned_key_attested_absent_is_found_and_removed_foreign_keys_untouched(
+    ctx: Context, chroma_url: str
+) -> None:
+    db = await ctx.db()
+    metadata = base_metadata("s1")
+    del metadata["keywords"]  # the synthesis found no keywords: the receipt attests their absence
+    await stage_receipt(db, "s1", "summary of s1", metadata, now=1_000)
+    await ctx.store().upsert([row_id("s1")], ["summary of s1"], [metadata])
+    # later, another writer adds the owned key, next to a Dream key
+    await ctx.store().update_metadata([row_id("s1")], [{"keywords": ["planted"], "graphDigested": True}])
+
+    report = await asyncio.to_thread(_check, ctx, chroma_url)
+    (row,) = _violating(report)
+    assert row["keys"][0]["key"] == "keywords" and row["keys"][0]["reason"] == "attested_absent"
+
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "summary_s1", "--json")
+    assert rc == 0, err
+    (result,) = json.loads(out)["rows"]
+    assert result["outcome"] == "replayed"
+    _, live = (await ctx.store().get([row_id("s1")]))[row_id("s1")]
+    assert "keywords" not in live and live["graphDigested"] is True
+    assert (await asyncio.to_thread(_check, ctx, chroma_url))["ok"] is True
+
+
+async def test_markup_in_chroma_values_prints_as_itself(ctx: Context, chroma_url: str) -> None:
+    await _staged(ctx, ["s1"])
+    await ctx.store().update_metadata([row_id("s1")], [{"title": "[/oops] [bold]x[/bold] :thumbs_up:"}])
+    rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--dry-run")
+    assert rc == 0 and "Traceback" not in err, err
+    flat = " ".join(out.split())
+    assert "[/oops]" in flat and "[bold]x[/bold]" in flat and ":thumbs_up:" in flat
+
+
+def test_markup_in_paths_prints_as_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "[red]data[/red]"
+    assert run_rem("init", "--data", str(root)).returncode == 0
+    for command in ("status", "check"):
+        proc = run_rem(command, "--data", str(root), env=rem_env(COLUMNS="400"))
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+        assert f"data dir {root}" in proc.stdout or f"rem check {root}" in proc.stdout, proc.stdout

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import rem_json, run_rem
+from tests.helpers import REM, rem_env, rem_json, run_rem
 
 
 def _inputs(data: Path) -> list[tuple[str, str, str, int]]:
@@ -55,7 +57,7 @@ def test_send_reads_the_text_from_stdin(tmp_path: Path) -> None:
     [
         (["s1", "hi", "--delivery", "later"], None, "Invalid value for '--delivery'"),
         (["s1", ""], None, "rem: error: the input text is empty"),
-        (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the input text is 262145 bytes, over the"),
+        (["s1", "-"], b"x" * (256 * 1024 + 1), "rem: error: the text on stdin is over the 262144 byte"),
         (["s1", "hi", "--id", "bad id!"], None, "rem: error: malformed input id 'bad id!'"),
         (["bad/session", "hi"], None, "rem: error: malformed session id"),
     ],
@@ -74,3 +76,39 @@ def test_bad_input_is_a_usage_error_and_writes_nothing(
     fresh = tmp_path / "fresh"
     assert run_rem("send", *args, "--data", str(fresh), input=stdin).returncode == 2
     assert not fresh.exists()  # refused before the data dir is even created
+
+
+# Runs `rem send -` with 64 MiB on its stdin and prints its exit code, peak RSS (KiB) and stderr. A
+# process forked from pytest itself would report pytest's own size as its peak (the high-water
+# mark survives exec), so this small intermediary starts it and measures it.
+MEASURE_SEND = """
+import contextlib, json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+chunk = b"x" * (1024 * 1024)
+try:
+    for _ in range(64):
+        proc.stdin.write(chunk)
+except BrokenPipeError:
+    pass
+with contextlib.suppress(BrokenPipeError):
+    proc.stdin.close()
+err = proc.stderr.read().decode()
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss, err]))
+"""
+
+
+def test_stdin_is_read_only_up_to_the_limit(tmp_path: Path) -> None:
+    """64 MiB on stdin: refused after reading 256 KiB + 1 byte, not after holding all of it in memory."""
+    data = tmp_path / "d"
+    measured = subprocess.run(
+        [sys.executable, "-c", MEASURE_SEND, REM, "send", "s1", "-", "--data", str(data)],
+        capture_output=True,
+        text=True,
+        env=rem_env(),
+        timeout=120,
+    )
+    code, max_rss_kib, stderr = json.loads(measured.stdout)
+    assert code == 2 and "over the 262144 byte (256 KiB) limit" in stderr, (measured, stderr)
+    assert max_rss_kib < 120 * 1024, f"max RSS {max_rss_kib} KiB"  # rem's own imports are ~40 MB
+    assert not data.exists()

@@ -125,3 +125,78 @@ def test_a_bad_plugin_is_one_line_not_a_traceback(tmp_path: Path, variable: str)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"{variable}='no.such:thing' cannot be loaded" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "role", "needle"),
+    [
+        ("REM_SYNTHESIZER", "nope", "summarizer", "no plug-in of that name in rem.synthesizers"),
+        ("REM_SYNTHESIZER", "os:nothing", "summarizer", "AttributeError"),
+        ("REM_EMBEDDER", "nope", "summarizer", "no plug-in of that name in rem.embedders"),
+        ("REM_EMBEDDER", "json:loads", "summarizer", "failed to start (TypeError"),
+        ("REM_AGENT", "no.such.module:make", "executor", "ModuleNotFoundError"),
+    ],
+)
+def test_a_bad_plug_in_is_one_line_not_a_traceback(
+    tmp_path: Path, variable: str, value: str, role: str, needle: str
+) -> None:
+    data = tmp_path / "d"
+    assert run_rem("send", "s1", "hello", "--data", str(data)).returncode == 0
+    env = rem_env(**{variable: value, "REM_CHROMA_AUTOSTART": "0"})
+    proc = run_rem("daemon", "--role", role, "--once", "--data", str(data), env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"rem: error: {variable}={value!r}") and needle in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("REM_FAULTS", "dream.mid_graph@999"), ("REM_UNSAFE_DISABLE_FENCING", "1")]
+)
+def test_unsafe_switches_are_refused_unless_the_test_marker_is_set(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    data = str(tmp_path / "d")
+    production = rem_env(**{variable: value})
+    production.pop("REM_TEST_MODE", None)
+    proc = run_rem("init", "--data", data, env=production)
+    assert proc.returncode == 2 and not (tmp_path / "d").exists()
+    assert (
+        proc.stderr.startswith(f"rem: error: {variable} is a test-only switch")
+        and "REM_TEST_MODE=1" in proc.stderr
+    )
+    assert proc.stderr.count("\n") == 1
+    assert (
+        run_rem("init", "--data", data, env=rem_env(**{variable: value, "REM_TEST_MODE": "1"})).returncode
+        == 0
+    )
+    # `rem drill` is a test of its own: it sets the marker (here it then stops at the bad role)
+    drill = run_rem("drill", "sigkill", "--role", "bogus", "--data", data, env=production)
+    assert drill.returncode == 2 and "unknown drill role 'bogus'" in drill.stderr, drill.stderr
+
+
+def test_the_library_refuses_faults_without_the_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.core import faults
+    from backend.core.errors import UsageError
+
+    monkeypatch.delenv("REM_TEST_MODE")
+    monkeypatch.setenv("REM_FAULTS", "dream.mid_graph")
+    faults.reset()
+    with pytest.raises(UsageError, match="REM_FAULTS is a test-only switch"):
+        faults.point("dream.mid_graph")
+    faults.reset()
+
+
+def test_a_daemon_running_with_an_unsafe_switch_journals_it(tmp_path: Path) -> None:
+    import json
+    import sqlite3
+
+    data = tmp_path / "d"
+    env = rem_env(REM_FAULTS="dream.mid_graph@999", REM_TEST_MODE="1", REM_CHROMA_AUTOSTART="0")
+    proc = run_rem("daemon", "--role", "executor", "--once", "--data", str(data), env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(data / "state.db") as conn:
+        rows = conn.execute("SELECT actor, data FROM event WHERE kind = 'unsafe.switch'").fetchall()
+    ((actor, payload),) = rows
+    assert actor.startswith("executor") and json.loads(payload)["switches"] == {
+        "REM_FAULTS": "dream.mid_graph@999"
+    }

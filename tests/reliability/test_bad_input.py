@@ -38,7 +38,7 @@ from backend.runtime.context import Context
 from backend.summaries import receipts
 from backend.summaries.receipt_replay import Recovery, all_batches
 from tests.helpers import REM, rem_env, run_rem
-from tests.summaries import base_metadata, row_id, stage_receipt
+from tests.summaries import base_metadata, row_id, stage_receipt, vector_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = sessions.MAX_TEXT_BYTES
@@ -152,7 +152,8 @@ def _acceptable_bytes(text: str) -> bool:
             b"ok so far \xc3\x28",
             "the text on stdin is not valid UTF-8 (byte 0xc3 at offset 10)",
         ),
-        ([b"s1", b"-"], b"x" * (LIMIT + 1), f"the input text is {LIMIT + 1} bytes, over the {LIMIT} byte"),
+        # stdin is read only up to the limit + 1 byte, so the refusal cannot name the whole size
+        ([b"s1", b"-"], b"x" * (LIMIT + 1), f"the text on stdin is over the {LIMIT} byte (256 KiB) limit"),
         ([b"s1", b"-"], b" \n\t ", "the input text is empty"),
     ],
     ids=["latin1-argv", "binary-argv", "bad-utf8-stdin", "huge-stdin", "blank-stdin"],
@@ -372,9 +373,8 @@ async def _summarized(ctx: Context, sessions_: list[str]) -> None:
     """Sessions with acknowledged receipts whose rows are in Chroma, as a finished synthesis leaves them."""
     db = await ctx.db()
     for sid in sessions_:
-        receipt = receipts.issue(
-            f"Summary of {sid}: the refund queue and the ledger export.", base_metadata(sid)
-        )
+        document = f"Summary of {sid}: the refund queue and the ledger export."
+        receipt = receipts.issue(document, base_metadata(sid), embedding=vector_of(document))
         await stage_receipt(db, sid, receipt.document, receipt.metadata, now=1_800_000_000_000)
         await ctx.store().upsert([row_id(sid)], [receipt.document], [receipts.chroma_metadata(receipt)])
 

@@ -117,7 +117,13 @@ async def test_up_against_an_external_chroma_starts_none_and_names_its_host(
             timeout=60,
             message="the supervisor's manifest",
         )
-        assert _manifest(root)["chroma"] == {"url": chroma_url, "pid": None, "external": True}
+        # no pid of its own to record, so no start time either (up.json records both for every process)
+        assert _manifest(root)["chroma"] == {
+            "url": chroma_url,
+            "pid": None,
+            "started_at": None,
+            "external": True,
+        }
         assert not chroma_server.lock_is_held(DataDir(root))  # no Chroma of this data dir
         for kid in kids:  # every daemon is pointed at the shared server
             line = _cmdline(kid["pid"])

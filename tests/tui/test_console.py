@@ -6,13 +6,15 @@ import io
 import json
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 from textual.pilot import Pilot
+from textual.widgets import Input, Label
 
-from backend.core import clock
+from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import await_until
@@ -781,3 +783,35 @@ async def test_layout_fits_common_terminal_sizes(incident_dir: DataDir, size: tu
             assert panel.region.height >= 5, (name, panel.region)
             assert panel.region.width >= 24, (name, panel.region)
         assert app.screen.has_class("-short") == (size[1] < 34)
+
+
+async def test_read_only_export_goes_where_the_operator_says_outside_the_data_dir(
+    incident_dir: DataDir, tmp_path: Path
+) -> None:
+    from tui.screens.export import ExportScreen
+
+    taken = tmp_path / "taken.csv"
+    taken.write_text("keep me")
+    async with console(incident_dir, read_only=True).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        await pilot.press("3", "e")
+        screen = await until(pilot, lambda: isinstance(app.screen, ExportScreen) and app.screen, "the prompt")
+        path_input = screen.query_one("#path", Input)
+        assert not private.inside(Path(path_input.value), incident_dir.root)  # the suggestion is outside
+        for refused, why in (
+            (incident_dir.root / "receipts.csv", "inside the data dir"),
+            (incident_dir.logs / "receipts.csv", "inside the data dir"),
+            (taken, "already exists"),
+            (tmp_path / "missing" / "r.csv", "does not exist"),
+        ):
+            path_input.value = str(refused)
+            await pilot.press("enter")
+            problem = await until(pilot, lambda: str(screen.query_one("#problem", Label).content), why)
+            assert why in problem and app.screen is screen
+        path_input.value = str(tmp_path / "receipts.csv")
+        await pilot.press("enter")
+        await until(pilot, lambda: (tmp_path / "receipts.csv").exists(), "the export")
+    text = (tmp_path / "receipts.csv").read_text()
+    assert text.startswith("summary_id,session_id,verdict") and "summary_s-golf" in text
+    assert taken.read_text() == "keep me"
+    assert not list(incident_dir.root.rglob("*.csv"))

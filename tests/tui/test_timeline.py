@@ -12,7 +12,6 @@ Stepping forward reaches the release, which the panels show as an action.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import pytest
 
 from backend.cli.console import recorded_time
 from backend.core.datadir import DataDir
-from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
+from tests.helpers import data_fingerprint, rem_env, run_rem, spawn_rem, wait_until
 from tests.tui.test_console import SIZE, console, table, until
 from tui.app import ConsoleApp
 from tui.widgets.leases import left_ms, owner_alive
@@ -105,15 +104,6 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"copy": DataDir(copy), "dead_at": killed_at, "execution_id": execution_id, "owner": owner}
 
 
-def _fingerprint(root: Path) -> dict[str, str]:
-    """SHA-256 of every file but SQLite's -shm indexes (which every reader writes by design)."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.endswith("-shm")
-    }
-
-
 def _lease(app: ConsoleApp, execution_id: str) -> dict[str, Any] | None:
     for record in table(app, "leases").all_records():
         if record.get("id") == execution_id:
@@ -134,7 +124,7 @@ async def test_the_drill_replays_with_at_on_a_read_only_copy(drill: dict[str, An
     )
     at = recorded_time(copy, at_text)
     assert at == drill["dead_at"]
-    before = _fingerprint(copy.root)
+    before = data_fingerprint(copy.root)
     async with console(copy, read_only=True, watch=False, at=at).run_test(size=SIZE) as pilot:
         app = await until(pilot, lambda: app_if_moment(pilot.app), "the recorded moment to show")
         recorded = _recorded(app)
@@ -178,7 +168,7 @@ async def test_the_drill_replays_with_at_on_a_read_only_copy(drill: dict[str, An
         await until(pilot, lambda: app.moment is None, "live again")
         assert "NOT LIVE" not in app.header.header_text().plain
         assert not app.timeline_bar.has_class("-shown")
-    assert _fingerprint(copy.root) == before  # the read-only console changed nothing in the copy
+    assert data_fingerprint(copy.root) == before  # the read-only console changed nothing in the copy
 
 
 def app_if_moment(app: Any) -> ConsoleApp | None:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from textual import work
@@ -83,11 +84,11 @@ def receipt_diff_table(record: Mapping[str, Any]) -> RenderableType:
     for name in ("key", "receipt (expected)", "Chroma (actual)", "why"):
         table.add_column(name, overflow="fold")
     for k in keys:
-        table.add_row(
-            str(k.get("key")),
-            json.dumps(k.get("expected"), default=str),
-            json.dumps(k.get("actual"), default=str),
-            str(k.get("reason") or ""),
+        table.add_row(  # escaped: values come from Chroma and must never be read as markup
+            escape(str(k.get("key"))),
+            escape(json.dumps(k.get("expected"), default=str)),
+            escape(json.dumps(k.get("actual"), default=str)),
+            escape(str(k.get("reason") or "")),
         )
     return table
 
@@ -99,13 +100,13 @@ def history_table(events: list[dict[str, Any]]) -> RenderableType:
     for name in ("id", "time", "kind", "actor", "target", "data"):
         table.add_column(name, overflow="fold", no_wrap=name != "data")
     for e in events:
-        table.add_row(
-            str(e.get("id")),
-            clock_time(e.get("time")),
-            str(e.get("kind")),
-            str(e.get("actor")),
-            str(e.get("target") or ""),
-            compact_json(e.get("data"), 200),
+        table.add_row(  # escaped: the journal holds operator names, ids and errors, never markup
+            escape(str(e.get("id"))),
+            escape(clock_time(e.get("time"))),
+            escape(str(e.get("kind"))),
+            escape(str(e.get("actor"))),
+            escape(str(e.get("target") or "")),
+            escape(compact_json(e.get("data"), 200)),
         )
     return table
 

@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 
+from backend.core import private
+from backend.core.errors import RemError
 from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE
 from tui.widgets.panel_table import PanelTable, TableColumn
@@ -384,16 +386,23 @@ class SnapshotTable(PanelTable):
         text = row.cells.get(column) if row is not None else None
         return text.plain if text is not None else ""
 
+    def csv_file_name(self) -> str:
+        """`console-<panel>-<time>.csv`: the name an export of this panel gets."""
+        return f"console-{self.PANEL_NAME}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+
     def export_csv(self, folders: Iterable[Path]) -> Path | None:
-        """Write `to_csv()` to the first folder that takes it; its path, or None if none did."""
+        """Write `to_csv()` to a new private file in the first folder that takes it; its path, or None.
+
+        Never over an existing file, never through a symlink (`private.create_export`).
+        """
         text = self.to_csv()
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = self.csv_file_name()
         for folder in folders:
-            path = folder / f"console-{self.PANEL_NAME}-{stamp}.csv"
+            path = folder / name
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-            except OSError:
+                private.make_private_dir(folder)
+                private.create_export(path, text)
+            except (OSError, RemError):
                 continue
             return path
         return None

@@ -1,0 +1,222 @@
+"""The audit journal holds: who acted (claimed and OS), refusals journaled, operator events kept,
+hash-chained and verified by `rem check`, replay's intent journaled before its Chroma write."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backend import ops
+from backend.chroma.collection import ChromaStore
+from backend.core.errors import LeaseNotFound, Refused, WorkerNotFound
+from backend.core.settings import OPERATOR_MAX_LENGTH, Settings, SettingsError
+from backend.runtime.context import Context
+from backend.store import maintenance
+from backend.store.db import Database
+from backend.store.events import OPERATOR_KINDS, append_event, verify_operator_chain_sync
+from tests.helpers import rem_env, run_rem
+from tests.summaries import base_metadata, row_id, stage_receipt
+
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+async def journal(db: Database, *kinds: str) -> list[dict[str, Any]]:
+    marks = ",".join("?" * len(kinds))
+    rows = await db.fetchall(f"SELECT * FROM event WHERE kind IN ({marks}) ORDER BY id", kinds)
+    return [dict(r) for r in rows]
+
+
+async def _operator_events(db: Database, n: int, *, actor: str = "alice", start: int = 1_000) -> None:
+    for i in range(n):
+        async with db.tx() as conn:
+            await append_event(
+                conn,
+                kind=OPERATOR_KINDS[i % len(OPERATOR_KINDS)],
+                actor=actor,
+                target=f"t{i}",
+                data={"i": i},
+                now=start + i,
+            )
+
+
+async def chain(db: Database) -> dict[str, Any]:
+    return await db.read_in_thread(verify_operator_chain_sync)
+
+
+async def _tamper(db: Database, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """What someone with the file (not rem) can do: triggers dropped, rows changed."""
+    async with db.tx() as conn:
+        await conn.execute("DROP TRIGGER IF EXISTS event_no_update")
+        await conn.execute("DROP TRIGGER IF EXISTS event_operator_kept")
+        await conn.execute(sql, params)
+
+
+async def test_operator_events_record_the_os_identity_next_to_the_claimed_operator(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REM_OPERATOR", "alice on call")
+    ctx = Context(db_ctx.data, start_chroma=False)
+    with pytest.raises(LeaseNotFound):
+        await ops.release(ctx, "exe_gone")
+    (event,) = await journal(await ctx.db(), "operator.refused")
+    assert (event["actor"], event["os_uid"], event["os_user"]) == ("alice on call", os.geteuid(), ME)
+    await ctx.close()
+
+
+async def test_a_refused_release_drain_or_resume_leaves_a_journal_row(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        await conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s1', 1, 1)")
+        await conn.execute(
+            "INSERT INTO summary_job (session_id, status, owner_id, epoch, lease_expires_at, "
+            "time_created, time_updated) VALUES ('s1', 'in_progress', 'summarizer-x', 3, ?, 1, 1)",
+            (frozen_clock.now + 60_000,),
+        )
+    with pytest.raises(Refused, match="renewed or taken over"):
+        await ops.release(db_ctx, "s1", expected_epoch=2)
+    with pytest.raises(LeaseNotFound):
+        await ops.release(db_ctx, "exe_gone")
+    with pytest.raises(WorkerNotFound):
+        await ops.drain(db_ctx, "nobody")
+    with pytest.raises(Refused, match="not held"):
+        await ops.resume(db_ctx, ["s1"])
+    refused = await journal(db, "operator.refused")
+    assert [(e["target"], json.loads(e["data"])["action"]) for e in refused] == [
+        ("s1", "release"),
+        ("exe_gone", "release"),
+        ("nobody", "drain"),
+        ("s1", "resume"),
+    ]
+    assert "epoch 3, not 2" in json.loads(refused[0]["data"])["reason"]
+    assert await db.scalar("SELECT epoch FROM summary_job") == 3  # the refused release changed nothing
+    assert await journal(db, "operator.release", "operator.drain", "operator.resume") == []
+    assert (await chain(db))["ok"]
+
+
+async def test_the_chain_links_every_operator_event_and_check_passes(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _operator_events(db, 6)
+    rows = await journal(db, *OPERATOR_KINDS)
+    assert rows[0]["chain_prev"] is None
+    assert all(b["chain_prev"] == a["chain"] for a, b in zip(rows, rows[1:], strict=False))
+    assert await chain(db) == {"ok": True, "checked": 6, "unchained": 0, "broken": None}
+    report = await ops.check(db_ctx, verify_chroma=False)
+    assert report["ok"] and "audit" in report["checked"]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        ("UPDATE event SET data = '{\"i\":99}' WHERE id = :victim", "was edited"),
+        ("UPDATE event SET actor = 'mallory' WHERE id = :victim", "was edited"),
+        ("UPDATE event SET os_user = 'mallory' WHERE id = :victim", "was edited"),
+        ("UPDATE event SET time = time + 1 WHERE id = :victim", "was edited"),
+        ("DELETE FROM event WHERE id = :victim", "removed, inserted or reordered"),
+        ("UPDATE event SET chain = NULL, chain_prev = NULL WHERE id = :victim", "carries no chain link"),
+    ],
+)
+async def test_tampering_with_an_operator_event_is_found_and_named(
+    db_ctx: Context, tamper: str, why: str
+) -> None:
+    db = await db_ctx.db()
+    await _operator_events(db, 5)
+    ids = [e["id"] for e in await journal(db, *OPERATOR_KINDS)]
+    victim = ids[2]
+    await _tamper(db, tamper, {"victim": victim})  # type: ignore[arg-type]
+    result = await chain(db)
+    first = victim if not tamper.startswith("DELETE") else ids[3]
+    assert result["ok"] is False and result["broken"]["event_id"] == first
+    report = await ops.check(db_ctx, verify_chroma=False)
+    (finding,) = [f for f in report["violations"] if f["invariant"] == "8"]
+    assert f"broken at event {first}" in finding["what"] and why in finding["what"]
+
+
+async def test_rem_check_names_the_first_broken_link(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _operator_events(db, 4)
+    victim = (await journal(db, *OPERATOR_KINDS))[1]["id"]
+    await _tamper(db, "UPDATE event SET actor = 'someone else' WHERE id = ?", (victim,))
+    await db_ctx.close()
+    proc = run_rem("check", "--json", "--data", str(db_ctx.data.root), env=rem_env())
+    assert proc.returncode == 1, proc.stderr
+    (finding,) = [f for f in json.loads(proc.stdout)["violations"] if f["invariant"] == "8"]
+    assert finding["rows"][0]["event_id"] == victim and "was edited" in finding["what"]
+
+
+async def test_operator_events_are_never_pruned_nor_deleted(db_ctx: Context, frozen_clock) -> None:  # type: ignore[no-untyped-def]
+    db = await db_ctx.db()
+    await _operator_events(db, 3, start=1_000)
+    async with db.tx() as conn:
+        for i in range(5):
+            await append_event(conn, kind="worker.started", actor="w", now=2_000 + i)
+    frozen_clock.advance(maintenance.retention_ms() * 20)  # everything is far past retention
+    assert await maintenance.prune_events(db) == 6  # the five and the schema.migrated row
+    kept = [r[0] for r in await db.fetchall("SELECT kind FROM event ORDER BY id")]
+    assert kept == [OPERATOR_KINDS[i] for i in range(3)]
+    with pytest.raises(Exception, match="audit journal"):
+        async with db.tx() as conn:
+            await conn.execute("DELETE FROM event WHERE kind LIKE 'operator.%'")
+    assert (await chain(db))["ok"]
+
+
+class JournalWatchingStore(ChromaStore):
+    """Records, at the moment of each upsert, which events the journal already holds."""
+
+    def __init__(self, inner: ChromaStore, db: Database) -> None:
+        super().__init__(inner._resolve, collection=inner.collection_name)
+        self.db = db
+        self.seen_at_write: list[list[str]] = []
+
+    async def upsert(self, *args: Any, **kwargs: Any) -> None:
+        kinds = [r[0] for r in await self.db.fetchall("SELECT kind FROM event ORDER BY id")]
+        self.seen_at_write.append(kinds)
+        await super().upsert(*args, **kwargs)
+
+
+async def test_replay_journals_its_intent_before_writing_chroma_and_its_outcome_after(ctx: Context) -> None:
+    db = await ctx.db()
+    await stage_receipt(db, "s1", "summary of s1", base_metadata("s1"), now=1_000)  # no Chroma row yet
+    watcher = JournalWatchingStore(ctx.store(), db)
+    ctx._store = watcher
+    result = await ops.replay(ctx, [row_id("s1")])
+    assert result["counters"]["replayed"] == 1
+    (at_write,) = watcher.seen_at_write
+    assert at_write[-2:] == ["operator.replay_intent", "receipt.replaying"]
+    kinds = [
+        e["kind"] for e in await journal(db, "operator.replay_intent", "receipt.replaying", "operator.replay")
+    ]
+    assert kinds == ["operator.replay_intent", "receipt.replaying", "operator.replay"]
+    (intent,) = await journal(db, "operator.replay_intent")
+    assert json.loads(intent["data"])["targets"] == [row_id("s1")]
+    assert (await chain(db))["ok"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=90))
+def test_rem_operator_is_printable_and_at_most_64_characters(raw: str) -> None:
+    try:
+        value = Settings.operator.read(raw)
+    except SettingsError as exc:
+        message = str(exc)
+        assert message.startswith("REM_OPERATOR=") and "\n" not in message and "\x1b" not in message
+        stripped = raw.strip()
+        assert len(stripped) > OPERATOR_MAX_LENGTH or not stripped.isprintable()
+        return
+    if value is None:
+        assert not raw.strip()
+        return
+    assert value == raw.strip() and value.isprintable() and len(value) <= OPERATOR_MAX_LENGTH
+
+
+def test_a_bad_rem_operator_stops_any_command_in_one_line(tmp_path: Any) -> None:
+    for bad in ("alice\nrem: ok", "\x1b[31mroot\x1b[0m", "x" * 65):
+        proc = run_rem("status", "--data", str(tmp_path / "d"), env=rem_env(REM_OPERATOR=bad))
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("rem: error: REM_OPERATOR=") and proc.stderr.count("\n") == 1
+        assert "\x1b" not in proc.stderr

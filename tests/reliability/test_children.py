@@ -1,0 +1,162 @@
+"""Processes rem starts and signals: no planted `backend/` from the current directory, no signal to a
+reused pid, and no drill on a data dir a live `rem up` owns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.core import processes
+from backend.core.datadir import DataDir
+from backend.core.errors import Refused
+from backend.runtime.context import Context
+from backend.tools import demo
+from backend.tools.drill import Drill, DrillConfig, refuse_a_live_data_dir
+from backend.tools.supervisor import read_manifest
+from tests.helpers import REM, rem_env, run_rem, spawn_rem, wait_until
+
+pytestmark = pytest.mark.slow
+
+PLANTED = """
+import os
+with open(os.environ["PLANTED_MARKER"], "a") as out:
+    out.write(f"planted backend imported by pid {os.getpid()}\\n")
+raise SystemExit(97)
+"""
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A current directory holding a `backend/` package that records any import of it."""
+    cwd = tmp_path / "writable-by-anyone"
+    for package in (cwd / "backend", cwd / "backend" / "cli"):
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(PLANTED)
+    (cwd / "backend" / "cli" / "app.py").write_text(PLANTED)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("PLANTED_MARKER", str(marker))
+    monkeypatch.chdir(cwd)
+    yield marker
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((root / "up.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _all_running(root: Path) -> bool:
+    manifest = _manifest(root)
+    children = manifest.get("children") or []
+    return bool(children) and all(c["pid"] for c in children) and bool(manifest["chroma"]["pid"])
+
+
+def _start_with_rem_up(root: Path) -> subprocess.Popen[bytes]:
+    args = ["up", "--data", str(root), "--executors", "1", "--summarizers", "1", "--dreams", "1"]
+    return subprocess.Popen([REM, *args], env=rem_env(), start_new_session=True)
+
+
+def _start_with_demo(root: Path) -> subprocess.Popen[bytes]:
+    return demo.start_up(root)
+
+
+def _start_with_drill(root: Path) -> subprocess.Popen[bytes]:
+    drill = Drill(Context(DataDir(root), start_chroma=False), DrillConfig(executors=1))
+    drill.start_system()
+    assert drill.up is not None
+    return drill.up
+
+
+@pytest.mark.parametrize("start", [_start_with_rem_up, _start_with_demo, _start_with_drill])
+def test_no_child_imports_a_backend_planted_in_the_current_directory(
+    planted: Path, tmp_path: Path, start: Callable[[Path], subprocess.Popen[bytes]]
+) -> None:
+    root = tmp_path / "data"
+    up = start(root)
+    try:
+        wait_until(lambda: _all_running(root), timeout=90, message="rem up to start every process")
+        first = {c["name"]: c["pid"] for c in _manifest(root)["children"]}
+        # had any child imported the planted package it would have exited 97 (and been restarted)
+        wait_until(
+            lambda: (
+                "executor-1.log" in os.listdir(root / "logs")
+                and b"started" in (root / "logs" / "executor-1.log").read_bytes()
+            ),
+            timeout=60,
+            message="the executor to log its start",
+        )
+        assert {c["name"]: c["pid"] for c in _manifest(root)["children"]} == first  # none restarted
+        assert not planted.exists(), planted.read_text()
+    finally:
+        demo.stop(up)
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated live process, standing where a reused pid would be."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def _write_manifest(root: Path, supervisor: dict[str, Any], child: dict[str, Any]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        **supervisor,
+        "chroma": {"url": "http://127.0.0.1:1", **child, "external": False},
+        "children": [{"name": "executor-1", "role": "executor", "restarts": 0, **child}],
+    }
+    (root / "up.json").write_text(json.dumps(manifest))
+
+
+def test_a_stale_up_json_pid_is_never_signalled(tmp_path: Path, bystander: subprocess.Popen[bytes]) -> None:
+    root = tmp_path / "data"
+    real = processes.identity(bystander.pid)
+    stale = {"pid": bystander.pid, "started_at": real["started_at"] - 3600}  # same number, older process
+    ctx = Context(DataDir(root), start_chroma=False)
+    drill = Drill(ctx, DrillConfig())
+
+    _write_manifest(root, stale, stale)  # its `rem up` died and the pid went to someone else
+    assert read_manifest(ctx) is None
+    refuse_a_live_data_dir(ctx)  # a stale up.json does not make the data dir "live"
+    assert drill._pick_victim("executor") is None and drill._pick_victim("chroma") is None
+
+    ours = processes.identity(os.getpid())
+    _write_manifest(root, ours, stale)  # a live supervisor, but a child record outlived its process
+    assert read_manifest(ctx) is not None
+    assert drill._pick_victim("executor") is None and drill._pick_victim("chroma") is None
+    for signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGUSR1):
+        assert processes.signal_if_same(stale["pid"], stale["started_at"], signum) is False
+    assert bystander.poll() is None
+
+    _write_manifest(root, ours, real)  # the control: the right start time names the process
+    assert drill._pick_victim("executor") == ("executor-1", bystander.pid, real["started_at"])
+
+
+def test_drill_refuses_a_data_dir_a_live_rem_up_owns(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    up = spawn_rem(
+        "up", "--data", str(root), "--executors", "1", "--summarizers", "0", "--dreams", "0", env=rem_env()
+    )
+    try:
+        wait_until(lambda: _all_running(root), timeout=90, message="rem up to start")
+        before = _manifest(root)
+        proc = run_rem("drill", "sigkill", "--rounds", "1", "--data", str(root), timeout=60)
+        assert proc.returncode == 1, proc.stderr
+        error = proc.stderr.splitlines()[-1]
+        assert error.startswith("rem: error: data dir") and "belongs to a live `rem up`" in error
+        assert f"pid {before['pid']}" in error
+        assert _manifest(root)["children"] == before["children"]  # nothing was killed or restarted
+        with pytest.raises(Refused):
+            refuse_a_live_data_dir(Context(DataDir(root), start_chroma=False))
+    finally:
+        demo.stop(up)
