@@ -214,21 +214,11 @@ def query_plans(root: Path) -> dict[str, list[str]]:
     import sqlite3
 
     from backend.ops import throughput
-    from backend.ops.snapshot import STATUS_QUERIES
+    from backend.ops.snapshot import PLAN_PARAMS, STATUS_QUERIES
 
     conn = sqlite3.connect(f"{(root / 'state.db').as_uri()}?mode=ro", uri=True)
-    params = {
-        "cap": 10,
-        "recent": 0,
-        "tail": 5,
-        "now": 0,
-        "fresh": 0,
-        "after": 0,
-        "sessions": "[]",
-        "scan": 10,
-    }
+    params = dict(PLAN_PARAMS)
     queries = {**STATUS_QUERIES, "tally": throughput.FOLD_SQL, "tally_latency": throughput.LATENCY_SQL}
-    params.update(upto=1, since=0)
     try:
         return {
             name: [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]

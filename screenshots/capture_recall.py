@@ -12,14 +12,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from backend import ops
@@ -27,6 +24,7 @@ from backend.chroma import server as chroma_server
 from backend.core.datadir import DataDir
 from backend.runtime.context import Context
 from tests.backend.test_recall import settle, write_jsonl
+from tests.tui.test_console import until
 from tui.app import ConsoleApp
 from tui.screens.recall import RecallScreen
 
@@ -42,7 +40,7 @@ async def main(out: Path) -> None:
         await ctx.close()
         app = ConsoleApp(data, chroma_url=server.url, read_only=True, data_label="demo-data")
         async with app.run_test(size=(120, 40)) as pilot:
-            await until(pilot, lambda: app.applied is not None)
+            await until(pilot, lambda: app.applied is not None, "the first snapshot")
             await app.run_action("recall")
             await until(
                 pilot, lambda: isinstance(app.screen, RecallScreen) and app.screen.query("#recall-items")
@@ -53,21 +51,12 @@ async def main(out: Path) -> None:
             screen.query_one("#recall-query", Input).focus()
             await pilot.press("enter")
             items = screen.query_one("#recall-items", DataTable)
-            await until(pilot, lambda: items.row_count > 0)
+            await until(pilot, lambda: items.row_count > 0, "ranked items", timeout=60.0)
             await pilot.pause(0.3)
             app.save_screenshot("recall.svg", str(out))
     finally:
         server.stop()
     print(f"wrote {out / 'recall.svg'}")
-
-
-async def until(pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("the recall screen did not get there in time")
-        await pilot.pause(0.1)
 
 
 if __name__ == "__main__":

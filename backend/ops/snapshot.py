@@ -175,6 +175,20 @@ LIST_QUERIES: dict[str, str] = {
         ORDER BY id DESC LIMIT :tail""",
 }
 STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
+# a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
+# them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
+PLAN_PARAMS: dict[str, Any] = {
+    "cap": 10,
+    "recent": 0,
+    "tail": 5,
+    "now": 0,
+    "fresh": 0,
+    "after": 0,
+    "sessions": "[]",
+    "scan": 10,
+    "since": 0,
+    "upto": 1,
+}
 SESSION_RECOUNT_MS = 60_000
 
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).

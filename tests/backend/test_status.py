@@ -10,7 +10,7 @@ import pytest
 from backend import ops
 from backend.ops import actions, snapshot
 from backend.ops.records import Snapshot
-from backend.ops.snapshot import LIST_CAP, SESSION_RECOUNT_MS, STATUS_QUERIES, snapshot_sync
+from backend.ops.snapshot import LIST_CAP, PLAN_PARAMS, SESSION_RECOUNT_MS, STATUS_QUERIES, snapshot_sync
 from backend.runtime.context import Context
 from backend.store.db import Database
 
@@ -75,18 +75,7 @@ async def _assert_indexed(db: Database, name: str) -> None:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'"
         )
     }
-    params = {
-        "cap": 10,
-        "recent": 0,
-        "tail": 5,
-        "now": 0,
-        "fresh": 0,
-        "after": 0,
-        "sessions": "[]",
-        "scan": 10,
-        "since": 0,
-    }
-    plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], params)
+    plan = await db.fetchall("EXPLAIN QUERY PLAN " + STATUS_QUERIES[name], PLAN_PARAMS)
     details = [row["detail"] for row in plan]
     for detail in details:
         words = detail.split()
