@@ -15,6 +15,7 @@ from backend.core.datadir import DataDir
 from backend.models import health
 from backend.runtime.context import Context
 from tests.fake_openai import FakeOpenAIServer, Scenario
+from tests.helpers import counter_drift
 
 pytest_plugins = ["tests.gates"]
 
@@ -59,6 +60,8 @@ async def ctx(data_dir: DataDir, chroma_url: str, collection: str) -> AsyncItera
     await context.db()
     yield context
     await context.close()
+    drift = counter_drift(data_dir.state_db)
+    assert not drift, f"status counters drifted from their rows: {drift}"
 
 
 @pytest.fixture
@@ -68,6 +71,9 @@ async def db_ctx(data_dir: DataDir) -> AsyncIterator[Context]:
     await context.db()
     yield context
     await context.close()
+    # every write a test made through any path kept the triggers' counters equal to real counts
+    drift = counter_drift(data_dir.state_db)
+    assert not drift, f"status counters drifted from their rows: {drift}"
 
 
 @pytest.fixture

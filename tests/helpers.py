@@ -101,3 +101,30 @@ def data_fingerprint(root: Path) -> dict[str, str]:
         and not p.name.endswith("-shm")
         and not (p.name.endswith("-wal") and p.stat().st_size == 0)
     }
+
+
+def counter_drift(state_db: Path) -> list[dict[str, object]]:
+    """Every `status_count` counter that differs from a real count of its rows (read-only).
+
+    Nothing to say (an empty list) when there is no rem state.db of a schema with counters, or
+    the file is not a database any more (a test that corrupts it on purpose).
+    """
+    import sqlite3
+
+    from backend.store import counters
+
+    if not state_db.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"{state_db.as_uri()}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error:
+        return []
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] < 6:
+            return []
+        conn.execute("BEGIN")
+        return [d for c in counters.COUNTERS for d in counters.drift_sync(conn, c)]
+    except sqlite3.DatabaseError:
+        return []
+    finally:
+        conn.close()

@@ -321,6 +321,7 @@ def check_progress_bar() -> Any:
     labels = {
         "structure": "structure (quick_check, foreign keys)",
         "sessions": "sessions",
+        "counters": "status counters",
         "chroma": "Chroma",
     }
 

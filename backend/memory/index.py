@@ -253,12 +253,12 @@ async def mark_indexed(conn: aiosqlite.Connection, session_id: str, revision: st
 
 # -- lag, for `rem status` and the console -------------------------------------------
 
+# the oldest published revision not indexed yet: the first entry of the partial index (a seek);
+# how many there are, and the turns whose vector is pending, are `status_count` counters
+# (`index_behind`, `vectors_pending`: backend/store/counters.py), not counts of the index
 INDEX_LAG_SQL = """
-SELECT count(*), min(time_published) FROM dream_state INDEXED BY dream_state_index_lag_idx
+SELECT min(time_published) FROM dream_state INDEXED BY dream_state_index_lag_idx
 WHERE input_revision IS NOT NULL AND indexed_revision IS NOT input_revision
-"""
-VECTOR_LAG_SQL = """
-SELECT count(*) FROM memory_turn INDEXED BY memory_turn_vector_pending_idx WHERE vector_digest IS NOT digest
 """
 
 
@@ -271,15 +271,14 @@ class IndexLag(TypedDict):
     turns_indexed_approx: int  # rows ever indexed (max id: O(1), not a count)
 
 
-def index_lag_sync(conn: Conn, now: int) -> IndexLag:
-    """Sessions whose published revision is not indexed yet, their oldest age, and vectors pending."""
-    sessions, oldest = conn.execute(INDEX_LAG_SQL).fetchone()
-    vectors = conn.execute(VECTOR_LAG_SQL).fetchone()[0]
+def index_lag_sync(conn: Conn, now: int, sessions_behind: int, vectors_pending: int) -> IndexLag:
+    """The lag, given the counters of sessions behind and vectors pending: two seeks, at any size."""
+    oldest = conn.execute(INDEX_LAG_SQL).fetchone()[0]
     turns = conn.execute("SELECT max(id) FROM memory_turn").fetchone()[0] or 0
     return IndexLag(
-        sessions_behind=int(sessions),
+        sessions_behind=sessions_behind,
         oldest_ms=max(0, now - int(oldest)) if oldest else 0,
-        vectors_pending=int(vectors),
+        vectors_pending=vectors_pending,
         turns_indexed_approx=int(turns),
     )
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from backend.core import clock
 from backend.memory.text import FTS_TABLES_SQL, fts_table
+from backend.store import counters
 from backend.store.db import Conn
 from backend.store.events import verify_operator_chain_sync
 
@@ -495,6 +496,21 @@ def check_usage_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
     )
 
 
+# -- the status counters: each equals the count it keeps (backend/store/counters.py) --------
+
+
+def check_counter_sync(conn: Conn, report: Report, counter: counters.Counter) -> None:
+    """One counter against a real count of its rows, inside one read transaction (both agree)."""
+    if "counters" not in report.checked:
+        report.checked.append("counters")
+    report.add(
+        report.violations,
+        "counters",
+        "status counters that differ from a count of their rows (a write bypassed the triggers)",
+        counters.drift_sync(conn, counter),
+    )
+
+
 def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     """All state.db invariants inside the caller's one read transaction (small data dirs, tests)."""
     report = Report()
@@ -506,6 +522,8 @@ def check_database_sync(conn: Conn, now: int | None = None) -> Report:
     check_progress_sync(conn, report, now)
     check_audit_sync(conn, report)
     check_recall_index_sync(conn, report)
+    for counter in counters.COUNTERS:
+        check_counter_sync(conn, report, counter)
     report.ordered()
     return report
 
@@ -537,6 +555,11 @@ async def check_database_in_batches(
     await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
     # invariant 9 (issue 16) reads the recall index whole: one read, not batched yet
     await db.read_in_thread(lambda conn: check_recall_index_sync(conn, report))
+    # each counter and its real count in one short read (a count walks an index of one table)
+    for i, counter in enumerate(counters.COUNTERS):
+        tell("counters", i, len(counters.COUNTERS))
+        await db.read_in_thread(lambda conn, c=counter: check_counter_sync(conn, report, c))
+    tell("counters", len(counters.COUNTERS), len(counters.COUNTERS))
     report.ordered()
     return report
 
@@ -693,6 +716,7 @@ FINDING_ORDER = (
     "promoted inputs not answered yet",
     "promoted inputs no reply answers and no execution will",
     "session token totals that differ from the sum of their replies' usage",
+    "status counters that differ from a count of their rows (a write bypassed the triggers)",
     "executions in progress or awaiting takeover",
     "recoveries waiting",
     "recoveries parked for the operator (attempt budget spent)",

@@ -11,9 +11,15 @@ Incremental: a `SnapshotCache` (one per `Database`, see `ops.status`) keeps
 what the last snapshot read, keyed by `PRAGMA data_version` and the
 connection's own `total_changes`. While neither moved (nothing committed
 since), the rows are reused and only what depends on the clock (ages, time
-left, expiry, liveness, the totals) is computed again. The session count
-is kept up to date from the rows added since (`rowid` above the last one
-counted) and counted whole again every `SESSION_RECOUNT_MS`.
+left, expiry, liveness, the totals) is computed again.
+
+After a commit, what is read again costs the same at any size: every count
+is a `status_count` counter, kept by triggers in the transaction that
+changed the rows (backend/store/counters.py; one read of a small table),
+and every list is read in the order its panel shows it from an index, up to
+`LIST_CAP` rows. What still grows is what an incident is made of: expired
+leases are counted by a range of the expiry index, recoveries and leases in
+progress by theirs.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from backend.ops.records import (
     WorkerRecord,
 )
 from backend.ops.totals import TOTALS_QUERIES, totals_sync
-from backend.store import workers
+from backend.store import counters, workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
@@ -69,39 +75,20 @@ DREAM_COUNTED: tuple[DigestState, ...] = (
     DigestState.LEGACY,
 )
 
-# Scalar counts, all fetched in ONE statement (one round trip to the db thread).
-_INPUT_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
-COUNT_QUERIES: dict[str, str] = {
-    "inputs_total": f"SELECT count(*) FROM session_input INDEXED BY {_INPUT_IDX} "
-    "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL",
-    **{f"summary_{s}": f"SELECT count(*) FROM summary_job WHERE status = '{s}'" for s in JOB_COUNTED},
-    "summary_stale": "SELECT count(*) FROM summary_job WHERE dirty_seq > clean_seq",
-    "dream_pending": "SELECT count(*) FROM dream_state "
-    "WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision",
-    **{
-        f"dream_state_{s}": f"SELECT count(*) FROM dream_state WHERE digest_state = '{s}'"
-        for s in DREAM_COUNTED
-    },
-    **{f"receipt_{v}": f"SELECT count(*) FROM summary_job WHERE verdict = '{v}'" for v in ReceiptVerdict},
-    "receipt_unchecked": "SELECT count(*) FROM summary_job "
-    "WHERE verdict IS NULL AND result_staged_at IS NOT NULL",
-}
-COUNTS_SQL = "SELECT " + ", ".join(f"({sql}) AS {name}" for name, sql in COUNT_QUERIES.items())
+# the counts the snapshot reads from `status_count` (each is a counter of schema v6)
+COUNTED = tuple(c.name for c in counters.COUNTERS if c.key is None)
 
-# name -> SQL; each (and each count above) is checked against EXPLAIN QUERY PLAN in
+# name -> SQL; each is checked against EXPLAIN QUERY PLAN in
 # the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
 # plans where the planner, given statistics, would walk a big index in GROUP BY order.
 LIST_QUERIES: dict[str, str] = {
-    # the :scan oldest waiting inputs from the covering index (a sort of their rowids and
-    # times only), then the session of each of those (one rowid seek each)
-    "inputs_oldest": f"""
-        SELECT i.session_id, o.created FROM (
-            SELECT rowid AS input_rowid, time_created AS created
-            FROM session_input INDEXED BY {_INPUT_IDX}
-            WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
-            ORDER BY created, input_rowid LIMIT :scan) AS o
-        JOIN session_input AS i ON i.rowid = o.input_rowid
-        ORDER BY o.created, o.input_rowid""",
+    # the :scan oldest waiting inputs, in order from the partial index of waiting inputs
+    # (it holds their session: no table row read)
+    "inputs_oldest": """
+        SELECT session_id, time_created AS created
+        FROM session_input INDEXED BY session_input_waiting_idx
+        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
+        ORDER BY created, session_id LIMIT :scan""",
     # then each listed session's waiting inputs, one index seek per session
     "inputs": """
         SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at
@@ -109,11 +96,7 @@ LIST_QUERIES: dict[str, str] = {
         WHERE session_id IN (SELECT value FROM json_each(:sessions))
           AND promoted_seq IS NULL AND wake_pending IN (0, 1)
         GROUP BY session_id""",
-    # walks the smallest index of session, not the table (~15 ms per 1 000 000 sessions):
-    # only the first snapshot and every SESSION_RECOUNT_MS; between, the rows added since
-    "sessions": "SELECT count(*) FROM session",
-    "sessions_last": "SELECT max(rowid) FROM session",
-    "sessions_since": "SELECT count(*), max(rowid) FROM session WHERE rowid > :after",
+    "counters": f"SELECT name, key, n FROM {counters.TABLE}",
     "recoveries": """
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
         FROM session_recovery WHERE wake_pending = 1
@@ -141,7 +124,7 @@ LIST_QUERIES: dict[str, str] = {
         ORDER BY expires_at LIMIT :cap""",
     "receipt_mismatched": f"""
         SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
-        FROM summary_job INDEXED BY summary_job_verdict_idx
+        FROM summary_job INDEXED BY summary_job_mismatch_idx
         WHERE verdict IN ({", ".join(f"'{v}'" for v in MISMATCHES)})
         ORDER BY verdict_checked_at DESC LIMIT :cap""",
     "dream_drift": """
@@ -174,7 +157,7 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**COUNT_QUERIES, **LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
+STATUS_QUERIES: dict[str, str] = {**LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
 # a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
 # them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
 PLAN_PARAMS: dict[str, Any] = {
@@ -183,14 +166,11 @@ PLAN_PARAMS: dict[str, Any] = {
     "tail": 5,
     "now": 0,
     "fresh": 0,
-    "after": 0,
     "sessions": "[]",
     "scan": 10,
     "since": 0,
     "upto": 1,
 }
-SESSION_RECOUNT_MS = 60_000
-
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
 
@@ -202,9 +182,10 @@ def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-def _counts_sync(conn: Conn) -> dict[str, int]:
-    row = conn.execute(COUNTS_SQL).fetchone()
-    return {k: int(row[k]) for k in row.keys()}
+def _counts_sync(conn: Conn) -> dict[str, Any]:
+    """Every count of the snapshot: the counters (one read of `status_count`)."""
+    plain, keyed = counters.counts_sync(conn)
+    return {**plain, "execution_held": keyed["execution_held"]}
 
 
 E = TypeVar("E", bound=StrEnum)
@@ -269,7 +250,9 @@ def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
     """The recall index's lag: read with the rows (until a commit), its age moved with the clock."""
     read = cache.rows.get("index_lag")
     if read is None:
-        read = cache.rows["index_lag"] = (index_lag_sync(conn, now), now)
+        counts = cache.counts
+        lag = index_lag_sync(conn, now, counts["index_behind"], counts["vectors_pending"])
+        read = cache.rows["index_lag"] = (lag, now)
     lag, at = read
     return {**lag, "oldest_ms": lag["oldest_ms"] + (now - at) if lag["oldest_ms"] else 0}
 
@@ -460,15 +443,13 @@ class SnapshotCache:
 
     `key` is (`PRAGMA data_version`, the connection's `total_changes`): the
     first moves when another connection commits, the second when this one
-    does. `rows` holds each list query's rows (or what was built from them
-    that does not depend on the clock). `sessions` is (highest rowid counted,
-    count, when it was last counted whole).
+    does. `counts` are the counters; `rows` holds each list query's rows (or
+    what was built from them that does not depend on the clock).
     """
 
     key: tuple[int, int] | None = None
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
     rows: dict[str, Any] = field(default_factory=dict)
-    sessions: tuple[int, int, int] | None = None
     hits: int = 0
     misses: int = 0
 
@@ -481,23 +462,6 @@ def _change_key(conn: Conn) -> tuple[int, int] | None:
     if not isinstance(conn, sqlite3.Connection):
         return None
     return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
-
-
-def _session_count_sync(conn: Conn, cache: SnapshotCache, now: int) -> int:
-    """Every session: counted whole now and then, in between by the rows added since."""
-    if cache.sessions is not None:
-        last, count, counted_at = cache.sessions
-        highest = conn.execute(LIST_QUERIES["sessions_last"]).fetchone()[0] or 0
-        # rowids only grow while no session is deleted (none is); a lower one means they were
-        # renumbered or removed (VACUUM, a hand edit): count again
-        if highest >= last and now - counted_at < SESSION_RECOUNT_MS:
-            added, top = conn.execute(LIST_QUERIES["sessions_since"], {"after": last}).fetchone()
-            cache.sessions = (top or last, count + added, counted_at)
-            return int(count + added)
-    count = conn.execute(LIST_QUERIES["sessions"]).fetchone()[0]
-    highest = conn.execute(LIST_QUERIES["sessions_last"]).fetchone()[0] or 0
-    cache.sessions = (highest, count, now)
-    return int(count)
 
 
 def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
@@ -533,7 +497,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
         cache.misses += 1
     else:
         cache.hits += 1
-    counts = {**cache.counts, "sessions": _session_count_sync(conn, cache, now)}
+    counts = cache.counts
     rows = cache.rows
     drift, drift_counts = rows["drift"]
     worker_view = worker_rows_sync(conn, now)

@@ -4,9 +4,13 @@ The snapshot's lists stop at what a panel can show; an operator (and
 Prometheus) still needs the whole picture: how many leases of each kind are
 held, how many have expired and how long ago the oldest did, how many belong
 to a dead worker, how old the oldest piece of each backlog is, how many
-recoveries wait and how many are parked. Every figure here is one indexed
-query (tests/backend/test_status.py checks their plans), run inside the
-snapshot's read transaction so they agree with its lists.
+recoveries wait and how many are parked. Every figure here is a counter
+the snapshot read (`status_count`: leases held per owner, the backlogs'
+sizes) or one indexed query (tests/backend/test_status.py checks their
+plans), run inside the snapshot's read transaction so they agree with its
+lists. The oldest of each backlog is the first entry of an index in age
+order; what is counted by a range is what an incident is made of (expired
+leases, leases in progress, recoveries).
 """
 
 from __future__ import annotations
@@ -21,15 +25,10 @@ LEASE_KINDS = ("execution", "summary_job", "dream")
 BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
 
 
-_WAKE_IDX = "session_input_wake_pending_promoted_attempts_created_id_idx"
 _RECOVERY_IDX = "session_recovery_wake_pending_error_attempts_created_execution_idx"
 
 # name -> SQL; each is checked against EXPLAIN QUERY PLAN with the snapshot's queries
 TOTALS_QUERIES: dict[str, str] = {
-    # the owner index covers the count: no table rows read
-    "execution_by_owner": """
-        SELECT owner_id, count(*) AS held FROM session_execution INDEXED BY session_execution_owner_idx
-        GROUP BY owner_id""",
     "execution_expired": """
         SELECT count(*) AS expired, min(expires_at) AS oldest FROM session_execution
         WHERE expires_at <= :now""",
@@ -46,8 +45,8 @@ TOTALS_QUERIES: dict[str, str] = {
     "alive_owners": """
         SELECT owner_id FROM worker INDEXED BY worker_state_heartbeat_idx
         WHERE state IN ('running', 'draining') AND heartbeat_at >= :fresh""",
-    "oldest_input": f"""
-        SELECT min(time_created) FROM session_input INDEXED BY {_WAKE_IDX}
+    "oldest_input": """
+        SELECT min(time_created) FROM session_input INDEXED BY session_input_waiting_idx
         WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL""",
     "recoveries": f"""
         SELECT (SELECT count(*) FROM session_recovery INDEXED BY {_RECOVERY_IDX}
@@ -61,19 +60,13 @@ TOTALS_QUERIES: dict[str, str] = {
         SELECT min(time_updated) FROM summary_job INDEXED BY summary_job_drift_idx
         WHERE dirty_seq > clean_seq""",
     "oldest_dream": """
-        SELECT min(time_published) FROM dream_state
-        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
-    # Dream's backlog: every published revision not digested yet (the snapshot's dream_pending)
-    "dream_drifting": """
-        SELECT count(*) FROM dream_state
+        SELECT min(time_published) FROM dream_state INDEXED BY dream_state_drift_age_idx
         WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision""",
 }
 
 
 # the queries whose answer does not depend on the clock: kept in `memo` until a commit
-CLOCKLESS = frozenset(
-    ("execution_by_owner", "oldest_input", "recoveries", "oldest_summary", "oldest_dream", "dream_drifting")
-)
+CLOCKLESS = frozenset(("oldest_input", "recoveries", "oldest_summary", "oldest_dream"))
 
 
 def _rows_sync(
@@ -97,19 +90,19 @@ def _age(now: int, since: int | None) -> int:
     return max(0, now - since) if since is not None else 0
 
 
-def lease_totals_sync(
-    conn: Conn, now: int, memo: dict[str, list[tuple[Any, ...]]] | None = None
-) -> dict[str, LeaseTotals]:
-    """Held, expired and dead-owner leases of every kind, and the longest expiry overrun."""
+def lease_totals_sync(conn: Conn, now: int, execution_held: dict[str, int]) -> dict[str, LeaseTotals]:
+    """Held, expired and dead-owner leases of every kind, and the longest expiry overrun.
+
+    `execution_held` is the execution leases held per owner (the `execution_held` counter).
+    """
     fresh = now - workers.WORKER_DEAD_AFTER_MS
     alive = {r[0] for r in conn.execute(TOTALS_QUERIES["alive_owners"], {"fresh": fresh})}
     out: dict[str, LeaseTotals] = {}
-    by_owner = _rows_sync(conn, "execution_by_owner", memo)
     expired, oldest = conn.execute(TOTALS_QUERIES["execution_expired"], {"now": now}).fetchone()
     out["execution"] = LeaseTotals(
-        held=sum(r[1] for r in by_owner),
+        held=sum(execution_held.values()),
         expired=int(expired or 0),
-        dead_owner=sum(r[1] for r in by_owner if r[0] not in alive),
+        dead_owner=sum(n for owner, n in execution_held.items() if owner not in alive),
         expired_max_ms=_age(now, oldest),
     )
     for kind, query in (("summary_job", "summary_job_by_owner"), ("dream", "dream_by_owner")):
@@ -127,23 +120,23 @@ def lease_totals_sync(
 def totals_sync(
     conn: Conn,
     now: int,
-    counts: dict[str, int],
+    counts: dict[str, Any],
     memo: dict[str, list[tuple[Any, ...]]] | None = None,
 ) -> Totals:
-    """Every total of the snapshot; `counts` are the snapshot's scalar counts, read in the same tx.
+    """Every total of the snapshot; `counts` are the snapshot's counters, read in the same tx.
 
     `memo` (emptied by the caller whenever something was committed) keeps the
     answers that do not depend on the clock between snapshots.
     """
     ((waiting, oldest_recovery, parked),) = _rows_sync(conn, "recoveries", memo)
     return Totals(
-        leases=lease_totals_sync(conn, now, memo),
+        leases=lease_totals_sync(conn, now, counts["execution_held"]),
         backlog={
             "input": counts["inputs_total"],
             "recovery": int(waiting),
             # the summarizer's queue: every session whose summary lags its raw turns (new ones too)
             "summary": counts["summary_stale"],
-            "dream": _scalar_sync(conn, "dream_drifting", memo) or 0,
+            "dream": counts["dream_pending"],
         },
         backlog_oldest_ms={
             "input": _age(now, _scalar_sync(conn, "oldest_input", memo)),

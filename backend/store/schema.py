@@ -13,6 +13,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.errors import DataDirError, SchemaTooNew, SchemaTooOld
+from backend.store import counters
 from backend.store.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
 
 log = logging.getLogger("rem.schema")
@@ -413,8 +414,23 @@ BEGIN
 END;
 """
 
+# v6: the status snapshot's cost stops growing with the tables (issue 18). Its counts come
+# from `status_count`, kept by triggers in the same transaction as the rows they count and
+# backfilled here (backend/store/counters.py); the oldest waiting input, the oldest Dream
+# drift and the newest receipt mismatches are read from partial indexes in the order a panel
+# lists them (a seek and LIMIT rows, not a walk and sort of the whole backlog). The input
+# index is off the executor's path: its wake scan (`wake_pending = 1`) cannot use it.
+V6 = """
+CREATE INDEX session_input_waiting_idx ON session_input(time_created, session_id)
+    WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL;
+CREATE INDEX dream_state_drift_age_idx ON dream_state(time_published)
+    WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision;
+CREATE INDEX summary_job_mismatch_idx ON summary_job(verdict_checked_at)
+    WHERE verdict IN ('missing', 'document_differs', 'keys_differ', 'quarantined');
+""" + counters.migration_sql()
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

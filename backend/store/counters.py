@@ -1,0 +1,219 @@
+"""Row counters kept by triggers in the same transaction as the rows they count (`status_count`).
+
+The status snapshot shows how many rows of each kind there are (receipts by
+verdict, summary jobs and Dream rows by state, inputs waiting, sessions,
+execution leases by owner, the recall index's lag). Counting them with
+`count(*)` after every commit costs time in proportion to the tables (95 000
+present receipts at 1 000 000 sessions); reading a counter costs the same at
+any size. Each counter is declared once here as a predicate over one
+table's row; schema v6 (`backend.store.schema`) creates, for each, three
+row triggers that move it by the change of that predicate:
+
+* after INSERT, when the new row matches: +1;
+* after DELETE, when the old row matched: -1;
+* after UPDATE OF the columns it reads, when the match (or the key) changed:
+  -1 on the old row's key, +1 on the new row's.
+
+A trigger runs inside the statement that fired it, so a counter commits and
+rolls back with its rows: a SIGKILL mid-transaction loses both or neither.
+The writers need not know the counters exist. `rem check` compares every
+counter with a real count (`drift_sync`), so a path that bypasses triggers
+(a REPLACE conflict resolution with recursive triggers off deletes rows
+without firing DELETE triggers: rem never uses it) is caught.
+
+Each trigger body is one `INSERT ... ON CONFLICT (name, key) DO UPDATE` on a
+plain table, plus, for keyed counters, a `DELETE` of a key that fell to 0,
+and each `WHEN` a CASE over `new`/`old` columns: PostgreSQL expresses the
+same as `AFTER ... FOR EACH ROW WHEN (...) EXECUTE FUNCTION` with the body in
+a PL/pgSQL function (`trigger_parts` gives the pieces, per counter and event).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.store.db import Conn
+
+TABLE = "status_count"
+TABLE_SQL = f"""
+CREATE TABLE {TABLE} (
+    name TEXT NOT NULL,
+    -- '' for a plain counter; the group's value for a keyed one (an owner id)
+    key  TEXT NOT NULL DEFAULT '',
+    n    INTEGER NOT NULL,
+    PRIMARY KEY (name, key)
+) WITHOUT ROWID"""
+
+
+@dataclass(frozen=True)
+class Counter:
+    """How many rows of `table` match `where` (SQL over the row's columns), per `key` if keyed."""
+
+    name: str
+    table: str
+    where: str
+    # the columns `where` and `key` read: UPDATE triggers fire only when one of them is set
+    columns: tuple[str, ...]
+    # a column whose value groups the count (one row per value, none for a value with 0)
+    key: str | None = None
+
+    def truth_sql(self) -> str:
+        """The real count(s), as `rem check` and the v6 backfill read them: rows of (key, n)."""
+        if self.key is None:
+            return f"SELECT '' AS key, count(*) AS n FROM {self.table} WHERE {self.where}"
+        return (
+            f"SELECT {self.key} AS key, count(*) AS n FROM {self.table} WHERE {self.where} "
+            f"GROUP BY {self.key}"
+        )
+
+
+# The literal states below are the CHECK constraints' values (tests/backend/test_counters.py
+# holds them to JobStatus, DigestState and ReceiptVerdict, which live in higher layers).
+JOB_STATES = ("pending", "in_progress", "failed")
+DREAM_STATES = ("pending", "in_progress", "deferred", "undigestible", "legacy")
+VERDICTS = ("present", "missing", "document_differs", "keys_differ", "quarantined")
+_DRIFTING = "input_revision IS NOT NULL AND completed_revision IS NOT input_revision"
+
+# schema v6's counters; a change here needs a migration that recreates their triggers
+COUNTERS: tuple[Counter, ...] = (
+    Counter("sessions", "session", "1 = 1", ()),
+    Counter(
+        "inputs_total",
+        "session_input",
+        "wake_pending IN (0, 1) AND promoted_seq IS NULL",
+        ("wake_pending", "promoted_seq"),
+    ),
+    *(Counter(f"summary_{s}", "summary_job", f"status = '{s}'", ("status",)) for s in JOB_STATES),
+    Counter("summary_stale", "summary_job", "dirty_seq > clean_seq", ("dirty_seq", "clean_seq")),
+    Counter("dream_pending", "dream_state", _DRIFTING, ("input_revision", "completed_revision")),
+    *(
+        Counter(f"dream_state_{s}", "dream_state", f"digest_state = '{s}'", ("digest_state",))
+        for s in DREAM_STATES
+    ),
+    *(Counter(f"receipt_{v}", "summary_job", f"verdict = '{v}'", ("verdict",)) for v in VERDICTS),
+    Counter(
+        "receipt_unchecked",
+        "summary_job",
+        "verdict IS NULL AND result_staged_at IS NOT NULL",
+        ("verdict", "result_staged_at"),
+    ),
+    # the recall index's lag (backend.memory.index.index_lag_sync)
+    Counter(
+        "index_behind",
+        "dream_state",
+        "input_revision IS NOT NULL AND indexed_revision IS NOT input_revision",
+        ("input_revision", "indexed_revision"),
+    ),
+    Counter("vectors_pending", "memory_turn", "vector_digest IS NOT digest", ("vector_digest", "digest")),
+    # execution leases held, per owner (the totals' held and dead-owner figures)
+    Counter("execution_held", "session_execution", "1 = 1", ("owner_id",), key="owner_id"),
+)
+BY_NAME = {c.name: c for c in COUNTERS}
+
+
+def _row(sql: str, row: str) -> str:
+    """`sql` over the columns of `row` (`new` or `old`): every column a counter reads is qualified."""
+    out = sql
+    for column in sorted({c for counter in COUNTERS for c in counter.columns}, key=len, reverse=True):
+        out = _qualify(out, column, row)
+    return out
+
+
+def _qualify(sql: str, column: str, row: str) -> str:
+    import re
+
+    return re.sub(rf"(?<![\w.']){column}(?![\w'])", f"{row}.{column}", sql)
+
+
+def _matches(counter: Counter, row: str) -> str:
+    return f"(CASE WHEN {_row(counter.where, row)} THEN 1 ELSE 0 END)"
+
+
+def _key(counter: Counter, row: str) -> str:
+    return f"{row}.{counter.key}" if counter.key else "''"
+
+
+def _bump(counter: Counter, delta: str, key: str) -> str:
+    return (
+        f"INSERT INTO {TABLE} (name, key, n) VALUES ('{counter.name}', {key}, {delta}) "
+        f"ON CONFLICT (name, key) DO UPDATE SET n = {TABLE}.n + excluded.n"
+    )
+
+
+def _drop_zero(counter: Counter, key: str) -> str:
+    return f"DELETE FROM {TABLE} WHERE name = '{counter.name}' AND key = {key} AND n = 0"
+
+
+def trigger_parts(counter: Counter) -> list[tuple[str, str, str, list[str]]]:
+    """(trigger name, event, WHEN condition, body statements) of each of the counter's triggers."""
+    new, old = _matches(counter, "new"), _matches(counter, "old")
+    new_key, old_key = _key(counter, "new"), _key(counter, "old")
+    parts: list[tuple[str, str, str, list[str]]] = [
+        (f"{TABLE}_{counter.name}_ins", "INSERT", f"{new} = 1", [_bump(counter, "1", new_key)]),
+        (f"{TABLE}_{counter.name}_del", "DELETE", f"{old} = 1", [_bump(counter, "-1", old_key)]),
+    ]
+    if counter.key is None:
+        update_when = f"{new} <> {old}"
+        update = [_bump(counter, f"{new} - {old}", "''")]
+    else:
+        update_when = f"({new} <> {old} OR {old_key} IS NOT {new_key})"
+        update = [_bump(counter, f"-{old}", old_key), _bump(counter, new, new_key)]
+    if counter.columns:
+        parts.append(
+            (f"{TABLE}_{counter.name}_upd", f"UPDATE OF {', '.join(counter.columns)}", update_when, update)
+        )
+    if counter.key is not None:  # a key at 0 (a worker that holds nothing any more) is not kept
+        parts[1][3].append(_drop_zero(counter, old_key))
+        parts[2][3].append(_drop_zero(counter, old_key))
+    return parts
+
+
+def trigger_sql(counter: Counter) -> list[str]:
+    """The SQLite `CREATE TRIGGER` statements of one counter."""
+    return [
+        f"CREATE TRIGGER {name} AFTER {event} ON {counter.table} WHEN {when}\nBEGIN\n"
+        + "".join(f"    {statement};\n" for statement in body)
+        + "END"
+        for name, event, when, body in trigger_parts(counter)
+    ]
+
+
+def backfill_sql(counter: Counter) -> str:
+    """Set the counter from a real count (the v6 migration, inside its write transaction)."""
+    return f"INSERT INTO {TABLE} (name, key, n) SELECT '{counter.name}', key, n FROM ({counter.truth_sql()})"
+
+
+def migration_sql() -> str:
+    """Schema v6's counter part: the table, every counter's triggers, and the backfill."""
+    statements = [TABLE_SQL]
+    for counter in COUNTERS:
+        statements += trigger_sql(counter)
+        statements.append(backfill_sql(counter))
+    return "".join(f"{s};\n" for s in statements)
+
+
+def counts_sync(conn: Conn) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Every counter: the plain ones by name, the keyed ones by name and key (one small read)."""
+    plain: dict[str, int] = dict.fromkeys((c.name for c in COUNTERS if c.key is None), 0)
+    keyed: dict[str, dict[str, int]] = {c.name: {} for c in COUNTERS if c.key is not None}
+    for name, key, n in conn.execute(f"SELECT name, key, n FROM {TABLE}").fetchall():
+        if name in keyed:
+            keyed[name][key] = int(n)
+        elif name in plain:
+            plain[name] = int(n)
+    return plain, keyed
+
+
+def drift_sync(conn: Conn, counter: Counter) -> list[dict[str, object]]:
+    """Where `counter` differs from the real count, in the caller's read transaction: (key, kept, real)."""
+    kept = {
+        r[0]: int(r[1])
+        for r in conn.execute(f"SELECT key, n FROM {TABLE} WHERE name = ?", (counter.name,)).fetchall()
+    }
+    real = {r[0]: int(r[1]) for r in conn.execute(counter.truth_sql()).fetchall()}
+    return [
+        {"counter": counter.name, "key": key, "kept": kept.get(key), "real": real.get(key, 0)}
+        for key in sorted(set(kept) | set(real))
+        if kept.get(key) != real.get(key, 0)
+        and not (counter.key and kept.get(key) is None and real.get(key) == 0)
+    ]
