@@ -222,7 +222,7 @@ def _event(row: dict[str, Any]) -> EventRecord:
 
 def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
     """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
-    scan = 4 * LIST_CAP
+    scan = LIST_CAP  # one input per session (the usual case): exactly the rows listed
     while True:
         rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
         seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
