@@ -334,6 +334,7 @@ def check_sessions_sync(
     check_inputs_sync(conn, report, lo, hi)
     check_projection_sync(conn, report, lo, hi)
     check_usage_sync(conn, report, lo, hi)
+    check_recall_index_sync(conn, report, lo, str(hi))
     return str(hi), int(n)
 
 
@@ -395,49 +396,71 @@ def check_audit_sync(conn: Conn, report: Report) -> None:
 
 
 # -- invariant 9: every raw turn up to a session's current revision is in the recall index --
-SQL_ALL_RAW_TURNS = """
+# (one batch of sessions at a time, like the other per-session invariants: each read holds
+# a batch's raw turns, Dream rows and index rows, never the whole index)
+SQL_RAW_TURNS = """
 SELECT session_id, id, type, time_created, data FROM session_message
-WHERE type IN ('user', 'assistant') ORDER BY session_id
+WHERE session_id > :lo AND session_id <= :hi AND type IN ('user', 'assistant') ORDER BY session_id
 """
-SQL_INDEX_ROWS = "SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn"
+SQL_INDEX_ROWS = """
+SELECT id, project, session_id, message_id, digest, vector_digest FROM memory_turn
+WHERE session_id > :lo AND session_id <= :hi
+"""
+SQL_PUBLISHED = """
+SELECT session_id, input_revision, indexed_revision FROM dream_state WHERE session_id > :lo AND session_id <= :hi
+"""
 
 
-def _fts_rowids_sync(conn: Conn, projects: set[str]) -> set[tuple[str, int]]:
-    """(project, rowid) of every row in the projects' FTS5 tables (a missing table holds none)."""
+def _fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[tuple[str, int]]:
+    """(project, rowid) of the given index rows that have their row in the project's FTS5 table."""
     tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
     held: set[tuple[str, int]] = set()
-    for project in sorted(projects):
+    for project, ids in sorted(ids_by_project.items()):
         table = fts_table(project)
-        if table in tables:
-            held.update((project, r[0]) for r in conn.execute(f"SELECT rowid FROM {table}"))
+        if table not in tables or not ids:
+            continue  # a missing table holds none
+        lo, hi = min(ids), max(ids)
+        if hi - lo < 4 * len(ids):  # the batch's rows are close together: one range of rowids
+            found = conn.execute(f"SELECT rowid FROM {table} WHERE rowid BETWEEN ? AND ?", (lo, hi))
+        else:  # spread out: one rowid lookup each
+            found = conn.execute(
+                f"SELECT rowid FROM {table} WHERE rowid IN (SELECT value FROM json_each(?))",
+                (json.dumps(sorted(ids)),),
+            )
+        held.update((project, r[0]) for r in found if r[0] in ids)
     return held
 
 
-def _raw_turn_ids_by_session(conn: Conn) -> dict[str, tuple[str, set[str]]]:
-    """Each session's current raw revision and the ids of the raw turns it covers."""
-    from backend.store.revision import compute_revision, turn_record
+def _raw_turns_by_session(conn: Conn, lo: str, hi: str) -> dict[str, list[dict[str, Any]]]:
+    """Each session's raw turn records (the ones its revision covers), for sessions `lo` < id <= `hi`."""
+    from backend.store.revision import turn_record
 
     records: dict[str, list[dict[str, Any]]] = {}
-    for sid, mid, kind, created, data in conn.execute(SQL_ALL_RAW_TURNS):
+    for sid, mid, kind, created, data in conn.execute(SQL_RAW_TURNS, {"lo": lo, "hi": hi}):
         parsed = json.loads(data)
         record = turn_record(mid, kind, created, parsed if isinstance(parsed, dict) else {})
         if record is not None:
             records.setdefault(sid, []).append(record)
-    return {sid: (compute_revision(rs), {r["id"] for r in rs}) for sid, rs in records.items()}
+    return records
 
 
-def check_recall_index_sync(conn: Conn, report: Report) -> None:
-    """Invariant 9, on state.db: the FTS5 side covers each session's indexed revision exactly."""
-    report.checked.append("recall_index")
-    raw = _raw_turn_ids_by_session(conn)
-    published = {
-        r[0]: (r[1], r[2])
-        for r in conn.execute("SELECT session_id, input_revision, indexed_revision FROM dream_state")
-    }
+def check_recall_index_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
+    """Invariant 9, on state.db, for sessions `lo` < id <= `hi`: the FTS5 side covers each
+    session's indexed revision exactly (rows merged into the report's findings)."""
+    from backend.store.revision import compute_revision
+
+    if "recall_index" not in report.checked:
+        report.checked.append("recall_index")
+    bounds = {"lo": lo, "hi": hi}
+    raw = _raw_turns_by_session(conn, lo, hi)
+    published = {r[0]: (r[1], r[2]) for r in conn.execute(SQL_PUBLISHED, bounds)}
     rows: dict[str, list[dict[str, Any]]] = {}
     no_fts, vectors_pending = [], []
-    index_rows = _rows_sync(conn, SQL_INDEX_ROWS)
-    fts_rows = _fts_rowids_sync(conn, {r["project"] for r in index_rows})
+    index_rows = _rows_sync(conn, SQL_INDEX_ROWS, bounds)
+    ids_by_project: dict[str, set[int]] = {}
+    for r in index_rows:
+        ids_by_project.setdefault(r["project"], set()).add(r["id"])
+    fts_rows = _fts_rowids_sync(conn, ids_by_project)
     for r in index_rows:
         rows.setdefault(r["session_id"], []).append(r)
         if (r["project"], r["id"]) not in fts_rows:
@@ -445,13 +468,15 @@ def check_recall_index_sync(conn: Conn, report: Report) -> None:
         if r["vector_digest"] != r["digest"]:
             vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
     missing, extra, behind = [], [], []
-    for sid, (revision, turn_ids) in raw.items():
-        held = {r["message_id"] for r in rows.get(sid, [])}
+    for sid, records in raw.items():
         current, indexed = published.get(sid, (None, None))
         if current is not None and indexed != current:
             behind.append({"session_id": sid, "published": current, "indexed": indexed})
-        if indexed != revision:
+        # never indexed: nothing to compare (and no revision to hash)
+        if indexed is None or indexed != compute_revision(records):
             continue  # the raw turns moved on (or were never published): coverage is checked at the revision
+        turn_ids = {r["id"] for r in records}
+        held = {r["message_id"] for r in rows.get(sid, [])}
         missing += [{"session_id": sid, "message_id": m} for m in sorted(turn_ids - held)]
         extra += [{"session_id": sid, "message_id": m} for m in sorted(held - turn_ids)]
     report.add(report.violations, "9", "raw turns missing from the recall index at its revision", missing)
@@ -521,7 +546,6 @@ def check_database_sync(conn: Conn, now: int | None = None) -> Report:
         lo, _ = check_sessions_sync(conn, report, lo)
     check_progress_sync(conn, report, now)
     check_audit_sync(conn, report)
-    check_recall_index_sync(conn, report)
     for counter in counters.COUNTERS:
         check_counter_sync(conn, report, counter)
     report.ordered()
@@ -553,8 +577,6 @@ async def check_database_in_batches(
     await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
     # invariant 8 walks the operator events' chain in order (they are few: operator actions only)
     await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
-    # invariant 9 (issue 16) reads the recall index whole: one read, not batched yet
-    await db.read_in_thread(lambda conn: check_recall_index_sync(conn, report))
     # each counter and its real count in one short read (a count walks an index of one table)
     for i, counter in enumerate(counters.COUNTERS):
         tell("counters", i, len(counters.COUNTERS))
@@ -722,4 +744,10 @@ FINDING_ORDER = (
     "recoveries parked for the operator (attempt budget spent)",
     "summaries not at the current raw turns",
     "Dream not at the published input revision",
+    # invariant 9, checked batch by batch with the sessions, listed last as before it was
+    "raw turns missing from the recall index at its revision",
+    "recall index rows for turns that are not raw turns",
+    "recall index rows without their FTS5 row",
+    "recall index behind the session's published revision",
+    "turn vectors not written to Chroma yet",
 )

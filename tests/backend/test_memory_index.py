@@ -154,3 +154,30 @@ async def test_rem_check_finds_a_turn_missing_from_the_index(ctx: Context) -> No
             [{"session_id": "s1", "message_id": "s1-m0002"}],
         )
     ]
+
+
+async def test_check_reads_the_index_a_batch_of_sessions_at_a_time_and_finds_the_same(ctx: Context) -> None:
+    """Invariant 9 in batches (one read per batch of sessions) finds what one whole read finds."""
+    from backend.ops.checks import check_database_in_batches, check_database_sync, summarize
+
+    db = await ctx.db()
+    for sid in ("s1", "s2", "s3"):
+        await add_session_with_turns(db, sid, TEXTS)
+        await publish(db, sid)
+    await Dreamer(ctx, once=True).run()
+    table = fts_table("default")
+    async with db.tx() as conn:  # s2 loses a turn's FTS5 row, s3 a turn's index row
+        await conn.execute(
+            f"DELETE FROM {table} WHERE rowid = (SELECT id FROM memory_turn WHERE message_id = 's2-m0001')"
+        )
+        await conn.execute("DELETE FROM memory_turn WHERE message_id = 's3-m0000'")
+    whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
+    batched = summarize(await check_database_in_batches(db, batch=1), settled=False)
+    assert batched == whole
+    found = {f["what"]: f["rows"] for f in whole["violations"] if f["invariant"] == "9"}
+    assert found == {
+        "raw turns missing from the recall index at its revision": [
+            {"session_id": "s3", "message_id": "s3-m0000"}
+        ],
+        "recall index rows without their FTS5 row": [{"session_id": "s2", "message_id": "s2-m0001"}],
+    }
