@@ -47,11 +47,11 @@ CREATE TABLE {TABLE} (
 
 @dataclass(frozen=True)
 class Counter:
-    """How many rows of `table` match `where` (SQL over the row's columns), per `key` if keyed."""
+    """How many rows of `table` match `where` (SQL over the row's columns; None: every row), per `key`."""
 
     name: str
     table: str
-    where: str
+    where: str | None
     # the columns `where` and `key` read: UPDATE triggers fire only when one of them is set
     columns: tuple[str, ...]
     # a column whose value groups the count (one row per value, none for a value with 0)
@@ -59,12 +59,10 @@ class Counter:
 
     def truth_sql(self) -> str:
         """The real count(s), as `rem check` and the v6 backfill read them: rows of (key, n)."""
+        where = f" WHERE {self.where}" if self.where else ""
         if self.key is None:
-            return f"SELECT '' AS key, count(*) AS n FROM {self.table} WHERE {self.where}"
-        return (
-            f"SELECT {self.key} AS key, count(*) AS n FROM {self.table} WHERE {self.where} "
-            f"GROUP BY {self.key}"
-        )
+            return f"SELECT '' AS key, count(*) AS n FROM {self.table}{where}"
+        return f"SELECT {self.key} AS key, count(*) AS n FROM {self.table}{where} GROUP BY {self.key}"
 
 
 # The literal states below are the CHECK constraints' values (tests/backend/test_counters.py
@@ -76,7 +74,7 @@ _DRIFTING = "input_revision IS NOT NULL AND completed_revision IS NOT input_revi
 
 # schema v6's counters; a change here needs a migration that recreates their triggers
 COUNTERS: tuple[Counter, ...] = (
-    Counter("sessions", "session", "1 = 1", ()),
+    Counter("sessions", "session", None, ()),
     Counter(
         "inputs_total",
         "session_input",
@@ -106,7 +104,7 @@ COUNTERS: tuple[Counter, ...] = (
     ),
     Counter("vectors_pending", "memory_turn", "vector_digest IS NOT digest", ("vector_digest", "digest")),
     # execution leases held, per owner (the totals' held and dead-owner figures)
-    Counter("execution_held", "session_execution", "1 = 1", ("owner_id",), key="owner_id"),
+    Counter("execution_held", "session_execution", None, ("owner_id",), key="owner_id"),
 )
 BY_NAME = {c.name: c for c in COUNTERS}
 
@@ -126,6 +124,9 @@ def _qualify(sql: str, column: str, row: str) -> str:
 
 
 def _matches(counter: Counter, row: str) -> str:
+    """1 when the row is counted, else 0 (NULL never: a CASE, not the bare predicate)."""
+    if counter.where is None:
+        return "1"
     return f"(CASE WHEN {_row(counter.where, row)} THEN 1 ELSE 0 END)"
 
 
@@ -144,34 +145,54 @@ def _drop_zero(counter: Counter, key: str) -> str:
     return f"DELETE FROM {TABLE} WHERE name = '{counter.name}' AND key = {key} AND n = 0"
 
 
-def trigger_parts(counter: Counter) -> list[tuple[str, str, str, list[str]]]:
-    """(trigger name, event, WHEN condition, body statements) of each of the counter's triggers."""
+def trigger_parts(counter: Counter) -> list[tuple[str, str, str | None, list[str]]]:
+    """(trigger name, event, WHEN condition or None, body statements) of each of the counter's triggers."""
     new, old = _matches(counter, "new"), _matches(counter, "old")
     new_key, old_key = _key(counter, "new"), _key(counter, "old")
-    parts: list[tuple[str, str, str, list[str]]] = [
-        (f"{TABLE}_{counter.name}_ins", "INSERT", f"{new} = 1", [_bump(counter, "1", new_key)]),
-        (f"{TABLE}_{counter.name}_del", "DELETE", f"{old} = 1", [_bump(counter, "-1", old_key)]),
-    ]
+    every = counter.where is None
+    insert = (
+        f"{TABLE}_{counter.name}_ins",
+        "INSERT",
+        None if every else f"{new} = 1",
+        [_bump(counter, "1", new_key)],
+    )
+    delete = (
+        f"{TABLE}_{counter.name}_del",
+        "DELETE",
+        None if every else f"{old} = 1",
+        [_bump(counter, "-1", old_key)],
+    )
+    parts = [insert, delete]
     if counter.key is None:
-        update_when = f"{new} <> {old}"
-        update = [_bump(counter, f"{new} - {old}", "''")]
+        if counter.columns:
+            update = [_bump(counter, f"{new} - {old}", "''")]
+            parts.append(
+                (
+                    f"{TABLE}_{counter.name}_upd",
+                    f"UPDATE OF {', '.join(counter.columns)}",
+                    f"{new} <> {old}",
+                    update,
+                )
+            )
     else:
-        update_when = f"({new} <> {old} OR {old_key} IS NOT {new_key})"
-        update = [_bump(counter, f"-{old}", old_key), _bump(counter, new, new_key)]
-    if counter.columns:
-        parts.append(
-            (f"{TABLE}_{counter.name}_upd", f"UPDATE OF {', '.join(counter.columns)}", update_when, update)
-        )
-    if counter.key is not None:  # a key at 0 (a worker that holds nothing any more) is not kept
-        parts[1][3].append(_drop_zero(counter, old_key))
-        parts[2][3].append(_drop_zero(counter, old_key))
+        moved = f"{old_key} IS NOT {new_key}"
+        update = [
+            _bump(counter, f"-{old}", old_key),
+            _bump(counter, new, new_key),
+            _drop_zero(counter, old_key),
+        ]
+        when = moved if every else f"({new} <> {old} OR {moved})"
+        parts.append((f"{TABLE}_{counter.name}_upd", f"UPDATE OF {', '.join(counter.columns)}", when, update))
+        delete[3].append(_drop_zero(counter, old_key))  # a key at 0 (an owner holding nothing) is not kept
     return parts
 
 
 def trigger_sql(counter: Counter) -> list[str]:
     """The SQLite `CREATE TRIGGER` statements of one counter."""
     return [
-        f"CREATE TRIGGER {name} AFTER {event} ON {counter.table} WHEN {when}\nBEGIN\n"
+        f"CREATE TRIGGER {name} AFTER {event} ON {counter.table}"
+        + (f" WHEN {when}" if when else "")
+        + "\nBEGIN\n"
         + "".join(f"    {statement};\n" for statement in body)
         + "END"
         for name, event, when, body in trigger_parts(counter)
