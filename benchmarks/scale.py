@@ -83,6 +83,11 @@ def ensure_data(scale: int, cache: Path) -> tuple[Path, dict[str, Any]]:
     info_path = cache / f"scale-{scale}x.json"
     if (root / "state.db").exists() and info_path.exists():
         info = json.loads(info_path.read_text())
+        # a data dir cached by an older rem: bring it to this schema (the measurements open it
+        # read-only, which refuses an older schema), timing the migration
+        started = time.perf_counter()
+        asyncio.run(_migrate(root))
+        info["migrated_s"] = round(time.perf_counter() - started, 2)
     else:
         if root.exists():
             raise SystemExit(f"{root} exists without {info_path}: remove it (a build that did not finish)")
@@ -94,6 +99,14 @@ def ensure_data(scale: int, cache: Path) -> tuple[Path, dict[str, Any]]:
         info_path.write_text(json.dumps(info))
     info["bytes"] = dir_bytes(root)
     return root, info
+
+
+async def _migrate(root: Path) -> None:
+    ctx = Context(DataDir(root), start_chroma=False)
+    try:
+        await ctx.db()  # a writable open migrates
+    finally:
+        await ctx.close()
 
 
 def spread(times: list[float]) -> dict[str, float]:

@@ -21,8 +21,9 @@ counter with a real count (`drift_sync`), so a path that bypasses triggers
 (a REPLACE conflict resolution with recursive triggers off deletes rows
 without firing DELETE triggers: rem never uses it) is caught.
 
-Each trigger body is one `INSERT ... ON CONFLICT (name, key) DO UPDATE` on a
-plain table, plus, for keyed counters, a `DELETE` of a key that fell to 0,
+Each trigger body is one `UPDATE` of the counter's row (created by the
+backfill), or for a keyed counter an `INSERT ... ON CONFLICT (name, key) DO
+UPDATE` plus a `DELETE` of a key that fell to 0,
 and each `WHEN` a CASE over `new`/`old` columns: PostgreSQL expresses the
 same as `AFTER ... FOR EACH ROW WHEN (...) EXECUTE FUNCTION` with the body in
 a PL/pgSQL function (`trigger_parts` gives the pieces, per counter and event).
@@ -135,6 +136,10 @@ def _key(counter: Counter, row: str) -> str:
 
 
 def _bump(counter: Counter, delta: str, key: str) -> str:
+    """Move the counter: a plain one's row exists from the backfill on (an UPDATE, the cheaper
+    write on every turn); a keyed one's row appears with its first row (an upsert)."""
+    if counter.key is None:
+        return f"UPDATE {TABLE} SET n = n + {delta} WHERE name = '{counter.name}' AND key = ''"
     return (
         f"INSERT INTO {TABLE} (name, key, n) VALUES ('{counter.name}', {key}, {delta}) "
         f"ON CONFLICT (name, key) DO UPDATE SET n = {TABLE}.n + excluded.n"
