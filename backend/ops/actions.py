@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,10 +31,10 @@ from backend.core.errors import (
     UsageError,
 )
 from backend.execution.sessions import Delivery
-from backend.ops.records import ChromaHealth, ReplayReport, Status
+from backend.ops.records import ChromaHealth, ReplayReport, Snapshot, Status
 from backend.runtime.context import Context
 from backend.store import workers
-from backend.store.db import Database
+from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event
 from backend.store.schema import SCHEMA_VERSION, schema_version
 from backend.store.workers import LeaseKind, WorkerState
@@ -98,22 +99,38 @@ _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.W
 async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
-    from backend.ops.throughput import journal_throughput
+    from backend.ops.throughput import journal_tally
 
     db = await ctx.db()
     cache = _SNAPSHOT_CACHES.get(db)
     if cache is None:
         cache = _SNAPSHOT_CACHES[db] = SnapshotCache()
-    snap = await db.read_in_thread(lambda conn: snapshot_sync(conn, cache=cache))
+    tally = await journal_tally(ctx, db)
+
+    def read_sync(conn: Conn) -> tuple[Snapshot, int | None]:
+        # one hop to the database thread for all of it: under load each hop is a wait for a
+        # scheduler slot, so the snapshot, the events since the last fold and the schema
+        # version are read together (the tally sees the same view as the snapshot)
+        snap = snapshot_sync(conn, cache=cache)
+        tally.fold_sync(conn)
+        version = (
+            conn.execute("PRAGMA user_version").fetchone()[0]
+            if isinstance(conn, sqlite3.Connection)
+            else None
+        )
+        return snap, version
+
+    # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) waits beside the read
+    read, chroma = await asyncio.gather(db.read_in_thread(read_sync), asyncio.to_thread(chroma_health, ctx))
+    snap, version = cast(tuple[Snapshot, int | None], read)
     return Status(
         **snap,
         data_dir=str(ctx.data.root),
-        schema_version=await schema_version(db),
+        schema_version=int(version) if version is not None else await schema_version(db),
         schema_version_supported=SCHEMA_VERSION,
         read_only=ctx.read_only,
-        throughput=await journal_throughput(ctx, db),
-        # a blocking HTTP heartbeat (1 s timeout when Chroma hangs): off the event loop
-        chroma=await asyncio.to_thread(chroma_health, ctx),
+        throughput=tally.as_dict(),
+        chroma=chroma,
     )
 
 

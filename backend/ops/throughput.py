@@ -163,11 +163,19 @@ def stored_tally(root: Path) -> JournalTally | None:
     return JournalTally.from_dict(stored) if stored else None  # type: ignore[arg-type]
 
 
-async def journal_throughput(ctx: Context, db: Database) -> Throughput:
-    """The context's tally, started from the history store once, then folded forward each call."""
+async def journal_tally(ctx: Context, db: Database) -> JournalTally:
+    """The context's tally: started from the history store and folded up to now (in bounded id
+    ranges, outside any read transaction) the first time; the caller folds it forward after."""
     tally = ctx.memo.get("journal_tally")
     if not isinstance(tally, JournalTally):
         tally = await asyncio.to_thread(stored_tally, ctx.data.root) or JournalTally()
+        await db.run_in_thread(tally.fold_sync)
         ctx.memo["journal_tally"] = tally
+    return tally
+
+
+async def journal_throughput(ctx: Context, db: Database) -> Throughput:
+    """The context's tally, started from the history store once, then folded forward each call."""
+    tally = await journal_tally(ctx, db)
     await db.run_in_thread(tally.fold_sync)
     return tally.as_dict()
