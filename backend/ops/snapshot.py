@@ -75,9 +75,6 @@ DREAM_COUNTED: tuple[DigestState, ...] = (
     DigestState.LEGACY,
 )
 
-# the counts the snapshot reads from `status_count` (each is a counter of schema v6)
-COUNTED = tuple(c.name for c in counters.COUNTERS if c.key is None)
-
 # name -> SQL; each is checked against EXPLAIN QUERY PLAN in
 # the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
 # plans where the planner, given statistics, would walk a big index in GROUP BY order.
