@@ -21,6 +21,7 @@ from backend.store.postgres import display_url, translate_sql
 from backend.store.schema import MIGRATIONS, migrate
 from backend.tools.postgres_server import LocalPostgres
 from tests import pg
+from tests.helpers import rem_env, rem_json, run_rem
 
 
 @pytest.fixture
@@ -228,3 +229,43 @@ async def test_a_write_after_a_lost_lease_changes_nothing_across_connections(db_
 def test_sqlite_is_untouched_by_the_translation(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "x.db")
     assert conn.execute("SELECT max(1, 2) IS 2").fetchone() == (1,)  # rem's SQL stays SQLite's own
+
+
+def test_a_turn_through_the_cli_on_postgres_then_status_and_check(tmp_path: Path, db_url: str) -> None:
+    data = tmp_path / "d"
+    env = rem_env(REM_CHROMA_AUTOSTART="0", REM_AGENT_DELAY_MS="0")
+    env.pop("REM_DB_URL")  # the global option alone selects the store
+    store = ("--db", db_url, "--data", str(data))
+    sent = run_rem(*store, "send", "s1", "Hello from a shared database.", env=env)
+    assert sent.returncode == 0, sent.stderr
+    ran = run_rem(*store, "daemon", "--role", "executor", "--once", env=env)
+    assert ran.returncode == 0, ran.stderr
+    status = rem_json(*store, "status", env=env)
+    assert status["counts"]["sessions"] == 1 and status["backlog"]["inputs_total"] == 0
+    assert (
+        status["backlog"]["summary_jobs"]["pending"] == 1
+    )  # the turn queued its summary (no summarizer ran)
+    assert status["schema_version"] == status["schema_version_supported"] == len(MIGRATIONS)
+    check = rem_json(*store, "check", env=env)
+    assert check["ok"] is True and check["counts"]["violations"] == 0, check
+    with psycopg.connect(db_url) as conn:
+        replies = conn.execute(
+            "SELECT json_extract(data, '$.status') FROM session_message WHERE type = 'assistant'"
+        ).fetchall()
+        claimed = conn.execute("SELECT count(*) FROM event WHERE kind = 'execution.claimed'").fetchone()
+    assert replies == [("completed",)] and claimed == (1,)
+    assert not (data / "state.db").exists()  # the data dir keeps logs; the state is in PostgreSQL
+
+
+def test_a_bad_db_url_is_one_line_naming_the_fix(tmp_path: Path, pg_server: LocalPostgres) -> None:
+    env = rem_env(REM_CHROMA_AUTOSTART="0")
+    env.pop("REM_DB_URL", None)
+    data = ("--data", str(tmp_path / "d"))
+    wrong = run_rem("--db", "mysql://db.example/rem", *data, "status", env=env)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+    assert wrong.stderr.startswith("rem: error: --db 'mysql://db.example/rem' is not a postgresql:// URL")
+    down = run_rem(
+        "--db", pg_server.url("no_such_db").replace("postgres@", "rem:hunter2@"), *data, "status", env=env
+    )
+    assert down.returncode == 3 and down.stderr.count("\n") == 1, down.stderr
+    assert "rem: error: cannot reach the state store" in down.stderr and "hunter2" not in down.stderr
