@@ -51,6 +51,8 @@ def run_gates() -> dict[str, subprocess.CompletedProcess[str]]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller ran them
+        return
     if not _wanted(session.config):
         return
     results = run_gates()

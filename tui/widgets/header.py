@@ -126,6 +126,10 @@ class ConsoleHeader(Static):
         if self.timeline_at is not None:  # first: whatever the width, the past is never clipped away
             line.append_text(self._badge(f"◀ PAST {clock_time(self.timeline_at)}, NOT LIVE", "error"))
             line.append(" ")
+            # READ-ONLY beside it: after the long past badge its usual place is off a 120-column header
+            if self.read_only:
+                line.append_text(self._badge("READ-ONLY", "warning"))
+                line.append(" ")
         line.append("rem ", style="bold")
         line.append(self.data_label)
         label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
@@ -141,7 +145,7 @@ class ConsoleHeader(Static):
             line.append(f"  schema v{snap['schema_version']}")
             line.append(f"  {snap['counts']['sessions']} sessions")
         line.append("  ")
-        if self.read_only:
+        if self.read_only and self.timeline_at is None:
             line.append_text(self._badge("READ-ONLY", "warning"))
             line.append(" ")
         if self.paused:
