@@ -521,6 +521,11 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
     return True, value
 
 
+def on_postgres(conn: aiosqlite.Connection) -> bool:
+    """Whether an open transaction's connection is the PostgreSQL store's (its raw connection's engine)."""
+    return engine_of(cast(Conn, conn._conn)) == "postgresql"
+
+
 async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
     """Run `fn(raw sqlite3 connection, *args)` on an aiosqlite connection's thread, inside its open tx.
 
