@@ -390,7 +390,7 @@ class Summarizer(Daemon):
             changed = await execute(
                 conn,
                 "UPDATE summary_job SET status = :status, owner_id = NULL, last_error = :error, time_updated = :now, "
-                "lease_expires_at = :retry, clean_seq = CASE WHEN :final THEN MAX(clean_seq, :dirty) "
+                "lease_expires_at = :retry, clean_seq = CASE WHEN :final = 1 THEN MAX(clean_seq, :dirty) "
                 "ELSE clean_seq END " + FENCE,
                 self._fence(
                     claim,
