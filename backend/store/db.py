@@ -230,11 +230,7 @@ class Database:
         # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
         # failed on an unusual path) would keep the process alive at exit, waiting on its queue
         conn._thread.daemon = True
-        try:
-            await conn
-        except BaseException:
-            await conn.close()
-            raise
+        await conn  # a failed connect stops the worker thread itself
         return cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
 
     @property
@@ -524,6 +520,11 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
 def on_postgres(conn: aiosqlite.Connection) -> bool:
     """Whether an open transaction's connection is the PostgreSQL store's (its raw connection's engine)."""
     return engine_of(cast(Conn, conn._conn)) == "postgresql"
+
+
+def skip_locked(conn: aiosqlite.Connection) -> str:
+    """`skip_locked_sync` for a transaction opened with `Database.tx()`."""
+    return skip_locked_sync(cast(Conn, conn._conn))
 
 
 async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
