@@ -47,6 +47,9 @@ MAX_QUERY_CHARS = 4000
 # a project with at most this many sessions has its summaries ranked among its own rows, fetched
 # by id (Chroma's where-filtered search of a shared collection grows with the whole collection)
 SUMMARIES_BY_ID = 500
+# a larger project's summaries: first among this many times the wanted number of nearest rows of the
+# whole collection (enough when the project holds a fifth or more of the rows), filtered here
+SUMMARIES_OVERFETCH = 10
 # a concept mentioned by more turns than this says little about any of them
 GRAPH_MAX_DF = 5000
 FACT_KINDS_SQL = "('uses', 'depends_on', 'is_a', 'part_of', 'has_part', 'replaces', 'co_occurs')"
@@ -243,6 +246,14 @@ async def _summary_hits(
     )
     if len(rows) <= SUMMARIES_BY_ID:
         return await ctx.store().nearest_among([f"summary_{r[0]}" for r in rows], vector, config.summaries)
+    # Chroma 1.5's where-filtered search costs 100-480 ms over 100 000 rows whatever the filter
+    # selects, an unfiltered one ~10 ms (benchmarks/summary_search.py). The nearest rows of the whole
+    # collection, kept when in scope, ARE the scope's nearest as long as enough of them are in it:
+    # a project with most of the sessions (one project alone is the default) is answered that way.
+    wide = await ctx.store().query(vector, config.summaries * SUMMARIES_OVERFETCH, None)
+    mine = [hit for hit in wide if hit[3].get("project") == scope.project]
+    if len(mine) >= config.summaries or len(wide) < config.summaries * SUMMARIES_OVERFETCH:
+        return mine[: config.summaries]
     return await ctx.store().query(vector, config.summaries, _where(scope))
 
 

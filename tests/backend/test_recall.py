@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,36 @@ async def test_summaries_ranked_by_id_equal_chromas_filtered_search(imported: Co
     assert [round(h[1], 4) for h in by_id] == [round(h[1], 4) for h in filtered]
     assert [(h[2], h[3]) for h in by_id] == [(h[2], h[3]) for h in filtered]
     assert await imported.store().nearest_among([], vector, 5) == []
+
+
+async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_both_paths(
+    imported: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a project past SUMMARIES_BY_ID is answered from the whole collection's nearest rows when
+    # enough of them are its own, else by Chroma's filtered search: either way, the same rows
+    from backend.memory import recall as recall_mod
+
+    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID", 0)
+    monkeypatch.setattr(recall_mod, "SUMMARIES_OVERFETCH", 2)
+    config = dataclasses.replace(recall_mod.recall_config(), summaries=1)
+    store = imported.store()
+    filtered_calls = 0
+    query = store.query
+
+    async def counted(embedding: Any, n: int, where: Any = None) -> Any:
+        nonlocal filtered_calls
+        filtered_calls += where is not None
+        return await query(embedding, n, where)
+
+    monkeypatch.setattr(type(store), "query", lambda self, *a, **kw: counted(*a, **kw))
+    paths = set()
+    for text in ("dog on the beach", "mortgage payments", "sourdough bread", "kubernetes cluster"):
+        vector = imported.embedder().embed([text])[0]
+        for project in ("ops", "home"):
+            before = filtered_calls
+            hits = await recall_mod._summary_hits(imported, vector, recall_mod.Scope(project), config)
+            paths.add(filtered_calls > before)
+            expected = await query(vector, 1, {"project": project})
+            assert [h[0] for h in hits] == [h[0] for h in expected], (text, project)
+            assert all(h[3]["project"] == project for h in hits)
+    assert paths == {True, False}  # both the wide search and the filtered fallback were taken
