@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -81,6 +82,7 @@ def pg_server() -> Iterator[pg.LocalPostgres]:
         yield server
     finally:
         server.stop(remove=True)
+        shutil.rmtree(server.root, ignore_errors=True)  # its scratch dir (on /dev/shm: memory)
 
 
 @pytest.fixture
