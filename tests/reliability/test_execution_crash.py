@@ -402,7 +402,10 @@ def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path)
 # -- operator release of a dead owner's lease ---------------------------------------------------
 
 
-def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path: Path) -> None:
+@pytest.mark.both_stores
+def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(
+    tmp_path: Path, db_url: str | None
+) -> None:
     data = tmp_path / "d"
     _admit(data, [("s1", "A question that will outlive its executor?", "queue")])
     slow = {"REM_EXECUTION_LEASE_MS": "30000", "REM_AGENT_DELAY_MS": "200"}
