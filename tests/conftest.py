@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from backend.core import clock, faults
 from backend.core.datadir import DataDir
 from backend.models import health
 from backend.runtime.context import Context
+from tests import pg
 from tests.fake_openai import FakeOpenAIServer, Scenario
 from tests.helpers import counter_drift
 
@@ -53,10 +55,57 @@ def collection() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
+# The state stores a test marked `both_stores` runs on (its `ctx` / `db_ctx` and every rem
+# process it starts); a test marked `sqlite_only` too (SQLite's query plans, PRAGMAs) runs once.
+STORES = ("sqlite", "postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if (
+        "store" in metafunc.fixturenames
+        and metafunc.definition.get_closest_marker("both_stores")
+        and not metafunc.definition.get_closest_marker("sqlite_only")
+    ):
+        metafunc.parametrize("store", STORES, indirect=True)
+
+
 @pytest.fixture
-async def ctx(data_dir: DataDir, chroma_url: str, collection: str) -> AsyncIterator[Context]:
+def store(request: pytest.FixtureRequest) -> str:
+    """`sqlite` (the default) or `postgres`: which state store this run of the test uses."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.LocalPostgres]:
+    """One real PostgreSQL server for the whole session, stopped (and removed) at its end."""
+    server = pg.start_server()
+    try:
+        yield server
+    finally:
+        server.stop(remove=True)
+        shutil.rmtree(server.root, ignore_errors=True)  # its scratch dir (on /dev/shm: memory)
+
+
+@pytest.fixture
+def db_url(
+    store: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str | None]:
+    """None on SQLite; on PostgreSQL a fresh migrated database's URL, also in REM_DB_URL so
+    every rem process the test starts uses the same store; dropped after the test."""
+    if store != "postgres":
+        yield None
+        return
+    for url in pg.database_url(request.getfixturevalue("pg_server")):
+        monkeypatch.setenv("REM_DB_URL", url)
+        yield url
+
+
+@pytest.fixture
+async def ctx(
+    data_dir: DataDir, chroma_url: str, collection: str, db_url: str | None
+) -> AsyncIterator[Context]:
     """A writable Context over a fresh, migrated data dir, using the session Chroma server."""
-    context = Context(data_dir, chroma_url=chroma_url, collection=collection)
+    context = Context(data_dir, chroma_url=chroma_url, collection=collection, db_url=db_url)
     await context.db()
     yield context
     await context.close()
@@ -65,9 +114,9 @@ async def ctx(data_dir: DataDir, chroma_url: str, collection: str) -> AsyncItera
 
 
 @pytest.fixture
-async def db_ctx(data_dir: DataDir) -> AsyncIterator[Context]:
+async def db_ctx(data_dir: DataDir, db_url: str | None) -> AsyncIterator[Context]:
     """A writable Context over a fresh data dir with no Chroma at all."""
-    context = Context(data_dir, start_chroma=False)
+    context = Context(data_dir, start_chroma=False, db_url=db_url)
     await context.db()
     yield context
     await context.close()
@@ -102,6 +151,7 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in (
         "REM_DATA",
         "REM_CHROMA_URL",
+        "REM_DB_URL",
         "REM_FAULTS",
         "REM_CLOCK_SKEW_MS",
         "REM_OPERATOR",

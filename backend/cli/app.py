@@ -59,11 +59,13 @@ def _globals(
     ctx: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
+    db: common.DbOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
 ) -> None:
     if ctx.invoked_subcommand == "drill":
         # a drill is a test: its system may run the unsafe switches (to prove the drill can fail)
         os.environ[Settings.test_mode.env] = "1"
+    common.use_db_url(db)
     validate()  # a bad REM_* value fails here, in one line, before the command does anything
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url

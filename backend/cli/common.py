@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import typer
 
 from backend.core.datadir import DataDir
 from backend.core.errors import BadInput
+from backend.core.settings import Settings
 from backend.runtime.context import Context
 
 T = TypeVar("T")
@@ -42,6 +44,14 @@ ChromaOpt = Annotated[
         show_default=False,
     ),
 ]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="The state store: a postgresql:// URL (default: $REM_DB_URL, else state.db in the data dir).",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
@@ -50,6 +60,15 @@ class Globals:
 
     data: Path | None = None
     chroma_url: str | None = None
+
+
+def use_db_url(url: str | None) -> None:
+    """`--db URL`: the state store for this process and every rem process it starts (as REM_DB_URL)."""
+    if url is None:
+        return
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput(f"--db {url!r} is not a postgresql:// URL; without --db rem uses state.db in --data")
+    os.environ[Settings.db_url.env] = url
 
 
 def make_context(data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:

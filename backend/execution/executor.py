@@ -202,8 +202,11 @@ class Executor(Daemon):
         return lease
 
     def _claim_sync(self, conn: Conn, session_id: str, now: int) -> Lease | None:
-        # the oldest waiting input's attempt is counted before the work; nothing waiting
-        # or the session busy: nothing written
+        # the session row first: on PostgreSQL a rival claiming it now is skipped (no attempt
+        # counted twice); then the oldest waiting input's attempt is counted before the work;
+        # nothing waiting or the session busy: nothing written
+        if not leases.lock_session_sync(conn, session_id):
+            return None
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
         lease = leases.claim_execution_sync(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)

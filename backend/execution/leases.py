@@ -24,7 +24,7 @@ from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused
 from backend.core.settings import settings
 from backend.store import workers
-from backend.store.db import Conn, Database, Row, in_thread
+from backend.store.db import Conn, Database, Row, in_thread, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import LeaseKind, WorkerState
 
@@ -89,7 +89,13 @@ def next_epoch_sync(conn: Conn, session_id: str) -> int:
 def claim_execution_sync(
     conn: Conn, session_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> Lease | None:
-    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists."""
+    """Grant a fresh lease on an idle session (inside the caller's tx); None if one exists.
+
+    The session row is locked first (PostgreSQL: a rival claiming it now is
+    skipped, not waited for), so the read below sees every committed lease.
+    """
+    if not lock_session_sync(conn, session_id):
+        return None
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
     length = length_ms or lease_ms()
@@ -108,6 +114,19 @@ def claim_execution_sync(
         (lease.execution_id, session_id, owner_id, epoch, now, now, lease.expires_at),
     )
     return lease
+
+
+def lock_session_sync(conn: Conn, session_id: str) -> bool:
+    """Lock the session row for this claim; False if a rival holds it (PostgreSQL) or it does not exist.
+
+    A missing session still raises LeaseNotFound at the epoch bump, as before.
+    """
+    locked = conn.execute(
+        f"SELECT 1 FROM session WHERE id = ?{skip_locked_sync(conn)}", (session_id,)
+    ).fetchone()
+    if locked is None:
+        return conn.execute("SELECT 1 FROM session WHERE id = ?", (session_id,)).fetchone() is None
+    return True
 
 
 def owner_stopped_sync(conn: Conn, owner_id: str, host: str) -> bool:
@@ -144,7 +163,9 @@ def take_over_execution_sync(
     conn: Conn, execution_id: str, owner_id: str, *, now: int, length_ms: int | None = None
 ) -> tuple[Lease, dict[str, Any]] | None:
     """Take an expired (or orphaned) execution over inside the caller's tx; returns the lease and old row."""
-    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
+    old = conn.execute(
+        f"SELECT * FROM session_execution WHERE id = ?{skip_locked_sync(conn)}", (execution_id,)
+    ).fetchone()
     if old is None or takeover_reason_sync(conn, old, now) is None:
         return None
     length = length_ms or lease_ms()

@@ -116,11 +116,11 @@ def write_parts_sync(
 # retakes the GIL after every SQLite call, and on a busy event loop each retake waits.
 PARTS_SQL = f"""
 INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data)
-SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', j.value ->> 'idx', 'text', :now,
+SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', CAST(j.value ->> 'idx' AS INTEGER), 'text', :now,
        j.value ->> 'data'
 FROM json_each(:rows) AS j
 WHERE EXISTS (SELECT 1 FROM session_execution AS e WHERE e.id = j.value ->> 'eid'
-              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = j.value ->> 'epoch'"})
+              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = CAST(j.value ->> 'epoch' AS INTEGER)"})
 """
 WRITTEN_SQL = """
 SELECT json_group_array(id) FROM session_part

@@ -22,7 +22,7 @@ from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
 from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
 from backend.store import handoffs, workers
-from backend.store.db import Conn
+from backend.store.db import Conn, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 
 log = logging.getLogger("rem.recovery")
@@ -95,7 +95,10 @@ def take_over_sync(
     length_ms: int | None = None,
 ) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
-    old = conn.execute("SELECT * FROM session_execution WHERE id = ?", (execution_id,)).fetchone()
+    # locked until commit (PostgreSQL): a rival taker skips it rather than act on this read
+    old = conn.execute(
+        f"SELECT * FROM session_execution WHERE id = ?{skip_locked_sync(conn)}", (execution_id,)
+    ).fetchone()
     reason = None if old is None else takeover_reason_sync(conn, old, now)
     if reason is None:
         return None

@@ -162,7 +162,7 @@ def admit_sync(
     conn.execute(
         "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
         "wake_pending, wake_attempts, time_created) "
-        "VALUES (?, ?, ?, ?, ?, (SELECT held_at IS NULL FROM session WHERE id = ?), 0, ?)",
+        "VALUES (?, ?, ?, ?, ?, (SELECT CASE WHEN held_at IS NULL THEN 1 ELSE 0 END FROM session WHERE id = ?), 0, ?)",
         (input_id, session_id, dumps({"text": text}), delivery, seq, session_id, now),
     )
     append_event_sync(

@@ -44,7 +44,7 @@ from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable
 from backend.memory.config import INDEX, IndexConfig
 from backend.memory.text import clip, date_words, fts_table, fts_table_ddl, scope_text
-from backend.store.db import Conn, Database, execute, executemany, fetchall
+from backend.store.db import Conn, Database, execute, executemany, fetchall, on_postgres
 from backend.store.revision import load_raw_turns
 
 # speakers and project of one session's raw turns (the revision's records do not carry them)
@@ -189,11 +189,15 @@ def diff(plan: Sequence[IndexedTurn], existing: Mapping[str, Existing]) -> Diff:
 async def write_rows(
     conn: aiosqlite.Connection, rows: Sequence[IndexedTurn], revision: str, now: int
 ) -> None:
-    """Insert or rewrite index rows and their rows in the project's FTS5 table (caller's transaction)."""
+    """Insert or rewrite index rows and their rows in the project's FTS5 table (caller's transaction).
+
+    PostgreSQL has no FTS5: there the index is its rows and the dense side (Chroma) only.
+    """
+    lexical = not on_postgres(conn)
     created: set[str] = set()
     for row in rows:
         table = fts_table(row.project)
-        if table not in created:
+        if lexical and table not in created:
             await execute(conn, fts_table_ddl(table))
             created.add(table)
         cursor = await conn.execute(
@@ -213,6 +217,8 @@ async def write_rows(
         )
         row_id = (await cursor.fetchone())[0]  # type: ignore[index]
         await cursor.close()
+        if not lexical:
+            continue
         await execute(conn, f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
         await execute(
             conn,
@@ -223,7 +229,7 @@ async def write_rows(
 
 async def delete_rows(conn: aiosqlite.Connection, message_ids: Sequence[str]) -> None:
     """Remove index rows and their FTS5 rows (a project's table holds only that project's turns)."""
-    for message_id in message_ids:
+    for message_id in message_ids if not on_postgres(conn) else ():
         for row_id, project in await fetchall(
             conn, "SELECT id, project FROM memory_turn WHERE message_id = ?", (message_id,)
         ):

@@ -424,7 +424,7 @@ def _facts(conn: Conn, nodes: list[str], scope: Scope, config: RecallConfig) -> 
         f"      WHERE dst IN ({marks}) AND kind IN {FACT_KINDS_SQL}) AS e "
         f"CROSS JOIN session AS s ON s.id = e.session_id "
         f"JOIN graph_node AS a ON a.id = e.src JOIN graph_node AS b ON b.id = e.dst "
-        f"WHERE 1{filters} ORDER BY e.weight DESC, e.src, e.dst, e.kind, e.session_id LIMIT ?",
+        f"WHERE TRUE{filters} ORDER BY e.weight DESC, e.src, e.dst, e.kind, e.session_id LIMIT ?",
         [*entities, *entities, *params, config.facts * 4],
     ).fetchall()
     named = set(entities)

@@ -52,7 +52,7 @@ async def init(ctx: Context) -> dict[str, Any]:
     db = await ctx.db()
     return {
         "data_dir": str(ctx.data.root),
-        "state_db": str(ctx.data.state_db),
+        "state_db": ctx.store_name,  # the state.db path, or the PostgreSQL URL (no password)
         "schema_version": await schema_version(db),
         "created": not existed,
     }

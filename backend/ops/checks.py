@@ -32,7 +32,7 @@ from typing import Any
 from backend.core import clock
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store import counters
-from backend.store.db import Conn
+from backend.store.db import Conn, engine_of
 from backend.store.events import verify_operator_chain_sync
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
@@ -97,6 +97,8 @@ STRUCTURE_TABLES_SQL = (
 
 
 def structure_tables_sync(conn: Conn) -> list[str]:
+    if engine_of(conn) == "postgresql":
+        return []
     return [r["name"] for r in conn.execute(STRUCTURE_TABLES_SQL).fetchall()]
 
 
@@ -104,6 +106,8 @@ def check_structure_sync(conn: Conn, report: Report, table: str | None = None) -
     """`quick_check` and the foreign keys, of one table (and its indexes) or of the whole file."""
     if "structure" not in report.checked:
         report.checked.append("structure")
+    if engine_of(conn) == "postgresql":
+        return  # PostgreSQL enforces every foreign key on every write and checks its own pages
     target = f"({json.dumps(table)})" if table else ""
     problems = [
         r["quick_check"]
@@ -207,7 +211,7 @@ def check_inputs_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
 # -- invariant 3: a write after a lost lease changes nothing ----------------
 # one reply per step: a steer adds a step (and a reply) to the running execution
 SQL_DOUBLE_REPLY = """
-SELECT json_extract(data, '$.execution_id') AS execution_id, json_extract(data, '$.step') AS step,
+SELECT json_extract(data, '$.execution_id') AS execution_id, CAST(json_extract(data, '$.step') AS BIGINT) AS step,
        group_concat(id) AS messages, count(*) AS replies
 FROM session_message
 WHERE session_id > :lo AND session_id <= :hi AND type = 'assistant'
@@ -217,7 +221,7 @@ GROUP BY 1, 2 HAVING count(*) > 1
 # rows still streaming: few, found through the partial index of open assistant rows
 SQL_OPEN_ASSISTANTS = """
 SELECT session_id, id AS message_id, seq, json_extract(data, '$.execution_id') AS execution_id,
-       json_extract(data, '$.step') AS step, json_extract(data, '$.status') AS status
+       CAST(json_extract(data, '$.step') AS BIGINT) AS step, json_extract(data, '$.status') AS status
 FROM session_message INDEXED BY session_message_open_assistant_idx
 WHERE session_id > :lo AND session_id <= :hi
   AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming'
@@ -457,13 +461,15 @@ def check_recall_index_sync(conn: Conn, report: Report, lo: str, hi: str) -> Non
     rows: dict[str, list[dict[str, Any]]] = {}
     no_fts, vectors_pending = [], []
     index_rows = _rows_sync(conn, SQL_INDEX_ROWS, bounds)
+    # PostgreSQL has no lexical (FTS5) side yet: only the dense side and the rows are checked there
+    lexical = engine_of(conn) != "postgresql"
     ids_by_project: dict[str, set[int]] = {}
     for r in index_rows:
         ids_by_project.setdefault(r["project"], set()).add(r["id"])
-    fts_rows = _fts_rowids_sync(conn, ids_by_project)
+    fts_rows = _fts_rowids_sync(conn, ids_by_project) if lexical else set()
     for r in index_rows:
         rows.setdefault(r["session_id"], []).append(r)
-        if (r["project"], r["id"]) not in fts_rows:
+        if lexical and (r["project"], r["id"]) not in fts_rows:
             no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
         if r["vector_digest"] != r["digest"]:
             vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
@@ -494,11 +500,11 @@ SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, 
        s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
 FROM session AS s
 JOIN (SELECT session_id,
-             total(json_extract(data, '$.usage.input')) AS input,
-             total(json_extract(data, '$.usage.output')) AS output,
-             total(json_extract(data, '$.usage.reasoning')) AS reasoning,
-             total(json_extract(data, '$.usage.cache_read')) AS cache_read,
-             total(json_extract(data, '$.usage.cache_write')) AS cache_write
+             total(CAST(json_extract(data, '$.usage.input') AS DOUBLE PRECISION)) AS input,
+             total(CAST(json_extract(data, '$.usage.output') AS DOUBLE PRECISION)) AS output,
+             total(CAST(json_extract(data, '$.usage.reasoning') AS DOUBLE PRECISION)) AS reasoning,
+             total(CAST(json_extract(data, '$.usage.cache_read') AS DOUBLE PRECISION)) AS cache_read,
+             total(CAST(json_extract(data, '$.usage.cache_write') AS DOUBLE PRECISION)) AS cache_write
       FROM session_message
       WHERE session_id > :lo AND session_id <= :hi
         AND type = 'assistant' AND json_extract(data, '$.status') = 'completed'

@@ -44,18 +44,18 @@ _KINDS_SQL = ", ".join(f"'{k}'" for k in COUNTED_KINDS)
 # one aggregate per id range: the rows never leave SQLite; operator kinds by prefix, so
 # an action added later (operator.resume) is counted without a change here
 FOLD_SQL = f"""
-SELECT kind, json_extract(data, '$.result') AS result, json_extract(data, '$.forced') AS forced,
+SELECT kind, json_extract(data, '$.result') AS result, CAST(json_extract(data, '$.forced') AS TEXT) IN ('1', 'true') AS forced,
        count(*) AS n
 FROM event WHERE id > :after AND id <= :upto
   AND (kind IN ({_KINDS_SQL}) OR kind GLOB 'operator.*')
-  AND (kind != 'execution.completed' OR json_extract(data, '$.turn'))
+  AND (kind != 'execution.completed' OR CAST(json_extract(data, '$.turn') AS TEXT) IN ('1', 'true'))
 GROUP BY 1, 2, 3
 """
 _BUCKET_COLUMNS = ", ".join(f"sum(ms <= {b * 1000:g})" for b in TURN_LATENCY_BUCKETS_S)
 LATENCY_SQL = f"""
 SELECT count(ms), coalesce(sum(ms), 0), {_BUCKET_COLUMNS} FROM (
-  SELECT json_extract(data, '$.latency_ms') AS ms FROM event
-  WHERE id > :after AND id <= :upto AND kind = 'execution.completed' AND json_extract(data, '$.turn'))
+  SELECT CAST(json_extract(data, '$.latency_ms') AS DOUBLE PRECISION) AS ms FROM event
+  WHERE id > :after AND id <= :upto AND kind = 'execution.completed' AND CAST(json_extract(data, '$.turn') AS TEXT) IN ('1', 'true'))
 WHERE ms IS NOT NULL
 """
 LAST_ID_SQL = "SELECT coalesce(max(id), 0) FROM event"

@@ -41,6 +41,8 @@ class Context:
     data: DataDir
     chroma_url: str | None = None
     read_only: bool = False
+    # the state store on PostgreSQL (`--db` / REM_DB_URL); None: state.db in the data dir
+    db_url: str | None = field(default_factory=lambda: settings.db_url)
     operator: str = field(default_factory=operator_name)
     # start a Chroma server for this process's lifetime when none is running
     start_chroma: bool = field(default_factory=lambda: settings.chroma_autostart)
@@ -70,7 +72,18 @@ class Context:
             self._db = await self._open_db()
         return self._db
 
+    @property
+    def store_name(self) -> str:
+        """Which store this context uses, for operators: the state.db path or the URL (no password)."""
+        if self.db_url:
+            from backend.store.postgres import display_url
+
+            return display_url(self.db_url)
+        return str(self.data.state_db)
+
     async def _open_db(self) -> Database:
+        if self.db_url:
+            return await self._open_postgres(self.db_url)
         if self.read_only:
             self.data.check_usable()
             if not self.data.exists():
@@ -88,6 +101,17 @@ class Context:
         db = await Database.open(self.data.state_db)
         try:
             await migrate(db)
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    async def _open_postgres(self, url: str) -> Database:
+        if not self.read_only:
+            self.data.ensure()  # logs, Chroma's folder and up.json still live in the data dir
+        db = await Database.connect(url, read_only=self.read_only)
+        try:
+            await (refuse_unusable(db) if self.read_only else migrate(db))
         except BaseException:
             await db.close()
             raise

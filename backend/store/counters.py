@@ -27,13 +27,21 @@ UPDATE` plus a `DELETE` of a key that fell to 0,
 and each `WHEN` a CASE over `new`/`old` columns: PostgreSQL expresses the
 same as `AFTER ... FOR EACH ROW WHEN (...) EXECUTE FUNCTION` with the body in
 a PL/pgSQL function (`trigger_parts` gives the pieces, per counter and event).
+
+On PostgreSQL the counters are not kept: there the snapshot reads each
+counter's real count (`truth_sql`), and schema v6 creates no triggers and no
+`status_count` table. A kept counter is one row that every writer of its
+table updates: with writers on several hosts it would serialise them until
+commit, and transactions bumping two counters in opposite orders would
+deadlock. Delta rows folded by a reader (or sharded keys) are the way to
+keep them there; until then PostgreSQL pays a count per counter per snapshot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.store.db import Conn
+from backend.store.db import Conn, engine_of
 
 TABLE = "status_count"
 TABLE_SQL = f"""
@@ -222,7 +230,7 @@ def counts_sync(conn: Conn) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """Every counter: the plain ones by name, the keyed ones by name and key (one small read)."""
     plain: dict[str, int] = dict.fromkeys((c.name for c in COUNTERS if c.key is None), 0)
     keyed: dict[str, dict[str, int]] = {c.name: {} for c in COUNTERS if c.key is not None}
-    for name, key, n in conn.execute(f"SELECT name, key, n FROM {TABLE}").fetchall():
+    for name, key, n in _kept_or_real_sync(conn):
         if name in keyed:
             keyed[name][key] = int(n)
         elif name in plain:
@@ -230,8 +238,26 @@ def counts_sync(conn: Conn) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     return plain, keyed
 
 
+def kept_by_triggers(conn: Conn) -> bool:
+    """Whether this store keeps the counters by triggers (SQLite) or counts on each read (PostgreSQL)."""
+    return engine_of(conn) != "postgresql"
+
+
+def _kept_or_real_sync(conn: Conn) -> list[tuple[str, str, int]]:
+    if kept_by_triggers(conn):
+        return [(r[0], r[1], r[2]) for r in conn.execute(f"SELECT name, key, n FROM {TABLE}").fetchall()]
+    return [
+        (counter.name, r["key"], r["n"]) for counter in COUNTERS for r in conn.execute(counter.truth_sql())
+    ]
+
+
 def drift_sync(conn: Conn, counter: Counter) -> list[dict[str, object]]:
-    """Where `counter` differs from the real count, in the caller's read transaction: (key, kept, real)."""
+    """Where `counter` differs from the real count, in the caller's read transaction: (key, kept, real).
+
+    Nothing where the counters are not kept (PostgreSQL): every read is a real count there.
+    """
+    if not kept_by_triggers(conn):
+        return []
     kept = {
         r[0]: int(r[1])
         for r in conn.execute(f"SELECT key, n FROM {TABLE} WHERE name = ?", (counter.name,)).fetchall()

@@ -1,4 +1,4 @@
-"""state.db access on aiosqlite: one connection factory, one write-transaction helper.
+"""The state store: state.db on aiosqlite, or PostgreSQL (`--db URL`) behind the same `Database`.
 
 Every connection runs with `isolation_level=None` (we issue BEGIN ourselves),
 WAL, `synchronous=NORMAL`, a busy timeout, foreign keys and a journal size
@@ -87,6 +87,22 @@ class Conn(Protocol):
     def in_transaction(self) -> bool: ...
 
 
+def engine_of(conn: Conn) -> str:
+    """`sqlite` or `postgresql`: for the few store-layer statements that have no common form."""
+    return str(getattr(conn, "engine", "sqlite"))
+
+
+def skip_locked_sync(conn: Conn) -> str:
+    """The clause a claim or takeover appends to the read of the row it is about to take.
+
+    PostgreSQL (READ COMMITTED, many writers): ` FOR UPDATE SKIP LOCKED`, so
+    the row stays locked until the taker commits and a rival skips it (reads
+    nothing: not claimed) instead of waiting and then acting on a stale read.
+    SQLite: nothing; `BEGIN IMMEDIATE` already made this the only writer.
+    """
+    return " FOR UPDATE SKIP LOCKED" if engine_of(conn) == "postgresql" else ""
+
+
 def translate_sqlite_error(exc: sqlite3.Error, path: Path | str) -> RemError | None:
     """Map an sqlite3 error to the one-line RemError an operator can act on."""
     msg = str(exc).lower()
@@ -169,21 +185,57 @@ def _target(path: Path, read_only: bool) -> tuple[str, bool]:
 
 
 class Database:
-    """One aiosqlite connection to state.db, shared by the tasks of a process.
+    """One connection to the state store, shared by the tasks of a process.
 
-    Tasks take turns through an asyncio lock: SQLite transactions belong to a
+    Tasks take turns through an asyncio lock: transactions belong to a
     connection, so two tasks must never interleave statements inside one.
+    `engine` is `sqlite` (state.db) or `postgresql` (`--db URL`, see
+    `backend.store.postgres`: a psycopg connection shaped like
+    `sqlite3.Connection` on the same kind of worker thread, so every door
+    below and every `_sync` function is shared); `where` names the store in
+    messages (the path, or the URL without its password).
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, read_only: bool) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        read_only: bool,
+        *,
+        engine: str = "sqlite",
+        where: str | None = None,
+    ) -> None:
         self.conn = conn
         self.path = path
         self.read_only = read_only
+        self.engine = engine
+        self.where = where or str(path)
         self._lock = asyncio.Lock()
         # group commit: write_in_thread calls waiting for the next group, and the task committing them
         self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.groups_committed = 0
+
+    @classmethod
+    async def connect(cls, url: str, *, read_only: bool = False) -> Database:
+        """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own."""
+        from backend.store import postgres
+
+        # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
+        # its connector returns the psycopg adapter, so every door below is shared
+        connector = cast(
+            Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only)
+        )
+        conn = aiosqlite.Connection(connector, 64)
+        # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
+        # failed on an unusual path) would keep the process alive at exit, waiting on its queue
+        conn._thread.daemon = True
+        await conn  # a failed connect stops the worker thread itself
+        return cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
+
+    @property
+    def postgres(self) -> bool:
+        return self.engine == "postgresql"
 
     @classmethod
     async def open(cls, path: Path, *, read_only: bool = False) -> Database:
@@ -243,10 +295,10 @@ class Database:
     async def tx(self) -> AsyncIterator[aiosqlite.Connection]:
         """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
         if self.read_only:
-            raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+            raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
         # a statement that fails in the body or at COMMIT (full disk, corrupt page): one clear RemError
         async with self._lock:
-            with self.sqlite_errors():
+            with self.errors():
                 await self.conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield self.conn
@@ -260,27 +312,48 @@ class Database:
         """A short read transaction so several queries see one consistent state."""
         async with self._lock:
             try:
-                with self.sqlite_errors():
+                with self.errors():
                     await self.conn.execute("BEGIN")
                     yield self.conn
             finally:
                 await self._rollback_quietly()
 
-    def sqlite_errors(self) -> AbstractContextManager[None]:
-        """`sqlite_errors` for this database's path."""
+    def errors(self) -> AbstractContextManager[None]:
+        """Errors of this store's engine raised as the one-line RemError naming it."""
+        if self.postgres:
+            from backend.store.postgres import postgres_errors
+
+            return postgres_errors(self.where)
         return sqlite_errors(self.path)
 
+    def sqlite_errors(self) -> AbstractContextManager[None]:
+        """`errors()` (the name callers used before the PostgreSQL store)."""
+        return self.errors()
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """An engine error as its RemError (or unchanged)."""
+        if isinstance(exc, sqlite3.Error):
+            return translate_sqlite_error(exc, self.path) or exc
+        if self.postgres:
+            import psycopg
+
+            from backend.store.postgres import translate_postgres_error
+
+            if isinstance(exc, psycopg.Error):
+                return translate_postgres_error(exc, self.where) or exc
+        return exc
+
     async def _rollback_quietly(self) -> None:
-        if self.conn.in_transaction:
-            try:
+        try:
+            if self.conn.in_transaction:
                 await self.conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                log.warning("rollback failed on %s", self.path, exc_info=True)
+        except Exception:  # sqlite3.Error, or psycopg's on a broken connection
+            log.warning("rollback failed on %s", self.where, exc_info=True)
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one autocommit query and return all rows."""
         async with self._lock:
-            with self.sqlite_errors():
+            with self.errors():
                 return list(await self.conn.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
@@ -309,7 +382,7 @@ class Database:
         while self._lock.locked():
             async with self._lock:
                 pass
-        with self.sqlite_errors():
+        with self.errors():
             return await in_thread(self.conn, fn)
 
     async def read_in_thread(self, fn: Callable[[Conn], T]) -> T:
@@ -339,7 +412,7 @@ class Database:
         group. A call cancelled before its group starts never runs.
         """
         if self.read_only:
-            raise ReadOnly(f"{self.path} is opened read-only; this action needs a writable rem")
+            raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._writes.append((fn, future))
@@ -374,10 +447,8 @@ class Database:
                         continue
                     if ok:
                         fut.set_result(value)
-                    elif isinstance(value, sqlite3.Error):
-                        fut.set_exception(translate_sqlite_error(value, self.path) or value)
                     else:
-                        fut.set_exception(value)
+                        fut.set_exception(self.translate(value))
         except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
             for _, fut in group + self._writes:
                 fut.cancel()
@@ -387,7 +458,15 @@ class Database:
             self._committer = None
 
     async def data_version(self) -> int:
-        """`PRAGMA data_version`: changes whenever another connection commits."""
+        """A number that changes whenever another connection commits.
+
+        SQLite: `PRAGMA data_version`. PostgreSQL: the server's WAL position,
+        which every committed write moves (as do other databases' writes and
+        the server's own upkeep: a spurious change only costs the console a
+        refresh, a missed one cannot happen).
+        """
+        if self.postgres:
+            return int(await self.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
         return int(await self.scalar("PRAGMA data_version"))
 
 
@@ -436,6 +515,16 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
         )
     conn.execute("RELEASE rem_write")
     return True, value
+
+
+def on_postgres(conn: aiosqlite.Connection) -> bool:
+    """Whether an open transaction's connection is the PostgreSQL store's (its raw connection's engine)."""
+    return engine_of(cast(Conn, conn._conn)) == "postgresql"
+
+
+def skip_locked(conn: aiosqlite.Connection) -> str:
+    """`skip_locked_sync` for a transaction opened with `Database.tx()`."""
+    return skip_locked_sync(cast(Conn, conn._conn))
 
 
 async def in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:

@@ -32,7 +32,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.settings import settings
-from backend.store.db import Conn, in_thread
+from backend.store.db import Conn, engine_of, in_thread
 
 
 class EventKind(StrEnum):
@@ -108,11 +108,17 @@ def operator_name() -> str:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str)  # reused: see sessions.dumps
-EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
+# RETURNING, not lastrowid: PostgreSQL has no lastrowid
+EVENT_SQL = (
+    "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
 OPERATOR_EVENT_SQL = (
     "INSERT INTO event (time, kind, actor, session_id, target, data, os_uid, os_user, chain_prev, chain) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
+# PostgreSQL: operator events append one at a time (the chain needs one global order; SQLite's
+# single writer gives it for free), under this transaction-scoped advisory lock
+CHAIN_LOCK = 0x72656D5F63686E  # "rem_chn"
 LAST_CHAIN_SQL = f"SELECT chain FROM event WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id DESC LIMIT 1"
 
 
@@ -146,12 +152,17 @@ def chain_link(previous: str | None, row: tuple[Any, ...]) -> str:
 
 def _append_operator_event(conn: Conn, row: tuple[Any, ...]) -> int:
     """Insert an operator event chained to the last one (inside the caller's write transaction)."""
+    if engine_of(conn) == "postgresql":
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (CHAIN_LOCK,))
     previous = conn.execute(LAST_CHAIN_SQL).fetchone()
     prev = previous[0] if previous is not None else None
     uid, user = os_identity()
     full = (*row, uid, user)
-    cursor = conn.execute(OPERATOR_EVENT_SQL, (*full, prev, chain_link(prev, full)))
-    return int(cursor.lastrowid or 0)
+    return _id(conn.execute(OPERATOR_EVENT_SQL, (*full, prev, chain_link(prev, full))).fetchone())
+
+
+def _id(row: Any) -> int:
+    return int(row[0]) if row is not None else 0
 
 
 async def append_event(
@@ -170,7 +181,7 @@ async def append_event(
         return int(await in_thread(conn, _append_operator_event, row))
     cursor = await conn.execute(EVENT_SQL, row)
     try:
-        return int(cursor.lastrowid or 0)
+        return _id(await cursor.fetchone())
     finally:
         await cursor.close()
 
@@ -189,8 +200,7 @@ def append_event_sync(
     row = _event_row(kind, actor, session_id, target, data, now)
     if str(kind) in OPERATOR_KINDS:
         return _append_operator_event(conn, row)
-    cursor = conn.execute(EVENT_SQL, row)
-    return int(cursor.lastrowid or 0)
+    return _id(conn.execute(EVENT_SQL, row).fetchone())
 
 
 CHAIN_SQL = f"""

@@ -8,6 +8,7 @@ Times are INTEGER ms since the epoch, always supplied by Python.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import aiosqlite
 
@@ -435,11 +436,21 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 async def schema_version(db: Database) -> int:
+    if db.postgres:
+        from backend.store import schema_pg
+
+        return await db.run_in_thread(schema_pg.schema_version_sync)
     return int(await db.scalar("PRAGMA user_version"))
 
 
 async def migrate(db: Database) -> int:
-    """Bring state.db to SCHEMA_VERSION; refuse a database from a newer rem, or not rem's at all."""
+    """Bring the store to SCHEMA_VERSION; refuse a database from a newer rem, or not rem's at all."""
+    if db.postgres:
+        from backend.store import schema_pg
+
+        with db.errors():
+            await db.run_in_thread(partial(schema_pg.migrate_sync, where=db.where))
+        return SCHEMA_VERSION
     current = await schema_version(db)
     _refuse_newer(db, current)
     if current == SCHEMA_VERSION:
@@ -471,6 +482,18 @@ async def refuse_unusable(db: Database) -> None:
     or not migrated yet (a read-only rem never migrates, and cannot read an older schema)."""
     current = await schema_version(db)
     _refuse_newer(db, current)
+    if db.postgres:
+        from backend.store import schema_pg
+
+        if current == 0:
+            schema_pg.refuse_foreign(db.where, current, await db.run_in_thread(schema_pg.foreign_tables_sync))
+            raise DataDirError(f"{db.where} has no rem schema yet; run `rem init --db URL`")
+        if current < SCHEMA_VERSION:
+            raise SchemaTooOld(
+                f"{db.where} has schema version {current}, older than this rem reads ({SCHEMA_VERSION}); "
+                "run `rem init --db URL` to migrate it (that writes)"
+            )
+        return
     if current == 0:
         refuse_foreign(db.path, current, [r["name"] for r in await db.fetchall(FOREIGN_TABLES_SQL)])
         raise DataDirError(f"{db.path} has no rem schema yet; run `rem init --data {db.path.parent}`")
@@ -486,19 +509,20 @@ async def refuse_unusable(db: Database) -> None:
 
 def _refuse_newer(db: Database, current: int) -> None:
     if current > SCHEMA_VERSION:
+        fix = "point --db at another database" if db.postgres else "point --data at another directory"
         raise SchemaTooNew(
-            f"{db.path} has schema version {current}, newer than this rem supports "
-            f"({SCHEMA_VERSION}); upgrade rem or point --data at another directory"
+            f"{db.where} has schema version {current}, newer than this rem supports "
+            f"({SCHEMA_VERSION}); upgrade rem or {fix}"
         )
 
 
 async def _apply(conn: aiosqlite.Connection, script: str) -> None:
     # executescript would COMMIT our BEGIN IMMEDIATE; run statement by statement.
-    for statement in _split_statements(script):
+    for statement in split_statements(script):
         await conn.execute(statement)
 
 
-def _split_statements(script: str) -> list[str]:
+def split_statements(script: str) -> list[str]:
     import sqlite3
 
     statements: list[str] = []

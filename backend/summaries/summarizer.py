@@ -34,7 +34,7 @@ from backend.core.settings import settings
 from backend.models.errors import ModelError
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
-from backend.store.db import execute, fetchone
+from backend.store.db import execute, fetchone, skip_locked
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.store.revision import raw_revision
@@ -179,7 +179,8 @@ class Summarizer(Daemon):
         """In one transaction: read the turns, decide drift by revision, then claim or mark clean."""
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            row = await fetchone(conn, CLAIM_READ_SQL, (session_id,))
+            # PostgreSQL: the job row stays locked until this claim commits; a rival skips it
+            row = await fetchone(conn, CLAIM_READ_SQL + skip_locked(conn), (session_id,))
             if row is None or row["dirty_seq"] <= row["clean_seq"] or (row["lease_expires_at"] or 0) > now:
                 return None
             revision, turns = await raw_revision(conn, session_id)
@@ -209,6 +210,8 @@ class Summarizer(Daemon):
                     },
                 )
             )
+            if not claimed:  # the epoch moved since the read (cannot happen under the row lock): not ours
+                return None
             epoch, attempts = int(claimed[0]["epoch"]), int(claimed[0]["attempts"])
             project = await fetchone(conn, "SELECT project FROM session WHERE id = ?", (session_id,))
             await append_event(
@@ -390,7 +393,7 @@ class Summarizer(Daemon):
             changed = await execute(
                 conn,
                 "UPDATE summary_job SET status = :status, owner_id = NULL, last_error = :error, time_updated = :now, "
-                "lease_expires_at = :retry, clean_seq = CASE WHEN :final THEN MAX(clean_seq, :dirty) "
+                "lease_expires_at = :retry, clean_seq = CASE WHEN :final = 1 THEN MAX(clean_seq, :dirty) "
                 "ELSE clean_seq END " + FENCE,
                 self._fence(
                     claim,

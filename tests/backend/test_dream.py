@@ -34,6 +34,9 @@ from tests.dreamkit import (
     without_revisions,
 )
 
+# Dream on both engines
+pytestmark = pytest.mark.both_stores
+
 TEXTS = [
     "The Chroma Server uses SQLite for durable storage.",
     "Storage on SQLite is durable because of the WAL journal.",
@@ -336,6 +339,7 @@ async def test_selection_is_fair_under_overload_and_skips_no_window(
     assert waiting == published[len(published) - len(waiting) :]
 
 
+@pytest.mark.sqlite_only  # SQLite's EXPLAIN QUERY PLAN
 async def test_the_selection_query_uses_the_partial_index(db_ctx: Context) -> None:
     db = await db_ctx.db()
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + SELECT_PENDING_SQL, {"now": 1, "limit": 10})

@@ -20,6 +20,9 @@ from backend.store import workers
 from backend.store.db import Database
 from tests.helpers import await_until
 
+# the lease and turn paths are the store's hot paths: both engines run them
+pytestmark = pytest.mark.both_stores
+
 LEASE = 2_000
 
 
@@ -462,6 +465,7 @@ async def test_a_stopped_owner_of_another_host_is_waited_out_until_its_lease_exp
     assert await _violations(db) == []
 
 
+@pytest.mark.sqlite_only  # SQLite's EXPLAIN QUERY PLAN
 @pytest.mark.parametrize(
     ("sql", "index"),
     [

@@ -10,6 +10,9 @@ from backend.execution import leases
 from backend.runtime.context import Context
 from backend.store.db import Database
 
+# the lease and turn paths are the store's hot paths: both engines run them
+pytestmark = pytest.mark.both_stores
+
 LEASE = 1_000
 
 

@@ -17,6 +17,9 @@ from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import all_jobs, base_metadata, job, row_id, seed_session, vector_of
 
+# receipt replay on both engines
+pytestmark = pytest.mark.both_stores
+
 DREAM_OVERLAY = {"graphDigested": True, "digestState": "digested"}
 
 

@@ -16,6 +16,9 @@ from backend.summaries.synthesizer import Synthesis, Turn
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import add_turn, job, row_id, seed_session
 
+# summaries, receipts and Dream on both engines
+pytestmark = pytest.mark.both_stores
+
 
 async def run_once(ctx: Context, synthesizer: object | None = None) -> CountingSynthesizer:
     counting = synthesizer or CountingSynthesizer()
@@ -127,6 +130,7 @@ async def test_a_failing_model_is_retried_with_backoff_then_parked(ctx: Context,
     assert len(failing.calls) == MAX_ATTEMPTS  # parked until the turns change
 
 
+@pytest.mark.sqlite_only  # SQLite's EXPLAIN QUERY PLAN
 async def test_drift_and_recovery_selections_use_their_partial_indexes(ctx: Context) -> None:
     db = await ctx.db()
     for sql, index in (

@@ -218,7 +218,7 @@ def test_a_read_only_command_on_an_older_schema_says_to_migrate_and_writes_nothi
     data.mkdir(mode=0o700)
     conn = sqlite3.connect(data / "state.db", isolation_level=None)
     for script in schema.MIGRATIONS[:-1]:
-        for statement in schema._split_statements(script):
+        for statement in schema.split_statements(script):
             conn.execute(statement)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
     conn.close()

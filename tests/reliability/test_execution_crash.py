@@ -8,6 +8,7 @@ test stays bounded; waits are conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -16,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,8 @@ from backend.core.datadir import DataDir
 from backend.execution import leases, projection, sessions
 from backend.runtime.context import Context
 from backend.store import workers
-from backend.store.db import Database
+from backend.store.db import Conn, Database
+from backend.store.postgres import PgConnection
 from tests.helpers import rem_env, rem_json, spawn_rem, wait_until
 
 LEASE_MS = 1500
@@ -53,8 +56,19 @@ def _connect(data: Path) -> sqlite3.Connection:
     return conn
 
 
-def _query(data: Path, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-    with _connect(data) as conn:
+@contextlib.contextmanager
+def _store(data: Path) -> Iterator[Conn]:
+    """The test's state store, read as the daemons write it: state.db, or PostgreSQL (REM_DB_URL)."""
+    url = os.environ.get("REM_DB_URL")
+    conn: Conn = PgConnection(url) if url else _connect(data)
+    try:
+        yield conn
+    finally:
+        conn.close()  # type: ignore[attr-defined]
+
+
+def _query(data: Path, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    with _store(data) as conn:
         return conn.execute(sql, params).fetchall()
 
 
@@ -85,7 +99,7 @@ def _all_done(data: Path) -> bool:
 
 
 def _violations(data: Path) -> list[dict[str, Any]]:
-    with _connect(data) as conn:
+    with _store(data) as conn:
         return projection.transcript_violations_sync(conn)
 
 
@@ -293,6 +307,7 @@ WORK = [
 ]
 
 
+@pytest.mark.both_stores
 @pytest.mark.parametrize(
     ("point", "phase"),
     [
@@ -303,7 +318,7 @@ WORK = [
     ],
 )
 def test_sigkill_at_a_fault_point_is_recovered_by_another_executor(
-    tmp_path: Path, point: str, phase: str
+    tmp_path: Path, point: str, phase: str, db_url: str | None
 ) -> None:
     data = tmp_path / "d"
     _admit(data, WORK)
@@ -387,7 +402,10 @@ def test_sigterm_drains_the_turn_in_flight_and_needs_no_recovery(tmp_path: Path)
 # -- operator release of a dead owner's lease ---------------------------------------------------
 
 
-def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(tmp_path: Path) -> None:
+@pytest.mark.both_stores
+def test_releasing_a_killed_owners_lease_is_taken_over_within_a_second(
+    tmp_path: Path, db_url: str | None
+) -> None:
     data = tmp_path / "d"
     _admit(data, [("s1", "A question that will outlive its executor?", "queue")])
     slow = {"REM_EXECUTION_LEASE_MS": "30000", "REM_AGENT_DELAY_MS": "200"}
@@ -438,9 +456,10 @@ def _record_exit(data: Path, pid: int, host: str) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.both_stores
 @pytest.mark.parametrize("rescuer_host", ["host-a", "host-b"])
 def test_a_killed_owner_is_taken_over_at_once_on_its_host_and_after_expiry_elsewhere(
-    tmp_path: Path, rescuer_host: str
+    tmp_path: Path, rescuer_host: str, db_url: str | None
 ) -> None:
     data = tmp_path / "d"
     _admit(data, [("s1", "A question that will outlive its executor?", "queue")])

@@ -1,0 +1,442 @@
+"""The PostgreSQL state store: a DB-API connection shaped like `sqlite3.Connection`, over psycopg 3.
+
+rem's SQL is written once, in SQLite's dialect, and runs on both engines. The
+few differences are translated here, once per distinct statement (cached):
+
+| SQLite (as written in rem)        | PostgreSQL (as sent)                              |
+|-----------------------------------|---------------------------------------------------|
+| `?`, `:name` placeholders         | `%s`, `%(name)s` (and a literal `%` doubled)      |
+| `a IS b`, `a IS NOT b` (null-safe)| `a IS NOT DISTINCT FROM b`, `a IS DISTINCT FROM b`|
+| `max(a, b)`, `min(a, b)` (scalar) | `GREATEST(a, b)`, `LEAST(a, b)`                   |
+| `BEGIN IMMEDIATE` (a writer)      | `BEGIN ISOLATION LEVEL READ COMMITTED`            |
+| `BEGIN` (rem's read snapshots)    | `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY` |
+| `x GLOB 'a.*'` (literal pattern)  | `x LIKE 'a.%'`                                    |
+| `CROSS JOIN t ON` (join order)    | `JOIN t ON`                                       |
+| `INDEXED BY idx` (planner hint)   | nothing: PostgreSQL's planner chooses             |
+| `:x IS NULL` (a bare parameter)   | `CAST(%(x)s AS text) IS NULL` (a type to infer)   |
+
+and values: a Python `bool` is stored as 0/1 as SQLite stores it, `numeric`
+results (`sum()` of integers) come back as `int` (or `float`), never
+`Decimal`, and rows are read by column name or index like `sqlite3.Row`.
+Functions SQLite has and PostgreSQL lacks (`json_extract`, `json_valid`) are
+created by the schema (`backend.store.schema_pg`).
+
+Why a synchronous connection: the executor's hot path runs plain functions on
+the database thread (`Database.write_in_thread`, group commit) with a raw
+connection; the same functions run here unchanged. aiosqlite's `Connection`
+is the worker thread (its connector returns a `PgConnection`), so every
+async door of `Database` (tx, snapshot, group commit) is the same code on
+both engines.
+
+Concurrency (why READ COMMITTED, not SERIALIZABLE): a write transaction may
+not be re-run, because the `_sync` functions of the turn path move Python
+state (`state.step`, `lease.expires_at`) after their SQL. So every write
+that must not race is made safe by itself: claims and takeovers lock their
+row (`FOR UPDATE SKIP LOCKED`) and bump the epoch conditioned on the epoch
+they read; every fenced write is `UPDATE ... WHERE owner AND epoch` and
+checks its row count (READ COMMITTED re-evaluates the predicate after
+waiting for a rival's lock, so a committed takeover leaves 0 rows: `LeaseLost`).
+Reads that must see one state (`BEGIN`: status, check, the console) run
+REPEATABLE READ READ ONLY, one snapshot, as SQLite's read transaction.
+
+A connection that breaks (server restart, failover) is re-opened before the
+next transaction, never inside one: a transaction that lost its connection
+fails as a whole (`DatabaseUnreachable`, nothing of it written).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.pq import TransactionStatus
+from psycopg.rows import RowMaker, tuple_row
+
+from backend.core.errors import (
+    DatabaseFull,
+    DatabaseLocked,
+    DatabaseUnreachable,
+    DataDirError,
+    ReadOnly,
+    RemError,
+)
+from backend.core.settings import settings
+
+log = logging.getLogger("rem.postgres")
+
+SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(url: str | None) -> bool:
+    return bool(url) and str(url).startswith(SCHEMES)
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# -- SQL translation -----------------------------------------------------------
+_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*")
+_PLACEHOLDER = re.compile(r"\?|(?<![:\w]):([A-Za-z_]\w*)|%")
+_IS_NOT = re.compile(r"\bIS\s+NOT\s+(?!NULL\b|DISTINCT\b|TRUE\b|FALSE\b)", re.IGNORECASE)
+_IS = re.compile(r"\bIS\s+(?!NOT\b|NULL\b|DISTINCT\b|TRUE\b|FALSE\b|JSON\b)", re.IGNORECASE)
+_MINMAX = re.compile(r"\b(max|min)\s*\(", re.IGNORECASE)
+_PARAM_IS_NULL = re.compile(r"(%\(\w+\)s|%s)(\s+IS\s+(?:NOT\s+)?NULL\b)", re.IGNORECASE)
+_INDEX_HINT = re.compile(r"\b(?:INDEXED\s+BY\s+\w+|NOT\s+INDEXED)\b", re.IGNORECASE)
+_GLOB = re.compile(r"\bGLOB\s+'([^'%_]*)'", re.IGNORECASE)
+# SQLite's `CROSS JOIN t ON ...` is an inner join whose order the planner keeps (a hint)
+_CROSS_JOIN_ON = re.compile(r"\bCROSS\s+JOIN\s+(\w+(?:\s+AS\s+\w+)?\s+ON)\b", re.IGNORECASE)
+_STATEMENTS = {
+    "BEGIN IMMEDIATE": "BEGIN ISOLATION LEVEL READ COMMITTED",
+    "BEGIN": "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+}
+
+
+@functools.lru_cache(maxsize=4096)
+def translate_sql(sql: str) -> str:
+    """rem's SQLite-dialect statement as PostgreSQL runs it (see the module doc)."""
+    whole = _STATEMENTS.get(" ".join(sql.split()).upper())
+    if whole is not None:
+        return whole
+    sql = _GLOB.sub(_glob_as_like, sql)
+    out, last = [], 0
+    for literal in _LITERAL.finditer(sql):
+        out.append(_translate_code(sql[last : literal.start()]))
+        out.append(literal.group(0).replace("%", "%%") if not literal.group(0).startswith("--") else "")
+        last = literal.end()
+    out.append(_translate_code(sql[last:]))
+    return "".join(out)
+
+
+def _glob_as_like(match: re.Match[str]) -> str:
+    """`x GLOB 'a.*'` (a literal pattern without LIKE's own wildcards) as `x LIKE 'a.%'`."""
+    return "LIKE '" + match.group(1).replace("*", "%").replace("?", "_") + "'"
+
+
+def _translate_code(code: str) -> str:
+    code = _INDEX_HINT.sub("", code)  # SQLite's planner hints; PostgreSQL plans for itself
+    code = _CROSS_JOIN_ON.sub(r"JOIN \1", code)
+    code = _IS_NOT.sub("IS DISTINCT FROM ", code)
+    code = _IS.sub("IS NOT DISTINCT FROM ", code)
+    code = _scalar_minmax(code)
+    code = _PLACEHOLDER.sub(_placeholder, code)
+    # `:x IS NULL` alone gives a NULL parameter no type PostgreSQL can infer
+    return _PARAM_IS_NULL.sub(r"CAST(\1 AS text)\2", code)
+
+
+def _placeholder(match: re.Match[str]) -> str:
+    if match.group(0) == "?":
+        return "%s"
+    if match.group(0) == "%":
+        return "%%"
+    return f"%({match.group(1)})s"
+
+
+def _scalar_minmax(code: str) -> str:
+    """`max(a, b)` (SQLite's scalar form, two or more arguments) as GREATEST; aggregates untouched."""
+    pos = 0
+    while True:
+        match = _MINMAX.search(code, pos)
+        if match is None:
+            return code
+        depth, commas, end = 0, 0, match.end() - 1
+        for end in range(match.end() - 1, len(code)):
+            char = code[end]
+            if char == "(":
+                depth += 1
+            elif char == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            elif char == "," and depth == 1:
+                commas += 1
+        if commas:
+            name = "GREATEST" if match.group(1).lower() == "max" else "LEAST"
+            code = code[: match.start()] + name + "(" + code[match.end() :]
+        pos = match.start() + 1
+
+
+# -- rows and values -----------------------------------------------------------
+class Row:
+    """A result row read by column name or by index, like `sqlite3.Row`."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, values: Sequence[Any], index: Mapping[str, int]) -> None:
+        self._values = values
+        self._index = index
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, str):
+            return self._values[self._index[key]]
+        return self._values[key]
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Row):
+            return tuple(self._values) == tuple(other._values) and self._index == other._index
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values))
+
+    def __repr__(self) -> str:
+        return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
+
+
+def named_row(cursor: Any) -> RowMaker[Row]:
+    """psycopg row factory: `Row`s sharing one name -> index map per result."""
+    description = cursor.description or []
+    index = {column.name: i for i, column in enumerate(description)}
+
+    def make(values: Sequence[Any]) -> Row:
+        return Row(values, index)
+
+    return make
+
+
+class BoolAsIntDumper(Dumper):
+    """`True`/`False` as 1/0: rem's flag columns are integers, as SQLite stores booleans."""
+
+    oid = psycopg.postgres.types["int8"].oid
+
+    def dump(self, obj: bool) -> bytes:
+        return b"1" if obj else b"0"
+
+
+class NumericAsNumberLoader(Loader):
+    """`numeric` (e.g. `sum()` of bigints) as int when whole, else float: no `Decimal` leaks into JSON."""
+
+    def load(self, data: Buffer) -> int | float:
+        text = bytes(data)
+        if b"." in text or b"N" in text or b"e" in text.lower():
+            return float(text)
+        return int(text)
+
+
+# -- the connection ----------------------------------------------------------
+class PgCursor:
+    """The part of `sqlite3.Cursor` rem (and aiosqlite) uses, over a psycopg cursor."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        return None  # PostgreSQL has none: rem reads generated ids with RETURNING
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    @property
+    def row_factory(self) -> Any:
+        return self._cursor.row_factory
+
+    @row_factory.setter
+    def row_factory(self, factory: Any) -> None:
+        # sqlite3's None means plain tuples
+        self._cursor.row_factory = tuple_row if factory is None else named_row
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone() if self._cursor.description is not None else None
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        if self._cursor.description is None:
+            return []
+        return self._cursor.fetchmany(size or self._cursor.arraysize)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+_WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+class PgConnection:
+    """A psycopg connection that takes rem's SQLite-dialect SQL and answers like `Conn`.
+
+    Autocommit at the protocol level, like `isolation_level=None` in sqlite3:
+    rem issues BEGIN / COMMIT itself.
+    """
+
+    engine = "postgresql"
+
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
+        self.url = url
+        self.read_only = read_only
+        self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
+        self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
+        self._in_tx = False
+        self.raw = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        with postgres_errors(self.url):
+            raw = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=max(2, settings.busy_timeout_ms // 1000),
+                options=session_options(read_only=self.read_only),
+                application_name="rem",
+            )
+        raw.adapters.register_dumper(bool, BoolAsIntDumper)
+        raw.adapters.register_loader("numeric", NumericAsNumberLoader)
+        return raw
+
+    def _live(self) -> psycopg.Connection[Any]:
+        if self.raw.closed or self.raw.broken:
+            if self._in_tx:
+                raise DatabaseUnreachable(
+                    f"the connection to {display_url(self.url)} broke inside a transaction; "
+                    "nothing of it was written; retry"
+                )
+            log.warning("reconnecting to %s", display_url(self.url))
+            self.raw = self._connect()
+        return self.raw
+
+    def execute(self, sql: str, parameters: Any = ()) -> PgCursor:
+        statement = translate_sql(sql)
+        head = statement[:8].upper()
+        if head.startswith(("COMMIT", "ROLLBACK")) and " TO " not in statement.upper():
+            return self._end(statement)
+        cursor = self._live().cursor(row_factory=named_row)
+        cursor.execute(statement, parameters if parameters is not None else ())
+        if head.startswith("BEGIN"):
+            self._in_tx = True
+        elif head.startswith(_WRITES) and cursor.rowcount > 0:
+            self.total_changes += cursor.rowcount
+        return PgCursor(cursor)
+
+    def _end(self, statement: str) -> PgCursor:
+        was_in_tx, self._in_tx = self._in_tx, False
+        if (self.raw.closed or self.raw.broken) and statement.upper().startswith("ROLLBACK"):
+            return PgCursor(self.raw.cursor())  # the server already dropped the transaction
+        if not was_in_tx and self.raw.info.transaction_status == TransactionStatus.IDLE:
+            return PgCursor(self.raw.cursor())
+        cursor = self.raw.cursor(row_factory=named_row)
+        cursor.execute(statement)
+        return PgCursor(cursor)
+
+    def executemany(self, sql: str, seq_of_parameters: Any) -> PgCursor:
+        cursor = self._live().cursor(row_factory=named_row)
+        statement = translate_sql(sql)
+        cursor.executemany(statement, list(seq_of_parameters))
+        if statement.lstrip()[:6].upper().startswith(_WRITES) and cursor.rowcount > 0:
+            self.total_changes += cursor.rowcount
+        return PgCursor(cursor)
+
+    def cursor(self) -> PgCursor:
+        return PgCursor(self._live().cursor(row_factory=named_row))
+
+    @property
+    def in_transaction(self) -> bool:
+        if self.raw.closed or self.raw.broken:
+            return self._in_tx
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            self.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def session_options(*, read_only: bool) -> str:
+    """Server settings for every rem connection (libpq `options`)."""
+    busy = settings.busy_timeout_ms
+    options = {
+        # no write transaction waits on a row lock longer than SQLite's busy timeout would
+        "lock_timeout": f"{busy}ms",
+        # a stopped (SIGSTOP) or vanished client cannot hold row locks for ever
+        "idle_in_transaction_session_timeout": f"{max(busy, 5_000)}ms",
+    }
+    if read_only:
+        options["default_transaction_read_only"] = "on"
+    return " ".join(f"-c {key}={value}" for key, value in options.items())
+
+
+# -- errors ----------------------------------------------------------------------
+CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def translate_postgres_error(exc: psycopg.Error, url: str) -> RemError | None:
+    """Map a psycopg error to the one-line RemError an operator can act on (None: not ours to map)."""
+    where = display_url(url)
+    state = exc.sqlstate or ""
+    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
+        return DatabaseLocked(
+            f"{where}: a concurrent transaction conflicted with this one ({state}); "
+            "nothing of it was written; retry"
+        )
+    if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
+        return DatabaseLocked(
+            f"{where}: a row lock stayed held by another transaction for more than "
+            f"{settings.busy_timeout_ms / 1000:g} s; retry, or find the holder in pg_stat_activity"
+        )
+    if isinstance(exc, psycopg.errors.DiskFull):
+        return DatabaseFull(f"{where}: the database server is out of disk space; free space, then retry")
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return ReadOnly(f"{where} is opened read-only; this action needs a writable rem")
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return DataDirError(
+            f"{where}: permission denied ({exc}); grant rem's role access, or use another --db"
+        )
+    if state.startswith(CONNECTION_SQLSTATES) or (isinstance(exc, psycopg.OperationalError) and not state):
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return DatabaseUnreachable(
+            f"cannot reach the state store at {where} ({detail}); "
+            "check --db / REM_DB_URL and that the server is up"
+        )
+    return None
+
+
+class postgres_errors:
+    """Raise a psycopg error from inside as the one-line RemError for `url` (others unchanged)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> Literal[False]:
+        if isinstance(exc, psycopg.Error):
+            translated = translate_postgres_error(exc, self.url)
+            if translated is not None:
+                raise translated from exc
+        return False

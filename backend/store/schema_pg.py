@@ -1,0 +1,275 @@
+"""The PostgreSQL twin of the state.db schema, versioned in a table, forward migrations only.
+
+Migration N on PostgreSQL is SQLite's migration N (`backend.store.schema`)
+translated statement by statement (`pg_ddl`): INTEGER -> BIGINT (times are
+ms), REAL -> DOUBLE PRECISION, BLOB -> BYTEA, AUTOINCREMENT -> an identity
+column, `IS [NOT]` -> `IS [NOT] DISTINCT FROM`, no WITHOUT ROWID. A
+statement that has no mechanical twin (a trigger, a virtual table) must have
+a hand-written one in `TWINS`, named by its object; without it building the
+PostgreSQL migrations fails, so a new SQLite-only construct cannot slip by
+(tests/backend/test_schema_pg.py builds them all).
+
+What PostgreSQL needs besides (`PRELUDE`, in migration 1): the SQLite
+functions rem's SQL uses (`json_valid`, `json_extract`, `json_set`,
+`json_each`, `group_concat`), the version table (`rem_schema_version`, one
+row per applied migration: the `user_version` of this engine), and a
+`rowid` identity column where rem reads SQLite's implicit one.
+
+Lexical recall (FTS5 tables, created by `backend.memory` at run time) has no
+PostgreSQL twin yet: recall on PostgreSQL refuses in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import cast
+
+from backend.core import clock
+from backend.core.errors import DataDirError, SchemaTooNew
+from backend.store import counters
+from backend.store.db import Conn
+from backend.store.postgres import PgConnection
+
+log = logging.getLogger("rem.schema")
+
+VERSION_TABLE = "rem_schema_version"
+# one advisory lock key for migrations: two hosts running `rem init` at once take turns
+MIGRATION_LOCK = 0x72656D5F736368  # "rem_sch"
+
+PRELUDE = f"""
+CREATE TABLE {VERSION_TABLE} (
+    version    INTEGER PRIMARY KEY,
+    applied_at BIGINT NOT NULL
+);
+-- SQLite's JSON functions, as rem's SQL uses them (IS JSON: PostgreSQL 16+)
+CREATE FUNCTION json_valid(value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT value IS JSON $$;
+-- '$.a.b' paths only (all rem writes); values come back as text, numbers included
+CREATE FUNCTION json_extract(value text, path text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT (value::jsonb) #>> coalesce(string_to_array(nullif(substr(path, 3), ''), '.'), '{{}}') $$;
+-- json_set(doc, path, text, ...): rem sets strings (and NULL) only
+CREATE FUNCTION json_set(doc text, VARIADIC kv text[]) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    result jsonb := doc::jsonb;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(kv, 1), 0) - 1 BY 2 LOOP
+        result := jsonb_set(result, string_to_array(substr(kv[i], 3), '.'),
+                            coalesce(to_jsonb(kv[i + 1]), 'null'::jsonb), true);
+    END LOOP;
+    RETURN result::text;
+END $$;
+-- the table-valued json_each(doc, path): (key, value) of an object's members or an array's elements
+CREATE FUNCTION json_each(doc text, path text) RETURNS TABLE (key text, value text)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    WITH x(v) AS (SELECT (doc::jsonb) #> coalesce(string_to_array(nullif(substr(path, 3), ''), '.'), '{{}}'))
+    SELECT e.key, e.value FROM x, jsonb_each_text(CASE WHEN jsonb_typeof(x.v) = 'object' THEN x.v END) AS e
+    UNION ALL
+    SELECT (a.o - 1)::text, a.v
+    FROM x, jsonb_array_elements_text(CASE WHEN jsonb_typeof(x.v) = 'array' THEN x.v END)
+         WITH ORDINALITY AS a(v, o)
+$$;
+-- SQLite's group_concat(x): comma-separated, NULLs skipped
+CREATE FUNCTION rem_concat_comma(acc text, value text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN value IS NULL THEN acc WHEN acc IS NULL THEN value ELSE acc || ',' || value END $$;
+CREATE AGGREGATE group_concat(text) (SFUNC = rem_concat_comma, STYPE = text);
+-- group_concat(x, separator)
+CREATE FUNCTION rem_concat_sep(acc text, value text, sep text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN value IS NULL THEN acc WHEN acc IS NULL THEN value ELSE acc || sep || value END $$;
+CREATE AGGREGATE group_concat(text, text) (SFUNC = rem_concat_sep, STYPE = text);
+CREATE FUNCTION json_each(doc text) RETURNS TABLE (key text, value text)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT * FROM json_each(doc, '$') $$;
+-- SQLite's total(x): a float sum, 0.0 over no rows
+CREATE AGGREGATE total(double precision) (SFUNC = float8pl, STYPE = double precision, INITCOND = '0');
+-- SQLite's comparisons are 0/1 integers: sum(a < b) counts the rows where it holds
+CREATE FUNCTION rem_sum_bool(acc bigint, value boolean) RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN value IS NULL THEN acc ELSE coalesce(acc, 0) + value::int END $$;
+CREATE AGGREGATE sum(boolean) (SFUNC = rem_sum_bool, STYPE = bigint);
+-- SQLite's `doc ->> 'key'` on JSON text (a member as SQL text; '$.a.b' paths too)
+CREATE FUNCTION rem_json_field(doc text, key text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN left(key, 1) = '$'
+                THEN (doc::jsonb) #>> coalesce(string_to_array(nullif(substr(key, 3), ''), '.'), '{{}}')
+                ELSE (doc::jsonb) ->> key END $$;
+CREATE OPERATOR ->> (LEFTARG = text, RIGHTARG = text, FUNCTION = rem_json_field);
+-- json_group_array(x): a JSON array (text) of the group's values
+CREATE FUNCTION rem_json_append(acc jsonb, value text) RETURNS jsonb LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(acc, '[]'::jsonb) || jsonb_build_array(value) $$;
+CREATE FUNCTION rem_json_text(acc jsonb) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(acc, '[]'::jsonb)::text $$;
+CREATE AGGREGATE json_group_array(text) (SFUNC = rem_json_append, STYPE = jsonb, FINALFUNC = rem_json_text);
+-- SQLite's catalog as rem reads it (which tables exist): this schema's tables; no FTS5 table
+-- ever exists here, so lexical recall finds none to search (see the module doc)
+CREATE VIEW sqlite_master AS
+    SELECT 'table'::text AS type, tablename::text AS name, NULL::text AS sql
+    FROM pg_tables WHERE schemaname = current_schema();
+CREATE FUNCTION rem_refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME;
+END $$;
+"""
+
+# SQLite's implicit `rowid`, which rem reads on these two tables (the status snapshot counts
+# rows added since the last refresh): an identity column of that name, so the SQL is shared
+ROWID_COLUMNS = "".join(
+    f"ALTER TABLE {table} ADD COLUMN rowid BIGINT GENERATED ALWAYS AS IDENTITY;\n"
+    f"CREATE UNIQUE INDEX {table}_rowid_idx ON {table}(rowid);\n"
+    for table in ("session", "session_input")
+)
+
+
+# Hand-written twins of the statements that do not translate, by object name.
+TWINS: dict[str, str] = {
+    "event_no_update": "CREATE TRIGGER event_no_update BEFORE UPDATE ON event "
+    "FOR EACH ROW EXECUTE FUNCTION rem_refuse_update();",
+    "event_operator_kept": """
+CREATE FUNCTION rem_keep_operator_events() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF old.kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
+                    'operator.resume', 'operator.refused') THEN
+        RAISE EXCEPTION 'operator events are the audit journal: never pruned, never deleted';
+    END IF;
+    RETURN old;
+END $$;
+CREATE TRIGGER event_operator_kept BEFORE DELETE ON event
+    FOR EACH ROW EXECUTE FUNCTION rem_keep_operator_events();""",
+}
+# The status counters' triggers (schema v6) have none on purpose: PostgreSQL counts on each read
+# and keeps no `status_count` (backend/store/counters.py says why); an empty twin is no statement.
+TWINS.update(
+    {
+        name: ""
+        for counter in counters.COUNTERS
+        for name, _event, _when, _body in counters.trigger_parts(counter)
+    }
+)
+# what PostgreSQL adds after SQLite's migration N (1-based)
+AFTER: dict[int, str] = {1: ROWID_COLUMNS, 6: f"DROP TABLE {counters.TABLE}"}
+
+_NO_TWIN = re.compile(r"^\s*(CREATE\s+(TRIGGER|VIRTUAL\s+TABLE)|DROP\s+TRIGGER|PRAGMA)\b", re.IGNORECASE)
+_OBJECT_NAME = re.compile(
+    r"^\s*(?:CREATE|DROP)\s+(?:VIRTUAL\s+TABLE|TRIGGER)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(\w+)", re.IGNORECASE
+)
+_TYPES = (
+    (
+        re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b", re.I),
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    ),
+    # SQLite's rowid alias assigns an id when none is given, as an identity column does
+    (
+        re.compile(r"\bINTEGER\s+PRIMARY\s+KEY\b(?!\s*\()", re.I),
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    ),
+    (re.compile(r"\bINTEGER\b", re.I), "BIGINT"),
+    (re.compile(r"\bREAL\b", re.I), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b", re.I), "BYTEA"),
+    (re.compile(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", re.I), ")"),
+    (re.compile(r"\bIS\s+NOT\s+(?!NULL\b|DISTINCT\b|TRUE\b|FALSE\b)", re.I), "IS DISTINCT FROM "),
+    (re.compile(r"\bIS\s+(?!NOT\b|NULL\b|DISTINCT\b|TRUE\b|FALSE\b|JSON\b)", re.I), "IS NOT DISTINCT FROM "),
+)
+
+
+class SchemaTwinMissing(RuntimeError):
+    """A SQLite migration statement with no PostgreSQL twin: add one to TWINS."""
+
+
+def pg_ddl(script: str) -> list[str]:
+    """One SQLite migration as PostgreSQL statements (see the module doc)."""
+    from backend.store.schema import split_statements
+
+    statements = []
+    for statement in split_statements(script):
+        if _NO_TWIN.match(statement):
+            name = _OBJECT_NAME.match(statement)
+            twin = TWINS.get(name.group(1)) if name else None
+            if twin is None:
+                raise SchemaTwinMissing(
+                    f"no PostgreSQL twin for: {statement.splitlines()[0]} ... "
+                    "(add one to backend/store/schema_pg.py TWINS)"
+                )
+            if twin:
+                statements.append(twin)
+            continue
+        for pattern, replacement in _TYPES:
+            statement = pattern.sub(replacement, statement)
+        statements.append(statement.rstrip().rstrip(";"))
+    return statements
+
+
+def pg_migrations() -> list[list[str]]:
+    """Every PostgreSQL migration: statements of migration N at index N - 1."""
+    from backend.store.schema import MIGRATIONS
+
+    built = []
+    for number, script in enumerate(MIGRATIONS, start=1):
+        statements = ([PRELUDE] if number == 1 else []) + pg_ddl(script)
+        if number in AFTER:
+            statements.append(AFTER[number])
+        built.append(statements)
+    return built
+
+
+def schema_version_sync(conn: Conn) -> int:
+    """The highest migration applied (0: no rem schema)."""
+    row = conn.execute(f"SELECT to_regclass('{VERSION_TABLE}') IS NOT NULL AS present").fetchone()
+    if not row["present"]:
+        return 0
+    return int(conn.execute(f"SELECT coalesce(max(version), 0) AS v FROM {VERSION_TABLE}").fetchone()["v"])
+
+
+def foreign_tables_sync(conn: Conn) -> list[str]:
+    rows = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename"
+    ).fetchall()
+    return [r["tablename"] for r in rows]
+
+
+def refuse_foreign(where: str, version: int, tables: list[str]) -> None:
+    """Never touch another program's tables: rem's schema is versioned, or empty."""
+    if version == 0 and tables:
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise DataDirError(
+            f"{where} already holds tables that are not rem's ({shown}); "
+            "point --db at an empty database (or a schema of its own via ?options=-csearch_path=...)"
+        )
+
+
+def refuse_newer(where: str, version: int, supported: int) -> None:
+    if version > supported:
+        raise SchemaTooNew(
+            f"{where} has schema version {version}, newer than this rem supports "
+            f"({supported}); upgrade rem or point --db at another database"
+        )
+
+
+def migrate_sync(conn: Conn, where: str) -> tuple[int, int]:
+    """Bring the database to the newest schema in one transaction; returns (from, to)."""
+    from backend.store.events import append_event_sync
+
+    migrations = pg_migrations()
+    target = len(migrations)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+        current = schema_version_sync(conn)
+        refuse_newer(where, current, target)
+        refuse_foreign(where, current, foreign_tables_sync(conn))
+        raw = cast(PgConnection, conn).raw  # DDL with $$ bodies goes to psycopg as written
+        now = clock.now_ms()
+        for number in range(current + 1, target + 1):
+            for statement in migrations[number - 1]:
+                raw.execute(statement)
+            conn.execute(f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (?, ?)", (number, now))
+            log.info("migrated %s to schema version %d", where, number)
+        if current < target:
+            append_event_sync(
+                conn, kind="schema.migrated", actor="rem", data={"from": current, "to": target}, now=now
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return current, target
