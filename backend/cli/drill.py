@@ -40,6 +40,7 @@ def sigkill(
         ),
     ] = False,
     data: common.DataOpt = None,
+    db: common.DbOpt = None,
     json: common.JsonOpt = False,
 ) -> int:
     """SIGKILL daemons at random points under load, restart them, let it settle, then `rem check`.
@@ -47,11 +48,18 @@ def sigkill(
     Uses a private temporary data dir unless --data is given: removed when the
     drill passes, kept (and named) when it fails. Exit 1 on any violation.
 
+    With --db (or $REM_DB_URL) a PostgreSQL store: two host identities, host-a and
+    host-b, each a `rem up` with its own data dir, share the store and host-a's Chroma.
+
     Example: rem drill sigkill --role all --rounds 20 --json
+    Example: rem drill sigkill --db postgresql://localhost/rem --role all --rounds 20
     """
     from backend.cli.render import drill_round_printer, print_drill
     from backend.runtime.context import Context
-    from backend.tools.drill import DrillConfig, private_data_dir, run_drill
+    from backend.tools.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
+
+    common.use_db_url(db)
+    from backend.core.settings import settings
 
     config = DrillConfig(
         role=role,
@@ -61,6 +69,7 @@ def sigkill(
         lease_ms=lease_ms,
         pause=pause,
         settle_timeout_s=settle_timeout,
+        hosts=PG_HOSTS if settings.db_url else (),
     )
     config.victims()
     ctx = Context(common.make_context(data, None).data if data else private_data_dir())

@@ -11,6 +11,12 @@ load stops, the system settles, and `rem check --settled` must find nothing.
 
 Leases are shortened for the drill's own system (`lease_ms`) so twenty rounds
 fit in minutes; the mechanism under test is the same as with 30 s leases.
+
+On PostgreSQL (`hosts`, set by `rem drill sigkill --db URL`) the drill runs one
+`rem up` per host identity (`REM_HOST`), each on its own data dir (logs, up.json)
+and all on the shared store; the first host's Chroma server is everyone's. The
+victims are drawn from every host, so a lease taken by host-a is taken over by
+host-b and the other way round.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ ROLES = ("executor", "summarizer", "dream", "chroma")
 # The paused process wakes up believing it still holds its leases: only fencing stops
 # its late writes from landing, so this is the round that proves fencing.
 ZOMBIE = "zombie"
+# the host identities of a drill on PostgreSQL (`--db`): two hosts, one store
+PG_HOSTS = ("host-a", "host-b")
 
 
 @dataclass
@@ -61,6 +69,8 @@ class DrillConfig:
     executors: int = 2
     agent_delay_ms: int = 150
     pause: bool = False
+    # host identities, one `rem up` each on the shared store (PostgreSQL); () = one, unnamed
+    hosts: tuple[str, ...] = ()
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -77,6 +87,7 @@ class DrillConfig:
 class Round:
     number: int
     role: str
+    victim: str = ""  # the process killed (`host/name` when the drill runs several hosts)
     pid: int | None = None
     killed_at_s: float = 0.0
     delay_s: float = 0.0
@@ -89,6 +100,8 @@ class Round:
 @dataclass
 class DrillResult:
     data_dir: str
+    hosts: list[str] = field(default_factory=list)
+    store: str = "sqlite"
     rounds: list[Round] = field(default_factory=list)
     settle_s: float | None = None
     check: dict[str, Any] = field(default_factory=dict)
@@ -101,6 +114,16 @@ class DrillResult:
         return data
 
 
+@dataclass
+class Host:
+    """One `rem up` of the drill: its host identity (None: the default) and data dir."""
+
+    name: str | None
+    ctx: Context
+    up: subprocess.Popen[bytes] | None = None
+    load: bool = True
+
+
 class Drill:
     """One drill run: a supervised system under load, and a sequence of SIGKILLs."""
 
@@ -111,47 +134,75 @@ class Drill:
         self.config = config
         self.rng = random.Random(config.seed)
         self.on_round = on_round
-        self.up: subprocess.Popen[bytes] | None = None
         self.started = time.monotonic()
+        names = config.hosts or (None,)
+        # the first host is the drill's own data dir; the others live inside it (`hosts/NAME`)
+        self.hosts = [
+            Host(
+                name,
+                ctx if i == 0 else Context(DataDir(ctx.data.root / "hosts" / str(name)), db_url=ctx.db_url),
+                load=i == 0,
+            )
+            for i, name in enumerate(names)
+        ]
+
+    @property
+    def up(self) -> subprocess.Popen[bytes] | None:
+        return self.hosts[0].up
 
     # -- the system under test -------------------------------------------
-    def _env(self) -> dict[str, str]:
+    def _env(self, host: Host) -> dict[str, str]:
+        extra = {"REM_HOST": host.name} if host.name else {}
+        if self.ctx.db_url:
+            extra["REM_DB_URL"] = self.ctx.db_url
         return processes.child_env(
             REM_EXECUTION_LEASE_MS=str(self.config.lease_ms),
             REM_SUMMARY_LEASE_MS=str(self.config.lease_ms),
             REM_DREAM_LEASE_MS=str(self.config.lease_ms),
             REM_AGENT_DELAY_MS=str(self.config.agent_delay_ms),
+            **extra,
         )
 
-    def start_system(self) -> None:
+    def start_system(self, host: Host | None = None, chroma_url: str | None = None) -> None:
+        host = host or self.hosts[0]
         cmd = processes.rem_command(
-            "up",
-            "--data",
-            str(self.ctx.data.root),
-            "--executors",
-            str(self.config.executors),
-            "--load",
-            "--load-rate",
-            str(self.config.load_rate),
-            "--load-sessions",
-            str(self.config.load_sessions),
+            "up", "--data", str(host.ctx.data.root), "--executors", str(self.config.executors)
         )
-        self.ctx.data.ensure()
-        with self.ctx.data.open_log("drill-up.log") as out:
-            self.up = subprocess.Popen(
+        if chroma_url:
+            cmd += ["--chroma-url", chroma_url]
+        if host.load:
+            cmd += [
+                "--load",
+                "--load-rate",
+                str(self.config.load_rate),
+                "--load-sessions",
+                str(self.config.load_sessions),
+            ]
+        host.ctx.data.ensure()
+        with host.ctx.data.open_log("drill-up.log") as out:
+            host.up = subprocess.Popen(
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
-                cwd=self.ctx.data.root,
+                env=self._env(host),
+                cwd=host.ctx.data.root,
                 start_new_session=True,
                 preexec_fn=private.private_child,
             )
 
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self, host: Host | None = None) -> dict[str, Any] | None:
         from backend.tools.supervisor import read_manifest
 
-        return read_manifest(self.ctx)
+        return read_manifest((host or self.hosts[0]).ctx)
+
+    def _victim_name(self, host: Host, name: str) -> str:
+        return f"{host.name}/{name}" if len(self.hosts) > 1 else name
+
+    def _host_of(self, name: str) -> tuple[Host, str]:
+        if len(self.hosts) == 1:
+            return self.hosts[0], name
+        host_name, _, child = name.partition("/")
+        return next(h for h in self.hosts if h.name == host_name), child
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
@@ -164,24 +215,42 @@ class Drill:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self, host: Host | None = None) -> None:
+        host = host or self.hosts[0]
+
         def ready() -> bool:
-            manifest = self.manifest()
+            manifest = self.manifest(host)
             return bool(
                 manifest and manifest["chroma"]["url"] and all(c["pid"] for c in manifest["children"])
             )
 
-        await self.wait_for(ready, 90, "rem up to start every process")
+        where = f" on {host.name}" if host.name else ""
+        await self.wait_for(ready, 90, f"rem up{where} to start every process")
+
+    async def start_all(self) -> None:
+        """The first host (and its Chroma server), then every other host on that Chroma."""
+        self.start_system(self.hosts[0])
+        await self.wait_ready(self.hosts[0])
+        if len(self.hosts) == 1:
+            return
+        url = (self.manifest(self.hosts[0]) or {})["chroma"]["url"]
+        for host in self.hosts[1:]:
+            self.start_system(host, chroma_url=url)
+        for host in self.hosts[1:]:
+            await self.wait_ready(host)
 
     def stop_system(self) -> None:
-        if self.up is None or self.up.poll() is not None:
-            return
-        self.up.send_signal(signal.SIGTERM)
-        try:
-            self.up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.up.pid, signal.SIGKILL)
-            self.up.wait(10)
+        # the other hosts first: the first one owns the Chroma server they use
+        for host in reversed(self.hosts):
+            up = host.up
+            if up is None or up.poll() is not None:
+                continue
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait(10)
 
     # -- one round ----------------------------------------------------------
     def _pick_victim(self, role: str) -> tuple[str, int, float] | None:
@@ -190,24 +259,25 @@ class Drill:
         Only processes that are still the ones `up.json` recorded (pid and start
         time) are candidates: a reused pid is never a victim.
         """
-        manifest = self.manifest() or {}
         if role == "chroma":
-            chroma: dict[str, Any] = manifest.get("chroma") or {}
+            chroma: dict[str, Any] = (self.manifest() or {}).get("chroma") or {}
             if not processes.same_process(chroma.get("pid"), chroma.get("started_at")):
                 return None
             return "chroma", chroma["pid"], chroma["started_at"]
         live = sorted(
-            (c["name"], c["pid"], c.get("started_at"))
-            for c in manifest.get("children", [])
+            (self._victim_name(host, c["name"]), c["pid"], c.get("started_at"))
+            for host in self.hosts
+            for c in (self.manifest(host) or {}).get("children", [])
             if c["role"] == role and processes.same_process(c["pid"], c.get("started_at"))
         )
         return self.rng.choice(live) if live else None
 
     def _pid_of(self, name: str) -> int | None:
-        manifest = self.manifest() or {}
         if name == "chroma":
-            return (manifest.get("chroma") or {}).get("pid")
-        return next((c["pid"] for c in manifest.get("children", []) if c["name"] == name), None)
+            return ((self.manifest() or {}).get("chroma") or {}).get("pid")
+        host, child = self._host_of(name)
+        manifest = self.manifest(host) or {}
+        return next((c["pid"] for c in manifest.get("children", []) if c["name"] == child), None)
 
     async def _busy_victim(
         self, role: str, patience_s: float = 5.0
@@ -247,7 +317,7 @@ class Drill:
             rnd.error = f"no live {role} to kill"
             return rnd
         name, pid, started, owner, held = victim
-        rnd.pid = pid
+        rnd.victim, rnd.pid = name, pid
         rnd.killed_at_s = round(time.monotonic() - self.started, 2)
         killed = time.monotonic()
         if not processes.signal_if_same(pid, started, signal.SIGSTOP if role == ZOMBIE else signal.SIGKILL):
@@ -333,12 +403,11 @@ class Drill:
     async def settle(self) -> float:
         """Stop the load, then wait until nothing is in flight."""
         started = time.monotonic()
-        from backend.tools.supervisor import read_manifest
-
-        manifest = read_manifest(self.ctx)  # None unless its pid is still that `rem up`
-        if manifest is not None:
-            # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
-            processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
+        for host in self.hosts:
+            manifest = self.manifest(host)  # None unless its pid is still that `rem up`
+            if manifest is not None:
+                # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
+                processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
 
         async def quiet() -> bool:
             result = await ops.check(self.ctx)
@@ -348,10 +417,13 @@ class Drill:
         return round(time.monotonic() - started, 2)
 
     async def run(self) -> DrillResult:
-        result = DrillResult(data_dir=str(self.ctx.data.root))
-        self.start_system()
+        result = DrillResult(
+            data_dir=str(self.ctx.data.root),
+            hosts=[h.name for h in self.hosts if h.name],
+            store="postgresql" if self.ctx.db_url else "sqlite",
+        )
         try:
-            await self.wait_ready()
+            await self.start_all()
             for number, role in enumerate(self.config.victims(), start=1):
                 rnd = await self.run_round(number, role)
                 result.rounds.append(rnd)
