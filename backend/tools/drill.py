@@ -353,19 +353,20 @@ class Drill:
 
     async def _zombie_wakes(self, pid: int, started: float, owner: str | None) -> None:
         """After SIGCONT, give the zombie time to try its late writes (and find them fenced)."""
+        db = await self.ctx.db()
+        before = await db.scalar("SELECT coalesce(max(id), 0) FROM event")
         if not processes.signal_if_same(pid, started, signal.SIGCONT):
             return
-        db = await self.ctx.db()
 
-        async def noticed() -> bool:
+        async def wrote() -> bool:
+            # its next journal row: `execution.lease_lost` when fenced, its late step when not
+            # (REM_UNSAFE_DISABLE_FENCING): either way the late writes were tried before the check
             return bool(
-                await db.scalar(
-                    "SELECT 1 FROM event WHERE kind = 'execution.lease_lost' AND actor = ?", (owner,)
-                )
+                await db.scalar("SELECT 1 FROM event WHERE id > ? AND actor = ? LIMIT 1", (before, owner))
             )
 
         with contextlib.suppress(TimeoutError):
-            await self.wait_for(noticed, 3.0, f"{owner} to notice its lost lease")
+            await self.wait_for(wrote, 15.0, f"{owner} to try its late writes")
 
     async def _recover(
         self, name: str, pid: int, owner: str | None, held: list[LeaseRecord], rnd: Round
