@@ -96,6 +96,8 @@ def test_drill_on_postgresql_with_two_hosts_passes(tmp_path: Path, drill_db: str
 
 
 def test_drill_on_postgresql_fails_when_fencing_is_disabled(tmp_path: Path, drill_db: str) -> None:
+    # 4 zombie rounds, not 2: a zombie paused inside a transaction can be cut off by PostgreSQL itself
+    # (idle_in_transaction_session_timeout), so its late write never lands; 2 rounds missed once in 4 runs
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
     code, report = _drill(
         tmp_path,
@@ -104,7 +106,7 @@ def test_drill_on_postgresql_fails_when_fencing_is_disabled(tmp_path: Path, dril
         "--role",
         "zombie",
         "--rounds",
-        "2",
+        "4",
         "--seed",
         "1",
         "--settle-timeout",
