@@ -39,6 +39,7 @@ keep them there; until then PostgreSQL pays a count per counter per snapshot.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from backend.store.db import Conn, engine_of
@@ -127,8 +128,6 @@ def _row(sql: str, row: str) -> str:
 
 
 def _qualify(sql: str, column: str, row: str) -> str:
-    import re
-
     return re.sub(rf"(?<![\w.']){column}(?![\w'])", f"{row}.{column}", sql)
 
 
