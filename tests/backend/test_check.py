@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from backend import ops
 from backend.runtime.context import Context
+
+# every operator action and invariant below runs on state.db and on PostgreSQL
+pytestmark = pytest.mark.both_stores
 
 
 async def _exec(ctx: Context, *statements: tuple[str, tuple]) -> None:  # type: ignore[type-arg]

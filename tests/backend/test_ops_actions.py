@@ -13,6 +13,9 @@ from backend import ops
 from backend.core.errors import LeaseNotFound, ReadOnly, Refused, UsageError, WorkerNotFound
 from backend.runtime.context import Context
 
+# every operator action and invariant below runs on state.db and on PostgreSQL
+pytestmark = pytest.mark.both_stores
+
 IDLE_DAEMON = textwrap.dedent(
     """
     import asyncio, sys
