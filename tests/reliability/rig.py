@@ -1,5 +1,8 @@
 """A small system of real `rem daemon` processes on one data dir, for the reliability suite.
 
+The store is the test's: state.db in the data dir, or the PostgreSQL database
+of `ctx.db_url` (every daemon and `rem check` then gets `--db URL`).
+
 Leases are short (`LEASE_MS`) and the agent quick, so a crash is taken over
 in about a second and a whole scenario settles in a few. Settling is decided
 by `ops.check` (no violation, nothing in flight), the final verdict by the
@@ -9,6 +12,7 @@ real `rem check --settled --json`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -20,6 +24,7 @@ from typing import Any
 from backend import ops
 from backend.execution import sessions
 from backend.runtime.context import Context
+from backend.store.postgres import PgConnection
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem
 
 LEASE_MS = 1500
@@ -49,6 +54,10 @@ class Rig:
     def root(self) -> Path:
         return self.ctx.data.root
 
+    @property
+    def db_url(self) -> str | None:
+        return self.ctx.db_url
+
     def env(self, **extra: str) -> dict[str, str]:
         settings = {
             "REM_EXECUTION_LEASE_MS": str(LEASE_MS),
@@ -60,16 +69,23 @@ class Rig:
             "REM_LOG": "1",
             "REM_CHROMA_COLLECTION": self.ctx.collection,
         }
-        return rem_env(**{**settings, **self.extra_env, **extra})
+        env = rem_env(**{**settings, **self.extra_env, **extra})
+        env.pop("REM_DB_URL", None)  # the store is named by `--db` alone (see `command`)
+        return env
 
     def args(self) -> list[str]:
         url = ["--chroma-url", self.chroma_url] if self.chroma_url else []
         return ["--data", str(self.root), *url]
 
+    def command(self, name: str, *args: str) -> list[str]:
+        """`rem [--db URL] NAME ARGS... --data DIR [--chroma-url URL]` (`--db` is a global option)."""
+        db = ["--db", self.db_url] if self.db_url else []
+        return [*db, name, *args, *self.args()]
+
     def spawn(self, role: str, name: str | None = None, **env: str) -> subprocess.Popen[bytes]:
         """Start `rem daemon --role ROLE` (its output goes to logs/NAME.log)."""
         log = self.logs / f"{name or role}-{len(self.procs)}.log"
-        proc = spawn_rem("daemon", "--role", role, *self.args(), env=self.env(**env), log=log)
+        proc = spawn_rem(*self.command("daemon", "--role", role), env=self.env(**env), log=log)
         self.procs.append((role, proc, log))
         return proc
 
@@ -133,17 +149,27 @@ class Rig:
 
     def check_cli(self, expect_rc: int = 0, *extra: str) -> dict[str, Any]:
         """The real `rem check --settled --json` against this data dir."""
-        proc = run_rem("check", "--settled", "--json", *self.args(), *extra, env=self.env())
+        proc = run_rem(*self.command("check", "--settled", "--json", *extra), env=self.env())
         assert "Traceback" not in proc.stderr, proc.stderr
         report = json.loads(proc.stdout)
         assert proc.returncode == expect_rc, json.dumps(report["violations"], indent=1)[:4000]
         return report
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of `sql` read from the store the daemons write (a connection of its own)."""
+        if self.db_url:
+            pg = PgConnection(self.db_url)
+            try:
+                return pg.execute(sql, params).fetchall()
+            finally:
+                pg.close()
+        with contextlib.closing(sqlite3.connect(self.root / "state.db", timeout=10)) as conn:
+            return conn.execute(sql, params).fetchall()
+
     def events(self, kind: str) -> list[dict[str, Any]]:
-        with sqlite3.connect(self.root / "state.db", timeout=10) as conn:
-            rows = conn.execute(
-                "SELECT id, actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id", (kind,)
-            ).fetchall()
+        rows = self.query(
+            "SELECT id, actor, session_id, target, data FROM event WHERE kind = ? ORDER BY id", (kind,)
+        )
         return [
             {"id": i, "actor": a, "session_id": s, "target": t, "data": json.loads(d or "{}")}
             for i, a, s, t, d in rows

@@ -18,6 +18,7 @@ import pytest
 from backend import ops
 from backend.core import faults
 from backend.runtime.context import Context
+from tests.conftest import STORES
 from tests.reliability.rig import Rig
 
 
@@ -99,7 +100,11 @@ def test_the_matrix_covers_every_declared_fault_point() -> None:
     assert set(CASES) == set(faults.POINTS)
 
 
-@pytest.mark.parametrize("point", list(CASES))
+# Every point on SQLite, and on PostgreSQL too (daemons and `rem check` get `--db URL`).
+MATRIX = [pytest.param(point, store, id=f"{point}-{store}") for store in STORES for point in CASES]
+
+
+@pytest.mark.parametrize(("point", "store"), MATRIX, indirect=["store"])
 async def test_sigkill_at_the_point_then_rem_check_settled_passes(
     ctx: Context, chroma_url: str, tmp_path: Path, point: str
 ) -> None:
