@@ -15,7 +15,14 @@ import signal
 from typing import Any, ClassVar
 
 from backend.core import faults
-from backend.core.errors import ChromaUnreachable, DatabaseFull, DatabaseIOError, DatabaseLocked, RemError
+from backend.core.errors import (
+    ChromaUnreachable,
+    DatabaseFull,
+    DatabaseIOError,
+    DatabaseLocked,
+    DatabaseUnreachable,
+    RemError,
+)
 from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
@@ -28,8 +35,11 @@ IDLE_POLL_S = 0.05
 MAX_IDLE_S = 1.0
 MAX_BACKOFF_S = 5.0
 # a dependency that is down for now: the pass is retried with backoff, nothing is lost
-# (a corrupt database is not in here: it needs an operator, so the daemon stops with one line)
-TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError)
+# (a corrupt database is not in here: it needs an operator, so the daemon stops with one line).
+# A PostgreSQL store that went away (restart, failover) is one of them: the store reconnects
+# before the next transaction, so the daemon waits it out instead of exiting for its supervisor
+# to restart (a wrong URL still fails at start: the first connection is made before the loop).
+TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError, DatabaseUnreachable)
 
 
 class Daemon:
@@ -106,19 +116,18 @@ class Daemon:
             try:
                 handled = await self.run_pass()
                 backoff = 0.1
+                if self.once:
+                    if handled == 0:
+                        return
+                    continue
+                if handled == 0:
+                    await self._idle_wait()  # it reads the store too (data_version)
             except TRANSIENT_ERRORS as exc:
                 self.log.warning("%s: %s; retrying in %.1f s", self.owner_id, exc, backoff)
                 if self.once:
                     raise
                 await self._sleep_or_drain(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            if self.once:
-                if handled == 0:
-                    return
-                continue
-            if handled == 0:
-                await self._idle_wait()
 
     async def _idle_wait(self) -> None:
         """Sleep until another process commits, a wake is requested, or MAX_IDLE_S passes."""

@@ -1,0 +1,180 @@
+"""The daemons ride out a PostgreSQL restart: fast shutdown mid-load, same data dir and socket, nothing lost.
+
+A `rem --db URL up` (executors, summarizer, Dream) works through queued turns
+on a PostgreSQL server of this test's own (the session's server is shared by
+the other tests of the worker). The postmaster is stopped with a fast
+shutdown (SIGINT: every connection is cut, open transactions roll back) while
+turns stream, and started again on the same data dir and socket. The daemons
+reconnect on their own, no daemon dies for it, and the store settles: the real
+`rem check --settled` finds no violation and every admitted input has exactly
+one completed reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from backend.core.datadir import DataDir
+from backend.execution import sessions
+from backend.runtime.context import Context
+from backend.store import schema_pg
+from backend.store.postgres import PgConnection
+from backend.tools import postgres_server
+from backend.tools.postgres_server import LocalPostgres
+from tests import pg
+from tests.helpers import await_until, rem_env, run_rem, spawn_rem
+
+pytestmark = pytest.mark.slow
+
+WORK = [(f"s{i}", f"Question {i}: who owns the nightly ledger export?", "queue") for i in range(4)] + [
+    (f"s{i}", f"Follow-up {i}: and what does Ken check first?", "queue") for i in range(4)
+]
+
+
+@pytest.fixture
+def own_pg(pg_server: LocalPostgres) -> Iterator[tuple[LocalPostgres, str]]:
+    """A PostgreSQL server of this test's own (it gets restarted) with rem's schema in database `rem`."""
+    if pg_server.process.poll() is not None:
+        pytest.fail("the session PostgreSQL is down")
+    server = postgres_server.start(pg.scratch_root())
+    try:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE rem")
+        conn_ = PgConnection(server.url("rem"))
+        try:
+            schema_pg.migrate_sync(conn_, "rem")
+        finally:
+            conn_.close()
+        yield server, server.url("rem")
+    finally:
+        server.stop(remove=True)
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+def _query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    conn = PgConnection(url)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def _manifest(root: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((root / "up.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+async def test_daemons_reconnect_after_a_postgresql_restart_and_lose_nothing(
+    own_pg: tuple[LocalPostgres, str], chroma_url: str, collection: str, tmp_path: Path
+) -> None:
+    server, url = own_pg
+    ctx = Context(DataDir(tmp_path / "admit"), start_chroma=False, db_url=url)
+    db = await ctx.db()
+    for sid, text, delivery in WORK:
+        await sessions.admit(db, sid, text, delivery=delivery)
+    await ctx.close()
+    inputs = {r[0] for r in _query(url, "SELECT id FROM session_input")}
+    root = tmp_path / "host"
+    root.mkdir()
+    env = rem_env(
+        REM_AGENT_DELAY_MS="400",
+        REM_EXECUTION_LEASE_MS="3000",
+        REM_SUMMARY_LEASE_MS="3000",
+        REM_DREAM_LEASE_MS="3000",
+        REM_DREAM_CHUNK_ROWS="10",
+        REM_CHROMA_AUTOSTART="0",
+        REM_CHROMA_COLLECTION=collection,
+        REM_LOG="1",
+    )
+    env.pop("REM_DB_URL", None)
+    log = tmp_path / "up.log"
+    up = spawn_rem(
+        "--db",
+        url,
+        "up",
+        "--data",
+        str(root),
+        "--chroma-url",
+        chroma_url,
+        "--executors",
+        "2",
+        env=env,
+        log=log,
+    )
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+
+    try:
+
+        async def mid_load() -> bool:  # every daemon running, some replies done, turns streaming now
+            manifest = _manifest(root)
+            if not manifest or not all(c["pid"] for c in manifest["children"]):
+                return False
+            running = {r[0] for r in _query(url, "SELECT pid FROM worker WHERE state = 'running'")}
+            if not {c["pid"] for c in manifest["children"]} <= running:
+                return False  # (a daemon still starting up when the store goes away exits, and is restarted)
+            done = _query(url, "SELECT count(*) FROM session_message WHERE type = 'assistant'")[0][0]
+            streaming = _query(url, "SELECT count(*) FROM session_execution")[0][0]
+            return bool(done >= 2 and streaming >= 1)
+
+        await await_until(mid_load, timeout=90, interval=0.2, message=f"turns mid-load: {tail()}")
+        before = _manifest(root)
+        assert before is not None
+        pids = {c["name"]: c["pid"] for c in before["children"]}
+        server.stop()  # fast shutdown: SIGINT to the postmaster
+        assert server.process.returncode is not None
+        restarted = server.restart()
+        assert restarted.url("rem") == url  # same socket, same data dir: the daemons' URL still holds
+        server.process = restarted.process  # the fixture stops (and removes) the running one
+
+        async def settled() -> bool:
+            proc = run_rem(
+                "--db",
+                url,
+                "check",
+                "--settled",
+                "--json",
+                "--data",
+                str(root),
+                "--chroma-url",
+                chroma_url,
+                env=env,
+            )
+            assert "Traceback" not in proc.stderr, proc.stderr
+            report = json.loads(proc.stdout)
+            return bool(report["ok"] and report["counts"]["unsettled"] == 0)
+
+        await await_until(settled, timeout=120, interval=1.0, message=f"the store to settle: {tail()}")
+        after = _manifest(root)
+        assert after is not None
+        # every daemon waited the outage out: none exited for the supervisor to restart
+        assert {c["name"]: (c["pid"], c["restarts"]) for c in after["children"]} == {
+            name: (pid, 0) for name, pid in pids.items()
+        }, tail()
+        assert "exited with code" not in tail()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, tail()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait(10)
+    replies: Counter[str] = Counter({i: 0 for i in inputs})
+    for (data,) in _query(url, "SELECT data FROM session_message WHERE type = 'assistant'"):
+        reply = json.loads(data or "{}")
+        if reply.get("status") == "completed":
+            replies.update(reply.get("answers") or [])
+    assert set(replies) == inputs and all(n == 1 for n in replies.values()), replies
