@@ -224,10 +224,12 @@ async def _run(ctx: Context, chroma_url: str, tmp_path: Path, *, release: bool) 
         )
         rig.up("host-b", lease_ms=lease_ms, agent_delay_ms=50)
         await rig.ready(rig.hosts["host-b"])
-        held = rig.held_by("host-a")
-        assert len(held) >= 4, "host-a's turns ended before host-b was up: they are too short"
+        assert len(rig.held_by("host-a")) >= 4, "host-a's turns ended before host-b was up: too short"
         killed = rig.kill_host("host-a")
         killed_at = clock.now_ms()
+        # what host-a held when it died (read after the kill: no renewal can move it any more)
+        held = rig.held_by("host-a")
+        assert held, "host-a held no lease when it died"
 
         async def all_dead() -> bool:
             return all(_gone(pid) for pid in killed)
