@@ -18,7 +18,6 @@ import pytest
 from backend import ops
 from backend.core import faults
 from backend.runtime.context import Context
-from tests.conftest import STORES
 from tests.reliability.rig import Rig
 
 
@@ -100,14 +99,15 @@ def test_the_matrix_covers_every_declared_fault_point() -> None:
     assert set(CASES) == set(faults.POINTS)
 
 
-# Every point on SQLite, and on PostgreSQL too (daemons and `rem check` get `--db URL`).
-MATRIX = [pytest.param(point, store, id=f"{point}-{store}") for store in STORES for point in CASES]
-
-
-@pytest.mark.parametrize(("point", "store"), MATRIX, indirect=["store"])
+@pytest.mark.parametrize("point", list(CASES))
 async def test_sigkill_at_the_point_then_rem_check_settled_passes(
     ctx: Context, chroma_url: str, tmp_path: Path, point: str
 ) -> None:
+    await sigkill_at_the_point_then_check(ctx, chroma_url, tmp_path, point)
+
+
+async def sigkill_at_the_point_then_check(ctx: Context, chroma_url: str, tmp_path: Path, point: str) -> None:
+    """One case on the test's store (test_fault_matrix_pg.py runs them all on PostgreSQL)."""
     role, chain, recovered = CASES[point]
     rig = Rig(ctx, chroma_url, tmp_path)
     await rig.admit()
