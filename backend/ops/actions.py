@@ -36,7 +36,7 @@ from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event
-from backend.store.schema import SCHEMA_VERSION, schema_version
+from backend.store.schema import schema_version, supported_version
 from backend.store.workers import LeaseKind, WorkerState
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ async def status(ctx: Context) -> Status:
         **snap,
         data_dir=str(ctx.data.root),
         schema_version=int(version) if version is not None else await schema_version(db),
-        schema_version_supported=SCHEMA_VERSION,
+        schema_version_supported=supported_version(db),
         read_only=ctx.read_only,
         throughput=tally.as_dict(),
         chroma=chroma,

@@ -64,7 +64,9 @@ def test_sqlite_dialect_is_translated_once_per_statement(sqlite: str, postgres: 
 
 def test_every_sqlite_migration_has_a_postgres_twin() -> None:
     built = schema_pg.pg_migrations()
-    assert len(built) == len(MIGRATIONS)
+    # SQLite's migrations, plus PostgreSQL's own at their fixed numbers (7: the change feed)
+    assert len(built) == schema_pg.pg_schema_version() == len(MIGRATIONS) + len(schema_pg.PG_ONLY)
+    assert built[6] == [schema_pg.CHANGE_FEED]
     with pytest.raises(schema_pg.SchemaTwinMissing, match="no PostgreSQL twin for: CREATE TRIGGER t_new"):
         schema_pg.pg_ddl("CREATE TRIGGER t_new BEFORE DELETE ON event BEGIN SELECT 1; END;")
     ddl = schema_pg.pg_ddl(
@@ -121,7 +123,7 @@ async def test_migrations_are_versioned_in_the_database_and_refuse_foreign_table
         await ctx.close()
         with psycopg.connect(url) as conn:
             versions = [r[0] for r in conn.execute("SELECT version FROM rem_schema_version ORDER BY 1")]
-            assert versions == list(range(1, len(MIGRATIONS) + 1))
+            assert versions == list(range(1, schema_pg.pg_schema_version() + 1))
             assert conn.execute("SELECT count(*) FROM event WHERE kind = 'schema.migrated'").fetchone() == (
                 1,
             )
@@ -247,7 +249,7 @@ def test_a_turn_through_the_cli_on_postgres_then_status_and_check(tmp_path: Path
     assert (
         status["backlog"]["summary_jobs"]["pending"] == 1
     )  # the turn queued its summary (no summarizer ran)
-    assert status["schema_version"] == status["schema_version_supported"] == len(MIGRATIONS)
+    assert status["schema_version"] == status["schema_version_supported"] == schema_pg.pg_schema_version()
     check = rem_json(*store, "check", env=env)
     assert check["ok"] is True and check["counts"]["violations"] == 0, check
     with psycopg.connect(db_url) as conn:
