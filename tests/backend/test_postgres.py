@@ -273,3 +273,23 @@ def test_a_bad_db_url_is_one_line_naming_the_fix(tmp_path: Path, pg_server: Loca
     )
     assert down.returncode == 3 and down.stderr.count("\n") == 1, down.stderr
     assert "rem: error: cannot reach the state store" in down.stderr and "hunter2" not in down.stderr
+
+
+def test_rem_init_on_postgres_names_the_store_it_initialised(
+    tmp_path: Path, pg_server: LocalPostgres
+) -> None:
+    env = rem_env(REM_CHROMA_AUTOSTART="0")
+    env.pop("REM_DB_URL", None)
+    for url in pg.database_url(pg_server, migrated=False):
+        first = run_rem("--db", url, "--data", str(tmp_path / "d"), "init", env=env)
+        again = run_rem("--db", url, "--data", str(tmp_path / "d"), "init", env=env)
+        assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+        shown = display_url(url)
+        version = schema_pg.pg_schema_version()
+        assert first.stderr.strip() == (
+            f"rem: PostgreSQL store {shown} (data dir {tmp_path / 'd'}) created (schema v{version})"
+        )
+        assert (
+            again.stderr.strip().endswith(f"up to date (schema v{version})")
+            and "state.db" not in again.stderr
+        )
