@@ -1,7 +1,7 @@
 """Benchmark the turn path: turns/s end to end with the instant agent, against bare SQLite writes.
 
     python benchmarks/turns.py [--turns 2000] [--sessions 50] [--concurrency 8] [--bare 5000]
-                               [--rounds 9] [--slices 5]
+                               [--rounds 9] [--slices 5] [--postgres | --db URL]
 
 Each round, on a fresh data dir, `--slices` times in a row:
 1. admits a slice of the `--turns` queue inputs spread over `--sessions` sessions
@@ -18,6 +18,15 @@ both sides of the ratio alike (whole-run alternation gave rounds from 0.37 to
 the CPU ratio does not depend on how much of the machine other work leaves us.
 Prints the median figures and every round's, as a table on stderr and one JSON
 line on stdout (target: median ratio >= 0.5). The temp dirs are removed.
+
+`--postgres` runs the same rounds on the PostgreSQL store: a throw-away server
+(`backend/tools/postgres_server.py`, fsync on, data in a temp dir) started for
+the run, a fresh database per round; `--db URL` uses a server you run (each
+round creates and drops a database `rem_bench_turns_N` through that URL's
+server, so the role needs CREATEDB). The bare side is the same `BEGIN; INSERT;
+COMMIT` through the same `Database` (psycopg); instead of WAL frames the rounds
+report the server's WAL bytes (`pg_current_wal_lsn()`), and the CPU ratio
+counts this process only (the server's backend does the rest of the work).
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -84,7 +94,12 @@ WAL_FRAME = 4096 + 24
 
 
 async def wal_frames(db: Database, *, reset: bool = False) -> int:
-    """Frames in the WAL; `reset` checkpoints and truncates it first (autocheckpoint is off)."""
+    """Frames in the WAL; `reset` checkpoints and truncates it first (autocheckpoint is off).
+
+    On PostgreSQL: the server's WAL position in bytes (differences are WAL written).
+    """
+    if db.postgres:
+        return int(await db.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
     if reset:
         await db.fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
     wal = Path(str(db.path) + "-wal")
@@ -99,12 +114,12 @@ def cpu_s() -> float:
 async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, Any]:
     counter = count_transactions(db)
     executor = Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), concurrency=concurrency)
-    await wal_frames(db, reset=True)
+    frames = await wal_frames(db, reset=True)
     groups = db.groups_committed
     cpu, start = cpu_s(), time.perf_counter()
     await executor.run()
     elapsed, cpu = time.perf_counter() - start, cpu_s() - cpu
-    frames = await wal_frames(db)
+    frames = await wal_frames(db) - frames
     db.tx, db.write_in_thread = counter.pop("original")  # type: ignore[assignment,method-assign]
     return {
         "elapsed": elapsed,
@@ -118,7 +133,7 @@ async def run_turns(ctx: Context, db: Database, concurrency: int) -> dict[str, A
 
 async def bare_burst(db: Database, count: int) -> dict[str, float]:
     """Time `count` BEGIN IMMEDIATE; INSERT; COMMIT transactions (wall, CPU, WAL frames)."""
-    await wal_frames(db, reset=True)
+    frames = await wal_frames(db, reset=True)
     cpu, start = cpu_s(), time.perf_counter()
     for i in range(count):
         async with db.tx() as conn:
@@ -127,7 +142,7 @@ async def bare_burst(db: Database, count: int) -> dict[str, float]:
         "elapsed": time.perf_counter() - start,
         "cpu": cpu_s() - cpu,
         "tx": count,
-        "frames": await wal_frames(db),
+        "frames": await wal_frames(db) - frames,
     }
 
 
@@ -136,15 +151,25 @@ def _total(parts: list[dict[str, Any]], key: str) -> float:
 
 
 async def measure(
-    root: Path, turns: int, session_count: int, concurrency: int, bare: int, slices: int
+    root: Path,
+    turns: int,
+    session_count: int,
+    concurrency: int,
+    bare: int,
+    slices: int,
+    db_url: str | None = None,
 ) -> dict[str, Any]:
-    ctx = Context(DataDir(root), start_chroma=False)
+    ctx = Context(DataDir(root), start_chroma=False, db_url=db_url)
     db = await ctx.db()
-    # WAL frames (pages) per transaction explain the ratio: measure them
-    # with autocheckpoint off, so the WAL only grows during each phase
-    await db.fetchall("PRAGMA wal_autocheckpoint = 0")
-    async with db.tx() as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id INTEGER PRIMARY KEY, v TEXT)")
+    if db.postgres:
+        async with db.tx() as conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id BIGSERIAL PRIMARY KEY, v TEXT)")
+    else:
+        # WAL frames (pages) per transaction explain the ratio: measure them
+        # with autocheckpoint off, so the WAL only grows during each phase
+        await db.fetchall("PRAGMA wal_autocheckpoint = 0")
+        async with db.tx() as conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS bench_bare (id INTEGER PRIMARY KEY, v TEXT)")
     runs, bares = [], []
     per_slice = max(1, turns // slices)
     for k in range(slices):
@@ -158,7 +183,9 @@ async def measure(
     commits, frames = _total(runs, "commits"), _total(runs, "frames")
     turn_tps, bare_tps = tx / elapsed, _total(bares, "tx") / _total(bares, "elapsed")
     turn_per_cpu, bare_per_cpu = tx / _total(runs, "cpu"), _total(bares, "tx") / _total(bares, "cpu")
+    wal = "wal_bytes" if db_url else "wal_frames"
     return {
+        "store": "postgresql" if db_url else "sqlite",
         "turns": int(done),
         "unpromoted": unpromoted,
         "sessions": session_count,
@@ -175,9 +202,9 @@ async def measure(
         "ratio_cpu": round(turn_per_cpu / bare_per_cpu, 3),
         "commits_per_s": round(commits / elapsed, 1),
         "tx_per_commit": round(tx / max(commits, 1), 2),
-        "wal_frames_per_turn_tx": round(frames / max(tx, 1), 1),
-        "wal_frames_per_commit": round(frames / max(commits, 1), 1),
-        "wal_frames_per_bare_tx": round(_total(bares, "frames") / _total(bares, "tx"), 1),
+        f"{wal}_per_turn_tx": round(frames / max(tx, 1), 1),
+        f"{wal}_per_commit": round(frames / max(commits, 1), 1),
+        f"{wal}_per_bare_tx": round(_total(bares, "frames") / _total(bares, "tx"), 1),
     }
 
 
@@ -201,6 +228,44 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def postgres(args: argparse.Namespace, tmp: Path) -> Iterator[str | None]:
+    """The server URL the rounds use: None for SQLite, `--db`, or a throw-away server's."""
+    if args.db:
+        yield args.db
+        return
+    if not args.postgres:
+        yield None
+        return
+    from backend.tools import postgres_server
+
+    server = postgres_server.start(tmp / "pg")
+    try:
+        yield server.url()
+    finally:
+        server.stop(remove=True)
+
+
+@contextlib.contextmanager
+def round_database(server_url: str | None, n: int) -> Iterator[str | None]:
+    """A fresh database for round `n` on the server (dropped after), or None on SQLite."""
+    if server_url is None:
+        yield None
+        return
+    import psycopg
+
+    name = f"rem_bench_turns_{n}"
+    parts = urlsplit(server_url)
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=2000)
@@ -209,16 +274,22 @@ def main() -> None:
     parser.add_argument("--bare", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--slices", type=int, default=5)
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--postgres", action="store_true", help="a throw-away PostgreSQL server (fsync on)")
+    store.add_argument("--db", metavar="URL", help="a PostgreSQL server you run (CREATEDB needed)")
     args = parser.parse_args()
     rounds = []
-    with tempfile.TemporaryDirectory(prefix="rem-turns-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rem-turns-") as tmp, postgres(args, Path(tmp)) as server_url:
         for n in range(max(1, args.rounds)):
             root = Path(tmp) / f"round-{n}"
-            rounds.append(
-                asyncio.run(
-                    measure(root, args.turns, args.sessions, args.concurrency, args.bare, args.slices)
+            with round_database(server_url, n) as db_url:
+                rounds.append(
+                    asyncio.run(
+                        measure(
+                            root, args.turns, args.sessions, args.concurrency, args.bare, args.slices, db_url
+                        )
+                    )
                 )
-            )
             print(
                 f"round {n + 1}: {rounds[-1]['turns_per_s']} turns/s, ratio {rounds[-1]['ratio']} "
                 f"(CPU ratio {rounds[-1]['ratio_cpu']})",
