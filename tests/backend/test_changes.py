@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
 from backend.store import schema_pg
 from backend.store.changes import StoreEvent, listen_changes
 from backend.tools.postgres_server import LocalPostgres
@@ -112,3 +115,21 @@ async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_serve
             here = await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
             assert await payloads_until(listener, here) == [here]
             assert elsewhere != here
+
+
+async def test_a_database_at_version_6_gets_the_change_feed_by_migrating(
+    pg_server: LocalPostgres, tmp_path: Path
+) -> None:
+    for url in pg.database_url(pg_server, migrated=False):
+        with psycopg.connect(url) as conn:  # as a rem from before the change feed left it
+            for number, statements in enumerate(schema_pg.pg_migrations()[:6], start=1):
+                for statement in statements:
+                    conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(f"INSERT INTO {schema_pg.VERSION_TABLE} VALUES (%s, 0)", (number,))
+        ctx = Context(DataDir(tmp_path / "d"), db_url=url, start_chroma=False)
+        await ctx.db()
+        await ctx.close()
+        with psycopg.connect(url) as conn:
+            assert conn.execute(f"SELECT max(version) FROM {schema_pg.VERSION_TABLE}").fetchone() == (7,)
+            triggers = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'rem_change'").fetchone()
+        assert triggers is not None and triggers[0] > 10
