@@ -62,7 +62,7 @@ async def listen_changes(
                 yield StoreEvent("listening")
                 async for event in _notifications(conn, keepalive_s):
                     yield event
-        except (psycopg.OperationalError, OSError) as exc:
+        except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("change feed of %s lost (%s); retrying in %.1f s", display_url(url), error, backoff)
             yield StoreEvent("lost", error=error, retry_in_s=backoff)
