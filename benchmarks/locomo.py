@@ -224,11 +224,11 @@ async def evaluate(ctx: Context, convs: dict[str, Any], quick: bool) -> dict[str
     }
 
 
-async def run(data: Path, root: Path, quick: bool) -> dict[str, Any]:
+async def run(data: Path, root: Path, quick: bool, db_url: str | None = None) -> dict[str, Any]:
     convs = dict(load(p) for p in sorted(data.glob("*.json")))
     if not convs:
         raise SystemExit(f"no LoCoMo conversations (*.json) in {data}")
-    ctx = Context(DataDir(root / "data"))
+    ctx = Context(DataDir(root / "data"), db_url=db_url)
     try:
         jsonl = root / "locomo.jsonl"
         with jsonl.open("w") as handle:
@@ -245,6 +245,7 @@ async def run(data: Path, root: Path, quick: bool) -> dict[str, Any]:
     turns = evaluation["retrievers"]["rem recall (turns)"]
     bm25_r10 = evaluation["retrievers"]["BM25 over turns"]["c1-4"]["R@10"]
     return {
+        "store": "postgresql" if db_url else "sqlite",
         "conversations": sorted(convs),
         "messages": imported["written"],
         "import_s": round(import_s, 2),
@@ -261,7 +262,8 @@ async def run(data: Path, root: Path, quick: bool) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     print(
-        f"LoCoMo conversations {', '.join(result['conversations'])}: {result['messages']} turns; "
+        f"LoCoMo conversations {', '.join(result['conversations'])} ({result['store']}): "
+        f"{result['messages']} turns; "
         f"import {result['import_s']} s, summaries + Dream + index {result['settle_s']} s"
     )
     header = "| retriever | c1-4 R@5 | R@10 | R@25 | R@50 | all R@5 | R@10 | R@25 | R@50 | R@10 by category 1/2/3/4/5 |"
@@ -287,11 +289,25 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the generated data dir")
     parser.add_argument("--quick", action="store_true", help="40 questions per conversation")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="the state store on a throw-away PostgreSQL server (its lexical side: tsvector + ts_rank)",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rem-locomo-"))
+    server = None
     try:
-        result = asyncio.run(run(args.data, root, args.quick))
+        db_url = None
+        if args.postgres:
+            from backend.tools import postgres_server
+
+            server = postgres_server.start(root / "pg")
+            db_url = server.url()
+        result = asyncio.run(run(args.data, root, args.quick, db_url))
     finally:
+        if server is not None:
+            server.stop(remove=True)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
         else:

@@ -1,4 +1,4 @@
-"""The recall index of raw turns: FTS5 rows in state.db, vectors in the Chroma turn collection.
+"""The recall index of raw turns: FTS5 rows in state.db (a tsvector table on PostgreSQL), vectors in Chroma.
 
 Who writes it: Dream (`backend.dream.digester`), per published revision,
 under its fenced lease, before it extracts the graph. Dream already claims
@@ -186,18 +186,28 @@ def diff(plan: Sequence[IndexedTurn], existing: Mapping[str, Existing]) -> Diff:
     return Diff(write, remove, vectors)
 
 
+# PostgreSQL's twin of a project's FTS5 row (schema_pg.LEXICAL): the text, its context and
+# the scope tokens as one weighted tsvector; `english` stems as FTS5's porter tokenizer does
+INSERT_FTS_PG = """
+INSERT INTO memory_fts (id, project, doc)
+VALUES (:id, :project, setweight(to_tsvector('english', :body), 'A')
+    || setweight(to_tsvector('english', :ctx), 'B') || setweight(to_tsvector('simple', :scope), 'D'))
+ON CONFLICT (id) DO UPDATE SET project = excluded.project, doc = excluded.doc
+"""
+
+
 async def write_rows(
     conn: aiosqlite.Connection, rows: Sequence[IndexedTurn], revision: str, now: int
 ) -> None:
-    """Insert or rewrite index rows and their rows in the project's FTS5 table (caller's transaction).
+    """Insert or rewrite index rows and their lexical rows (caller's transaction).
 
-    PostgreSQL has no FTS5: there the index is its rows and the dense side (Chroma) only.
+    state.db: a row in the project's FTS5 table. PostgreSQL: a `memory_fts` row.
     """
-    lexical = not on_postgres(conn)
+    postgres = on_postgres(conn)
     created: set[str] = set()
     for row in rows:
         table = fts_table(row.project)
-        if lexical and table not in created:
+        if not postgres and table not in created:
             await execute(conn, fts_table_ddl(table))
             created.add(table)
         cursor = await conn.execute(
@@ -217,7 +227,12 @@ async def write_rows(
         )
         row_id = (await cursor.fetchone())[0]  # type: ignore[index]
         await cursor.close()
-        if not lexical:
+        if postgres:
+            await execute(
+                conn,
+                INSERT_FTS_PG,
+                {"id": row_id, "project": row.project, "body": row.body, "ctx": row.ctx, "scope": row.scope},
+            )
             continue
         await execute(conn, f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
         await execute(
@@ -228,7 +243,10 @@ async def write_rows(
 
 
 async def delete_rows(conn: aiosqlite.Connection, message_ids: Sequence[str]) -> None:
-    """Remove index rows and their FTS5 rows (a project's table holds only that project's turns)."""
+    """Remove index rows and their FTS5 rows (a project's table holds only that project's turns).
+
+    PostgreSQL: `memory_fts` rows go with their memory_turn row (ON DELETE CASCADE).
+    """
     for message_id in message_ids if not on_postgres(conn) else ():
         for row_id, project in await fetchall(
             conn, "SELECT id, project FROM memory_turn WHERE message_id = ?", (message_id,)

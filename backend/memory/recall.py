@@ -36,9 +36,17 @@ from typing import Any
 
 from backend.core.errors import BadInput, ChromaUnreachable
 from backend.memory.config import RecallConfig, recall_config
-from backend.memory.text import FTS_TABLES_SQL, fts_match, fts_table, mentions_name, query_terms, words
+from backend.memory.text import (
+    FTS_TABLES_SQL,
+    fts_match,
+    fts_table,
+    mentions_name,
+    query_terms,
+    scope_token,
+    words,
+)
 from backend.runtime.context import Context
-from backend.store.db import Conn
+from backend.store.db import Conn, engine_of
 
 KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
@@ -330,11 +338,44 @@ def _excluded(scope: Scope, session_id: str, ord_: int) -> bool:
     return scope.exclude_session == session_id and ord_ >= scope.exclude_from_ord
 
 
+# PostgreSQL's lexical search (schema_pg.LEXICAL): the GIN index intersects the terms' and the
+# scope tokens' posting lists; ts_rank (weights {D, C, B, A}: scope 0, context, text; divided by
+# 1 + log(length), as BM25 normalises length) ranks the matches. ts_rank has no IDF: FTS5's
+# bm25 does, so the two engines rank a query's matches alike but not identically.
+FTS_PG_SQL = """
+SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
+FROM (SELECT id, ts_rank(CAST(:weights AS real[]), doc, to_tsquery('english', :match), 1) AS score
+      FROM memory_fts WHERE doc @@ {where}
+      ORDER BY score DESC LIMIT :n) AS f
+JOIN memory_turn AS t ON t.id = f.id
+ORDER BY f.score DESC
+"""
+
+
+def _fts_pg(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> list[Any]:
+    """The best lexical matches on PostgreSQL: rows as `FTS_SQL` returns them."""
+    tokens = [scope_token("p", scope.project)] if scope.project is not None else []
+    tokens += [scope_token("s", scope.session_id)] if scope.session_id is not None else []
+    where = "to_tsquery('english', :match)"
+    if tokens:
+        where = f"({where} && to_tsquery('simple', :scope))"
+    top = max(config.fts_weights)
+    params = {
+        "weights": [0.0, 0.0, config.fts_weights[1] / top, config.fts_weights[0] / top],
+        "match": " | ".join(terms),  # words of letters and digits only (`text.WORD`): no operator
+        "scope": " & ".join(tokens),
+        "n": config.candidates,
+    }
+    return list(conn.execute(FTS_PG_SQL.format(where=where), params).fetchall())
+
+
 def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> dict[int, Candidate]:
     """The best FTS5 matches in the project's own table (every project's table when unscoped)."""
     match = fts_match(terms, None, scope.session_id)
     if match is None:
         return {}
+    if engine_of(conn) == "postgresql":
+        return _candidates(_fts_pg(conn, terms, scope, config), scope)
     tables = [name for (name,) in conn.execute(FTS_TABLES_SQL)] if scope.project is None else []
     if scope.project is not None:
         table = fts_table(scope.project)
@@ -346,6 +387,10 @@ def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> di
         rows += conn.execute(FTS_SQL.format(table=table), {**params, "n": config.candidates}).fetchall()
     if len(tables) > 1:  # each table's bm25 is its own project's; the best of all of them
         rows = sorted(rows, key=lambda r: -r[5])[: config.candidates]
+    return _candidates(rows, scope)
+
+
+def _candidates(rows: Sequence[Any], scope: Scope) -> dict[int, Candidate]:
     found: dict[int, Candidate] = {}
     for rank, (row_id, mid, sid, speaker, ord_, score) in enumerate(rows):
         if not _excluded(scope, sid, ord_):

@@ -416,7 +416,21 @@ SELECT session_id, input_revision, indexed_revision FROM dream_state WHERE sessi
 
 
 def _fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[tuple[str, int]]:
-    """(project, rowid) of the given index rows that have their row in the project's FTS5 table."""
+    """(project, rowid) of the given index rows that have their row in the project's FTS5 table.
+
+    PostgreSQL: their `memory_fts` row, under the same project.
+    """
+    if engine_of(conn) == "postgresql":
+        wanted = sorted(set().union(*ids_by_project.values())) if ids_by_project else []
+        if not wanted:
+            return set()
+        if wanted[-1] - wanted[0] < 4 * len(wanted):
+            found = conn.execute(
+                "SELECT project, id FROM memory_fts WHERE id BETWEEN ? AND ?", (wanted[0], wanted[-1])
+            )
+        else:
+            found = conn.execute("SELECT project, id FROM memory_fts WHERE id = ANY(?)", (wanted,))
+        return {(r[0], r[1]) for r in found if r[1] in ids_by_project.get(r[0], ())}
     tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
     held: set[tuple[str, int]] = set()
     for project, ids in sorted(ids_by_project.items()):
@@ -461,15 +475,13 @@ def check_recall_index_sync(conn: Conn, report: Report, lo: str, hi: str) -> Non
     rows: dict[str, list[dict[str, Any]]] = {}
     no_fts, vectors_pending = [], []
     index_rows = _rows_sync(conn, SQL_INDEX_ROWS, bounds)
-    # PostgreSQL has no lexical (FTS5) side yet: only the dense side and the rows are checked there
-    lexical = engine_of(conn) != "postgresql"
     ids_by_project: dict[str, set[int]] = {}
     for r in index_rows:
         ids_by_project.setdefault(r["project"], set()).add(r["id"])
-    fts_rows = _fts_rowids_sync(conn, ids_by_project) if lexical else set()
+    fts_rows = _fts_rowids_sync(conn, ids_by_project)
     for r in index_rows:
         rows.setdefault(r["session_id"], []).append(r)
-        if lexical and (r["project"], r["id"]) not in fts_rows:
+        if (r["project"], r["id"]) not in fts_rows:
             no_fts.append({"session_id": r["session_id"], "message_id": r["message_id"]})
         if r["vector_digest"] != r["digest"]:
             vectors_pending.append({"session_id": r["session_id"], "message_id": r["message_id"]})
@@ -569,6 +581,8 @@ async def check_database_in_batches(
     for i, table in enumerate(tables):
         tell("structure", i, len(tables))
         await db.read_in_thread(lambda conn, t=table: check_structure_sync(conn, report, t))
+    if not tables:  # PostgreSQL checks its own pages and keys: listed as checked, as a whole read lists it
+        await db.read_in_thread(lambda conn: check_structure_sync(conn, report))
     tell("structure", len(tables), len(tables))
     total = int(await db.scalar("SELECT count(*) FROM session"))
     lo: str | None = ""

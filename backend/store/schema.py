@@ -430,8 +430,15 @@ CREATE INDEX summary_job_mismatch_idx ON summary_job(verdict_checked_at)
     WHERE verdict IN ('missing', 'document_differs', 'keys_differ', 'quarantined');
 """ + counters.migration_sql()
 
+# v7: lexical recall on PostgreSQL. Nothing changes in state.db (its FTS5 tables are created
+# per project at run time, `backend.memory.text.fts_table`); the version moves on both engines
+# so migration N stays the same step on each (PostgreSQL's part: `schema_pg.AFTER[7]`).
+V7 = """
+-- v7: no statement on SQLite
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -16,11 +16,11 @@ row per applied migration: the `user_version` of this engine), and a
 `rowid` identity column where rem reads SQLite's implicit one.
 
 PostgreSQL's own migrations (`PG_ONLY`) sit between SQLite's at fixed version
-numbers, so the numbering stays stable when SQLite adds one: PostgreSQL 7 is
-the change feed (below), and SQLite's migration 7, when it comes, will be
-PostgreSQL's 8. `pg_schema_version()` is this engine's newest version.
+numbers, so the numbering stays stable when SQLite adds one: PostgreSQL 8 is
+the change feed (below), after SQLite's 1-7, and SQLite's migration 8, when it
+comes, will be PostgreSQL's 9. `pg_schema_version()` is this engine's newest version.
 
-The change feed (PostgreSQL 7): every rem table has a statement-level trigger
+The change feed (PostgreSQL 8): every rem table has a statement-level trigger
 that calls `pg_notify('rem_change', <transaction id>)`. A notification is
 part of its transaction: sent at COMMIT, never after a ROLLBACK, and
 PostgreSQL delivers one per transaction and payload however many statements
@@ -29,8 +29,11 @@ of watchfiles on state.db's WAL) hears this store's commits and no other's.
 A statement that wrote nothing in a transaction that wrote nothing (a fenced
 UPDATE matching no row) sends none: the transaction has no id yet.
 
-Lexical recall (FTS5 tables, created by `backend.memory` at run time) has no
-PostgreSQL twin yet: recall on PostgreSQL refuses in one line.
+Lexical recall: SQLite's per-project FTS5 tables (created by `backend.memory`
+at run time) have one twin here, created by migration 7 (`LEXICAL`): the
+`memory_fts` table of `tsvector` documents with a GIN index, the scope
+tokens (project, session) inside each document so a scoped query intersects
+posting lists instead of filtering matches.
 """
 
 from __future__ import annotations
@@ -159,8 +162,29 @@ TWINS.update(
         for name, _event, _when, _body in counters.trigger_parts(counter)
     }
 )
+# v7: the lexical side of the recall index (FTS5's twin; `backend.memory.index.write_rows`
+# writes a row with each memory_turn row, `backend.memory.recall` searches it). `doc` is the
+# turn's text (weight A), its context (B) and its scope tokens (D, never ranked). A database
+# indexed before v7 has memory_turn rows without one: their digests are cleared and their
+# sessions' Dream revision reopened, so Dream re-indexes each once (the graph is rewritten by
+# difference: nothing changes there) and `rem check` holds (invariant 9).
+LEXICAL = """
+CREATE TABLE memory_fts (
+    id         BIGINT PRIMARY KEY REFERENCES memory_turn(id) ON DELETE CASCADE,
+    project    TEXT NOT NULL,
+    doc        TSVECTOR NOT NULL
+);
+CREATE INDEX memory_fts_doc_idx ON memory_fts USING gin (doc);
+"""
+# rows indexed before v7 have no lexical row: rewrite them (a digest no plan has) and reopen
+# their sessions' revision for Dream (which re-indexes them under its lease, then the graph)
+LEXICAL_BACKFILL = """
+UPDATE memory_turn SET digest = '' WHERE NOT EXISTS (SELECT 1 FROM memory_fts f WHERE f.id = memory_turn.id);
+UPDATE dream_state SET completed_revision = NULL, indexed_revision = NULL
+    WHERE session_id IN (SELECT session_id FROM memory_turn WHERE digest = '')
+"""
 # what PostgreSQL adds after SQLite's migration N (1-based)
-AFTER: dict[int, str] = {1: ROWID_COLUMNS, 6: f"DROP TABLE {counters.TABLE}"}
+AFTER: dict[int, str] = {1: ROWID_COLUMNS, 6: f"DROP TABLE {counters.TABLE}", 7: LEXICAL + LEXICAL_BACKFILL}
 
 # the change feed (see the module doc): the channel the console LISTENs on
 CHANGE_CHANNEL = "rem_change"
@@ -189,7 +213,7 @@ END $$;
 SELECT rem_watch_tables();
 """
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
-PG_ONLY: dict[int, str] = {7: CHANGE_FEED}
+PG_ONLY: dict[int, str] = {8: CHANGE_FEED}
 
 _NO_TWIN = re.compile(r"^\s*(CREATE\s+(TRIGGER|VIRTUAL\s+TABLE)|DROP\s+TRIGGER|PRAGMA)\b", re.IGNORECASE)
 _OBJECT_NAME = re.compile(

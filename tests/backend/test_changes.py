@@ -117,12 +117,12 @@ async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_serve
             assert elsewhere != here
 
 
-async def test_a_database_at_version_6_gets_the_change_feed_by_migrating(
+async def test_a_database_at_version_7_gets_the_change_feed_by_migrating(
     pg_server: LocalPostgres, tmp_path: Path
 ) -> None:
     for url in pg.database_url(pg_server, migrated=False):
         with psycopg.connect(url) as conn:  # as a rem from before the change feed left it
-            for number, statements in enumerate(schema_pg.pg_migrations()[:6], start=1):
+            for number, statements in enumerate(schema_pg.pg_migrations()[:7], start=1):
                 for statement in statements:
                     conn.execute(statement)  # type: ignore[arg-type]
                 conn.execute(f"INSERT INTO {schema_pg.VERSION_TABLE} VALUES (%s, 0)", (number,))
@@ -130,6 +130,6 @@ async def test_a_database_at_version_6_gets_the_change_feed_by_migrating(
         await ctx.db()
         await ctx.close()
         with psycopg.connect(url) as conn:
-            assert conn.execute(f"SELECT max(version) FROM {schema_pg.VERSION_TABLE}").fetchone() == (7,)
+            assert conn.execute(f"SELECT max(version) FROM {schema_pg.VERSION_TABLE}").fetchone() == (8,)
             triggers = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'rem_change'").fetchone()
         assert triggers is not None and triggers[0] > 10

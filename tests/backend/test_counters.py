@@ -115,7 +115,7 @@ async def _v5_database(path: Path) -> Database:
 async def test_a_v5_database_migrates_with_every_counter_backfilled(tmp_path: Path) -> None:
     db = await _v5_database(tmp_path / "state.db")
     try:
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 6
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 7
         kept = await db.read_in_thread(_kept)
         # hand-counted from the rows above
         assert kept["sessions"] == 6 and kept["inputs_total"] == 3

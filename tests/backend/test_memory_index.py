@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from backend import ops
 from backend.chroma.collection import ChromaStore
 from backend.chroma.embedder import HashingEmbedder, WordLlamaEmbedder
@@ -29,7 +33,16 @@ async def index_findings(ctx: Context) -> list[dict]:
 
 
 async def _index_rows(ctx: Context, sid: str) -> list[dict]:
+    """Each index row with its lexical row (FTS5's body and ctx; PostgreSQL: the tsvector as `doc`)."""
     db = await ctx.db()
+    if db.postgres:
+        rows = await db.fetchall(
+            "SELECT t.message_id, t.ord, t.role, t.digest, t.vector_digest, t.time_indexed, "
+            "CAST(f.doc AS text) AS doc FROM memory_turn AS t JOIN memory_fts AS f ON f.id = t.id "
+            "WHERE t.session_id = ? AND f.project = t.project ORDER BY t.ord",
+            (sid,),
+        )
+        return [dict(r) for r in rows]
     table = fts_table(await db.scalar("SELECT project FROM session WHERE id = ?", (sid,)))
     rows = await db.fetchall(
         "SELECT t.message_id, t.ord, t.role, t.digest, t.vector_digest, t.time_indexed, f.body, f.ctx "
@@ -40,6 +53,18 @@ async def _index_rows(ctx: Context, sid: str) -> list[dict]:
     return [dict(r) for r in rows]
 
 
+async def _delete_lexical_row(ctx: Context, message_id: str) -> None:
+    db = await ctx.db()
+    table = "memory_fts" if db.postgres else fts_table("default")
+    key = "id" if db.postgres else "rowid"
+    async with db.tx() as conn:
+        await conn.execute(
+            f"DELETE FROM {table} WHERE {key} = (SELECT id FROM memory_turn WHERE message_id = ?)",
+            (message_id,),
+        )
+
+
+@pytest.mark.both_stores
 async def test_dream_indexes_every_raw_turn_of_the_revision_in_fts5_and_chroma(ctx: Context) -> None:
     db = await ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
@@ -50,9 +75,15 @@ async def test_dream_indexes_every_raw_turn_of_the_revision_in_fts5_and_chroma(c
     assert [r["message_id"] for r in rows] == [f"s1-m{i:04d}" for i in range(4)]
     assert [r["role"] for r in rows] == ["user", "assistant", "user", "assistant"]
     assert all(r["vector_digest"] == r["digest"] for r in rows)  # vectors written and marked
-    # the body carries the turn's date; ctx carries the previous turns (the LoCoMo findings)
-    assert rows[2]["body"].endswith(TEXTS[2]) and rows[2]["body"].startswith("[1 January 1970]")
-    assert rows[2]["ctx"] == f"{TEXTS[0]} {TEXTS[1]}"
+    if db.postgres:  # the text stemmed (weight A), the previous turns (B), the scope tokens (D)
+        doc = rows[2]["doc"]
+        assert "'replica':" in doc and "A" in doc.split("'replica':")[1].split(" ")[0]
+        assert "'kubernet':" in doc and doc.split("'kubernet':")[1].split(" ")[0].endswith("B")
+        assert "'1970':" in doc  # the turn's date
+    else:
+        # the body carries the turn's date; ctx carries the previous turns (the LoCoMo findings)
+        assert rows[2]["body"].endswith(TEXTS[2]) and rows[2]["body"].startswith("[1 January 1970]")
+        assert rows[2]["ctx"] == f"{TEXTS[0]} {TEXTS[1]}"
     assert (await dream_row(db, "s1"))["indexed_revision"] == revision
 
     vectors = await ctx.turn_store("default").get([r["message_id"] for r in rows])
@@ -140,6 +171,7 @@ async def test_the_index_follows_the_revision_a_turn_edited_away(ctx: Context) -
     assert await index_findings(ctx) == []
 
 
+@pytest.mark.both_stores
 async def test_rem_check_finds_a_turn_missing_from_the_index(ctx: Context) -> None:
     db = await ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
@@ -156,6 +188,7 @@ async def test_rem_check_finds_a_turn_missing_from_the_index(ctx: Context) -> No
     ]
 
 
+@pytest.mark.both_stores
 async def test_check_reads_the_index_a_batch_of_sessions_at_a_time_and_finds_the_same(ctx: Context) -> None:
     """Invariant 9 in batches (one read per batch of sessions) finds what one whole read finds."""
     from backend.ops.checks import check_database_in_batches, check_database_sync, summarize
@@ -165,15 +198,18 @@ async def test_check_reads_the_index_a_batch_of_sessions_at_a_time_and_finds_the
         await add_session_with_turns(db, sid, TEXTS)
         await publish(db, sid)
     await Dreamer(ctx, once=True).run()
-    table = fts_table("default")
-    async with db.tx() as conn:  # s2 loses a turn's FTS5 row, s3 a turn's index row
-        await conn.execute(
-            f"DELETE FROM {table} WHERE rowid = (SELECT id FROM memory_turn WHERE message_id = 's2-m0001')"
-        )
+    await _delete_lexical_row(ctx, "s2-m0001")  # s2 loses a turn's FTS5 row, s3 a turn's index row
+    async with db.tx() as conn:
         await conn.execute("DELETE FROM memory_turn WHERE message_id = 's3-m0000'")
     whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
     batched = summarize(await check_database_in_batches(db, batch=1), settled=False)
-    assert batched == whole
+
+    def rows_in_order(report: dict) -> dict:  # PostgreSQL returns unordered rows in any order
+        for finding in report["violations"] + report["unsettled"]:
+            finding["rows"] = sorted(finding["rows"], key=lambda r: json.dumps(r, sort_keys=True))
+        return report
+
+    assert rows_in_order(batched) == rows_in_order(whole)
     found = {f["what"]: f["rows"] for f in whole["violations"] if f["invariant"] == "9"}
     assert found == {
         "raw turns missing from the recall index at its revision": [
@@ -181,3 +217,43 @@ async def test_check_reads_the_index_a_batch_of_sessions_at_a_time_and_finds_the
         ],
         "recall index rows without their FTS5 row": [{"session_id": "s2", "message_id": "s2-m0001"}],
     }
+
+
+async def test_a_postgresql_index_from_before_v7_gets_its_lexical_rows_from_dream(
+    pg_server: object, tmp_path: object, chroma_url: str, collection: str
+) -> None:
+    """v7 adds PostgreSQL's lexical rows: rows indexed before have none until Dream re-indexes them."""
+    from backend.core.datadir import DataDir
+    from backend.store.schema_pg import LEXICAL_BACKFILL
+    from tests import pg
+
+    name = pg.fresh_database(pg_server)  # type: ignore[arg-type]
+    ctx = Context(
+        DataDir(tmp_path / "d"),  # type: ignore[operator]
+        chroma_url=chroma_url,
+        collection=collection,
+        db_url=pg_server.url(name),  # type: ignore[attr-defined]
+    )
+    try:
+        db = await ctx.db()
+        await add_session_with_turns(db, "s1", TEXTS)
+        revision = await publish(db, "s1")
+        await Dreamer(ctx, once=True).run()
+        async with db.tx() as conn:  # the state a v6 database reaches v7 in: no lexical row
+            await conn.execute("DELETE FROM memory_fts")
+        found = {f["what"]: f["count"] for f in await index_findings(ctx)}
+        assert found == {"recall index rows without their FTS5 row": 4}
+        async with db.tx() as conn:  # what migration 7 runs after creating the table
+            for statement in LEXICAL_BACKFILL.strip().split(";\n"):
+                await conn.execute(statement)
+        assert (await dream_row(db, "s1"))["indexed_revision"] is None
+        await Dreamer(ctx, once=True).run()
+        assert (await dream_row(db, "s1"))["indexed_revision"] == revision
+        assert await db.scalar("SELECT count(*) FROM memory_fts") == 4
+        assert await index_findings(ctx) == []
+        result = await ops.recall(ctx, "replicas cutover", project="default", kinds=("turn",))
+        assert result["items"][0]["message_id"] == "s1-m0002"
+        assert "fts" in result["items"][0]["provenance"]["found_by"]
+    finally:
+        await ctx.close()
+        pg.drop_database(pg_server, name)  # type: ignore[arg-type]

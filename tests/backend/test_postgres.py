@@ -64,9 +64,9 @@ def test_sqlite_dialect_is_translated_once_per_statement(sqlite: str, postgres: 
 
 def test_every_sqlite_migration_has_a_postgres_twin() -> None:
     built = schema_pg.pg_migrations()
-    # SQLite's migrations, plus PostgreSQL's own at their fixed numbers (7: the change feed)
+    # SQLite's migrations, plus PostgreSQL's own at their fixed numbers (8: the change feed)
     assert len(built) == schema_pg.pg_schema_version() == len(MIGRATIONS) + len(schema_pg.PG_ONLY)
-    assert built[6] == [schema_pg.CHANGE_FEED]
+    assert built[7] == [schema_pg.CHANGE_FEED]
     with pytest.raises(schema_pg.SchemaTwinMissing, match="no PostgreSQL twin for: CREATE TRIGGER t_new"):
         schema_pg.pg_ddl("CREATE TRIGGER t_new BEFORE DELETE ON event BEGIN SELECT 1; END;")
     ddl = schema_pg.pg_ddl(
@@ -104,8 +104,14 @@ async def test_both_engines_hold_the_same_tables_columns_and_indexes(tmp_path: P
         pg_indexes = {
             r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
         }
-    # PostgreSQL's own additions: the version table, the catalog view rem reads, the rowid columns
-    extra = {c for c in pg_columns if c[0] in (schema_pg.VERSION_TABLE, "sqlite_master") or c[1] == "rowid"}
+    # PostgreSQL's own additions: the version table, the catalog view rem reads, the rowid columns,
+    # the lexical recall table (state.db's twin is one FTS5 table per project, made at run time)
+    extra = {
+        c
+        for c in pg_columns
+        if c[0] in (schema_pg.VERSION_TABLE, "sqlite_master", "memory_fts") or c[1] == "rowid"
+    }
+    assert {("memory_fts", "doc"), ("memory_fts", "project")} <= extra
     assert {("session", "rowid"), ("session_input", "rowid")} <= extra
     assert pg_columns - extra == lite_columns - {
         (table, column) for table, column in lite_columns if table == counters.TABLE

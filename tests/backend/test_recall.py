@@ -71,12 +71,14 @@ async def test_recall_finds_a_turn_by_meaning_with_no_shared_word(imported: Cont
     assert top["provenance"]["revision"].startswith("sha256:")
 
 
+@pytest.mark.both_stores
 async def test_recall_finds_a_turn_by_keyword(imported: Context) -> None:
     result = await ops.recall(imported, "sourdough", project="ops", k=5)
     assert _turns(result)[0] == "f-1"
     assert "fts" in result["items"][0]["provenance"]["found_by"]
 
 
+@pytest.mark.both_stores
 async def test_recall_is_scoped_by_project(imported: Context) -> None:
     ops_only = await ops.recall(imported, "payments due", project="ops", k=10, kinds=("turn",))
     home_only = await ops.recall(imported, "payments due", project="home", k=10, kinds=("turn",))
@@ -88,6 +90,7 @@ async def test_recall_is_scoped_by_project(imported: Context) -> None:
     assert default["project"] == "default" and default["items"] == []
 
 
+@pytest.mark.both_stores
 async def test_recall_returns_summaries_and_session_scope(imported: Context) -> None:
     result = await ops.recall(imported, "dog on the beach", project="ops", k=10)
     kinds = {i["kind"] for i in result["items"]}
@@ -109,8 +112,9 @@ async def test_bad_recall_input_is_refused_in_one_line(imported: Context) -> Non
         await ops.recall(imported, "x", project="bad project")
 
 
+@pytest.mark.both_stores
 async def test_recall_without_chroma_degrades_to_lexical(imported: Context, data_dir: Any) -> None:
-    offline = Context(data_dir, start_chroma=False, collection=imported.collection)
+    offline = Context(data_dir, start_chroma=False, collection=imported.collection, db_url=imported.db_url)
     try:
         result = await ops.recall(offline, "sourdough", project="ops")
     finally:
@@ -186,6 +190,7 @@ async def test_import_refuses_an_id_that_names_another_message(ctx: Context, tmp
     ]
 
 
+@pytest.mark.both_stores
 async def test_imported_sessions_pass_rem_check_once_settled(imported: Context) -> None:
     report = await ops.check(imported, settled=True)
     assert report["ok"], report["violations"]
