@@ -39,12 +39,41 @@ while count < 0 or i < count:
 """
 
 
+# The same writer on the PostgreSQL store (`url` instead of a state.db path).
+WRITER_PG = r"""
+import json, random, sys, time
+import psycopg
+url, interval_ms, count, run = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = random.Random(7)
+conn = psycopg.connect(url)
+leases = [r[0] for r in conn.execute("SELECT id FROM session_execution LIMIT 5000")]
+conn.commit()
+i = 0
+while count < 0 or i < count:
+    now = int(time.time() * 1000)
+    conn.execute("UPDATE worker SET heartbeat_at = %s WHERE state = 'running'", (now,))
+    for lease in rng.sample(leases, min(20, len(leases))):
+        conn.execute("UPDATE session_execution SET expires_at = %s, time_renewed = %s WHERE id = %s",
+                     (now + 30000, now, lease))
+    now = int(time.time() * 1000)
+    conn.execute("INSERT INTO event (time, kind, actor, data) VALUES (%s, 'bench.commit', 'bench', %s)",
+                 (now, json.dumps({"run": run, "seq": i})))
+    conn.commit()
+    i += 1
+    time.sleep(rng.uniform(0.5, 1.5) * interval_ms / 1000)
+"""
+
+
 def start_writer(
-    state_db: Path, interval_ms: float, count: int = -1, run: str = ""
+    state_db: Path | str, interval_ms: float, count: int = -1, run: str = ""
 ) -> subprocess.Popen[bytes]:
-    """The writer process; its journal rows carry `run` so reruns on one data dir do not mix."""
+    """The writer process; its journal rows carry `run` so reruns on one data dir do not mix.
+
+    `state_db` is a state.db path, or a `postgresql://` URL for the PostgreSQL store.
+    """
+    script = WRITER_PG if str(state_db).startswith(("postgresql://", "postgres://")) else WRITER
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(state_db), str(interval_ms), str(count), run or str(time.time())]
+        [sys.executable, "-c", script, str(state_db), str(interval_ms), str(count), run or str(time.time())]
     )
 
 

@@ -5,7 +5,8 @@ fires) -> the `RefreshScheduler` starts one worker, which reads `PRAGMA
 data_version` on the gate connection and, only if it moved, `ops.status` ->
 `SnapshotLoaded` -> the `ApplyChain` updates the tables in place, a few per
 frame. The next refresh starts only after the previous one finished
-(`tui/refresh.py`).
+(`tui/refresh.py`). On PostgreSQL (`--db`) the store's change feed (LISTEN,
+`backend.store.changes`) takes the file watch's place and is the gate.
 """
 
 from __future__ import annotations
@@ -29,13 +30,23 @@ from textual.worker import Worker, WorkerState
 from backend.core import clock, private
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
+from backend.core.settings import settings
 from backend.ops.records import Moment, Status
+from backend.store.changes import listen_changes
+from backend.store.postgres import store_label
 from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
 from tui.format import home_short, one_line_error, palette_from
-from tui.messages import ActionCompleted, DataDirChanged, DryRunReady, MomentLoaded, SnapshotLoaded
+from tui.messages import (
+    ActionCompleted,
+    DataDirChanged,
+    DryRunReady,
+    MomentLoaded,
+    SnapshotLoaded,
+    StoreChanged,
+)
 from tui.refresh import ApplyChain, RefreshScheduler, Ticker, WorkerGroup, new_events, state_db_changes
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
@@ -158,12 +169,17 @@ class ConsoleApp(App[None]):
         health_s: float = 10.0,
         min_interval_s: float = 0.1,
         at: int | None = None,
+        db_url: str | None = None,
     ) -> None:
         super().__init__()
         self.data = data if isinstance(data, DataDir) else DataDir.resolve(data)
         self.read_only = read_only
         self.chroma_url = chroma_url
-        self.data_label = data_label or home_short(self.data.root)
+        # the state store watched: state.db in the data dir, or PostgreSQL (`--db`)
+        self.db_url = db_url or settings.db_url
+        self.data_label = data_label or (
+            store_label(self.db_url) if self.db_url else home_short(self.data.root)
+        )
         self.status_loader = status_loader
         self.watch_files, self.poll_s = watch, poll_s
         self.backend: ConsoleBackend | None = None
@@ -237,7 +253,11 @@ class ConsoleApp(App[None]):
         self._palette = palette_from(self.get_css_variables())
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         self.backend = ConsoleBackend(
-            self.data, read_only=self.read_only, chroma_url=self.chroma_url, status_loader=self.status_loader
+            self.data,
+            read_only=self.read_only,
+            chroma_url=self.chroma_url,
+            status_loader=self.status_loader,
+            db_url=self.db_url,
         )
         self.header.set_state(palette=self._palette, now=clock.now_ms())
         self.set_interval(Ticker.every_step_s, self.ticker.step)
@@ -247,7 +267,10 @@ class ConsoleApp(App[None]):
         if self.start_at is not None:
             self.load_moment("at", self.start_at)
         if self.watch_files:
-            self.watch_data_dir()
+            if self.db_url:
+                self.watch_store()
+            else:
+                self.watch_data_dir()
 
     def _theme_changed(self, _theme: object) -> None:
         # cell colours are resolved from the theme when drawn: redraw them all
@@ -298,6 +321,25 @@ class ConsoleApp(App[None]):
             self.post_message(DataDirChanged())
 
     def on_data_dir_changed(self, _message: DataDirChanged) -> None:
+        self.request_refresh()
+
+    @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
+    async def watch_store(self) -> None:
+        """PostgreSQL: post StoreChanged for each burst of this store's commits, and when the feed drops."""
+        assert self.backend is not None and self.db_url
+        async for event in listen_changes(self.db_url):
+            self.backend.heard(event)  # the gate moves before the refresh it causes reads it
+            self.post_message(StoreChanged(event))
+
+    def on_store_changed(self, message: StoreChanged) -> None:
+        event = message.event
+        self.banner.set_problem(
+            "feed",
+            f"change feed lost: {event.error}; reconnecting in {event.retry_in_s:g} s, "
+            f"reading every {self.poll_s:g} s meanwhile"
+            if event.kind == "lost"
+            else None,
+        )
         self.request_refresh()
 
     def on_snapshot_loaded(self, message: SnapshotLoaded) -> None:
@@ -388,9 +430,8 @@ class ConsoleApp(App[None]):
                 self._awaiting_moment = False
                 self.apply_pending()
         elif worker.group == WorkerGroup.WATCH:
-            self.notify(
-                f"file watching stopped ({error}); polling every {self.poll_s:g} s", severity="warning"
-            )
+            watching = "the change feed" if self.db_url else "file watching"
+            self.notify(f"{watching} stopped ({error}); polling every {self.poll_s:g} s", severity="warning")
         elif worker.group != WorkerGroup.SNAPSHOT:
             self.notify(f"{worker.group}: {self.one_line(error)}", severity="error")
             log.error("worker %s failed", worker.name, exc_info=error)

@@ -1,9 +1,16 @@
 """The console's only way into rem: `backend.ops` and read helpers, run on a private loop.
 
-It holds two connections: the `Context`'s (used by `ops.status` and the
-actions; read-only when the console is) and one persistent read-only
+On state.db it holds two connections: the `Context`'s (used by `ops.status`
+and the actions; read-only when the console is) and one persistent read-only
 connection used for nothing but `PRAGMA data_version`, the cheap gate in
 front of every refresh. Neither keeps a transaction open between calls.
+
+On PostgreSQL (`db_url`) the gate is the change feed instead: the console's
+listener (`backend.store.changes`) reports here, and `data_version` is the
+number of change events heard. The feed is per database, so another
+database's commits on the same server never open the gate; while the
+listener is not connected the gate stays open (every poll reads), since
+changes could go unheard.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from typing import Any
 from backend import ops
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
+from backend.core.settings import settings
 from backend.ops.records import Moment, ReplayReport, Status
 from backend.runtime.context import Context
 from backend.store import events
+from backend.store.changes import StoreEvent
 from backend.store.db import Database
 from backend.store.history import HistoryStore
 from tui.backend_loop import BackendLoop
@@ -38,18 +47,27 @@ class ConsoleBackend:
         read_only: bool = False,
         chroma_url: str | None = None,
         status_loader: StatusLoader | None = None,
+        db_url: str | None = None,
     ) -> None:
         self.data = data
         self.read_only = read_only
+        self.db_url = db_url or settings.db_url
         # never start a Chroma server from the console: a server tied to the
         # console's lifetime would vanish under the daemons when it closes
-        self.ctx = Context(data, chroma_url=chroma_url, read_only=read_only, start_chroma=False)
+        self.ctx = Context(
+            data, chroma_url=chroma_url, read_only=read_only, start_chroma=False, db_url=self.db_url
+        )
         self.loop = BackendLoop().start()
         self._gate: Database | None = None
+        # PostgreSQL: change events heard, and whether the listener hears them now
+        self.changes_heard = 0
+        self.listening = False
         self._history_store: HistoryStore | None = None
         self._status_loader = status_loader or ops.status
 
     def _require_state_db(self) -> None:
+        if self.db_url:
+            return  # the state is in PostgreSQL: the data dir may hold no state.db at all
         self.data.check_usable()
         if not self.data.exists():
             raise DataDirError(
@@ -74,8 +92,18 @@ class ConsoleBackend:
             raise
 
     async def data_version(self) -> int:
-        """`PRAGMA data_version` of the gate connection (changes when anyone else commits)."""
+        """A number that moves when anyone else commits: `PRAGMA data_version` of the gate
+        connection, or on PostgreSQL the change events heard (see the module doc)."""
+        if self.db_url:
+            if not self.listening:
+                self.changes_heard += 1  # deaf: open the gate, changes could go unheard
+            return self.changes_heard
         return await self.loop.run(self._data_version())
+
+    def heard(self, event: StoreEvent) -> None:
+        """The change listener's report: a change, (re)connected, or lost."""
+        self.listening = event.kind != "lost"
+        self.changes_heard += 1  # changed, or (re)connected after a time anything may have changed
 
     async def _status(self) -> Status:
         self._require_state_db()

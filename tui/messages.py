@@ -8,6 +8,7 @@ from typing import Any
 from textual.message import Message
 
 from backend.ops.records import Moment, Status
+from backend.store.changes import StoreEvent
 from tui.actions import ActionPlan
 
 
@@ -23,6 +24,14 @@ class SnapshotLoaded(Message):
 
 class DataDirChanged(Message):
     """state.db or its WAL changed on disk (the watcher saw it)."""
+
+
+class StoreChanged(Message):
+    """PostgreSQL's change feed reported: commits heard, listening again, or lost (retrying)."""
+
+    def __init__(self, event: StoreEvent) -> None:
+        super().__init__()
+        self.event = event
 
 
 class DryRunReady(Message):

@@ -9,6 +9,7 @@ import typer
 from backend.cli import common
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
+from backend.core.settings import settings
 
 
 def register(app: typer.Typer) -> None:
@@ -16,10 +17,10 @@ def register(app: typer.Typer) -> None:
 
 
 def existing_data_dir(data: object) -> DataDir:
-    """The data dir the console opens: it must already hold a rem state.db."""
+    """The data dir the console opens: it must already hold a rem state.db (unless the state is on `--db`)."""
     root = DataDir.resolve(data or common.Globals.data)  # type: ignore[arg-type]
     root.check_usable()
-    if not root.exists():
+    if not root.exists() and not settings.db_url:
         raise DataDirError(
             f"no rem data at {root.root} (state.db missing); "
             f"run `rem init --data {root.root}` or `rem up --data {root.root}`"
@@ -49,6 +50,7 @@ def console(
     """Open the live on-call console over a data dir (press ? inside for every key).
 
     Example: rem console --read-only --data ./demo-data
+    Example: rem --db postgresql://rem@db-host/rem console   (the shared store on PostgreSQL)
     Example: rem console --at 03:12 --read-only --data ./copy-of-data   (the post-mortem timeline)
     """
     root = existing_data_dir(data)

@@ -1,4 +1,4 @@
-"""`rem init`: create the data dir and migrate state.db."""
+"""`rem init`: create the data dir and migrate the state store."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ def register(app: typer.Typer) -> None:
 
 
 def init(data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
-    """Create the data dir and migrate state.db.
+    """Create the data dir and migrate the state store (state.db, or PostgreSQL with --db).
 
     Example: rem init --data ./demo
+    Example: rem --db postgresql://rem@db-host/rem init
     """
     ctx = common.make_context(data, None)
     result = common.run(lambda: common.with_context(ctx, ops.init))
@@ -23,4 +24,7 @@ def init(data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
         common.emit_json(result)
     else:
         verb = "created" if result["created"] else "up to date"
-        common.note(f"rem: {result['state_db']} {verb} (schema v{result['schema_version']})")
+        where = result["state_db"]
+        if result["store"] == "postgresql":
+            where = f"PostgreSQL store {where} (data dir {result['data_dir']})"
+        common.note(f"rem: {where} {verb} (schema v{result['schema_version']})")

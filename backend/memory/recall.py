@@ -338,14 +338,19 @@ def _excluded(scope: Scope, session_id: str, ord_: int) -> bool:
     return scope.exclude_session == session_id and ord_ >= scope.exclude_from_ord
 
 
-# PostgreSQL's lexical search (schema_pg.LEXICAL): the GIN index intersects the terms' and the
-# scope tokens' posting lists; ts_rank (weights {D, C, B, A}: scope 0, context, text; divided by
-# 1 + log(length), as BM25 normalises length) ranks the matches. ts_rank has no IDF: FTS5's
-# bm25 does, so the two engines rank a query's matches alike but not identically.
+# PostgreSQL's lexical search (schema_pg.LEXICAL). The GIN index intersects the terms' and the
+# scope tokens' posting lists. PostgreSQL's ts_rank has no IDF (a common word counts as much
+# as a rare one), so the score is bm25's shape built from parts it has: each term's ts_rank
+# (weights {D, C, B, A}: scope 0, context, text; divided by 1 + log(length)) times the term's
+# IDF, ln(1 + (N - df + 0.5) / (df + 0.5)), with df the term's matches in scope (one GIN count
+# each) and N the table's row estimate (pg_class: O(1); a project's own count would walk it).
+FTS_PG_DF_SQL = """
+SELECT greatest((SELECT reltuples FROM pg_class WHERE oid = CAST('memory_fts' AS regclass)), 1) AS n{counts}
+"""
+FTS_PG_DF_TERM = ", (SELECT count(*) FROM memory_fts WHERE doc @@ {match}) AS d{i}"
 FTS_PG_SQL = """
 SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
-FROM (SELECT id, ts_rank(CAST(:weights AS real[]), doc, to_tsquery('english', :match), 1) AS score
-      FROM memory_fts WHERE doc @@ {where}
+FROM (SELECT id, {score} AS score FROM memory_fts WHERE doc @@ {match}
       ORDER BY score DESC LIMIT :n) AS f
 JOIN memory_turn AS t ON t.id = f.id
 ORDER BY f.score DESC
@@ -356,17 +361,31 @@ def _fts_pg(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) ->
     """The best lexical matches on PostgreSQL: rows as `FTS_SQL` returns them."""
     tokens = [scope_token("p", scope.project)] if scope.project is not None else []
     tokens += [scope_token("s", scope.session_id)] if scope.session_id is not None else []
-    where = "to_tsquery('english', :match)"
-    if tokens:
-        where = f"({where} && to_tsquery('simple', :scope))"
+
+    def matching(query: str) -> str:
+        return f"({query} && to_tsquery('simple', :scope))" if tokens else query
+
     top = max(config.fts_weights)
-    params = {
-        "weights": [0.0, 0.0, config.fts_weights[1] / top, config.fts_weights[0] / top],
-        "match": " | ".join(terms),  # words of letters and digits only (`text.WORD`): no operator
-        "scope": " & ".join(tokens),
-        "n": config.candidates,
-    }
-    return list(conn.execute(FTS_PG_SQL.format(where=where), params).fetchall())
+    # words of letters and digits only (`text.WORD`): no tsquery operator can appear in a term
+    params: dict[str, Any] = {f"t{i}": term for i, term in enumerate(terms)}
+    params["scope"] = " & ".join(tokens)
+    term_query = [f"to_tsquery('english', :t{i})" for i in range(len(terms))]
+    counts = "".join(FTS_PG_DF_TERM.format(i=i, match=matching(q)) for i, q in enumerate(term_query))
+    df = conn.execute(FTS_PG_DF_SQL.format(counts=counts), params).fetchone()
+    n = max(float(df[0]), float(sum(df[1:])))
+    for i in range(len(terms)):
+        params[f"i{i}"] = math.log(1 + (n - df[i + 1] + 0.5) / (df[i + 1] + 0.5))
+    params["weights"] = [0.0, 0.0, config.fts_weights[1] / top, config.fts_weights[0] / top]
+    params["n"] = config.candidates
+    score = " + ".join(
+        f"ts_rank(CAST(:weights AS real[]), doc, {q}, 1) * :i{i}"
+        for i, q in enumerate(term_query)
+        if df[i + 1]
+    )
+    if not score:
+        return []
+    match = matching("(" + " || ".join(term_query) + ")")
+    return list(conn.execute(FTS_PG_SQL.format(score=score, match=match), params).fetchall())
 
 
 def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> dict[int, Candidate]:

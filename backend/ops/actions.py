@@ -36,7 +36,7 @@ from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event
-from backend.store.schema import SCHEMA_VERSION, schema_version
+from backend.store.schema import schema_version, supported_version
 from backend.store.workers import LeaseKind, WorkerState
 
 if TYPE_CHECKING:
@@ -46,16 +46,27 @@ log = logging.getLogger("rem.ops")
 
 
 async def init(ctx: Context) -> dict[str, Any]:
-    """Create the data dir and migrate state.db to the current schema."""
+    """Create the data dir and migrate the state store (state.db, or PostgreSQL) to the current schema."""
     ctx.require_writable("init")
-    existed = ctx.data.exists()
+    existed = await _store_has_schema(ctx) if ctx.db_url else ctx.data.exists()
     db = await ctx.db()
     return {
         "data_dir": str(ctx.data.root),
         "state_db": ctx.store_name,  # the state.db path, or the PostgreSQL URL (no password)
+        "store": "postgresql" if ctx.db_url else "sqlite",
         "schema_version": await schema_version(db),
         "created": not existed,
     }
+
+
+async def _store_has_schema(ctx: Context) -> bool:
+    """Whether the PostgreSQL database already holds rem's schema (any version), before migrating."""
+    assert ctx.db_url is not None
+    db = await Database.connect(ctx.db_url, read_only=True)
+    try:
+        return await schema_version(db) > 0
+    finally:
+        await db.close()
 
 
 def chroma_health(ctx: Context) -> ChromaHealth:
@@ -127,7 +138,7 @@ async def status(ctx: Context) -> Status:
         **snap,
         data_dir=str(ctx.data.root),
         schema_version=int(version) if version is not None else await schema_version(db),
-        schema_version_supported=SCHEMA_VERSION,
+        schema_version_supported=supported_version(db),
         read_only=ctx.read_only,
         throughput=tally.as_dict(),
         chroma=chroma,

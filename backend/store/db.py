@@ -462,8 +462,9 @@ class Database:
 
         SQLite: `PRAGMA data_version`. PostgreSQL: the server's WAL position,
         which every committed write moves (as do other databases' writes and
-        the server's own upkeep: a spurious change only costs the console a
-        refresh, a missed one cannot happen).
+        the server's own upkeep: a spurious change only costs a daemon's idle
+        wait one empty look, a missed one cannot happen). The console on
+        PostgreSQL gates on the change feed instead (`backend.store.changes`).
         """
         if self.postgres:
             return int(await self.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))

@@ -51,7 +51,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
@@ -85,6 +85,20 @@ def display_url(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def store_label(url: str) -> str:
+    """`postgresql://user@host:port/db`: which store, for a header; no password, no other parameters.
+
+    A host or port given as a query parameter (a socket directory) is shown in its place.
+    """
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    host = parts.hostname or query.get("host", "")
+    port = parts.port or query.get("port")
+    user = f"{parts.username}@" if parts.username else ""
+    where = f"{host}:{port}" if port else host
+    return f"{parts.scheme}://{user}{where}{parts.path}"
 
 
 # -- SQL translation -----------------------------------------------------------

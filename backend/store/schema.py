@@ -450,6 +450,15 @@ async def schema_version(db: Database) -> int:
     return int(await db.scalar("PRAGMA user_version"))
 
 
+def supported_version(db: Database) -> int:
+    """The newest schema this rem knows for the store's engine (PostgreSQL has migrations of its own)."""
+    if db.postgres:
+        from backend.store import schema_pg
+
+        return schema_pg.pg_schema_version()
+    return SCHEMA_VERSION
+
+
 async def migrate(db: Database) -> int:
     """Bring the store to SCHEMA_VERSION; refuse a database from a newer rem, or not rem's at all."""
     if db.postgres:
@@ -457,7 +466,7 @@ async def migrate(db: Database) -> int:
 
         with db.errors():
             await db.run_in_thread(partial(schema_pg.migrate_sync, where=db.where))
-        return SCHEMA_VERSION
+        return schema_pg.pg_schema_version()
     current = await schema_version(db)
     _refuse_newer(db, current)
     if current == SCHEMA_VERSION:
@@ -495,10 +504,10 @@ async def refuse_unusable(db: Database) -> None:
         if current == 0:
             schema_pg.refuse_foreign(db.where, current, await db.run_in_thread(schema_pg.foreign_tables_sync))
             raise DataDirError(f"{db.where} has no rem schema yet; run `rem init --db URL`")
-        if current < SCHEMA_VERSION:
+        if current < schema_pg.pg_schema_version():
             raise SchemaTooOld(
-                f"{db.where} has schema version {current}, older than this rem reads ({SCHEMA_VERSION}); "
-                "run `rem init --db URL` to migrate it (that writes)"
+                f"{db.where} has schema version {current}, older than this rem reads "
+                f"({schema_pg.pg_schema_version()}); run `rem init --db URL` to migrate it (that writes)"
             )
         return
     if current == 0:
@@ -515,11 +524,12 @@ async def refuse_unusable(db: Database) -> None:
 
 
 def _refuse_newer(db: Database, current: int) -> None:
-    if current > SCHEMA_VERSION:
+    supported = supported_version(db)
+    if current > supported:
         fix = "point --db at another database" if db.postgres else "point --data at another directory"
         raise SchemaTooNew(
             f"{db.where} has schema version {current}, newer than this rem supports "
-            f"({SCHEMA_VERSION}); upgrade rem or {fix}"
+            f"({supported}); upgrade rem or {fix}"
         )
 
 

@@ -15,6 +15,20 @@ functions rem's SQL uses (`json_valid`, `json_extract`, `json_set`,
 row per applied migration: the `user_version` of this engine), and a
 `rowid` identity column where rem reads SQLite's implicit one.
 
+PostgreSQL's own migrations (`PG_ONLY`) sit between SQLite's at fixed version
+numbers, so the numbering stays stable when SQLite adds one: PostgreSQL 8 is
+the change feed (below), after SQLite's 1-7, and SQLite's migration 8, when it
+comes, will be PostgreSQL's 9. `pg_schema_version()` is this engine's newest version.
+
+The change feed (PostgreSQL 8): every rem table has a statement-level trigger
+that calls `pg_notify('rem_change', <transaction id>)`. A notification is
+part of its transaction: sent at COMMIT, never after a ROLLBACK, and
+PostgreSQL delivers one per transaction and payload however many statements
+fired it. NOTIFY is scoped to one database, so the console's LISTEN (instead
+of watchfiles on state.db's WAL) hears this store's commits and no other's.
+A statement that wrote nothing in a transaction that wrote nothing (a fenced
+UPDATE matching no row) sends none: the transaction has no id yet.
+
 Lexical recall: SQLite's per-project FTS5 tables (created by `backend.memory`
 at run time) have one twin here, created by migration 7 (`LEXICAL`): the
 `memory_fts` table of `tsvector` documents with a GIN index, the scope
@@ -172,6 +186,35 @@ UPDATE dream_state SET completed_revision = NULL, indexed_revision = NULL
 # what PostgreSQL adds after SQLite's migration N (1-based)
 AFTER: dict[int, str] = {1: ROWID_COLUMNS, 6: f"DROP TABLE {counters.TABLE}", 7: LEXICAL + LEXICAL_BACKFILL}
 
+# the change feed (see the module doc): the channel the console LISTENs on
+CHANGE_CHANNEL = "rem_change"
+CHANGE_FEED = f"""
+CREATE FUNCTION rem_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    xact xid8 := pg_current_xact_id_if_assigned();
+BEGIN
+    IF xact IS NOT NULL THEN  -- the transaction has written: it will notify once, at COMMIT
+        PERFORM pg_notify('{CHANGE_CHANNEL}', xact::text);
+    END IF;
+    RETURN NULL;
+END $$;
+-- the trigger on every table of the schema but the version table; run again by every later
+-- migration, so a table a new migration creates is watched too
+CREATE FUNCTION rem_watch_tables() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    name text;
+BEGIN
+    FOR name IN SELECT tablename FROM pg_tables
+                WHERE schemaname = current_schema() AND tablename <> '{VERSION_TABLE}' LOOP
+        EXECUTE format('CREATE OR REPLACE TRIGGER rem_change AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE '
+                       'ON %I FOR EACH STATEMENT EXECUTE FUNCTION rem_notify_change()', name);
+    END LOOP;
+END $$;
+SELECT rem_watch_tables();
+"""
+# PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
+PG_ONLY: dict[int, str] = {8: CHANGE_FEED}
+
 _NO_TWIN = re.compile(r"^\s*(CREATE\s+(TRIGGER|VIRTUAL\s+TABLE)|DROP\s+TRIGGER|PRAGMA)\b", re.IGNORECASE)
 _OBJECT_NAME = re.compile(
     r"^\s*(?:CREATE|DROP)\s+(?:VIRTUAL\s+TABLE|TRIGGER)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(\w+)", re.IGNORECASE
@@ -223,16 +266,34 @@ def pg_ddl(script: str) -> list[str]:
 
 
 def pg_migrations() -> list[list[str]]:
-    """Every PostgreSQL migration: statements of migration N at index N - 1."""
+    """Every PostgreSQL migration: statements of PostgreSQL version N at index N - 1.
+
+    SQLite's migrations in order, with `PG_ONLY` ones at their own numbers.
+    """
     from backend.store.schema import MIGRATIONS
 
-    built = []
-    for number, script in enumerate(MIGRATIONS, start=1):
+    sqlite_scripts = list(enumerate(MIGRATIONS, start=1))
+    built: list[list[str]] = []
+    while sqlite_scripts or len(built) + 1 in PG_ONLY:
+        version = len(built) + 1
+        if version in PG_ONLY:
+            built.append([PG_ONLY[version]])
+            continue
+        number, script = sqlite_scripts.pop(0)
         statements = ([PRELUDE] if number == 1 else []) + pg_ddl(script)
         if number in AFTER:
             statements.append(AFTER[number])
+        if version > min(PG_ONLY):  # a table it creates gets the change feed's trigger
+            statements.append("SELECT rem_watch_tables()")
         built.append(statements)
     return built
+
+
+def pg_schema_version() -> int:
+    """This engine's newest schema version: SQLite's migrations plus PostgreSQL's own."""
+    from backend.store.schema import MIGRATIONS
+
+    return len(MIGRATIONS) + len(PG_ONLY)
 
 
 def schema_version_sync(conn: Conn) -> int:

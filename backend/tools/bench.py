@@ -103,13 +103,19 @@ def _status(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
-    lat = r["latency_ms"]
-    return [
-        (
-            f"console: commit by another process -> on screen ({r['commits']} commits)",
-            f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms",
+    # one store's result, or (`--store both`) one per store
+    per_store: dict[str, Any] = {name: r[name] for name in ("sqlite", "postgresql") if name in r} or {"": r}
+    rows = []
+    for name, one in per_store.items():
+        lat = one["latency_ms"]
+        on = f" on {name}" if name else ""
+        rows.append(
+            (
+                f"console{on}: commit by another process -> on screen ({one['commits']} commits)",
+                f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms",
+            )
         )
-    ]
+    return rows
 
 
 def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -64,7 +64,9 @@ def test_sqlite_dialect_is_translated_once_per_statement(sqlite: str, postgres: 
 
 def test_every_sqlite_migration_has_a_postgres_twin() -> None:
     built = schema_pg.pg_migrations()
-    assert len(built) == len(MIGRATIONS)
+    # SQLite's migrations, plus PostgreSQL's own at their fixed numbers (8: the change feed)
+    assert len(built) == schema_pg.pg_schema_version() == len(MIGRATIONS) + len(schema_pg.PG_ONLY)
+    assert built[7] == [schema_pg.CHANGE_FEED]
     with pytest.raises(schema_pg.SchemaTwinMissing, match="no PostgreSQL twin for: CREATE TRIGGER t_new"):
         schema_pg.pg_ddl("CREATE TRIGGER t_new BEFORE DELETE ON event BEGIN SELECT 1; END;")
     ddl = schema_pg.pg_ddl(
@@ -127,7 +129,7 @@ async def test_migrations_are_versioned_in_the_database_and_refuse_foreign_table
         await ctx.close()
         with psycopg.connect(url) as conn:
             versions = [r[0] for r in conn.execute("SELECT version FROM rem_schema_version ORDER BY 1")]
-            assert versions == list(range(1, len(MIGRATIONS) + 1))
+            assert versions == list(range(1, schema_pg.pg_schema_version() + 1))
             assert conn.execute("SELECT count(*) FROM event WHERE kind = 'schema.migrated'").fetchone() == (
                 1,
             )
@@ -253,7 +255,7 @@ def test_a_turn_through_the_cli_on_postgres_then_status_and_check(tmp_path: Path
     assert (
         status["backlog"]["summary_jobs"]["pending"] == 1
     )  # the turn queued its summary (no summarizer ran)
-    assert status["schema_version"] == status["schema_version_supported"] == len(MIGRATIONS)
+    assert status["schema_version"] == status["schema_version_supported"] == schema_pg.pg_schema_version()
     check = rem_json(*store, "check", env=env)
     assert check["ok"] is True and check["counts"]["violations"] == 0, check
     with psycopg.connect(db_url) as conn:
@@ -277,3 +279,23 @@ def test_a_bad_db_url_is_one_line_naming_the_fix(tmp_path: Path, pg_server: Loca
     )
     assert down.returncode == 3 and down.stderr.count("\n") == 1, down.stderr
     assert "rem: error: cannot reach the state store" in down.stderr and "hunter2" not in down.stderr
+
+
+def test_rem_init_on_postgres_names_the_store_it_initialised(
+    tmp_path: Path, pg_server: LocalPostgres
+) -> None:
+    env = rem_env(REM_CHROMA_AUTOSTART="0")
+    env.pop("REM_DB_URL", None)
+    for url in pg.database_url(pg_server, migrated=False):
+        first = run_rem("--db", url, "--data", str(tmp_path / "d"), "init", env=env)
+        again = run_rem("--db", url, "--data", str(tmp_path / "d"), "init", env=env)
+        assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+        shown = display_url(url)
+        version = schema_pg.pg_schema_version()
+        assert first.stderr.strip() == (
+            f"rem: PostgreSQL store {shown} (data dir {tmp_path / 'd'}) created (schema v{version})"
+        )
+        assert (
+            again.stderr.strip().endswith(f"up to date (schema v{version})")
+            and "state.db" not in again.stderr
+        )

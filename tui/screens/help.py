@@ -13,9 +13,10 @@ from textual.widgets import Footer, Markdown
 INTRO = """\
 # rem console keys
 
-Live view of one data dir. Panels refresh on every commit to state.db (file
-watch + `PRAGMA data_version`), countdowns tick every second. Actions go
-through `backend.ops` and are confirmed first; the library re-checks them.
+Live view of one state store. Panels refresh on every commit to it (state.db:
+file watch + `PRAGMA data_version`; PostgreSQL: its LISTEN/NOTIFY change
+feed), countdowns tick every second. Actions go through `backend.ops` and are
+confirmed first; the library re-checks them.
 """
 
 

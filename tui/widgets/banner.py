@@ -33,14 +33,14 @@ class Banner(Static):
         self._text = ""
 
     def set_problem(self, source: str, message: str | None) -> None:
-        """Set (or clear, with None) the problem reported by `source` ("database", "chroma")."""
+        """Set (or clear, with None) the problem reported by `source` ("database", "chroma", "feed")."""
         if message:
             self.problems[source] = message
         else:
             self.problems.pop(source, None)
         self.set_class(bool(self.problems), "-shown")
-        # Chroma alone is a warning: leases, backlog and drift are still live
-        self.set_class(set(self.problems) == {"chroma"}, "-warning")
+        # Chroma or the change feed alone is a warning: leases, backlog and drift are still live
+        self.set_class(bool(self.problems) and set(self.problems) <= {"chroma", "feed"}, "-warning")
         text = "\n".join(f"⚠ {text}" for text in self.problems.values())
         if text != self._text:
             self._text = text

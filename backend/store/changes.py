@@ -1,0 +1,89 @@
+"""The PostgreSQL store's change feed, heard: LISTEN on `rem_change` (schema_pg's CHANGE_FEED).
+
+What the console uses on PostgreSQL instead of watchfiles on state.db's WAL.
+`listen_changes(url)` holds one dedicated autocommit connection (never a
+transaction open: a LISTEN-ing session in a transaction would hold back
+vacuum) and yields a `StoreEvent` when it starts listening (anything may have
+been committed while it was not: the reader refreshes), once per burst of
+notifications (every notification already queued is taken with it), and when
+the connection is lost (with the seconds until the next attempt: it retries
+with a doubling backoff, forever, until closed).
+
+A connection that dies silently (a host gone, a cable pulled) sends nothing:
+after `keepalive_s` without a notification the listener asks the server
+something, so a dead link is found within about `keepalive_s` + the connect
+timeout, never left to look like a quiet store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+import psycopg
+
+from backend.store.postgres import display_url
+from backend.store.schema_pg import CHANGE_CHANNEL
+
+log = logging.getLogger("rem.changes")
+
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
+KEEPALIVE_S = 5.0
+CONNECT_TIMEOUT_S = 3
+
+
+@dataclass(frozen=True)
+class StoreEvent:
+    """`listening` (connected; changes may have been missed), `changed`, or `lost` (retrying)."""
+
+    kind: Literal["listening", "changed", "lost"]
+    error: str = ""
+    retry_in_s: float = 0.0
+    notifications: int = 0  # how many notifications this `changed` stands for
+
+
+async def listen_changes(
+    url: str, *, keepalive_s: float = KEEPALIVE_S, first_backoff_s: float = FIRST_BACKOFF_S
+) -> AsyncIterator[StoreEvent]:
+    """Yield this store's changes as they commit, reconnecting when the server goes away."""
+    backoff = first_backoff_s
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            ) as conn:
+                await conn.execute(f"LISTEN {CHANGE_CHANNEL}")
+                log.info("listening for changes on %s", display_url(url))
+                backoff = first_backoff_s
+                yield StoreEvent("listening")
+                async for event in _notifications(conn, keepalive_s):
+                    yield event
+        except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("change feed of %s lost (%s); retrying in %.1f s", display_url(url), error, backoff)
+            yield StoreEvent("lost", error=error, retry_in_s=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+async def _notifications(
+    conn: psycopg.AsyncConnection[object], keepalive_s: float
+) -> AsyncIterator[StoreEvent]:
+    while True:
+        count = 0
+        # psycopg 3's AsyncConnection.notifies(): an async generator of the notifications as
+        # they arrive, ending after `timeout` s or `stop_after` notifications (never `break`
+        # out of it: it holds the connection's lock until it ends)
+        async for _notify in conn.notifies(timeout=keepalive_s, stop_after=1):
+            count += 1
+        if count == 0:
+            await conn.execute("SELECT 1")  # quiet: is the server still there?
+            continue
+        # take every notification already queued with the first: one event for a burst
+        async for _notify in conn.notifies(timeout=0.0):
+            count += 1
+        yield StoreEvent("changed", notifications=count)

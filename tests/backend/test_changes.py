@@ -1,0 +1,135 @@
+"""PostgreSQL's change feed: a notification is part of the writing transaction, one per transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from backend.core.datadir import DataDir
+from backend.runtime.context import Context
+from backend.store import schema_pg
+from backend.store.changes import StoreEvent, listen_changes
+from backend.tools.postgres_server import LocalPostgres
+from tests import pg
+
+
+@pytest.fixture
+def store() -> str:
+    """Every test here runs on PostgreSQL (`db_url` is a fresh migrated database)."""
+    return "postgres"
+
+
+async def payloads_until(listener: psycopg.AsyncConnection[object], last: str) -> list[str]:
+    """Every payload heard, in commit order, up to and including `last` (fails after 10 s)."""
+    heard: list[str] = []
+    async with asyncio.timeout(10):
+        while last not in heard:
+            async for notify in listener.notifies(timeout=1.0, stop_after=1):
+                heard.append(notify.payload)
+    return heard
+
+
+def write_in_one_transaction(url: str, *, commit: bool) -> str:
+    """Three statements on two tables in one transaction; returns its transaction id (the payload)."""
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'a', 'test', '{}')")
+        conn.execute("INSERT INTO event (time, kind, actor, data) VALUES (2, 'b', 'test', '{}')")
+        conn.execute("UPDATE worker SET heartbeat_at = 1")
+        xact = str(conn.execute("SELECT pg_current_xact_id()").fetchone()[0])  # type: ignore[index]
+        conn.commit() if commit else conn.rollback()
+    return xact
+
+
+async def test_a_notification_is_sent_by_the_writing_transaction_and_only_if_it_commits(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {schema_pg.CHANGE_CHANNEL}")
+        rolled_back = await asyncio.to_thread(write_in_one_transaction, db_url, commit=False)
+        committed = await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+        # commit order is delivery order: a notification of the rolled-back one would come first
+        assert await payloads_until(listener, committed) == [committed]
+        assert rolled_back != committed
+
+
+async def test_a_transaction_that_writes_nothing_sends_nothing(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {schema_pg.CHANGE_CHANNEL}")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("UPDATE worker SET heartbeat_at = 1 WHERE owner_id = 'nobody'")  # a fenced-off write
+            conn.execute("DELETE FROM event WHERE id < 0")
+        committed = await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+        assert await payloads_until(listener, committed) == [committed]
+
+
+async def test_every_table_but_the_version_table_has_the_trigger(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        tables = {
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        }
+        watched = {
+            r[0]
+            for r in conn.execute(
+                "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE t.tgname = 'rem_change'"
+            )
+        }
+    assert watched == tables - {schema_pg.VERSION_TABLE} and len(watched) > 10
+
+
+async def collect(events: AsyncIterator[StoreEvent], kinds: list[str]) -> list[StoreEvent]:
+    """Events until their kinds are `kinds` (fails after 15 s)."""
+    seen: list[StoreEvent] = []
+    async with asyncio.timeout(15):
+        while [e.kind for e in seen] != kinds:
+            seen.append(await anext(events))
+    return seen
+
+
+async def test_the_listener_reports_a_lost_connection_and_listens_again(db_url: str) -> None:
+    events = listen_changes(db_url, first_backoff_s=0.05)
+    try:
+        await collect(events, ["listening"])
+        await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+        changed = await collect(events, ["changed"])
+        assert changed[0].notifications == 1  # three statements, one transaction: one notification
+        with psycopg.connect(db_url, autocommit=True) as killer:
+            killer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
+            )
+        lost, again = await collect(events, ["lost", "listening"])
+        assert lost.error and lost.retry_in_s == 0.05
+        await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+        await collect(events, ["changed"])
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_server: LocalPostgres) -> None:
+    for other in pg.database_url(pg_server):
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+            await listener.execute(f"LISTEN {schema_pg.CHANGE_CHANNEL}")
+            elsewhere = await asyncio.to_thread(write_in_one_transaction, other, commit=True)
+            here = await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+            assert await payloads_until(listener, here) == [here]
+            assert elsewhere != here
+
+
+async def test_a_database_at_version_7_gets_the_change_feed_by_migrating(
+    pg_server: LocalPostgres, tmp_path: Path
+) -> None:
+    for url in pg.database_url(pg_server, migrated=False):
+        with psycopg.connect(url) as conn:  # as a rem from before the change feed left it
+            for number, statements in enumerate(schema_pg.pg_migrations()[:7], start=1):
+                for statement in statements:
+                    conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(f"INSERT INTO {schema_pg.VERSION_TABLE} VALUES (%s, 0)", (number,))
+        ctx = Context(DataDir(tmp_path / "d"), db_url=url, start_chroma=False)
+        await ctx.db()
+        await ctx.close()
+        with psycopg.connect(url) as conn:
+            assert conn.execute(f"SELECT max(version) FROM {schema_pg.VERSION_TABLE}").fetchone() == (8,)
+            triggers = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'rem_change'").fetchone()
+        assert triggers is not None and triggers[0] > 10
