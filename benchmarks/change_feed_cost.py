@@ -17,13 +17,10 @@ the median ratio (feed on / feed off) and every round's.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,23 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from backend.store import schema_pg
+from benchmarks.pg_common import migrated_throwaway
 
 
 def throwaway_database(fast: bool) -> str:
-    from backend.store.postgres import PgConnection
-    from backend.tools import postgres_server
-
-    root = Path(tempfile.mkdtemp(prefix="rem-feed-cost-"))
-    server = postgres_server.start(root / "pg", fast=fast)
-    atexit.register(shutil.rmtree, root, True)
-    atexit.register(server.stop)
-    url = server.url()
-    conn = PgConnection(url)
-    try:
-        schema_pg.migrate_sync(conn, "bench")
-    finally:
-        conn.close()
-    return url
+    return migrated_throwaway("rem-feed-cost-", fast=fast)[0]
 
 
 def turn_like(conn: psycopg.Connection[Any], i: int) -> None:

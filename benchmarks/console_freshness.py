@@ -95,20 +95,9 @@ def small_data_dir() -> DataDir:
 
 def throwaway_postgres() -> str:
     """A migrated database on a throw-away local server (stopped at exit) holding the healthy scene."""
-    from backend.store import schema_pg
-    from backend.store.postgres import PgConnection
-    from backend.tools import postgres_server
+    from benchmarks.pg_common import migrated_throwaway
 
-    root = Path(tempfile.mkdtemp(prefix="rem-fresh-pg-"))
-    server = postgres_server.start(root / "pg")
-    atexit.register(shutil.rmtree, root, True)
-    atexit.register(server.stop)
-    url = server.url()
-    conn = PgConnection(url)
-    try:
-        schema_pg.migrate_sync(conn, "bench")
-    finally:
-        conn.close()
+    url, root = migrated_throwaway("rem-fresh-pg-")
     with PgScene(url, root / "data") as scene:
         from tests.tui import scenes
 

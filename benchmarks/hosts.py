@@ -34,14 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+
+from benchmarks.pg_common import fresh_database, server
 
 REM = str(Path(sys.executable).with_name("rem"))
 LAYOUTS = {
@@ -54,32 +54,6 @@ ASKS = (
     "Summarise what Priya said about the Canary Pipeline.",
     "List the risks of moving the Invoice Service behind Stripe webhooks.",
 )
-
-
-@contextlib.contextmanager
-def server(args: argparse.Namespace, tmp: Path) -> Iterator[str]:
-    if args.db:
-        yield args.db
-        return
-    from backend.tools import postgres_server
-
-    local = postgres_server.start(tmp / "pg")
-    try:
-        yield local.url()
-    finally:
-        local.stop(remove=True)
-
-
-@contextlib.contextmanager
-def database(server_url: str, name: str) -> Iterator[str]:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def env(host: str, url: str) -> dict[str, str]:
@@ -206,12 +180,12 @@ def main() -> None:
     parser.add_argument("--db", metavar="URL", help="a PostgreSQL server you run (CREATEDB needed)")
     args = parser.parse_args()
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in LAYOUTS}
-    with tempfile.TemporaryDirectory(prefix="rem-hosts-") as tmp, server(args, Path(tmp)) as url:
+    with tempfile.TemporaryDirectory(prefix="rem-hosts-") as tmp, server(args.db, Path(tmp)) as url:
         for n in range(args.rounds):
             for name, hosts in LAYOUTS.items():  # layouts alternate: load drifts weigh on each alike
                 work = Path(tmp) / f"{n}-{name.replace(' ', '_').replace(',', '')}"
                 work.mkdir()
-                with database(url, f"rem_bench_hosts_{n}") as db_url:
+                with fresh_database(url, f"rem_bench_hosts_{n}") as db_url:
                     r = run_layout(db_url, work, hosts, args.turns, args.sessions)
                 results[name].append(r)
                 print(f"round {n + 1} {name:>22}: {r['turns_per_s']} turns/s {r}", file=sys.stderr)

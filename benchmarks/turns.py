@@ -44,7 +44,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,6 +53,7 @@ from backend.execution.agent import OfflineResponder
 from backend.execution.executor import Executor
 from backend.runtime.context import Context
 from backend.store.db import Database
+from benchmarks.pg_common import fresh_database, server
 
 ASKS = (
     "Why did the nightly ledger export stall after the PgBouncer change?",
@@ -231,19 +231,11 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 @contextlib.contextmanager
 def postgres(args: argparse.Namespace, tmp: Path) -> Iterator[str | None]:
     """The server URL the rounds use: None for SQLite, `--db`, or a throw-away server's."""
-    if args.db:
-        yield args.db
-        return
-    if not args.postgres:
+    if not (args.db or args.postgres):
         yield None
         return
-    from backend.tools import postgres_server
-
-    server = postgres_server.start(tmp / "pg")
-    try:
-        yield server.url()
-    finally:
-        server.stop(remove=True)
+    with server(args.db, tmp) as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -252,18 +244,8 @@ def round_database(server_url: str | None, n: int) -> Iterator[str | None]:
     if server_url is None:
         yield None
         return
-    import psycopg
-
-    name = f"rem_bench_turns_{n}"
-    parts = urlsplit(server_url)
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield urlunsplit(parts._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_database(server_url, f"rem_bench_turns_{n}") as url:
+        yield url
 
 
 def main() -> None:
