@@ -395,22 +395,26 @@ class ChromaStore:
             lambda c: c.get(ids=list(ids), include=["embeddings", "documents", "metadatas"])
         )
         found = result["ids"]
-        if not found:
-            return []
-        query = np.asarray(embedding, dtype=np.float64)
-        matrix = np.asarray(result["embeddings"], dtype=np.float64)
-        norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
-        distances = 1.0 - (matrix @ query) / np.where(norms > 0, norms, 1.0)
-        order = sorted(range(len(found)), key=lambda i: (float(distances[i]), found[i]))[:n]
+        order = _ranked(found, result["embeddings"], embedding)[:n]
         return [
             (
                 found[i],
-                float(distances[i]),
+                distance,
                 result["documents"][i],
                 dict(result["metadatas"][i] or {}),
             )
-            for i in order
+            for i, distance in order
         ]
+
+    async def nearest_by_id(
+        self, ids: Sequence[str], embedding: Sequence[float], n: int
+    ) -> list[tuple[str, float]]:
+        """`nearest` restricted to the rows `ids` (those that exist): (id, cosine distance), by id fetch."""
+        if not ids or n <= 0:
+            return []
+        result = await self._run(lambda c: c.get(ids=list(ids), include=["embeddings"]))
+        found = result["ids"]
+        return [(found[i], distance) for i, distance in _ranked(found, result["embeddings"], embedding)[:n]]
 
     async def update_metadata(self, ids: Sequence[str], metadatas: Sequence[Metadata]) -> None:
         """Merge metadata into existing rows (`None` deletes a key)."""
@@ -498,3 +502,15 @@ class ChromaStore:
             if len(batch["ids"]) < page:
                 return ids
             offset += page
+
+
+def _ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> list[tuple[int, float]]:
+    """(index, cosine distance) of each fetched row, nearest first (ties by id)."""
+    if not ids:
+        return []
+    query = np.asarray(embedding, dtype=np.float64)
+    matrix = np.asarray(embeddings, dtype=np.float64)
+    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
+    distances = 1.0 - (matrix @ query) / np.where(norms > 0, norms, 1.0)
+    order = sorted(range(len(ids)), key=lambda i: (float(distances[i]), ids[i]))
+    return [(i, float(distances[i])) for i in order]

@@ -265,3 +265,27 @@ async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_both_
             assert [h[0] for h in hits] == [h[0] for h in expected], (text, project)
             assert all(h[3]["project"] == project for h in hits)
     assert paths == {True, False}  # both the wide search and the filtered fallback were taken
+
+
+async def test_a_session_scoped_dense_search_by_id_equals_chromas_filtered_search(
+    imported: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rem recall --session` ranks the session's own turn vectors, fetched by id; past
+    # SESSION_BY_ID_MAX turns it falls back to Chroma's filtered search: the same rows either way
+    from backend.memory import recall as recall_mod
+
+    store = imported.turn_store("ops")
+    for query in ("dog on the beach", "moving the payments service", "bread"):
+        vector = imported.embedder().embed([query])[0]
+        filtered = await store.nearest(vector, 10, {"sessionId": "deploy"})
+        scope = recall_mod.Scope("ops", "deploy", None)
+        by_id = await recall_mod._dense(imported, vector, scope, recall_mod.recall_config())
+        assert [h[0] for h in by_id] == [h[0] for h in filtered]
+        assert {h[0] for h in by_id} == {"d-1", "d-2"}  # the session's turns, no other
+        assert [round(h[1], 4) for h in by_id] == [round(1.0 - h[1], 4) for h in filtered]
+        monkeypatch.setattr(recall_mod, "SESSION_BY_ID_MAX", 1)  # "deploy" has 2 turns: filtered
+        fallback = await recall_mod._dense(imported, vector, scope, recall_mod.recall_config())
+        assert fallback == [(i, 1.0 - d) for i, d in filtered]
+        monkeypatch.setattr(recall_mod, "SESSION_BY_ID_MAX", 300)
+    assert await store.nearest_by_id([], vector, 5) == []
+    assert await store.nearest_by_id(["nope"], vector, 5) == []
