@@ -51,6 +51,7 @@ ROLES = ("executor", "summarizer", "dream", "chroma")
 # The paused process wakes up believing it still holds its leases: only fencing stops
 # its late writes from landing, so this is the round that proves fencing.
 ZOMBIE = "zombie"
+ZOMBIE_PATIENCE_S = 20.0
 # the host identities of a drill on PostgreSQL (`--db`): two hosts, one store
 PG_HOSTS = ("host-a", "host-b")
 
@@ -312,7 +313,11 @@ class Drill:
         rnd = Round(number=number, role=role)
         rnd.delay_s = round(self.rng.uniform(0.3, 2.5), 2)
         await asyncio.sleep(rnd.delay_s)
-        victim = await self._busy_victim("executor" if role == ZOMBIE else role)
+        # a zombie without a lease has nothing to write late, so its round could not show a
+        # missing fence: wait longer for one caught mid-turn (early in a drill the load is still
+        # ramping up, and 5 s often found none: the fencing-off drill then passed a broken build)
+        patience = ZOMBIE_PATIENCE_S if role == ZOMBIE else 5.0
+        victim = await self._busy_victim("executor" if role == ZOMBIE else role, patience)
         if victim is None:
             rnd.error = f"no live {role} to kill"
             return rnd
