@@ -70,7 +70,9 @@ def checkpoint_sync(path: Path, truncate_above: int | None = None) -> dict[str, 
 
 
 async def checkpoint(db: Database, truncate_above: int | None = None) -> dict[str, Any]:
-    """`checkpoint_sync` on state.db, off the event loop."""
+    """`checkpoint_sync` on state.db, off the event loop (PostgreSQL checkpoints its own WAL)."""
+    if db.postgres:  # its `db.path` names no file: a sqlite3.connect would create one in the cwd
+        return {"mode": "server", "busy": False}
     try:
         result = await asyncio.to_thread(checkpoint_sync, db.path, truncate_above)
     except sqlite3.Error as exc:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from backend.runtime.context import Context
 from backend.store import maintenance
 from backend.store.db import BUSY_TIMEOUT_MS
@@ -93,3 +97,18 @@ async def test_prune_stops_at_a_row_stamped_by_a_clock_running_ahead(db_ctx: Con
     assert deleted == 10  # days 0..9; the day-11 row waits behind the day-95 row
     kept = await db.fetchall("SELECT time FROM event ORDER BY id")
     assert [r[0] // maintenance.DAY_MS for r in kept] == [95, 11]
+
+
+@pytest.mark.both_stores
+async def test_housekeeping_writes_nothing_outside_the_data_dir(
+    db_ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rem up` on PostgreSQL once ran SQLite's WAL checkpoint on `db.path` ("postgresql"),
+    # which created an empty file of that name in the operator's current directory
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    db = await db_ctx.db()
+    result = await maintenance.run_once(db)
+    assert list(elsewhere.iterdir()) == []
+    assert result["busy"] is False and "events_pruned" in result
