@@ -44,7 +44,7 @@ from backend.models.health import CallRecord
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
-from backend.store.db import Conn
+from backend.store.db import Conn, execute_unread
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -593,7 +593,9 @@ class Executor(Daemon):
         if state.recovered:
             recovery.finish_sync(conn, lease.execution_id)
         if state.turn_started:
-            conn.execute("UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,))
+            execute_unread(
+                conn, "UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,)
+            )
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_COMPLETED,

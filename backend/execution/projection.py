@@ -17,7 +17,7 @@ from typing import Any
 from backend.core.errors import LeaseLost
 from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
-from backend.store.db import Conn
+from backend.store.db import Conn, executemany_unread
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
@@ -93,7 +93,8 @@ def write_parts_sync(
     conn: Conn, message_id: str, session_id: str, first_idx: int, parts: list[str], now: int
 ) -> None:
     """Append streamed text parts to a message (ids derived from the message id and index)."""
-    conn.executemany(
+    executemany_unread(
+        conn,
         "INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data) "
         "VALUES (?, ?, ?, ?, 'text', ?, ?)",
         [

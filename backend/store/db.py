@@ -184,6 +184,18 @@ def _target(path: Path, read_only: bool) -> tuple[str, bool]:
     return f"{Path(path).absolute().as_uri()}?mode=ro", True
 
 
+def _join_failed_worker(conn: aiosqlite.Connection) -> None:
+    """Wait for the worker thread of a connection that failed to open to finish stopping.
+
+    aiosqlite's failed connect queues the worker's stop with a future on this
+    event loop and returns at once; a command that then exits (its one-line
+    error) can close the loop before the worker answers, and the worker's
+    answer to a closed loop prints a thread traceback after the error line.
+    The stop is a few microseconds of work: joining it is immediate.
+    """
+    conn._thread.join(timeout=5)
+
+
 class Database:
     """One connection to the state store, shared by the tasks of a process.
 
@@ -230,7 +242,11 @@ class Database:
         # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
         # failed on an unusual path) would keep the process alive at exit, waiting on its queue
         conn._thread.daemon = True
-        await conn  # a failed connect stops the worker thread itself
+        try:
+            await conn
+        except BaseException:
+            _join_failed_worker(conn)
+            raise
         return cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
 
     @property
@@ -253,8 +269,13 @@ class Database:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 private.create_private_file(path)
         database, uri = _target(path, read_only)
-        with sqlite_errors(path):
-            conn = await aiosqlite.connect(database, uri=uri, isolation_level=None)
+        conn = aiosqlite.connect(database, uri=uri, isolation_level=None)
+        try:
+            with sqlite_errors(path):
+                await conn
+        except BaseException:
+            _join_failed_worker(conn)
+            raise
         conn.row_factory = sqlite3.Row
         db = cls(conn, path, read_only)
         try:
@@ -457,6 +478,17 @@ class Database:
         finally:
             self._committer = None
 
+    def server_pids(self) -> frozenset[int]:
+        """PostgreSQL: the server process serving this Database (its commits' notifications name
+        it; it changes on a reconnect). Empty on SQLite."""
+        if not self.postgres:
+            return frozenset()
+        try:
+            pid = cast(Any, self.conn._conn).backend_pid
+        except ValueError:  # closed
+            return frozenset()
+        return frozenset({int(pid)})
+
     async def data_version(self) -> int:
         """A number that changes whenever another connection commits.
 
@@ -516,6 +548,31 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
         )
     conn.execute("RELEASE rem_write")
     return True, value
+
+
+def execute_unread(conn: Conn, sql: str, params: Params = ()) -> None:
+    """A write in the current transaction whose row count and rows nobody reads.
+
+    PostgreSQL sends it together with the transaction's next statement (one
+    round trip for both; its error, if any, surfaces there, at the latest at
+    the savepoint's RELEASE or the COMMIT); SQLite, which has no round trip to
+    save, runs it now.
+    """
+    queue = getattr(conn, "execute_unread", None)
+    if queue is None:
+        conn.execute(sql, params)
+    else:
+        queue(sql, params)
+
+
+def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:
+    """`execute_unread` for many rows (SQLite: one `executemany`)."""
+    queue = getattr(conn, "execute_unread", None)
+    if queue is None:
+        conn.executemany(sql, rows)
+        return
+    for row in rows:
+        queue(sql, row)
 
 
 def on_postgres(conn: aiosqlite.Connection) -> bool:

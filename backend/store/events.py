@@ -32,7 +32,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.settings import settings
-from backend.store.db import Conn, engine_of, in_thread
+from backend.store.db import Conn, engine_of, execute_unread, in_thread
 
 
 class EventKind(StrEnum):
@@ -116,6 +116,7 @@ OPERATOR_EVENT_SQL = (
     "INSERT INTO event (time, kind, actor, session_id, target, data, os_uid, os_user, chain_prev, chain) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
+UNREAD_EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
 # PostgreSQL: operator events append one at a time (the chain needs one global order; SQLite's
 # single writer gives it for free), under this transaction-scoped advisory lock
 CHAIN_LOCK = 0x72656D5F63686E  # "rem_chn"
@@ -195,12 +196,18 @@ def append_event_sync(
     target: str | None = None,
     data: dict[str, Any] | None = None,
     now: int | None = None,
-) -> int:
-    """`append_event` for code already running on the connection's thread (`Database.write_in_thread`)."""
+) -> None:
+    """`append_event` for code already running on the connection's thread (`Database.write_in_thread`).
+
+    Returns nothing: on PostgreSQL the row goes with the transaction's next
+    statement (`execute_unread`), so the turn path's journal rows cost no
+    round trip of their own.
+    """
     row = _event_row(kind, actor, session_id, target, data, now)
     if str(kind) in OPERATOR_KINDS:
-        return _append_operator_event(conn, row)
-    return _id(conn.execute(EVENT_SQL, row).fetchone())
+        _append_operator_event(conn, row)
+        return
+    execute_unread(conn, UNREAD_EVENT_SQL, row)  # nobody reads the id: no round trip of its own
 
 
 CHAIN_SQL = f"""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import aiosqlite
 
-from backend.store.db import Conn, execute, in_thread
+from backend.store.db import Conn, engine_of, execute, execute_unread, in_thread
 
 # Already drifted: count the change, keep `time_updated` = when it first drifted.
 # The summarizer takes the oldest drift first, so a session that keeps talking
@@ -30,11 +30,26 @@ MARK_TURNS_CHANGED_SQL = (
 )
 
 
+# PostgreSQL: the same in one statement whose result nobody reads, so it rides with the
+# turn's next statement (no round trip of its own). Not on SQLite: naming `time_updated` in
+# SET rewrites its index entries even when the value stays, and SQLite has no round trip to save.
+MARK_TURNS_CHANGED_ONE_SQL = (
+    "INSERT INTO summary_job (session_id, status, dirty_seq, time_created, time_updated) "
+    "VALUES (?, 'pending', 1, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET dirty_seq = summary_job.dirty_seq + 1, "
+    "time_updated = CASE WHEN summary_job.dirty_seq > summary_job.clean_seq "
+    "THEN summary_job.time_updated ELSE excluded.time_updated END"
+)
+
+
 def mark_turns_changed_sync(conn: Conn, session_id: str, now: int) -> None:
     """Queue the session for the summarizer (idempotent per change, never loses one).
 
     For code running on the connection's thread (`Database.write_in_thread`).
     """
+    if engine_of(conn) == "postgresql":
+        execute_unread(conn, MARK_TURNS_CHANGED_ONE_SQL, (session_id, now, now))
+        return
     if conn.execute(BUMP_DRIFTED_SQL, (session_id,)).rowcount == 0:
         conn.execute(MARK_TURNS_CHANGED_SQL, (session_id, now, now))
 

@@ -295,6 +295,8 @@ class PgCursor:
 
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
+# statements that answer nothing rem reads: sent with the next statement, in one round trip
+_DEFERRABLE = ("BEGIN", "SAVEPOINT", "RELEASE")
 
 
 class PgConnection:
@@ -302,6 +304,15 @@ class PgConnection:
 
     Autocommit at the protocol level, like `isolation_level=None` in sqlite3:
     rem issues BEGIN / COMMIT itself.
+
+    Round trips: `BEGIN`, `SAVEPOINT` and `RELEASE` answer nothing rem reads, so
+    they are queued and sent ahead of the next statement in one pipeline (one
+    round trip for all of them); so is a write passed to `execute_unread` (its
+    row count and rows go unread). A queued write's error surfaces at the
+    statement that sends it, which is at the latest its own savepoint's
+    RELEASE or the COMMIT: never in another group member's savepoint. A group
+    of turn transactions (`commit_group_sync`) thus costs a round trip per
+    statement that is read, plus the COMMIT.
     """
 
     engine = "postgresql"
@@ -312,7 +323,15 @@ class PgConnection:
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
         self._in_tx = False
-        self.raw = self._connect()
+        self._queued: list[tuple[str, Any, bool]] = []  # (statement, parameters, is a write) not yet sent
+        self._queued_writes = 0  # of which writes (execute_unread), as opposed to BEGIN/SAVEPOINT/RELEASE
+        self._raw = self._connect()
+
+    @property
+    def raw(self) -> psycopg.Connection[Any]:
+        """The psycopg connection, with every queued statement sent (for DDL sent as written)."""
+        self._flush()
+        return self._raw
 
     def _connect(self) -> psycopg.Connection[Any]:
         with postgres_errors(self.url):
@@ -328,43 +347,91 @@ class PgConnection:
         return raw
 
     def _live(self) -> psycopg.Connection[Any]:
-        if self.raw.closed or self.raw.broken:
+        if self._raw.closed or self._raw.broken:
             if self._in_tx:
+                self._drop_queue()
                 raise DatabaseUnreachable(
                     f"the connection to {display_url(self.url)} broke inside a transaction; "
                     "nothing of it was written; retry"
                 )
             log.warning("reconnecting to %s", display_url(self.url))
-            self.raw = self._connect()
-        return self.raw
+            self._raw = self._connect()
+        return self._raw
 
     def execute(self, sql: str, parameters: Any = ()) -> PgCursor:
         statement = translate_sql(sql)
-        head = statement[:8].upper()
+        head = statement[:9].upper()
         if head.startswith(("COMMIT", "ROLLBACK")) and " TO " not in statement.upper():
             return self._end(statement)
-        cursor = self._live().cursor(row_factory=named_row)
-        cursor.execute(statement, parameters if parameters is not None else ())
-        if head.startswith("BEGIN"):
-            self._in_tx = True
-        elif head.startswith(_WRITES) and cursor.rowcount > 0:
+        if head.startswith(_DEFERRABLE) and not parameters:
+            if head.startswith("BEGIN"):
+                self._live()  # a broken connection is replaced before a transaction, never inside one
+                self._in_tx = True
+            if not (head.startswith("RELEASE") and self._queued_writes):
+                self._queued.append((statement, None, False))
+                return _NO_RESULT
+        elif head.startswith("ROLLBACK") and self._queued_writes:
+            # ROLLBACK TO: every queued write is inside the innermost savepoint (a RELEASE sends
+            # them), so none needs sending; the savepoint itself may still be queued
+            self._queued = [entry for entry in self._queued if not entry[2]]
+            self._queued_writes = 0
+        cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
+        if head.startswith(_WRITES) and cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
         return PgCursor(cursor)
 
+    def execute_unread(self, sql: str, parameters: Any = ()) -> None:
+        """A write whose row count and rows nobody reads: queued, sent with the next statement."""
+        self._queued.append((translate_sql(sql), parameters, True))
+        self._queued_writes += 1
+
+    def _send(self, run: Any) -> psycopg.Cursor[Any]:
+        """`run(cursor)` after every queued statement, all in one round trip."""
+        cursor = self._live().cursor(row_factory=named_row)
+        if not self._queued:
+            run(cursor)
+            return cursor
+        queued, writes = self._queued, self._queued_writes
+        self._queued, self._queued_writes = [], 0
+        with self._raw.pipeline():
+            for statement, parameters, _ in queued:
+                cursor.execute(statement, parameters)
+            if writes:
+                self.total_changes += writes  # each queued write counts as one change
+            cursor = self._raw.cursor(row_factory=named_row)
+            run(cursor)
+        return cursor
+
+    def _flush(self) -> None:
+        if self._queued:
+            self._send(lambda cur: None)
+
+    def _drop_queue(self) -> None:
+        self._queued, self._queued_writes = [], 0
+
     def _end(self, statement: str) -> PgCursor:
         was_in_tx, self._in_tx = self._in_tx, False
-        if (self.raw.closed or self.raw.broken) and statement.upper().startswith("ROLLBACK"):
-            return PgCursor(self.raw.cursor())  # the server already dropped the transaction
-        if not was_in_tx and self.raw.info.transaction_status == TransactionStatus.IDLE:
-            return PgCursor(self.raw.cursor())
-        cursor = self.raw.cursor(row_factory=named_row)
-        cursor.execute(statement)
-        return PgCursor(cursor)
+        rollback = statement.upper().startswith("ROLLBACK")
+        if (
+            self._queued
+            and self._queued[0][0].upper().startswith("BEGIN")
+            and (rollback or not self._queued_writes)
+        ):
+            self._drop_queue()  # nothing of the transaction reached the server: nothing to end
+            return _NO_RESULT
+        if (self._raw.closed or self._raw.broken) and rollback:
+            self._drop_queue()
+            return _NO_RESULT  # the server already dropped the transaction
+        if not was_in_tx and not self._queued and self._raw.info.transaction_status == TransactionStatus.IDLE:
+            return _NO_RESULT
+        if rollback:
+            self._drop_queue()  # a RELEASE or a queued write of a transaction being rolled back
+        return PgCursor(self._send(lambda cur: cur.execute(statement)))
 
     def executemany(self, sql: str, seq_of_parameters: Any) -> PgCursor:
-        cursor = self._live().cursor(row_factory=named_row)
         statement = translate_sql(sql)
-        cursor.executemany(statement, list(seq_of_parameters))
+        rows = list(seq_of_parameters)
+        cursor = self._send(lambda cur: cur.executemany(statement, rows))
         if statement.lstrip()[:6].upper().startswith(_WRITES) and cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
         return PgCursor(cursor)
@@ -373,10 +440,15 @@ class PgConnection:
         return PgCursor(self._live().cursor(row_factory=named_row))
 
     @property
+    def backend_pid(self) -> int:
+        """The server process serving this connection (0 while it is broken); safe from any thread."""
+        return 0 if self._raw.closed or self._raw.broken else int(self._raw.info.backend_pid)
+
+    @property
     def in_transaction(self) -> bool:
-        if self.raw.closed or self.raw.broken:
+        if self._raw.closed or self._raw.broken:
             return self._in_tx
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        return self._in_tx or self._raw.info.transaction_status != TransactionStatus.IDLE
 
     def commit(self) -> None:
         if self.in_transaction:
@@ -387,7 +459,38 @@ class PgConnection:
             self.execute("ROLLBACK")
 
     def close(self) -> None:
-        self.raw.close()
+        self._drop_queue()
+        self._raw.close()
+
+
+class _NoResult(PgCursor):
+    """The cursor of a statement that returned nothing (queued, or not needed): no rows, no count."""
+
+    def __init__(self) -> None:  # no psycopg cursor behind it
+        pass
+
+    @property
+    def rowcount(self) -> int:
+        return -1
+
+    @property
+    def description(self) -> Any:
+        return None
+
+    def fetchone(self) -> Any:
+        return None
+
+    def fetchall(self) -> list[Any]:
+        return []
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+_NO_RESULT: PgCursor = _NoResult()
 
 
 def session_options(*, read_only: bool) -> str:

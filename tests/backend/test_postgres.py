@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,12 @@ import psycopg
 import pytest
 
 from backend.core.datadir import DataDir
-from backend.core.errors import DatabaseUnreachable, DataDirError, LeaseLost
+from backend.core.errors import DatabaseUnreachable, DataDirError, LeaseLost, RemError
 from backend.execution import leases
 from backend.runtime.context import Context
 from backend.store import counters, schema_pg
-from backend.store.db import Database
-from backend.store.postgres import display_url, translate_sql
+from backend.store.db import Database, execute_unread
+from backend.store.postgres import PgConnection, display_url, translate_sql
 from backend.store.schema import MIGRATIONS, migrate
 from backend.tools.postgres_server import LocalPostgres
 from tests import pg
@@ -299,3 +300,114 @@ def test_rem_init_on_postgres_names_the_store_it_initialised(
             again.stderr.strip().endswith(f"up to date (schema v{version})")
             and "state.db" not in again.stderr
         )
+
+
+# -- round trips: what rides with the next statement ------------------------------------------
+class _RoundTrips:
+    """Counts the PgConnection's round trips to the server (each `_send` is one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        original = PgConnection._send
+
+        def counted(conn: PgConnection, run: Any) -> Any:
+            self.count += 1
+            return original(conn, run)
+
+        monkeypatch.setattr(PgConnection, "_send", counted)
+
+
+def test_begin_savepoint_release_and_unread_writes_ride_with_the_next_statement(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = _RoundTrips(monkeypatch)
+    conn = PgConnection(db_url)
+    try:
+        conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
+        trips.count = 0
+        # a two-member group as commit_group_sync writes it: 6 statements before the COMMIT
+        conn.execute("BEGIN IMMEDIATE")
+        assert conn.in_transaction and trips.count == 0  # nothing sent yet
+        for who in ("a", "b"):
+            conn.execute("SAVEPOINT rem_write")
+            execute_unread(conn, "INSERT INTO rt (who) VALUES (?)", (who,))
+            conn.execute("RELEASE rem_write")  # sends the member's write: its error stays its own
+        assert trips.count == 2
+        conn.execute("COMMIT")
+        assert trips.count == 3 and not conn.in_transaction
+        assert [r[0] for r in conn.execute("SELECT who FROM rt ORDER BY who").fetchall()] == ["a", "b"]
+        # a read snapshot: BEGIN and the first read in one round trip, and the snapshot is BEGIN's
+        trips.count = 0
+        conn.execute("BEGIN")
+        level = conn.execute("SELECT current_setting('transaction_isolation') AS l").fetchone()
+        assert level["l"] == "repeatable read" and trips.count == 1
+        conn.execute("ROLLBACK")
+        # a transaction that wrote nothing costs nothing
+        trips.count = 0
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("SAVEPOINT rem_write")
+        conn.execute("RELEASE rem_write")
+        conn.execute("COMMIT")
+        assert trips.count == 0 and not conn.in_transaction
+    finally:
+        conn.close()
+
+
+async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url: str) -> None:
+    db = await Database.connect(db_url)
+    try:
+        async with db.tx() as conn:
+            await conn.execute("CREATE TABLE rt (id BIGSERIAL PRIMARY KEY, who TEXT UNIQUE)")
+        started, gate = threading.Event(), threading.Event()
+        blocker = asyncio.ensure_future(db.write_in_thread(lambda raw: started.set() or gate.wait(10)))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+
+        def insert(*names: str, fail: Exception | None = None) -> Any:
+            def fn(raw: Any) -> int:
+                for name in names:
+                    execute_unread(raw, "INSERT INTO rt (who) VALUES (?)", (name,))
+                if fail is not None:
+                    raise fail
+                return int(raw.execute("SELECT count(*) FROM rt").fetchone()[0])
+
+            return fn
+
+        calls = [
+            asyncio.ensure_future(db.write_in_thread(fn))
+            for fn in (
+                insert("a1", "a2"),
+                insert("b1", fail=ValueError("b failed")),  # raised with its write still queued
+                insert("c1", "a1"),  # a1 collides: found when c's writes are sent
+                insert("d1"),
+            )
+        ]
+        await asyncio.sleep(0)
+        gate.set()
+        assert await blocker is True
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert results[0] == 2 and results[3] == 3  # each saw the writes before it, and only those kept
+        assert isinstance(results[1], ValueError) and str(results[1]) == "b failed"
+        assert isinstance(results[2], psycopg.errors.UniqueViolation), results[2]
+        assert [r[0] for r in await db.fetchall("SELECT who FROM rt ORDER BY id")] == ["a1", "a2", "d1"]
+        # the lone-writer path (no savepoint): a failed unread write fails its transaction whole
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await db.write_in_thread(lambda raw: execute_unread(raw, "INSERT INTO rt (who) VALUES ('d1')"))
+        assert await db.scalar("SELECT count(*) FROM rt") == 3
+    finally:
+        await db.close()
+
+
+def test_a_failed_connect_leaves_no_worker_thread_to_answer_a_closed_loop(
+    tmp_path: Path, pg_server: LocalPostgres
+) -> None:
+    """`rem status` against an unreachable store printed a thread traceback after its one-line error
+    (now and then, in a clean-clone CI): the failed connect's worker answered a loop already closed."""
+    before = set(threading.enumerate())
+    bad = pg_server.url("no_such_db").replace("postgres@", "nobody@")
+    with pytest.raises(DatabaseUnreachable):
+        asyncio.run(Database.connect(bad))
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(RemError):
+        asyncio.run(Database.open(tmp_path / "dir.db"))
+    assert [t for t in threading.enumerate() if t not in before] == []
