@@ -27,6 +27,7 @@ from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
 from backend.store import model_calls, workers
+from backend.store.changes import listen_changes
 from backend.store.db import Database
 from backend.store.workers import WorkerRole, WorkerState
 
@@ -57,6 +58,10 @@ class Daemon:
         self._calls_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._model_failed = asyncio.Event()
+        # PostgreSQL: the store's change feed (LISTEN) wakes an idle daemon instead of polling
+        self._changed = asyncio.Event()
+        self._feed_live = False
+        self._feed_task: asyncio.Task[None] | None = None
 
     # -- hooks for roles -------------------------------------------------
     async def run_pass(self) -> int:
@@ -81,6 +86,8 @@ class Daemon:
         self._install_signal_handlers()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         self._calls_task = asyncio.create_task(self._model_failures_loop())
+        if self.db.postgres and self.ctx.db_url and not self.once:
+            self._feed_task = asyncio.create_task(self._follow_changes(self.ctx.db_url))
         reason = "once" if self.once else "drained"
         try:
             await self._loop()
@@ -114,6 +121,7 @@ class Daemon:
         backoff = 0.1
         while not self.draining.is_set():
             try:
+                self._changed.clear()  # a commit from here on wakes the idle wait after this pass
                 handled = await self.run_pass()
                 backoff = 0.1
                 if self.once:
@@ -130,7 +138,16 @@ class Daemon:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _idle_wait(self) -> None:
-        """Sleep until another process commits, a wake is requested, or MAX_IDLE_S passes."""
+        """Sleep until another process commits, a wake is requested, or MAX_IDLE_S passes.
+
+        On PostgreSQL with the change feed up: wait for its notification (no
+        query at all while idle); without it (SQLite, or the feed lost): poll
+        `data_version` every IDLE_POLL_S.
+        """
+        if self._feed_live:
+            await self._first_of(self._changed, self._wake, self.draining, timeout=MAX_IDLE_S)
+            self._wake.clear()
+            return
         start_version = await self.db.data_version()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MAX_IDLE_S
@@ -141,6 +158,24 @@ class Daemon:
             await asyncio.sleep(IDLE_POLL_S)
             if await self.db.data_version() != start_version:
                 return
+
+    @staticmethod
+    async def _first_of(*events: asyncio.Event, timeout: float) -> None:
+        waits = [asyncio.ensure_future(event.wait()) for event in events]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _follow_changes(self, url: str) -> None:
+        """Hear the store's change feed: other processes' commits set `_changed`."""
+        async for event in listen_changes(url, ignore_pids=self.db.server_pids):
+            if event.kind == "lost":
+                self._feed_live = False  # the idle wait polls again until the feed is back
+                continue
+            self._feed_live = True
+            self._changed.set()  # `listening`: anything may have committed while it was not
 
     async def _sleep_or_drain(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -193,7 +228,7 @@ class Daemon:
         self.draining.set()
 
     async def _shutdown(self, reason: str) -> None:
-        for task in (self._heartbeat_task, self._calls_task):
+        for task in (self._heartbeat_task, self._calls_task, self._feed_task):
             if task is None:
                 continue
             task.cancel()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,9 +47,17 @@ class StoreEvent:
 
 
 async def listen_changes(
-    url: str, *, keepalive_s: float = KEEPALIVE_S, first_backoff_s: float = FIRST_BACKOFF_S
+    url: str,
+    *,
+    keepalive_s: float = KEEPALIVE_S,
+    first_backoff_s: float = FIRST_BACKOFF_S,
+    ignore_pids: Callable[[], Collection[int]] | None = None,
 ) -> AsyncIterator[StoreEvent]:
-    """Yield this store's changes as they commit, reconnecting when the server goes away."""
+    """Yield this store's changes as they commit, reconnecting when the server goes away.
+
+    `ignore_pids`: server backends whose commits are not news to the listener
+    (a daemon's own connection: its own writes must not wake it).
+    """
     backoff = first_backoff_s
     while True:
         try:
@@ -60,7 +68,7 @@ async def listen_changes(
                 log.info("listening for changes on %s", display_url(url))
                 backoff = first_backoff_s
                 yield StoreEvent("listening")
-                async for event in _notifications(conn, keepalive_s):
+                async for event in _notifications(conn, keepalive_s, ignore_pids or _nobody):
                     yield event
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -70,20 +78,26 @@ async def listen_changes(
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
+def _nobody() -> Collection[int]:
+    return ()
+
+
 async def _notifications(
-    conn: psycopg.AsyncConnection[object], keepalive_s: float
+    conn: psycopg.AsyncConnection[object], keepalive_s: float, ignore_pids: Callable[[], Collection[int]]
 ) -> AsyncIterator[StoreEvent]:
     while True:
-        count = 0
+        heard = count = 0
         # psycopg 3's AsyncConnection.notifies(): an async generator of the notifications as
         # they arrive, ending after `timeout` s or `stop_after` notifications (never `break`
         # out of it: it holds the connection's lock until it ends)
-        async for _notify in conn.notifies(timeout=keepalive_s, stop_after=1):
-            count += 1
-        if count == 0:
+        async for notify in conn.notifies(timeout=keepalive_s, stop_after=1):
+            heard += 1
+            count += notify.pid not in ignore_pids()
+        if heard == 0:
             await conn.execute("SELECT 1")  # quiet: is the server still there?
             continue
         # take every notification already queued with the first: one event for a burst
-        async for _notify in conn.notifies(timeout=0.0):
-            count += 1
-        yield StoreEvent("changed", notifications=count)
+        async for notify in conn.notifies(timeout=0.0):
+            count += notify.pid not in ignore_pids()
+        if count:
+            yield StoreEvent("changed", notifications=count)

@@ -133,3 +133,58 @@ async def test_a_database_at_version_7_gets_the_change_feed_by_migrating(
             assert conn.execute(f"SELECT max(version) FROM {schema_pg.VERSION_TABLE}").fetchone() == (8,)
             triggers = conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'rem_change'").fetchone()
         assert triggers is not None and triggers[0] > 10
+
+
+async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_nor_by_itself(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle daemon asks the server nothing until another process commits; then it runs a pass.
+
+    Its own commits (registration, heartbeats every 2 s) come from its own server backend and do
+    not wake it. MAX_IDLE_S is raised so that only the feed can end an idle wait.
+    """
+    from backend.runtime import daemon as daemon_module
+    from backend.runtime.daemon import Daemon
+    from backend.store.db import Database
+
+    monkeypatch.setattr(daemon_module, "MAX_IDLE_S", 60.0)
+    polls = 0
+    original = Database.data_version
+
+    async def counted(self: Database) -> int:
+        nonlocal polls
+        polls += 1
+        return await original(self)
+
+    monkeypatch.setattr(Database, "data_version", counted)
+
+    class Idle(Daemon):
+        role = "dream"
+        passes = 0
+
+        async def run_pass(self) -> int:
+            self.passes += 1
+            return 0
+
+    ctx = Context(DataDir(tmp_path / "d"), db_url=db_url, start_chroma=False)
+    daemon = Idle(ctx)
+    task = asyncio.create_task(daemon.run())
+    try:
+        async with asyncio.timeout(10):
+            while not (daemon._feed_live and daemon.passes >= 2):  # the `listening` event's pass ran
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        settled, polls = daemon.passes, 0
+        # idle across a heartbeat of its own (every 2 s): no pass, no query
+        await asyncio.sleep(2.5)
+        assert daemon.passes == settled and polls == 0, (daemon.passes, settled, polls)
+        with psycopg.connect(db_url) as other:
+            other.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'x', 'test', '{}')")
+        async with asyncio.timeout(5):
+            while daemon.passes == settled:
+                await asyncio.sleep(0.01)
+        assert polls == 0
+    finally:
+        daemon.draining.set()
+        await asyncio.wait_for(task, 10)
+        await ctx.close()
