@@ -15,7 +15,7 @@ from backend.store.db import Database
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
-from tests.summaries import all_jobs, base_metadata, job, row_id, seed_session, vector_of
+from tests.summaries import add_turn, all_jobs, base_metadata, job, row_id, seed_session, vector_of
 
 # receipt replay on both engines
 pytestmark = pytest.mark.both_stores
@@ -414,3 +414,44 @@ async def test_a_vector_the_embedder_no_longer_reproduces_is_unverified_and_says
     report = await recover(ctx, db)  # with the embedder that wrote it, replay restores the vector
     assert report.counters.unverified == 0
     assert (await recover(ctx, db)).counters.present == 1
+
+
+async def test_check_on_a_live_system_does_not_report_a_receipt_that_moved_on_while_it_read(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rem check` beside `rem up --load` reported invariant-2 violations every run: a synthesis
+    staged, wrote and acknowledged a newer summary between the check reading a receipt and reading
+    its Chroma row, so the row was newer than the receipt it was compared with."""
+    db = await summarize(ctx, ["s1", "s2"])
+    original = ChromaStore.rows
+    raced = 0
+
+    async def a_synthesis_lands_first(self: ChromaStore, ids: Any) -> Any:
+        nonlocal raced
+        if not raced and row_id("s1") in ids:
+            raced += 1
+            await add_turn(db, "s1", "And the rollback plan?", "Keep the previous build warm.", now=9_000)
+            await Summarizer(ctx, once=True, synthesizer=CountingSynthesizer()).run()
+            assert (await job(db, "s1"))["result_acknowledged_at"] is not None
+        return await original(self, ids)
+
+    monkeypatch.setattr(ChromaStore, "rows", a_synthesis_lands_first)
+    report = await ops.check(ctx)
+    assert raced == 1
+    assert _receipt_violations(report) == [], report["violations"]
+    # a row that really differs from its current receipt is still a violation, after the second look
+    rid = row_id("s2")
+    row = (await ctx.store().get([rid]))[rid]
+    await ctx.store().upsert([rid], [str(row.document) + " (edited)"], [{"sessionId": "s2"}])
+    report = await ops.check(ctx)
+    assert [r["session_id"] for r in _receipt_violations(report)] == ["s2"], report["violations"]
+
+
+def _receipt_violations(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of invariant 2's receipt finding (the seeded sessions break other invariants on purpose)."""
+    return [
+        row
+        for v in report["violations"]
+        if v["what"] == "acknowledged receipts whose Chroma row does not match"
+        for row in v["rows"]
+    ]
