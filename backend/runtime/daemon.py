@@ -170,12 +170,17 @@ class Daemon:
 
     async def _follow_changes(self, url: str) -> None:
         """Hear the store's change feed: other processes' commits set `_changed`."""
-        async for event in listen_changes(url, ignore_pids=self.db.server_pids):
-            if event.kind == "lost":
-                self._feed_live = False  # the idle wait polls again until the feed is back
-                continue
-            self._feed_live = True
-            self._changed.set()  # `listening`: anything may have committed while it was not
+        try:
+            async for event in listen_changes(url, ignore_pids=self.db.server_pids):
+                if event.kind == "lost":
+                    self._feed_live = False  # the idle wait polls again until the feed is back
+                    continue
+                self._feed_live = True
+                self._changed.set()  # `listening`: anything may have committed while it was not
+        except Exception as exc:  # not a lost connection (those are retried inside): poll from now on
+            self.log.warning("%s: change feed stopped (%s); idle waits poll the store", self.owner_id, exc)
+        finally:
+            self._feed_live = False
 
     async def _sleep_or_drain(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
