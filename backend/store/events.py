@@ -109,14 +109,13 @@ def operator_name() -> str:
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str)  # reused: see sessions.dumps
 # RETURNING, not lastrowid: PostgreSQL has no lastrowid
-EVENT_SQL = (
-    "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
-)
 OPERATOR_EVENT_SQL = (
     "INSERT INTO event (time, kind, actor, session_id, target, data, os_uid, os_user, chain_prev, chain) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
+# the turn path's journal rows: nobody reads their id (`append_event_sync`)
 UNREAD_EVENT_SQL = "INSERT INTO event (time, kind, actor, session_id, target, data) VALUES (?, ?, ?, ?, ?, ?)"
+EVENT_SQL = UNREAD_EVENT_SQL + " RETURNING id"
 # PostgreSQL: operator events append one at a time (the chain needs one global order; SQLite's
 # single writer gives it for free), under this transaction-scoped advisory lock
 CHAIN_LOCK = 0x72656D5F63686E  # "rem_chn"

@@ -324,7 +324,6 @@ class PgConnection:
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
         self._in_tx = False
         self._queued: list[tuple[str, Any, bool]] = []  # (statement, parameters, is a write) not yet sent
-        self._queued_writes = 0  # of which writes (execute_unread), as opposed to BEGIN/SAVEPOINT/RELEASE
         self._raw = self._connect()
 
     @property
@@ -367,14 +366,13 @@ class PgConnection:
             if head.startswith("BEGIN"):
                 self._live()  # a broken connection is replaced before a transaction, never inside one
                 self._in_tx = True
-            if not (head.startswith("RELEASE") and self._queued_writes):
+            if not (head.startswith("RELEASE") and self._writes_queued()):
                 self._queued.append((statement, None, False))
                 return _NO_RESULT
-        elif head.startswith("ROLLBACK") and self._queued_writes:
+        elif head.startswith("ROLLBACK") and self._writes_queued():
             # ROLLBACK TO: every queued write is inside the innermost savepoint (a RELEASE sends
             # them), so none needs sending; the savepoint itself may still be queued
             self._queued = [entry for entry in self._queued if not entry[2]]
-            self._queued_writes = 0
         cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
         if head.startswith(_WRITES) and cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
@@ -383,7 +381,6 @@ class PgConnection:
     def execute_unread(self, sql: str, parameters: Any = ()) -> None:
         """A write whose row count and rows nobody reads: queued, sent with the next statement."""
         self._queued.append((translate_sql(sql), parameters, True))
-        self._queued_writes += 1
 
     def _send(self, run: Any) -> psycopg.Cursor[Any]:
         """`run(cursor)` after every queued statement, all in one round trip."""
@@ -391,13 +388,11 @@ class PgConnection:
         if not self._queued:
             run(cursor)
             return cursor
-        queued, writes = self._queued, self._queued_writes
-        self._queued, self._queued_writes = [], 0
+        queued, self._queued = self._queued, []
         with self._raw.pipeline():
-            for statement, parameters, _ in queued:
+            for statement, parameters, write in queued:
                 cursor.execute(statement, parameters)
-            if writes:
-                self.total_changes += writes  # each queued write counts as one change
+                self.total_changes += write  # each queued write counts as one change
             cursor = self._raw.cursor(row_factory=named_row)
             run(cursor)
         return cursor
@@ -406,8 +401,11 @@ class PgConnection:
         if self._queued:
             self._send(lambda cur: None)
 
+    def _writes_queued(self) -> bool:
+        return any(write for _, _, write in self._queued)
+
     def _drop_queue(self) -> None:
-        self._queued, self._queued_writes = [], 0
+        self._queued = []
 
     def _end(self, statement: str) -> PgCursor:
         was_in_tx, self._in_tx = self._in_tx, False
@@ -415,7 +413,7 @@ class PgConnection:
         if (
             self._queued
             and self._queued[0][0].upper().startswith("BEGIN")
-            and (rollback or not self._queued_writes)
+            and (rollback or not self._writes_queued())
         ):
             self._drop_queue()  # nothing of the transaction reached the server: nothing to end
             return _NO_RESULT

@@ -157,6 +157,15 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
         return await original(self)
 
     monkeypatch.setattr(Database, "data_version", counted)
+    own_heard = 0  # notifications the daemon's feed heard and checked against its own backend
+    own_pids = Database.server_pids
+
+    def counted_pids(self: Database) -> frozenset[int]:
+        nonlocal own_heard
+        own_heard += 1
+        return own_pids(self)
+
+    monkeypatch.setattr(Database, "server_pids", counted_pids)
 
     class Idle(Daemon):
         role = "dream"
@@ -173,10 +182,11 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
         async with asyncio.timeout(10):
             while not (daemon._feed_live and daemon.passes >= 2):  # the `listening` event's pass ran
                 await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)
-        settled, polls = daemon.passes, 0
-        # idle across a heartbeat of its own (every 2 s): no pass, no query
-        await asyncio.sleep(2.5)
+        settled, polls, heard = daemon.passes, 0, own_heard
+        # its own heartbeat (every 2 s) commits, the feed hears it and sets it aside: no pass, no query
+        async with asyncio.timeout(10):
+            while own_heard == heard:
+                await asyncio.sleep(0.01)
         assert daemon.passes == settled and polls == 0, (daemon.passes, settled, polls)
         with psycopg.connect(db_url) as other:
             other.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'x', 'test', '{}')")
