@@ -536,17 +536,19 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
     conn.execute("SAVEPOINT rem_write")
     try:
         value = fn(conn)
+        if not conn.in_transaction:
+            raise TransactionDropped(
+                "the write transaction ended inside a group; nothing of the group was written"
+            )
+        # on PostgreSQL the RELEASE carries the member's queued unread writes: their error is
+        # the member's own, rolled back to its savepoint like one raised inside `fn`
+        conn.execute("RELEASE rem_write")
     except Exception as exc:
         if not conn.in_transaction:  # SQLite rolled back the whole transaction (SQLITE_FULL, IOERR)
             raise
         conn.execute("ROLLBACK TO rem_write")
         conn.execute("RELEASE rem_write")
         return False, exc
-    if not conn.in_transaction:
-        raise TransactionDropped(
-            "the write transaction ended inside a group; nothing of the group was written"
-        )
-    conn.execute("RELEASE rem_write")
     return True, value
 
 

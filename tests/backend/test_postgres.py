@@ -363,13 +363,13 @@ async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url
         while not started.is_set():
             await asyncio.sleep(0.005)
 
-        def insert(*names: str, fail: Exception | None = None) -> Any:
-            def fn(raw: Any) -> int:
+        def insert(*names: str, fail: Exception | None = None, read: bool = True) -> Any:
+            def fn(raw: Any) -> int | None:
                 for name in names:
                     execute_unread(raw, "INSERT INTO rt (who) VALUES (?)", (name,))
                 if fail is not None:
                     raise fail
-                return int(raw.execute("SELECT count(*) FROM rt").fetchone()[0])
+                return int(raw.execute("SELECT count(*) FROM rt").fetchone()[0]) if read else None
 
             return fn
 
@@ -379,6 +379,7 @@ async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url
                 insert("a1", "a2"),
                 insert("b1", fail=ValueError("b failed")),  # raised with its write still queued
                 insert("c1", "a1"),  # a1 collides: found when c's writes are sent
+                insert("e1", "a2", read=False),  # a2 collides: found only at e's RELEASE
                 insert("d1"),
             )
         ]
@@ -386,9 +387,10 @@ async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url
         gate.set()
         assert await blocker is True
         results = await asyncio.gather(*calls, return_exceptions=True)
-        assert results[0] == 2 and results[3] == 3  # each saw the writes before it, and only those kept
+        assert results[0] == 2 and results[4] == 3  # each saw the writes before it, and only those kept
         assert isinstance(results[1], ValueError) and str(results[1]) == "b failed"
         assert isinstance(results[2], psycopg.errors.UniqueViolation), results[2]
+        assert isinstance(results[3], psycopg.errors.UniqueViolation), results[3]
         assert [r[0] for r in await db.fetchall("SELECT who FROM rt ORDER BY id")] == ["a1", "a2", "d1"]
         # the lone-writer path (no savepoint): a failed unread write fails its transaction whole
         with pytest.raises(psycopg.errors.UniqueViolation):
