@@ -275,6 +275,8 @@ class Executor(Daemon):
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
+                if self.db.is_engine_error(exc):
+                    raise  # a write of rem's own failed, not the agent: recovery retries the turn
                 await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             if broken is not None:

@@ -351,6 +351,16 @@ class Database:
         """`errors()` (the name callers used before the PostgreSQL store)."""
         return self.errors()
 
+    def is_engine_error(self, exc: BaseException) -> bool:
+        """Whether `exc` is this store's engine's own error (sqlite3's or psycopg's), untranslated."""
+        if isinstance(exc, sqlite3.Error):
+            return True
+        if self.postgres:
+            import psycopg
+
+            return isinstance(exc, psycopg.Error)
+        return False
+
     def translate(self, exc: BaseException) -> BaseException:
         """An engine error as its RemError (or unchanged)."""
         if isinstance(exc, sqlite3.Error):

@@ -303,6 +303,34 @@ async def test_an_injected_fault_is_a_crash_not_an_agent_error(
     assert await _violations(db) == []
 
 
+async def test_a_failed_write_of_rem_s_own_is_a_crash_not_an_agent_error(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part write failing with the engine's own error (a constraint, say) is not the agent's failure:
+    no error reply is written for the user; the turn is left for recovery, like a crash."""
+    from backend.execution import streaming
+
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Write my parts, please.", input_id="q1")
+
+    def broken_write(conn: Any, rows: Any) -> Any:
+        conn.execute("INSERT INTO session (id) SELECT id FROM session")  # a duplicate key: the engine's error
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(streaming, "_write_parts_sync", broken_write)
+    await _executor(db_ctx, delay_ms=60).run()
+    row = await db.fetchone("SELECT phase FROM session_execution")
+    assert row is not None and row["phase"] == "unknown"  # left for recovery
+    assert [m["status"] for m in await _messages(db, "s1") if m["type"] == "assistant"] == ["streaming"]
+    assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'execution.failed'") == 0
+    monkeypatch.undo()
+    frozen_clock.advance(LEASE)
+    await _executor(db_ctx).run()
+    replies = [m for m in await _messages(db, "s1") if m["type"] == "assistant"]
+    assert [r["status"] for r in replies] == ["superseded", "completed"] and replies[1]["answers"] == ["q1"]
+    assert await _violations(db) == []
+
+
 class FailingAgent(OfflineResponder):
     """Fails mid-reply on prompts that say "boom"."""
 
