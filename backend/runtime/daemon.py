@@ -80,7 +80,7 @@ class Daemon:
     # -- the loop ----------------------------------------------------------
     async def run(self) -> int:
         """Run until drained (or one pass with `once`); returns an exit code."""
-        self.db = await self.ctx.db()
+        self.db = await self._open_store()
         await self._register()
         self.log.info("%s %s started", self.role, self.owner_id)
         self._install_signal_handlers()
@@ -97,6 +97,21 @@ class Daemon:
         finally:
             await self._shutdown(reason)
         return 0
+
+    async def _open_store(self) -> Database:
+        """The state store; one that cannot be reached yet (a server restarting) is waited out."""
+        backoff = 0.1
+        while True:
+            try:
+                return await self.ctx.db()
+            except DatabaseUnreachable as exc:
+                if self.once:
+                    raise
+                self.log.warning(
+                    "%s cannot open the store yet: %s; retrying in %.1f s", self.owner_id, exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _register(self) -> None:
         """Join the worker registry, waiting out a locked or full database like any pass would."""
