@@ -143,6 +143,8 @@ class ChromaStore:
         self._collection: Any = None
         self._url: str | None = None
         self._guard = threading.Lock()
+        # vectors `embed(..., keep=True)` computed, each taken by the next `embed` of its document
+        self._kept: dict[str, list[float]] = {}
 
     @property
     def url(self) -> str | None:
@@ -295,16 +297,36 @@ class ChromaStore:
             for i, row_id in enumerate(result["ids"])
         }
 
-    async def embed(self, documents: Sequence[str]) -> list[list[float]]:
+    async def embed(self, documents: Sequence[str], *, keep: bool = False) -> list[list[float]]:
         """rem's vectors for `documents`, rounded to float32 as Chroma stores them.
 
         Rounded here so that what a receipt's digest covers is exactly what the
         server keeps (a float32 value survives the JSON round trip unchanged).
         In a thread: a model embedder waits on the network (and on its retries'
         backoff). A model failure is EmbeddingFailed: nothing is written.
+
+        `keep`: hold each vector until the next `embed` of the same document
+        takes it (`rem reindex` records a vector in a receipt, then writes that
+        receipt's row: one embedding per summary, and the row gets exactly the
+        vector recorded, even from a remote model that is not bit-for-bit
+        deterministic). `forget_kept()` drops what nobody took.
         """
+        kept = {d: self._kept.pop(d) for d in dict.fromkeys(documents) if d in self._kept}
+        missing = [d for d in dict.fromkeys(documents) if d not in kept]
+        fresh = dict(zip(missing, await self._embed_now(missing), strict=True)) if missing else {}
+        if keep:
+            self._kept.update(fresh)
+        return [kept[d] if d in kept else fresh[d] for d in documents]
+
+    def forget_kept(self) -> int:
+        """Drop the kept vectors nobody took; how many."""
+        dropped = len(self._kept)
+        self._kept.clear()
+        return dropped
+
+    async def _embed_now(self, documents: list[str]) -> list[list[float]]:
         try:
-            vectors = await asyncio.to_thread(self.embedder.embed, list(documents))
+            vectors = await asyncio.to_thread(self.embedder.embed, documents)
         except ModelError as exc:
             raise EmbeddingFailed(
                 f"the embedding model failed ({exc.error_class}: {exc}); nothing was written to Chroma, "

@@ -24,7 +24,7 @@ processes holding the dropped collection reconnect on their next call
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -91,11 +91,21 @@ async def _rebuild_summaries(ctx: Context, progress: Progress | None) -> dict[st
             metadatas = [legacy[i][1] for i in batch] if with_metadata else None
             await store.upsert(batch, [legacy[i][0] or "" for i in batch], metadatas)
     # each v2 receipt records the vector written; the new embedder's vector for the same
-    # document differs, so the record is re-staged first, then replay writes and verifies it
-    reissued = await receipt_replay.reissue_for_embedder(db, store)
-    report = await receipt_replay.Recovery(db, store, actor=f"rem reindex ({ctx.operator})").run(
-        receipt_replay.all_batches(db)
-    )
+    # document differs, so the record is re-staged first, then replay writes and verifies it,
+    # batch by batch: the store keeps each batch's vectors for its write (one embedding each)
+    reissued = receipt_replay.reissue_counts()
+
+    async def reissued_batches() -> AsyncIterator[list[receipt_replay.Job]]:
+        async for jobs in receipt_replay.all_batches(db):
+            await receipt_replay.reissue_batch(db, store, jobs, reissued, keep_vectors=True)
+            yield await receipt_replay.reread(db, jobs)
+
+    try:
+        report = await receipt_replay.Recovery(db, store, actor=f"rem reindex ({ctx.operator})").run(
+            reissued_batches()
+        )
+    finally:
+        store.forget_kept()
     if progress:
         progress("summaries", report.counters.scanned)
     overlays = await _rewrite_overlays(ctx)

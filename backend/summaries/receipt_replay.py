@@ -671,17 +671,29 @@ async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
         if not session_id:
             raise BadInput(f"{summary_id!r} is not a summary id; summary ids look like summary_<session_id>")
         session_ids.append(session_id)
-    marks = ",".join("?" * len(session_ids))
-    rows = await db.fetchall(
-        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "
-        "AND result_staged_at IS NOT NULL",
-        session_ids,
-    )
-    jobs = {r["session_id"]: Job.from_row(r) for r in rows}
+    jobs = await _jobs_of(db, session_ids)
     unknown = [summary_row_id(s) for s in session_ids if s not in jobs]
     if unknown:
         raise ReceiptNotFound(f"no staged receipt for {', '.join(unknown)}; `rem status` lists the receipts")
     return [jobs[s] for s in session_ids]
+
+
+async def reread(db: Database, jobs: Sequence[Job]) -> list[Job]:
+    """The same receipts as they are now (one re-staged meanwhile reads new; one gone is left out)."""
+    now = await _jobs_of(db, [j.session_id for j in jobs])
+    return [now[j.session_id] for j in jobs if j.session_id in now]
+
+
+async def _jobs_of(db: Database, session_ids: Sequence[str]) -> dict[str, Job]:
+    if not session_ids:
+        return {}
+    marks = ",".join("?" * len(session_ids))
+    rows = await db.fetchall(
+        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "
+        "AND result_staged_at IS NOT NULL",
+        list(session_ids),
+    )
+    return {r["session_id"]: Job.from_row(r) for r in rows}
 
 
 async def in_batches(jobs: list[Job], batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
@@ -734,40 +746,57 @@ async def reissue_for_embedder(db: Database, store: ChromaStore, *, now: int | N
     v1 receipts carry no vector record and corrupt ones are left for replay
     to verify or quarantine.
     """
-    counts = {"reissued": 0, "skipped": 0, "unchanged": 0}
+    counts = reissue_counts()
     async for jobs in all_batches(db):
-        decoded: list[tuple[Job, Receipt]] = []
-        for job in jobs:
-            try:
-                receipt = receipts.decode(job.envelope, job.encoding)
-            except (ReceiptCorrupt, ValueError):
-                counts["unchanged"] += 1
-                continue
-            if receipt.embedding is None:
-                counts["unchanged"] += 1
-                continue
-            decoded.append((job, receipt))
-        if not decoded:
-            continue
-        vectors = await store.embed([r.document for _, r in decoded])
-        stamp = clock.now_ms() if now is None else now
-        async with db.tx() as conn:
-            for (job, receipt), vector in zip(decoded, vectors, strict=True):
-                fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
-                if fresh == receipt:
-                    counts["unchanged"] += 1
-                    continue
-                changed = await execute(
-                    conn,
-                    "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
-                    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
-                    f"AND {NOT_LEASED}",
-                    {
-                        **job.cas(),
-                        "new": receipts.encode(fresh),
-                        "enc": receipts.encoding_of(fresh),
-                        "now": stamp,
-                    },
-                )
-                counts["reissued" if changed else "skipped"] += 1
+        await reissue_batch(db, store, jobs, counts, now=now)
     return counts
+
+
+def reissue_counts() -> dict[str, int]:
+    return {"reissued": 0, "skipped": 0, "unchanged": 0}
+
+
+async def reissue_batch(
+    db: Database,
+    store: ChromaStore,
+    jobs: list[Job],
+    counts: dict[str, int],
+    *,
+    now: int | None = None,
+    keep_vectors: bool = False,
+) -> None:
+    """`reissue_for_embedder` for one batch (`keep_vectors`: the store keeps them for the replay's write)."""
+    decoded: list[tuple[Job, Receipt]] = []
+    for job in jobs:
+        try:
+            receipt = receipts.decode(job.envelope, job.encoding)
+        except (ReceiptCorrupt, ValueError):
+            counts["unchanged"] += 1
+            continue
+        if receipt.embedding is None:
+            counts["unchanged"] += 1
+            continue
+        decoded.append((job, receipt))
+    if not decoded:
+        return
+    vectors = await store.embed([r.document for _, r in decoded], keep=keep_vectors)
+    stamp = clock.now_ms() if now is None else now
+    async with db.tx() as conn:
+        for (job, receipt), vector in zip(decoded, vectors, strict=True):
+            fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
+            if fresh == receipt:
+                counts["unchanged"] += 1
+                continue
+            changed = await execute(
+                conn,
+                "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
+                f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
+                f"AND {NOT_LEASED}",
+                {
+                    **job.cas(),
+                    "new": receipts.encode(fresh),
+                    "enc": receipts.encoding_of(fresh),
+                    "now": stamp,
+                },
+            )
+            counts["reissued" if changed else "skipped"] += 1

@@ -45,7 +45,16 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
             await ctx.store().count()
         with pytest.raises(EmbedderMismatch):
             await ctx.turn_store("default").count()
+        embedded: list[str] = []
+        real_embed = WordLlamaEmbedder.embed
+
+        def counting_embed(self: WordLlamaEmbedder, texts: list[str]) -> list[list[float]]:
+            embedded.extend(texts)
+            return real_embed(self, texts)
+
+        monkeypatch.setattr(WordLlamaEmbedder, "embed", counting_embed)
         result = await ops.reindex(ctx)
+        monkeypatch.setattr(WordLlamaEmbedder, "embed", real_embed)
         assert result["embedder"] == WordLlamaEmbedder.name and result["dim"] == 256
         assert result["summaries"]["receipts"]["scanned"] == 2
         assert result["summaries"]["receipts"]["quarantined"] == 0
@@ -54,6 +63,10 @@ async def test_reindex_rebuilds_hashing_vectors_with_wordllama_and_loses_nothing
         assert result["turns"] == {"collections_dropped": 1, "vectors": len(turn_ids), "pending": 0}
 
         after = await ctx.store().get([summary_row_id("s1"), summary_row_id("s2")])
+        # each summary embedded once: the vector its receipt records is the one its row was written with
+        for sid in ("s1", "s2"):
+            assert embedded.count(after[summary_row_id(sid)][0] or "") == 1, embedded
+        assert ctx.store().forget_kept() == 0  # nothing left behind
         db = await ctx.db()
         for sid in ("s1", "s2"):
             j = await job(db, sid)
