@@ -81,7 +81,8 @@ class LiveRow(NamedTuple):
 # writes are being applied, with "Error creating hnsw segment reader: Nothing found on disk"
 # (its vector index is neither cached nor persisted yet), or with the rows but fewer vectors.
 # The same read succeeds moments later, so reads of vectors retry with these pauses (3.15 s
-# in all) before giving up.
+# in all) before giving up. A search (`query`) meets the same error: it is ChromaNotReady (a
+# ChromaUnreachable), which recall reports as degraded instead of failing the caller.
 VECTOR_INDEX_NOT_READY = "Nothing found on disk"
 VECTOR_READ_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
@@ -229,6 +230,11 @@ class ChromaStore:
                     f"Chroma at {self._url or 'its URL'} stopped answering ({type(exc).__name__}); "
                     "rem retries, or check `rem status`"
                 ) from exc
+            if _vector_index_not_ready(exc):  # a search or a read of vectors, moments too early
+                raise ChromaNotReady(
+                    f"Chroma cannot read the vectors of collection {self.collection_name} yet "
+                    f"({VECTOR_INDEX_NOT_READY.lower()}: its index is still being written); rem retries"
+                ) from exc
             raise
 
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
@@ -260,9 +266,7 @@ class ChromaStore:
                 if not result["ids"] or (vectors is not None and len(vectors) == len(result["ids"])):
                     return result
                 problem = f"{len(result['ids'])} rows came back with {0 if vectors is None else len(vectors)} vectors"
-            except Exception as exc:
-                if not _vector_index_not_ready(exc):
-                    raise
+            except ChromaNotReady:
                 problem = VECTOR_INDEX_NOT_READY.lower()
             if pause is None:
                 raise ChromaNotReady(

@@ -119,3 +119,56 @@ async def test_the_model_agent_is_sent_the_recalled_memory_with_its_provenance(
     assert lines[0] == MEMORY_HEADER and len(lines) == 1 + len(items)  # every recalled item, in order
     assert lines[1] == f"- [turn, Maya, session pets] {items[0]['text']}"
     assert "My dog Biscuit loves running" in lines[1]
+
+
+class InternalError(Exception):
+    """Named as chromadb names the error of a search made before a new collection's index is written."""
+
+
+async def test_a_search_before_chromas_index_is_written_degrades_recall_and_the_turn_goes_on(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chroma answers a search made moments after a new collection's first writes with an
+    InternalError ("Nothing found on disk"): recall reports the dense side degraded and answers
+    from the rest, and a step's memory never fails the user's turn."""
+    await _ready(ctx, tmp_path)
+    store = ctx.turn_store("ops")
+    await store.count()  # connected: its collection object is the one to break
+
+    def not_ready(*args: Any, **kwargs: Any) -> Any:
+        raise InternalError("Error executing plan: Error creating hnsw segment reader: Nothing found on disk")
+
+    monkeypatch.setattr(type(store._collection), "query", not_ready)
+    result = await ops.recall(ctx, "dog on the beach", project="ops")
+    assert any(d.startswith("dense:") and "index is still being written" in d for d in result["degraded"]), (
+        result
+    )
+    assert result["items"], result  # answered lexically
+
+    db = await ctx.db()
+    await sessions.admit(db, "new", "How is the dog doing on the beach?", input_id="q1", project="ops")
+    await Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), lease_ms=LEASE).run()
+    [reply] = await _assistants(ctx, "new")
+    assert reply["status"] == "completed" and reply["answers"] == ["q1"]
+
+
+async def test_an_unknown_error_in_recall_is_recorded_with_the_step_not_made_the_agents_failure(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backend.memory import recall as memory_recall
+
+    await _ready(ctx, tmp_path)
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise InternalError("something Chroma said that rem does not know")
+
+    monkeypatch.setattr(memory_recall, "recall", broken)
+    db = await ctx.db()
+    await sessions.admit(db, "new", "How is the dog doing on the beach?", input_id="q1", project="ops")
+    await Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), lease_ms=LEASE).run()
+    [reply] = await _assistants(ctx, "new")
+    assert reply["status"] == "completed" and reply["answers"] == ["q1"]
+    assert reply["memory"] == {
+        "items": [],
+        "error": "InternalError: something Chroma said that rem does not know",
+    }
