@@ -153,9 +153,16 @@ async def test_the_drill_replays_with_at_on_a_read_only_copy(drill: dict[str, An
         await pilot.press("2", "l")
         await pilot.pause()
         assert len(app.screen_stack) == 1
-        # the next incident start is the release: the panels show the action
-        await pilot.press("right_curly_bracket")
-        await until(pilot, lambda: _recorded(app)["reason"] == "operator.release", "the release moment")
+        # incident starts, forward, reach the release (an operator action starts one): the panels
+        # show the action. Another incident may start between the kill and the release (seen with
+        # three test workers on two cores, never alone): each jump moves forward to the next one.
+        passed: list[dict[str, Any]] = []
+        while _recorded(app)["reason"] != "operator.release":
+            assert len(passed) < 5, passed
+            passed.append(_recorded(app))
+            await pilot.press("right_curly_bracket")
+            await until(pilot, lambda: _recorded(app)["time"] > passed[-1]["time"], "the next incident start")
+            assert _recorded(app)["incident"], _recorded(app)
         actions = table(app, "actions").all_records()
         assert any(r.get("action") == "release" and execution_id in str(r.get("target")) for r in actions), (
             actions
