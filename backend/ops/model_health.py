@@ -23,6 +23,9 @@ from typing import Any
 from backend.models.errors import NEEDS_OPERATOR
 from backend.models.health import OK, CallKind, ModelState
 from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
+from backend.store import counters
+from backend.store.counters import USAGE_TOKENS as TOKENS
+from backend.store.counters import USAGE_WHERE
 from backend.store.db import Conn, Row
 
 WINDOW_MS = 5 * 60_000
@@ -35,15 +38,10 @@ CALLS_SQL = """
 SELECT time, kind, endpoint, model, session_id, attempt, outcome, status, ttft_ms, error
 FROM model_call WHERE time >= :since ORDER BY time DESC LIMIT :cap"""
 LAST_CALL_SQL = "SELECT max(time) FROM model_call"
-USAGE_WHERE = "tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL"
 USAGE_SESSIONS_SQL = f"""
 SELECT id AS session_id, title, model, turn_count, tokens_input, tokens_output, tokens_reasoning,
        tokens_cache_read, tokens_cache_write, cost, model_error, held_at, time_updated
 FROM session INDEXED BY session_usage_idx WHERE {USAGE_WHERE} ORDER BY cost DESC LIMIT :cap"""
-USAGE_TOTAL_SQL = f"""
-SELECT count(*), total(cost), total(tokens_input), total(tokens_output), total(tokens_reasoning),
-       total(tokens_cache_read), total(tokens_cache_write)
-FROM session INDEXED BY session_usage_idx WHERE {USAGE_WHERE}"""
 HELD_SQL = """
 SELECT s.id AS session_id, s.held_at, s.held_reason,
        (SELECT count(*) FROM session_input AS i
@@ -52,10 +50,8 @@ FROM session AS s INDEXED BY session_held_idx WHERE s.held_at IS NOT NULL ORDER 
 QUERIES = {
     "model_calls": CALLS_SQL,
     "usage_sessions": USAGE_SESSIONS_SQL,
-    "usage_total": USAGE_TOTAL_SQL,
     "held": HELD_SQL,
 }
-TOKENS = ("input", "output", "reasoning", "cache_read", "cache_write")
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:
@@ -123,8 +119,9 @@ def _last_error(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def usage_sync(conn: Conn) -> Usage:
-    """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total."""
+def usage_sync(conn: Conn, counts: dict[str, Any] | None = None) -> Usage:
+    """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total
+    (from the status counters: `counts`, as `counters.counts_sync` read them, or read here)."""
     sessions: list[SessionUsage] = []
     for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP}):
         tokens = {name: int(r[f"tokens_{name}"]) for name in TOKENS}
@@ -142,12 +139,14 @@ def usage_sync(conn: Conn) -> Usage:
                 "time_updated": r["time_updated"],
             }
         )
-    count, cost, *totals = conn.execute(USAGE_TOTAL_SQL).fetchone()
+    if counts is None:
+        counts, _ = counters.counts_sync(conn)
     return {
-        "total": {
-            "sessions": int(count),
-            "cost": float(cost),
-            "tokens": {name: int(v) for name, v in zip(TOKENS, totals, strict=True)},
+        "total": {  # kept by triggers (schema v8): one small read at any number of sessions
+            "sessions": int(counts["usage_sessions"]),
+            # a running sum of doubles: rounded past its last bits, so it reads the same however summed
+            "cost": round(float(counts["usage_cost"]), 10),
+            "tokens": {name: int(counts[f"usage_tokens_{name}"]) for name in TOKENS},
         },
         "sessions": sessions,
     }

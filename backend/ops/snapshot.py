@@ -473,7 +473,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     rows["drift"] = dream_drift_sync(conn, counts)
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
-    rows["usage"] = model_health.usage_sync(conn)
+    rows["usage"] = model_health.usage_sync(conn, counts)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
     rows["totals"] = {}  # the clockless totals, read again at their next use

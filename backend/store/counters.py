@@ -39,8 +39,10 @@ keep them there; until then PostgreSQL pays a count per counter per snapshot.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from backend.store.db import Conn, engine_of
 
@@ -66,10 +68,15 @@ class Counter:
     columns: tuple[str, ...]
     # a column whose value groups the count (one row per value, none for a value with 0)
     key: str | None = None
+    # SQL over the row's NOT NULL columns: the counter keeps its sum over the matching rows
+    # instead of their count (a plain counter only)
+    amount: str | None = None
 
     def truth_sql(self) -> str:
-        """The real count(s), as `rem check` and the v6 backfill read them: rows of (key, n)."""
+        """The real count(s), as `rem check` and the backfill read them: rows of (key, n)."""
         where = f" WHERE {self.where}" if self.where else ""
+        if self.amount is not None:
+            return f"SELECT '' AS key, coalesce(sum({self.amount}), 0) AS n FROM {self.table}{where}"
         if self.key is None:
             return f"SELECT '' AS key, count(*) AS n FROM {self.table}{where}"
         return f"SELECT {self.key} AS key, count(*) AS n FROM {self.table}{where} GROUP BY {self.key}"
@@ -116,6 +123,27 @@ COUNTERS: tuple[Counter, ...] = (
     # execution leases held, per owner (the totals' held and dead-owner figures)
     Counter("execution_held", "session_execution", None, ("owner_id",), key="owner_id"),
 )
+# schema v8's: the model usage totals (`rem status`, the console's usage panel), summed over
+# the sessions that used a model or failed to, as `backend.ops.model_health.USAGE_WHERE` says
+USAGE_WHERE = "tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL"
+USAGE_TOKENS = ("input", "output", "reasoning", "cache_read", "cache_write")
+_USAGE_COLUMNS = ("tokens_input", "tokens_output", "model_error")
+SUMS: tuple[Counter, ...] = (
+    Counter("usage_sessions", "session", USAGE_WHERE, _USAGE_COLUMNS),
+    Counter("usage_cost", "session", USAGE_WHERE, (*_USAGE_COLUMNS, "cost"), amount="cost"),
+    *(
+        Counter(
+            f"usage_tokens_{name}",
+            "session",
+            USAGE_WHERE,
+            tuple(dict.fromkeys((*_USAGE_COLUMNS, f"tokens_{name}"))),
+            amount=f"tokens_{name}",
+        )
+        for name in USAGE_TOKENS
+    ),
+)
+V6_COUNTERS = COUNTERS
+COUNTERS = (*V6_COUNTERS, *SUMS)
 BY_NAME = {c.name: c for c in COUNTERS}
 
 
@@ -136,6 +164,14 @@ def _matches(counter: Counter, row: str) -> str:
     if counter.where is None:
         return "1"
     return f"(CASE WHEN {_row(counter.where, row)} THEN 1 ELSE 0 END)"
+
+
+def _value(counter: Counter, row: str) -> str:
+    """What the row adds to a summing counter: its amount when it matches, else 0."""
+    amount = _row(str(counter.amount), row)
+    if counter.where is None:
+        return f"({amount})"
+    return f"(CASE WHEN {_row(counter.where, row)} THEN {amount} ELSE 0 END)"
 
 
 def _key(counter: Counter, row: str) -> str:
@@ -159,6 +195,8 @@ def _drop_zero(counter: Counter, key: str) -> str:
 
 def trigger_parts(counter: Counter) -> list[tuple[str, str, str | None, list[str]]]:
     """(trigger name, event, WHEN condition or None, body statements) of each of the counter's triggers."""
+    if counter.amount is not None:
+        return _sum_trigger_parts(counter)
     new, old = _matches(counter, "new"), _matches(counter, "old")
     new_key, old_key = _key(counter, "new"), _key(counter, "old")
     every = counter.where is None
@@ -199,6 +237,22 @@ def trigger_parts(counter: Counter) -> list[tuple[str, str, str | None, list[str
     return parts
 
 
+def _sum_trigger_parts(counter: Counter) -> list[tuple[str, str, str | None, list[str]]]:
+    """A summing counter's triggers: each moves it by the change of what the row adds."""
+    assert counter.key is None, "a summing counter is a plain one"
+    new, old = _value(counter, "new"), _value(counter, "old")
+    return [
+        (f"{TABLE}_{counter.name}_ins", "INSERT", f"{new} <> 0", [_bump(counter, new, "''")]),
+        (f"{TABLE}_{counter.name}_del", "DELETE", f"{old} <> 0", [_bump(counter, f"-{old}", "''")]),
+        (
+            f"{TABLE}_{counter.name}_upd",
+            f"UPDATE OF {', '.join(counter.columns)}",
+            f"{new} <> {old}",
+            [_bump(counter, f"{new} - {old}", "''")],
+        ),
+    ]
+
+
 def trigger_sql(counter: Counter) -> list[str]:
     """The SQLite `CREATE TRIGGER` statements of one counter."""
     return [
@@ -216,25 +270,32 @@ def backfill_sql(counter: Counter) -> str:
     return f"INSERT INTO {TABLE} (name, key, n) SELECT '{counter.name}', key, n FROM ({counter.truth_sql()})"
 
 
-def migration_sql() -> str:
-    """Schema v6's counter part: the table, every counter's triggers, and the backfill."""
-    statements = [TABLE_SQL]
-    for counter in COUNTERS:
+def migration_sql(version: int = 6) -> str:
+    """Schema v6's counter part (the table, every v6 counter's triggers and backfill), or v8's
+    (the usage sums' triggers and backfill)."""
+    statements = [TABLE_SQL] if version == 6 else []
+    for counter in V6_COUNTERS if version == 6 else SUMS:
         statements += trigger_sql(counter)
         statements.append(backfill_sql(counter))
     return "".join(f"{s};\n" for s in statements)
 
 
-def counts_sync(conn: Conn) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Every counter: the plain ones by name, the keyed ones by name and key (one small read)."""
-    plain: dict[str, int] = dict.fromkeys((c.name for c in COUNTERS if c.key is None), 0)
+def counts_sync(conn: Conn) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """Every counter: the plain ones by name, the keyed ones by name and key (one small read).
+
+    A count or a token sum is an int; a cost sum a float."""
+    plain: dict[str, Any] = dict.fromkeys((c.name for c in COUNTERS if c.key is None), 0)
     keyed: dict[str, dict[str, int]] = {c.name: {} for c in COUNTERS if c.key is not None}
     for name, key, n in _kept_or_real_sync(conn):
         if name in keyed:
             keyed[name][key] = int(n)
         elif name in plain:
-            plain[name] = int(n)
+            plain[name] = _number(BY_NAME[name], n)
     return plain, keyed
+
+
+def _number(counter: Counter, n: Any) -> int | float:
+    return float(n) if counter.amount == "cost" else int(n)
 
 
 def kept_by_triggers(conn: Conn) -> bool:
@@ -263,13 +324,20 @@ def drift_sync(conn: Conn, counter: Counter) -> list[dict[str, object]]:
     if not kept_by_triggers(conn):
         return []
     kept = {
-        r[0]: int(r[1])
+        r[0]: _number(counter, r[1])
         for r in conn.execute(f"SELECT key, n FROM {TABLE} WHERE name = ?", (counter.name,)).fetchall()
     }
-    real = {r[0]: int(r[1]) for r in conn.execute(counter.truth_sql()).fetchall()}
+    real = {r[0]: _number(counter, r[1]) for r in conn.execute(counter.truth_sql()).fetchall()}
     return [
         {"counter": counter.name, "key": key, "kept": kept.get(key), "real": real.get(key, 0)}
         for key in sorted(set(kept) | set(real))
-        if kept.get(key) != real.get(key, 0)
+        if not _same(kept.get(key), real.get(key, 0))
         and not (counter.key and kept.get(key) is None and real.get(key) == 0)
     ]
+
+
+def _same(kept: int | float | None, real: int | float) -> bool:
+    """Equal; a float sum (cost) within its rounding: a running sum of doubles drifts in the last bits."""
+    if kept is None or isinstance(kept, int) or isinstance(real, int):
+        return kept == real
+    return math.isclose(kept, real, rel_tol=1e-9, abs_tol=1e-9)

@@ -437,8 +437,14 @@ V7 = """
 -- v7: no statement on SQLite
 """
 
+# v8: the model usage totals become counters too (`status_count`, kept by triggers like v6's,
+# backfilled here): `rem status` and the console read the total tokens and cost of every session
+# that used a model in one small read, instead of summing the usage index (a walk of one entry
+# per such session: 1 000 000 of them in a fleet whose every session uses a model).
+V8 = counters.migration_sql(8)
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -17,8 +17,9 @@ row per applied migration: the `user_version` of this engine), and a
 
 PostgreSQL's own migrations (`PG_ONLY`) sit between SQLite's at fixed version
 numbers, so the numbering stays stable when SQLite adds one: PostgreSQL 8 is
-the change feed (below), after SQLite's 1-7, and SQLite's migration 8, when it
-comes, will be PostgreSQL's 9. `pg_schema_version()` is this engine's newest version.
+the change feed (below), after SQLite's 1-7, and SQLite's migration 8 (the usage
+counters: nothing to do here, `SQLITE_ONLY`) is PostgreSQL's 9. `pg_schema_version()` is
+this engine's newest version.
 
 The change feed (PostgreSQL 8): every rem table has a statement-level trigger
 that calls `pg_notify('rem_change', <transaction id>)`. A notification is
@@ -214,6 +215,10 @@ SELECT rem_watch_tables();
 """
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
 PG_ONLY: dict[int, str] = {8: CHANGE_FEED}
+# SQLite migrations with nothing to do here (by SQLite's number): 8 adds status counters,
+# which PostgreSQL does not keep (it counts on each read; backend/store/counters.py says why).
+# The version still moves, so both engines' numbering stays in step.
+SQLITE_ONLY: frozenset[int] = frozenset({8})
 
 _NO_TWIN = re.compile(r"^\s*(CREATE\s+(TRIGGER|VIRTUAL\s+TABLE)|DROP\s+TRIGGER|PRAGMA)\b", re.IGNORECASE)
 _OBJECT_NAME = re.compile(
@@ -280,6 +285,9 @@ def pg_migrations() -> list[list[str]]:
             built.append([PG_ONLY[version]])
             continue
         number, script = sqlite_scripts.pop(0)
+        if number in SQLITE_ONLY:
+            built.append([])  # the version moves, nothing else
+            continue
         statements = ([PRELUDE] if number == 1 else []) + pg_ddl(script)
         if number in AFTER:
             statements.append(AFTER[number])

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend import ops
+from backend.core.datadir import DataDir
 from backend.dream.digester import DigestState
 from backend.ops import checks
 from backend.runtime.context import Context
@@ -115,7 +116,7 @@ async def _v5_database(path: Path) -> Database:
 async def test_a_v5_database_migrates_with_every_counter_backfilled(tmp_path: Path) -> None:
     db = await _v5_database(tmp_path / "state.db")
     try:
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 7
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 8
         kept = await db.read_in_thread(_kept)
         # hand-counted from the rows above
         assert kept["sessions"] == 6 and kept["inputs_total"] == 3
@@ -144,6 +145,53 @@ async def test_a_v5_database_migrates_with_every_counter_backfilled(tmp_path: Pa
         kept = await db.read_in_thread(_kept)
         assert kept["receipt_present"] == 2 and kept["receipt_keys_differ"] == 0
         assert kept["execution_held"] == {"ex-a": 2}  # an owner holding nothing has no row
+        assert await db.read_in_thread(_all_drift) == []
+    finally:
+        await db.close()
+
+
+async def test_a_v7_database_migrates_with_the_usage_sums_backfilled(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "state.db")
+    try:
+        async with db.tx() as conn:
+            for script in schema.MIGRATIONS[:7]:
+                await schema._apply(conn, script)
+            await conn.execute("PRAGMA user_version = 7")
+            usage = [  # (tokens in, out, reasoning, cache read, cache write, cost, model error)
+                ("u0", 100, 20, 5, 40, 0, 0.1, None),
+                ("u1", 0, 0, 0, 0, 0, 0.0, '{"class": "auth"}'),  # counted: it failed to use a model
+                ("u2", 3000, 700, 0, 0, 9, 0.2, None),
+                ("u3", 0, 0, 0, 0, 0, 0.0, None),  # never used a model: not counted
+            ]
+            for sid, t_in, t_out, t_rs, t_cr, t_cw, cost, error in usage:
+                await conn.execute(
+                    "INSERT INTO session (id, time_created, time_updated, tokens_input, tokens_output, "
+                    "tokens_reasoning, tokens_cache_read, tokens_cache_write, cost, model_error) "
+                    "VALUES (?, 1, 1, ?, ?, ?, ?, ?, ?, ?)",
+                    (sid, t_in, t_out, t_rs, t_cr, t_cw, cost, error),
+                )
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 8
+        kept = await db.read_in_thread(_kept)
+        assert kept["usage_sessions"] == 3
+        assert (kept["usage_tokens_input"], kept["usage_tokens_output"]) == (3100, 720)
+        assert (kept["usage_tokens_reasoning"], kept["usage_tokens_cache_read"]) == (5, 40)
+        assert kept["usage_tokens_cache_write"] == 9
+        assert kept["usage_cost"] == pytest.approx(0.3)
+        # the snapshot's usage total is the counters'
+        reader = Context(DataDir(tmp_path), start_chroma=False)
+        try:
+            total = (await ops.status(reader))["usage"]["total"]
+        finally:
+            await reader.close()
+        assert total["sessions"] == 3 and total["tokens"]["input"] == 3100
+        async with db.tx() as conn:  # and from now on the triggers keep them
+            await conn.execute(
+                "UPDATE session SET tokens_input = tokens_input + 50, cost = cost + 0.05 WHERE id = 'u3'"
+            )
+            await conn.execute("DELETE FROM session WHERE id = 'u0'")
+        kept = await db.read_in_thread(_kept)
+        assert (kept["usage_sessions"], kept["usage_tokens_input"]) == (3, 3050)
+        assert kept["usage_cost"] == pytest.approx(0.25)
         assert await db.read_in_thread(_all_drift) == []
     finally:
         await db.close()
@@ -189,6 +237,17 @@ _ops = st.one_of(
     st.tuples(st.just("lease"), _sid, st.sampled_from(("ex-a", "ex-b", "ex-c"))),
     st.tuples(st.just("lease-"), _sid),
     st.tuples(st.just("rollback"), _sid),
+    # the model usage sums (schema v8): tokens, a cost that is no exact binary fraction, an error
+    st.tuples(
+        st.just("usage"),
+        _sid,
+        st.sampled_from((0, 7, 1200)),
+        st.sampled_from((0, 3)),
+        st.sampled_from((0, 5)),
+        st.sampled_from((0, 11)),
+        st.sampled_from((0.0, 0.1, 0.2, 1e-7, 3.3)),
+        st.sampled_from((None, '{"class": "rate_limit"}')),
+    ),
 )
 
 UPSERTS = {
@@ -214,6 +273,8 @@ UPSERTS = {
     "expires_at) VALUES ('e-' || ?1, ?1, ?2, 1, 'ready', 1, 1, 1) "
     "ON CONFLICT (id) DO UPDATE SET owner_id = excluded.owner_id, epoch = epoch + 1",
     "lease-": "DELETE FROM session_execution WHERE session_id = ?",
+    "usage": "UPDATE session SET tokens_input = ?2, tokens_output = ?3, tokens_reasoning = ?4, "
+    "tokens_cache_read = ?5, tokens_cache_write = ?4 + ?5, cost = ?6, model_error = ?7 WHERE id = ?1",
 }
 
 
