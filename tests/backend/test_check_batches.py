@@ -72,9 +72,44 @@ async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
     assert structure[-1][1] == structure[-1][2] >= 10  # quick_check and foreign keys, table by table
 
 
+async def test_worker_processes_find_what_one_transaction_finds_and_list_the_same_rows(damaged: Path) -> None:
+    """The sessions phase split over two processes (ranges of ids, merged in id order): the same
+    counts and the same listed rows as one read transaction over everything."""
+    ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
+    db = await ctx.db()
+    try:
+        whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
+        calls: list[tuple[str, int, int]] = []
+        split = summarize(
+            await check_database_in_batches(
+                db, batch=37, workers=2, parallel_min=0, progress=lambda *a: calls.append(a)
+            ),
+            settled=False,
+        )
+    finally:
+        await ctx.close()
+    assert split == whole
+    sessions = [c for c in calls if c[0] == "sessions"]
+    assert sessions[0] == ("sessions", 0, 600) and sessions[-1] == ("sessions", 600, 600)
+    # two ranges of 300 sessions, each in batches of 37: progress after every batch, never backwards
+    done = [c[1] for c in sessions]
+    assert done == sorted(done) and len(done) == 1 + 2 * -(-300 // 37) + 1
+
+
 async def test_rem_check_on_a_terminal_less_run_prints_no_progress_to_stdout(damaged: Path) -> None:
     from tests.helpers import run_rem
 
     proc = run_rem("check", "--json", "--data", str(damaged), "--chroma-url", "http://127.0.0.1:9")
     report = json.loads(proc.stdout)  # stdout holds the one JSON document, nothing else
     assert proc.returncode == 1 and not report["ok"]
+
+
+async def test_a_worker_that_cannot_read_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    from backend.core.errors import RemError
+    from backend.ops.checks import _check_range_in_worker
+
+    missing = tmp_path / "gone" / "state.db"
+    with pytest.raises(RemError) as caught:
+        await _check_range_in_worker(str(missing), "", None, 10, lambda n: None)
+    message = str(caught.value)
+    assert str(missing) in message and "\n" not in message and "Traceback" not in message, message
