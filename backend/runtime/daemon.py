@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
 
 from backend.core import faults
 from backend.core.errors import (
@@ -40,6 +41,7 @@ MAX_BACKOFF_S = 5.0
 # A PostgreSQL store that went away (restart, failover) is one of them: the store reconnects
 # before the next transaction, so the daemon waits it out instead of exiting for its supervisor
 # to restart (a wrong URL still fails at start: the first connection is made before the loop).
+T = TypeVar("T")
 TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError, DatabaseUnreachable)
 
 
@@ -100,34 +102,32 @@ class Daemon:
 
     async def _open_store(self) -> Database:
         """The state store; one that cannot be reached yet (a server restarting) is waited out."""
-        backoff = 0.1
-        while True:
-            try:
-                return await self.ctx.db()
-            except DatabaseUnreachable as exc:
-                if self.once:
-                    raise
-                self.log.warning(
-                    "%s cannot open the store yet: %s; retrying in %.1f s", self.owner_id, exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        return await self._until_done("open the store", self.ctx.db, (DatabaseUnreachable,))
 
     async def _register(self) -> None:
         """Join the worker registry, waiting out a locked or full database like any pass would."""
+        unsafe = unsafe_switches()
+        if unsafe:
+            self.log.warning("%s runs with unsafe test switches %s", self.owner_id, unsafe)
+        await self._until_done(
+            "register",
+            lambda: workers.register(self.db, self.owner_id, self.role, self.info(), unsafe=unsafe),
+            TRANSIENT_ERRORS,
+        )
+
+    async def _until_done(
+        self, what: str, attempt: Callable[[], Awaitable[T]], transient: tuple[type[Exception], ...]
+    ) -> T:
+        """`attempt()`, again with backoff after each transient error (`--once`: the error)."""
         backoff = 0.1
         while True:
             try:
-                unsafe = unsafe_switches()
-                if unsafe:
-                    self.log.warning("%s runs with unsafe test switches %s", self.owner_id, unsafe)
-                await workers.register(self.db, self.owner_id, self.role, self.info(), unsafe=unsafe)
-                return
-            except TRANSIENT_ERRORS as exc:
+                return await attempt()
+            except transient as exc:
                 if self.once:
                     raise
                 self.log.warning(
-                    "%s cannot register yet: %s; retrying in %.1f s", self.owner_id, exc, backoff
+                    "%s cannot %s yet: %s; retrying in %.1f s", self.owner_id, what, exc, backoff
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)

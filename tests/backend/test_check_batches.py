@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,18 +47,25 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
+async def _whole_and_batched(
+    damaged: Path, **options: Any
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, int, int]]]:
+    """One read transaction's report, `check_database_in_batches(**options)`'s, and its progress calls."""
     ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
     db = await ctx.db()
+    calls: list[tuple[str, int, int]] = []
     try:
         whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
-        calls: list[tuple[str, int, int]] = []
         batched = summarize(
-            await check_database_in_batches(db, batch=37, progress=lambda *a: calls.append(a)),
-            settled=False,
+            await check_database_in_batches(db, progress=lambda *a: calls.append(a), **options), settled=False
         )
     finally:
         await ctx.close()
+    return whole, batched, calls
+
+
+async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
+    whole, batched, calls = await _whole_and_batched(damaged, batch=37)
     assert batched == whole
     whats = {f["what"]: f["count"] for f in whole["violations"]}
     # the generator admits only each session's first prompt: its second user message (seq 3) has no input
@@ -75,19 +83,7 @@ async def test_batches_find_what_one_transaction_finds(damaged: Path) -> None:
 async def test_worker_processes_find_what_one_transaction_finds_and_list_the_same_rows(damaged: Path) -> None:
     """The sessions phase split over two processes (ranges of ids, merged in id order): the same
     counts and the same listed rows as one read transaction over everything."""
-    ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
-    db = await ctx.db()
-    try:
-        whole = summarize(await db.read_in_thread(check_database_sync), settled=False)
-        calls: list[tuple[str, int, int]] = []
-        split = summarize(
-            await check_database_in_batches(
-                db, batch=37, workers=2, parallel_min=0, progress=lambda *a: calls.append(a)
-            ),
-            settled=False,
-        )
-    finally:
-        await ctx.close()
+    whole, split, calls = await _whole_and_batched(damaged, batch=37, workers=2, parallel_min=0)
     assert split == whole
     sessions = [c for c in calls if c[0] == "sessions"]
     assert sessions[0] == ("sessions", 0, 600) and sessions[-1] == ("sessions", 600, 600)
