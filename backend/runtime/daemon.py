@@ -36,12 +36,14 @@ IDLE_POLL_S = 0.05
 # run a pass at least this often even when nothing was committed (lease expiry is time-based)
 MAX_IDLE_S = 1.0
 MAX_BACKOFF_S = 5.0
+T = TypeVar("T")
 # a dependency that is down for now: the pass is retried with backoff, nothing is lost
 # (a corrupt database is not in here: it needs an operator, so the daemon stops with one line).
 # A PostgreSQL store that went away (restart, failover) is one of them: the store reconnects
 # before the next transaction, so the daemon waits it out instead of exiting for its supervisor
-# to restart (a wrong URL still fails at start: the first connection is made before the loop).
-T = TypeVar("T")
+# to restart. At start too: a server that does not answer yet is waited for, with a line in the
+# log at each attempt; a URL the server refuses (unknown database or role, bad password) fails
+# at once, in one line.
 TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOError, DatabaseUnreachable)
 
 

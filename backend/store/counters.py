@@ -124,7 +124,8 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("execution_held", "session_execution", None, ("owner_id",), key="owner_id"),
 )
 # schema v8's: the model usage totals (`rem status`, the console's usage panel), summed over
-# the sessions that used a model or failed to, as `backend.ops.model_health.USAGE_WHERE` says
+# the sessions that used a model or failed to (`USAGE_WHERE`, the predicate of the usage index
+# `session_usage_idx` and of the usage panel's list, `backend.ops.model_health`)
 USAGE_WHERE = "tokens_input > 0 OR tokens_output > 0 OR model_error IS NOT NULL"
 USAGE_TOKENS = ("input", "output", "reasoning", "cache_read", "cache_write")
 _USAGE_COLUMNS = ("tokens_input", "tokens_output", "model_error")
