@@ -673,9 +673,17 @@ async def _check_sessions_in_processes(
         done += n
         tell("sessions", done, max(done, total))
 
-    results = await asyncio.gather(
-        *(_check_range_in_worker(str(db.path), lo, hi, batch, checked) for lo, hi in ranges)
-    )
+    tasks = [
+        asyncio.ensure_future(_check_range_in_worker(str(db.path), lo, hi, batch, checked))
+        for lo, hi in ranges
+    ]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:  # one failed (or Ctrl-C): stop the others' processes too, then say why
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     for part, _ in results:  # merged in id order: the same rows as one process lists
         report.merge(part)
     return sum(n for _, n in results)
