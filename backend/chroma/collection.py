@@ -315,8 +315,9 @@ class ChromaStore:
         vector recorded, even from a remote model that is not bit-for-bit
         deterministic). `forget_kept()` drops what nobody took.
         """
-        kept = {d: self._kept.pop(d) for d in dict.fromkeys(documents) if d in self._kept}
-        missing = [d for d in dict.fromkeys(documents) if d not in kept]
+        unique = dict.fromkeys(documents)
+        kept = {d: self._kept.pop(d) for d in unique if d in self._kept}
+        missing = [d for d in unique if d not in kept]
         fresh = dict(zip(missing, await self._embed_now(missing), strict=True)) if missing else {}
         if keep:
             self._kept.update(fresh)

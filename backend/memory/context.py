@@ -57,14 +57,10 @@ async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> 
         )
     except Exception as exc:  # memory is a help, not a dependency: the step runs without it
         # (any error: a Chroma answer rem does not know must not fail the user's turn)
-        if isinstance(exc, RemError):
-            log.warning("memory for %s unavailable: %s", session_id, exc)
-        else:
-            log.warning("memory for %s unavailable: %r", session_id, exc, exc_info=True)
-        return {
-            "items": [],
-            "error": str(exc) if isinstance(exc, RemError) else f"{type(exc).__name__}: {exc}",
-        }
+        known = isinstance(exc, RemError)
+        error = str(exc) if known else f"{type(exc).__name__}: {exc}"
+        log.warning("memory for %s unavailable: %s", session_id, error, exc_info=not known)
+        return {"items": [], "error": error}
     return {"items": within_budget(result["items"], settings.memory_context_chars), "project": project}
 
 
