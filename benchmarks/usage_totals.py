@@ -9,8 +9,10 @@ are inserted), then times, alternately, `--rounds` times each: the pre-v8
 total (`count`, `total(cost)` and the five token totals over
 `session_usage_idx`, a walk of one index entry per session) and what the
 snapshot does now (`counters.counts_sync` + `model_health.usage_sync`, which
-also reads the 500 costliest sessions both ways). Prints one JSON line on
-stdout and a table on stderr: p50 / p95 / max in ms, and the build time.
+also reads the 500 costliest sessions both ways); then schema v8's backfill
+of the same file (as a v7 state.db would meet it; rolled back). Prints one
+JSON line on stdout and a table on stderr: p50 / p95 / max in ms, the build
+time and the backfill's.
 """
 
 from __future__ import annotations
@@ -67,6 +69,25 @@ def build(path: Path, sessions: int) -> float:
     return time.perf_counter() - started
 
 
+def time_backfill(path: Path) -> float:
+    """Schema v8's migration on this state.db as a v7 one would meet it: its usage triggers and
+    counter rows dropped, then the v8 script timed (rolled back: the file is left as it was)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for counter in counters.SUMS:
+            for name, *_ in counters.trigger_parts(counter):
+                conn.execute(f"DROP TRIGGER {name}")
+        conn.execute(f"DELETE FROM {counters.TABLE} WHERE name LIKE 'usage_%'")
+        started = time.perf_counter()
+        for statement in schema.split_statements(schema.V8):
+            conn.execute(statement)
+        return time.perf_counter() - started
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
 def timed(fn: object, rounds: list[float]) -> None:
     started = time.perf_counter()
     fn()  # type: ignore[operator]
@@ -116,6 +137,7 @@ def main() -> None:
     for _ in range(args.rounds):
         timed(lambda: model_health.usage_sync(conn), new_snapshot)
     conn.close()
+    backfill_s = time_backfill(path)
     result = {
         "sessions": args.sessions,
         "build_s": round(build_s, 1),
@@ -123,6 +145,7 @@ def main() -> None:
         "total_from_counters_ms": summary(new),
         "usage_block_before_ms": summary(old_snapshot),
         "usage_block_now_ms": summary(new_snapshot),
+        "v8_backfill_s": round(backfill_s, 2),
     }
     print(json.dumps(result))
     for key, value in result.items():
