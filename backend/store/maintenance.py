@@ -13,12 +13,17 @@
   window (`REM_EVENT_RETENTION_DAYS`, default 30, the window Dream's legacy
   retirement rule counts in) are deleted from the old end, in small chunks;
   operator events (the audit journal) are kept, whatever the window.
+* A whole-file read (`rem check`'s `quick_check`) walks the b-trees in page
+  order, not file order: from a cold page cache that is random reads
+  (10 000 000 messages: 2.8 GB in 54 s here). `warm_page_cache` asks the
+  kernel to read the file ahead sequentially first (~1 GB/s here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,79 @@ CHECKPOINT_BUSY_TIMEOUT_MS = 250
 TRUNCATE_ABOVE_BYTES = 8 * 1024 * 1024
 PRUNE_CHUNK = 5_000
 DAY_MS = 86_400_000
+
+
+# read ahead in requests of this size (one large request is cut to the device's readahead window)
+WARM_CHUNK_BYTES = 8 << 20
+
+
+def warm_page_cache(path: Path, *, max_share: float = 0.25) -> int:
+    """Ask the kernel to read `path` and its `-wal` into the page cache, sequentially, in the
+    background; returns the bytes asked for (0: nothing asked).
+
+    `posix_fadvise(WILLNEED)` starts the reads and returns at once (no copy into this
+    process). Skipped where the platform lacks it, and for a file larger than `max_share` of
+    physical memory, which would only push other pages out before they are read.
+    """
+    fadvise = getattr(os, "posix_fadvise", None)
+    if fadvise is None:
+        return 0
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+    files = [p for p in (path, path.with_name(path.name + "-wal")) if p.exists()]
+    try:
+        sizes = [p.stat().st_size for p in files]
+    except OSError:
+        return 0
+    if sum(sizes) > memory * max_share:
+        return 0
+    asked = 0
+    for file, size in zip(files, sizes, strict=True):
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            for offset in range(0, size, WARM_CHUNK_BYTES):
+                fadvise(fd, offset, WARM_CHUNK_BYTES, os.POSIX_FADV_WILLNEED)
+            asked += size
+        except OSError:
+            pass  # only a hint: the check reads the file either way
+        finally:
+            os.close(fd)
+    return asked
+
+
+def evict_page_cache(path: Path) -> None:
+    """Drop `path`'s clean pages from the page cache (benchmarks of a cold read; Linux only)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def page_cache_share(path: Path) -> float:
+    """The share of `path`'s pages in the page cache (`mincore` over a private map; Linux only)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    if size == 0:
+        return 1.0
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    with path.open("rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        start = ctypes.c_char.from_buffer(mapped)  # copy-on-write: untouched pages are the file's
+        try:
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed on {path}")
+        finally:
+            del start
+    return sum(b & 1 for b in vec) / pages
 
 
 def retention_ms() -> int:

@@ -109,3 +109,25 @@ async def test_a_worker_that_cannot_read_is_one_line_naming_the_file(tmp_path: P
         await _check_range_in_worker(str(missing), "", None, 10, lambda n: None)
     message = str(caught.value)
     assert str(missing) in message and "\n" not in message and "Traceback" not in message, message
+
+
+async def test_state_db_is_read_ahead_before_its_pages_are_checked(
+    damaged: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`quick_check` walks pages in b-tree order: from a cold cache, state.db is read ahead in file order first."""
+    from backend.ops import checks
+
+    order: list[str] = []
+
+    def warm(path: Path, **_: Any) -> int:
+        order.append(f"read ahead {path}")
+        return 0
+
+    monkeypatch.setattr(checks, "warm_page_cache", warm)
+    ctx = Context(DataDir(damaged), read_only=True, start_chroma=False)
+    try:
+        await checks.check_database_in_batches(await ctx.db(), progress=lambda phase, *_: order.append(phase))
+    finally:
+        await ctx.close()
+    assert order[:2] == [f"read ahead {damaged / 'state.db'}", "structure"], order[:3]
+    assert order.count(f"read ahead {damaged / 'state.db'}") == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,28 @@ async def test_housekeeping_writes_nothing_outside_the_data_dir(
     result = await maintenance.run_once(db)
     assert list(elsewhere.iterdir()) == []
     assert result["busy"] is False and "events_pruned" in result
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this platform")
+def test_warm_page_cache_reads_state_db_and_its_wal_ahead(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    wal = tmp_path / "state.db-wal"
+    db.write_bytes(os.urandom(24 << 20))
+    wal.write_bytes(os.urandom(1 << 20))
+    os.sync()  # dirty pages cannot be dropped
+    for path in (db, wal):
+        maintenance.evict_page_cache(path)
+    if maintenance.page_cache_share(db) > 0.5:
+        pytest.skip("this kernel keeps the file cached after POSIX_FADV_DONTNEED")
+    assert maintenance.warm_page_cache(db) == (24 << 20) + (1 << 20)
+    deadline = time.monotonic() + 30
+    while (shares := [maintenance.page_cache_share(p) for p in (db, wal)]) != [1.0, 1.0]:
+        assert time.monotonic() < deadline, shares
+        time.sleep(0.02)
+
+
+def test_warm_page_cache_leaves_a_file_larger_than_its_share_of_memory(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    db.write_bytes(b"x" * 4096)
+    assert maintenance.warm_page_cache(db, max_share=1e-12) == 0
+    assert maintenance.warm_page_cache(tmp_path / "missing.db") == 0
