@@ -3,8 +3,9 @@
 Builds a data dir with `--rows` sessions and one summary row each (random
 256-d vectors, as many as WordLlama gives; the vectors' meaning does not
 matter here, only how Chroma searches them) in a real `chroma run` server:
-half the sessions in `default`, ten projects of 4 % each, the rest in 2 000
-small projects. Then times, `--queries` random query vectors each:
+half the sessions in `default`, ten projects of 4 % each, four of 0.75 % each
+(750 of 100 000: past fetching by id, a small share for the wide query), the
+rest in 2 000 small projects. Then times, `--queries` random query vectors each:
 
 * Chroma's search of the whole collection (no filter), n = 5;
 * Chroma's where-filtered search (`{"project": P}`), n = 5, for the big, a
@@ -13,11 +14,13 @@ small projects. Then times, `--queries` random query vectors each:
   projects of at most 2 000 sessions;
 * rem's `_summary_hits` for the same projects (recall's summary retriever:
   by id for a project of at most SUMMARIES_BY_ID sessions, else the whole
-  collection's nearest rows kept when in scope, else the filtered search).
+  collection's nearest rows kept when in scope, as many as the project's
+  share of the sessions needs, else the filtered search).
 
-Prints p50/p95 in ms per line, then one JSON document.
+Prints p50/p95 in ms per line, then one JSON document. With `--keep DIR` the
+data dir is built there once and reused by later runs (new random queries).
 
-    python benchmarks/summary_search.py --rows 100000
+    python benchmarks/summary_search.py --rows 100000 [--keep DIR]
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def project_of(i: int, r: float) -> str:
         return "default"
     if r < 0.9:
         return f"medium-{int(r * 250) % 10}"
+    if r < 0.93:
+        return f"band-{i % 4}"
     return f"small-{i % 2000}"
 
 
@@ -99,7 +104,7 @@ async def measure(ctx: Context, queries: list[list[float]]) -> dict[str, Any]:
     config = recall_config()
     out: dict[str, Any] = {}
     out["chroma_unfiltered"] = await timed(lambda v: store.query(v, config.summaries, None), queries)
-    for project in ("default", "medium-3", "small-17"):
+    for project in ("default", "medium-3", "band-1", "small-17"):
         out[f"chroma_filtered[{project}]"] = await timed(
             lambda v, p=project: store.query(v, config.summaries, {"project": p}), queries
         )
@@ -122,7 +127,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     ctx = Context(DataDir(root / "data"))
     try:
-        result = await build(ctx, args.rows, rng)
+        if (root / "built.json").exists():
+            result = json.loads((root / "built.json").read_text())  # fresh random queries, same rows
+        else:
+            result = await build(ctx, args.rows, rng)
+            (root / "built.json").write_text(json.dumps(result))
         queries = rng.standard_normal((args.queries, 256)).astype(np.float32).tolist()
         result.update(await measure(ctx, queries))
     finally:
@@ -136,12 +145,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", type=Path, help="build in this dir and keep it (reused when it exists)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rem-summary-search-"))
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="rem-summary-search-"))
     try:
         result = asyncio.run(run(args, tmp))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
     for key, value in result.items():
         print(f"{key:>32}  {value}", file=sys.stderr)
     print(json.dumps(result))

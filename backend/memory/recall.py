@@ -46,18 +46,32 @@ from backend.memory.text import (
     words,
 )
 from backend.runtime.context import Context
+from backend.store import counters
 from backend.store.db import Conn, engine_of
 
 KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
 MAX_K = 200
 MAX_QUERY_CHARS = 4000
-# a project with at most this many sessions has its summaries ranked among its own rows, fetched
-# by id (Chroma's where-filtered search of a shared collection grows with the whole collection)
+# The summary retriever of a project (one summary collection for every project; Chroma 1.5's
+# where-filtered search over it costs 50-170 ms at 100 000 rows whatever the filter selects, an
+# unfiltered one 3-4 ms; `benchmarks/summary_search.py`). Per project, whichever is cheaper of:
+# * its own rows, fetched by id and ranked here (~0.06 ms a row): always up to SUMMARIES_BY_ID
+#   sessions, and up to SUMMARIES_BY_ID_MAX where the next way would cost more;
 SUMMARIES_BY_ID = 500
-# a larger project's summaries: first among this many times the wanted number of nearest rows of the
-# whole collection (enough when the project holds a fifth or more of the rows), filtered here
-SUMMARIES_OVERFETCH = 10
+SUMMARIES_BY_ID_MAX = 1000
+BY_ID_ROW_MS = 0.06
+# * the nearest rows of the whole collection, kept when the session is the project's: first
+#   SUMMARIES_WIDE_MIN rows (a project with a large share of the sessions, the default one alone
+#   included, is answered so), then ids and distances only (the fast query) of enough rows that the
+#   project's share of the sessions holds SUMMARIES_WIDE_MARGIN times the wanted number (~5 ms +
+#   ~0.01 ms a row), up to SUMMARIES_WIDE_MAX rows;
+SUMMARIES_WIDE_MARGIN = 3
+SUMMARIES_WIDE_MIN = 50
+SUMMARIES_WIDE_MAX = 4000
+WIDE_ROW_MS = 0.01
+# * else (the wide query did not hold enough of the project's rows, or it would take too many):
+#   by id up to SUMMARIES_BY_ID_MAX sessions, Chroma's filtered search past that.
 # a concept mentioned by more turns than this says little about any of them
 GRAPH_MAX_DF = 5000
 FACT_KINDS_SQL = "('uses', 'depends_on', 'is_a', 'part_of', 'has_part', 'replaces', 'co_occurs')"
@@ -266,27 +280,71 @@ async def _dense(
 async def _summary_hits(
     ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
 ) -> list[tuple[str, float, str | None, dict[str, Any]]]:
-    """The nearest summary rows in scope: among the scope's own rows by id when it has few."""
+    """The nearest summary rows in scope: among the scope's own rows by id when it has few, else
+    among the whole collection's nearest when its share holds enough, else Chroma's filtered search."""
     if scope.session_id is not None:
         return await ctx.store().nearest_among([f"summary_{scope.session_id}"], vector, config.summaries)
     if scope.project is None:
         return await ctx.store().query(vector, config.summaries, None)
     db = await ctx.db()
+    store, want = ctx.store(), config.summaries
     rows = await db.fetchall(
-        "SELECT id FROM session WHERE project = ? ORDER BY time_updated DESC LIMIT ?",
-        (scope.project, SUMMARIES_BY_ID + 1),
+        "SELECT id FROM session WHERE project = ? LIMIT ?", (scope.project, SUMMARIES_BY_ID_MAX + 1)
     )
-    if len(rows) <= SUMMARIES_BY_ID:
-        return await ctx.store().nearest_among([f"summary_{r[0]}" for r in rows], vector, config.summaries)
-    # Chroma 1.5's where-filtered search costs 100-480 ms over 100 000 rows whatever the filter
-    # selects, an unfiltered one ~10 ms (benchmarks/summary_search.py). The nearest rows of the whole
-    # collection, kept when in scope, ARE the scope's nearest as long as enough of them are in it:
-    # a project with most of the sessions (one project alone is the default) is answered that way.
-    wide = await ctx.store().query(vector, config.summaries * SUMMARIES_OVERFETCH, None)
-    mine = [hit for hit in wide if hit[3].get("project") == scope.project]
-    if len(mine) >= config.summaries or len(wide) < config.summaries * SUMMARIES_OVERFETCH:
-        return mine[: config.summaries]
-    return await ctx.store().query(vector, config.summaries, _where(scope))
+    if len(rows) <= SUMMARIES_BY_ID_MAX:
+        width = 0 if len(rows) <= SUMMARIES_BY_ID else await _wide_width(db, scope.project, want, len(rows))
+        if width == 0 or width > SUMMARIES_WIDE_MAX or len(rows) * BY_ID_ROW_MS <= width * WIDE_ROW_MS:
+            return await store.nearest_among([f"summary_{r[0]}" for r in rows], vector, want)
+    else:
+        # the nearest rows of the whole collection, kept when in scope, ARE the scope's nearest as
+        # long as `want` of them are in it (or the collection had no more rows to give)
+        first = await store.query(vector, SUMMARIES_WIDE_MIN, None)
+        hits = [hit for hit in first if hit[3].get("project") == scope.project]
+        if len(hits) >= want or len(first) < SUMMARIES_WIDE_MIN:
+            return hits[:want]
+        width = await _wide_width(db, scope.project, want)
+    if SUMMARIES_WIDE_MIN < width <= SUMMARIES_WIDE_MAX:
+        nearest = await store.nearest(vector, width)
+        sids = [i.removeprefix("summary_") for i, _ in nearest]
+        # the project's sessions: all read above when it has at most SUMMARIES_BY_ID_MAX
+        mine = (
+            {str(r[0]) for r in rows}
+            if len(rows) <= SUMMARIES_BY_ID_MAX
+            else await _sessions_in_project(db, scope.project, sids)
+        )
+        kept = [(i, d) for i, d in nearest if i.removeprefix("summary_") in mine][:want]
+        if len(kept) >= want or len(nearest) < width:
+            found = await store.get([i for i, _ in kept])
+            return [(i, d, found[i].document, found[i].metadata) for i, d in kept if i in found]
+    if len(rows) <= SUMMARIES_BY_ID_MAX:
+        return await store.nearest_among([f"summary_{r[0]}" for r in rows], vector, want)
+    return await store.query(vector, want, _where(scope))
+
+
+async def _wide_width(db: Any, project: str, want: int, mine: int | None = None) -> int:
+    """How many of the whole collection's nearest rows hold SUMMARIES_WIDE_MARGIN x `want` of the
+    project's, by its share of the sessions (`mine`: its sessions, counted here up to where the
+    answer is the minimum when not given)."""
+    total = int(await db.read_in_thread(counters.sessions_estimate_sync))
+    if mine is None:
+        enough = int(-(-SUMMARIES_WIDE_MARGIN * want * total // SUMMARIES_WIDE_MIN))  # the minimum width
+        mine = int(
+            await db.scalar(
+                "SELECT count(*) FROM (SELECT 1 FROM session WHERE project = ? LIMIT ?) AS p",
+                (project, enough),
+            )
+        )
+    return max(SUMMARIES_WIDE_MIN, int(-(-SUMMARIES_WIDE_MARGIN * want * total // max(mine, 1))))
+
+
+async def _sessions_in_project(db: Any, project: str, session_ids: Sequence[str]) -> set[str]:
+    if not session_ids:
+        return set()
+    # by primary key, the project compared here: with `project = ?` in the WHERE, SQLite walks the
+    # project's index instead (11 ms for 50 ids in a 50 000-session project, vs 0.3 ms)
+    marks = ", ".join("?" * len(session_ids))
+    rows = await db.fetchall(f"SELECT id, project FROM session WHERE id IN ({marks})", tuple(session_ids))
+    return {str(r[0]) for r in rows if r[1] == project}
 
 
 async def _summaries(

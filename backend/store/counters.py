@@ -304,6 +304,19 @@ def kept_by_triggers(conn: Conn) -> bool:
     return engine_of(conn) != "postgresql"
 
 
+def sessions_estimate_sync(conn: Conn) -> int:
+    """How many sessions there are, cheaply at any size: the kept counter on SQLite, the
+    planner's row estimate on PostgreSQL (which keeps no counter: a real count walks the table)."""
+    if kept_by_triggers(conn):
+        row = conn.execute(f"SELECT n FROM {TABLE} WHERE name = 'sessions' AND key = ''").fetchone()
+    else:  # -1: never analyzed (a new database; autovacuum analyzes a table once it has grown)
+        row = conn.execute(
+            "SELECT CASE WHEN reltuples < 0 THEN (SELECT count(*) FROM session) "
+            "ELSE CAST(reltuples AS BIGINT) END FROM pg_class WHERE oid = CAST('session' AS regclass)"
+        ).fetchone()
+    return max(0, int(row[0])) if row and row[0] is not None else 0
+
+
 # every counter's real count in one statement (PostgreSQL: one round trip, not one per counter)
 REAL_COUNTS_SQL = " UNION ALL ".join(
     f"SELECT '{c.name}' AS name, q{i}.key, q{i}.n FROM ({c.truth_sql()}) AS q{i}"

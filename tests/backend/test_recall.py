@@ -234,37 +234,61 @@ async def test_summaries_ranked_by_id_equal_chromas_filtered_search(imported: Co
     assert await imported.store().nearest_among([], vector, 5) == []
 
 
-async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_both_paths(
+@pytest.mark.both_stores
+async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_every_path(
     imported: Context, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a project past SUMMARIES_BY_ID is answered from the whole collection's nearest rows when
-    # enough of them are its own, else by Chroma's filtered search: either way, the same rows
+    # enough of them are its own (first the fewest, then as many as its share needs), else by
+    # Chroma's filtered search: whichever path answers, the same rows
     from backend.memory import recall as recall_mod
 
     monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID", 0)
-    monkeypatch.setattr(recall_mod, "SUMMARIES_OVERFETCH", 2)
+    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID_MAX", 0)
+    # 4 sessions, 3 in ops, 1 in home: first the nearest row; then, for home (a quarter of the
+    # sessions, 0.5 x 4 rows), the nearest 2; ops (0.5 x 4/3 rows: not past the first) is filtered
+    monkeypatch.setattr(recall_mod, "SUMMARIES_WIDE_MIN", 1)
+    monkeypatch.setattr(recall_mod, "SUMMARIES_WIDE_MARGIN", 0.5)
     config = dataclasses.replace(recall_mod.recall_config(), summaries=1)
     store = imported.store()
-    filtered_calls = 0
-    query = store.query
+    calls: list[str] = []
+    query, nearest = store.query, store.nearest
 
-    async def counted(embedding: Any, n: int, where: Any = None) -> Any:
-        nonlocal filtered_calls
-        filtered_calls += where is not None
+    async def counted_query(embedding: Any, n: int, where: Any = None) -> Any:
+        calls.append("filtered" if where is not None else "first")
         return await query(embedding, n, where)
 
-    monkeypatch.setattr(type(store), "query", lambda self, *a, **kw: counted(*a, **kw))
-    paths = set()
-    for text in ("dog on the beach", "mortgage payments", "sourdough bread", "kubernetes cluster"):
-        vector = imported.embedder().embed([text])[0]
-        for project in ("ops", "home"):
-            before = filtered_calls
-            hits = await recall_mod._summary_hits(imported, vector, recall_mod.Scope(project), config)
-            paths.add(filtered_calls > before)
-            expected = await query(vector, 1, {"project": project})
-            assert [h[0] for h in hits] == [h[0] for h in expected], (text, project)
-            assert all(h[3]["project"] == project for h in hits)
-    assert paths == {True, False}  # both the wide search and the filtered fallback were taken
+    async def counted_nearest(embedding: Any, n: int, where: Any = None) -> Any:
+        calls.append("wide")
+        return await nearest(embedding, n, where)
+
+    monkeypatch.setattr(type(store), "query", lambda self, *a, **kw: counted_query(*a, **kw))
+    monkeypatch.setattr(type(store), "nearest", lambda self, *a, **kw: counted_nearest(*a, **kw))
+    answered_by = set()
+    texts = ("dog on the beach", "mortgage payments", "sourdough bread", "kubernetes cluster", "rent")
+
+    async def same_as_filtered() -> None:
+        for text in texts:
+            vector = imported.embedder().embed([text])[0]
+            for project in ("ops", "home"):
+                calls.clear()
+                hits = await recall_mod._summary_hits(imported, vector, recall_mod.Scope(project), config)
+                answered_by.add(calls[-1] if calls else "by id")
+                expected = await query(vector, 1, {"project": project})
+                assert [h[0] for h in hits] == [h[0] for h in expected], (text, project, calls)
+                # Chroma's float32 distance, or the same ranked here from the fetched vectors
+                assert all(abs(h[1] - e[1]) < 1e-4 for h, e in zip(hits, expected, strict=True))
+                assert [(h[2], h[3]) for h in hits] == [(h[2], h[3]) for h in expected]
+
+    await same_as_filtered()
+    assert answered_by == {"first", "wide", "filtered"}
+    # a project of at most SUMMARIES_BY_ID_MAX sessions: the wide query where it costs less than
+    # fetching the project's rows by id, by id where not, and by id when the wide one falls short
+    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID_MAX", 10)
+    monkeypatch.setattr(recall_mod, "BY_ID_ROW_MS", 1.0)
+    answered_by.clear()
+    await same_as_filtered()
+    assert answered_by == {"wide", "by id"}
 
 
 async def test_a_session_scoped_dense_search_by_id_equals_chromas_filtered_search(
