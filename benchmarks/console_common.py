@@ -147,6 +147,11 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
 
 
+def latest(samples: Any, n: int) -> list[float]:
+    """The last `n` of a console's kept timings (`app.stats`: a bounded deque)."""
+    return list(samples)[-n:] if n > 0 else []
+
+
 def summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}

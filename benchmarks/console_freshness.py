@@ -81,8 +81,8 @@ async def measure(
             "seen": len(app.seen),
             "latency_ms": summary(latencies),
             "refreshes": app.stats["applies"],
-            "load_ms": summary(app.stats["load_ms"]),
-            "apply_ms": summary(app.stats["apply_ms"]),
+            "load_ms": summary(list(app.stats["load_ms"])),
+            "apply_ms": summary(list(app.stats["apply_ms"])),
         }
 
 

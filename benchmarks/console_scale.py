@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.console_common import CallbackTimer, LagProbe, start_writer, summary, wait_for
+from benchmarks.console_common import CallbackTimer, LagProbe, latest, start_writer, summary, wait_for
 
 KEYS = tuple(
     os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(",")
@@ -90,8 +90,7 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
         callbacks = CallbackTimer()
         callbacks.install()
         writer = start_writer(root / "state.db", interval_ms, run=f"soak-{time.time()}")
-        applies0 = app.stats["applies"]
-        apply_ms0 = len(app.stats["apply_ms"])
+        applies0, loads0 = app.stats["applies"], app.stats["loads"]
         started = time.monotonic()
         try:
             i = 0
@@ -116,8 +115,8 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
             "callback_cpu_ms": summary(callbacks.cpu_ms),
             "callback_wall_ms": summary(callbacks.wall_ms),
             "slowest_callbacks": sorted(callbacks.slow, reverse=True)[:8],
-            "apply_ms": summary(app.stats["apply_ms"][apply_ms0:]),
-            "load_ms": summary(app.stats["load_ms"][apply_ms0:]),
+            "apply_ms": summary(latest(app.stats["apply_ms"], app.stats["applies"] - applies0)),
+            "load_ms": summary(latest(app.stats["load_ms"], app.stats["loads"] - loads0)),
             "rss_mb": {
                 "start": round(rss[0], 1),
                 "max": round(max(rss), 1),

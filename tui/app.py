@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -73,6 +74,9 @@ from tui.widgets.workers import WorkerTable
 log = logging.getLogger("rem.console")
 
 ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release", "resume"})
+# the timings of this many latest refreshes are kept (the benchmarks read them): a console left
+# open for days refreshing ten times a second must not grow by them (~2 MB an hour unbounded)
+STATS_KEPT = 20_000
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("backlog", BacklogTable),
     ("leases", LeaseTable),
@@ -200,8 +204,13 @@ class ConsoleApp(App[None]):
         self.moment: Moment | None = None
         # `--at`: live snapshots wait until the moment asked for has been shown (or failed to load)
         self._awaiting_moment = at is not None
-        # figures the benchmarks read: (load ms, apply ms) per applied snapshot
-        self.stats: dict[str, Any] = {"loads": 0, "applies": 0, "load_ms": [], "apply_ms": []}
+        # figures the benchmarks read: snapshots loaded and applied, and the latest ones' ms
+        self.stats: dict[str, Any] = {
+            "loads": 0,
+            "applies": 0,
+            "load_ms": deque(maxlen=STATS_KEPT),
+            "apply_ms": deque(maxlen=STATS_KEPT),
+        }
 
     def notify(
         self,

@@ -170,6 +170,23 @@ async def test_refreshes_are_gated_on_data_version(healthy_dir: DataDir) -> None
         await until(pilot, lambda: app.stats["loads"] == loads + 1, "one reload after one commit")
 
 
+async def test_a_console_left_open_keeps_a_bounded_record_of_its_refreshes(
+    healthy_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tui.app
+
+    monkeypatch.setattr(tui.app, "STATS_KEPT", 2)
+    async with console(healthy_dir, watch=False, poll_s=0.05, health_s=3600).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        for i in range(3):
+            loads = app.stats["loads"]
+            write(healthy_dir, "UPDATE worker SET heartbeat_at = heartbeat_at + ?", i + 1)
+            await until(pilot, lambda n=loads: app.stats["loads"] > n, "a reload after a commit")
+        await until(pilot, lambda: app.stats["applies"] >= 4, "every reload applied")
+        assert app.stats["loads"] >= 4
+        assert len(app.stats["load_ms"]) == len(app.stats["apply_ms"]) == 2  # the latest two, no more
+
+
 async def test_refreshes_never_overlap(healthy_dir: DataDir) -> None:
     from backend import ops
 
