@@ -1,9 +1,9 @@
 """`rem check`'s state.db part from a cold page cache, with and without reading the file ahead.
 
-    python benchmarks/check_cold.py DATA_DIR [--rounds 2]
+    python benchmarks/check_cold.py (DATA_DIR | --scale {1,10}) [--rounds 2]
 
 DATA_DIR is a data dir of `benchmarks/scale.py` (its cache, `scale-1x` or
-`scale-10x`). Before each run, state.db's and its WAL's pages are dropped from
+`scale-10x`; `--scale N` takes that cache's, built first if missing). Before each run, state.db's and its WAL's pages are dropped from
 the page cache (`posix_fadvise(DONTNEED)`, which needs no root; the share still
 cached is printed, so a kernel that ignores it shows). Each round then runs
 `check_database_in_batches` twice, alternating: without `warm_page_cache` (as
@@ -83,10 +83,20 @@ async def run(root: Path, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", type=Path)
+    parser.add_argument("data", type=Path, nargs="?")
+    parser.add_argument(
+        "--scale", type=int, choices=(1, 10), help="benchmarks/scale.py's data dir of this scale"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.data, args.rounds))))
+    root = args.data
+    if root is None:
+        if not args.scale:
+            parser.error("give a DATA_DIR or --scale")
+        from benchmarks.scale import default_cache, ensure_data
+
+        root, _ = ensure_data(args.scale, default_cache())
+    print(json.dumps({"data_dir": str(root), **asyncio.run(run(root, args.rounds))}))
 
 
 if __name__ == "__main__":

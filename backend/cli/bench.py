@@ -17,7 +17,8 @@ def bench(
     only: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Benchmarks to run (turns, receipts, dream, status, console, console-scale, scale); default all."
+            help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
+            "console-scale, check-cold); default all."
         ),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,

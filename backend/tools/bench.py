@@ -173,6 +173,17 @@ def _scale(r: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _check_cold(r: dict[str, Any]) -> list[tuple[str, str]]:
+    def runs(key: str) -> str:
+        return " / ".join(f"{x['s']} s (structure {x['structure_s']} s)" for x in r[key])
+
+    gib = r["bytes"] / 2**30
+    return [
+        (f"rem check (state.db, {gib:.2f} GiB) from a cold page cache", runs("cold_read_ahead")),
+        ("the same without reading state.db ahead", f"{runs('cold')}; same findings: {r['same_findings']}"),
+    ]
+
+
 BENCHES = {
     "turns": Bench(
         "turns",
@@ -206,6 +217,13 @@ BENCHES = {
         ("--scale", "10"),
         ("--scale", "1", "--rounds", "50", "--scrapes", "5"),
         _scale,
+    ),
+    "check-cold": Bench(
+        "check-cold",
+        "check_cold.py",
+        ("--scale", "10", "--rounds", "1"),
+        ("--scale", "1", "--rounds", "1"),
+        _check_cold,
     ),
     "console-scale": Bench(
         "console-scale",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import run_rem
+from tests.helpers import rem_env, run_rem
 
 
 def test_bench_quick_status_reports_measured_figures() -> None:
@@ -36,3 +36,12 @@ def test_bench_quick_streaming_measures_a_real_executor_on_a_real_endpoint() -> 
     assert 0 < result["commits_per_s"] and 0 < result["bare_commits_per_s"] and 0 < result["wal_pages_per_s"]
     assert result["parts"] < result["deltas"]  # coalesced: fewer part rows than deltas
     assert "durable lag" in bench["headline"][0]["what"]
+
+
+def test_bench_help_names_every_benchmark() -> None:
+    from backend.tools.bench import BENCHES
+
+    proc = run_rem("bench", "--help", env={**rem_env(), "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    missing = [name for name in BENCHES if name not in proc.stdout]
+    assert not missing, proc.stdout
