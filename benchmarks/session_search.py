@@ -20,12 +20,7 @@ Prints p50/p95 in ms per line, then one JSON document.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +33,7 @@ from backend.core.datadir import DataDir
 from backend.memory import recall as memory_recall
 from backend.memory.config import recall_config
 from backend.runtime.context import Context
-from benchmarks.summary_search import timed
+from benchmarks.summary_search import run_and_print, timed
 
 BATCH = 2000
 PROJECT = "default"
@@ -99,7 +94,6 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         result.update(await measure(ctx, queries, args.per_session, args.big_session))
     finally:
         await ctx.close()
-    result["load_average_1m"] = round(os.getloadavg()[0], 2)
     return result
 
 
@@ -111,14 +105,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="rem-session-search-"))
-    try:
-        result = asyncio.run(run(args, tmp))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for key, value in result.items():
-        print(f"{key:>40}  {value}", file=sys.stderr)
-    print(json.dumps(result))
+    run_and_print("rem-session-search-", lambda root: run(args, root), None)
 
 
 if __name__ == "__main__":

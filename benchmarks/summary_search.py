@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +137,24 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         result.update(await measure(ctx, queries))
     finally:
         await ctx.close()
-    result["load_average_1m"] = round(os.getloadavg()[0], 2)
     return result
+
+
+def run_and_print(
+    prefix: str, run_in: Callable[[Path], Awaitable[dict[str, Any]]], keep: Path | None
+) -> None:
+    """`run_in(dir)` in a temp dir (removed after) or in `keep`; its figures as lines on stderr, JSON on stdout."""
+    root = keep or Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        result = asyncio.run(run_in(root))
+    finally:
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    width = max(map(len, result))
+    for key, value in result.items():
+        print(f"{key:>{width}}  {value}", file=sys.stderr)
+    print(json.dumps(result))
 
 
 def main() -> None:
@@ -147,15 +164,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", type=Path, help="build in this dir and keep it (reused when it exists)")
     args = parser.parse_args()
-    tmp = args.keep or Path(tempfile.mkdtemp(prefix="rem-summary-search-"))
-    try:
-        result = asyncio.run(run(args, tmp))
-    finally:
-        if args.keep is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    for key, value in result.items():
-        print(f"{key:>32}  {value}", file=sys.stderr)
-    print(json.dumps(result))
+    run_and_print("rem-summary-search-", lambda root: run(args, root), args.keep)
 
 
 if __name__ == "__main__":
