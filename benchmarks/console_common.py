@@ -7,6 +7,8 @@ import statistics
 import subprocess
 import sys
 import time
+from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +84,8 @@ class LagProbe:
 
     def __init__(self, period_s: float = 0.01) -> None:
         self.period_s = period_s
-        self.lags_ms: list[float] = []
+        # 8 bytes a sample (a list of floats costs ~32): the soak's RSS is the console's, not the probe's
+        self.lags_ms = array("d")
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -105,8 +108,8 @@ class CallbackTimer:
     whatever else the (shared) machine was doing."""
 
     def __init__(self) -> None:
-        self.cpu_ms: list[float] = []
-        self.wall_ms: list[float] = []
+        self.cpu_ms = array("d")
+        self.wall_ms = array("d")
         self.slow: list[tuple[float, str]] = []
         self._original: Any = None
 
@@ -140,7 +143,7 @@ class CallbackTimer:
             asyncio.events.Handle._run = self._original  # type: ignore[method-assign]
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -152,7 +155,7 @@ def latest(samples: Any, n: int) -> list[float]:
     return list(samples)[-n:] if n > 0 else []
 
 
-def summary(values: list[float]) -> dict[str, Any]:
+def summary(values: Sequence[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
     return {
