@@ -291,10 +291,12 @@ async def _summary_hits(
     rows = await db.fetchall(
         "SELECT id FROM session WHERE project = ? LIMIT ?", (scope.project, SUMMARIES_BY_ID_MAX + 1)
     )
-    if len(rows) <= SUMMARIES_BY_ID_MAX:
-        width = 0 if len(rows) <= SUMMARIES_BY_ID else await _wide_width(db, scope.project, want, len(rows))
-        if width == 0 or width > SUMMARIES_WIDE_MAX or len(rows) * BY_ID_ROW_MS <= width * WIDE_ROW_MS:
-            return await store.nearest_among([f"summary_{r[0]}" for r in rows], vector, want)
+    # the project's summary rows, when it has few enough to fetch by id
+    own = [f"summary_{r[0]}" for r in rows] if len(rows) <= SUMMARIES_BY_ID_MAX else None
+    if own is not None:
+        width = 0 if len(own) <= SUMMARIES_BY_ID else await _wide_width(db, scope.project, want, len(own))
+        if width == 0 or width > SUMMARIES_WIDE_MAX or len(own) * BY_ID_ROW_MS <= width * WIDE_ROW_MS:
+            return await store.nearest_among(own, vector, want)
     else:
         # the nearest rows of the whole collection, kept when in scope, ARE the scope's nearest as
         # long as `want` of them are in it (or the collection had no more rows to give)
@@ -305,19 +307,13 @@ async def _summary_hits(
         width = await _wide_width(db, scope.project, want)
     if SUMMARIES_WIDE_MIN < width <= SUMMARIES_WIDE_MAX:
         nearest = await store.nearest(vector, width)
-        sids = [i.removeprefix("summary_") for i, _ in nearest]
-        # the project's sessions: all read above when it has at most SUMMARIES_BY_ID_MAX
-        mine = (
-            {str(r[0]) for r in rows}
-            if len(rows) <= SUMMARIES_BY_ID_MAX
-            else await _sessions_in_project(db, scope.project, sids)
-        )
-        kept = [(i, d) for i, d in nearest if i.removeprefix("summary_") in mine][:want]
+        mine = set(own) if own is not None else await _rows_in_project(db, scope.project, nearest)
+        kept = [(i, d) for i, d in nearest if i in mine][:want]
         if len(kept) >= want or len(nearest) < width:
             found = await store.get([i for i, _ in kept])
             return [(i, d, found[i].document, found[i].metadata) for i, d in kept if i in found]
-    if len(rows) <= SUMMARIES_BY_ID_MAX:
-        return await store.nearest_among([f"summary_{r[0]}" for r in rows], vector, want)
+    if own is not None:
+        return await store.nearest_among(own, vector, want)
     return await store.query(vector, want, _where(scope))
 
 
@@ -337,14 +333,16 @@ async def _wide_width(db: Any, project: str, want: int, mine: int | None = None)
     return max(SUMMARIES_WIDE_MIN, int(-(-SUMMARIES_WIDE_MARGIN * want * total // max(mine, 1))))
 
 
-async def _sessions_in_project(db: Any, project: str, session_ids: Sequence[str]) -> set[str]:
-    if not session_ids:
+async def _rows_in_project(db: Any, project: str, hits: Sequence[tuple[str, float]]) -> set[str]:
+    """Which of the summary rows `hits` are the project's sessions'."""
+    sessions = {row_id.removeprefix("summary_"): row_id for row_id, _ in hits}
+    if not sessions:
         return set()
     # by primary key, the project compared here: with `project = ?` in the WHERE, SQLite walks the
     # project's index instead (11 ms for 50 ids in a 50 000-session project, vs 0.3 ms)
-    marks = ", ".join("?" * len(session_ids))
-    rows = await db.fetchall(f"SELECT id, project FROM session WHERE id IN ({marks})", tuple(session_ids))
-    return {str(r[0]) for r in rows if r[1] == project}
+    marks = ", ".join("?" * len(sessions))
+    rows = await db.fetchall(f"SELECT id, project FROM session WHERE id IN ({marks})", tuple(sessions))
+    return {sessions[str(r[0])] for r in rows if r[1] == project}
 
 
 async def _summaries(

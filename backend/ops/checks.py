@@ -30,8 +30,11 @@ in batches and compares them with the receipts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import pickle
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -619,8 +622,6 @@ async def check_database_in_batches(
     ids with a read-only connection of its own, in the same batches, and the findings merged
     in id order: the same report as one process gives, in about 1/workers of the time.
     """
-    import asyncio
-
     report = Report()
     now = clock.now_ms() if now is None else now
     tell = progress or (lambda _phase, _done, _total: None)
@@ -667,8 +668,6 @@ async def _check_sessions_in_processes(
     Workers are `python -m backend.ops.check_worker` processes, not multiprocessing's: a library
     call must not depend on its caller's main module being import-safe (spawn re-imports it).
     """
-    import asyncio
-
     step = max(batch, -(-total // workers))
     bounds = await db.read_in_thread(lambda conn: _range_bounds_sync(conn, step, total))
     ranges = list(zip(["", *bounds], [*bounds, None], strict=True))  # the last open: sessions added meanwhile
@@ -699,10 +698,6 @@ async def _check_sessions_in_processes(
 async def _check_range_in_worker(
     path: str, lo: str, hi: str | None, batch: int, checked: Callable[[int], None]
 ) -> tuple[Report, int]:
-    import asyncio
-    import pickle
-    import sys
-
     from backend.core.errors import RemError
 
     proc = await asyncio.create_subprocess_exec(
