@@ -9,7 +9,12 @@ DIR comes from benchmarks/gen_big.py (generated in a temp dir when omitted).
    probe coroutine on the console's event loop records how late a 10 ms sleep
    wakes up: the longest stretch during which a key press could not have been
    handled. The operator presses a key every second (↓, PgDn, Tab ...).
-   RSS of the console process is sampled every second.
+   RSS of the console process is sampled every second; each minute's RSS, load
+   average, longest callback and longest loop lag are reported (`by_minute`), so a
+   long soak shows whether memory levels off and what the machine's load did to
+   the UI. `--tracemalloc` also traces the console's Python allocations: their
+   total each minute, and the lines that grew most since a baseline snapshot
+   taken after `--trace-base-s` (when the Trends window has filled).
    Before it, a `--quiet-s` soak with the same writer and no key presses: the
    longest callback there is what refreshes alone cost the UI (a navigation
    key's own repaint of a whole panel is the slowest thing in the soak).
@@ -73,7 +78,52 @@ def measure_start(root: Path, runs: int = 3) -> list[dict[str, float]]:
     return results
 
 
-async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True) -> dict[str, Any]:
+class MinuteLog:
+    """Each minute of a soak: RSS, load, the longest callback and loop lag in it, traced Python memory."""
+
+    def __init__(self, probe: LagProbe, callbacks: CallbackTimer, trace_base_s: float | None) -> None:
+        self.probe, self.callbacks = probe, callbacks
+        self.rows: list[dict[str, Any]] = []
+        self._lag_at, self._cb_at = 0, 0
+        self.trace_base_s = trace_base_s
+        self.base: Any = None
+        self.growth: list[dict[str, Any]] = []
+
+    def record(self, minute: int, elapsed_s: float, rss_mb: float) -> None:
+        lags = self.probe.lags_ms[self._lag_at :]
+        cbs = self.callbacks.cpu_ms[self._cb_at :]
+        self._lag_at, self._cb_at = len(self.probe.lags_ms), len(self.callbacks.cpu_ms)
+        row: dict[str, Any] = {
+            "minute": minute,
+            "rss_mb": round(rss_mb, 1),
+            "load_1m": round(os.getloadavg()[0], 2),
+            "callback_max_ms": round(max(cbs), 1) if cbs else 0.0,
+            "lag_max_ms": round(max(lags), 1) if lags else 0.0,
+        }
+        if self.trace_base_s is not None:
+            import tracemalloc
+
+            row["traced_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
+            if self.base is None and elapsed_s >= self.trace_base_s:
+                self.base = tracemalloc.take_snapshot()
+            elif self.base is not None and minute % 30 == 0:
+                self.growth.append({"minute": minute, "top": top_growth(self.base)})
+        self.rows.append(row)
+
+
+def top_growth(base: Any, n: int = 8) -> list[str]:
+    """The lines whose live allocations grew most since `base` (a tracemalloc snapshot)."""
+    import tracemalloc
+
+    now = tracemalloc.take_snapshot()
+    stats = now.compare_to(base, "lineno")
+    del now
+    return [str(stat) for stat in stats[:n]]
+
+
+async def soak(
+    root: Path, seconds: float, interval_ms: float, keys: bool = True, trace_base_s: float | None = None
+) -> dict[str, Any]:
     import psutil
 
     from backend.core.datadir import DataDir
@@ -91,6 +141,7 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
         callbacks.install()
         writer = start_writer(root / "state.db", interval_ms, run=f"soak-{time.time()}")
         applies0, loads0 = app.stats["applies"], app.stats["loads"]
+        minutes = MinuteLog(probe, callbacks, trace_base_s)
         started = time.monotonic()
         try:
             i = 0
@@ -99,6 +150,8 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
                     await pilot.press(KEYS[i % len(KEYS)])
                     i += 1
                 rss.append(me.memory_info().rss / 2**20)
+                if len(rss) % 60 == 0:
+                    minutes.record(len(rss) // 60, time.monotonic() - started, rss[-1])
                 await asyncio.sleep(1.0)
         finally:
             writer.kill()
@@ -123,6 +176,9 @@ async def soak(root: Path, seconds: float, interval_ms: float, keys: bool = True
                 "end": round(rss[-1], 1),
                 "by_minute": [round(v, 1) for v in rss[::60]],
             },
+            "minutes": minutes.rows,
+            "traced_growth": minutes.growth
+            + ([{"minute": "end", "top": top_growth(minutes.base)}] if minutes.base is not None else []),
         }
 
 
@@ -144,6 +200,18 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=int, choices=(1, 10), help="use benchmarks/scale.py's cached data dir of this scale"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the console's Python allocations in the soak (slows it; for a memory soak)",
+    )
+    parser.add_argument(
+        "--trace-base-s",
+        type=float,
+        default=900.0,
+        help="with --tracemalloc: the baseline snapshot's time; growth since it is reported every 30 minutes",
+    )
+    parser.add_argument("--skip-start", action="store_true", help="skip the start measurement")
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_start:
@@ -163,12 +231,17 @@ def main() -> None:
         generate(root, n, 10, n // 10, n // 200, n // 50, n // 100, n // 5)
         if not args.keep:  # hundreds of MB: gone when the run ends, whatever happens
             atexit.register(shutil.rmtree, root.parent, True)
-    starts = measure_start(root)
+    starts = [] if args.skip_start else measure_start(root)
     quiet = asyncio.run(soak(root, args.quiet_s, args.interval_ms, keys=False)) if args.quiet_s > 0 else None
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(1)
+    trace_base = args.trace_base_s if args.tracemalloc else None
     result = {
         "data_dir": str(root),
         "start": starts,
-        **asyncio.run(soak(root, args.soak_s, args.interval_ms)),
+        **asyncio.run(soak(root, args.soak_s, args.interval_ms, trace_base_s=trace_base)),
     }
     if quiet is not None:
         result["refresh_only"] = {
@@ -177,8 +250,9 @@ def main() -> None:
     print(json.dumps(result))
     lag, rss = result["loop_lag_ms"], result["rss_mb"]
     print(
-        f"console scale ({root}): start {max(s['start_s'] for s in starts):.2f} s worst of 3 "
-        f"(target < 3 s); over a {result['soak_s']} s soak with a commit every {args.interval_ms:g} ms: "
+        f"console scale ({root}): "
+        + (f"start {max(s['start_s'] for s in starts):.2f} s worst of 3 (target < 3 s); " if starts else "")
+        + f"over a {result['soak_s']} s soak with a commit every {args.interval_ms:g} ms: "
         f"{result['refreshes']} refreshes; longest UI callback {result['callback_cpu_ms']['max']} ms CPU "
         f"with a navigation key every second, "
         + (
