@@ -84,6 +84,8 @@ class TurnState:
     # set when a step's stream broke mid-reply: the next step re-asks with what arrived
     reask: model_turns.Reask | None = None
     interruptions: int = 0
+    # set by the transaction that ended the execution cleanly, if it ended a turn
+    turn_counted: bool = False
 
 
 @dataclass(kw_only=True)
@@ -205,13 +207,15 @@ class Executor(Daemon):
         # the session row first: on PostgreSQL a rival claiming it now is skipped (no attempt
         # counted twice); then the oldest waiting input's attempt is counted before the work;
         # nothing waiting or the session busy: nothing written
-        if not leases.lock_session_sync(conn, session_id):
+        epoch = leases.lock_session_epoch_sync(conn, session_id)
+        if epoch is None:
             return None
+        # under the lock, BUMP_OLDEST_SQL also sees that no execution holds the session
         if conn.execute(BUMP_OLDEST_SQL, {"sid": session_id}).fetchone() is None:
             return None
-        lease = leases.claim_execution_sync(conn, session_id, self.owner_id, now=now, length_ms=self.lease_ms)
-        if lease is None:
-            return None
+        lease = leases.claim_locked_execution_sync(
+            conn, session_id, self.owner_id, epoch, now=now, length_ms=self.lease_ms
+        )
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_CLAIMED,
@@ -234,6 +238,7 @@ class Executor(Daemon):
                 self.held[state.lease.execution_id] = state.lease
                 faults.point("executor.after_claim")
                 await self._drive(state)
+                self.turns_completed += int(state.turn_counted)
                 self.held.pop(state.lease.execution_id, None)
                 if self.draining.is_set():
                     return
@@ -304,7 +309,13 @@ class Executor(Daemon):
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
         leases.guard_sync(
-            conn, lease, now=now, phase=ExecutionPhase.UNKNOWN, step=number, assistant_message_id=aid
+            conn,
+            lease,
+            now=now,
+            unread=True,
+            phase=ExecutionPhase.UNKNOWN,
+            step=number,
+            assistant_message_id=aid,
         )
         unanswered = self._recovered_prompts_sync(conn, state)
         inputs = (
@@ -347,7 +358,7 @@ class Executor(Daemon):
         if promoted and state.admitted_at is None:
             state.admitted_at = min(p["admitted_at"] for p in promoted)
         if promoted and not state.turn_started:
-            projection.record_context_epoch_sync(
+            projection.queue_context_epoch_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
         # a recovered step is given exactly the memory the interrupted one was given
@@ -416,8 +427,8 @@ class Executor(Daemon):
 
     def _record_memory(self, conn: Conn, state: TurnState, step: Step) -> None:
         now = clock.now_ms()
-        leases.guard_sync(conn, state.lease, now=now)
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        leases.guard_sync(conn, state.lease, now=now, unread=True)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
 
     async def _stream(
         self, state: TurnState, step: Step
@@ -470,7 +481,7 @@ class Executor(Daemon):
     ) -> bool:
         """Close the step (`safe`, assistant completed, usage counted); end the turn unless a steer waits."""
         lease, now = state.lease, clock.now_ms()
-        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
+        leases.guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
         if tail:
             projection.write_parts_sync(
                 conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
@@ -479,7 +490,7 @@ class Executor(Daemon):
         model_turns.record_reply_sync(
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
         )
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -514,7 +525,7 @@ class Executor(Daemon):
         """The agent raised: the step is answered with an error and the turn ends cleanly."""
         lease, now = state.lease, clock.now_ms()
         self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
-        leases.guard_sync(conn, lease, now=now, phase=ExecutionPhase.SAFE)
+        leases.guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
         text = "".join(step.parts)
         error: Any = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, ModelError):
@@ -524,7 +535,7 @@ class Executor(Daemon):
                 conn, lease.session_id, exc, step.request.reply, calls, self.owner_id, now
             )
         step.data.update(status="error", text=text, error=error, time_completed=now)
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -558,7 +569,7 @@ class Executor(Daemon):
         if state.interruptions >= self.reasks:
             self._fail_step_sync(conn, state, step, error, calls)
             return False
-        leases.guard_sync(conn, lease, now=now)
+        leases.guard_sync(conn, lease, now=now, unread=True)
         if tail:
             projection.write_parts_sync(
                 conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
@@ -566,7 +577,7 @@ class Executor(Daemon):
         step.data.update(
             status="interrupted", text="".join(step.parts), error=error.as_dict(), time_completed=now
         )
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now)
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         model_turns.record_failure_sync(
             conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
         )
@@ -591,7 +602,7 @@ class Executor(Daemon):
     def _end_sync(self, conn: Conn, state: TurnState, now: int) -> None:
         """The clean end of an execution: delete its row, close its recovery, count the turn."""
         lease = state.lease
-        leases.end_execution_sync(conn, lease)
+        leases.end_execution_sync(conn, lease, unread=True)
         if state.recovered:
             recovery.finish_sync(conn, lease.execution_id)
         if state.turn_started:
@@ -607,7 +618,9 @@ class Executor(Daemon):
             now=now,
             data=self._completion(state, now),
         )
-        self.turns_completed += int(state.turn_started)
+        # counted by `_run_session` once the transaction is in: a fenced write sent unread may
+        # still fail it (a lost lease) after this function returned
+        state.turn_counted = state.turn_started
 
     @staticmethod
     def _completion(state: TurnState, now: int) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused
 from backend.core.settings import settings
 from backend.store import workers
-from backend.store.db import Conn, Database, Row, in_thread, skip_locked_sync
+from backend.store.db import Conn, Database, Row, execute_unread, fenced_unread, in_thread, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import LeaseKind, WorkerState
 
@@ -98,8 +98,30 @@ def claim_execution_sync(
         return None
     if conn.execute("SELECT 1 FROM session_execution WHERE session_id = ?", (session_id,)).fetchone():
         return None
+    return _grant_sync(conn, session_id, owner_id, next_epoch_sync(conn, session_id), now, length_ms)
+
+
+def claim_locked_execution_sync(
+    conn: Conn, session_id: str, owner_id: str, held_epoch: int, *, now: int, length_ms: int | None = None
+) -> Lease:
+    """`claim_execution_sync` for a caller whose transaction already holds the session row's lock,
+    read the session's `lease_epoch` with it (`lock_session_epoch_sync`) and saw no execution
+    row under it: every write goes unread (PostgreSQL: the claim costs no round trip of its own)."""
+    epoch = held_epoch + 1
+    # under the row lock nobody else moves the epoch; the condition is belt and braces
+    fenced_unread(
+        conn,
+        "UPDATE session SET lease_epoch = ? WHERE id = ? AND lease_epoch = ?",
+        (epoch, session_id, held_epoch),
+        f"session {session_id}'s lease epoch moved under this claim's lock",
+    )
+    return _grant_sync(conn, session_id, owner_id, epoch, now, length_ms)
+
+
+def _grant_sync(
+    conn: Conn, session_id: str, owner_id: str, epoch: int, now: int, length_ms: int | None
+) -> Lease:
     length = length_ms or lease_ms()
-    epoch = next_epoch_sync(conn, session_id)
     lease = Lease(
         execution_id=new_execution_id(),
         session_id=session_id,
@@ -108,7 +130,10 @@ def claim_execution_sync(
         expires_at=now + length,
         length_ms=length,
     )
-    conn.execute(
+    # unread: the session row is locked and had no execution, so nothing but a broken
+    # store can fail it, and that fails the transaction where it is sent
+    execute_unread(
+        conn,
         "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, step, time_created, "
         "time_renewed, expires_at) VALUES (?, ?, ?, ?, 'ready', 0, ?, ?, ?)",
         (lease.execution_id, session_id, owner_id, epoch, now, now, lease.expires_at),
@@ -127,6 +152,15 @@ def lock_session_sync(conn: Conn, session_id: str) -> bool:
     if locked is None:
         return conn.execute("SELECT 1 FROM session WHERE id = ?", (session_id,)).fetchone() is None
     return True
+
+
+def lock_session_epoch_sync(conn: Conn, session_id: str) -> int | None:
+    """Lock the session row for a claim and read its lease epoch; None if a rival holds it
+    (PostgreSQL: skipped, not waited for) or the session does not exist."""
+    row = conn.execute(
+        f"SELECT lease_epoch FROM session WHERE id = ?{skip_locked_sync(conn)}", (session_id,)
+    ).fetchone()
+    return None if row is None else int(row["lease_epoch"])
 
 
 def owner_stopped_sync(conn: Conn, owner_id: str, host: str) -> bool:
@@ -201,31 +235,41 @@ UNSAFE_NO_FENCING = settings.unsafe_disable_fencing and settings.test_mode
 FENCE = "id = :id" if UNSAFE_NO_FENCING else "id = :id AND owner_id = :owner AND epoch = :epoch"
 
 
-def guard_sync(conn: Conn, lease: Lease, *, now: int, **changes: Any) -> None:
-    """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed)."""
+def guard_sync(conn: Conn, lease: Lease, *, now: int, unread: bool = False, **changes: Any) -> None:
+    """Renew the lease and apply `changes` to its row, or raise LeaseLost (0 rows changed).
+
+    `unread`: on PostgreSQL the guard is sent with the transaction's next
+    statement instead of on a round trip of its own, and a lost lease fails
+    the transaction where it is sent (`db.fenced_unread`); for a transaction
+    that a lost lease ends whole anyway (the executor's turn transactions).
+    """
     sets = "".join(f", {column} = :{column}" for column in changes)
-    changed = conn.execute(
-        f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} WHERE {FENCE}",
-        {
-            **changes,
-            "expires": now + lease.length_ms,
-            "now": now,
-            "id": lease.execution_id,
-            "owner": lease.owner_id,
-            "epoch": lease.epoch,
-        },
-    ).rowcount
-    if not changed:
+    sql = f"UPDATE session_execution SET expires_at = :expires, time_renewed = :now{sets} WHERE {FENCE}"
+    params = {
+        **changes,
+        "expires": now + lease.length_ms,
+        "now": now,
+        "id": lease.execution_id,
+        "owner": lease.owner_id,
+        "epoch": lease.epoch,
+    }
+    if unread:
+        fenced_unread(conn, sql, params, str(_lost(lease)))
+    elif not conn.execute(sql, params).rowcount:
         raise _lost(lease)
     lease.expires_at = now + lease.length_ms
 
 
-def end_execution_sync(conn: Conn, lease: Lease) -> None:
-    """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`."""
-    if not conn.execute(
-        f"DELETE FROM session_execution WHERE {FENCE}",
-        {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch},
-    ).rowcount:
+def end_execution_sync(conn: Conn, lease: Lease, *, unread: bool = False) -> None:
+    """The clean end: delete the row (fenced); the epoch lives on in `session.lease_epoch`.
+
+    `unread` as for `guard_sync`.
+    """
+    sql = f"DELETE FROM session_execution WHERE {FENCE}"
+    params = {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch}
+    if unread:
+        fenced_unread(conn, sql, params, str(_lost(lease)))
+    elif not conn.execute(sql, params).rowcount:
         raise _lost(lease)
 
 

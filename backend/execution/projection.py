@@ -17,7 +17,7 @@ from typing import Any
 from backend.core.errors import LeaseLost
 from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
-from backend.store.db import Conn, executemany_unread
+from backend.store.db import Conn, execute_unread, executemany_unread, fenced_unread
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
@@ -161,37 +161,56 @@ def write_fenced_part_sync(conn: Conn, lease: Lease, message_id: str, idx: int, 
         )
 
 
-def update_owned_assistant_sync(conn: Conn, message_id: str, data: dict[str, Any], now: int) -> None:
-    """Rewrite the running execution's own assistant row; a closed row is never reopened."""
+def update_owned_assistant_sync(
+    conn: Conn, message_id: str, data: dict[str, Any], now: int, *, unread: bool = False
+) -> None:
+    """Rewrite the running execution's own assistant row; a closed row is never reopened.
+
+    `unread` as for `leases.guard_sync` (PostgreSQL: no round trip of its own).
+    """
     # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
-    changed = conn.execute(
-        "UPDATE session_message SET data = ?, time_updated = ? "
-        f"WHERE id = ? AND type = 'assistant'{still_open}",
-        (dumps(data), now, message_id),
-    ).rowcount
-    if not changed:
-        raise LeaseLost(f"assistant {message_id} is no longer open for this execution")
+    sql = f"UPDATE session_message SET data = ?, time_updated = ? WHERE id = ? AND type = 'assistant'{still_open}"
+    params = (dumps(data), now, message_id)
+    lost = f"assistant {message_id} is no longer open for this execution"
+    if unread:
+        fenced_unread(conn, sql, params, lost)
+    elif not conn.execute(sql, params).rowcount:
+        raise LeaseLost(lost)
+
+
+CONTEXT_EPOCH_SQL = (
+    "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
+    "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
+    "time_updated = excluded.time_updated "
+    "WHERE excluded.baseline_seq > session_context_epoch.baseline_seq "
+    "AND (excluded.snapshot != session_context_epoch.snapshot "
+    "OR excluded.baseline != session_context_epoch.baseline)"
+)
+
+
+def _context_epoch_params(
+    session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
+) -> tuple[Any, ...]:
+    snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+    return (session_id, baseline, snap, seq, now)
 
 
 def record_context_epoch_sync(
     conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> bool:
     """Create the session's context epoch, or move its baseline forward when the context changed."""
-    snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
-    return (
-        conn.execute(
-            "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
-            "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
-            "time_updated = excluded.time_updated "
-            "WHERE excluded.baseline_seq > session_context_epoch.baseline_seq "
-            "AND (excluded.snapshot != session_context_epoch.snapshot "
-            "OR excluded.baseline != session_context_epoch.baseline)",
-            (session_id, baseline, snap, seq, now),
-        ).rowcount
-        > 0
-    )
+    params = _context_epoch_params(session_id, baseline, snapshot, seq, now)
+    return conn.execute(CONTEXT_EPOCH_SQL, params).rowcount > 0
+
+
+def queue_context_epoch_sync(
+    conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
+) -> None:
+    """`record_context_epoch_sync` unread (PostgreSQL: no round trip of its own), for a caller
+    that does not ask whether it moved (the executor at a turn start)."""
+    execute_unread(conn, CONTEXT_EPOCH_SQL, _context_epoch_params(session_id, baseline, snapshot, seq, now))
 
 
 def transcript_violations_sync(conn: Conn, session_id: str | None = None) -> list[dict[str, Any]]:

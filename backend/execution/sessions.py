@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
-from backend.store.db import Conn, Database, Row
+from backend.store.db import Conn, Database, Row, execute_unread, fenced_unread
 from backend.store.events import EventKind, append_event_sync
 
 
@@ -260,16 +260,11 @@ def reserve_seqs_sync(
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq, time_created"
 
 
-# Both served in order by session_input_session_promoted_delivery_admitted_idx
-# (no sort, however many inputs wait): the pending steers, and the oldest
-# pending queue input.
+# Served in order by session_input_session_promoted_delivery_admitted_idx
+# (no sort, however many inputs wait): the pending steers.
 PENDING_STEERS_SQL = f"""
 SELECT {PENDING_COLUMNS} FROM session_input
 WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'steer' ORDER BY admitted_seq
-"""
-OLDEST_QUEUED_SQL = f"""
-SELECT {PENDING_COLUMNS} FROM session_input
-WHERE session_id = ? AND promoted_seq IS NULL AND delivery = 'queue' ORDER BY admitted_seq LIMIT 1
 """
 # The oldest pending input of either delivery, from the same index (two seeks).
 OLDEST_PENDING_SQL = """
@@ -283,14 +278,29 @@ ORDER BY admitted_seq LIMIT 1
 """
 
 
+# At a turn start, both at once (one round trip on PostgreSQL): the oldest queued input
+# first (`queued` = 1), then the steers in order; each part served by the same index.
+PENDING_AT_TURN_START_SQL = f"""
+SELECT * FROM (SELECT {PENDING_COLUMNS}, 1 AS queued FROM session_input
+               WHERE session_id = :sid AND promoted_seq IS NULL AND delivery = 'queue'
+               ORDER BY admitted_seq LIMIT 1) AS oldest_queued
+UNION ALL
+SELECT * FROM (SELECT {PENDING_COLUMNS}, 0 AS queued FROM session_input
+               WHERE session_id = :sid AND promoted_seq IS NULL AND delivery = 'steer'
+               ORDER BY admitted_seq) AS steers
+"""
+
+
 def pending_inputs_sync(conn: Conn, session_id: str, *, turn_start: bool) -> list[Row]:
     """The inputs to promote now: every pending steer, plus the oldest pending input at a turn start."""
-    rows = conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall()
-    if turn_start:
-        oldest = conn.execute(OLDEST_QUEUED_SQL, (session_id,)).fetchone()
-        # a queue input starts the turn only when no steer waits from before it
-        if oldest is not None and (not rows or oldest["admitted_seq"] < rows[0]["admitted_seq"]):
-            rows = [oldest, *rows]
+    if not turn_start:
+        return list(conn.execute(PENDING_STEERS_SQL, (session_id,)).fetchall())
+    found = conn.execute(PENDING_AT_TURN_START_SQL, {"sid": session_id}).fetchall()
+    oldest = [row for row in found if row["queued"]]
+    rows = sorted((row for row in found if not row["queued"]), key=lambda row: row["admitted_seq"])
+    # a queue input starts the turn only when no steer waits from before it
+    if oldest and (not rows or oldest[0]["admitted_seq"] < rows[0]["admitted_seq"]):
+        rows = [oldest[0], *rows]
     return rows
 
 
@@ -306,13 +316,14 @@ def promote_sync(
     promoted = []
     for offset, row in enumerate(inputs):
         seq = first_seq + offset
-        changed = conn.execute(
-            "UPDATE session_input SET promoted_seq = ?, wake_pending = 0 "
-            "WHERE id = ? AND promoted_seq IS NULL",
+        # unreachable under the lease; refused rather than promoted twice (unread on
+        # PostgreSQL: the refusal fails the transaction where it is sent)
+        fenced_unread(
+            conn,
+            "UPDATE session_input SET promoted_seq = ?, wake_pending = 0 WHERE id = ? AND promoted_seq IS NULL",
             (seq, row["id"]),
-        ).rowcount
-        if not changed:  # unreachable under the lease; refuse rather than promote twice
-            raise RuntimeError(f"input {row['id']} was promoted concurrently")
+            f"input {row['id']} was promoted concurrently: another execution holds session {session_id}",
+        )
         text = json.loads(row["prompt"]).get("text", "")
         data = {
             "text": text,
@@ -343,8 +354,13 @@ def insert_message_sync(
     data: dict[str, Any],
     now: int,
 ) -> None:
-    """Insert one transcript row (seq must come from `reserve_seqs_sync`)."""
-    conn.execute(
+    """Insert one transcript row (seq must come from `reserve_seqs_sync`).
+
+    Unread (PostgreSQL: sent with the transaction's next statement); an error
+    (a duplicate id or seq) fails the transaction where it is sent.
+    """
+    execute_unread(
+        conn,
         "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (message_id, session_id, kind, seq, now, now, dumps(data)),

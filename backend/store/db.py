@@ -26,7 +26,7 @@ import contextlib
 import logging
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -41,6 +41,7 @@ from backend.core.errors import (
     DatabaseIOError,
     DatabaseLocked,
     DataDirError,
+    LeaseLost,
     ReadOnly,
     RemError,
 )
@@ -575,6 +576,33 @@ def execute_unread(conn: Conn, sql: str, params: Params = ()) -> None:
         conn.execute(sql, params)
     else:
         queue(sql, params)
+
+
+def fenced_unread(conn: Conn, sql: str, params: Params, lost: str) -> None:
+    """A fenced write (an UPDATE or DELETE naming its owner) that must change a row, else `LeaseLost(lost)`.
+
+    SQLite runs it now and raises at once. PostgreSQL queues it, unread, as
+    `WITH w AS (<sql> RETURNING 1) SELECT rem_fenced(count(*), <lost>) FROM w`:
+    no round trip of its own; when it is sent (with the transaction's next
+    read, at the savepoint's RELEASE or at COMMIT) a write that changed no
+    row fails its statement with `postgres.FENCE_SQLSTATE` and `lost` as the message,
+    which the store raises as `LeaseLost`, and its transaction (or group
+    member's savepoint) rolls back whole. So a caller may only use it where
+    a lost lease ends the whole transaction anyway: the code after it in the
+    same function runs before the failure is known, and must change nothing
+    outside the transaction that outlives it.
+    """
+    queue = getattr(conn, "execute_unread", None)
+    if queue is None:
+        if not conn.execute(sql, params).rowcount:
+            raise LeaseLost(lost)
+        return
+    args: Params
+    if isinstance(params, Mapping):
+        marker, args = ":rem_fence_lost", {**params, "rem_fence_lost": lost}
+    else:
+        marker, args = "?", (*params, lost)
+    queue(f"WITH w AS ({sql} RETURNING 1) SELECT rem_fenced(count(*), {marker}) FROM w", args)
 
 
 def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:

@@ -64,6 +64,7 @@ from backend.core.errors import (
     DatabaseLocked,
     DatabaseUnreachable,
     DataDirError,
+    LeaseLost,
     ReadOnly,
     RemError,
 )
@@ -506,6 +507,9 @@ def session_options(*, read_only: bool) -> str:
 
 
 # -- errors ----------------------------------------------------------------------
+# rem's own SQLSTATE: a fenced write sent unread (`backend.store.db.fenced_unread`) changed no
+# row; raised by `rem_fenced` (schema_pg), translated back to `LeaseLost` with its message
+FENCE_SQLSTATE = "RL001"
 CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")
 
 
@@ -513,6 +517,8 @@ def translate_postgres_error(exc: psycopg.Error, url: str) -> RemError | None:
     """Map a psycopg error to the one-line RemError an operator can act on (None: not ours to map)."""
     where = display_url(url)
     state = exc.sqlstate or ""
+    if state == FENCE_SQLSTATE:  # a fenced write sent unread changed no row: its own message
+        return LeaseLost(exc.diag.message_primary or str(exc))
     if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
         return DatabaseLocked(
             f"{where}: a concurrent transaction conflicted with this one ({state}); "

@@ -18,7 +18,8 @@ row per applied migration: the `user_version` of this engine), and a
 PostgreSQL's own migrations (`PG_ONLY`) sit between SQLite's at fixed version
 numbers, so the numbering stays stable when SQLite adds one: PostgreSQL 8 is
 the change feed (below), after SQLite's 1-7, and SQLite's migration 8 (the usage
-counters: nothing to do here, `SQLITE_ONLY`) is PostgreSQL's 9. `pg_schema_version()` is
+counters: nothing to do here, `SQLITE_ONLY`) is PostgreSQL's 9; PostgreSQL 10 adds
+`rem_fenced` (a fenced write sent unread fails when it changed no row). `pg_schema_version()` is
 this engine's newest version.
 
 The change feed (PostgreSQL 8): every rem table has a statement-level trigger
@@ -47,7 +48,7 @@ from backend.core import clock
 from backend.core.errors import DataDirError, SchemaTooNew
 from backend.store import counters
 from backend.store.db import Conn
-from backend.store.postgres import PgConnection
+from backend.store.postgres import FENCE_SQLSTATE, PgConnection
 
 log = logging.getLogger("rem.schema")
 
@@ -213,8 +214,18 @@ BEGIN
 END $$;
 SELECT rem_watch_tables();
 """
+# PostgreSQL 10: a fenced write sent unread fails its statement when it changed no row
+# (`backend.store.db.fenced_unread`), with rem's own SQLSTATE and the caller's message
+FENCED = f"""
+CREATE FUNCTION rem_fenced(changed bigint, lost text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF changed = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '{FENCE_SQLSTATE}', MESSAGE = lost;
+    END IF;
+END $$
+"""
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
-PG_ONLY: dict[int, str] = {8: CHANGE_FEED}
+PG_ONLY: dict[int, str] = {8: CHANGE_FEED, 10: FENCED}
 # SQLite migrations with nothing to do here (by SQLite's number): 8 adds status counters,
 # which PostgreSQL does not keep (it counts on each read; backend/store/counters.py says why).
 # The version still moves, so both engines' numbering stays in step.
