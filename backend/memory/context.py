@@ -43,7 +43,12 @@ async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> 
     if items_wanted <= 0 or not query.strip():
         return None
     db = await ctx.db()
-    project = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,)) or "default"
+    # the project and the session's newest turn in one read (recall would read the latter again)
+    row = await db.fetchone(
+        f"SELECT project, ({memory_recall.TOP_ORD_SQL}) AS top FROM session WHERE id = ?",
+        (session_id, session_id),
+    )
+    project = (row["project"] if row else None) or "default"
     retrievers = memory_recall.RETRIEVERS if chroma_running(ctx) else ("fts", "graph", "facts")
     try:
         result = await memory_recall.recall(
@@ -54,6 +59,7 @@ async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> 
             retrievers=retrievers,
             exclude_session=session_id,
             exclude_recent=settings.memory_recent_turns,
+            top_ord=(row["top"] if row else None,),
         )
     except Exception as exc:  # memory is a help, not a dependency: the step runs without it
         # (any error: a Chroma answer rem does not know must not fail the user's turn)

@@ -134,13 +134,18 @@ async def recall(
     exclude_session: str | None = None,
     exclude_recent: int = 0,
     config: RecallConfig | None = None,
+    top_ord: tuple[int | None] | None = None,
 ) -> dict[str, Any]:
-    """The `k` best memory items for `query` (see the module docstring); reads only."""
+    """The `k` best memory items for `query` (see the module docstring); reads only.
+
+    `top_ord`: `exclude_session`'s newest turn as the caller already read it
+    (`TOP_ORD_SQL`, in a 1-tuple: `(None,)` for none), saving recall that read.
+    """
     validate(query, k, kinds)
     started = time.perf_counter()
     config = config or recall_config()
     db = await ctx.db()
-    scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent)
+    scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent, top_ord)
     terms = query_terms(query)
     degraded: list[str] = []
     want_dense = "dense" in retrievers and "turn" in kinds
@@ -188,14 +193,29 @@ async def recall(
     }
 
 
+# the session's newest turn, for `exclude_recent` (its `ord`; NULL before its first turn)
+TOP_ORD_SQL = "SELECT max(ord) FROM memory_turn WHERE session_id = ?"
+
+
+def first_excluded_ord(top: int | None, recent: int) -> int:
+    """The first `ord` of a session's `recent` newest turns, its newest being `top` (None: no turns)."""
+    return max(0, int(top) + 1 - recent) if top is not None and recent > 0 else 0
+
+
 async def _scope(
-    ctx: Context, project: str | None, session_id: str | None, exclude_session: str | None, recent: int
+    ctx: Context,
+    project: str | None,
+    session_id: str | None,
+    exclude_session: str | None,
+    recent: int,
+    top_ord: tuple[int | None] | None = None,
 ) -> Scope:
     scope = Scope(project, session_id, exclude_session)
     if exclude_session is not None and recent > 0:
-        db = await ctx.db()
-        top = await db.scalar("SELECT max(ord) FROM memory_turn WHERE session_id = ?", (exclude_session,))
-        scope.exclude_from_ord = max(0, int(top) + 1 - recent) if top is not None else 0
+        if top_ord is None:
+            db = await ctx.db()
+            top_ord = (await db.scalar(TOP_ORD_SQL, (exclude_session,)),)
+        scope.exclude_from_ord = first_excluded_ord(top_ord[0], recent)
     elif exclude_session is not None:
         scope.exclude_from_ord = 0
     return scope
