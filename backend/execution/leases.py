@@ -7,7 +7,11 @@ lease-dependent transaction starts with `guard_sync`, an UPDATE whose WHERE name
 `(id, owner_id, epoch)`; 0 rows changed raises `LeaseLost` and the
 transaction rolls back. Because every write transaction is BEGIN IMMEDIATE
 (SQLite's single writer), nobody can take the lease over between the guard
-and the rest of that transaction, so the whole transaction is fenced.
+and the rest of that transaction, so the whole transaction is fenced. On
+PostgreSQL the executor's turn transactions send the guard unread
+(`guard_sync(unread=True)`, `db.fenced_unread`): the server fails the
+statement that changed no row, which fails the transaction (or its group
+member's savepoint) as `LeaseLost`, before anything of it commits.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from backend.memory.text import (
 )
 from backend.runtime.context import Context
 from backend.store import counters
-from backend.store.db import Conn, engine_of
+from backend.store.db import Conn, engine_of, independent_reads_sync
 
 KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
@@ -399,7 +399,7 @@ async def _summaries(
     return items
 
 
-# -- the state.db side (one thread hop, one read transaction) ------------------------
+# -- the state store side (one thread hop; one read transaction on SQLite) ---------
 
 
 def _lexical(
@@ -411,15 +411,13 @@ def _lexical(
     kinds: Collection[str],
     query: str,
 ) -> dict[str, Any]:
-    conn.execute("BEGIN")
-    try:
+    # three retrievers, each ranking on its own: they need not see one state
+    with independent_reads_sync(conn):
         fts = _fts(conn, terms, scope, config) if "fts" in retrievers and "turn" in kinds else {}
         nodes = graph_node_ids(query)
         graph = _graph_turns(conn, nodes, scope) if "graph" in retrievers and "turn" in kinds else {}
         facts = _facts(conn, nodes, scope, config) if "facts" in retrievers and "fact" in kinds else []
-        return {"fts": fts, "graph": graph, "facts": facts}
-    finally:
-        conn.execute("ROLLBACK")
+    return {"fts": fts, "graph": graph, "facts": facts}
 
 
 # the FTS5 query ranks and limits on its own, then joins only its LIMIT rows

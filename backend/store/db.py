@@ -605,6 +605,24 @@ def fenced_unread(conn: Conn, sql: str, params: Params, lost: str) -> None:
     queue(f"WITH w AS ({sql} RETURNING 1) SELECT rem_fenced(count(*), {marker}) FROM w", args)
 
 
+@contextmanager
+def independent_reads_sync(conn: Conn) -> Iterator[None]:
+    """Several reads that need not see one state (each stands alone), made as cheap as the engine allows.
+
+    SQLite: one read transaction (the shared lock taken once, not per
+    statement). PostgreSQL: none; a snapshot would cost a `BEGIN` and a
+    `ROLLBACK` round trip, and each statement sees the latest commits anyway.
+    """
+    if engine_of(conn) == "postgresql":
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+
+
 def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:
     """`execute_unread` for many rows (SQLite: one `executemany`)."""
     queue = getattr(conn, "execute_unread", None)

@@ -36,6 +36,10 @@ row (`FOR UPDATE SKIP LOCKED`) and bump the epoch conditioned on the epoch
 they read; every fenced write is `UPDATE ... WHERE owner AND epoch` and
 checks its row count (READ COMMITTED re-evaluates the predicate after
 waiting for a rival's lock, so a committed takeover leaves 0 rows: `LeaseLost`).
+On the turn path the check is the server's: the write is sent unread,
+wrapped as `WITH w AS (... RETURNING 1) SELECT rem_fenced(count(*), msg)`,
+and 0 rows fails the statement with `FENCE_SQLSTATE`, raised as
+`LeaseLost(msg)` where it is sent (`backend.store.db.fenced_unread`).
 Reads that must see one state (`BEGIN`: status, check, the console) run
 REPEATABLE READ READ ONLY, one snapshot, as SQLite's read transaction.
 
@@ -313,7 +317,8 @@ class PgConnection:
     statement that sends it, which is at the latest its own savepoint's
     RELEASE or the COMMIT: never in another group member's savepoint. A group
     of turn transactions (`commit_group_sync`) thus costs a round trip per
-    statement that is read, plus the COMMIT.
+    statement that is read, plus the COMMIT. Fenced writes are sent unread
+    too (`fenced_unread`): the server fails one that changed no row.
     """
 
     engine = "postgresql"
