@@ -222,6 +222,60 @@ async def test_two_processes_race_for_200_claims_and_each_has_one_winner(db_url:
     await db.close()
 
 
+def _executor_claimer(url: str, root: str, rounds: int, barrier: Any, results: Any, name: str) -> None:
+    from backend.execution.executor import Executor
+
+    async def run() -> None:
+        ctx = Context(DataDir(Path(root) / name), db_url=url, start_chroma=False)
+        executor = Executor(ctx, once=True, owner_id=f"executor-{name}")
+        executor.db = await ctx.db()  # as `run()` sets it
+        for r in range(rounds):
+            barrier.wait()
+            lease = await executor._claim(f"race-{r}")  # the daemon's claim: lock, count, grant unread
+            results.put((r, name, lease.epoch if lease else None))
+        await ctx.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+async def test_two_executors_race_for_200_claims_and_each_input_is_counted_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    from backend.execution import sessions
+
+    rounds = 200
+    db = await Database.connect(db_url)
+    for r in range(rounds):
+        await sessions.admit(db, f"race-{r}", f"question {r}", input_id=f"in-{r}")
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(2), spawn.Queue()
+    procs = [
+        spawn.Process(target=_executor_claimer, args=(db_url, str(tmp_path), rounds, barrier, results, n))
+        for n in ("a", "b")
+    ]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=120) for _ in range(2 * rounds)]
+    for proc in procs:
+        proc.join(30)
+    winners: dict[int, list[str]] = {}
+    for r, name, epoch in outcomes:
+        if epoch is not None:
+            winners.setdefault(r, []).append(name)
+    assert all(len(winners.get(r, [])) == 1 for r in range(rounds)), winners
+    rows = await db.fetchall("SELECT session_id, owner_id, epoch FROM session_execution")
+    assert {r["session_id"]: r["owner_id"] for r in rows} == {
+        f"race-{r}": f"executor-{w[0]}" for r, w in winners.items()
+    }
+    assert {r["epoch"] for r in rows} == {1}
+    assert {r[0] for r in await db.fetchall("SELECT DISTINCT lease_epoch FROM session")} == {1}
+    # the loser counted no attempt: skipped at the lock, or it saw the winner's execution
+    assert {r[0] for r in await db.fetchall("SELECT wake_attempts FROM session_input")} == {1}
+    assert {w[0] for w in winners.values()} == {"a", "b"}  # both really raced
+    await db.close()
+
+
 async def test_a_write_after_a_lost_lease_changes_nothing_across_connections(db_url: str) -> None:
     owner, operator = await Database.connect(db_url), await Database.connect(db_url)
     async with owner.tx() as conn:
