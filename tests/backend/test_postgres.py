@@ -193,18 +193,12 @@ def _claimer(url: str, rounds: int, barrier: Any, results: Any, name: str) -> No
     asyncio.run(run())
 
 
-@pytest.mark.slow
-async def test_two_processes_race_for_200_claims_and_each_has_one_winner(db_url: str) -> None:
-    rounds = 200
-    db = await Database.connect(db_url)
-    async with db.tx() as conn:
-        for r in range(rounds):
-            await conn.execute(
-                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"race-{r}",)
-            )
+def _race(rounds: int, target: Any) -> dict[int, list[str]]:
+    """Processes `a` and `b` run `target(barrier, results, name)` -> (function, args) in step, round
+    by round; the winners of each round (asserted: exactly one)."""
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(2), spawn.Queue()
-    procs = [spawn.Process(target=_claimer, args=(db_url, rounds, barrier, results, n)) for n in ("a", "b")]
+    procs = [spawn.Process(target=fn, args=args) for fn, args in (target(barrier, results, n) for n in "ab")]
     for proc in procs:
         proc.start()
     outcomes = [results.get(timeout=120) for _ in range(2 * rounds)]
@@ -215,6 +209,19 @@ async def test_two_processes_race_for_200_claims_and_each_has_one_winner(db_url:
         if epoch is not None:
             winners.setdefault(r, []).append(name)
     assert all(len(winners.get(r, [])) == 1 for r in range(rounds)), winners
+    return winners
+
+
+@pytest.mark.slow
+async def test_two_processes_race_for_200_claims_and_each_has_one_winner(db_url: str) -> None:
+    rounds = 200
+    db = await Database.connect(db_url)
+    async with db.tx() as conn:
+        for r in range(rounds):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"race-{r}",)
+            )
+    winners = _race(rounds, lambda barrier, results, n: (_claimer, (db_url, rounds, barrier, results, n)))
     rows = await db.fetchall("SELECT session_id, owner_id, epoch FROM session_execution")
     assert {r["session_id"]: r["owner_id"] for r in rows} == {f"race-{r}": w[0] for r, w in winners.items()}
     assert {r["epoch"] for r in rows} == {1}
@@ -248,22 +255,10 @@ async def test_two_executors_race_for_200_claims_and_each_input_is_counted_once(
     db = await Database.connect(db_url)
     for r in range(rounds):
         await sessions.admit(db, f"race-{r}", f"question {r}", input_id=f"in-{r}")
-    spawn = multiprocessing.get_context("spawn")
-    barrier, results = spawn.Barrier(2), spawn.Queue()
-    procs = [
-        spawn.Process(target=_executor_claimer, args=(db_url, str(tmp_path), rounds, barrier, results, n))
-        for n in ("a", "b")
-    ]
-    for proc in procs:
-        proc.start()
-    outcomes = [results.get(timeout=120) for _ in range(2 * rounds)]
-    for proc in procs:
-        proc.join(30)
-    winners: dict[int, list[str]] = {}
-    for r, name, epoch in outcomes:
-        if epoch is not None:
-            winners.setdefault(r, []).append(name)
-    assert all(len(winners.get(r, [])) == 1 for r in range(rounds)), winners
+    winners = _race(
+        rounds,
+        lambda barrier, results, n: (_executor_claimer, (db_url, str(tmp_path), rounds, barrier, results, n)),
+    )
     rows = await db.fetchall("SELECT session_id, owner_id, epoch FROM session_execution")
     assert {r["session_id"]: r["owner_id"] for r in rows} == {
         f"race-{r}": f"executor-{w[0]}" for r, w in winners.items()
