@@ -9,7 +9,7 @@ transaction rolls back. Because every write transaction is BEGIN IMMEDIATE
 (SQLite's single writer), nobody can take the lease over between the guard
 and the rest of that transaction, so the whole transaction is fenced. On
 PostgreSQL the executor's turn transactions send the guard unread
-(`guard_sync(unread=True)`, `db.fenced_unread`): the server fails the
+(`guard_sync(unread=True)`, `db.fenced_write(unread=True)`): the server fails the
 statement that changed no row, which fails the transaction (or its group
 member's savepoint) as `LeaseLost`, before anything of it commits.
 """
@@ -28,7 +28,7 @@ from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused
 from backend.core.settings import settings
 from backend.store import workers
-from backend.store.db import Conn, Database, Row, execute_unread, fenced_unread, in_thread, skip_locked_sync
+from backend.store.db import Conn, Database, Row, execute_unread, fenced_write, in_thread, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import LeaseKind, WorkerState
 
@@ -113,11 +113,12 @@ def claim_locked_execution_sync(
     row under it: every write goes unread (PostgreSQL: the claim costs no round trip of its own)."""
     epoch = held_epoch + 1
     # under the row lock nobody else moves the epoch; the condition is belt and braces
-    fenced_unread(
+    fenced_write(
         conn,
         "UPDATE session SET lease_epoch = ? WHERE id = ? AND lease_epoch = ?",
         (epoch, session_id, held_epoch),
         f"session {session_id}'s lease epoch moved under this claim's lock",
+        unread=True,
     )
     return _grant_sync(conn, session_id, owner_id, epoch, now, length_ms)
 
@@ -227,10 +228,12 @@ def take_over_execution_sync(
     return lease, dict(old)
 
 
+def _lost_message(lease: Lease) -> str:
+    return f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
+
+
 def _lost(lease: Lease) -> LeaseLost:
-    return LeaseLost(
-        f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
-    )
+    return LeaseLost(_lost_message(lease))
 
 
 # A deliberately broken build for proving the drills can fail: fenced writes stop
@@ -244,7 +247,7 @@ def guard_sync(conn: Conn, lease: Lease, *, now: int, unread: bool = False, **ch
 
     `unread`: on PostgreSQL the guard is sent with the transaction's next
     statement instead of on a round trip of its own, and a lost lease fails
-    the transaction where it is sent (`db.fenced_unread`); for a transaction
+    the transaction where it is sent (`db.fenced_write(unread=True)`); for a transaction
     that a lost lease ends whole anyway (the executor's turn transactions).
     """
     sets = "".join(f", {column} = :{column}" for column in changes)
@@ -257,10 +260,7 @@ def guard_sync(conn: Conn, lease: Lease, *, now: int, unread: bool = False, **ch
         "owner": lease.owner_id,
         "epoch": lease.epoch,
     }
-    if unread:
-        fenced_unread(conn, sql, params, str(_lost(lease)))
-    elif not conn.execute(sql, params).rowcount:
-        raise _lost(lease)
+    fenced_write(conn, sql, params, _lost_message(lease), unread=unread)
     lease.expires_at = now + lease.length_ms
 
 
@@ -271,10 +271,7 @@ def end_execution_sync(conn: Conn, lease: Lease, *, unread: bool = False) -> Non
     """
     sql = f"DELETE FROM session_execution WHERE {FENCE}"
     params = {"id": lease.execution_id, "owner": lease.owner_id, "epoch": lease.epoch}
-    if unread:
-        fenced_unread(conn, sql, params, str(_lost(lease)))
-    elif not conn.execute(sql, params).rowcount:
-        raise _lost(lease)
+    fenced_write(conn, sql, params, _lost_message(lease), unread=unread)
 
 
 def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) -> None:

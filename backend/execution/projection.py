@@ -17,7 +17,7 @@ from typing import Any
 from backend.core.errors import LeaseLost
 from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
-from backend.store.db import Conn, execute_unread, executemany_unread, fenced_unread
+from backend.store.db import Conn, execute_unread, executemany_unread, fenced_write
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
@@ -173,10 +173,7 @@ def update_owned_assistant_sync(
     sql = f"UPDATE session_message SET data = ?, time_updated = ? WHERE id = ? AND type = 'assistant'{still_open}"
     params = (dumps(data), now, message_id)
     lost = f"assistant {message_id} is no longer open for this execution"
-    if unread:
-        fenced_unread(conn, sql, params, lost)
-    elif not conn.execute(sql, params).rowcount:
-        raise LeaseLost(lost)
+    fenced_write(conn, sql, params, lost, unread=unread)
 
 
 CONTEXT_EPOCH_SQL = (

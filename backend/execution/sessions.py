@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
-from backend.store.db import Conn, Database, Row, execute_unread, fenced_unread
+from backend.store.db import Conn, Database, Row, execute_unread, fenced_write
 from backend.store.events import EventKind, append_event_sync
 
 
@@ -318,11 +318,12 @@ def promote_sync(
         seq = first_seq + offset
         # unreachable under the lease; refused rather than promoted twice (unread on
         # PostgreSQL: the refusal fails the transaction where it is sent)
-        fenced_unread(
+        fenced_write(
             conn,
             "UPDATE session_input SET promoted_seq = ?, wake_pending = 0 WHERE id = ? AND promoted_seq IS NULL",
             (seq, row["id"]),
             f"input {row['id']} was promoted concurrently: another execution holds session {session_id}",
+            unread=True,
         )
         text = json.loads(row["prompt"]).get("text", "")
         data = {

@@ -578,10 +578,11 @@ def execute_unread(conn: Conn, sql: str, params: Params = ()) -> None:
         queue(sql, params)
 
 
-def fenced_unread(conn: Conn, sql: str, params: Params, lost: str) -> None:
+def fenced_write(conn: Conn, sql: str, params: Params, lost: str, *, unread: bool = False) -> None:
     """A fenced write (an UPDATE or DELETE naming its owner) that must change a row, else `LeaseLost(lost)`.
 
-    SQLite runs it now and raises at once. PostgreSQL queues it, unread, as
+    Checked at once, unless `unread`: then SQLite still runs it now and raises
+    at once, and PostgreSQL queues it, unread, as
     `WITH w AS (<sql> RETURNING 1) SELECT rem_fenced(count(*), <lost>) FROM w`:
     no round trip of its own; when it is sent (with the transaction's next
     read, at the savepoint's RELEASE or at COMMIT) a write that changed no
@@ -592,7 +593,7 @@ def fenced_unread(conn: Conn, sql: str, params: Params, lost: str) -> None:
     same function runs before the failure is known, and must change nothing
     outside the transaction that outlives it.
     """
-    queue = getattr(conn, "execute_unread", None)
+    queue = getattr(conn, "execute_unread", None) if unread else None
     if queue is None:
         if not conn.execute(sql, params).rowcount:
             raise LeaseLost(lost)

@@ -39,7 +39,7 @@ waiting for a rival's lock, so a committed takeover leaves 0 rows: `LeaseLost`).
 On the turn path the check is the server's: the write is sent unread,
 wrapped as `WITH w AS (... RETURNING 1) SELECT rem_fenced(count(*), msg)`,
 and 0 rows fails the statement with `FENCE_SQLSTATE`, raised as
-`LeaseLost(msg)` where it is sent (`backend.store.db.fenced_unread`).
+`LeaseLost(msg)` where it is sent (`backend.store.db.fenced_write(unread=True)`).
 Reads that must see one state (`BEGIN`: status, check, the console) run
 REPEATABLE READ READ ONLY, one snapshot, as SQLite's read transaction.
 
@@ -318,7 +318,7 @@ class PgConnection:
     RELEASE or the COMMIT: never in another group member's savepoint. A group
     of turn transactions (`commit_group_sync`) thus costs a round trip per
     statement that is read, plus the COMMIT. Fenced writes are sent unread
-    too (`fenced_unread`): the server fails one that changed no row.
+    too (`fenced_write(unread=True)`): the server fails one that changed no row.
     """
 
     engine = "postgresql"
@@ -512,7 +512,7 @@ def session_options(*, read_only: bool) -> str:
 
 
 # -- errors ----------------------------------------------------------------------
-# rem's own SQLSTATE: a fenced write sent unread (`backend.store.db.fenced_unread`) changed no
+# rem's own SQLSTATE: a fenced write sent unread (`backend.store.db.fenced_write(unread=True)`) changed no
 # row; raised by `rem_fenced` (schema_pg), translated back to `LeaseLost` with its message
 FENCE_SQLSTATE = "RL001"
 CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")

@@ -215,7 +215,7 @@ END $$;
 SELECT rem_watch_tables();
 """
 # PostgreSQL 10: a fenced write sent unread fails its statement when it changed no row
-# (`backend.store.db.fenced_unread`), with rem's own SQLSTATE and the caller's message
+# (`backend.store.db.fenced_write(unread=True)`), with rem's own SQLSTATE and the caller's message
 FENCED = f"""
 CREATE FUNCTION rem_fenced(changed bigint, lost text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN

@@ -1,4 +1,4 @@
-"""Fenced writes sent unread (`db.fenced_unread`): a write that changes no row still fails its
+"""Fenced writes sent unread (`db.fenced_write(unread=True)`): a write that changes no row still fails its
 transaction, or only its own member of a group commit, as `LeaseLost` with its own message."""
 
 from __future__ import annotations
