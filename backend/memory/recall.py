@@ -32,7 +32,7 @@ import time
 import unicodedata
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.core.errors import BadInput, ChromaUnreachable
 from backend.memory.config import RecallConfig, recall_config
@@ -47,7 +47,7 @@ from backend.memory.text import (
 )
 from backend.runtime.context import Context
 from backend.store import counters
-from backend.store.db import Conn, engine_of, independent_reads_sync
+from backend.store.db import Conn, Reader, engine_of, independent_reads_sync, read_together_sync
 
 KINDS = ("turn", "summary", "fact")
 RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
@@ -411,13 +411,28 @@ def _lexical(
     kinds: Collection[str],
     query: str,
 ) -> dict[str, Any]:
-    # three retrievers, each ranking on its own: they need not see one state
+    # three retrievers, each ranking on its own: they need not see one state, and each
+    # round of their reads goes to the server together (PostgreSQL: one round trip a round)
+    nodes = graph_node_ids(query)
     with independent_reads_sync(conn):
-        fts = _fts(conn, terms, scope, config) if "fts" in retrievers and "turn" in kinds else {}
-        nodes = graph_node_ids(query)
-        graph = _graph_turns(conn, nodes, scope) if "graph" in retrievers and "turn" in kinds else {}
-        facts = _facts(conn, nodes, scope, config) if "facts" in retrievers and "fact" in kinds else []
+        fts, graph, facts = read_together_sync(
+            conn,
+            [
+                _fts(conn, terms, scope, config) if "fts" in retrievers and "turn" in kinds else _none({}),
+                _graph_turns(nodes, scope) if "graph" in retrievers and "turn" in kinds else _none({}),
+                _facts(nodes, scope, config) if "facts" in retrievers and "fact" in kinds else _none([]),
+            ],
+        )
     return {"fts": fts, "graph": graph, "facts": facts}
+
+
+_T = TypeVar("_T")
+
+
+def _none(value: _T) -> Reader[_T]:
+    """A reader that reads nothing (a retriever left out)."""
+    return value
+    yield []  # a generator
 
 
 # the FTS5 query ranks and limits on its own, then joins only its LIMIT rows
@@ -455,7 +470,7 @@ ORDER BY f.score DESC
 """
 
 
-def _fts_pg(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> list[Any]:
+def _fts_pg(terms: list[str], scope: Scope, config: RecallConfig) -> Reader[list[Any]]:
     """The best lexical matches on PostgreSQL: rows as `FTS_SQL` returns them."""
     tokens = [scope_token("p", scope.project)] if scope.project is not None else []
     tokens += [scope_token("s", scope.session_id)] if scope.session_id is not None else []
@@ -469,7 +484,7 @@ def _fts_pg(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) ->
     params["scope"] = " & ".join(tokens)
     term_query = [f"to_tsquery('english', :t{i})" for i in range(len(terms))]
     counts = "".join(FTS_PG_DF_TERM.format(i=i, match=matching(q)) for i, q in enumerate(term_query))
-    df = conn.execute(FTS_PG_DF_SQL.format(counts=counts), params).fetchone()
+    [[df]] = yield [(FTS_PG_DF_SQL.format(counts=counts), params)]
     n = max(float(df[0]), float(sum(df[1:])))
     for i in range(len(terms)):
         params[f"i{i}"] = math.log(1 + (n - df[i + 1] + 0.5) / (df[i + 1] + 0.5))
@@ -483,25 +498,27 @@ def _fts_pg(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) ->
     if not score:
         return []
     match = matching("(" + " || ".join(term_query) + ")")
-    return list(conn.execute(FTS_PG_SQL.format(score=score, match=match), params).fetchall())
+    [rows] = yield [(FTS_PG_SQL.format(score=score, match=match), params)]
+    return list(rows)
 
 
-def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> dict[int, Candidate]:
+def _fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> Reader[dict[int, Candidate]]:
     """The best FTS5 matches in the project's own table (every project's table when unscoped)."""
     match = fts_match(terms, None, scope.session_id)
     if match is None:
         return {}
     if engine_of(conn) == "postgresql":
-        return _candidates(_fts_pg(conn, terms, scope, config), scope)
-    tables = [name for (name,) in conn.execute(FTS_TABLES_SQL)] if scope.project is None else []
-    if scope.project is not None:
+        return _candidates((yield from _fts_pg(terms, scope, config)), scope)
+    if scope.project is None:
+        [found] = yield [(FTS_TABLES_SQL, ())]
+        tables = [name for (name,) in found]
+    else:
         table = fts_table(scope.project)
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
-            tables.append(table)
+        [found] = yield [("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))]
+        tables = [table] if found else []
     params = {"w_body": config.fts_weights[0], "w_ctx": config.fts_weights[1], "match": match}
-    rows = []
-    for table in tables:
-        rows += conn.execute(FTS_SQL.format(table=table), {**params, "n": config.candidates}).fetchall()
+    per_table = yield [(FTS_SQL.format(table=table), {**params, "n": config.candidates}) for table in tables]
+    rows = [row for found in per_table for row in found]
     if len(tables) > 1:  # each table's bm25 is its own project's; the best of all of them
         rows = sorted(rows, key=lambda r: -r[5])[: config.candidates]
     return _candidates(rows, scope)
@@ -530,27 +547,30 @@ def _in_list(values: Sequence[Any]) -> str:
     return ",".join("?" * len(values))
 
 
-def _graph_turns(conn: Conn, nodes: list[str], scope: Scope) -> dict[str, float]:
+def _graph_turns(nodes: list[str], scope: Scope) -> Reader[dict[str, float]]:
     """message id -> graph score: the query's concepts and entities, weighted by rarity."""
     if not nodes:
         return {}
-    df = dict(
-        conn.execute(
+    [counted] = yield [
+        (
             f"SELECT dst, count(*) FROM graph_edge WHERE dst IN ({_in_list(nodes)}) AND kind = 'mentions' "
             "GROUP BY dst",
             nodes,
-        ).fetchall()
-    )
+        )
+    ]
+    df = dict(counted)
     useful = [n for n, count in df.items() if count <= GRAPH_MAX_DF]
     if not useful:
         return {}
     filters, params = _scope_sql(scope, "t")
-    rows = conn.execute(
-        f"SELECT t.message_id, t.session_id, t.ord, e.dst FROM graph_edge AS e "
-        f"JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
-        f"WHERE e.dst IN ({_in_list(useful)}) AND e.kind = 'mentions'{filters}",
-        [*useful, *params],
-    ).fetchall()
+    [rows] = yield [
+        (
+            f"SELECT t.message_id, t.session_id, t.ord, e.dst FROM graph_edge AS e "
+            f"JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
+            f"WHERE e.dst IN ({_in_list(useful)}) AND e.kind = 'mentions'{filters}",
+            [*useful, *params],
+        )
+    ]
     scores: dict[str, float] = {}
     for mid, sid, ord_, dst in rows:
         if not _excluded(scope, sid, ord_):
@@ -569,7 +589,7 @@ def _scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> 
     return sql, params
 
 
-def _facts(conn: Conn, nodes: list[str], scope: Scope, config: RecallConfig) -> list[dict[str, Any]]:
+def _facts(nodes: list[str], scope: Scope, config: RecallConfig) -> Reader[list[dict[str, Any]]]:
     """Typed relations that touch an entity the query names, in scope, as fact items."""
     entities = [n for n in nodes if n.startswith("entity:")]
     if not entities or config.facts <= 0:
@@ -578,24 +598,28 @@ def _facts(conn: Conn, nodes: list[str], scope: Scope, config: RecallConfig) -> 
     filters, params = _scope_sql(scope, "s", "id")
     # the named entities' typed edges through the two indexes (src: primary key, dst: dst_idx),
     # then their sessions: "src IN .. OR dst IN .." made SQLite walk every edge of the project
-    rows = conn.execute(
-        f"SELECT e.src, e.dst, e.kind, e.session_id, e.weight, e.revision, a.label, b.label, s.project "
-        f"FROM (SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
-        f"      WHERE src IN ({marks}) AND kind IN {FACT_KINDS_SQL} "
-        f"      UNION SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
-        f"      WHERE dst IN ({marks}) AND kind IN {FACT_KINDS_SQL}) AS e "
-        f"CROSS JOIN session AS s ON s.id = e.session_id "
-        f"JOIN graph_node AS a ON a.id = e.src JOIN graph_node AS b ON b.id = e.dst "
-        f"WHERE TRUE{filters} ORDER BY e.weight DESC, e.src, e.dst, e.kind, e.session_id LIMIT ?",
-        [*entities, *entities, *params, config.facts * 4],
-    ).fetchall()
+    [rows] = yield [
+        (
+            f"SELECT e.src, e.dst, e.kind, e.session_id, e.weight, e.revision, a.label, b.label, s.project "
+            f"FROM (SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
+            f"      WHERE src IN ({marks}) AND kind IN {FACT_KINDS_SQL} "
+            f"      UNION SELECT src, dst, kind, session_id, weight, revision FROM graph_edge "
+            f"      WHERE dst IN ({marks}) AND kind IN {FACT_KINDS_SQL}) AS e "
+            f"CROSS JOIN session AS s ON s.id = e.session_id "
+            f"JOIN graph_node AS a ON a.id = e.src JOIN graph_node AS b ON b.id = e.dst "
+            f"WHERE TRUE{filters} ORDER BY e.weight DESC, e.src, e.dst, e.kind, e.session_id LIMIT ?",
+            [*entities, *entities, *params, config.facts * 4],
+        )
+    ]
     named = set(entities)
+    # "goes with" is a fact only when the query names both sides
+    kept = [row for row in rows if row[2] != "co_occurs" or (row[0] in named and row[1] in named)]
+    kept = kept[: config.facts]
+    # each fact's citing turns: one round for all of them
+    cited = (yield [(FACT_CITES_SQL, (dst, src, sid)) for src, dst, _, sid, *_ in kept]) if kept else []
     facts = []
-    for src, dst, kind, sid, weight, revision, a, b, project in rows:
+    for (src, dst, kind, sid, weight, revision, a, b, project), cites in zip(kept, cited, strict=True):
         both = src in named and dst in named
-        if kind == "co_occurs" and not both:
-            continue  # "goes with" is a fact only when the query names both sides
-        cites = _fact_cites(conn, src, dst, sid)
         relevance = (1.0 if both else 0.6) * min(1.0, 0.5 + 0.1 * float(weight))
         facts.append(
             {
@@ -607,20 +631,22 @@ def _facts(conn: Conn, nodes: list[str], scope: Scope, config: RecallConfig) -> 
                 "time": None,
                 "score": round(config.fact_weight * relevance, 6),
                 "text": f"{a} {RELATION_WORDS.get(kind, kind)} {b}",
-                "provenance": {"revision": revision, "found_by": ["graph"], "ranks": {}, "cites": cites},
+                "provenance": {
+                    "revision": revision,
+                    "found_by": ["graph"],
+                    "ranks": {},
+                    "cites": [r[0] for r in cites],
+                },
             }
         )
-    return facts[: config.facts]
+    return facts
 
 
-def _fact_cites(conn: Conn, src: str, dst: str, session_id: str) -> list[str]:
-    rows = conn.execute(
-        "SELECT substr(a.src, 6) FROM graph_edge AS a JOIN graph_edge AS b ON b.src = a.src "
-        "AND b.dst = ? AND b.kind = 'mentions' AND b.session_id = a.session_id "
-        "WHERE a.dst = ? AND a.kind = 'mentions' AND a.session_id = ? ORDER BY a.src LIMIT 5",
-        (dst, src, session_id),
-    ).fetchall()
-    return [r[0] for r in rows]
+FACT_CITES_SQL = (
+    "SELECT substr(a.src, 6) FROM graph_edge AS a JOIN graph_edge AS b ON b.src = a.src "
+    "AND b.dst = ? AND b.kind = 'mentions' AND b.session_id = a.session_id "
+    "WHERE a.dst = ? AND a.kind = 'mentions' AND a.session_id = ? ORDER BY a.src LIMIT 5"
+)
 
 
 def _turn_items(

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -536,6 +536,9 @@ def commit_group_sync(conn: Conn, fns: list[Callable[[Conn], Any]]) -> list[tupl
         else:
             outcomes = [_in_savepoint_sync(conn, fn) for fn in fns]
         conn.execute("COMMIT")
+        # PostgreSQL: members whose queued writes failed after they returned (rolled back alone)
+        for member, exc in getattr(conn, "failed_members", {}).items():
+            outcomes[member] = (False, exc)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -551,8 +554,9 @@ def _in_savepoint_sync(conn: Conn, fn: Callable[[Conn], Any]) -> tuple[bool, Any
             raise TransactionDropped(
                 "the write transaction ended inside a group; nothing of the group was written"
             )
-        # on PostgreSQL the RELEASE carries the member's queued unread writes: their error is
-        # the member's own, rolled back to its savepoint like one raised inside `fn`
+        # on PostgreSQL the member's queued unread writes may go out with a later member's
+        # statements: their error is still this member's own, rolled back to its savepoint
+        # (`PgConnection.failed_members`), like one raised inside `fn`
         conn.execute("RELEASE rem_write")
     except Exception as exc:
         if not conn.in_transaction:  # SQLite rolled back the whole transaction (SQLITE_FULL, IOERR)
@@ -622,6 +626,52 @@ def independent_reads_sync(conn: Conn) -> Iterator[None]:
         yield
     finally:
         conn.execute("ROLLBACK")
+
+
+# one read: its SQL and parameters
+Query = tuple[str, Params]
+# a reader that needs several rounds of reads: it yields each round's queries, is sent back
+# each query's rows (in order), and returns its result (`read_together_sync` drives it)
+Reader = Generator[list[Query], list[list[Row]], T]
+
+
+def read_together_sync(conn: Conn, readers: Sequence[Reader[Any]]) -> list[Any]:
+    """Drive independent readers in lockstep, each round's queries of all of them sent together.
+
+    PostgreSQL: a round is one round trip (one pipeline), however many readers
+    and queries it holds; SQLite, which has no round trip to save, runs them one
+    by one. Returns each reader's result, in order. The reads see no common
+    snapshot unless the caller opened one.
+    """
+    results: list[Any] = [None] * len(readers)
+    pending: dict[int, list[Query]] = {}
+
+    def advance(i: int, rows: list[list[Row]] | None) -> None:
+        try:
+            queries = next(readers[i]) if rows is None else readers[i].send(rows)
+        except StopIteration as done:
+            results[i] = done.value
+            return
+        pending[i] = queries
+
+    for i in range(len(readers)):
+        advance(i, None)
+    fetch = getattr(conn, "fetchall_batch", None)
+    while pending:
+        batch, order = [], []
+        for i, queries in pending.items():
+            batch += queries
+            order.append((i, len(queries)))
+        pending = {}
+        if fetch is None or len(batch) <= 1:
+            rows = [conn.execute(sql, params).fetchall() for sql, params in batch]
+        else:
+            rows = fetch(batch)
+        at = 0
+        for i, n in order:
+            advance(i, rows[at : at + n])
+            at += n
+    return results
 
 
 def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:

@@ -50,6 +50,7 @@ fails as a whole (`DatabaseUnreachable`, nothing of it written).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -313,12 +314,22 @@ class PgConnection:
     Round trips: `BEGIN`, `SAVEPOINT` and `RELEASE` answer nothing rem reads, so
     they are queued and sent ahead of the next statement in one pipeline (one
     round trip for all of them); so is a write passed to `execute_unread` (its
-    row count and rows go unread). A queued write's error surfaces at the
-    statement that sends it, which is at the latest its own savepoint's
-    RELEASE or the COMMIT: never in another group member's savepoint. A group
-    of turn transactions (`commit_group_sync`) thus costs a round trip per
-    statement that is read, plus the COMMIT. Fenced writes are sent unread
-    too (`fenced_write(unread=True)`): the server fails one that changed no row.
+    row count and rows go unread). Fenced writes are sent unread too
+    (`fenced_write(unread=True)`): the server fails one that changed no row.
+    A group of turn transactions (`commit_group_sync`) thus costs a round trip
+    per statement that is read, plus the COMMIT.
+
+    A queued write's error is its own group member's, wherever it surfaces.
+    Each `SAVEPOINT rem_write` opens the transaction's next member (counted
+    from 0), and a member's queued statements may go out with a later
+    member's read or with the COMMIT. When a pipeline fails inside an earlier
+    member's statements (the last statement of each closed member's queue is
+    sent on a cursor of its own, so the first of them without a result
+    names it), that member is rolled back to its savepoint and recorded in
+    `failed_members`; the statements queued after it, which the server
+    skipped, are sent again, then the statement that sent them. The member
+    reading or committing never sees the error. `commit_group_sync` reports
+    the recorded members as failed.
     """
 
     engine = "postgresql"
@@ -329,7 +340,12 @@ class PgConnection:
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
         self._in_tx = False
-        self._queued: list[tuple[str, Any, bool]] = []  # (statement, parameters, is a write) not yet sent
+        # (statement, parameters, is a write, group member) not yet sent
+        self._queued: list[tuple[str, Any, bool, int]] = []
+        self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
+        self._member_open = False  # whether its savepoint is still open
+        self.failed_members: dict[int, Exception] = {}  # member -> the error of a statement it queued
+        self._deallocate_at_end = False  # `_forget_prepared`
         self._raw = self._connect()
 
     @property
@@ -372,13 +388,16 @@ class PgConnection:
             if head.startswith("BEGIN"):
                 self._live()  # a broken connection is replaced before a transaction, never inside one
                 self._in_tx = True
-            if not (head.startswith("RELEASE") and self._writes_queued()):
-                self._queued.append((statement, None, False))
-                return _NO_RESULT
-        elif head.startswith("ROLLBACK") and self._writes_queued():
-            # ROLLBACK TO: every queued write is inside the innermost savepoint (a RELEASE sends
-            # them), so none needs sending; the savepoint itself may still be queued
-            self._queued = [entry for entry in self._queued if not entry[2]]
+                self._member, self._member_open, self.failed_members = -1, False, {}
+            elif head.startswith("SAVEPOINT"):
+                self._member, self._member_open = self._member + 1, True
+            elif head.startswith("RELEASE"):
+                self._member_open = False
+            self._queued.append((statement, None, False, self._member))
+            return _NO_RESULT
+        if head.startswith("ROLLBACK"):  # ROLLBACK TO: the open member's queued writes need no sending
+            member = self._member
+            self._queued = [entry for entry in self._queued if not (entry[2] and entry[3] == member)]
         cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
         if head.startswith(_WRITES) and cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
@@ -386,34 +405,103 @@ class PgConnection:
 
     def execute_unread(self, sql: str, parameters: Any = ()) -> None:
         """A write whose row count and rows nobody reads: queued, sent with the next statement."""
-        self._queued.append((translate_sql(sql), parameters, True))
+        self._queued.append((translate_sql(sql), parameters, True, self._member))
 
-    def _send(self, run: Any) -> psycopg.Cursor[Any]:
-        """`run(cursor)` after every queued statement, all in one round trip."""
+    def _send(self, run: Any, *, pipeline: bool = False) -> psycopg.Cursor[Any]:
+        """`run(cursor)` after every queued statement, all in one round trip (`pipeline`: even
+        when nothing is queued, for a `run` that sends several statements)."""
         cursor = self._live().cursor(row_factory=named_row)
-        if not self._queued:
+        if not (self._queued or pipeline):
             run(cursor)
             return cursor
-        queued, self._queued = self._queued, []
-        with self._raw.pipeline():
-            for statement, parameters, write in queued:
-                cursor.execute(statement, parameters)
-                self.total_changes += write  # each queued write counts as one change
-            cursor = self._raw.cursor(row_factory=named_row)
-            run(cursor)
-        return cursor
+        while True:
+            queued, self._queued = self._queued, []
+            closed = self._member - self._member_open  # members up to this one have been released
+            # each closed member's last queued statement (its RELEASE) -> (member, a cursor of its own)
+            ends = {
+                i: (member, self._raw.cursor())
+                for i, (_, _, _, member) in enumerate(queued)
+                if 0 <= member <= closed and (i + 1 == len(queued) or queued[i + 1][3] != member)
+            }
+            try:
+                with self._raw.pipeline():
+                    for i, (statement, parameters, _, _) in enumerate(queued):
+                        (ends[i][1] if i in ends else cursor).execute(statement, parameters)
+                    cursor = self._raw.cursor(row_factory=named_row)
+                    run(cursor)
+            except psycopg.Error as exc:
+                self._forget_prepared()
+                # results come in order (psycopg may raise before the pipeline has all been sent):
+                # the first closed member whose last statement has none holds the failed one
+                failed = next((m for m, end in ends.values() if end.pgresult is None), None)
+                if failed is None or self._raw.broken:
+                    raise  # the statement's own, or its member's (or the connection's)
+                self.total_changes += sum(entry[2] for entry in queued if entry[3] < failed)
+                self._fail_member(failed, exc, [entry for entry in queued if entry[3] > failed])
+                continue
+            self.total_changes += sum(entry[2] for entry in queued)  # each queued write counts as one
+            return cursor
+
+    def _fail_member(self, member: int, exc: Exception, skipped: list[tuple[str, Any, bool, int]]) -> None:
+        """A closed group member's queued statement failed: roll the member back, queue what the
+        server skipped after it (the later members' statements) to be sent again."""
+        with self._raw.cursor() as cursor:
+            cursor.execute("ROLLBACK TO rem_write", prepare=False)  # its savepoint: the later ones never ran
+            cursor.execute("RELEASE rem_write", prepare=False)
+        self.failed_members[member] = exc
+        self._queued = skipped + self._queued
+
+    def _forget_prepared(self) -> None:
+        """After a failed pipeline: forget which statements psycopg prepared on the server.
+
+        psycopg (3.3) records a statement as prepared when it queues the
+        statement's Parse, and never learns that the server skipped it after an
+        earlier error in the same pipeline; every later use would then fail with
+        `prepared statement "_pg3_N" does not exist`. So its cache is emptied
+        (psycopg has no public call for it: `Connection._prepared`), and the
+        server's copies are deallocated once the transaction has ended (not
+        before: a failed transaction refuses every statement but its end).
+        """
+        cache = self._raw._prepared
+        cache._names.clear()
+        cache._counts.clear()
+        self._deallocate_at_end = True
+
+    def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
+        """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`)."""
+        cursors: list[psycopg.Cursor[Any]] = []
+
+        def run(first: psycopg.Cursor[Any]) -> None:
+            cursors.clear()  # a run sent again (an earlier member's write failed) starts over
+            for sql, parameters in queries:
+                cursor = first if not cursors else self._raw.cursor(row_factory=named_row)
+                cursor.execute(translate_sql(sql), parameters if parameters is not None else ())
+                cursors.append(cursor)
+
+        self._send(run, pipeline=True)
+        return [cursor.fetchall() for cursor in cursors]
 
     def _flush(self) -> None:
         if self._queued:
             self._send(lambda cur: None)
 
     def _writes_queued(self) -> bool:
-        return any(write for _, _, write in self._queued)
+        return any(entry[2] for entry in self._queued)
 
     def _drop_queue(self) -> None:
         self._queued = []
 
     def _end(self, statement: str) -> PgCursor:
+        try:
+            return self._end_tx(statement)
+        finally:
+            if self._deallocate_at_end and not (self._raw.closed or self._raw.broken):
+                self._deallocate_at_end = False
+                self._raw._prepared.clear()  # what was prepared since: gone too, with the rest
+                with contextlib.suppress(psycopg.Error), self._raw.cursor() as cursor:
+                    cursor.execute("DEALLOCATE ALL", prepare=False)  # failing, it leaves names unused
+
+    def _end_tx(self, statement: str) -> PgCursor:
         was_in_tx, self._in_tx = self._in_tx, False
         rollback = statement.upper().startswith("ROLLBACK")
         if (

@@ -57,13 +57,72 @@ async def test_a_stale_fence_sent_unread_fails_only_its_own_member_of_a_group(db
         db.write_in_thread(_guarded_mark(lease, "held")),  # type: ignore[arg-type]
         return_exceptions=True,
     )
-    assert db.groups_committed == groups + 1  # one group: the failure stayed in its savepoint
+    assert db.groups_committed == groups + 1, [
+        repr(o) for o in outcomes
+    ]  # one group: the failure stayed in its savepoint
     assert isinstance(outcomes[0], LeaseLost) and f"at epoch {stale.epoch}" in str(outcomes[0])
     assert outcomes[1] == "held"
     assert await _marks(db) == ["held"]
     assert await db.scalar("SELECT phase FROM session_execution WHERE id = ?", (lease.execution_id,)) == (
         "unknown"
     )
+
+
+@pytest.mark.parametrize("read_after", [False, True], ids=["seen-at-commit", "seen-at-a-later-members-read"])
+async def test_a_stale_fence_fails_only_its_member_wherever_its_write_goes_out(
+    db_ctx: Context, read_after: bool
+) -> None:
+    # PostgreSQL sends a member's unread writes with a later member's read or with the COMMIT
+    db = await db_ctx.db()
+    lease = await _held(db)
+    stale = dataclasses.replace(lease, epoch=lease.epoch + 7)
+    groups = db.groups_committed
+    outcomes = await asyncio.gather(
+        *(
+            db.write_in_thread(body)  # type: ignore[arg-type]
+            for body in (
+                _guarded_mark(lease, "first"),
+                _guarded_mark(stale, "stale"),
+                _guarded_mark(lease, "after", read_after=read_after),
+                _guarded_mark(stale, "stale again"),
+                _guarded_mark(lease, "last"),
+            )
+        ),
+        return_exceptions=True,
+    )
+    assert db.groups_committed == groups + 1, outcomes
+    assert [o if isinstance(o, str) else type(o) for o in outcomes] == [
+        "first",
+        LeaseLost,
+        "after",
+        LeaseLost,
+        "last",
+    ]
+    assert await _marks(db) == ["first", "after", "last"]
+
+
+async def test_a_later_member_never_sees_a_failed_members_writes(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    lease = await _held(db)
+    stale = dataclasses.replace(lease, epoch=lease.epoch + 7)
+
+    def count_marks(conn: Conn) -> int:
+        execute_unread(conn, MARK, (clock.now_ms(), json.dumps({"mark": "counted"})))
+        return int(conn.execute("SELECT count(*) FROM event WHERE kind = 'test.mark'").fetchone()[0])
+
+    def raises(conn: Conn) -> None:
+        execute_unread(conn, MARK, (clock.now_ms(), json.dumps({"mark": "raised"})))
+        raise ValueError("the member's own failure")
+
+    outcomes = await asyncio.gather(
+        db.write_in_thread(_guarded_mark(stale, "stale")),  # type: ignore[arg-type]
+        db.write_in_thread(raises),
+        db.write_in_thread(count_marks),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], LeaseLost) and isinstance(outcomes[1], ValueError)
+    assert outcomes[2] == 1  # its own mark only: neither the stale member's nor the raising one's
+    assert await _marks(db) == ["counted"]
 
 
 @pytest.mark.parametrize("read_after", [False, True], ids=["failed-at-commit", "failed-at-next-read"])

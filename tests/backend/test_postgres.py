@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from backend.core.errors import DatabaseUnreachable, DataDirError, LeaseLost, Re
 from backend.execution import leases
 from backend.runtime.context import Context
 from backend.store import counters, schema_pg
-from backend.store.db import Database, execute_unread
+from backend.store.db import Conn, Database, Reader, commit_group_sync, execute_unread, read_together_sync
 from backend.store.postgres import PgConnection, display_url, translate_sql
 from backend.store.schema import MIGRATIONS, migrate
 from backend.tools.postgres_server import LocalPostgres
@@ -359,11 +360,67 @@ class _RoundTrips:
         self.count = 0
         original = PgConnection._send
 
-        def counted(conn: PgConnection, run: Any) -> Any:
+        def counted(conn: PgConnection, run: Any, **kw: Any) -> Any:
             self.count += 1
-            return original(conn, run)
+            return original(conn, run, **kw)
 
         monkeypatch.setattr(PgConnection, "_send", counted)
+
+
+def test_a_failed_pipeline_leaves_no_statement_psycopg_thinks_prepared_and_the_server_lost(
+    db_url: str,
+) -> None:
+    # psycopg prepares a statement on its 5th use, queuing its Parse in the pipeline: in a
+    # pipeline that failed earlier, the server skips it, and psycopg must not use its name
+    conn = PgConnection(db_url)
+
+    def member(n: int) -> Callable[[Conn], None]:
+        return lambda c: execute_unread(c, "INSERT INTO rt (n) VALUES (?)", (n,))
+
+    try:
+        conn.execute("CREATE TABLE rt (n INT CHECK (n < 100))")
+        for _ in range(20):  # two members fail; the statements reach their 5th use around them
+            outcomes = commit_group_sync(conn, [member(1), member(1000), member(2), member(1000), member(3)])
+            assert [ok for ok, _ in outcomes] == [True, False, True, False, True]
+            assert "check constraint" in str(outcomes[1][1]) and "check constraint" in str(outcomes[3][1])
+        assert conn.execute("SELECT count(*) AS n FROM rt").fetchone()["n"] == 60
+        on_server = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
+        names = {name.decode() for name in conn.raw._prepared._names.values()}
+        assert names <= on_server
+    finally:
+        conn.close()
+
+
+def test_reads_driven_together_share_each_rounds_round_trip(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips = _RoundTrips(monkeypatch)
+    conn = PgConnection(db_url)
+
+    def reader(first: str, then: str | None) -> Reader[list[Any]]:
+        [rows] = yield [(first, ())]
+        found = [r[0] for r in rows]
+        if then is None:
+            return found
+        again = yield [(then, (found[0],)), ("SELECT ? + 1", (found[0],))]
+        return found + [r[0] for rows in again for r in rows]
+
+    try:
+        conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
+        execute_unread(conn, "INSERT INTO rt (who) VALUES ('x')")
+        trips.count = 0
+        results = read_together_sync(
+            conn,
+            [
+                reader("SELECT who FROM rt", None),  # sees the queued write, sent in the same round
+                reader("SELECT 1", "SELECT ? * 10"),
+                reader("SELECT 2 WHERE FALSE", None),
+            ],
+        )
+        # round 1: the queued INSERT and three reads; round 2: the one reader's two reads
+        assert results == [["x"], [1, 10, 2], []] and trips.count == 2
+    finally:
+        conn.close()
 
 
 def test_begin_savepoint_release_and_unread_writes_ride_with_the_next_statement(
@@ -374,16 +431,17 @@ def test_begin_savepoint_release_and_unread_writes_ride_with_the_next_statement(
     try:
         conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
         trips.count = 0
-        # a two-member group as commit_group_sync writes it: 6 statements before the COMMIT
+        # a two-member group as commit_group_sync writes it: 6 statements, all sent with the COMMIT
+        # (a member's failing write is still its own: `failed_members`, test_fenced_unread.py)
         conn.execute("BEGIN IMMEDIATE")
         assert conn.in_transaction and trips.count == 0  # nothing sent yet
         for who in ("a", "b"):
             conn.execute("SAVEPOINT rem_write")
             execute_unread(conn, "INSERT INTO rt (who) VALUES (?)", (who,))
-            conn.execute("RELEASE rem_write")  # sends the member's write: its error stays its own
-        assert trips.count == 2
+            conn.execute("RELEASE rem_write")
+        assert trips.count == 0
         conn.execute("COMMIT")
-        assert trips.count == 3 and not conn.in_transaction
+        assert trips.count == 1 and not conn.in_transaction and conn.failed_members == {}
         assert [r[0] for r in conn.execute("SELECT who FROM rt ORDER BY who").fetchall()] == ["a", "b"]
         # a read snapshot: BEGIN and the first read in one round trip, and the snapshot is BEGIN's
         trips.count = 0

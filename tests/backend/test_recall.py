@@ -15,6 +15,9 @@ from backend.dream.digester import Dreamer
 from backend.runtime.context import Context
 from backend.summaries.summarizer import Summarizer
 
+# recall's reads go to both stores in rounds (`read_together_sync`): one pipeline each on PostgreSQL
+pytestmark = pytest.mark.both_stores
+
 LINES = [
     ("ops", "deploy", "d-1", "user", "Maya", "We moved the payments service to the new Kubernetes cluster."),
     ("ops", "deploy", "d-2", "assistant", "Bot", "Noted; retire the old cluster once the replicas catch up."),
