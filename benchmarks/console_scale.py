@@ -112,13 +112,20 @@ class MinuteLog:
 
 
 def top_growth(base: Any, n: int = 8) -> list[str]:
-    """The lines whose live allocations grew most since `base` (a tracemalloc snapshot)."""
+    """The lines (or, when tracing more than one frame, the call stacks) whose live
+    allocations grew most since `base` (a tracemalloc snapshot)."""
     import tracemalloc
 
     now = tracemalloc.take_snapshot()
-    stats = now.compare_to(base, "lineno")
+    if tracemalloc.get_traceback_limit() == 1:
+        return [str(stat) for stat in now.compare_to(base, "lineno")[:n]]
+    stats = now.compare_to(base, "traceback")[:n]
     del now
-    return [str(stat) for stat in stats[:n]]
+    return [
+        f"{stat.size_diff / 2**10:+.1f} KiB, {stat.count_diff:+d} blocks\n  "
+        + "\n  ".join(stat.traceback.format(most_recent_first=True))
+        for stat in stats
+    ]
 
 
 async def soak(
@@ -211,6 +218,12 @@ def main() -> None:
         default=900.0,
         help="with --tracemalloc: the baseline snapshot's time; growth since it is reported every 30 minutes",
     )
+    parser.add_argument(
+        "--trace-frames",
+        type=int,
+        default=1,
+        help="with --tracemalloc: frames kept per allocation; above 1, growth is grouped by call stack",
+    )
     parser.add_argument("--skip-start", action="store_true", help="skip the start measurement")
     parser.add_argument("--child-start", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -236,7 +249,7 @@ def main() -> None:
     if args.tracemalloc:
         import tracemalloc
 
-        tracemalloc.start(1)
+        tracemalloc.start(args.trace_frames)
     trace_base = args.trace_base_s if args.tracemalloc else None
     result = {
         "data_dir": str(root),
