@@ -14,7 +14,8 @@ DIR comes from benchmarks/gen_big.py (generated in a temp dir when omitted).
    long soak shows whether memory levels off and what the machine's load did to
    the UI. `--tracemalloc` also traces the console's Python allocations: their
    total each minute, and the lines that grew most since a baseline snapshot
-   taken after `--trace-base-s` (when the Trends window has filled).
+   taken after `--trace-base-s` (when the Trends window has filled). Each minute also
+   counts the full (generation 2) cyclic collections and the longest of them.
    Before it, a `--quiet-s` soak with the same writer and no key presses: the
    longest callback there is what refreshes alone cost the UI (a navigation
    key's own repaint of a whole panel is the slowest thing in the soak).
@@ -78,13 +79,41 @@ def measure_start(root: Path, runs: int = 3) -> list[dict[str, float]]:
     return results
 
 
+class GcProbe:
+    """How long each of Python's full (generation 2) cyclic collections stopped the console."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._started = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
+
+    def install(self) -> None:
+        import gc
+
+        gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
+
+
 class MinuteLog:
     """Each minute of a soak: RSS, load, the longest callback and loop lag in it, traced Python memory."""
 
-    def __init__(self, probe: LagProbe, callbacks: CallbackTimer, trace_base_s: float | None) -> None:
-        self.probe, self.callbacks = probe, callbacks
+    def __init__(
+        self, probe: LagProbe, callbacks: CallbackTimer, gcs: GcProbe, trace_base_s: float | None
+    ) -> None:
+        self.probe, self.callbacks, self.gcs = probe, callbacks, gcs
         self.rows: list[dict[str, Any]] = []
-        self._lag_at, self._cb_at = 0, 0
+        self._lag_at, self._cb_at, self._gc_at = 0, 0, 0
         self.trace_base_s = trace_base_s
         self.base: Any = None
         self.growth: list[dict[str, Any]] = []
@@ -92,13 +121,18 @@ class MinuteLog:
     def record(self, minute: int, elapsed_s: float, rss_mb: float) -> None:
         lags = self.probe.lags_ms[self._lag_at :]
         cbs = self.callbacks.cpu_ms[self._cb_at :]
+        gcs = self.gcs.pauses_ms[self._gc_at :]
         self._lag_at, self._cb_at = len(self.probe.lags_ms), len(self.callbacks.cpu_ms)
+        self._gc_at = len(self.gcs.pauses_ms)
         row: dict[str, Any] = {
             "minute": minute,
             "rss_mb": round(rss_mb, 1),
             "load_1m": round(os.getloadavg()[0], 2),
             "callback_max_ms": round(max(cbs), 1) if cbs else 0.0,
             "lag_max_ms": round(max(lags), 1) if lags else 0.0,
+            "full_gcs": len(gcs),
+            "full_gc_max_ms": round(max(gcs), 1) if gcs else 0.0,
+            "allocated_blocks": sys.getallocatedblocks(),  # cheap: every live allocation of the interpreter
         }
         if self.trace_base_s is not None:
             import tracemalloc
@@ -146,9 +180,11 @@ async def soak(
         probe.start()
         callbacks = CallbackTimer()
         callbacks.install()
+        gcs = GcProbe()
+        gcs.install()
         writer = start_writer(root / "state.db", interval_ms, run=f"soak-{time.time()}")
         applies0, loads0 = app.stats["applies"], app.stats["loads"]
-        minutes = MinuteLog(probe, callbacks, trace_base_s)
+        minutes = MinuteLog(probe, callbacks, gcs, trace_base_s)
         started = time.monotonic()
         try:
             i = 0
@@ -165,6 +201,7 @@ async def soak(
             writer.wait()
             probe.stop()
             callbacks.uninstall()
+            gcs.uninstall()
         return {
             "sessions": (app.applied or {}).get("counts", {}).get("sessions"),
             "soak_s": round(time.monotonic() - started),
@@ -174,6 +211,7 @@ async def soak(
             "loop_lag_ms": summary(probe.lags_ms),
             "callback_cpu_ms": summary(callbacks.cpu_ms),
             "callback_wall_ms": summary(callbacks.wall_ms),
+            "full_gc_ms": summary(gcs.pauses_ms),
             "slowest_callbacks": sorted(callbacks.slow, reverse=True)[:8],
             "apply_ms": summary(latest(app.stats["apply_ms"], app.stats["applies"] - applies0)),
             "load_ms": summary(latest(app.stats["load_ms"], app.stats["loads"] - loads0)),
