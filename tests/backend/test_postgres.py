@@ -6,7 +6,7 @@ import asyncio
 import multiprocessing
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -367,35 +367,38 @@ class _RoundTrips:
         monkeypatch.setattr(PgConnection, "_send", counted)
 
 
+@pytest.fixture
+def conn(db_url: str) -> Iterator[PgConnection]:
+    """A `PgConnection` to the test's fresh database, closed after the test."""
+    connection = PgConnection(db_url)
+    yield connection
+    connection.close()
+
+
 def test_a_failed_pipeline_leaves_no_statement_psycopg_thinks_prepared_and_the_server_lost(
-    db_url: str,
+    conn: PgConnection,
 ) -> None:
     # psycopg prepares a statement on its 5th use, queuing its Parse in the pipeline: in a
     # pipeline that failed earlier, the server skips it, and psycopg must not use its name
-    conn = PgConnection(db_url)
 
     def member(n: int) -> Callable[[Conn], None]:
         return lambda c: execute_unread(c, "INSERT INTO rt (n) VALUES (?)", (n,))
 
-    try:
-        conn.execute("CREATE TABLE rt (n INT CHECK (n < 100))")
-        for _ in range(20):  # two members fail; the statements reach their 5th use around them
-            outcomes = commit_group_sync(conn, [member(1), member(1000), member(2), member(1000), member(3)])
-            assert [ok for ok, _ in outcomes] == [True, False, True, False, True]
-            assert "check constraint" in str(outcomes[1][1]) and "check constraint" in str(outcomes[3][1])
-        assert conn.execute("SELECT count(*) AS n FROM rt").fetchone()["n"] == 60
-        on_server = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
-        names = {name.decode() for name in conn.raw._prepared._names.values()}
-        assert names <= on_server
-    finally:
-        conn.close()
+    conn.execute("CREATE TABLE rt (n INT CHECK (n < 100))")
+    for _ in range(20):  # two members fail; the statements reach their 5th use around them
+        outcomes = commit_group_sync(conn, [member(1), member(1000), member(2), member(1000), member(3)])
+        assert [ok for ok, _ in outcomes] == [True, False, True, False, True]
+        assert "check constraint" in str(outcomes[1][1]) and "check constraint" in str(outcomes[3][1])
+    assert conn.execute("SELECT count(*) AS n FROM rt").fetchone()["n"] == 60
+    on_server = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
+    names = {name.decode() for name in conn.raw._prepared._names.values()}
+    assert names <= on_server
 
 
 def test_reads_driven_together_share_each_rounds_round_trip(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    conn: PgConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = _RoundTrips(monkeypatch)
-    conn = PgConnection(db_url)
 
     def reader(first: str, then: str | None) -> Reader[list[Any]]:
         [rows] = yield [(first, ())]
@@ -405,59 +408,52 @@ def test_reads_driven_together_share_each_rounds_round_trip(
         again = yield [(then, (found[0],)), ("SELECT ? + 1", (found[0],))]
         return found + [r[0] for rows in again for r in rows]
 
-    try:
-        conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
-        execute_unread(conn, "INSERT INTO rt (who) VALUES ('x')")
-        trips.count = 0
-        results = read_together_sync(
-            conn,
-            [
-                reader("SELECT who FROM rt", None),  # sees the queued write, sent in the same round
-                reader("SELECT 1", "SELECT ? * 10"),
-                reader("SELECT 2 WHERE FALSE", None),
-            ],
-        )
-        # round 1: the queued INSERT and three reads; round 2: the one reader's two reads
-        assert results == [["x"], [1, 10, 2], []] and trips.count == 2
-    finally:
-        conn.close()
+    conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
+    execute_unread(conn, "INSERT INTO rt (who) VALUES ('x')")
+    trips.count = 0
+    results = read_together_sync(
+        conn,
+        [
+            reader("SELECT who FROM rt", None),  # sees the queued write, sent in the same round
+            reader("SELECT 1", "SELECT ? * 10"),
+            reader("SELECT 2 WHERE FALSE", None),
+        ],
+    )
+    # round 1: the queued INSERT and three reads; round 2: the one reader's two reads
+    assert results == [["x"], [1, 10, 2], []] and trips.count == 2
 
 
 def test_begin_savepoint_release_and_unread_writes_ride_with_the_next_statement(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    conn: PgConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trips = _RoundTrips(monkeypatch)
-    conn = PgConnection(db_url)
-    try:
-        conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
-        trips.count = 0
-        # a two-member group as commit_group_sync writes it: 6 statements, all sent with the COMMIT
-        # (a member's failing write is still its own: `failed_members`, test_fenced_unread.py)
-        conn.execute("BEGIN IMMEDIATE")
-        assert conn.in_transaction and trips.count == 0  # nothing sent yet
-        for who in ("a", "b"):
-            conn.execute("SAVEPOINT rem_write")
-            execute_unread(conn, "INSERT INTO rt (who) VALUES (?)", (who,))
-            conn.execute("RELEASE rem_write")
-        assert trips.count == 0
-        conn.execute("COMMIT")
-        assert trips.count == 1 and not conn.in_transaction and conn.failed_members == {}
-        assert [r[0] for r in conn.execute("SELECT who FROM rt ORDER BY who").fetchall()] == ["a", "b"]
-        # a read snapshot: BEGIN and the first read in one round trip, and the snapshot is BEGIN's
-        trips.count = 0
-        conn.execute("BEGIN")
-        level = conn.execute("SELECT current_setting('transaction_isolation') AS l").fetchone()
-        assert level["l"] == "repeatable read" and trips.count == 1
-        conn.execute("ROLLBACK")
-        # a transaction that wrote nothing costs nothing
-        trips.count = 0
-        conn.execute("BEGIN IMMEDIATE")
+    conn.execute("CREATE TABLE rt (who TEXT PRIMARY KEY)")
+    trips.count = 0
+    # a two-member group as commit_group_sync writes it: 6 statements, all sent with the COMMIT
+    # (a member's failing write is still its own: `failed_members`, test_fenced_unread.py)
+    conn.execute("BEGIN IMMEDIATE")
+    assert conn.in_transaction and trips.count == 0  # nothing sent yet
+    for who in ("a", "b"):
         conn.execute("SAVEPOINT rem_write")
+        execute_unread(conn, "INSERT INTO rt (who) VALUES (?)", (who,))
         conn.execute("RELEASE rem_write")
-        conn.execute("COMMIT")
-        assert trips.count == 0 and not conn.in_transaction
-    finally:
-        conn.close()
+    assert trips.count == 0
+    conn.execute("COMMIT")
+    assert trips.count == 1 and not conn.in_transaction and conn.failed_members == {}
+    assert [r[0] for r in conn.execute("SELECT who FROM rt ORDER BY who").fetchall()] == ["a", "b"]
+    # a read snapshot: BEGIN and the first read in one round trip, and the snapshot is BEGIN's
+    trips.count = 0
+    conn.execute("BEGIN")
+    level = conn.execute("SELECT current_setting('transaction_isolation') AS l").fetchone()
+    assert level["l"] == "repeatable read" and trips.count == 1
+    conn.execute("ROLLBACK")
+    # a transaction that wrote nothing costs nothing
+    trips.count = 0
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("SAVEPOINT rem_write")
+    conn.execute("RELEASE rem_write")
+    conn.execute("COMMIT")
+    assert trips.count == 0 and not conn.in_transaction
 
 
 async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url: str) -> None:
