@@ -38,7 +38,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.console_common import CallbackTimer, LagProbe, latest, start_writer, summary, wait_for
+from benchmarks.console_common import (
+    CallbackTimer,
+    LagProbe,
+    Samples,
+    latest,
+    start_writer,
+    summary,
+    wait_for,
+)
 
 KEYS = tuple(
     os.environ.get("REM_BENCH_KEYS", "down,down,pagedown,tab,up,2,end,home,3,pagedown,1,s,s").split(",")
@@ -83,7 +91,7 @@ class GcProbe:
     """How long each of Python's full (generation 2) cyclic collections stopped the console."""
 
     def __init__(self) -> None:
-        self.pauses_ms: list[float] = []
+        self.pauses_ms = Samples()
         self._started = 0.0
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
@@ -113,25 +121,21 @@ class MinuteLog:
     ) -> None:
         self.probe, self.callbacks, self.gcs = probe, callbacks, gcs
         self.rows: list[dict[str, Any]] = []
-        self._lag_at, self._cb_at, self._gc_at = 0, 0, 0
+        self._gc_at = 0
         self.trace_base_s = trace_base_s
         self.base: Any = None
         self.growth: list[dict[str, Any]] = []
 
     def record(self, minute: int, elapsed_s: float, rss_mb: float) -> None:
-        lags = self.probe.lags_ms[self._lag_at :]
-        cbs = self.callbacks.cpu_ms[self._cb_at :]
-        gcs = self.gcs.pauses_ms[self._gc_at :]
-        self._lag_at, self._cb_at = len(self.probe.lags_ms), len(self.callbacks.cpu_ms)
-        self._gc_at = len(self.gcs.pauses_ms)
+        full_gcs, self._gc_at = self.gcs.pauses_ms.n - self._gc_at, self.gcs.pauses_ms.n
         row: dict[str, Any] = {
             "minute": minute,
             "rss_mb": round(rss_mb, 1),
             "load_1m": round(os.getloadavg()[0], 2),
-            "callback_max_ms": round(max(cbs), 1) if cbs else 0.0,
-            "lag_max_ms": round(max(lags), 1) if lags else 0.0,
-            "full_gcs": len(gcs),
-            "full_gc_max_ms": round(max(gcs), 1) if gcs else 0.0,
+            "callback_max_ms": round(self.callbacks.cpu_ms.take_window_max(), 1),
+            "lag_max_ms": round(self.probe.lags_ms.take_window_max(), 1),
+            "full_gcs": full_gcs,
+            "full_gc_max_ms": round(self.gcs.pauses_ms.take_window_max(), 1),
             "allocated_blocks": sys.getallocatedblocks(),  # cheap: every live allocation of the interpreter
         }
         if self.trace_base_s is not None:
