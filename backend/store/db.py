@@ -589,7 +589,7 @@ def fenced_write(conn: Conn, sql: str, params: Params, lost: str, *, unread: boo
     at once, and PostgreSQL queues it, unread, as
     `WITH w AS (<sql> RETURNING 1) SELECT rem_fenced(count(*), <lost>) FROM w`:
     no round trip of its own; when it is sent (with the transaction's next
-    read, at the savepoint's RELEASE or at COMMIT) a write that changed no
+    read, maybe a later group member's, or at COMMIT) a write that changed no
     row fails its statement with `postgres.FENCE_SQLSTATE` and `lost` as the message,
     which the store raises as `LeaseLost`, and its transaction (or group
     member's savepoint) rolls back whole. So a caller may only use it where

@@ -55,7 +55,7 @@ import functools
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import psycopg
@@ -300,6 +300,15 @@ class PgCursor:
         self._cursor.close()
 
 
+class _Queued(NamedTuple):
+    """A statement queued to ride with the next one sent (`PgConnection.execute_unread`)."""
+
+    statement: str
+    parameters: Any
+    write: bool  # a write nobody reads (not BEGIN / SAVEPOINT / RELEASE)
+    member: int  # the transaction's group member that queued it (-1: outside any)
+
+
 _WRITES = ("INSERT", "UPDATE", "DELETE")
 # statements that answer nothing rem reads: sent with the next statement, in one round trip
 _DEFERRABLE = ("BEGIN", "SAVEPOINT", "RELEASE")
@@ -340,8 +349,7 @@ class PgConnection:
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
         self._in_tx = False
-        # (statement, parameters, is a write, group member) not yet sent
-        self._queued: list[tuple[str, Any, bool, int]] = []
+        self._queued: list[_Queued] = []  # not yet sent
         self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
         self._member_open = False  # whether its savepoint is still open
         self.failed_members: dict[int, Exception] = {}  # member -> the error of a statement it queued
@@ -393,11 +401,11 @@ class PgConnection:
                 self._member, self._member_open = self._member + 1, True
             elif head.startswith("RELEASE"):
                 self._member_open = False
-            self._queued.append((statement, None, False, self._member))
+            self._queued.append(_Queued(statement, None, False, self._member))
             return _NO_RESULT
         if head.startswith("ROLLBACK"):  # ROLLBACK TO: the open member's queued writes need no sending
             member = self._member
-            self._queued = [entry for entry in self._queued if not (entry[2] and entry[3] == member)]
+            self._queued = [entry for entry in self._queued if not (entry.write and entry.member == member)]
         cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
         if head.startswith(_WRITES) and cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
@@ -405,7 +413,7 @@ class PgConnection:
 
     def execute_unread(self, sql: str, parameters: Any = ()) -> None:
         """A write whose row count and rows nobody reads: queued, sent with the next statement."""
-        self._queued.append((translate_sql(sql), parameters, True, self._member))
+        self._queued.append(_Queued(translate_sql(sql), parameters, True, self._member))
 
     def _send(self, run: Any, *, pipeline: bool = False) -> psycopg.Cursor[Any]:
         """`run(cursor)` after every queued statement, all in one round trip (`pipeline`: even
@@ -419,30 +427,32 @@ class PgConnection:
             closed = self._member - self._member_open  # members up to this one have been released
             # each closed member's last queued statement (its RELEASE) -> (member, a cursor of its own)
             ends = {
-                i: (member, self._raw.cursor())
-                for i, (_, _, _, member) in enumerate(queued)
-                if 0 <= member <= closed and (i + 1 == len(queued) or queued[i + 1][3] != member)
+                i: (entry.member, self._raw.cursor())
+                for i, entry in enumerate(queued)
+                if 0 <= entry.member <= closed
+                and (i + 1 == len(queued) or queued[i + 1].member != entry.member)
             }
             try:
                 with self._raw.pipeline():
-                    for i, (statement, parameters, _, _) in enumerate(queued):
-                        (ends[i][1] if i in ends else cursor).execute(statement, parameters)
+                    for i, entry in enumerate(queued):
+                        (ends[i][1] if i in ends else cursor).execute(entry.statement, entry.parameters)
                     cursor = self._raw.cursor(row_factory=named_row)
                     run(cursor)
             except psycopg.Error as exc:
                 self._forget_prepared()
+                self._deallocate_at_end = True
                 # results come in order (psycopg may raise before the pipeline has all been sent):
                 # the first closed member whose last statement has none holds the failed one
                 failed = next((m for m, end in ends.values() if end.pgresult is None), None)
                 if failed is None or self._raw.broken:
                     raise  # the statement's own, or its member's (or the connection's)
-                self.total_changes += sum(entry[2] for entry in queued if entry[3] < failed)
-                self._fail_member(failed, exc, [entry for entry in queued if entry[3] > failed])
+                self.total_changes += sum(entry.write for entry in queued if entry.member < failed)
+                self._fail_member(failed, exc, [entry for entry in queued if entry.member > failed])
                 continue
-            self.total_changes += sum(entry[2] for entry in queued)  # each queued write counts as one
+            self.total_changes += sum(entry.write for entry in queued)  # each queued write counts as one
             return cursor
 
-    def _fail_member(self, member: int, exc: Exception, skipped: list[tuple[str, Any, bool, int]]) -> None:
+    def _fail_member(self, member: int, exc: Exception, skipped: list[_Queued]) -> None:
         """A closed group member's queued statement failed: roll the member back, queue what the
         server skipped after it (the later members' statements) to be sent again."""
         with self._raw.cursor() as cursor:
@@ -458,14 +468,13 @@ class PgConnection:
         statement's Parse, and never learns that the server skipped it after an
         earlier error in the same pipeline; every later use would then fail with
         `prepared statement "_pg3_N" does not exist`. So its cache is emptied
-        (psycopg has no public call for it: `Connection._prepared`), and the
-        server's copies are deallocated once the transaction has ended (not
+        (psycopg has no public call for it: `Connection._prepared`); `_end`
+        deallocates the server's copies once the transaction has ended (not
         before: a failed transaction refuses every statement but its end).
         """
         cache = self._raw._prepared
         cache._names.clear()
         cache._counts.clear()
-        self._deallocate_at_end = True
 
     def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
         """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`)."""
@@ -486,7 +495,7 @@ class PgConnection:
             self._send(lambda cur: None)
 
     def _writes_queued(self) -> bool:
-        return any(entry[2] for entry in self._queued)
+        return any(entry.write for entry in self._queued)
 
     def _drop_queue(self) -> None:
         self._queued = []
@@ -497,7 +506,7 @@ class PgConnection:
         finally:
             if self._deallocate_at_end and not (self._raw.closed or self._raw.broken):
                 self._deallocate_at_end = False
-                self._raw._prepared.clear()  # what was prepared since: gone too, with the rest
+                self._forget_prepared()  # what was prepared since goes too, with the rest
                 with contextlib.suppress(psycopg.Error), self._raw.cursor() as cursor:
                     cursor.execute("DEALLOCATE ALL", prepare=False)  # failing, it leaves names unused
 
@@ -506,7 +515,7 @@ class PgConnection:
         rollback = statement.upper().startswith("ROLLBACK")
         if (
             self._queued
-            and self._queued[0][0].upper().startswith("BEGIN")
+            and self._queued[0].statement.upper().startswith("BEGIN")
             and (rollback or not self._writes_queued())
         ):
             self._drop_queue()  # nothing of the transaction reached the server: nothing to end
