@@ -44,7 +44,7 @@ from backend.models.health import CallRecord
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import handoffs
-from backend.store.db import Conn, execute_unread
+from backend.store.db import Conn, execute_unread, read_together_sync
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -179,7 +179,8 @@ class Executor(Daemon):
     async def _claim_waiting(self) -> int:
         if self._capacity() <= 0:
             return 0
-        rows = await self.db.fetchall(WAKE_SQL, {"limit": self._capacity() * 4})
+        limit = {"limit": self._capacity() * 4}
+        rows = await self.db.read_beside(lambda conn: list(conn.execute(WAKE_SQL, limit).fetchall()))
         candidates = [sid for sid in dict.fromkeys(r[0] for r in rows) if sid not in self.tasks]
         # claimed together, the claims share group commits (a backlog of 200 sessions starts in
         # a few commits, not 200 round trips); a claim that loses a race just starts nothing
@@ -353,7 +354,23 @@ class Executor(Daemon):
         now: int,
     ) -> Step:
         lease, sid = state.lease, state.lease.session_id
-        first = sessions.reserve_seqs_sync(conn, sid, len(inputs) + 1, now, messages=len(inputs) + 1)
+        count = len(inputs) + 1
+        reused: dict[str, Any] | None = None
+        if state.recovering:
+            # a recovered step is given exactly the memory the interrupted one was given (read
+            # before this step closes the rows still streaming: only rows closed earlier count)
+            first = sessions.reserve_seqs_sync(conn, sid, count, now, messages=count)
+            reused = projection.interrupted_step_memory_sync(conn, sid, lease.execution_id)
+            superseded = projection.supersede_open_sync(conn, sid, aid, now)
+        else:
+            # independent statements, sent together: one round trip on PostgreSQL
+            first, superseded = read_together_sync(
+                conn,
+                [
+                    sessions.reserve_seqs(sid, count, now, messages=count),
+                    projection.supersede_open(sid, aid, now),
+                ],
+            )
         promoted = sessions.promote_sync(conn, sid, lease.execution_id, inputs, first, now)
         if promoted and state.admitted_at is None:
             state.admitted_at = min(p["admitted_at"] for p in promoted)
@@ -361,13 +378,6 @@ class Executor(Daemon):
             projection.queue_context_epoch_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
-        # a recovered step is given exactly the memory the interrupted one was given
-        reused = (
-            projection.interrupted_step_memory_sync(conn, sid, lease.execution_id)
-            if state.recovering
-            else None
-        )
-        superseded = projection.supersede_open_sync(conn, sid, aid, now)
         prompts = unanswered + promoted
         data = {
             "execution_id": lease.execution_id,

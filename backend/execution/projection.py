@@ -17,7 +17,14 @@ from typing import Any
 from backend.core.errors import LeaseLost
 from backend.execution.leases import UNSAFE_NO_FENCING, Lease
 from backend.execution.sessions import dumps
-from backend.store.db import Conn, execute_unread, executemany_unread, fenced_write
+from backend.store.db import (
+    Conn,
+    Reader,
+    execute_unread,
+    executemany_unread,
+    fenced_write,
+    read_together_sync,
+)
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
@@ -73,19 +80,27 @@ def interrupted_step_memory_sync(conn: Conn, session_id: str, execution_id: str)
 
 def supersede_open_sync(conn: Conn, session_id: str, by: str, now: int) -> list[str]:
     """Close every incomplete assistant row of the session (a newer turn or recovery took over)."""
+    superseded: list[str] = read_together_sync(conn, [supersede_open(session_id, by, now)])[0]
+    return superseded
+
+
+def supersede_open(session_id: str, by: str, now: int) -> Reader[list[str]]:
+    """`supersede_open_sync` as a `Reader`, to be sent with other statements (`read_together_sync`)."""
     # INDEXED BY: without statistics the planner prefers (session_id, type, seq) and
     # would walk every assistant row of a long session
     # a streaming row's text lives in its parts (flushes never rewrite the row): closing
     # it records the text that was durable, so the transcript shows what was cut off
-    rows = conn.execute(
-        "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
-        "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by, '$.text', "
-        "(SELECT coalesce(group_concat(json_extract(p.data, '$.text'), ''), '') FROM "
-        "(SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY idx) AS p)) "
-        "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
-        "RETURNING id",
-        {"now": now, "by": by, "sid": session_id},
-    ).fetchall()
+    (rows,) = yield [
+        (
+            "UPDATE session_message INDEXED BY session_message_open_assistant_idx SET time_updated = :now, "
+            "data = json_set(data, '$.status', 'superseded', '$.superseded_by', :by, '$.text', "
+            "(SELECT coalesce(group_concat(json_extract(p.data, '$.text'), ''), '') FROM "
+            "(SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY idx) AS p)) "
+            "WHERE session_id = :sid AND type = 'assistant' AND json_extract(data, '$.status') = 'streaming' "
+            "RETURNING id",
+            {"now": now, "by": by, "sid": session_id},
+        )
+    ]
     return [r["id"] for r in rows]
 
 

@@ -17,7 +17,15 @@ from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
-from backend.store.db import Conn, Database, Row, execute_unread, fenced_write
+from backend.store.db import (
+    Conn,
+    Database,
+    Reader,
+    Row,
+    execute_unread,
+    fenced_write,
+    read_together_sync,
+)
 from backend.store.events import EventKind, append_event_sync
 
 
@@ -247,14 +255,24 @@ def reserve_seqs_sync(
     conn: Conn, session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0
 ) -> int:
     """Take `count` numbers from the session sequence; returns the first of them."""
-    row = conn.execute(
-        "UPDATE session SET last_seq = last_seq + :n, input_count = input_count + :i, "
-        "message_count = message_count + :m, time_updated = :now WHERE id = :sid RETURNING last_seq",
-        {"n": count, "i": inputs, "m": messages, "now": now, "sid": session_id},
-    ).fetchone()
-    if row is None:
+    first: int = read_together_sync(
+        conn, [reserve_seqs(session_id, count, now, inputs=inputs, messages=messages)]
+    )[0]
+    return first
+
+
+def reserve_seqs(session_id: str, count: int, now: int, *, inputs: int = 0, messages: int = 0) -> Reader[int]:
+    """`reserve_seqs_sync` as a `Reader`, to be sent with other statements (`read_together_sync`)."""
+    (rows,) = yield [
+        (
+            "UPDATE session SET last_seq = last_seq + :n, input_count = input_count + :i, "
+            "message_count = message_count + :m, time_updated = :now WHERE id = :sid RETURNING last_seq",
+            {"n": count, "i": inputs, "m": messages, "now": now, "sid": session_id},
+        )
+    ]
+    if not rows:
         raise BadInput(f"no session {session_id!r}")
-    return int(row["last_seq"]) - count + 1
+    return int(rows[0]["last_seq"]) - count + 1
 
 
 PENDING_COLUMNS = "id, prompt, delivery, admitted_seq, time_created"

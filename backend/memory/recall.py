@@ -166,11 +166,9 @@ async def recall(
 
     # the state.db side runs on the database thread while the vector side waits on Chroma
     lexical, (dense_hits, summaries) = await asyncio.gather(
-        db.run_in_thread(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)), vector_side()
+        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)), vector_side()
     )
-    turns = await db.run_in_thread(
-        lambda c: _turn_items(c, lexical, dense_hits or [], scope, config, query, k)
-    )
+    turns = await db.read_beside(lambda c: _turn_items(c, lexical, dense_hits or [], scope, config, query, k))
     items = turns + (summaries or []) + lexical["facts"]
     items.sort(key=lambda item: (-item["score"], item["id"]))
     items = [i for i in items if i["kind"] in kinds][:k]

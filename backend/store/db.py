@@ -185,6 +185,27 @@ def _target(path: Path, read_only: bool) -> tuple[str, bool]:
     return f"{Path(path).absolute().as_uri()}?mode=ro", True
 
 
+async def _pg_thread(url: str, *, read_only: bool) -> aiosqlite.Connection:
+    """A PostgreSQL connection (`PgConnection`) on a worker thread of its own."""
+    from backend.store import postgres
+
+    # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
+    # its connector returns the psycopg adapter, so every door of `Database` is shared
+    connector = cast(
+        Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only)
+    )
+    conn = aiosqlite.Connection(connector, 64)
+    # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
+    # failed on an unusual path) would keep the process alive at exit, waiting on its queue
+    conn._thread.daemon = True
+    try:
+        await conn
+    except BaseException:
+        _join_failed_worker(conn)
+        raise
+    return conn
+
+
 def _join_failed_worker(conn: aiosqlite.Connection) -> None:
     """Wait for the worker thread of a connection that failed to open to finish stopping.
 
@@ -228,27 +249,20 @@ class Database:
         self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.groups_committed = 0
+        # PostgreSQL: the store's URL, and the second connection `read_beside` opens on first use
+        self._url: str | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._reader_opening = asyncio.Lock()
 
     @classmethod
     async def connect(cls, url: str, *, read_only: bool = False) -> Database:
         """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own."""
         from backend.store import postgres
 
-        # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
-        # its connector returns the psycopg adapter, so every door below is shared
-        connector = cast(
-            Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only)
-        )
-        conn = aiosqlite.Connection(connector, 64)
-        # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
-        # failed on an unusual path) would keep the process alive at exit, waiting on its queue
-        conn._thread.daemon = True
-        try:
-            await conn
-        except BaseException:
-            _join_failed_worker(conn)
-            raise
-        return cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
+        conn = await _pg_thread(url, read_only=read_only)
+        db = cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
+        db._url = url
+        return db
 
     @property
     def postgres(self) -> bool:
@@ -305,6 +319,9 @@ class Database:
             await c.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await reader.close()
         await self.conn.close()
 
     async def __aenter__(self) -> Database:
@@ -427,7 +444,31 @@ class Database:
             finally:
                 conn.execute("ROLLBACK")
 
-        return await self.run_in_thread(read_sync)
+        return await self.read_beside(read_sync)  # PostgreSQL: on the reading connection
+
+    async def read_beside(self, fn: Callable[[Conn], T]) -> T:
+        """`fn(conn)`, which only reads and leaves no transaction open, in one hop; on
+        PostgreSQL on a second, read-only connection, beside the writes.
+
+        On SQLite this is `run_in_thread`. On PostgreSQL one connection serves
+        one statement at a time, and on the turn path the connection's thread is
+        what limits a process (`benchmarks/turns.py`): the reads that stand
+        alone (recall, the executor's wake query, every `read_in_thread`) wait
+        for no write there and make no write wait. They see what is committed,
+        as they would on the first connection: a caller's own write is committed
+        before its `write_in_thread` or `tx` returns. The connection is opened
+        on first use, read-only at the server (`default_transaction_read_only`),
+        and closed with the Database.
+        """
+        if self._url is None:
+            return await self.run_in_thread(fn)
+        if self._reader is None:
+            async with self._reader_opening:
+                if self._reader is None:
+                    with self.errors():
+                        self._reader = await _pg_thread(self._url, read_only=True)
+        with self.errors():
+            return await in_thread(self._reader, fn)
 
     async def write_in_thread(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
@@ -641,7 +682,9 @@ def read_together_sync(conn: Conn, readers: Sequence[Reader[Any]]) -> list[Any]:
     PostgreSQL: a round is one round trip (one pipeline), however many readers
     and queries it holds; SQLite, which has no round trip to save, runs them one
     by one. Returns each reader's result, in order. The reads see no common
-    snapshot unless the caller opened one.
+    snapshot unless the caller opened one. A query may be a write whose rows
+    are read (`... RETURNING`): the statements of one round run in order, so
+    readers in one round must not depend on each other's writes.
     """
     results: list[Any] = [None] * len(readers)
     pending: dict[int, list[Query]] = {}

@@ -477,7 +477,8 @@ class PgConnection:
         cache._counts.clear()
 
     def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
-        """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`)."""
+        """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`);
+        a query may be a write whose rows are read (`... RETURNING`)."""
         cursors: list[psycopg.Cursor[Any]] = []
 
         def run(first: psycopg.Cursor[Any]) -> None:
@@ -488,6 +489,9 @@ class PgConnection:
                 cursors.append(cursor)
 
         self._send(run, pipeline=True)
+        for (sql, _), cursor in zip(queries, cursors, strict=True):
+            if sql.lstrip()[:9].upper().startswith(_WRITES) and cursor.rowcount > 0:
+                self.total_changes += cursor.rowcount  # a write whose rows are read (RETURNING)
         return [cursor.fetchall() for cursor in cursors]
 
     def _flush(self) -> None:

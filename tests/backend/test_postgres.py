@@ -516,3 +516,51 @@ def test_a_failed_connect_leaves_no_worker_thread_to_answer_a_closed_loop(
     with pytest.raises(RemError):
         asyncio.run(Database.open(tmp_path / "dir.db"))
     assert [t for t in threading.enumerate() if t not in before] == []
+
+
+def test_a_steps_sequence_numbers_and_the_close_of_open_rows_take_one_round_trip(
+    conn: PgConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backend.execution import projection, sessions
+
+    conn.execute("BEGIN IMMEDIATE")
+    sessions.ensure_session_sync(conn, "s1", 1)
+    first = sessions.reserve_seqs_sync(conn, "s1", 1, 1, messages=1)
+    sessions.insert_message_sync(conn, "a1", "s1", "assistant", first, {"status": "streaming"}, 1)
+    trips = _RoundTrips(monkeypatch)
+    # what an executor's step opens with: both statements (and the queued INSERT) in one pipeline
+    seqs, closed = read_together_sync(
+        conn, [sessions.reserve_seqs("s1", 2, 2, messages=2), projection.supersede_open("s1", "a2", 2)]
+    )
+    assert (seqs, closed, trips.count) == (first + 1, ["a1"], 1)
+    conn.execute("COMMIT")
+    row = conn.execute("SELECT last_seq, message_count FROM session WHERE id = 's1'").fetchone()
+    status = conn.execute(
+        "SELECT json_extract(data, '$.status') FROM session_message WHERE id = 'a1'"
+    ).fetchone()
+    assert (row["last_seq"], row["message_count"], status[0]) == (first + 2, 3, "superseded")
+    with pytest.raises(RemError, match="no session 'nobody'"):
+        sessions.reserve_seqs_sync(conn, "nobody", 1, 3)
+
+
+async def test_reads_beside_take_a_read_only_connection_of_their_own_and_wait_for_no_write(
+    db_url: str,
+) -> None:
+    db = await Database.connect(db_url)
+    count = "SELECT count(*) FROM session"
+    try:
+        async with db.tx() as tx:  # the first connection is inside a write transaction, its lock held
+            await tx.execute("INSERT INTO session (id, time_created, time_updated) VALUES ('s1', 1, 1)")
+            # on the first connection this would wait for the transaction, which waits for it
+            inside = await asyncio.wait_for(db.read_beside(lambda c: c.execute(count).fetchone()[0]), 10)
+            viewed = await asyncio.wait_for(db.read_in_thread(lambda c: c.execute(count).fetchone()[0]), 10)
+        after = await db.read_beside(lambda c: c.execute(count).fetchone()[0])
+        assert (inside, viewed, after) == (0, 0, 1)  # the committed write is seen; the open one was not
+        with pytest.raises(RemError, match="read-only"):
+            await db.read_beside(lambda c: c.execute("DELETE FROM session").rowcount)
+        assert await db.scalar(count) == 1
+        reader = db._reader
+        assert reader is not None and reader._running
+    finally:
+        await db.close()
+    assert db._reader is None and not reader._running  # closed with the Database
