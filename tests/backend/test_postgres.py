@@ -564,3 +564,44 @@ async def test_reads_beside_take_a_read_only_connection_of_their_own_and_wait_fo
     finally:
         await db.close()
     assert db._reader is None and not reader._running  # closed with the Database
+
+
+async def test_each_sessions_writes_keep_one_lane_in_order_while_other_lanes_commit_beside_them(
+    db_url: str,
+) -> None:
+    db = await Database.connect(db_url)
+    try:
+        assert db.write_lanes == 2  # the default on PostgreSQL
+        one = "s-1"
+        other = next(f"s-{i}" for i in range(2, 50) if db.lane_of(f"s-{i}") != db.lane_of(one))
+        assert db.lane_of(one) == db.lane_of(one) and db.lane_of(None) == 0
+        started, gate, done = threading.Event(), threading.Event(), []
+
+        def blocking(conn: Conn) -> str:
+            started.set()
+            gate.wait(10)  # holds its lane's connection thread, inside the group's transaction
+            done.append("first")
+            return "first"
+
+        def then(name: str) -> Callable[[Conn], str]:
+            def write(conn: Conn) -> str:
+                conn.execute("INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (name,))
+                done.append(name)
+                return name
+
+            return write
+
+        first = asyncio.ensure_future(db.write_in_thread(blocking, key=one))
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        second = asyncio.ensure_future(db.write_in_thread(then(f"{one}-after"), key=one))
+        # the other session's lane commits while the first lane is held
+        assert await asyncio.wait_for(db.write_in_thread(then(other), key=other), 10) == other
+        assert done == [other] and not second.done()
+        gate.set()
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == ["first", f"{one}-after"]
+        assert done == [other, "first", f"{one}-after"]  # one session's writes in arrival order
+        assert len(db.server_pids()) == 2  # both lanes' connections: the daemon ignores their commits
+    finally:
+        gate.set()
+        await db.close()
+    assert not db._lane_conns
