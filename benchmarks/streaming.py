@@ -98,8 +98,8 @@ def count_transactions(db: Database) -> dict[str, int]:
     counter = {"tx": 0}
     original = db.write_in_thread
 
-    async def counted(fn: Any, **kw: Any) -> Any:
-        result = await original(fn, **kw)
+    async def counted(fn: Any) -> Any:
+        result = await original(fn)
         counter["tx"] += 1
         return result
 

@@ -245,12 +245,6 @@ class Settings:
         postgres_url(),
         shown_default="state.db in the data dir",
     )
-    pg_write_connections = Setting(
-        2,
-        "PostgreSQL: connections one process writes on, each with its own group commit; a session's "
-        "writes always take the same one (1: every write on one connection, as on SQLite)",
-        whole(1),
-    )
     pg_bindir = Setting[Path | None](
         None,
         "PostgreSQL server binaries (`initdb`, `postgres`) for the throw-away server of tests and drills",

@@ -164,9 +164,7 @@ class Executor(Daemon):
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            taken = await self.db.write_in_thread(
-                partial(self._take_over_sync, execution_id=execution_id), key=session_id
-            )
+            taken = await self.db.write_in_thread(partial(self._take_over_sync, execution_id=execution_id))
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
@@ -201,9 +199,7 @@ class Executor(Daemon):
 
     async def _claim(self, session_id: str) -> Lease | None:
         """Claim the session's lease if it has a waiting input (counting that input's attempt first)."""
-        lease = await self.db.write_in_thread(
-            lambda conn: self._claim_sync(conn, session_id, clock.now_ms()), key=session_id
-        )
+        lease = await self.db.write_in_thread(lambda conn: self._claim_sync(conn, session_id, clock.now_ms()))
         if lease is not None:
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
@@ -271,7 +267,7 @@ class Executor(Daemon):
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
             step = await self.db.write_in_thread(
-                lambda conn: self._begin_step_sync(conn, state, clock.now_ms()), key=state.lease.session_id
+                lambda conn: self._begin_step_sync(conn, state, clock.now_ms())
             )
             if step is None:
                 return
@@ -280,31 +276,30 @@ class Executor(Daemon):
                 await self._give_memory(state, step)
                 tail, arrived, broken = await self._stream(state, step)
             except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
-                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc), state)
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
                 if self.db.is_engine_error(exc):
                     raise  # a write of rem's own failed, not the agent: recovery retries the turn
-                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc), state)
+                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
                 return
             if broken is not None:
                 finish = partial(self._interrupt_step_sync, state=state, step=step, tail=tail, error=broken)
             else:
                 faults.point("executor.before_complete")
                 finish = partial(self._finish_step_sync, state=state, step=step, tail=tail)
-            more = await self._write(finish, state)
+            more = await self._write(finish)
             self.stream_stats.committed(arrived, asyncio.get_running_loop().time())
             if not more:
                 return
 
-    async def _write(self, fn: partial[bool] | partial[None], state: TurnState) -> bool:
+    async def _write(self, fn: partial[bool] | partial[None]) -> bool:
         """A step-closing transaction, carrying the model request records made so far."""
         calls = health.take()
         try:
-            # the model call rows of other sessions ride along: inserts, which lock no row
-            return bool(await self.db.write_in_thread(partial(fn, calls=calls), key=state.lease.session_id))
+            return bool(await self.db.write_in_thread(partial(fn, calls=calls)))
         except BaseException:
             health.give_back(calls)
             raise
@@ -437,9 +432,7 @@ class Executor(Daemon):
         if memory is None:
             return
         step.data["memory"] = memory
-        await self.db.write_in_thread(
-            partial(self._record_memory, state=state, step=step), key=state.lease.session_id
-        )
+        await self.db.write_in_thread(partial(self._record_memory, state=state, step=step))
         step.request.memory = list(memory["items"])
 
     def _record_memory(self, conn: Conn, state: TurnState, step: Step) -> None:
@@ -664,8 +657,7 @@ class Executor(Daemon):
                     session_id=lease.session_id,
                     target=lease.execution_id,
                     data={"epoch": lease.epoch, "reason": reason},
-                ),
-                key=lease.session_id,
+                )
             )
 
     # -- renewal and hand-back ---------------------------------------------
@@ -707,8 +699,7 @@ class Executor(Daemon):
             await self.db.write_in_thread(
                 lambda conn: leases.hand_back_execution_sync(
                     conn, lease, actor=self.owner_id, now=clock.now_ms()
-                ),
-                key=lease.session_id,
+                )
             )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.execution_id, exc)

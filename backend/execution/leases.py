@@ -16,12 +16,10 @@ member's savepoint) as `LeaseLost`, before anything of it commits.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 from typing import Any
 
 import aiosqlite
@@ -296,18 +294,10 @@ def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) 
 
 
 async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
-    """Renew several leases, one transaction per write lane; returns the ones that were lost.
-
-    Each lane's leases are renewed on that lane (`Database.write_in_thread`):
-    a renewal on one lane of an execution another lane is writing would wait
-    for that lane's group, and could deadlock with it.
-    """
+    """Renew several leases in one transaction; returns the ones that were lost."""
     now = clock.now_ms()
-    by_lane: dict[int, list[Lease]] = {}
-    for lease in leases:
-        by_lane.setdefault(db.lane_of(lease.session_id), []).append(lease)
 
-    def renew_all_sync(conn: Conn, leases: list[Lease]) -> list[Lease]:
+    def renew_all_sync(conn: Conn) -> list[Lease]:
         lost = []
         for lease in leases:
             try:
@@ -316,13 +306,7 @@ async def renew(db: Database, leases: list[Lease]) -> list[Lease]:
                 lost.append(lease)
         return lost
 
-    renewed = await asyncio.gather(
-        *(
-            db.write_in_thread(partial(renew_all_sync, leases=group), key=group[0].session_id)
-            for group in by_lane.values()
-        )
-    )
-    return [lease for lost in renewed for lease in lost]
+    return await db.write_in_thread(renew_all_sync)
 
 
 async def claim(

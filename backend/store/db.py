@@ -26,7 +26,6 @@ import contextlib
 import logging
 import shutil
 import sqlite3
-import zlib
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from functools import partial
@@ -247,12 +246,8 @@ class Database:
         self.where = where or str(path)
         self._lock = asyncio.Lock()
         # group commit: write_in_thread calls waiting for the next group, and the task committing them
-        # group commit, per write lane (`write_in_thread`): the calls waiting for the lane's next
-        # group, and the task committing them; lane 0 is `conn`, each other lane has its own
-        self.write_lanes = 1
-        self._writes: list[list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]]] = [[]]
-        self._committers: list[asyncio.Task[None] | None] = [None]
-        self._lane_conns: dict[int, aiosqlite.Connection] = {}
+        self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
+        self._committer: asyncio.Task[None] | None = None
         self.groups_committed = 0
         # PostgreSQL: the store's URL, and the second connection `read_beside` opens on first use
         self._url: str | None = None
@@ -267,10 +262,6 @@ class Database:
         conn = await _pg_thread(url, read_only=read_only)
         db = cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
         db._url = url
-        if not read_only:
-            db.write_lanes = settings.pg_write_connections
-            db._writes = [[] for _ in range(db.write_lanes)]
-            db._committers = [None] * db.write_lanes
         return db
 
     @property
@@ -328,8 +319,6 @@ class Database:
             await c.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
-        for lane in list(self._lane_conns):
-            await self._lane_conns.pop(lane).close()
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await reader.close()
@@ -481,7 +470,7 @@ class Database:
         with self.errors():
             return await in_thread(self._reader, fn)
 
-    async def write_in_thread(self, fn: Callable[[Conn], T], *, key: str | None = None) -> T:
+    async def write_in_thread(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
 
         For hot write paths (the executor's turn transactions). `fn` runs on
@@ -494,53 +483,31 @@ class Database:
         commit. A caller is answered only after the group's COMMIT (durable as
         any single transaction), and a failed COMMIT fails every caller in the
         group. A call cancelled before its group starts never runs.
-
-        `key` names the one session whose rows `fn` locks (None: any rows). On
-        PostgreSQL a process writes on `pg_write_connections` lanes, each a
-        connection with its own group commit (`lane_of`): the writes of one
-        session always take the same lane, in arrival order, and an unkeyed
-        write takes lane 0. So two lanes never lock the same session's rows,
-        and no lock one lane holds makes another wait (no deadlock between
-        lanes): a write that locks several sessions' rows must go unkeyed, or
-        be split per lane (`leases.renew`). On SQLite (one writer) and with one
-        lane, every write is on one connection, in arrival order.
         """
         if self.read_only:
             raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        lane = self.lane_of(key)
-        self._writes[lane].append((fn, future))
-        if self._committers[lane] is None:
-            name = "rem-db-group-commit" + (f"-{lane}" if lane else "")
-            self._committers[lane] = loop.create_task(self._commit_groups(lane), name=name)
+        self._writes.append((fn, future))
+        if self._committer is None:
+            self._committer = loop.create_task(self._commit_groups(), name="rem-db-group-commit")
         return await future
 
-    def lane_of(self, key: str | None) -> int:
-        """The write lane of session `key` (stable for the process: a hash, not arrival order)."""
-        if key is None or self.write_lanes == 1:
-            return 0
-        return zlib.crc32(key.encode()) % self.write_lanes
-
-    async def _commit_groups(self, lane: int = 0) -> None:
-        writes = self._writes[lane]
+    async def _commit_groups(self) -> None:
         group: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
         try:
             while True:
                 await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
-                group = [(fn, fut) for fn, fut in writes[:WRITE_GROUP_MAX] if not fut.done()]
-                del writes[:WRITE_GROUP_MAX]
+                group = [(fn, fut) for fn, fut in self._writes[:WRITE_GROUP_MAX] if not fut.done()]
+                del self._writes[:WRITE_GROUP_MAX]
                 if not group:
-                    if not writes:
+                    if not self._writes:
                         return
                     continue
                 try:
-                    run = partial(commit_group_sync, fns=[fn for fn, _ in group])
-                    if lane == 0:
-                        outcomes = await self.run_in_thread(run)
-                    else:
-                        with self.errors():
-                            outcomes = await in_thread(await self._lane_conn(lane), run)
+                    outcomes = await self.run_in_thread(
+                        partial(commit_group_sync, fns=[fn for fn, _ in group])
+                    )
                 except Exception as exc:
                     # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
                     for _, fut in group:
@@ -556,31 +523,23 @@ class Database:
                     else:
                         fut.set_exception(self.translate(value))
         except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
-            for _, fut in group + writes:
+            for _, fut in group + self._writes:
                 fut.cancel()
-            writes.clear()
+            self._writes.clear()
             raise
         finally:
-            self._committers[lane] = None
-
-    async def _lane_conn(self, lane: int) -> aiosqlite.Connection:
-        """Lane `lane`'s own connection (lanes above 0; opened on first use, by its one committer)."""
-        conn = self._lane_conns.get(lane)
-        if conn is None:
-            assert self._url is not None
-            conn = self._lane_conns[lane] = await _pg_thread(self._url, read_only=False)
-        return conn
+            self._committer = None
 
     def server_pids(self) -> frozenset[int]:
-        """PostgreSQL: the server processes serving this Database's writes (its commits'
-        notifications name them; they change on a reconnect). Empty on SQLite."""
+        """PostgreSQL: the server process serving this Database (its commits' notifications name
+        it; it changes on a reconnect). Empty on SQLite."""
         if not self.postgres:
             return frozenset()
-        pids = set()
-        for conn in (self.conn, *self._lane_conns.values()):
-            with contextlib.suppress(ValueError):  # closed
-                pids.add(int(cast(Any, conn._conn).backend_pid))
-        return frozenset(pids)
+        try:
+            pid = cast(Any, self.conn._conn).backend_pid
+        except ValueError:  # closed
+            return frozenset()
+        return frozenset({int(pid)})
 
     async def data_version(self) -> int:
         """A number that changes whenever another connection commits.
