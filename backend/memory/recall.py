@@ -164,7 +164,8 @@ async def recall(
             _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
         )
 
-    # the state.db side runs on the database thread while the vector side waits on Chroma
+    # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
+    # beside the writes) while the vector side waits on Chroma
     lexical, (dense_hits, summaries) = await asyncio.gather(
         db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)), vector_side()
     )

@@ -319,10 +319,12 @@ class Database:
             await c.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
-        if self._reader is not None:
-            reader, self._reader = self._reader, None
-            await reader.close()
-        await self.conn.close()
+        try:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                await reader.close()
+        finally:
+            await self.conn.close()
 
     async def __aenter__(self) -> Database:
         return self
