@@ -77,6 +77,12 @@ ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release", "resum
 # the timings of this many latest refreshes are kept (the benchmarks read them): a console left
 # open for days refreshing ten times a second must not grow by them (~2 MB an hour unbounded)
 STATS_KEPT = 20_000
+# Python's full cyclic collections run on a timer of their own, every this many seconds,
+# not inside whichever callback allocated the object that tipped the threshold (a screen
+# update, mostly): a key then waits for one of them, never both
+FULL_GC_EVERY_S = 2.0
+# gc's threshold for the oldest generation while the console owns full collections (never reached)
+NO_AUTOMATIC_FULL_GC = 1_000_000_000
 PANELS: tuple[tuple[str, type[SnapshotTable]], ...] = (
     ("backlog", BacklogTable),
     ("leases", LeaseTable),
@@ -190,6 +196,7 @@ class ConsoleApp(App[None]):
         self.paused = False
         self.latest: Status | None = None  # last snapshot loaded
         self.applied: Status | None = None  # last snapshot shown
+        self._gc_thresholds: tuple[int, int, int] | None = None  # the interpreter's, while ours are set
         self._seen_version: int | None = None
         self.refresher = RefreshScheduler(
             self.load_snapshot, self.set_timer, min_interval_s=min_interval_s, health_s=health_s
@@ -289,8 +296,15 @@ class ConsoleApp(App[None]):
             table.restyle(self._palette)
 
     def on_unmount(self) -> None:
+        if self._gc_thresholds is not None:  # the process outlives the app (tests, `rem bench`)
+            gc.set_threshold(*self._gc_thresholds)
+            self._gc_thresholds = None
         if self.backend is not None:
             self.backend.close()
+
+    def _collect_fully(self) -> None:
+        """A full cyclic collection, as a callback of its own (`FULL_GC_EVERY_S`)."""
+        gc.collect()
 
     def panel(self, name: str) -> SnapshotTable:
         return self._panels[name]
@@ -388,6 +402,13 @@ class ConsoleApp(App[None]):
             # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms
             # about once a second on a big data dir (refcounting still frees them)
             gc.freeze()
+            # a full collection scans every object made since (~35 000 at 10x, half of them
+            # Textual's per-Strip caches): 15-75 ms. Left automatic, about once a second it
+            # lands inside a screen update of 40-60 ms, and input waits for both
+            self._gc_thresholds = gc.get_threshold()
+            young, middle, _ = self._gc_thresholds
+            gc.set_threshold(young, middle, NO_AUTOMATIC_FULL_GC)
+            self.set_interval(FULL_GC_EVERY_S, self._collect_fully)
         self.applied = snapshot
         self.stats["applies"] += 1
         self.stats["apply_ms"].append(took_s * 1000)

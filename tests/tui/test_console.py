@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from backend.core.datadir import DataDir
 from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import await_until
 from tests.tui import scenes
-from tui.app import PANELS, ConsoleApp
+from tui import app as app_module
+from tui.app import NO_AUTOMATIC_FULL_GC, PANELS, ConsoleApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen, help_sections
@@ -158,6 +161,35 @@ async def test_the_fallback_poll_refreshes_when_the_file_watch_is_off(healthy_di
         app = await loaded(pilot)
         write(healthy_dir, "UPDATE session_execution SET epoch = 9 WHERE id = 'exe_0001'")
         await until(pilot, lambda: table(app, "leases").cell_text("execution:exe_0001", "epoch") == "9")
+
+
+async def test_full_collections_run_in_a_callback_of_their_own_and_the_policy_is_given_back(
+    healthy_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "FULL_GC_EVERY_S", 0.1)
+    before = gc.get_threshold()
+    full: list[bool] = []  # each full collection: was it the console's own timer callback?
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            frame, timed = sys._getframe(1), False
+            while frame is not None and not timed:
+                timed, frame = frame.f_code.co_name == "_collect_fully", frame.f_back
+            full.append(timed)
+
+    gc.callbacks.append(seen)
+    try:
+        async with console(healthy_dir, poll_s=0.05).run_test(size=SIZE) as pilot:
+            app = await loaded(pilot)
+            assert gc.get_threshold() == (before[0], before[1], NO_AUTOMATIC_FULL_GC)
+            full.clear()
+            # refreshes and redraws allocate as usual; every full collection is the timer's
+            await until(pilot, lambda: len(full) >= 3, "three full collections")
+            assert all(full), full
+            assert app.applied is not None
+    finally:
+        gc.callbacks.remove(seen)
+    assert gc.get_threshold() == before  # the process outlives the app: its policy is back
 
 
 async def test_refreshes_are_gated_on_data_version(healthy_dir: DataDir) -> None:
