@@ -179,8 +179,7 @@ class Executor(Daemon):
     async def _claim_waiting(self) -> int:
         if self._capacity() <= 0:
             return 0
-        limit = {"limit": self._capacity() * 4}
-        rows = await self.db.read_beside(lambda conn: list(conn.execute(WAKE_SQL, limit).fetchall()))
+        rows = await self.db.fetchall_beside(WAKE_SQL, {"limit": self._capacity() * 4})
         candidates = [sid for sid in dict.fromkeys(r[0] for r in rows) if sid not in self.tasks]
         # claimed together, the claims share group commits (a backlog of 200 sessions starts in
         # a few commits, not 200 round trips); a claim that loses a race just starts nothing

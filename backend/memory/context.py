@@ -44,8 +44,11 @@ async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> 
         return None
     db = await ctx.db()
     # the project and the session's newest turn in one read (recall would read the latter again)
-    sql = f"SELECT project, ({memory_recall.TOP_ORD_SQL}) AS top FROM session WHERE id = ?"
-    row = await db.read_beside(lambda conn: conn.execute(sql, (session_id, session_id)).fetchone())
+    rows = await db.fetchall_beside(
+        f"SELECT project, ({memory_recall.TOP_ORD_SQL}) AS top FROM session WHERE id = ?",
+        (session_id, session_id),
+    )
+    row = rows[0] if rows else None
     project = (row["project"] if row else None) or "default"
     retrievers = memory_recall.RETRIEVERS if chroma_running(ctx) else ("fts", "graph", "facts")
     try:

@@ -448,6 +448,10 @@ class Database:
 
         return await self.read_beside(read_sync)  # PostgreSQL: on the reading connection
 
+    async def fetchall_beside(self, sql: str, params: Params = ()) -> list[Row]:
+        """`fetchall`, beside the writes (`read_beside`)."""
+        return await self.read_beside(lambda conn: list(conn.execute(sql, params).fetchall()))
+
     async def read_beside(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)`, which only reads and leaves no transaction open, in one hop; on
         PostgreSQL on a second, read-only connection, beside the writes.

@@ -310,6 +310,15 @@ class _Queued(NamedTuple):
 
 
 _WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+def _count_changes(statement: str, cursor: psycopg.Cursor[Any]) -> int:
+    """The rows a statement wrote, as sqlite3's `total_changes` counts them (0 for any other)."""
+    return (
+        cursor.rowcount if statement.lstrip()[:6].upper().startswith(_WRITES) and cursor.rowcount > 0 else 0
+    )
+
+
 # statements that answer nothing rem reads: sent with the next statement, in one round trip
 _DEFERRABLE = ("BEGIN", "SAVEPOINT", "RELEASE")
 
@@ -407,8 +416,7 @@ class PgConnection:
             member = self._member
             self._queued = [entry for entry in self._queued if not (entry.write and entry.member == member)]
         cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
-        if head.startswith(_WRITES) and cursor.rowcount > 0:
-            self.total_changes += cursor.rowcount
+        self.total_changes += _count_changes(statement, cursor)
         return PgCursor(cursor)
 
     def execute_unread(self, sql: str, parameters: Any = ()) -> None:
@@ -489,9 +497,10 @@ class PgConnection:
                 cursors.append(cursor)
 
         self._send(run, pipeline=True)
-        for (sql, _), cursor in zip(queries, cursors, strict=True):
-            if sql.lstrip()[:9].upper().startswith(_WRITES) and cursor.rowcount > 0:
-                self.total_changes += cursor.rowcount  # a write whose rows are read (RETURNING)
+        # a write whose rows are read (RETURNING) counts as a sent one does
+        self.total_changes += sum(
+            _count_changes(sql, c) for (sql, _), c in zip(queries, cursors, strict=True)
+        )
         return [cursor.fetchall() for cursor in cursors]
 
     def _flush(self) -> None:
@@ -537,8 +546,7 @@ class PgConnection:
         statement = translate_sql(sql)
         rows = list(seq_of_parameters)
         cursor = self._send(lambda cur: cur.executemany(statement, rows))
-        if statement.lstrip()[:6].upper().startswith(_WRITES) and cursor.rowcount > 0:
-            self.total_changes += cursor.rowcount
+        self.total_changes += _count_changes(statement, cursor)
         return PgCursor(cursor)
 
     def cursor(self) -> PgCursor:
