@@ -128,8 +128,10 @@ def test_warm_page_cache_reads_state_db_and_its_wal_ahead(tmp_path: Path) -> Non
     if maintenance.page_cache_share(db) > 0.5:
         pytest.skip("this kernel keeps the file cached after POSIX_FADV_DONTNEED")
     assert maintenance.warm_page_cache(db) == (24 << 20) + (1 << 20)
+    # WILLNEED is a hint: a kernel short of memory may skip or reclaim a few pages of the
+    # read-ahead (CI once settled at 99.3 % and 96.9 %), so "read ahead" means at least 90 %
     deadline = time.monotonic() + 30
-    while (shares := [maintenance.page_cache_share(p) for p in (db, wal)]) != [1.0, 1.0]:
+    while min(shares := [maintenance.page_cache_share(p) for p in (db, wal)]) < 0.9:
         assert time.monotonic() < deadline, shares
         time.sleep(0.02)
 
