@@ -369,6 +369,14 @@ async def test_what_is_drawn_follows_every_change_of_a_row(healthy_dir: DataDir)
             await pilot.pause()
             assert drawn_beat() == f"{age_s}s"
         assert rendered(workers)[0].split()[:3] == ["worker", "state", "beat"]
+        # one strip kept a row, the one drawn: a new version replaces the old, none piles up
+        assert set(workers._strips.keys()) <= set(workers.order)
+        # scrolled sideways, every line (header too) is the same line moved left
+        before = rendered(workers)
+        assert workers.max_scroll_x > 2
+        workers.scroll_to(x=2, animate=False, immediate=True)
+        await pilot.pause()
+        assert [line[:-2] for line in rendered(workers)] == [line[2:] for line in before]
 
 
 # -- bindings ------------------------------------------------------------------------------

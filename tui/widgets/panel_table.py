@@ -3,8 +3,9 @@
 Textual's DataTable re-renders every visible cell (through Rich padding and
 wrapping) whenever any cell changes; with seven live panels over a large data
 dir that cost frames of 100+ ms. Here a row is rendered once, as one Text,
-and its Strip is cached under the row's version: a changed countdown redraws
-one row, a re-sort redraws nothing. The header stays put while rows scroll.
+and its Strip, cropped to the panel, is cached under the row's key with the
+row's version: a changed countdown redraws one row, a re-sort redraws nothing.
+The header stays put while rows scroll.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from textual.strip import Strip
 
 GAP = 1  # blank cells before each column: one space between columns, one before the first
 AUTO_MAX = 160
-STRIP_CACHE = 128
+# rows whose strips are kept: more than a full-screen panel shows. One strip a row, the one
+# on screen (a new version replaces the old): every Strip carries 7 caches, all GC-tracked,
+# so stale versions and uncropped copies lengthened the console's full collections
+STRIP_CACHE = 64
 
 
 class TableColumn(NamedTuple):
@@ -115,9 +119,9 @@ class PanelTable(ScrollView, can_focus=True):
         self.table_columns: list[TableColumn] = []
         self.order: list[str] = []
         self._widths: list[int] = []
-        # a few screens' worth: rows change version constantly, and a big cache of stale
-        # strips costs memory and (as GC-tracked objects) full-collection pauses
-        self._strips: LRUCache[tuple[object, ...], Strip] = LRUCache(STRIP_CACHE)
+        # row key -> (what the strip was rendered from, the strip as shown)
+        self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
+        self._header: tuple[tuple[object, ...], Strip] | None = None
 
     # -- what a subclass provides ------------------------------------------------
     def row_cells(self, key: str) -> Sequence[Text]:
@@ -144,7 +148,7 @@ class PanelTable(ScrollView, can_focus=True):
             widths.append(min(AUTO_MAX, max(len(column.label), widest)))
         if widths != self._widths:
             self._widths = widths
-            self._strips.clear()
+            self._forget_strips()
         self.virtual_size = Size(self.row_width, len(self.order) + 1)
 
     def set_order(self, order: list[str]) -> None:
@@ -183,49 +187,49 @@ class PanelTable(ScrollView, can_focus=True):
         segments = list(text.render(self.app.console))
         return Strip(segments).extend_cell_length(max(self.row_width, self.size.width), style)
 
-    def _header_strip(self) -> Strip:
-        style = self.get_component_rich_style("panel-table--header")
-        key = ("header", tuple(self._widths), style, self.size.width)
-        cached = self._strips.get(key)
-        if cached is None:
-            labels = [Text(c.label) for c in self.table_columns]
-            cached = self._strip(self._line_text(labels, style), style)
-            self._strips[key] = cached
-        return cached
+    def _forget_strips(self) -> None:
+        self._strips.clear()
+        self._header = None
 
-    def _row_strip(self, index: int) -> Strip:
+    def _header_strip(self, scroll_x: int, width: int) -> Strip:
+        style = self.get_component_rich_style("panel-table--header")
+        made_from = (tuple(c.label for c in self.table_columns), tuple(self._widths), style, width, scroll_x)
+        if self._header is None or self._header[0] != made_from:
+            labels = [Text(c.label) for c in self.table_columns]
+            strip = self._strip(self._line_text(labels, style), style).crop(scroll_x, scroll_x + width)
+            self._header = (made_from, strip)
+        return self._header[1]
+
+    def _row_strip(self, index: int, scroll_x: int, width: int) -> Strip:
         key = self.order[index]
         base = self.rich_style
         if index == self.cursor_row:
             name = "panel-table--cursor" if self.has_focus else "panel-table--cursor-blurred"
             base = base + self.get_component_rich_style(name)
-        cache_key = (key, self.row_version(key), base, self.size.width)
-        cached = self._strips.get(cache_key)
-        if cached is None:
-            cached = self._strip(self._line_text(self.row_cells(key), base), base)
-            self._strips[cache_key] = cached
-        return cached
+        made_from = (self.row_version(key), base, width, scroll_x)
+        cached = self._strips.get(key)
+        if cached is None or cached[0] != made_from:
+            strip = self._strip(self._line_text(self.row_cells(key), base), base)
+            cached = (made_from, strip.crop(scroll_x, scroll_x + width))
+            self._strips[key] = cached
+        return cached[1]
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
         if y == 0:
-            strip = self._header_strip()
-        else:
-            index = scroll_y + y - 1
-            if index >= len(self.order):
-                if y == 1 and not self.order and self.EMPTY_TEXT:
-                    style = self.rich_style + self.get_component_rich_style("panel-table--empty")
-                    return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(
-                        0, width
-                    )
-                return Strip.blank(width, self.rich_style)
-            strip = self._row_strip(index)
-        return strip.crop(scroll_x, scroll_x + width)
+            return self._header_strip(scroll_x, width)
+        index = scroll_y + y - 1
+        if index >= len(self.order):
+            if y == 1 and not self.order and self.EMPTY_TEXT:
+                style = self.rich_style + self.get_component_rich_style("panel-table--empty")
+                return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(0, width)
+            return Strip.blank(width, self.rich_style)
+        return self._row_strip(index, scroll_x, width)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._strips.clear()
+        self._forget_strips()
 
     # -- cursor ---------------------------------------------------------------------------
     def watch_cursor_row(self, old: int, new: int) -> None:
