@@ -402,9 +402,9 @@ class ConsoleApp(App[None]):
             # the cyclic GC's full scans, which otherwise stop every thread for 50-150 ms
             # about once a second on a big data dir (refcounting still frees them)
             gc.freeze()
-            # a full collection scans every object made since (~35 000 at 10x, half of them
-            # Textual's per-Strip caches): 15-75 ms. Left automatic, about once a second it
-            # lands inside a screen update of 40-60 ms, and input waits for both
+            # a full collection scans every object made since (26 000-31 000 at 10x, most of
+            # them Textual's strips and their caches): 12-63 ms. Left automatic, about once a
+            # second it lands inside a screen update of 40-60 ms, and input waits for both
             self._gc_thresholds = gc.get_threshold()
             young, middle, _ = self._gc_thresholds
             gc.set_threshold(young, middle, NO_AUTOMATIC_FULL_GC)
