@@ -35,7 +35,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from backend.chroma import auth, trust
-from backend.core import private
+from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
 from backend.core.settings import settings
@@ -268,8 +268,9 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     port = _preferred_port(data)
     url = f"http://127.0.0.1:{port}"
     log_path = data.logs / "chroma.log"
-    env = dict(
-        os.environ,
+    # `chroma` is a Python entry script: PYTHONSAFEPATH is its `-P` (backend.core.processes); it
+    # needs none of rem's settings, and gets none of its secrets (REM_DB_URL, REM_MODEL_API_KEY)
+    env = processes.foreign_child_env(
         ANONYMIZED_TELEMETRY="False",
         CHROMA_TELEMETRY="False",
         NO_COLOR="1",

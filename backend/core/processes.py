@@ -1,10 +1,14 @@
 """Processes rem starts and signals: safe command lines, and pids that stay who they were.
 
-* Children run Python with `-P` (and `PYTHONSAFEPATH=1` for theirs): `python
-  -m backend.cli.app` would otherwise put the current directory first on
-  `sys.path`, so starting `rem up` from a folder someone else can write
-  (`/tmp`) would import a planted `backend/` package. They also get an
-  explicit working directory.
+* Every Python child is described by `python_child` and started through it
+  (`PythonChild.popen`, `.spawn` for asyncio, `.run`): it runs Python with `-P`
+  (and `PYTHONSAFEPATH=1` for its own children): `python -m backend.cli.app`
+  would otherwise put the current directory first on `sys.path`, so starting
+  `rem up` or `rem check` from a folder someone else can write (`/tmp`) would
+  import a planted `backend/`, `json/` or `sqlite3/` package. It also gets a
+  fixed working directory (the data dir, a checkout, else `/`), never the
+  caller's: a relative path or an empty `PYTHONPATH` entry then names nothing
+  the caller's folder holds.
 * A pid alone names a process only while it lives: once it exits the kernel
   may give the number to anything. Whatever rem records to signal later
   (`up.json`) carries the pid *and* its start time, and `signal_if_same`
@@ -13,11 +17,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -27,14 +34,51 @@ log = logging.getLogger("rem.processes")
 START_TIME_DIGITS = 2
 
 
-def rem_command(*args: str) -> list[str]:
+class PythonChild(NamedTuple):
+    """A Python child process as rem starts it: argv (`python -P ...`), environment, working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+    def popen(self, **options: Any) -> subprocess.Popen[bytes]:
+        """Start it (`subprocess.Popen` options: stdout, preexec_fn, ...)."""
+        return subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, **options)
+
+    async def spawn(self, **options: Any) -> asyncio.subprocess.Process:
+        """Start it from asyncio (`asyncio.create_subprocess_exec` options)."""
+        return await asyncio.create_subprocess_exec(*self.argv, env=self.env, cwd=self.cwd, **options)
+
+    def run(self, **options: Any) -> subprocess.CompletedProcess[Any]:
+        """Run it to its end (`subprocess.run` options)."""
+        return subprocess.run(self.argv, env=self.env, cwd=self.cwd, **options)
+
+
+def python_child(
+    program: str | Path, *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> PythonChild:
+    """The one way rem starts Python: `program` is a module (`backend.cli.app`) or a script's Path.
+
+    `env` adds to (or overrides) this process's environment; `PYTHONSAFEPATH=1`
+    always wins. `cwd` is used when it exists, else `/`.
+    """
+    target = [str(program)] if isinstance(program, Path) else ["-m", program]
+    return PythonChild([sys.executable, "-P", *target, *args], child_env(**(env or {})), working_dir(cwd))
+
+
+def rem_child(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> PythonChild:
     """`python -P -m backend.cli.app ARGS`: this rem, never a `backend` from the current directory."""
-    return [sys.executable, "-P", "-m", "backend.cli.app", *args]
+    return python_child("backend.cli.app", *args, cwd=cwd, env=env)
 
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child rem starts: this one, with a safe `sys.path` for it and its own children."""
-    return {**os.environ, "PYTHONSAFEPATH": "1", **extra}
+    return {**os.environ, **extra, "PYTHONSAFEPATH": "1"}
+
+
+def foreign_child_env(**extra: str) -> dict[str, str]:
+    """The environment of a program that is not rem (Chroma): `child_env` without any `REM_*` variable."""
+    return {k: v for k, v in child_env(**extra).items() if not k.startswith("REM_")}
 
 
 def started_at(pid: int) -> float | None:

@@ -299,6 +299,12 @@ class Settings:
     event_retention_days = Setting(
         30, "journal retention (pruned by `rem up`; operator events are kept)", whole(1, "days")
     )
+    check_parallel_sessions = Setting(
+        50_000,
+        "`rem check` checks state.db's sessions in worker processes (one per core, at most 4) from "
+        "this many sessions on",
+        whole(1, "sessions"),
+    )
     # the status history behind the console's timeline (`rem console --at`)
     history_interval_ms = Setting(
         5_000, "how often `rem up` records a status snapshot into `history.db`", whole(500, "ms")

@@ -32,26 +32,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pickle
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.core import clock
+from backend.core import clock, processes
+from backend.core.settings import Settings, settings
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store import counters
 from backend.store.db import Conn, engine_of
 from backend.store.events import verify_operator_chain_sync
 from backend.store.maintenance import warm_page_cache
 
+log = logging.getLogger("rem.checks")
+
 ROW_CAP = 20  # rows listed per finding; counts are always complete
 CHECK_BATCH_SESSIONS = 2_000
 # the sessions phase runs in processes from this many sessions on (below, starting one, ~0.5 s
-# of imports, costs more than it saves), one per core, at most 4, each over one range of ids
-PARALLEL_MIN_SESSIONS = 50_000
+# of imports, costs more than it saves; REM_CHECK_PARALLEL_SESSIONS), one per core, at most 4,
+# each over one range of ids
+PARALLEL_MIN_SESSIONS = Settings.check_parallel_sessions.default
 CHECK_WORKERS = max(1, min(4, os.cpu_count() or 1))
 Progress = Callable[[str, int, int], None]
 
@@ -613,11 +617,11 @@ async def check_database_in_batches(
     batch: int = CHECK_BATCH_SESSIONS,
     progress: Progress | None = None,
     workers: int | None = None,
-    parallel_min: int = PARALLEL_MIN_SESSIONS,
+    parallel_min: int | None = None,
 ) -> Report:
     """All state.db invariants, one short read transaction per table or per batch of sessions.
 
-    On state.db with at least `parallel_min` sessions, the sessions are checked by `workers`
+    On state.db with at least `parallel_min` (REM_CHECK_PARALLEL_SESSIONS) sessions, the sessions are checked by `workers`
     processes (`CHECK_WORKERS`: one per core, at most 4), each over its own range of session
     ids with a read-only connection of its own, in the same batches, and the findings merged
     in id order: the same report as one process gives, in about 1/workers of the time.
@@ -636,6 +640,7 @@ async def check_database_in_batches(
     tell("structure", len(tables), len(tables))
     total = int(await db.scalar("SELECT count(*) FROM session"))
     workers = CHECK_WORKERS if workers is None else workers
+    parallel_min = settings.check_parallel_sessions if parallel_min is None else parallel_min
     if not db.postgres and workers > 1 and total >= parallel_min:
         done = await _check_sessions_in_processes(db, report, total, batch, workers, tell)
     else:
@@ -671,6 +676,7 @@ async def _check_sessions_in_processes(
     step = max(batch, -(-total // workers))
     bounds = await db.read_in_thread(lambda conn: _range_bounds_sync(conn, step, total))
     ranges = list(zip(["", *bounds], [*bounds, None], strict=True))  # the last open: sessions added meanwhile
+    log.info("checking %d sessions in %d worker process%s", total, len(ranges), "es" * (len(ranges) > 1))
     done = 0
     tell("sessions", done, total)
 
@@ -700,10 +706,10 @@ async def _check_range_in_worker(
 ) -> tuple[Report, int]:
     from backend.core.errors import RemError
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "backend.ops.check_worker", path, lo, hi or "", str(batch),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    worker = processes.python_child(
+        "backend.ops.check_worker", path, lo, hi or "", str(batch), cwd=Path(path).parent
+    )
+    proc = await worker.spawn(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     try:
         out = asyncio.ensure_future(proc.stdout.read())  # read alongside stderr: neither pipe fills

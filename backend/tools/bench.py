@@ -8,14 +8,13 @@ the README table shows). `quick=True` runs smaller sizes for a fast look.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.core import processes
 from backend.core.errors import RemError, UsageError
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -241,14 +240,8 @@ def run_one(bench: Bench, quick: bool, timeout_s: float = 1800) -> dict[str, Any
         raise UsageError(f"{script} not found: `rem bench` runs from a source checkout (pip install -e .)")
     args = bench.quick if quick else bench.full
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=BENCH_DIR.parent,
-        check=False,
-    )
+    command = processes.python_child(script, *args, cwd=BENCH_DIR.parent)
+    proc = command.run(capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RemError(f"benchmark {bench.name} failed (exit {proc.returncode}): {tail}")

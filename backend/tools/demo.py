@@ -93,17 +93,15 @@ def start_up(
     # --no-reap: a daemon killed during the demo leaves its lease counting down in the
     # console (dead-worker marker, then expired in red) until it expires or the
     # operator releases it with `l`; the supervisor still restarts the daemon.
-    command = processes.rem_command("up", "--load", "--no-reap", "--data", str(root), *(extra or []))
+    args = ["up", "--load", "--no-reap", "--data", str(root), *(extra or [])]
+    command = processes.rem_child(*args, cwd=root, env=env)
     with DataDir(root).open_log("up.log") as out:
         # PDEATHSIG: if the demo itself is SIGKILLed (or its terminal vanishes), `rem up`
         # gets SIGTERM and drains instead of running on as an orphan.
-        return subprocess.Popen(
-            command,
+        return command.popen(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**processes.child_env(), **(env or {})},
-            cwd=root,
             start_new_session=True,
             preexec_fn=private.private_child_dying_with_parent,
         )

@@ -154,21 +154,19 @@ class Drill:
     # -- the system under test -------------------------------------------
     def _env(self, host: Host) -> dict[str, str]:
         extra = {"REM_HOST": host.name} if host.name else {}
-        if self.ctx.db_url:
+        if self.ctx.db_url:  # in the environment, never in argv (`ps` shows argv to every user)
             extra["REM_DB_URL"] = self.ctx.db_url
-        return processes.child_env(
-            REM_EXECUTION_LEASE_MS=str(self.config.lease_ms),
-            REM_SUMMARY_LEASE_MS=str(self.config.lease_ms),
-            REM_DREAM_LEASE_MS=str(self.config.lease_ms),
-            REM_AGENT_DELAY_MS=str(self.config.agent_delay_ms),
+        return {
+            "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
+            "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
+            "REM_DREAM_LEASE_MS": str(self.config.lease_ms),
+            "REM_AGENT_DELAY_MS": str(self.config.agent_delay_ms),
             **extra,
-        )
+        }
 
     def start_system(self, host: Host | None = None, chroma_url: str | None = None) -> None:
         host = host or self.hosts[0]
-        cmd = processes.rem_command(
-            "up", "--data", str(host.ctx.data.root), "--executors", str(self.config.executors)
-        )
+        cmd = ["up", "--data", str(host.ctx.data.root), "--executors", str(self.config.executors)]
         if chroma_url:
             cmd += ["--chroma-url", chroma_url]
         if host.load:
@@ -180,13 +178,11 @@ class Drill:
                 str(self.config.load_sessions),
             ]
         host.ctx.data.ensure()
+        command = processes.rem_child(*cmd, cwd=host.ctx.data.root, env=self._env(host))
         with host.ctx.data.open_log("drill-up.log") as out:
-            host.up = subprocess.Popen(
-                cmd,
+            host.up = command.popen(
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self._env(host),
-                cwd=host.ctx.data.root,
                 start_new_session=True,
                 preexec_fn=private.private_child,
             )

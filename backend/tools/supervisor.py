@@ -188,21 +188,20 @@ class Supervisor:
 
     # -- children --------------------------------------------------------------
     def _command(self, child: Child) -> list[str]:
-        cmd = processes.rem_command("daemon", "--role", child.role, "--data", str(self.ctx.data.root))
+        """The child's `rem` arguments (the state store's URL goes in its environment, never here)."""
+        args = ["daemon", "--role", child.role, "--data", str(self.ctx.data.root)]
         if self.chroma is not None and self.chroma.external:
-            cmd += ["--chroma-url", self.chroma.url]
-        return cmd
+            args += ["--chroma-url", self.chroma.url]
+        return args
 
     def _start(self, child: Child) -> None:
-        env = processes.child_env(REM_CHROMA_AUTOSTART="0", REM_LOG="1", **self.config.env)
+        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.config.env}
+        command = processes.rem_child(*self._command(child), cwd=self.ctx.data.root, env=env)
         with self.ctx.data.open_log(f"{child.name}.log") as out:
-            child.proc = subprocess.Popen(
-                self._command(child),
+            child.proc = command.popen(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.ctx.data.root,
                 preexec_fn=private.private_child_dying_with_parent,
             )
         child.started_at = time.monotonic()

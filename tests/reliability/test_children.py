@@ -1,5 +1,6 @@
-"""Processes rem starts and signals: no planted `backend/` from the current directory, no signal to a
-reused pid, and no drill on a data dir a live `rem up` owns."""
+"""Processes rem starts and signals: no planted `backend/`, `json/` or `sqlite3/` from the current
+directory in any child (`rem up`'s, the demo's, the drill's, `rem check`'s workers, `rem bench`'s), no
+signal to a reused pid, and no drill on a data dir a live `rem up` owns."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from backend.core import processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused
 from backend.runtime.context import Context
-from backend.tools import demo
+from backend.tools import bench, demo
 from backend.tools.drill import Drill, DrillConfig, refuse_a_live_data_dir
 from backend.tools.supervisor import read_manifest
 from tests.helpers import REM, rem_env, run_rem, spawn_rem, wait_until
@@ -32,14 +33,20 @@ raise SystemExit(97)
 """
 
 
+# what a child would import from its current directory, were it on `sys.path`: rem itself, and two
+# modules of the standard library every rem process imports
+PLANTED_PACKAGES = ("backend", "backend/cli", "backend/ops", "json", "sqlite3")
+
+
 @pytest.fixture
 def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A current directory holding a `backend/` package that records any import of it."""
+    """A current directory holding `backend/`, `json/` and `sqlite3/` packages that record any import."""
     cwd = tmp_path / "writable-by-anyone"
-    for package in (cwd / "backend", cwd / "backend" / "cli"):
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text(PLANTED)
+    for name in PLANTED_PACKAGES:
+        (cwd / name).mkdir(parents=True)
+        (cwd / name / "__init__.py").write_text(PLANTED)
     (cwd / "backend" / "cli" / "app.py").write_text(PLANTED)
+    (cwd / "backend" / "ops" / "check_worker.py").write_text(PLANTED)
     marker = tmp_path / "marker"
     monkeypatch.setenv("PLANTED_MARKER", str(marker))
     monkeypatch.chdir(cwd)
@@ -97,6 +104,28 @@ def test_no_child_imports_a_backend_planted_in_the_current_directory(
         assert not planted.exists(), planted.read_text()
     finally:
         demo.stop(up)
+
+
+def test_rem_check_workers_import_nothing_from_the_current_directory(planted: Path, tmp_path: Path) -> None:
+    root = str(tmp_path / "data")
+    for session in ("s1", "s2", "s3"):
+        assert run_rem("send", session, "hello", "--data", root).returncode == 0
+    # three sessions are enough for worker processes once the threshold says so
+    env = rem_env(REM_CHECK_PARALLEL_SESSIONS="1", REM_LOG="1")
+    proc = run_rem("check", "--data", root, "--json", env=env)
+    assert "checking 3 sessions in 1 worker process" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and json.loads(proc.stdout)["counts"]["violations"] == 0, proc.stdout
+    assert not planted.exists(), planted.read_text()
+
+
+def test_rem_bench_runs_its_scripts_with_a_safe_path(planted: Path, tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text("import json, os, sys\nprint(json.dumps({'cwd': os.getcwd(), 'path': sys.path}))\n")
+    probe = bench.Bench("probe", str(script), (), (), lambda result: [])
+    seen = bench.run_one(probe, quick=True)["result"]
+    assert seen["cwd"] == str(bench.BENCH_DIR.parent)  # a checkout of rem, not the caller's folder
+    assert os.getcwd() not in seen["path"] and "" not in seen["path"] and str(tmp_path) not in seen["path"]
+    assert not planted.exists(), planted.read_text()
 
 
 @pytest.fixture
