@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from backend.core.errors import UsageError
+from backend.core.redact import has_credentials, redact_url
 
 T = TypeVar("T")
 
@@ -42,6 +43,8 @@ class Parser(Generic[T]):
 
     parse: Callable[[str], T]
     expects: str
+    # how a refused value is shown in the error (a URL's password hidden)
+    shown: Callable[[str], str] = str
 
 
 def whole(minimum: int | None = None, unit: str = "") -> Parser[int]:
@@ -131,7 +134,7 @@ def postgres_url() -> Parser[str]:
             raise ValueError(raw)
         return raw
 
-    return Parser(parse, "a postgresql:// URL")
+    return Parser(parse, "a postgresql:// URL", redact_url)
 
 
 def path() -> Parser[Path]:
@@ -139,14 +142,19 @@ def path() -> Parser[Path]:
 
 
 def url() -> Parser[str]:
-    """An http(s) URL (no check that anything answers there)."""
+    """An http(s) URL without credentials (no check that anything answers there)."""
 
     def parse(raw: str) -> str:
-        if not raw.startswith(("http://", "https://")) or len(raw) < 10:
+        if not raw.startswith(("http://", "https://")) or len(raw) < 10 or has_credentials(raw):
             raise ValueError(raw)
         return raw.rstrip("/")
 
-    return Parser(parse, "an http:// or https:// URL")
+    return Parser(
+        parse,
+        "an http:// or https:// URL without credentials (no user:password@: a key goes in "
+        "REM_MODEL_API_KEY_FILE)",
+        redact_url,
+    )
 
 
 PRICE_KEYS = frozenset({"input", "output", "reasoning", "cache_read", "cache_write"})
@@ -214,7 +222,8 @@ class Setting(Generic[T]):
         try:
             value: T = self.parser.parse(raw.strip())
         except ValueError:
-            shown = raw if len(raw) <= 60 else raw[:57] + "..."
+            shown = self.parser.shown(raw)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise SettingsError(
                 f"{self.env}={shown!r} is not {self.parser.expects}; fix it or unset it "
                 f"(default: {self.default_text()})"

@@ -4,7 +4,9 @@ The API key comes from `REM_MODEL_API_KEY_FILE` (a file only its owner can
 read: mode 0600 or stricter, else refused) or, accepted but second best,
 `REM_MODEL_API_KEY`. The key is held only here, is never part of a repr, a
 log line, an error message or a journal row, and is scrubbed from any error
-text an endpoint sends back. A local server that needs no key gets a
+text an endpoint sends back: every run of 8 characters of it, not just the
+whole key. A base URL with `user:password@` is refused when the settings are
+read, and again here for a config built another way. A local server that needs no key gets a
 placeholder (the SDK refuses to run without one).
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from backend.core.errors import UsageError
+from backend.core.redact import has_credentials, redact_url, scrub_runs
 from backend.core.settings import settings
 
 OPENAI_URL = "https://api.openai.com/v1"
@@ -68,6 +71,15 @@ class ModelConfig:
     retry_max_s: float
     api_key: str = field(default=NO_KEY, repr=False)
 
+    def __post_init__(self) -> None:
+        # the SDK would send `user:password@` nowhere useful and fail every request as
+        # `bad_response`; refused once, here, naming where a key goes
+        if has_credentials(self.base_url):
+            raise ModelConfigError(
+                f"the model base URL {redact_url(self.base_url)!r} carries credentials (user:password@); "
+                "remove them and put the key in REM_MODEL_API_KEY_FILE"
+            )
+
     @classmethod
     def from_settings(cls) -> ModelConfig:
         key_file = settings.model_api_key_file
@@ -104,7 +116,6 @@ class ModelConfig:
         return self.embedding_model
 
     def scrub(self, text: str) -> str:
-        """`text` with the API key (and its longer prefixes) removed, for errors and logs."""
-        if self.api_key != NO_KEY and len(self.api_key) >= 8 and self.api_key in text:
-            text = text.replace(self.api_key, "***")
-        return text
+        """`text` with every run of 8 or more characters of the API key removed, for errors and logs
+        (an endpoint that echoes the key with its end starred must not leave the rest readable)."""
+        return text if self.api_key == NO_KEY else scrub_runs(text, self.api_key)

@@ -326,6 +326,30 @@ async def test_the_api_key_is_sent_but_never_stored_or_logged(
         OpenAIAgent()
 
 
+async def test_a_key_echoed_with_its_end_starred_leaves_no_run_of_it_anywhere(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "sk-proj-Zq81vLmR4tYw0Ne7HcXb2Ks9"
+    echoed = key[:-4] + "****"  # what some endpoints print back: all but the last 4 characters
+    with FakeOpenAIServer(Scenario(reply=REPLY)) as server:
+        server.push(bad_api_key(error_message=f"Incorrect API key provided: {echoed}. Check it."))
+        monkeypatch.setenv("REM_MODEL_BASE_URL", server.base_url)
+        monkeypatch.setenv("REM_MODEL", "gpt-4o-mini")
+        monkeypatch.setenv("REM_MODEL_API_KEY", key)
+        db = await db_ctx.db()
+        await sessions.admit(db, "s1", "hello", input_id="q1")
+        await _executor(db_ctx).run()
+        assert server.requests()[0].api_key == key
+    (reply,) = await _replies(db)
+    held = await db.scalar("SELECT held_reason FROM session")
+    assert reply["error"]["class"] == "auth" and "Incorrect API key provided: ***" in reply["text"]
+    assert held.startswith("auth") and "***" in held
+    await db.fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+    stored = db_ctx.data.state_db.read_bytes()
+    for run in {key[i : i + 8] for i in range(len(key) - 7)}:  # event rows, reply, held_reason
+        assert run.encode() not in stored and run not in caplog.text, run
+
+
 async def test_rem_check_verifies_the_totals_against_the_replies_usage(
     db_ctx: Context, fake_model: FakeOpenAIServer
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 from pathlib import Path
@@ -12,6 +13,7 @@ from backend.core import settings as settings_module
 from backend.core.plugins import PluginError, installed, load_plugin
 from backend.core.settings import SettingsError, declared, markdown_table, settings, validate
 from backend.execution.agent import OfflineResponder
+from backend.models.config import ModelConfig, ModelConfigError
 from backend.store import workers
 from tests.helpers import rem_env, run_rem
 
@@ -70,6 +72,19 @@ def test_bounds_are_checked_and_every_problem_is_named_at_once() -> None:
     assert "REM_EXECUTOR_CONCURRENCY='0' is not a whole number, at least 1" in str(caught.value)
     assert "REM_RECOVERY_BUDGET='x'" in str(caught.value)
     validate({"REM_EXECUTOR_CONCURRENCY": " 3 "})  # surrounding blanks are forgiven
+
+
+def test_a_model_url_with_credentials_is_refused_in_one_line_without_its_password(tmp_path: Path) -> None:
+    env = rem_env(REM_MODEL_BASE_URL="https://me:hunter22@llm.example/v1")
+    proc = run_rem("status", "--data", str(tmp_path / "d"), env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("rem: error: REM_MODEL_BASE_URL='https://me:***@llm.example/v1' is not ")
+    assert "without credentials" in line and "REM_MODEL_API_KEY_FILE" in line and "hunter22" not in line
+    # a config built another way (a plug-in, a test) is refused when it is made, not at each request
+    with pytest.raises(ModelConfigError, match="carries credentials") as caught:
+        dataclasses.replace(ModelConfig.from_settings(), base_url="https://me:hunter22@llm.example/v1")
+    assert "hunter22" not in str(caught.value)
 
 
 def test_the_host_identity_is_rem_host_else_the_machines_name(monkeypatch: pytest.MonkeyPatch) -> None:
