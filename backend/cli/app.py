@@ -123,11 +123,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("rem: interrupted\n")
         code = int(ExitCode.INTERRUPTED)
+    except Exception as exc:
+        translated = _database_error(exc)
+        if translated is None:
+            raise
+        sys.stderr.write(f"rem: error: {translated}\n")
+        code = int(translated.exit_code)
     else:
         code = int(result) if isinstance(result, int) else 0
     if argv is None:
         sys.exit(code)
     return code
+
+
+def _database_error(exc: Exception) -> RemError | None:
+    """A PostgreSQL error that escaped every `postgres_errors` door, as its one line (no password)."""
+    if type(exc).__module__.partition(".")[0] != "psycopg":
+        return None
+    import psycopg
+
+    from backend.store.pg_errors import translate_postgres_error
+
+    if not isinstance(exc, psycopg.Error):
+        return None
+    return translate_postgres_error(exc, settings.db_url or "postgresql://")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from backend.core import processes
 from backend.core.datadir import DataDir
 from backend.core.errors import BadInput
+from backend.core.redact import has_password, redact_url
 from backend.core.settings import Settings
 from backend.runtime.context import Context
 
@@ -63,12 +65,21 @@ class Globals:
 
 
 def use_db_url(url: str | None) -> None:
-    """`--db URL`: the state store for this process and every rem process it starts (as REM_DB_URL)."""
+    """`--db URL`: the state store for this process and every rem process it starts (as REM_DB_URL,
+    in their environment, which only their user can read), with the password hidden from this
+    process's own command line from here on (REM_DB_URL or ~/.pgpass never show it at all)."""
     if url is None:
         return
     if not url.startswith(("postgresql://", "postgres://")):
-        raise BadInput(f"--db {url!r} is not a postgresql:// URL; without --db rem uses state.db in --data")
-    os.environ[Settings.db_url.env] = url
+        raise BadInput(
+            f"--db {redact_url(url)!r} is not a postgresql:// URL; without --db rem uses state.db in --data"
+        )
+    from backend.store.pg_errors import check_url
+
+    check_url(url)  # a URL libpq cannot parse: one line now, not a traceback quoting it later
+    os.environ[Settings.db_url.env] = url  # how every rem process this one starts gets it: never argv
+    if has_password(url):  # `ps` shows argv to every user: this process's own shows `***` instead
+        processes.hide_in_title(url, redact_url(url))
 
 
 def make_context(data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:

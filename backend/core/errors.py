@@ -63,6 +63,18 @@ class DatabaseIOError(RemError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class DatabaseRefused(RemError):
+    """The PostgreSQL server refused a statement for a reason with no more specific class (its SQLSTATE says)."""
+
+    def __init__(self, message: str, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class DatabaseTooOld(DataDirError):
+    """The PostgreSQL server is older than rem supports."""
+
+
 class ChromaUnreachable(RemError):
     exit_code = ExitCode.UNREACHABLE
 

@@ -81,6 +81,21 @@ def foreign_child_env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in child_env(**extra).items() if not k.startswith("REM_")}
 
 
+def hide_in_title(text: str, shown: str) -> bool:
+    """Show `shown` for `text` in this process's title (`ps`, /proc/PID/cmdline); True if it was there.
+
+    setproctitle rewrites the memory the kernel reads argv from (moving the environment if needed):
+    what another user's `ps` reads from now on. The moments between exec and this call still show it.
+    """
+    import setproctitle
+
+    title = setproctitle.getproctitle()
+    if text not in title:
+        return False
+    setproctitle.setproctitle(title.replace(text, shown))
+    return True
+
+
 def started_at(pid: int) -> float | None:
     """When process `pid` started (seconds since the epoch), or None when there is no such process."""
     try:

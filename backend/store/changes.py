@@ -25,6 +25,7 @@ from typing import Literal
 
 import psycopg
 
+from backend.core.redact import redact_text
 from backend.store.postgres import display_url
 from backend.store.schema_pg import CHANGE_CHANNEL
 
@@ -72,6 +73,7 @@ async def listen_changes(
                     yield event
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            error = redact_text(error, url)  # shown in the console's banner and logged
             log.warning("change feed of %s lost (%s); retrying in %.1f s", display_url(url), error, backoff)
             yield StoreEvent("lost", error=error, retry_in_s=backoff)
             await asyncio.sleep(backoff)

@@ -14,6 +14,7 @@ few differences are translated here, once per distinct statement (cached):
 | `CROSS JOIN t ON` (join order)    | `JOIN t ON`                                       |
 | `INDEXED BY idx` (planner hint)   | nothing: PostgreSQL's planner chooses             |
 | `:x IS NULL` (a bare parameter)   | `CAST(%(x)s AS text) IS NULL` (a type to infer)   |
+| `FROM (SELECT ...)` with no alias | `FROM (SELECT ...) AS rem_sub1` (before 16, PostgreSQL requires one) |
 
 and values: a Python `bool` is stored as 0/1 as SQLite stores it, `numeric`
 results (`sum()` of integers) come back as `int` (or `float`), never
@@ -46,6 +47,11 @@ REPEATABLE READ READ ONLY, one snapshot, as SQLite's read transaction.
 A connection that breaks (server restart, failover) is re-opened before the
 next transaction, never inside one: a transaction that lost its connection
 fails as a whole (`DatabaseUnreachable`, nothing of it written).
+
+Every connection first checks the server's version (PostgreSQL 14 or newer), and
+every psycopg error leaves as one line with its SQLSTATE and no password
+(`backend.store.pg_errors`). Nothing here needs more than PostgreSQL 14: SQLite's
+`FROM (subquery)` without an alias gets one (15 and older require it).
 """
 
 from __future__ import annotations
@@ -55,8 +61,7 @@ import functools
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.errors
@@ -64,48 +69,22 @@ from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import TransactionStatus
 from psycopg.rows import RowMaker, tuple_row
 
-from backend.core.errors import (
-    DatabaseFull,
-    DatabaseLocked,
-    DatabaseUnreachable,
-    DataDirError,
-    LeaseLost,
-    ReadOnly,
-    RemError,
-)
+from backend.core.errors import DatabaseUnreachable
 from backend.core.settings import settings
 
+# the URL, version and error doors live in pg_errors; named here too, where callers import them
+from backend.store.pg_errors import FENCE_SQLSTATE as FENCE_SQLSTATE
+from backend.store.pg_errors import MIN_SERVER_VERSION as MIN_SERVER_VERSION
+from backend.store.pg_errors import check_url as check_url
+from backend.store.pg_errors import display_url as display_url
+from backend.store.pg_errors import is_postgres_url as is_postgres_url
+from backend.store.pg_errors import postgres_errors as postgres_errors
+from backend.store.pg_errors import refuse_old_server as refuse_old_server
+from backend.store.pg_errors import server_version_text as server_version_text
+from backend.store.pg_errors import store_label as store_label
+from backend.store.pg_errors import translate_postgres_error as translate_postgres_error
+
 log = logging.getLogger("rem.postgres")
-
-SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_postgres_url(url: str | None) -> bool:
-    return bool(url) and str(url).startswith(SCHEMES)
-
-
-def display_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def store_label(url: str) -> str:
-    """`postgresql://user@host:port/db`: which store, for a header; no password, no other parameters.
-
-    A host or port given as a query parameter (a socket directory) is shown in its place.
-    """
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    host = parts.hostname or query.get("host", "")
-    port = parts.port or query.get("port")
-    user = f"{parts.username}@" if parts.username else ""
-    where = f"{host}:{port}" if port else host
-    return f"{parts.scheme}://{user}{where}{parts.path}"
-
 
 # -- SQL translation -----------------------------------------------------------
 _LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*")
@@ -124,13 +103,22 @@ _STATEMENTS = {
 }
 
 
+# a subquery in FROM or JOIN, and what may follow one that has no alias
+_SUBQUERY = re.compile(r"\b(?:FROM|JOIN)\s*(\()\s*(?:SELECT|WITH|VALUES)\b", re.IGNORECASE)
+_NEXT_WORD = re.compile(r"\s*(\w+)")
+_NOT_AN_ALIAS = frozenset(
+    "WHERE GROUP ORDER HAVING LIMIT OFFSET UNION EXCEPT INTERSECT JOIN LEFT RIGHT INNER OUTER CROSS "
+    "FULL NATURAL ON USING WINDOW RETURNING FOR".split()
+)
+
+
 @functools.lru_cache(maxsize=4096)
 def translate_sql(sql: str) -> str:
     """rem's SQLite-dialect statement as PostgreSQL runs it (see the module doc)."""
     whole = _STATEMENTS.get(" ".join(sql.split()).upper())
     if whole is not None:
         return whole
-    sql = _GLOB.sub(_glob_as_like, sql)
+    sql = alias_subqueries(_GLOB.sub(_glob_as_like, sql))
     out, last = [], 0
     for literal in _LITERAL.finditer(sql):
         out.append(_translate_code(sql[last : literal.start()]))
@@ -138,6 +126,26 @@ def translate_sql(sql: str) -> str:
         last = literal.end()
     out.append(_translate_code(sql[last:]))
     return "".join(out)
+
+
+def alias_subqueries(sql: str) -> str:
+    """Give every subquery in FROM / JOIN without an alias one (`rem_subN`): PostgreSQL 14 and 15
+    refuse `FROM (SELECT ...)` alone ("subquery in FROM must have an alias"), SQLite and 16+ take it."""
+    masked = _LITERAL.sub(lambda m: "_" * len(m.group(0)), sql)  # no parenthesis inside text counts
+    inserts = []
+    for match in _SUBQUERY.finditer(masked):
+        depth = 0
+        for close in range(match.start(1), len(masked)):
+            depth += {"(": 1, ")": -1}.get(masked[close], 0)
+            if depth == 0:
+                break
+        word = _NEXT_WORD.match(masked, close + 1)
+        if word is None or word.group(1).upper() in _NOT_AN_ALIAS:
+            inserts.append(close + 1)
+    # from the end back (a subquery inside another closes first but is found after it)
+    for n, at in sorted(enumerate(inserts, start=1), key=lambda pair: -pair[1]):
+        sql = f"{sql[:at]} AS rem_sub{n}{sql[at:]}"
+    return sql
 
 
 def _glob_as_like(match: re.Match[str]) -> str:
@@ -372,6 +380,7 @@ class PgConnection:
         return self._raw
 
     def _connect(self) -> psycopg.Connection[Any]:
+        check_url(self.url)  # REM_DB_URL comes this way without `--db`'s check
         with postgres_errors(self.url):
             raw = psycopg.connect(
                 self.url,
@@ -380,6 +389,11 @@ class PgConnection:
                 options=session_options(read_only=self.read_only),
                 application_name="rem",
             )
+        try:
+            refuse_old_server(raw.info.server_version, self.url)
+        except BaseException:
+            raw.close()
+            raise
         raw.adapters.register_dumper(bool, BoolAsIntDumper)
         raw.adapters.register_loader("numeric", NumericAsNumberLoader)
         return raw
@@ -618,60 +632,3 @@ def session_options(*, read_only: bool) -> str:
     if read_only:
         options["default_transaction_read_only"] = "on"
     return " ".join(f"-c {key}={value}" for key, value in options.items())
-
-
-# -- errors ----------------------------------------------------------------------
-# rem's own SQLSTATE: a fenced write sent unread (`backend.store.db.fenced_write(unread=True)`) changed no
-# row; raised by `rem_fenced` (schema_pg), translated back to `LeaseLost` with its message
-FENCE_SQLSTATE = "RL001"
-CONNECTION_SQLSTATES = ("08", "57P01", "57P02", "57P03")
-
-
-def translate_postgres_error(exc: psycopg.Error, url: str) -> RemError | None:
-    """Map a psycopg error to the one-line RemError an operator can act on (None: not ours to map)."""
-    where = display_url(url)
-    state = exc.sqlstate or ""
-    if state == FENCE_SQLSTATE:  # a fenced write sent unread changed no row: its own message
-        return LeaseLost(exc.diag.message_primary or str(exc))
-    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
-        return DatabaseLocked(
-            f"{where}: a concurrent transaction conflicted with this one ({state}); "
-            "nothing of it was written; retry"
-        )
-    if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
-        return DatabaseLocked(
-            f"{where}: a row lock stayed held by another transaction for more than "
-            f"{settings.busy_timeout_ms / 1000:g} s; retry, or find the holder in pg_stat_activity"
-        )
-    if isinstance(exc, psycopg.errors.DiskFull):
-        return DatabaseFull(f"{where}: the database server is out of disk space; free space, then retry")
-    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-        return ReadOnly(f"{where} is opened read-only; this action needs a writable rem")
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return DataDirError(
-            f"{where}: permission denied ({exc}); grant rem's role access, or use another --db"
-        )
-    if state.startswith(CONNECTION_SQLSTATES) or (isinstance(exc, psycopg.OperationalError) and not state):
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return DatabaseUnreachable(
-            f"cannot reach the state store at {where} ({detail}); "
-            "check --db / REM_DB_URL and that the server is up"
-        )
-    return None
-
-
-class postgres_errors:
-    """Raise a psycopg error from inside as the one-line RemError for `url` (others unchanged)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> Literal[False]:
-        if isinstance(exc, psycopg.Error):
-            translated = translate_postgres_error(exc, self.url)
-            if translated is not None:
-                raise translated from exc
-        return False

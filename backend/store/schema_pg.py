@@ -3,7 +3,10 @@
 Migration N on PostgreSQL is SQLite's migration N (`backend.store.schema`)
 translated statement by statement (`pg_ddl`): INTEGER -> BIGINT (times are
 ms), REAL -> DOUBLE PRECISION, BLOB -> BYTEA, AUTOINCREMENT -> an identity
-column, `IS [NOT]` -> `IS [NOT] DISTINCT FROM`, no WITHOUT ROWID. A
+column, `IS [NOT]` -> `IS [NOT] DISTINCT FROM`, no WITHOUT ROWID, an alias for
+a subquery in FROM. Everything here runs on PostgreSQL 14 (the oldest rem
+supports, `postgres.MIN_SERVER_VERSION`) to 18; tests/backend/test_schema_pg.py
+migrates on 15 too. A
 statement that has no mechanical twin (a trigger, a virtual table) must have
 a hand-written one in `TWINS`, named by its object; without it building the
 PostgreSQL migrations fails, so a new SQLite-only construct cannot slip by
@@ -48,7 +51,7 @@ from backend.core import clock
 from backend.core.errors import DataDirError, SchemaTooNew
 from backend.store import counters
 from backend.store.db import Conn
-from backend.store.postgres import FENCE_SQLSTATE, PgConnection
+from backend.store.postgres import FENCE_SQLSTATE, PgConnection, alias_subqueries
 
 log = logging.getLogger("rem.schema")
 
@@ -61,9 +64,15 @@ CREATE TABLE {VERSION_TABLE} (
     version    INTEGER PRIMARY KEY,
     applied_at BIGINT NOT NULL
 );
--- SQLite's JSON functions, as rem's SQL uses them (IS JSON: PostgreSQL 16+)
+-- SQLite's JSON functions, as rem's SQL uses them. json_valid parses as `json` (syntax only,
+-- like `IS JSON`, which needs PostgreSQL 16); any data exception (class 22) means "not JSON"
 CREATE FUNCTION json_valid(value text) RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT value IS JSON $$;
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN CASE WHEN value IS NULL THEN NULL ELSE value::json IS NOT NULL END;
+EXCEPTION WHEN data_exception THEN
+    RETURN false;
+END $$;
 -- '$.a.b' paths only (all rem writes); values come back as text, numbers included
 CREATE FUNCTION json_extract(value text, path text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -277,7 +286,7 @@ def pg_ddl(script: str) -> list[str]:
             continue
         for pattern, replacement in _TYPES:
             statement = pattern.sub(replacement, statement)
-        statements.append(statement.rstrip().rstrip(";"))
+        statements.append(alias_subqueries(statement.rstrip().rstrip(";")))
     return statements
 
 

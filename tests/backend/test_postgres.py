@@ -14,10 +14,17 @@ import psycopg
 import pytest
 
 from backend.core.datadir import DataDir
-from backend.core.errors import DatabaseUnreachable, DataDirError, LeaseLost, RemError
+from backend.core.errors import (
+    DatabaseRefused,
+    DatabaseTooOld,
+    DatabaseUnreachable,
+    DataDirError,
+    LeaseLost,
+    RemError,
+)
 from backend.execution import leases
 from backend.runtime.context import Context
-from backend.store import counters, schema_pg
+from backend.store import counters, pg_errors, schema_pg
 from backend.store.db import Conn, Database, Reader, commit_group_sync, execute_unread, read_together_sync
 from backend.store.postgres import PgConnection, display_url, translate_sql
 from backend.store.schema import MIGRATIONS, migrate
@@ -26,10 +33,17 @@ from tests import pg
 from tests.helpers import rem_env, rem_json, run_rem
 
 
+@pytest.fixture(params=["postgres", "postgres15"])
+def store(request: pytest.FixtureRequest) -> str:
+    """Every test here that touches a server runs on PostgreSQL 18 and on 15 (tests/pg.py
+    OLDEST_TESTED): `db_url` is a fresh migrated database of that server."""
+    return str(request.param)
+
+
 @pytest.fixture
-def store() -> str:
-    """Every test here runs on PostgreSQL (`db_url` is a fresh migrated database)."""
-    return "postgres"
+def pg_server(pg_server: LocalPostgres, store: str, request: pytest.FixtureRequest) -> LocalPostgres:
+    """The session server of this test's `store`: the suite's own (18), or 15."""
+    return pg.store_server(store, request) if store == "postgres15" else pg_server
 
 
 @pytest.mark.parametrize(
@@ -58,6 +72,16 @@ def store() -> str:
         ("BEGIN IMMEDIATE", "BEGIN ISOLATION LEVEL READ COMMITTED"),
         ("BEGIN", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
         ("ROLLBACK TO rem_write", "ROLLBACK TO rem_write"),
+        (  # PostgreSQL 14 and 15 want an alias for a subquery in FROM; one that has one keeps it
+            "SELECT * FROM (SELECT ')' FROM t) UNION SELECT n FROM (SELECT 1 AS n) AS k JOIN (VALUES (1)) ON 1",
+            "SELECT * FROM (SELECT ')' FROM t) AS rem_sub1 UNION SELECT n FROM (SELECT 1 AS n) AS k "
+            "JOIN (VALUES (1)) AS rem_sub2 ON 1",
+        ),
+        (  # nested: the inner one closes first
+            "SELECT a FROM (SELECT * FROM (SELECT a FROM t LIMIT 1) UNION ALL SELECT 2) ORDER BY a",
+            "SELECT a FROM (SELECT * FROM (SELECT a FROM t LIMIT 1) AS rem_sub2 UNION ALL SELECT 2) AS rem_sub1 "
+            "ORDER BY a",
+        ),
     ],
 )
 def test_sqlite_dialect_is_translated_once_per_statement(sqlite: str, postgres: str) -> None:
@@ -143,6 +167,71 @@ async def test_migrations_are_versioned_in_the_database_and_refuse_foreign_table
             conn.execute("CREATE TABLE invoices (id int)")
         with pytest.raises(DataDirError, match="not rem's \\(invoices\\)"):
             await Context(DataDir(tmp_path / "c"), db_url=url, start_chroma=False).db()
+
+
+def test_the_server_is_the_version_the_store_names_and_json_valid_works_on_it(
+    db_url: str, store: str
+) -> None:
+    conn = PgConnection(db_url)
+    try:
+        assert conn.raw.info.server_version // 10000 == (pg.OLDEST_TESTED if store == "postgres15" else 18)
+        row = conn.execute(
+            """SELECT json_valid('{"a": [1, null]}'), json_valid('[1,'), json_valid('"x"'),"""
+            """ json_valid(NULL), json_valid('{"a": 1, "a": 2}'), json_valid('')"""
+        ).fetchone()
+        assert tuple(row) == (True, False, True, None, True, False)  # as `IS JSON` (16+) answers
+    finally:
+        conn.close()
+
+
+async def test_a_server_older_than_the_minimum_is_refused_in_one_line_naming_it(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert pg_errors.MIN_SERVER_VERSION == 140000 and pg_errors.server_version_text(140000) == "14.0"
+    running = PgConnection(db_url)
+    version = running.raw.info.server_version
+    running.close()
+    monkeypatch.setattr(pg_errors, "MIN_SERVER_VERSION", (version // 10000 + 1) * 10000)
+    with pytest.raises(DatabaseTooOld) as caught:
+        await Database.connect(db_url.replace("postgres@", "postgres:hunter22@"))
+    message = str(caught.value)
+    assert f"runs PostgreSQL {pg_errors.server_version_text(version)}; " in message, message
+    assert f"rem needs PostgreSQL {version // 10000 + 1} or newer" in message and "\n" not in message
+    assert "hunter22" not in message and caught.value.exit_code == 2
+    assert (
+        pg_errors.server_version_text(130012) == "13.12" and pg_errors.server_version_text(90624) == "9.6.24"
+    )
+
+
+async def test_every_database_error_is_one_line_with_its_sqlstate_and_no_password(
+    db_url: str, tmp_path: Path
+) -> None:
+    url = db_url.replace("postgres@", "postgres:hunter22@")  # trust auth: the password is never asked
+    db = await Database.connect(url)
+    try:
+        with pytest.raises(DatabaseRefused) as caught:
+            await db.fetchall("SELECT * FROM no_such_table")
+    finally:
+        await db.close()
+    message = str(caught.value)
+    assert "SQLSTATE 42P01" in message and "no_such_table" in message and "hunter22" not in message
+    with psycopg.connect(db_url, autocommit=True) as conn:  # a store someone broke by hand
+        conn.execute("DROP TABLE session_recovery")
+    env = rem_env(REM_CHROMA_AUTOSTART="0")
+    env.pop("REM_DB_URL", None)
+    proc = run_rem("--db", url, "--data", str(tmp_path / "d"), "status", env=env)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()  # one line, no traceback
+    assert line.startswith("rem: error: postgresql://postgres:***@/") and "; SQLSTATE 42P01)" in line, line
+    assert "session_recovery" in line and "hunter22" not in proc.stderr
+
+
+def test_a_psycopg_error_that_reached_the_cli_is_still_one_line() -> None:
+    from backend.cli.app import _database_error
+
+    error = _database_error(psycopg.errors.UndefinedTable('relation "nope" does not exist'))
+    assert isinstance(error, DatabaseRefused) and "SQLSTATE 42P01" in str(error)
+    assert _database_error(ValueError("not a database error")) is None
 
 
 async def test_a_password_never_reaches_a_message(pg_server: LocalPostgres) -> None:
@@ -330,6 +419,19 @@ def test_a_bad_db_url_is_one_line_naming_the_fix(tmp_path: Path, pg_server: Loca
     )
     assert down.returncode == 3 and down.stderr.count("\n") == 1, down.stderr
     assert "rem: error: cannot reach the state store" in down.stderr and "hunter2" not in down.stderr
+    assert "; SQLSTATE 08001)" in down.stderr  # libpq gives none for a connection never made
+    # a bare `%` in the password: libpq's parser refuses it; the refusal must not quote it
+    bare = pg_server.url().replace("postgres@", "rem:hun%zzter2@")
+    for given, extra in (("--db", ("--db", bare)), ("REM_DB_URL", ())):
+        proc = run_rem(*extra, *data, "status", env={**env, "REM_DB_URL": bare} if not extra else env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (given, proc.stderr)
+        assert "is not a valid PostgreSQL URL" in proc.stderr and "% as %25" in proc.stderr, proc.stderr
+        assert (
+            "hun%zzter2" not in proc.stderr and "zzter2" not in proc.stderr and "Traceback" not in proc.stderr
+        )
+    wrong = run_rem("--db", "mysql://rem:hunter2@db.example/rem", *data, "status", env=env)
+    assert wrong.returncode == 2 and "mysql://rem:***@db.example/rem" in wrong.stderr
+    assert "hunter2" not in wrong.stderr
 
 
 def test_rem_init_on_postgres_names_the_store_it_initialised(
@@ -492,11 +594,12 @@ async def test_an_unread_write_that_fails_fails_its_own_group_member_only(db_url
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert results[0] == 2 and results[4] == 3  # each saw the writes before it, and only those kept
         assert isinstance(results[1], ValueError) and str(results[1]) == "b failed"
-        assert isinstance(results[2], psycopg.errors.UniqueViolation), results[2]
-        assert isinstance(results[3], psycopg.errors.UniqueViolation), results[3]
+        # each a one-line error with its SQLSTATE (23505: unique_violation)
+        assert isinstance(results[2], DatabaseRefused) and results[2].sqlstate == "23505", results[2]
+        assert isinstance(results[3], DatabaseRefused) and results[3].sqlstate == "23505", results[3]
         assert [r[0] for r in await db.fetchall("SELECT who FROM rt ORDER BY id")] == ["a1", "a2", "d1"]
         # the lone-writer path (no savepoint): a failed unread write fails its transaction whole
-        with pytest.raises(psycopg.errors.UniqueViolation):
+        with pytest.raises(DatabaseRefused, match="SQLSTATE 23505"):
             await db.write_in_thread(lambda raw: execute_unread(raw, "INSERT INTO rt (who) VALUES ('d1')"))
         assert await db.scalar("SELECT count(*) FROM rt") == 3
     finally:

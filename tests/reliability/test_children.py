@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from backend.core import processes
@@ -21,6 +22,7 @@ from backend.runtime.context import Context
 from backend.tools import bench, demo
 from backend.tools.drill import Drill, DrillConfig, refuse_a_live_data_dir
 from backend.tools.supervisor import read_manifest
+from tests import pg
 from tests.helpers import REM, rem_env, run_rem, spawn_rem, wait_until
 
 pytestmark = pytest.mark.slow
@@ -126,6 +128,38 @@ def test_rem_bench_runs_its_scripts_with_a_safe_path(planted: Path, tmp_path: Pa
     assert seen["cwd"] == str(bench.BENCH_DIR.parent)  # a checkout of rem, not the caller's folder
     assert os.getcwd() not in seen["path"] and "" not in seen["path"] and str(tmp_path) not in seen["path"]
     assert not planted.exists(), planted.read_text()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_rem_up_on_postgresql_shows_its_password_in_no_command_line(
+    tmp_path: Path, pg_server: pg.LocalPostgres
+) -> None:
+    root = tmp_path / "data"
+    env = rem_env()
+    env.pop("REM_DB_URL", None)
+    for url in pg.database_url(pg_server):
+        secret = url.replace("postgres@", "postgres:Hunter2-pw@")  # trust auth: never asked for
+        args = ["--db", secret, "up", "--data", str(root), "--executors", "1", "--summarizers", "1"]
+        up = subprocess.Popen([REM, *args, "--dreams", "1"], env=env, start_new_session=True)
+        try:
+            wait_until(lambda: _all_running(root), timeout=90, message="rem up to start every process")
+            kids = psutil.Process(up.pid).children(recursive=True)
+            daemons = [c["pid"] for c in _manifest(root)["children"]]
+            assert len(kids) >= 4 and set(daemons) <= {k.pid for k in kids}  # 3 daemons and Chroma
+            for pid in [up.pid, *(k.pid for k in kids)]:
+                line = _cmdline(pid)
+                assert b"Hunter2-pw" not in line and secret.encode() not in line, (pid, line)
+            assert b"--db postgresql://postgres:***@/" in _cmdline(up.pid)  # its own title, rewritten
+            for pid in daemons:  # the daemons have the URL from their environment, only their user's
+                assert f"REM_DB_URL={secret}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        finally:
+            demo.stop(up)
 
 
 @pytest.fixture
