@@ -9,7 +9,7 @@ patch of a shared machine weighs on both sides alike. Two shapes: a
 turn-path-like transaction (a journal row, a heartbeat, a lease renewal: three
 statements, one notification) and a bare `INSERT INTO event; COMMIT`. A console
 LISTENs throughout (notifications are queued for it). Without --db a
-throw-away server (`backend.tools.postgres_server`) holds a migrated database.
+throw-away server (`backend.programs.postgres_server`) holds a migrated database.
 Prints one JSON line on stdout and a table on stderr: transactions/s per side,
 the median ratio (feed on / feed off) and every round's.
 """

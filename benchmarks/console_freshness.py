@@ -11,7 +11,7 @@ that row to its widgets minus the row's time (taken just before COMMIT).
 Without --data a fresh data dir with a few workers and leases is used.
 
 `--store postgres` measures the console over the PostgreSQL store (its change
-feed: LISTEN/NOTIFY) on a throw-away server (`backend.tools.postgres_server`,
+feed: LISTEN/NOTIFY) on a throw-away server (`backend.programs.postgres_server`,
 the test extra's binaries) holding the same workers and leases, or on
 `--db URL` (a migrated rem database: the benchmark writes to it). `--store
 both` measures SQLite, then PostgreSQL, in one run, and prints both.

@@ -3,7 +3,7 @@
     python benchmarks/hosts.py [--turns 1500] [--sessions 60] [--rounds 3] [--db URL]
 
 Each round, for each layout, on a fresh database of one server (a throw-away
-one from `backend/tools/postgres_server.py`, fsync on, unless `--db`):
+one from `backend/programs/postgres_server.py`, fsync on, unless `--db`):
 admits `--turns` queue inputs over `--sessions` sessions, then starts real
 `rem daemon --role executor` processes (the instant offline agent, no Chroma)
 and times from the first completed reply to the last one (process start-up is

@@ -300,7 +300,7 @@ def main() -> None:
     try:
         db_url = None
         if args.postgres:
-            from backend.tools import postgres_server
+            from backend.programs import postgres_server
 
             server = postgres_server.start(root / "pg")
             db_url = server.url()

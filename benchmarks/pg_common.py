@@ -19,7 +19,7 @@ def server(url: str | None, tmp: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from backend.tools import postgres_server
+    from backend.programs import postgres_server
 
     local = postgres_server.start(tmp / "pg")
     try:
@@ -44,9 +44,9 @@ def fresh_database(server_url: str, name: str) -> Iterator[str]:
 def migrated_throwaway(prefix: str, *, fast: bool = False) -> tuple[str, Path]:
     """A throw-away local server's database with rem's schema (stopped and removed at exit): its URL
     and the scratch dir it lives in."""
+    from backend.programs import postgres_server
     from backend.store import schema_pg
     from backend.store.postgres import PgConnection
-    from backend.tools import postgres_server
 
     root = Path(tempfile.mkdtemp(prefix=prefix))
     local = postgres_server.start(root / "pg", fast=fast)

@@ -31,8 +31,8 @@ import psutil
 
 from backend import ops
 from backend.core.datadir import DataDir
+from backend.programs.supervisor import read_manifest
 from backend.runtime.context import Context
-from backend.tools.supervisor import read_manifest
 
 LATENCY_SQL = """
 SELECT i.time_created AS admitted,

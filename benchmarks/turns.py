@@ -20,7 +20,7 @@ Prints the median figures and every round's, as a table on stderr and one JSON
 line on stdout (target: median ratio >= 0.5). The temp dirs are removed.
 
 `--postgres` runs the same rounds on the PostgreSQL store: a throw-away server
-(`backend/tools/postgres_server.py`, fsync on, data in a temp dir) started for
+(`backend/programs/postgres_server.py`, fsync on, data in a temp dir) started for
 the run, a fresh database per round; `--db URL` uses a server you run (each
 round creates and drops a database `rem_bench_turns_N` through that URL's
 server, so the role needs CREATEDB). The bare side is the same `BEGIN; INSERT;

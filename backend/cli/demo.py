@@ -8,7 +8,7 @@ import typer
 
 from backend.cli import common
 from backend.core.datadir import DataDir
-from backend.tools import demo as demo_run
+from backend.programs import demo as demo_run
 
 
 def register(app: typer.Typer) -> None:

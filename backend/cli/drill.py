@@ -55,8 +55,8 @@ def sigkill(
     Example: rem drill sigkill --db postgresql://localhost/rem --role all --rounds 20
     """
     from backend.cli.render import drill_round_printer, print_drill
+    from backend.programs.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
     from backend.runtime.context import Context
-    from backend.tools.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
 
     common.use_db_url(db)
     from backend.core.settings import settings

@@ -26,7 +26,7 @@ def mcp(
 
     Example: rem mcp --data ./demo
     """
-    from backend.tools.mcp_server import serve  # the SDK loads only for this command
+    from backend.programs.mcp_server import serve  # the SDK loads only for this command
 
     ctx = common.make_context(data, chroma_url, read_only=not allow_writes)
     common.run(lambda: serve(ctx, allow_writes=allow_writes))

@@ -46,7 +46,7 @@ def metrics(
         return _once(ctx, json)
     if json:
         raise UsageError("--json goes with --once or --rules; the server speaks the Prometheus formats")
-    from backend.tools.metrics_server import is_loopback, parse_listen, serve
+    from backend.programs.metrics_server import is_loopback, parse_listen, serve
 
     host, _ = parse_listen(listen)
     if not is_loopback(host):

@@ -35,7 +35,7 @@ def up(
 
     Example: rem up --executors 2 --load
     """
-    from backend.tools.supervisor import Supervisor, UpConfig
+    from backend.programs.supervisor import Supervisor, UpConfig
 
     ctx = common.make_context(data, chroma_url)
     config = UpConfig(

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 
 from backend.core.datadir import DataDir
+from backend.programs.postgres_server import LocalPostgres
 from backend.runtime.context import Context
 from backend.store import schema_pg
 from backend.store.changes import StoreEvent, listen_changes
-from backend.tools.postgres_server import LocalPostgres
 from tests import pg
 
 

@@ -23,12 +23,12 @@ from backend.core.errors import (
     RemError,
 )
 from backend.execution import leases
+from backend.programs.postgres_server import LocalPostgres
 from backend.runtime.context import Context
 from backend.store import counters, pg_errors, schema_pg
 from backend.store.db import Conn, Database, Reader, commit_group_sync, execute_unread, read_together_sync
 from backend.store.postgres import PgConnection, display_url, translate_sql
 from backend.store.schema import MIGRATIONS, migrate
-from backend.tools.postgres_server import LocalPostgres
 from tests import pg
 from tests.helpers import rem_env, rem_json, run_rem
 

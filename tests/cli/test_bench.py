@@ -39,7 +39,7 @@ def test_bench_quick_streaming_measures_a_real_executor_on_a_real_endpoint() -> 
 
 
 def test_bench_help_names_every_benchmark() -> None:
-    from backend.tools.bench import BENCHES
+    from backend.programs.bench import BENCHES
 
     proc = run_rem("bench", "--help", env={**rem_env(), "COLUMNS": "400"})
     assert proc.returncode == 0, proc.stderr

@@ -18,10 +18,10 @@ import pytest
 from backend.core import processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused
+from backend.programs import bench, demo
+from backend.programs.drill import Drill, DrillConfig, refuse_a_live_data_dir
+from backend.programs.supervisor import read_manifest
 from backend.runtime.context import Context
-from backend.tools import bench, demo
-from backend.tools.drill import Drill, DrillConfig, refuse_a_live_data_dir
-from backend.tools.supervisor import read_manifest
 from tests import pg
 from tests.helpers import REM, rem_env, run_rem, spawn_rem, wait_until
 

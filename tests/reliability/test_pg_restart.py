@@ -26,11 +26,11 @@ import pytest
 
 from backend.core.datadir import DataDir
 from backend.execution import sessions
+from backend.programs import postgres_server
+from backend.programs.postgres_server import LocalPostgres
 from backend.runtime.context import Context
 from backend.store import schema_pg
 from backend.store.postgres import PgConnection
-from backend.tools import postgres_server
-from backend.tools.postgres_server import LocalPostgres
 from tests import pg
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
 

@@ -12,7 +12,7 @@ import pytest
 
 from backend import ops
 from backend.core.datadir import DataDir
-from backend.tools.postgres_server import LocalPostgres
+from backend.programs.postgres_server import LocalPostgres
 from tests import pg
 from tests.helpers import rem_env, run_rem
 from tests.tui.test_console import SIZE, loaded, plain, table, until

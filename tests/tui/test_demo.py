@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.datadir import DataDir
-from backend.tools.demo import model_env as demo_model_env
-from backend.tools.demo import run_demo, stop
+from backend.programs.demo import model_env as demo_model_env
+from backend.programs.demo import run_demo, stop
 from tests.helpers import rem_json, run_rem, wait_until
 
 
@@ -82,7 +82,7 @@ def test_console_refuses_a_data_dir_without_state_db(tmp_path: Path) -> None:
 
 DEMO_THAT_WAITS = """
 import json, sys, time
-from backend.tools.demo import run_demo
+from backend.programs.demo import run_demo
 def console(data):
     manifest = json.loads((data.root / "up.json").read_text())
     print(json.dumps({"supervisor": manifest["pid"], "chroma": manifest["chroma"]["pid"],
@@ -129,7 +129,7 @@ def test_a_hangup_before_the_console_still_stops_rem_up_and_removes_the_dir() ->
     # dir, and says so in one line with exit 130 (not a traceback, not an orphan)
     code = (
         "import os, signal, threading\n"
-        "from backend.tools import demo\n"
+        "from backend.programs import demo\n"
         "real_wait = demo.wait_ready\n"
         "def wait_ready(root, proc, *a, **k):\n"
         "    print(root, flush=True)\n"

@@ -232,7 +232,7 @@ class Supervisor:
             self._write_manifest()
 
     async def _run_recorder(self, stop: asyncio.Event) -> None:
-        from backend.tools.recorder import HistoryRecorder
+        from backend.programs.recorder import HistoryRecorder
 
         chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
         try:
@@ -313,7 +313,7 @@ class Supervisor:
         private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
-        from backend.tools.load import LoadGenerator
+        from backend.programs.load import LoadGenerator
 
         generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions, rate=self.config.load_rate)
         stop = asyncio.Event()

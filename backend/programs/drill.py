@@ -188,7 +188,7 @@ class Drill:
             )
 
     def manifest(self, host: Host | None = None) -> dict[str, Any] | None:
-        from backend.tools.supervisor import read_manifest
+        from backend.programs.supervisor import read_manifest
 
         return read_manifest((host or self.hosts[0]).ctx)
 
@@ -449,7 +449,7 @@ def private_data_dir() -> DataDir:
 
 def refuse_a_live_data_dir(ctx: Context) -> None:
     """The drill kills processes: never on a data dir a live `rem up` (or Chroma server) owns."""
-    from backend.tools.supervisor import read_manifest
+    from backend.programs.supervisor import read_manifest
 
     manifest = read_manifest(ctx)
     if manifest is not None:
