@@ -92,11 +92,16 @@ async def show_session(ctx: Context, session_id: str, *, limit: int = 200) -> di
 
 
 async def import_file(
-    ctx: Context, path: Path, *, progress: importer.Progress | None = None
+    ctx: Context,
+    path: Path,
+    *,
+    progress: importer.Progress | None = None,
+    stop: importer.Stop | None = None,
 ) -> dict[str, Any]:
-    """`rem import`: conversations from JSON Lines (validated per line, idempotent on ids)."""
+    """`rem import`: conversations from JSON Lines (validated per line, all or nothing per session,
+    idempotent on ids); `stop()` ends it between two transactions."""
     ctx.require_writable("import")
-    return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress)
+    return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress, stop=stop)
 
 
 async def graph_neighbors(
