@@ -47,16 +47,18 @@ async def recall(
     return await memory_recall.recall(ctx, query, project=scope, session_id=session_id, k=k, kinds=kinds)
 
 
-async def list_projects(ctx: Context) -> dict[str, Any]:
-    """Every project with its session count, indexed turns and last activity."""
+async def list_projects(ctx: Context, *, projects: Collection[str] | None = None) -> dict[str, Any]:
+    """Every project (or those of `projects`) with its session count, indexed turns and last activity."""
     db = await ctx.db()
+    where, params = _in_projects("s.project", projects)
     # turns counted per session through memory_turn's session index, once (a count per project
     # scanned the whole table for each: minutes at 1 000 000 turns and a thousand projects)
     rows = await db.fetchall(
         "SELECT s.project, count(*) AS sessions, max(s.time_updated) AS last_active, "
         "coalesce(sum(t.n), 0) AS turns_indexed FROM session AS s "
         "LEFT JOIN (SELECT session_id, count(*) AS n FROM memory_turn GROUP BY session_id) AS t "
-        "ON t.session_id = s.id GROUP BY s.project ORDER BY s.project"
+        f"ON t.session_id = s.id {where} GROUP BY s.project ORDER BY s.project",
+        params,
     )
     return {"projects": [dict(r) for r in rows]}
 
@@ -104,13 +106,28 @@ async def import_file(
     return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress, stop=stop)
 
 
+def _in_projects(column: str, projects: Collection[str] | None) -> tuple[str, dict[str, str]]:
+    """A `WHERE` clause keeping rows of `projects` (None: every project), and its parameters."""
+    if projects is None:
+        return "", {}
+    names = {f"scope{i}": p for i, p in enumerate(sorted(projects))}
+    marks = ", ".join(f":{name}" for name in names) or "NULL"
+    return f"WHERE {column} IN ({marks})", names
+
+
 async def graph_neighbors(
-    ctx: Context, node: str, *, project: str | None = None, limit: int = 25
+    ctx: Context,
+    node: str,
+    *,
+    project: str | None = None,
+    limit: int = 25,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The Dream graph around a node: its edges (both ways) with labels, kinds, weights, sessions.
 
     `node` is a node id (`entity:caroline`, `concept:garden`, `turn:<message id>`) or a plain
-    label, looked up as an entity, then a concept.
+    label, looked up as an entity, then a concept. `projects` limits what is seen to those
+    projects' edges: a node with none there is not found, and names no session outside them.
     """
     if not isinstance(node, str) or not node.strip():
         raise BadInput("name a graph node: an id like entity:caroline, or a label like Caroline")
@@ -126,19 +143,30 @@ async def graph_neighbors(
         )
         if found is not None:
             break
+    missing = NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
     if found is None:
-        raise NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
-    scope, params = ("AND s.project = ?", [project]) if project else ("", [])
+        raise missing
+    scope = [project] if project else None
+    if projects is not None:
+        scope = [p for p in (scope or projects) if p in projects]
+    where, params = _in_projects("s.project", scope)
     edges = await db.fetchall(
         "SELECT e.src, e.dst, e.kind, e.weight, e.session_id, s.project, n.label AS other_label, n.kind AS other_kind "
         "FROM graph_edge AS e JOIN session AS s ON s.id = e.session_id "
         "JOIN graph_node AS n ON n.id = CASE WHEN e.src = :id THEN e.dst ELSE e.src END "
-        f"WHERE (e.src = :id OR e.dst = :id) {scope.replace('?', ':project')} "
+        f"{where or 'WHERE TRUE'} AND (e.src = :id OR e.dst = :id) "
         "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
-        {"id": found["id"], "limit": limit, **({"project": params[0]} if params else {})},
+        {"id": found["id"], "limit": limit, **params},
     )
+    shown = dict(found)
+    if projects is not None:
+        if not edges:
+            raise missing
+        home = await db.scalar("SELECT project FROM session WHERE id = ?", (shown["session_id"],))
+        if home not in projects:
+            shown["session_id"] = None  # a session outside the scope is never named
     return {
-        "node": dict(found),
+        "node": shown,
         "edges": [
             {
                 "direction": "out" if r["src"] == found["id"] else "in",
