@@ -13,6 +13,7 @@ from backend.execution import importer
 from backend.execution.sessions import validate_id
 from backend.memory import recall as memory_recall
 from backend.runtime.context import Context
+from backend.store.db import Database, Row
 
 
 async def recall(
@@ -134,15 +135,7 @@ async def graph_neighbors(
     if not 1 <= limit <= 500:
         raise BadInput(f"limit {limit} is out of range: ask for 1 to 500 edges")
     db = await ctx.db()
-    key = node.strip()
-    candidates = [key] if ":" in key else [f"entity:{key.casefold()}", f"concept:{key.casefold()}"]
-    found = None
-    for candidate in candidates:
-        found = await db.fetchone(
-            "SELECT id, kind, label, session_id FROM graph_node WHERE id = ?", (candidate,)
-        )
-        if found is not None:
-            break
+    found = await _graph_node(db, node.strip())
     missing = NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
     if found is None:
         raise missing
@@ -158,26 +151,36 @@ async def graph_neighbors(
         "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
         {"id": found["id"], "limit": limit, **params},
     )
-    shown = dict(found)
     if projects is not None:
         if not edges:
             raise missing
-        home = await db.scalar("SELECT project FROM session WHERE id = ?", (shown["session_id"],))
+        home = await db.scalar("SELECT project FROM session WHERE id = ?", (found["session_id"],))
         if home not in projects:
-            shown["session_id"] = None  # a session outside the scope is never named
+            found["session_id"] = None  # a session outside the scope is never named
+    return {"node": found, "edges": [_edge(r, found["id"]) for r in edges]}
+
+
+async def _graph_node(db: Database, key: str) -> dict[str, Any] | None:
+    """The node `key` names: an id, or a label looked up as an entity, then a concept."""
+    candidates = [key] if ":" in key else [f"entity:{key.casefold()}", f"concept:{key.casefold()}"]
+    for candidate in candidates:
+        found = await db.fetchone(
+            "SELECT id, kind, label, session_id FROM graph_node WHERE id = ?", (candidate,)
+        )
+        if found is not None:
+            return dict(found)
+    return None
+
+
+def _edge(row: Row, node_id: str) -> dict[str, Any]:
+    out = row["src"] == node_id
     return {
-        "node": shown,
-        "edges": [
-            {
-                "direction": "out" if r["src"] == found["id"] else "in",
-                "kind": r["kind"],
-                "other": r["dst"] if r["src"] == found["id"] else r["src"],
-                "other_label": r["other_label"],
-                "other_kind": r["other_kind"],
-                "weight": r["weight"],
-                "session_id": r["session_id"],
-                "project": r["project"],
-            }
-            for r in edges
-        ],
+        "direction": "out" if out else "in",
+        "kind": row["kind"],
+        "other": row["dst"] if out else row["src"],
+        "other_label": row["other_label"],
+        "other_kind": row["other_kind"],
+        "weight": row["weight"],
+        "session_id": row["session_id"],
+        "project": row["project"],
     }
