@@ -47,7 +47,8 @@ from backend.models.health import CallKind, CallRecord
 from backend.models.usage import Usage
 
 Message = dict[str, str]
-# JSON escapes a character in at most 6 bytes (a pair of \\uXXXX for one outside the BMP: 12 for 2)
+# room for JSON's longest escape of a BMP character (\\uXXXX: 6 bytes); a reply of astral
+# characters escaped as surrogate pairs (12 bytes each) is cut at two thirds of its bound
 BYTES_PER_CHAR = 8
 LINE_SLACK_BYTES = 65_536
 
