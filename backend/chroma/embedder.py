@@ -11,22 +11,35 @@ entry-point name or `module:factory`).
 
 Every embedder has a `name` and a `dim`; a Chroma collection records both
 (`backend.chroma.collection`) and refuses vectors from another embedder.
+
+No text is embedded whole: each is cut to its first `REM_EMBED_MAX_TOKENS`
+tokens (WordLlama's tokenizer; the hashing embedder's words), after a cut
+to `backend.models.tokens.CHARS_PER_TOKEN` characters a token so the tokenizer never sees a huge
+text either. WordLlama's own `embed` pads a batch to its longest text (one
+50 MB turn in a batch of two asked numpy for 1.3 GB a text), so rem pools
+each text's token vectors itself, a bounded block of tokens at a time
+(and faster: texts of similar length are padded together).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from backend.core.errors import UsageError
 from backend.core.plugins import load_plugin
 from backend.core.settings import settings
+from backend.models.tokens import WORDLLAMA_CONFIG, clip_chars
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+# token vectors gathered at once when pooling, padding included (x 256 float32: 32 MB)
+POOL_BLOCK_TOKENS = 32_768
 
 
 class Embedder(Protocol):
@@ -49,7 +62,8 @@ class HashingEmbedder:
         self.dim = dim
 
     def _features(self, text: str) -> list[str]:
-        words = [w.lower() for w in _WORD.findall(text)]
+        limit = settings.embed_max_tokens
+        words = [m.group().lower() for m in itertools.islice(_WORD.finditer(clip_chars(text, limit)), limit)]
         grams = [w[i : i + 3] for w in words for i in range(max(1, len(w) - 2))]
         return words + ["#" + g for g in grams]
 
@@ -77,7 +91,7 @@ class WordLlamaEmbedder:
     weights takes ~1-2 s), so a process that never embeds never pays for it.
     """
 
-    config = "l2_supercat"
+    config = WORDLLAMA_CONFIG
     dim = 256
     name = f"wordllama-{config}-{dim}"
     # a blank text embeds to a zero vector, which cosine distance cannot rank
@@ -85,6 +99,7 @@ class WordLlamaEmbedder:
 
     def __init__(self) -> None:
         self._model: Any = None
+        self._pad = 0  # the padding token id: the zero row `_load` appends to the table
         self._lock = threading.Lock()
 
     def model(self) -> Any:
@@ -105,7 +120,7 @@ class WordLlamaEmbedder:
             ) from None
         package_dir = Path(wordllama.__file__).parent  # holds weights/ and tokenizers/
         try:
-            return WordLlama.load(
+            model = WordLlama.load(
                 config=self.config, dim=self.dim, cache_dir=package_dir, disable_download=True
             )
         except Exception as exc:  # a wheel without its weights: say so, never download
@@ -113,11 +128,65 @@ class WordLlamaEmbedder:
                 f"WordLlama weights for {self.config}/{self.dim} are not in {package_dir} "
                 f"({type(exc).__name__}: {exc}); reinstall wordllama or set REM_EMBEDDER=hashing"
             ) from None
+        model.tokenizer.no_padding()  # rem pools each text itself (`embed_array`)
+        # a zero row at the end: the padding id, so a padded sum needs no mask
+        import numpy as np
+
+        self._pad = model.embedding.shape[0]
+        model.embedding = np.vstack([model.embedding, np.zeros((1, self.dim), dtype=np.float32)])
+        return model
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's first `REM_EMBED_MAX_TOKENS` token ids (a blank text: the `BLANK` text's)."""
+        limit = settings.embed_max_tokens
+        clipped = [clip_chars(t, limit) for t in texts]
+        cleaned = [
+            t if t.strip() else self.BLANK for t in clipped
+        ]  # strip() on the cut text: no copy of a huge one
+        encoded = self.model().tokenizer.encode_batch(cleaned, add_special_tokens=False)
+        blank: list[int] | None = None
+        ids = []
+        for encoding in encoded:
+            row = list(encoding.ids[:limit])
+            if not row:  # nothing the tokenizer kept: embed it as a blank text
+                blank = blank or self.token_ids([self.BLANK])[0]
+                row = blank
+            ids.append(row)
+        return ids
 
     def embed_array(self, texts: list[str]) -> Any:
-        """L2-normalised float32 vectors as one numpy array (rows in `texts` order)."""
-        cleaned = [t if t.strip() else self.BLANK for t in texts]
-        return self.model().embed(cleaned, norm=True, batch_size=512)
+        """L2-normalised float32 vectors as one numpy array (rows in `texts` order).
+
+        The mean of each text's token vectors, exactly as WordLlama's `embed(norm=True)`
+        computes it, but padded only within groups of texts of similar length, each
+        group at most `POOL_BLOCK_TOKENS` tokens padded (WordLlama pads a whole batch
+        to its longest text).
+        """
+        import numpy as np
+
+        rows = self.token_ids(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while stop < len(order) and (stop - start + 1) * len(rows[order[stop]]) <= POOL_BLOCK_TOKENS:
+                stop += 1
+            group = order[start:stop]
+            out[group] = self._pool(np, [rows[i] for i in group])
+            start = stop
+        return out
+
+    def _pool(self, np: Any, rows: list[list[int]]) -> Any:
+        """The normalised mean token vector of each row of ids (shortest first, padded to the last)."""
+        table = self.model().embedding
+        padded = np.full((len(rows), len(rows[-1])), self._pad, dtype=np.int64)
+        for i, ids in enumerate(rows):
+            padded[i, : len(ids)] = ids
+        np.clip(padded, 0, self._pad, out=padded)
+        lengths = np.array([[len(ids)] for ids in rows], dtype=np.float32)
+        means = table[padded].sum(axis=1, dtype=np.float32) / lengths
+        return means / np.linalg.norm(means, axis=1, keepdims=True)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:

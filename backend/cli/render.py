@@ -529,6 +529,8 @@ def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
 def print_import(result: dict[str, Any]) -> None:
     console = Console()
     verdict = "[green]ok[/]" if result["ok"] else f"[red]{result['error_count']} bad line(s)[/]"
+    if result.get("stopped_while") and not result["error_count"]:
+        verdict = "[yellow]stopped early[/]"
     console.print(
         f"[bold]rem import[/] {result['file']}: {verdict}; {result['written']} message(s) written, "
         f"{result['already_imported']} already there, {result['sessions']} session(s)",
@@ -539,3 +541,19 @@ def print_import(result: dict[str, Any]) -> None:
     if result["sessions_skipped"]:
         shown = ", ".join(result["sessions_skipped"][:10])
         console.print(f"  sessions left out whole: {shown}", markup=False, highlight=False)
+    if result.get("interrupted") or result.get("failure"):
+        why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
+        if result["stopped_while"] == "validating":
+            done = f" while validating, after line {result['lines']}: nothing written"
+        else:
+            done = (
+                f": {result['sessions_written']} session(s) written whole, "
+                f"{result['sessions_not_written']} not written (none in part)"
+            )
+        console.print(f"  {why}{done}", markup=False, highlight=False)
+        if result["not_written"]:
+            more = result["sessions_not_written"] - len(result["not_written"])
+            tail = f" and {more} more" if more > 0 else ""
+            console.print(
+                f"  not written: {', '.join(result['not_written'])}{tail}", markup=False, highlight=False
+            )

@@ -403,6 +403,37 @@ class Settings:
         100, "a streamed delta is written at most this long after it arrives", whole(1, "ms")
     )
     stream_flush_bytes = Setting(4096, "... or as soon as this many bytes of deltas wait", whole(1, "bytes"))
+    # sizes: everything read from outside is bounded (DESIGN invariant 11); tool results get
+    # their bound with the tool calls
+    model_reply_max_chars = Setting(
+        1_000_000,
+        "the longest model reply a turn keeps (about 250 000 tokens, above any model's output limit): "
+        "streamed text beyond it is never read; the reply ends as truncated (`finish_reason: truncated`, "
+        "an `execution.truncated` event)",
+        whole(1000, "characters"),
+    )
+    summary_reply_max_chars = Setting(
+        65_536,
+        "the longest reply the `openai` synthesizer reads; a longer one fails that attempt as `bad_output`",
+        whole(1000, "characters"),
+    )
+    embed_max_tokens = Setting(
+        2048,
+        "tokens of one text an embedding call receives: a longer text is embedded by its first N tokens "
+        "(counted with WordLlama's tokenizer), never whole",
+        whole(16, "tokens"),
+    )
+    turn_read_max_chars = Setting(
+        262_144,
+        "characters of one turn's text Dream and the summarizer read (graph, recall index, synthesis); "
+        "the revision still covers the whole text, read in pieces of this size",
+        whole(1000, "characters"),
+    )
+    import_line_max_bytes = Setting(
+        1_048_576,
+        "the longest line `rem import` reads; a longer one is refused with its line number, never held whole",
+        whole(1024, "bytes"),
+    )
     # people and logs
     operator = Setting[str | None](
         None,

@@ -18,7 +18,9 @@ transaction. Model failures (`backend.models.errors`): a stream that broke
 mid-reply is closed as `interrupted` and the step re-asked with the partial
 text (bounded by `REM_MODEL_RETRIES` per turn); any other failure ends the
 turn with an error reply, and one that needs an operator (a bad key, an
-unknown model) also holds the session until `rem resume`.
+unknown model) also holds the session until `rem resume`. A reply that reaches
+`REM_MODEL_REPLY_MAX_CHARS` stops being read there: the step completes with
+the text up to the bound, marked truncated, with an `execution.truncated` event.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ class Step:
     # the deltas streamed so far, and how many part rows they were written as
     parts: list[str] = field(default_factory=list)
     written: int = 0
+    # characters streamed so far; the reply reached REM_MODEL_REPLY_MAX_CHARS (the rest unread)
+    chars: int = 0
+    truncated: bool = False
 
 
 class Executor(Daemon):
@@ -127,6 +132,7 @@ class Executor(Daemon):
         # how many earlier messages a step reads for the agent (none: no query at all)
         self.history_messages = int(getattr(self.agent, "history_messages", 0) or 0)
         self.reasks = settings.model_retries
+        self.reply_max_chars = settings.model_reply_max_chars
         self._sink: PartSink | None = None
         self._renewer: asyncio.Task[None] | None = None
 
@@ -452,8 +458,11 @@ class Executor(Daemon):
                     raise LeaseLost(f"execution {state.lease.execution_id}: renewal failed")
                 if not part:
                     continue  # nothing to make durable (never an empty part row)
+                part = self._within_bound(step, part)
                 step.parts.append(part)
                 writer.add(part)
+                if step.truncated:
+                    break  # closing the stream (below) stops the agent: the rest is never read
         except StreamInterrupted as exc:
             broken = exc
         except BaseException:
@@ -464,7 +473,17 @@ class Executor(Daemon):
             if aclose is not None:
                 await aclose()
         tail, arrived = await writer.close()
+        reply = step.request.reply
+        step.truncated = step.truncated or (reply is not None and reply.truncated)
         return tail, arrived, broken
+
+    def _within_bound(self, step: Step, part: str) -> str:
+        """`part`, cut where the reply reaches REM_MODEL_REPLY_MAX_CHARS (which marks it truncated)."""
+        room = self.reply_max_chars - step.chars
+        if len(part) >= room:
+            part, step.truncated = part[:room], True
+        step.chars += len(part)
+        return part
 
     async def _flush_parts(self, parts: list[str], *, state: TurnState, step: Step) -> None:
         if step.written:
@@ -499,6 +518,10 @@ class Executor(Daemon):
         model_turns.record_reply_sync(
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
         )
+        if step.truncated:
+            model_turns.record_truncation_sync(
+                conn, lease, step.assistant_id, step.number, step.data, self.reply_max_chars, now
+            )
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(

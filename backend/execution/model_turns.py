@@ -11,6 +11,8 @@ not at all:
   operator (a bad key, an unknown model, no quota) holds the session: its
   waiting inputs stop waking executors (`wake_pending = 0`), new ones are
   admitted asleep, and nothing runs until `rem resume` (`backend.ops.resume`).
+* `record_truncation_sync`: a reply that reached `REM_MODEL_REPLY_MAX_CHARS`
+  is marked `truncated` (its `finish_reason` too) and journaled.
 * `interrupted_reply_sync` / `history_sync`: what a step re-asks with after a broken
   stream or a killed executor, and the transcript context a model agent gets.
 """
@@ -22,8 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from backend.core.settings import Settings
+from backend.execution.leases import Lease
 from backend.execution.sessions import dumps
-from backend.models.errors import ModelError
+from backend.models.errors import TRUNCATED, ModelError
 from backend.models.health import CallRecord
 from backend.models.usage import Usage, cost_of
 from backend.store.db import Conn
@@ -80,6 +84,34 @@ def record_reply_sync(
             "model": reply.model,
             "error": last_error,
             "sid": session_id,
+        },
+    )
+
+
+def record_truncation_sync(
+    conn: Conn,
+    lease: Lease,
+    assistant_id: str,
+    step: int,
+    data: dict[str, Any],
+    limit: int,
+    now: int,
+) -> None:
+    """Mark a reply cut at its bound (the caller writes `data`), and journal it."""
+    data.update(truncated=True, finish_reason=TRUNCATED)
+    append_event_sync(
+        conn,
+        kind=EventKind.EXECUTION_TRUNCATED,
+        actor=lease.owner_id,
+        session_id=lease.session_id,
+        target=lease.execution_id,
+        now=now,
+        data={
+            "step": step,
+            "assistant_id": assistant_id,
+            "chars": len(data.get("text") or ""),
+            "limit": limit,
+            "setting": Settings.model_reply_max_chars.env,
         },
     )
 

@@ -16,6 +16,13 @@ adds what an always-on runtime needs around it:
 A stream that breaks before any text arrived is retried like any request; one
 that breaks after raises `StreamInterrupted` so the caller can keep what
 arrived and re-ask (the executor does).
+
+Bounded reads: a reply is read up to `max_chars` characters of text (the
+callers pass `REM_MODEL_REPLY_MAX_CHARS` or `REM_SUMMARY_REPLY_MAX_CHARS`),
+and no line or body longer than `reply_bytes_limit(max_chars)` is ever held.
+A stream that reaches the bound stops being read (the connection is closed)
+and ends with `finish_reason = "truncated"`; a whole completion over it is
+refused.
 """
 
 from __future__ import annotations
@@ -30,16 +37,74 @@ from typing import Any, cast
 
 import httpx2
 import openai
-from openai.types.chat import ChatCompletion
 
+from backend.core.settings import settings
 from backend.models import health
 from backend.models.classify import classify
 from backend.models.config import ModelConfig
-from backend.models.errors import ModelError, ModelErrorClass, StreamInterrupted
+from backend.models.errors import TRUNCATED, ModelError, ModelErrorClass, StreamInterrupted
 from backend.models.health import CallKind, CallRecord
 from backend.models.usage import Usage
 
 Message = dict[str, str]
+# room for JSON's longest escape of a BMP character (\\uXXXX: 6 bytes); a reply of astral
+# characters escaped as surrogate pairs (12 bytes each) is cut at two thirds of its bound
+BYTES_PER_CHAR = 8
+LINE_SLACK_BYTES = 65_536
+
+
+def reply_bytes_limit(max_chars: int) -> int:
+    """The longest SSE line, or whole completion body, read for a reply of at most `max_chars` characters."""
+    return BYTES_PER_CHAR * max_chars + LINE_SLACK_BYTES
+
+
+class LineTooLong(Exception):
+    """A stream line longer than the bound (`bounded_lines`)."""
+
+
+async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[str]:
+    """The lines of a byte stream (ending in \\n, \\r\\n or \\r), raising `LineTooLong` past `limit` bytes."""
+    pending: list[bytes] = []  # the start of a line that has not ended yet
+    size = 0
+    async for chunk in chunks:
+        if pending and b"\n" not in chunk and b"\r" not in chunk:
+            pending.append(chunk)
+            size += len(chunk)
+        else:
+            buffer = b"".join((*pending, chunk))
+            pos = 0
+            while (cut := _line_end(buffer, pos)) is not None:
+                yield buffer[pos : cut[0]].decode("utf-8", "replace")
+                pos = cut[1]
+            pending = [buffer[pos:]] if pos < len(buffer) else []
+            size = len(buffer) - pos
+        if size > limit:
+            raise LineTooLong(f"a line of more than {limit} bytes")
+    if pending:
+        yield b"".join(pending).removesuffix(b"\r").decode("utf-8", "replace")
+
+
+def _line_end(buffer: bytes, pos: int) -> tuple[int, int] | None:
+    """Where the line starting at `pos` ends and the next begins; None while it may go on."""
+    newline = buffer.find(b"\n", pos)
+    ret = buffer.find(b"\r", pos, len(buffer) if newline == -1 else newline)
+    if ret == -1:
+        return None if newline == -1 else (newline, newline + 1)
+    if ret + 1 == len(buffer):
+        return None  # a \r at the end: the next chunk may start with its \n
+    return (ret, ret + 2) if buffer[ret + 1] == 0x0A else (ret, ret + 1)
+
+
+async def read_bounded(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
+    """A whole body of at most `limit` bytes, or None when it is longer (reading stops there)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 @dataclass
@@ -54,6 +119,8 @@ class ChatReply:
     retries: int = 0
     ttft_ms: float | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # the reply reached its bound: the rest was never read (`finish_reason` is "truncated")
+    truncated: bool = False
 
 
 def retry_wait(config: ModelConfig, error: ModelError, attempt: int) -> float | None:
@@ -164,14 +231,22 @@ class ModelClient:
 
     # -- streamed chat ------------------------------------------------------------
     async def stream_chat(
-        self, messages: list[Message], *, reply: ChatReply, session_id: str | None = None
+        self,
+        messages: list[Message],
+        *,
+        reply: ChatReply,
+        session_id: str | None = None,
+        max_chars: int | None = None,
     ) -> AsyncIterator[str]:
         """Yield the reply's text deltas; `reply` gets usage and finish reason at the end.
 
         Retries (bounded, counted) anything that fails before the first delta;
         raises `StreamInterrupted` for a stream that breaks after it, and the
-        final `ModelError` when retrying is over.
+        final `ModelError` when retrying is over. At `max_chars` characters
+        (default `REM_MODEL_REPLY_MAX_CHARS`) it stops reading: the reply is
+        `truncated`.
         """
+        limit = settings.model_reply_max_chars if max_chars is None else max_chars
         client, slots = self._bound()
         body = {
             "model": reply.model,
@@ -189,7 +264,7 @@ class ModelClient:
             try:
                 async with slots:
                     started = time.perf_counter()
-                    async for text in self._stream_once(client, body, reply, started):
+                    async for text in self._stream_once(client, body, reply, started, limit):
                         delivered = True
                         yield text
             except Exception as exc:  # every failure of the request, classified (cancellation passes)
@@ -207,33 +282,64 @@ class ModelClient:
             return
 
     async def _stream_once(
-        self, client: openai.AsyncOpenAI, body: dict[str, Any], reply: ChatReply, started: float
+        self, client: openai.AsyncOpenAI, body: dict[str, Any], reply: ChatReply, started: float, limit: int
     ) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.request_timeout_s
-        done = False
+        done, left = False, limit
         async with client.chat.completions.with_streaming_response.create(**body) as response:
             if "text/event-stream" not in response.headers.get("content-type", ""):
                 # a server that ignored stream=True and answered with one completion
-                text = self._whole_completion(json.loads(await response.read()), reply, started)
+                text = await self._bounded_completion(response, reply, started, limit)
                 if text:
                     yield text
                 return
             decoder = SSEDecoder()
-            async for line in response.iter_lines():
-                data = decoder.feed(line)
-                if data is None:
-                    continue
-                if data == "[DONE]":
-                    done = True
-                    break
-                text = self._chunk(json.loads(data), reply, started)
-                if text:
-                    yield text
-                if loop.time() > deadline:
-                    raise TimeoutError("the reply took longer than REM_MODEL_REQUEST_TIMEOUT_MS")
+            try:
+                async for line in bounded_lines(response.iter_bytes(), reply_bytes_limit(limit)):
+                    data = decoder.feed(line)
+                    if data is None:
+                        continue
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    text = self._chunk(json.loads(data), reply, started)
+                    if len(text) >= left:
+                        yield text[:left]
+                        _truncate(reply)
+                        return  # leaving the `async with` closes the connection: the rest is never read
+                    left -= len(text)
+                    if text:
+                        yield text
+                    if loop.time() > deadline:
+                        raise TimeoutError("the reply took longer than REM_MODEL_REQUEST_TIMEOUT_MS")
+            except LineTooLong:
+                _truncate(reply)
+                return
         if not done and reply.finish_reason is None:
             raise ModelError(ModelErrorClass.STREAM_TRUNCATED, "the stream ended before the reply finished")
+
+    async def _bounded_completion(self, response: Any, reply: ChatReply, started: float, limit: int) -> str:
+        """The text of a whole (not streamed) completion, refused when its body is over the bound."""
+        body = await read_bounded(response.iter_bytes(), reply_bytes_limit(limit))
+        if body is None:
+            raise ModelError(
+                ModelErrorClass.BAD_OUTPUT,
+                f"the reply is longer than {reply_bytes_limit(limit)} bytes, the bound for {limit} characters; "
+                "it was not read",
+            )
+        try:
+            completion = json.loads(body)
+        except ValueError:
+            raise ModelError(
+                ModelErrorClass.BAD_RESPONSE, f"the endpoint's answer is not a completion: {body[:200]!r}"
+            ) from None
+        text = self._whole_completion(completion, reply, started)
+        if len(text) > limit:
+            raise ModelError(
+                ModelErrorClass.BAD_OUTPUT, f"the reply is {len(text)} characters, over the bound of {limit}"
+            )
+        return text
 
     def _chunk(self, chunk: Any, reply: ChatReply, started: float) -> str:
         """The text of one streamed chunk; records usage and the finish reason it carries."""
@@ -282,9 +388,15 @@ class ModelClient:
         reply: ChatReply,
         session_id: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        max_chars: int | None = None,
     ) -> str:
-        """One non-streamed reply's text, with the same retries, cap and records."""
+        """One non-streamed reply's text, with the same retries, cap and records.
+
+        A body longer than the bound for `max_chars` characters (default
+        `REM_MODEL_REPLY_MAX_CHARS`) is not read: a `bad_output` ModelError.
+        """
         client, slots = self._bound()
+        limit = settings.model_reply_max_chars if max_chars is None else max_chars
         attempt = 0
         while True:
             attempt += 1
@@ -294,12 +406,10 @@ class ModelClient:
             try:
                 async with slots:
                     started = time.perf_counter()
-                    result = await client.chat.completions.create(
-                        model=reply.model,
-                        messages=cast(Any, messages),
-                        **dict(extra or {}),
-                    )
-                text = self._completion_text(result, reply, started)
+                    async with client.chat.completions.with_streaming_response.create(
+                        model=reply.model, messages=cast(Any, messages), **dict(extra or {})
+                    ) as response:
+                        text = await self._bounded_completion(response, reply, started, limit)
             except Exception as exc:  # classified; cancellation passes
                 error = self._failed(call, exc, False, started)
                 reply.errors.append(error.as_dict())
@@ -312,16 +422,7 @@ class ModelClient:
             self._succeeded(call, reply, started)
             return text
 
-    def _completion_text(self, result: Any, reply: ChatReply, started: float) -> str:
-        # a non-JSON body labelled text/html comes back as a str, not an exception
-        if not isinstance(result, ChatCompletion) or not result.choices:
-            raise ModelError(
-                ModelErrorClass.BAD_RESPONSE,
-                f"the endpoint's answer is not a completion: {str(result)[:200]!r}",
-            )
-        reply.ttft_ms = (time.perf_counter() - started) * 1000
-        if result.usage is not None:
-            raw = result.usage.model_dump(exclude_none=True)
-            reply.raw_usage, reply.usage = raw, Usage.from_openai(raw)
-        reply.finish_reason = result.choices[0].finish_reason
-        return result.choices[0].message.content or ""
+
+def _truncate(reply: ChatReply) -> None:
+    reply.truncated = True
+    reply.finish_reason = TRUNCATED

@@ -5,6 +5,9 @@ synchronous (rem runs it in a worker thread), so this uses the SDK's
 synchronous client, with the same retries, request cap and records as chat
 requests. The vectors must keep one dimension for the life of a Chroma
 collection: changing the model means `rem reindex` into a fresh collection.
+Each text is cut to its first `REM_EMBED_MAX_TOKENS` tokens before it is sent
+(`backend.models.tokens.clip_to_tokens`): an endpoint refuses a text over
+its model's context (OpenAI's: 8191 tokens), and nothing is sent whole.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from backend.models import health
 from backend.models.config import ModelConfig
 from backend.models.errors import ModelError, ModelErrorClass
 from backend.models.health import CallKind, CallRecord
+from backend.models.tokens import clip_to_tokens
 
 BATCH = 256
 
@@ -52,7 +56,7 @@ class OpenAIEmbedder:
     def embed(self, texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = []
         for start in range(0, len(texts), BATCH):
-            vectors += self._embed_batch(texts[start : start + BATCH])
+            vectors += self._embed_batch(clip_to_tokens(texts[start : start + BATCH]))
         return vectors
 
     def _embed_batch(self, batch: list[str]) -> list[list[float]]:

@@ -51,6 +51,9 @@ class ModelErrorClass(StrEnum):
 
 
 E = ModelErrorClass
+# the finish reason of a reply that reached its size bound: not an error, the reply completes with
+# what arrived up to the bound (REM_MODEL_REPLY_MAX_CHARS) and the rest is never read
+TRUNCATED = "truncated"
 RETRYABLE = frozenset({E.RATE_LIMITED, E.SERVER_ERROR, E.CONNECTION, E.TIMEOUT, E.BAD_RESPONSE})
 INTERRUPTED = frozenset({E.STREAM_DROPPED, E.STREAM_STALLED, E.STREAM_MALFORMED, E.STREAM_TRUNCATED})
 # configuration problems: every request fails the same way until an operator acts

@@ -13,6 +13,7 @@ from backend.execution import importer
 from backend.execution.sessions import validate_id
 from backend.memory import recall as memory_recall
 from backend.runtime.context import Context
+from backend.store.db import Database, Row
 
 
 async def recall(
@@ -47,16 +48,18 @@ async def recall(
     return await memory_recall.recall(ctx, query, project=scope, session_id=session_id, k=k, kinds=kinds)
 
 
-async def list_projects(ctx: Context) -> dict[str, Any]:
-    """Every project with its session count, indexed turns and last activity."""
+async def list_projects(ctx: Context, *, projects: Collection[str] | None = None) -> dict[str, Any]:
+    """Every project (or those of `projects`) with its session count, indexed turns and last activity."""
     db = await ctx.db()
+    where, params = _in_projects("s.project", projects)
     # turns counted per session through memory_turn's session index, once (a count per project
     # scanned the whole table for each: minutes at 1 000 000 turns and a thousand projects)
     rows = await db.fetchall(
         "SELECT s.project, count(*) AS sessions, max(s.time_updated) AS last_active, "
         "coalesce(sum(t.n), 0) AS turns_indexed FROM session AS s "
         "LEFT JOIN (SELECT session_id, count(*) AS n FROM memory_turn GROUP BY session_id) AS t "
-        "ON t.session_id = s.id GROUP BY s.project ORDER BY s.project"
+        f"ON t.session_id = s.id {where} GROUP BY s.project ORDER BY s.project",
+        params,
     )
     return {"projects": [dict(r) for r in rows]}
 
@@ -92,59 +95,92 @@ async def show_session(ctx: Context, session_id: str, *, limit: int = 200) -> di
 
 
 async def import_file(
-    ctx: Context, path: Path, *, progress: importer.Progress | None = None
+    ctx: Context,
+    path: Path,
+    *,
+    progress: importer.Progress | None = None,
+    stop: importer.Stop | None = None,
 ) -> dict[str, Any]:
-    """`rem import`: conversations from JSON Lines (validated per line, idempotent on ids)."""
+    """`rem import`: conversations from JSON Lines (validated per line, all or nothing per session,
+    idempotent on ids); `stop()` ends it between two transactions."""
     ctx.require_writable("import")
-    return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress)
+    return await importer.import_file(await ctx.db(), path, actor=ctx.operator, progress=progress, stop=stop)
+
+
+def _in_projects(column: str, projects: Collection[str] | None) -> tuple[str, dict[str, str]]:
+    """A `WHERE` clause keeping rows of `projects` (None: every project), and its parameters."""
+    if projects is None:
+        return "", {}
+    names = {f"scope{i}": p for i, p in enumerate(sorted(projects))}
+    marks = ", ".join(f":{name}" for name in names) or "NULL"
+    return f"WHERE {column} IN ({marks})", names
 
 
 async def graph_neighbors(
-    ctx: Context, node: str, *, project: str | None = None, limit: int = 25
+    ctx: Context,
+    node: str,
+    *,
+    project: str | None = None,
+    limit: int = 25,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The Dream graph around a node: its edges (both ways) with labels, kinds, weights, sessions.
 
     `node` is a node id (`entity:caroline`, `concept:garden`, `turn:<message id>`) or a plain
-    label, looked up as an entity, then a concept.
+    label, looked up as an entity, then a concept. `projects` limits what is seen to those
+    projects' edges: a node with none there is not found, and names no session outside them.
     """
     if not isinstance(node, str) or not node.strip():
         raise BadInput("name a graph node: an id like entity:caroline, or a label like Caroline")
     if not 1 <= limit <= 500:
         raise BadInput(f"limit {limit} is out of range: ask for 1 to 500 edges")
     db = await ctx.db()
-    key = node.strip()
+    found = await _graph_node(db, node.strip())
+    missing = NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
+    if found is None:
+        raise missing
+    scope = [project] if project else None
+    if projects is not None:
+        scope = [p for p in (scope or projects) if p in projects]
+    where, params = _in_projects("s.project", scope)
+    edges = await db.fetchall(
+        "SELECT e.src, e.dst, e.kind, e.weight, e.session_id, s.project, n.label AS other_label, n.kind AS other_kind "
+        "FROM graph_edge AS e JOIN session AS s ON s.id = e.session_id "
+        "JOIN graph_node AS n ON n.id = CASE WHEN e.src = :id THEN e.dst ELSE e.src END "
+        f"{where or 'WHERE TRUE'} AND (e.src = :id OR e.dst = :id) "
+        "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
+        {"id": found["id"], "limit": limit, **params},
+    )
+    if projects is not None:
+        if not edges:
+            raise missing
+        home = await db.scalar("SELECT project FROM session WHERE id = ?", (found["session_id"],))
+        if home not in projects:
+            found["session_id"] = None  # a session outside the scope is never named
+    return {"node": found, "edges": [_edge(r, found["id"]) for r in edges]}
+
+
+async def _graph_node(db: Database, key: str) -> dict[str, Any] | None:
+    """The node `key` names: an id, or a label looked up as an entity, then a concept."""
     candidates = [key] if ":" in key else [f"entity:{key.casefold()}", f"concept:{key.casefold()}"]
-    found = None
     for candidate in candidates:
         found = await db.fetchone(
             "SELECT id, kind, label, session_id FROM graph_node WHERE id = ?", (candidate,)
         )
         if found is not None:
-            break
-    if found is None:
-        raise NotFound(f"no graph node {node!r}; try an entity or concept named in a conversation")
-    scope, params = ("AND s.project = ?", [project]) if project else ("", [])
-    edges = await db.fetchall(
-        "SELECT e.src, e.dst, e.kind, e.weight, e.session_id, s.project, n.label AS other_label, n.kind AS other_kind "
-        "FROM graph_edge AS e JOIN session AS s ON s.id = e.session_id "
-        "JOIN graph_node AS n ON n.id = CASE WHEN e.src = :id THEN e.dst ELSE e.src END "
-        f"WHERE (e.src = :id OR e.dst = :id) {scope.replace('?', ':project')} "
-        "ORDER BY e.weight DESC, e.src, e.dst LIMIT :limit",
-        {"id": found["id"], "limit": limit, **({"project": params[0]} if params else {})},
-    )
+            return dict(found)
+    return None
+
+
+def _edge(row: Row, node_id: str) -> dict[str, Any]:
+    out = row["src"] == node_id
     return {
-        "node": dict(found),
-        "edges": [
-            {
-                "direction": "out" if r["src"] == found["id"] else "in",
-                "kind": r["kind"],
-                "other": r["dst"] if r["src"] == found["id"] else r["src"],
-                "other_label": r["other_label"],
-                "other_kind": r["other_kind"],
-                "weight": r["weight"],
-                "session_id": r["session_id"],
-                "project": r["project"],
-            }
-            for r in edges
-        ],
+        "direction": "out" if out else "in",
+        "kind": row["kind"],
+        "other": row["dst"] if out else row["src"],
+        "other_label": row["other_label"],
+        "other_kind": row["other_kind"],
+        "weight": row["weight"],
+        "session_id": row["session_id"],
+        "project": row["project"],
     }

@@ -26,6 +26,7 @@ MARKERS = {
     "error": "error reply",
     "streaming": "streaming now",
 }
+TRUNCATED_MARKER = "truncated (the reply reached REM_MODEL_REPLY_MAX_CHARS; the rest was never read)"
 
 
 def _json(raw: Any) -> Any:
@@ -51,6 +52,8 @@ def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
     data = _json(row["data"]) or {}
     status = data.get("status")
     marker = "recovery" if row["type"] == "synthetic" else MARKERS.get(str(status))
+    if data.get("truncated") and marker is None:
+        marker = TRUNCATED_MARKER
     return {
         "id": row["id"],
         "type": row["type"],
@@ -70,6 +73,7 @@ def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
                 "usage",
                 "cost",
                 "finish_reason",
+                "truncated",
                 "attempts",
                 "ttft_ms",
                 "error",

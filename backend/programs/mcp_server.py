@@ -10,23 +10,70 @@ Tools (each a thin call into `backend.ops`, the same library the CLI uses):
   an input through the normal path (`ops.send`: idempotent, journaled), so
   the executor answers it and the summarizer and Dream take it from there.
 
+Scope: the server serves the projects it was started with (`--project`,
+repeatable) or, only when asked in so many words, all of them
+(`--all-projects`). Every tool keeps to that scope: a project outside it is
+refused, and a session or graph node outside it is not found (the client
+learns nothing about it).
+
 Read-only by default: the Context is read-only, so the library refuses any
 write even if a tool tried one. stdout is the protocol; logs go to stderr.
-A rem error comes back to the client as a tool error with its one line.
+Every request is answered: a failing tool returns one line of text
+(`rem: error: ...`), with its traceback on stderr only under `--debug`; a
+request the SDK could not read (not JSON, invalid UTF-8, a lone surrogate,
+over `MAX_REQUEST_BYTES`) is refused by `backend.programs.mcp_stdio` with a
+one-line JSON-RPC error carrying its id.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Collection
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
 
 from backend import ops
-from backend.core.errors import RemError
+from backend.core.errors import BadInput, NotFound, RemError, SessionNotFound
+from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
+
+log = logging.getLogger("rem.mcp")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The projects a client may see: `projects`, or every one when it is None (`--all-projects`)."""
+
+    projects: frozenset[str] | None
+
+    def describe(self) -> str:
+        return "every project" if self.projects is None else "project(s) " + ", ".join(sorted(self.projects))
+
+    def project(self, project: str | None) -> str | None:
+        """The project a call names, checked against the scope (None: the scope's only project, if one)."""
+        if self.projects is None:
+            return project
+        if project is None:
+            if len(self.projects) == 1:
+                return next(iter(self.projects))
+            raise BadInput(f"name a project: this server serves {self.describe()}")
+        if project not in self.projects:
+            raise BadInput(f"project {project!r} is not served here: this server serves {self.describe()}")
+        return project
+
+    async def session(self, ctx: Context, session_id: str) -> None:
+        """Refuse a session outside the scope as if it did not exist."""
+        if self.projects is None:
+            return
+        db = await ctx.db()
+        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
+        if owner not in self.projects:
+            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}")
 
 
 async def answer(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
@@ -34,11 +81,49 @@ async def answer(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
     try:
         return await call
     except RemError as exc:
-        raise ToolError(f"rem: error: {exc}") from None
+        raise ToolError(one_line(f"rem: error: {exc}")) from None
 
 
-def build_server(ctx: Context, *, allow_writes: bool = False) -> MCPServer[None]:
-    """The MCPServer with rem's tools bound to `ctx` (closed when the server stops)."""
+class RemMCPServer(MCPServer[None]):
+    """MCPServer whose tool failures all reach the client as one line of text."""
+
+    debug = False
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            raise ToolError(self._one_line(name, exc)) from None
+
+    def _one_line(self, name: str, exc: ToolError) -> str:
+        cause = exc.__cause__
+        if isinstance(cause, ValidationError):
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in cause.errors(include_url=False)
+            )
+            return one_line(f"rem: error: bad arguments for {name}: {problems}")
+        if isinstance(cause, ToolError):  # the SDK wraps a tool's own ToolError: its cause is the line
+            text = str(cause)
+        elif isinstance(cause, RemError):
+            text = f"rem: error: {cause}"
+        elif cause is None:  # the SDK's own (an unknown tool, say)
+            text = str(exc)
+        else:
+            return self._unexpected(name, cause)
+        return one_line(text if text.startswith("rem: error: ") else f"rem: error: {text}")
+
+    def _unexpected(self, name: str, cause: BaseException) -> str:
+        """A failure that is not rem's own: one line to the client, the traceback only under --debug."""
+        if self.debug:
+            log.error("tool %s failed", name, exc_info=cause)
+        return one_line(f"rem: error: {name} failed: {type(cause).__name__}: {cause}")
+
+
+def build_server(
+    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
+) -> RemMCPServer:
+    """The MCPServer with rem's tools bound to `ctx` and scoped to `projects` (None: every project)."""
+    scope = Scope(None if projects is None else frozenset(projects))
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
@@ -47,17 +132,24 @@ def build_server(ctx: Context, *, allow_writes: bool = False) -> MCPServer[None]
         finally:
             await ctx.close()
 
-    server: MCPServer[None] = MCPServer(
+    server = RemMCPServer(
         name="rem",
         instructions=(
             "rem's long-term memory of agent sessions: recall turns, session summaries and graph facts "
-            "by meaning and by keyword, scoped by project."
+            f"by meaning and by keyword, scoped by project. This server serves {scope.describe()}."
             + (" add_memory admits a message into a session." if allow_writes else " Read-only.")
         ),
         lifespan=lifespan,
         log_level="WARNING",
     )
+    server.debug = debug
+    _add_read_tools(server, ctx, scope)
+    if allow_writes:
+        _add_write_tools(server, ctx, scope)
+    return server
 
+
+def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
     @server.tool(description="Ranked memory items (turns, session summaries, graph facts) for a query.")
     async def recall(
         query: str,
@@ -66,31 +158,79 @@ def build_server(ctx: Context, *, allow_writes: bool = False) -> MCPServer[None]
         k: int = 10,
         all_projects: bool = False,
     ) -> dict[str, Any]:
-        return await ops.recall(
-            ctx, query, project=project, session_id=session, k=k, all_projects=all_projects
-        )
+        return await answer(_recall(ctx, scope, query, project, session, k, all_projects))
 
     @server.tool(description="A session's transcript (newest `limit` messages), project and Dream state.")
     async def get_session(session_id: str, limit: int = 50) -> dict[str, Any]:
-        return await answer(ops.show_session(ctx, session_id, limit=limit))
+        return await answer(_get_session(ctx, scope, session_id, limit))
 
     @server.tool(description="The Dream graph around a node (id like entity:caroline, or a label).")
     async def graph_neighbors(node: str, project: str | None = None, limit: int = 25) -> dict[str, Any]:
-        return await answer(ops.graph_neighbors(ctx, node, project=project, limit=limit))
+        return await answer(_graph_neighbors(ctx, scope, node, project, limit))
 
-    @server.tool(description="Every project with its session count, indexed turns and last activity.")
+    @server.tool(
+        description="Every project served here with its session count, indexed turns and last activity."
+    )
     async def list_projects() -> dict[str, Any]:
-        return await answer(ops.list_projects(ctx))
-
-    if allow_writes:
-
-        @server.tool(description="Admit a message into a session (created on first use, in `project`).")
-        async def add_memory(session_id: str, text: str, project: str | None = None) -> dict[str, Any]:
-            return await answer(ops.send(ctx, session_id, text, project=project))
-
-    return server
+        return await answer(ops.list_projects(ctx, projects=scope.projects))
 
 
-async def serve(ctx: Context, *, allow_writes: bool = False) -> None:
+def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
+    @server.tool(description="Admit a message into a session (created on first use, in `project`).")
+    async def add_memory(session_id: str, text: str, project: str | None = None) -> dict[str, Any]:
+        return await answer(_add_memory(ctx, scope, session_id, text, project))
+
+
+async def _recall(
+    ctx: Context,
+    scope: Scope,
+    query: str,
+    project: str | None,
+    session: str | None,
+    k: int,
+    all_projects: bool,
+) -> dict[str, Any]:
+    if scope.projects is not None:
+        if all_projects:
+            raise BadInput(f"all_projects is refused: this server serves {scope.describe()}")
+        if session is not None:
+            await scope.session(ctx, session)
+            if project is not None:
+                scope.project(project)
+        else:
+            project = scope.project(project)
+    return await ops.recall(ctx, query, project=project, session_id=session, k=k, all_projects=all_projects)
+
+
+async def _graph_neighbors(
+    ctx: Context, scope: Scope, node: str, project: str | None, limit: int
+) -> dict[str, Any]:
+    if project is not None:
+        scope.project(project)
+    return await ops.graph_neighbors(ctx, node, project=project, limit=limit, projects=scope.projects)
+
+
+async def _get_session(ctx: Context, scope: Scope, session_id: str, limit: int) -> dict[str, Any]:
+    await scope.session(ctx, session_id)
+    return await ops.show_session(ctx, session_id, limit=limit)
+
+
+async def _add_memory(
+    ctx: Context, scope: Scope, session_id: str, text: str, project: str | None
+) -> dict[str, Any]:
+    if scope.projects is not None:
+        db = await ctx.db()
+        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
+        if owner is not None and owner not in scope.projects:
+            raise NotFound(f"session {session_id!r} is not in {scope.describe()}; name a new session")
+        project = scope.project(project or owner)
+    return await ops.send(ctx, session_id, text, project=project)
+
+
+async def serve(
+    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
+) -> None:
     """Serve MCP over stdio until the client closes it."""
-    await build_server(ctx, allow_writes=allow_writes).run_stdio_async()
+    server = build_server(ctx, allow_writes=allow_writes, projects=projects, debug=debug)
+    lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async runs (mcp is pinned)
+    await serve_stdio(lambda read, write: lowlevel.run(read, write, lowlevel.create_initialization_options()))

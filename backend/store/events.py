@@ -47,6 +47,7 @@ class EventKind(StrEnum):
     EXECUTION_HANDED_BACK = "execution.handed_back"
     EXECUTION_FAILED = "execution.failed"
     EXECUTION_INTERRUPTED = "execution.interrupted"
+    EXECUTION_TRUNCATED = "execution.truncated"
     RECOVERY_PARKED = "recovery.parked"
     MODEL_ERROR = "model.error"
     SESSION_HELD = "session.held"

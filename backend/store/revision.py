@@ -5,6 +5,13 @@ Canonical JSON: keys sorted by code point, no spaces, UTF-8 (not \\u escapes),
 explicit nulls. Turns in canonical order: `time_created`, then `id` by code
 point. It covers each turn's identity and content, never a count, so equal
 input gives an equal revision on any machine and a replaced turn changes it.
+
+Reading is bounded per turn (`REM_TURN_READ_MAX_CHARS`): a message whose
+stored JSON is longer than the bound is never loaded whole. The revision
+still covers its whole text, hashed in pieces of the bound's size (the
+canonical JSON of a string is the concatenation of its pieces' escapes), and
+the records handed to Dream and the summarizer carry only its first
+`REM_TURN_READ_MAX_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -12,16 +19,26 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiosqlite
 
-# The raw turns: promoted user prompts and completed assistant replies.
+from backend.core.settings import settings
+
+# The raw turns: promoted user prompts and completed assistant replies. A row longer
+# than :cap characters comes without its data (`raw_revision` reads it in pieces).
 RAW_TURN_SQL = """
-SELECT id, type, time_created, data FROM session_message
-WHERE session_id = ? AND type IN ('user', 'assistant')
+SELECT id, type, time_created, CASE WHEN length(data) <= :cap THEN data END AS data
+FROM session_message
+WHERE session_id = :sid AND type IN ('user', 'assistant')
 ORDER BY time_created, id
 """
+LONG_TURN_SQL = """
+SELECT json_extract(data, '$.status') AS status, length(json_extract(data, '$.text')) AS chars
+FROM session_message WHERE id = :id
+"""
+TEXT_PIECE_SQL = "SELECT substr(json_extract(data, '$.text'), :start, :n) FROM session_message WHERE id = :id"
 
 
 def turn_record(
@@ -59,22 +76,86 @@ def compute_revision(records: Iterable[dict[str, Any]]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(canonical_turns(records))).hexdigest()
 
 
+@dataclass(frozen=True)
+class _LongText:
+    """A turn whose text is longer than the read bound: hashed in pieces, kept as its head."""
+
+    message_id: str
+    chars: int
+    head: str
+
+
 async def load_raw_turns(conn: aiosqlite.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The session's raw turns, canonical records in canonical order."""
-    rows = await conn.execute_fetchall(RAW_TURN_SQL, (session_id,))
-    records = []
-    for row in rows:
-        data = json.loads(row["data"])
-        # data is json_valid but not necessarily an object; a non-object carries no text
-        record = turn_record(
-            row["id"], row["type"], row["time_created"], data if isinstance(data, Mapping) else {}
-        )
-        if record is not None:
-            records.append(record)
-    return canonical_turns(records)
+    """The session's raw turns, canonical records in canonical order (long texts cut to their head)."""
+    return (await raw_revision(conn, session_id))[1]
 
 
 async def raw_revision(conn: aiosqlite.Connection, session_id: str) -> tuple[str, list[dict[str, Any]]]:
-    """The current revision of a session's raw turns, with the turns it covers."""
-    turns = await load_raw_turns(conn, session_id)
-    return compute_revision(turns), turns
+    """The current revision of a session's raw turns, with the turns it covers.
+
+    A turn's text beyond `REM_TURN_READ_MAX_CHARS` is hashed in pieces and cut from
+    the returned record, so no turn is ever held whole, whatever was stored.
+    """
+    cap = settings.turn_read_max_chars
+    rows = await conn.execute_fetchall(RAW_TURN_SQL, {"sid": session_id, "cap": cap})
+    records: list[dict[str, Any]] = []
+    long: dict[str, _LongText] = {}
+    for row in rows:
+        if row["data"] is None:
+            record = await _long_turn_record(conn, row, cap, long)
+        else:
+            data = json.loads(row["data"])
+            # data is json_valid but not necessarily an object; a non-object carries no text
+            record = turn_record(
+                row["id"], row["type"], row["time_created"], data if isinstance(data, Mapping) else {}
+            )
+        if record is not None:
+            records.append(record)
+    records = canonical_turns(records)
+    if not long:
+        return compute_revision(records), records
+    return await _pieced_revision(conn, records, long, cap), records
+
+
+async def _long_turn_record(
+    conn: aiosqlite.Connection, row: Any, cap: int, long: dict[str, _LongText]
+) -> dict[str, Any] | None:
+    """The record of a message too long to read whole: its status, and its text's first `cap` characters."""
+    found = list(await conn.execute_fetchall(LONG_TURN_SQL, {"id": row["id"]}))
+    status, chars = (found[0]["status"], found[0]["chars"]) if found else (None, None)
+    record = turn_record(row["id"], row["type"], row["time_created"], {"status": status})
+    if record is None or chars is None:
+        return record  # not a raw turn, or no text: the record is whole already
+    head = await _text_piece(conn, row["id"], 1, min(int(chars), cap))
+    if int(chars) > cap:
+        long[row["id"]] = _LongText(row["id"], int(chars), head)
+    record["text"] = head
+    return record
+
+
+async def _text_piece(conn: aiosqlite.Connection, message_id: str, start: int, n: int) -> str:
+    found = list(await conn.execute_fetchall(TEXT_PIECE_SQL, {"id": message_id, "start": start, "n": n}))
+    return str(found[0][0] or "") if found else ""
+
+
+async def _pieced_revision(
+    conn: aiosqlite.Connection, records: list[dict[str, Any]], long: Mapping[str, _LongText], cap: int
+) -> str:
+    """`compute_revision` of the whole turns, reading each long text in pieces of `cap` characters."""
+    digest = hashlib.sha256(b"[")
+    for index, record in enumerate(records):
+        if index:
+            digest.update(b",")
+        text = long.get(record["id"])
+        if text is None:
+            digest.update(canonical_json(record))
+            continue
+        # {"id":..,"role":..,"text":"<pieces>","time":..}: the keys in canonical_json's sorted order
+        before, after = canonical_json({**record, "text": ""}).split(b',"text":"",', 1)
+        digest.update(before + b',"text":"')
+        for start in range(1, text.chars + 1, cap):
+            piece = text.head if start == 1 else await _text_piece(conn, text.message_id, start, cap)
+            digest.update(canonical_json(piece)[1:-1])
+        digest.update(b'",' + after)
+    digest.update(b"]")
+    return "sha256:" + digest.hexdigest()

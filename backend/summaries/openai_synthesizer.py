@@ -6,6 +6,8 @@ where it has one. A reply that is not that object (prose, a truncated
 object, wrong types) raises a `bad_output` `ModelError`: the summarizer
 counts the attempt and retries with backoff, parking the job after its
 attempts, and nothing is staged, so there is never a half-written receipt.
+A reply longer than `REM_SUMMARY_REPLY_MAX_CHARS` is not read at all: the
+same `bad_output` failure.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from backend.core.settings import settings
 from backend.models.client import ChatReply, Message, ModelClient
 from backend.models.errors import ModelError, ModelErrorClass
 from backend.models.health import CallKind
@@ -33,8 +36,15 @@ FENCED = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 def _transcript(turns: Sequence[Turn]) -> str:
-    lines = [f"{turn.get('role', 'user')}: {' '.join(str(turn.get('text') or '').split())}" for turn in turns]
-    text = "\n".join(lines)
+    lines: list[str] = []
+    size = 0
+    for turn in reversed(turns):  # the newest first, until the budget is spent
+        words = str(turn.get("text") or "")[-MAX_TRANSCRIPT_CHARS:].split()
+        lines.append(f"{turn.get('role', 'user')}: {' '.join(words)}")
+        size += len(lines[-1]) + 1
+        if size > MAX_TRANSCRIPT_CHARS:
+            break
+    text = "\n".join(reversed(lines))
     return text if len(text) <= MAX_TRANSCRIPT_CHARS else text[-MAX_TRANSCRIPT_CHARS:]
 
 
@@ -87,6 +97,7 @@ class OpenAISynthesizer:
             reply=reply,
             session_id=session_id,
             extra={"response_format": {"type": "json_object"}},
+            max_chars=settings.summary_reply_max_chars,
         )
         return parse_synthesis(text, len(turns))
 

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from backend.core.datadir import DataDir
 from backend.dream.digester import Dreamer
 from backend.runtime.context import Context
 from backend.store.db import execute
-from backend.store.revision import compute_revision, load_raw_turns, turn_record
+from backend.store.revision import compute_revision, load_raw_turns, raw_revision, turn_record
 from tests.dreamkit import add_session, add_turn, publish
 
 turn_ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=6)
@@ -125,3 +126,28 @@ def test_equivalent_input_stored_in_another_order_is_not_digested_twice(
     reordered = data.draw(st.permutations(turns))
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_digest_twice(Path(tmp) / "data", turns, list(reordered)))
+
+
+@pytest.mark.both_stores
+async def test_a_turn_longer_than_the_read_bound_is_hashed_whole_but_read_in_pieces(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REM_TURN_READ_MAX_CHARS", "1000")
+    db = await db_ctx.db()
+    await add_session(db, "s")
+    # escapes, quotes, non-ASCII and an astral character straddle the 1000-character pieces
+    long_text = ('line "one"\\\n\ttab é 日本 🎉 ' * 400)[:3_333]
+    turns = [
+        {"id": "a", "role": "user", "text": "a short question", "time": 1},
+        {"id": "b", "role": "assistant", "text": long_text, "time": 2},
+        {"id": "c", "role": "user", "text": "x" * 990, "time": 3},  # the row is over 1000, its text is not
+        {"id": "d", "role": "assistant", "text": "y" * 1000, "time": 4},
+    ]
+    for turn in turns:
+        await add_turn(db, "s", turn["id"], turn["text"], role=turn["role"], time=turn["time"])
+    await add_turn(db, "s", "e", "z" * 5000, role="assistant", time=5, status="streaming")  # not a raw turn
+    async with db.snapshot() as conn:
+        revision, read = await raw_revision(conn, "s")
+    assert revision == compute_revision(turns)  # exactly the revision of the whole texts
+    assert [t["text"] for t in read] == ["a short question", long_text[:1000], "x" * 990, "y" * 1000]
+    assert [t["id"] for t in read] == ["a", "b", "c", "d"]

@@ -1,0 +1,224 @@
+"""The stdio transport of `rem mcp`: the SDK's `stdio_server`, fed only requests it can read.
+
+The SDK drops a line it cannot parse without answering it: a request
+holding a lone surrogate (a `\\ud800` JSON escape, which its parser refuses)
+waited forever. Here every line is read (at most `MAX_REQUEST_BYTES`),
+checked (UTF-8, JSON, no lone surrogate, a JSON-RPC message), and either
+passed to the SDK or answered at once with a JSON-RPC error carrying the
+request's id and one line of text (`rem: error: ...`). A bad notification
+has no id to answer: it is logged to stderr and dropped.
+
+While serving, fd 0 reads /dev/null and fd 1 writes to stderr (as the SDK's
+own transport does), so stray output of a library never corrupts the
+protocol; the protocol runs on private duplicates of both, restored at the
+end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.stdio import stdio_server
+from pydantic import ValidationError
+
+log = logging.getLogger("rem.mcp")
+
+# one request line; a longer one is refused unread (the tools' arguments are short)
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+LINE_CHARS = 1000
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+# the id of a request too long to read, from the line's first bytes
+ID_KEY = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,100}"|-?\d{1,18})')
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of at most `LINE_CHARS` characters (line breaks become spaces)."""
+    flat = " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
+    return flat if len(flat) <= LINE_CHARS else flat[: LINE_CHARS - 3] + "..."
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """Where the first string holding a lone surrogate is in a parsed JSON value (a dotted path), if any."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the request"
+        return None
+    items: Iterator[tuple[Any, Any]]
+    if isinstance(value, dict):
+        items = iter(value.items())
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        where = (lone_surrogate_at(key, path) if isinstance(key, str) else None) or lone_surrogate_at(
+            item, f"{path}.{key}" if path else str(key)
+        )
+        if where:
+            return where
+    return None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a line cannot be served: the id to answer (None: null), a JSON-RPC error code, one line."""
+
+    request_id: Any
+    code: int
+    message: str
+    notification: bool = False  # a notification gets no answer (JSON-RPC), only a line on stderr
+
+
+def refusal(raw: bytes) -> Refusal | None:
+    """Why a request line cannot be served; None when the SDK can read it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Refusal(_id_in(raw), PARSE_ERROR, f"the request is not valid UTF-8 (byte {exc.start + 1})")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        return Refusal(_id_in(raw), PARSE_ERROR, f"the request is not JSON ({exc})")
+    request_id = _usable_id(obj.get("id") if isinstance(obj, dict) else None)
+    notification = isinstance(obj, dict) and "method" in obj and "id" not in obj
+    where = lone_surrogate_at(obj)
+    if where is not None:
+        message = (
+            f"the request holds a lone surrogate (a \\ud800-\\udfff escape without its pair) in {where}; "
+            "send valid Unicode text"
+        )
+        return Refusal(request_id, INVALID_PARAMS, message, notification)
+    try:
+        types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the request"
+        message = f"the request is not a JSON-RPC message ({where}: {first['msg']})"
+        return Refusal(request_id, INVALID_REQUEST, message, notification)
+    return None
+
+
+def _usable_id(value: Any) -> Any:
+    """A request id to answer with: a string or an integer as it came, anything else null."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return value if lone_surrogate_at(value) is None else None
+
+
+def _id_in(raw: bytes) -> Any:
+    found = ID_KEY.search(raw[:4096])
+    if found is None:
+        return None
+    try:
+        return _usable_id(json.loads(found.group(1)))
+    except ValueError:
+        return None
+
+
+class ProtocolOut:
+    """The protocol's stdout: whole lines, one writer at a time, UTF-8 (what the SDK writes and the refusals)."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.lock = anyio.Lock()
+
+    async def write(self, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        async with self.lock:
+            await anyio.to_thread.run_sync(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        self.handle.write(data)
+        self.handle.flush()
+
+    async def flush(self) -> None:
+        """Each `write` flushed already."""
+
+    async def refuse(self, refused: Refusal) -> None:
+        """Answer a request the SDK cannot read: its id, and one line of text."""
+        if refused.notification:
+            log.warning("dropped a notification rem cannot read: %s", refused.message)
+            return
+        error = {"code": refused.code, "message": one_line(f"rem: error: {refused.message}")}
+        await self.write(json.dumps({"jsonrpc": "2.0", "id": refused.request_id, "error": error}) + "\n")
+
+
+class RequestLines:
+    """The protocol's stdin as the SDK reads it (`async for line in ...`), bad lines answered here."""
+
+    def __init__(self, handle: IO[bytes], out: ProtocolOut) -> None:
+        self.handle = handle
+        self.out = out
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        while True:
+            raw = await anyio.to_thread.run_sync(
+                self.handle.readline, MAX_REQUEST_BYTES + 1, abandon_on_cancel=True
+            )
+            if not raw:
+                return
+            problem: Refusal | None
+            if len(raw) > MAX_REQUEST_BYTES and not raw.endswith(b"\n"):
+                await anyio.to_thread.run_sync(self._skip_line, abandon_on_cancel=True)
+                problem = Refusal(
+                    _id_in(raw),
+                    INVALID_REQUEST,
+                    f"the request is over {MAX_REQUEST_BYTES} bytes; it was not read",
+                )
+            elif not raw.strip():
+                continue
+            else:
+                problem = refusal(raw)
+            if problem is None:
+                yield raw.decode("utf-8")
+            else:
+                await self.out.refuse(problem)
+
+    def _skip_line(self) -> None:
+        while True:
+            piece = self.handle.readline(1 << 16)
+            if not piece or piece.endswith(b"\n"):
+                return
+
+
+@contextmanager
+def private_stdio() -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """The protocol's stdin and stdout on private descriptors; fd 0 and 1 point elsewhere meanwhile."""
+    wire_in, wire_out, saved_out = os.dup(0), os.dup(1), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    # closefd=False: a reading thread may still be blocked on it when serving ends
+    reader = os.fdopen(wire_in, "rb", closefd=False)
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+        with os.fdopen(wire_out, "wb") as writer:
+            yield reader, writer
+    finally:
+        os.dup2(wire_in, 0)
+        os.dup2(saved_out, 1)
+        os.close(null)
+        os.close(saved_out)
+
+
+async def serve_stdio(run: Callable[[Any, Any], Awaitable[None]]) -> None:
+    """Run an MCP server (`run(read_stream, write_stream)`) over this process's stdin and stdout."""
+    with private_stdio() as (reader, writer):
+        out = ProtocolOut(writer)
+        lines = cast(Any, RequestLines(reader, out))
+        async with stdio_server(stdin=lines, stdout=cast(Any, out)) as (read_stream, write_stream):
+            await run(read_stream, write_stream)
