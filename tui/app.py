@@ -39,7 +39,7 @@ from tui import actions
 from tui.actions import ActionPlan, NotActionable
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
-from tui.format import home_short, one_line_error, palette_from
+from tui.format import home_short, one_line_error, palette_from, visible
 from tui.messages import (
     ActionCompleted,
     DataDirChanged,
@@ -228,8 +228,15 @@ class ConsoleApp(App[None]):
         timeout: float | None = None,
         markup: bool = False,
     ) -> None:
-        """Notifications carry ids, paths and errors from the data: plain text unless asked otherwise."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+        """Notifications carry ids, paths and errors from the data: plain text, control characters
+        shown as escapes (markup only when a caller asks for it)."""
+        super().notify(
+            visible(message, multiline=True),
+            title=visible(title),
+            severity=severity,
+            timeout=timeout,
+            markup=markup,
+        )
 
     # -- layout ------------------------------------------------------------------
     def get_default_screen(self) -> Screen[Any]:

@@ -14,6 +14,7 @@ import typer
 
 from backend.core.datadir import DataDir
 from backend.core.errors import BadInput
+from backend.core.inert import visible
 from backend.core.settings import Settings
 from backend.runtime.context import Context
 
@@ -97,5 +98,5 @@ def emit_json(value: Any) -> None:
 
 
 def note(message: str) -> None:
-    """Human notes and progress go to stderr, never stdout."""
-    sys.stderr.write(message + "\n")
+    """Human notes and progress go to stderr, never stdout (control characters shown as escapes)."""
+    sys.stderr.write(visible(message, multiline=True) + "\n")

@@ -12,6 +12,7 @@ from textual.widgets import Footer, Input, Label, Static
 
 from backend.core import private
 from backend.core.errors import BadInput
+from tui.format import visible
 
 
 class ExportScreen(ModalScreen[Path | None]):
@@ -75,7 +76,7 @@ class ExportScreen(ModalScreen[Path | None]):
             path = private.export_path(event.value, self.data_root)
         except BadInput as exc:
             problem = self.query_one("#problem", Label)
-            problem.update(str(exc))
+            problem.update(visible(exc))
             problem.remove_class("-hidden")
             return
         self.dismiss(path)
