@@ -16,7 +16,8 @@ from typing import Any
 from rich.style import Style
 from rich.text import Text
 
-from backend.core.inert import visible as visible  # re-exported: the widgets take it from here
+from backend.ops.console import RemError
+from backend.ops.console import visible as visible  # re-exported: the widgets take it from here
 
 # Fallbacks when no app (and so no theme) is around, e.g. in unit tests.
 DEFAULT_PALETTE = {
@@ -163,8 +164,6 @@ def _scalar(value: Any) -> str:
 
 def one_line_error(error: BaseException | None) -> str:
     """An error as one line: rem's own errors as they are, others with their type."""
-    from backend.core.errors import RemError
-
     if error is None:
         return "unknown error"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

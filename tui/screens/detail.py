@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from backend.core.errors import RemError
+from backend.ops.console import RemError
 from backend.ops.records import ReplayReport
 from tui.actions import key_diff_lines, replay_preview
 from tui.console_backend import ConsoleBackend

@@ -10,8 +10,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, Static
 
-from backend.core import private
-from backend.core.errors import BadInput
+from backend.ops.console import BadInput, export_path
 from tui.format import visible
 
 
@@ -73,7 +72,7 @@ class ExportScreen(ModalScreen[Path | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         try:
-            path = private.export_path(event.value, self.data_root)
+            path = export_path(event.value, self.data_root)
         except BadInput as exc:
             problem = self.query_one("#problem", Label)
             problem.update(visible(exc))

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label
 
-from backend.core.errors import RemError
+from backend.ops.console import RemError
 from tui.format import plain, short
 
 RecallLoader = Callable[[str, str | None], Awaitable[dict[str, Any]]]

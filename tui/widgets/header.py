@@ -8,8 +8,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from backend.models.health import ModelState
-from backend.ops.records import ChromaHealth, ModelHealth, Status
+from backend.ops.records import ChromaHealth, ModelHealth, ModelState, Status
 from tui.format import DEFAULT_PALETTE, clock_time, visible
 
 

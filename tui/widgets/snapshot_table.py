@@ -23,8 +23,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.markup import escape
 
-from backend.core import private
-from backend.core.errors import RemError
+from backend.ops.console import RemError, create_export, make_private_dir
 from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE, visible
 from tui.widgets.panel_table import PanelTable, TableColumn
@@ -402,8 +401,8 @@ class SnapshotTable(PanelTable):
         for folder in folders:
             path = folder / name
             try:
-                private.make_private_dir(folder)
-                private.create_export(path, text)
+                make_private_dir(folder)
+                create_export(path, text)
             except (OSError, RemError):
                 continue
             return path
