@@ -14,8 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.ops.records import LeaseRecord, ReplayReport
-from backend.store.workers import LeaseKind, WorkerState
+from backend.ops.records import LeaseKind, LeaseRecord, ReplayReport, WorkerState
 from tui.console_backend import ConsoleBackend
 from tui.format import compact_json, duration, short
 from tui.widgets.leases import left_ms, owner_alive

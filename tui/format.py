@@ -1,4 +1,9 @@
-"""Small text helpers shared by the console widgets: durations, ids, theme-coloured cells."""
+"""Small text helpers shared by the console widgets: durations, ids, theme-coloured cells.
+
+Text from the data reaches the screen only through `cell`, `plain` or `visible`:
+control characters shown as escapes (`backend.core.inert`: a journal target
+holding `ESC[2J` must not clear the operator's terminal), and never markup.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from typing import Any
 
 from rich.style import Style
 from rich.text import Text
+
+from backend.ops.console import RemError
+from backend.ops.console import visible as visible  # re-exported: the widgets take it from here
 
 # Fallbacks when no app (and so no theme) is around, e.g. in unit tests.
 DEFAULT_PALETTE = {
@@ -36,12 +44,17 @@ def palette_from(variables: Mapping[str, str]) -> dict[str, str]:
 def cell(
     value: Any, tone: str | None = None, palette: Mapping[str, str] | None = None, *, bold: bool = False
 ) -> Text:
-    """A table cell as plain Rich text (never markup: ids may contain brackets)."""
-    text = "" if value is None else str(value)
+    """A table cell as plain Rich text (never markup: ids may contain brackets; controls escaped)."""
+    text = "" if value is None else visible(value)
     color = (palette or DEFAULT_PALETTE).get(tone) if tone else None
     if color is None and not bold:
         return Text(text, no_wrap=True, overflow="ellipsis")
     return Text(text, style=Style(color=color, bold=bold), no_wrap=True, overflow="ellipsis")
+
+
+def plain(value: Any, *, multiline: bool = False, style: str | Style = "") -> Text:
+    """Data as Rich text: control characters shown as escapes, brackets as brackets."""
+    return Text("" if value is None else visible(value, multiline=multiline), style=style)
 
 
 def duration(ms: int | float | None) -> str:
@@ -151,8 +164,6 @@ def _scalar(value: Any) -> str:
 
 def one_line_error(error: BaseException | None) -> str:
     """An error as one line: rem's own errors as they are, others with their type."""
-    from backend.core.errors import RemError
-
     if error is None:
         return "unknown error"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

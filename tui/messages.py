@@ -7,8 +7,8 @@ from typing import Any
 
 from textual.message import Message
 
+from backend.ops.console import StoreEvent
 from backend.ops.records import Moment, Status
-from backend.store.changes import StoreEvent
 from tui.actions import ActionPlan
 
 

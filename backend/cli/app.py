@@ -36,6 +36,7 @@ from backend.cli import (
 )
 from backend.core import private
 from backend.core.errors import ExitCode, RemError
+from backend.core.inert import visible
 from backend.core.settings import Settings, settings, validate
 
 # Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, standalone_mode=False)
     except RemError as exc:
-        sys.stderr.write(f"rem: error: {exc}\n")
+        sys.stderr.write(f"rem: error: {visible(exc)}\n")  # one line, whatever the data put in it
         code = int(exc.exit_code)
     except USAGE_ERRORS as exc:
         exc.show()

@@ -15,6 +15,7 @@ import typer
 from backend.core import processes
 from backend.core.datadir import DataDir
 from backend.core.errors import BadInput
+from backend.core.inert import visible
 from backend.core.redact import has_password, redact_url
 from backend.core.settings import Settings
 from backend.runtime.context import Context
@@ -108,5 +109,5 @@ def emit_json(value: Any) -> None:
 
 
 def note(message: str) -> None:
-    """Human notes and progress go to stderr, never stdout."""
-    sys.stderr.write(message + "\n")
+    """Human notes and progress go to stderr, never stdout (control characters shown as escapes)."""
+    sys.stderr.write(visible(message, multiline=True) + "\n")

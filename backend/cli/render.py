@@ -1,8 +1,11 @@
 """Human renderings of `rem` results (rich, on stdout: they are the data without --json).
 
-Every value that comes from the data (ids, paths, Chroma values, errors) is
-escaped (`_e`) or passed as `Text`: a `[/oops]` in a summary title must print
-as itself, never be read as markup (it used to crash `rem replay`).
+Every value that comes from the data (ids, paths, turns, Chroma values, errors)
+goes through `_e` (inside markup) or `_cell` (a `Text`): both show control
+characters as escapes (`backend.core.inert.visible`: an `ESC]0;` in a turn
+must not retitle the operator's terminal) and neither is read as markup (a
+`[/oops]` in a summary title prints as itself; it used to crash `rem replay`,
+and a `[/]` in a turn crashed `rem recall`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.store.workers import WorkerState
@@ -28,12 +32,13 @@ def _console(*, stderr: bool = False) -> Console:
 
 
 def _e(value: Any) -> str:
-    """A data value as markup-safe text."""
-    return escape(str(value))
+    """A data value as markup-safe text, its control characters shown as escapes."""
+    return escape(visible(value))
 
 
 def _cell(value: Any) -> Text:
-    return Text(str(value))
+    """A data value as a table cell: plain text, its control characters shown as escapes."""
+    return Text(visible(value))
 
 
 def _money(value: float | None) -> str:
@@ -82,7 +87,7 @@ def model_lines(model: ModelHealth) -> list[str]:
     ]
     last = model["last_error"]
     if last:
-        lines.append(f"  last error: {_e(last['error_class'])} {escape(last['message'] or '')}".rstrip())
+        lines.append(f"  last error: {_e(last['error_class'])} {_e(last['message'] or '')}".rstrip())
     return lines
 
 
@@ -93,12 +98,12 @@ def print_status(result: Status) -> None:
     """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
     console = Console(highlight=False, emoji=False)  # values print as typed
     chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
-    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({escape(str(chroma['error']))})"
+    health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({_e(chroma['error'])})"
     console.print(
-        f"[bold]rem[/] data dir {escape(result['data_dir'])}  schema v{result['schema_version']}  "
+        f"[bold]rem[/] data dir {_e(result['data_dir'])}  schema v{result['schema_version']}  "
         f"{counts['sessions']} sessions"
     )
-    console.print(f"Chroma {escape(chroma['url'] or '-')}: {health}")
+    console.print(f"Chroma {_e(chroma['url'] or '-')}: {health}")
     console.print(
         f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
@@ -165,7 +170,7 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
         return
     table = Table(*columns, title=f"{title} ({len(rows)})", title_justify="left", box=None)
     for row in rows[:STATUS_ROWS]:
-        table.add_row(*(escape(str(cell)) for cell in row))
+        table.add_row(*(_cell(cell) for cell in row))
     console.print(table)
     if len(rows) > STATUS_ROWS:
         console.print(f"  … {len(rows) - STATUS_ROWS} more (rem status --json has them all)")
@@ -181,12 +186,12 @@ def _print_totals(console: Console, result: Status) -> None:
     totals = result["totals"]
     table = Table("backlog", "waiting", "oldest", box=None)
     for kind, count in totals["backlog"].items():
-        table.add_row(kind, str(count), _age(totals["backlog_oldest_ms"][kind]))
+        table.add_row(_cell(kind), str(count), _age(totals["backlog_oldest_ms"][kind]))
     console.print(table)
     leases = Table("leases", "held", "expired", "dead owner", "longest expired", box=None)
     for kind, lease in totals["leases"].items():
         leases.add_row(
-            kind,
+            _cell(kind),
             str(lease["held"]),
             str(lease["expired"]),
             str(lease["dead_owner"]),
@@ -203,7 +208,7 @@ def _print_model(console: Console, result: Status) -> None:
         console.print(line)
     for held in result["backlog"]["held"]:
         console.print(
-            f"[red]held[/] {_e(held['session_id'])}: {escape(held['reason'])} ({held['waiting']} waiting); "
+            f"[red]held[/] {_e(held['session_id'])}: {_e(held['reason'])} ({held['waiting']} waiting); "
             f"`rem resume {_e(held['session_id'])}` once fixed"
         )
     _print_usage(console, result)
@@ -246,7 +251,7 @@ def print_transcript(result: dict[str, Any]) -> None:
         )
     if session["model_error"]:
         error = session["model_error"]
-        console.print(f"last model error: {error.get('class')} {error.get('message') or ''}", markup=False)
+        console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
     for message in result["messages"]:
         _print_message(console, message)
     for waiting in result["waiting"]:
@@ -278,7 +283,7 @@ def _print_message(console: Console, message: dict[str, Any]) -> None:
     if role == "assistant" and message["parts"]:
         extra.append(f"{len(message['parts'])} parts")
     console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
-    console.print(f"  {message['text']}", markup=False)
+    console.print(f"  {visible(message['text'], multiline=True)}", markup=False)
     error = message.get("error")
     if isinstance(error, dict):
         console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
@@ -287,7 +292,7 @@ def _print_message(console: Console, message: dict[str, Any]) -> None:
     for item in memory.get("items") or []:
         console.print(
             f"  [cyan]memory[/] {_e(item['kind'])} {_e(item['id'])} ({_e(item['session_id'])}, {item['score']:.2f})"
-            f"{reused}: {escape(str(item['text'])[:120])}"
+            f"{reused}: {_e(str(item['text'])[:120])}"
         )
 
 
@@ -309,6 +314,7 @@ def print_check(result: dict[str, Any]) -> None:
                 f"{_e(finding['what'])}: {finding['count']}"
             )
             for row in finding["rows"][:5]:
+                # a row's repr: every string in it quoted, its control characters escaped by repr
                 console.print(f"    {row}", markup=False)
 
 
@@ -433,7 +439,7 @@ def drain_progress_printer() -> Any:
 
     def show(report: dict[str, Any]) -> None:
         line = (
-            f"\r{report['owner_id']}: {report['state']}, {report['leases_held']} leases held, "
+            f"\r{visible(report['owner_id'])}: {report['state']}, {report['leases_held']} leases held, "
             f"{report['waited_ms'] / 1000:.1f} s"
         )
         if line != (last[0] if last else None):
@@ -461,7 +467,7 @@ def print_reindex(result: dict[str, Any]) -> None:
     summaries, turns = result["summaries"], result["turns"]
     receipts = summaries["receipts"]
     console.print(
-        f"[bold]rem reindex[/] with {result['embedder']} ({result['dim']}-d) in {result['seconds']:.1f} s"
+        f"[bold]rem reindex[/] with {_e(result['embedder'])} ({result['dim']}-d) in {result['seconds']:.1f} s"
     )
     console.print(
         f"summaries: {receipts['scanned']} receipts replayed ({receipts['quarantined']} quarantined), "
@@ -478,26 +484,26 @@ def _when(ms: Any) -> str:
 
 
 def print_recall(result: dict[str, Any]) -> None:
-    console = Console()
+    """`rem recall`: one row per item; the turn's text on one line, as stored (escaped, never markup)."""
+    console = Console(highlight=False, emoji=False)  # values print as typed
     scope = f"session {result['session']}" if result["session"] else f"project {result['project'] or '(all)'}"
     console.print(
-        f"[bold]rem recall[/] {result['query']!r} in {scope}: {len(result['items'])} item(s) "
-        f"in {result['took_ms']:.1f} ms",
-        highlight=False,
+        f"[bold]rem recall[/] {_e(repr(result['query']))} in {_e(scope)}: {len(result['items'])} item(s) "
+        f"in {result['took_ms']:.1f} ms"
     )
     for note in result["degraded"]:
-        console.print(f"[yellow]degraded[/] {note}", highlight=False)
+        console.print(f"[yellow]degraded[/] {_e(note)}")
     table = Table("#", "kind", "score", "session", "who / when", "text", "found by", box=None)
     for rank, item in enumerate(result["items"], 1):
         who = item.get("speaker") or item.get("title") or ""
         table.add_row(
             str(rank),
-            item["kind"],
+            _cell(item["kind"]),
             f"{item['score']:.3f}",
-            item["session_id"],
-            f"{who} {_when(item.get('time'))}".strip(),
-            " ".join(str(item["text"]).split())[:160],
-            ",".join(item["provenance"]["found_by"]),
+            _cell(item["session_id"]),
+            _cell(f"{who} {_when(item.get('time'))}".strip()),
+            _cell(" ".join(str(item["text"]).split())[:160]),
+            _cell(",".join(item["provenance"]["found_by"])),
         )
     console.print(table)
 
@@ -527,20 +533,19 @@ def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def print_import(result: dict[str, Any]) -> None:
-    console = Console()
+    console = Console(highlight=False, emoji=False)
     verdict = "[green]ok[/]" if result["ok"] else f"[red]{result['error_count']} bad line(s)[/]"
     if result.get("stopped_while") and not result["error_count"]:
         verdict = "[yellow]stopped early[/]"
     console.print(
-        f"[bold]rem import[/] {result['file']}: {verdict}; {result['written']} message(s) written, "
-        f"{result['already_imported']} already there, {result['sessions']} session(s)",
-        highlight=False,
+        f"[bold]rem import[/] {_e(result['file'])}: {verdict}; {result['written']} message(s) written, "
+        f"{result['already_imported']} already there, {result['sessions']} session(s)"
     )
     for error in result["errors"]:
-        console.print(f"  line {error['line']}: {error['error']}", markup=False, highlight=False)
+        console.print(f"  line {error['line']}: {visible(error['error'])}", markup=False)
     if result["sessions_skipped"]:
         shown = ", ".join(result["sessions_skipped"][:10])
-        console.print(f"  sessions left out whole: {shown}", markup=False, highlight=False)
+        console.print(f"  sessions left out whole: {visible(shown)}", markup=False)
     if result.get("interrupted") or result.get("failure"):
         why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
         if result["stopped_while"] == "validating":
@@ -550,10 +555,8 @@ def print_import(result: dict[str, Any]) -> None:
                 f": {result['sessions_written']} session(s) written whole, "
                 f"{result['sessions_not_written']} not written (none in part)"
             )
-        console.print(f"  {why}{done}", markup=False, highlight=False)
+        console.print(visible(f"  {why}{done}"), markup=False)
         if result["not_written"]:
             more = result["sessions_not_written"] - len(result["not_written"])
             tail = f" and {more} more" if more > 0 else ""
-            console.print(
-                f"  not written: {', '.join(result['not_written'])}{tail}", markup=False, highlight=False
-            )
+            console.print(visible(f"  not written: {', '.join(result['not_written'])}{tail}"), markup=False)

@@ -5,7 +5,8 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 `checks` verifies the invariants, `lease_release` releases summary-job
 and Dream leases, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
-alerts.
+alerts. `console` is the console's door: the only way `tui/` reaches rem
+besides these functions (an import-linter contract holds it to that).
 """
 
 from __future__ import annotations

@@ -18,12 +18,21 @@ from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict
 
-# the replay report is built in the summaries layer; named here too, so the console
-# imports every record it reads from one module
+# the replay report is built in the summaries layer, the enums its fields hold in the layers
+# that own them; named here too, so the console imports every record it reads, and every
+# value it tells apart, from one module
 __all__ = [
     "Backlog",
     "ChromaHealth",
     "Counts",
+    "DigestState",
+    "DriftClass",
+    "ExecutionPhase",
+    "LeaseKind",
+    "ModelState",
+    "ReceiptVerdict",
+    "WorkerRole",
+    "WorkerState",
     "DreamBacklog",
     "DriftRecord",
     "EventRecord",

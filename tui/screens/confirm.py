@@ -10,6 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Label, Static
 
 from tui.actions import ActionPlan
+from tui.format import plain, visible
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -69,14 +70,16 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.plan.title, id="title", markup=False)
-            yield Static(Text("\n".join(self.plan.lines)), id="body")
+            # the plan names targets, hosts, reasons and Chroma values from the data: each line
+            # shown as plain text with its control characters as escapes
+            yield Label(visible(self.plan.title), id="title", markup=False)
+            yield Static(Text("\n".join(visible(line) for line in self.plan.lines)), id="body")
             if self.plan.warning:
-                yield Static(Text(f"⚠ {self.plan.warning}"), id="warning")
+                yield Static(Text(f"⚠ {visible(self.plan.warning)}"), id="warning")
             if self.plan.preview:
                 with VerticalScroll(id="preview") as scroll:
                     scroll.border_title = "dry-run diff"
-                    yield Static(Text(self.plan.preview), id="preview-text")
+                    yield Static(plain(self.plan.preview, multiline=True), id="preview-text")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.plan.confirm_label, id="confirm", variant="error")

@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from textual import work
@@ -18,11 +17,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from backend.core.errors import RemError
+from backend.ops.console import RemError
 from backend.ops.records import ReplayReport
 from tui.actions import key_diff_lines, replay_preview
 from tui.console_backend import ConsoleBackend
-from tui.format import clock_time, compact_json, full_time
+from tui.format import clock_time, compact_json, full_time, plain, visible
 from tui.refresh import WorkerGroup
 
 # what a section shows until its worker has loaded it
@@ -68,7 +67,7 @@ def row_table(record: Mapping[str, Any]) -> Table:
             shown = "-" if value is None else str(value)
         if name in TIME_FIELDS and isinstance(value, int):
             shown += f"  ({full_time(value)})"
-        table.add_row(name, Text(shown))
+        table.add_row(plain(name), plain(shown))
     return table
 
 
@@ -76,7 +75,7 @@ def receipt_diff_table(record: Mapping[str, Any]) -> RenderableType:
     """Receipt (expected) vs Chroma (actual) per owned key, as last verified."""
     keys = [k for k in record.get("keys") or [] if isinstance(k, Mapping)]
     if not keys:
-        return Text(
+        return plain(
             f"verdict {record.get('verdict')}: no per-key detail recorded"
             + (f" ({record.get('quarantine_reason')})" if record.get("quarantine_reason") else "")
         )
@@ -84,11 +83,11 @@ def receipt_diff_table(record: Mapping[str, Any]) -> RenderableType:
     for name in ("key", "receipt (expected)", "Chroma (actual)", "why"):
         table.add_column(name, overflow="fold")
     for k in keys:
-        table.add_row(  # escaped: values come from Chroma and must never be read as markup
-            escape(str(k.get("key"))),
-            escape(json.dumps(k.get("expected"), default=str)),
-            escape(json.dumps(k.get("actual"), default=str)),
-            escape(str(k.get("reason") or "")),
+        table.add_row(  # plain text: values come from Chroma and must never be read as markup
+            plain(k.get("key")),
+            plain(json.dumps(k.get("expected"), default=str)),
+            plain(json.dumps(k.get("actual"), default=str)),
+            plain(k.get("reason") or ""),
         )
     return table
 
@@ -100,13 +99,13 @@ def history_table(events: list[dict[str, Any]]) -> RenderableType:
     for name in ("id", "time", "kind", "actor", "target", "data"):
         table.add_column(name, overflow="fold", no_wrap=name != "data")
     for e in events:
-        table.add_row(  # escaped: the journal holds operator names, ids and errors, never markup
-            escape(str(e.get("id"))),
-            escape(clock_time(e.get("time"))),
-            escape(str(e.get("kind"))),
-            escape(str(e.get("actor"))),
-            escape(str(e.get("target") or "")),
-            escape(compact_json(e.get("data"), 200)),
+        table.add_row(  # plain text: the journal holds operator names, ids and errors, never markup
+            plain(e.get("id")),
+            plain(clock_time(e.get("time"))),
+            plain(e.get("kind")),
+            plain(e.get("actor")),
+            plain(e.get("target") or ""),
+            plain(compact_json(e.get("data"), 200)),
         )
     return table
 
@@ -208,7 +207,7 @@ class DetailScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="detail"):
-            yield Label(self.title_text, id="detail-title", markup=False)
+            yield Label(visible(self.title_text), id="detail-title", markup=False)
             with VerticalScroll():
                 if self.receipt:
                     yield Label("Receipt vs Chroma (last verification)", classes="section")
@@ -253,17 +252,17 @@ class DetailScreen(ModalScreen[None]):
     def on_detail_screen_history_loaded(self, message: HistoryLoaded) -> None:
         target = self.query_one("#history", Static)
         if message.error:
-            target.update(Text(f"journal unavailable: {message.error}"))
+            target.update(plain(f"journal unavailable: {message.error}"))
         else:
             target.update(history_table(message.events or []))
 
     def on_detail_screen_live_diff_loaded(self, message: LiveDiffLoaded) -> None:
         target = self.query_one("#live-diff", Static)
         if message.error:
-            target.update(Text(f"unavailable: {message.error}"))
+            target.update(plain(f"unavailable: {message.error}"))
             return
         lines = replay_preview([self.record], message.result).splitlines()
-        target.update(Group(*(Text(line) for line in lines or key_diff_lines([]))))
+        target.update(Group(*(plain(line) for line in lines or key_diff_lines([]))))
 
     def action_close(self) -> None:
         self.dismiss(None)

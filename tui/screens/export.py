@@ -10,8 +10,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, Static
 
-from backend.core import private
-from backend.core.errors import BadInput
+from backend.ops.console import BadInput, export_path
+from tui.format import visible
 
 
 class ExportScreen(ModalScreen[Path | None]):
@@ -72,10 +72,10 @@ class ExportScreen(ModalScreen[Path | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         try:
-            path = private.export_path(event.value, self.data_root)
+            path = export_path(event.value, self.data_root)
         except BadInput as exc:
             problem = self.query_one("#problem", Label)
-            problem.update(str(exc))
+            problem.update(visible(exc))
             problem.remove_class("-hidden")
             return
         self.dismiss(path)

@@ -15,8 +15,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label
 
-from backend.core.errors import RemError
-from tui.format import short
+from backend.ops.console import RemError
+from tui.format import plain, short
 
 RecallLoader = Callable[[str, str | None], Awaitable[dict[str, Any]]]
 COLUMNS = ("#", "kind", "score", "session", "who", "text", "when", "found by")
@@ -27,15 +27,16 @@ def item_row(rank: int, item: dict[str, Any]) -> tuple[Any, ...]:
     text = " ".join(str(item.get("text") or "").split())
     who = str(item.get("speaker") or item.get("role") or "")
     when = item.get("time")
+    # every cell a Text: a DataTable reads a str cell as markup, and these are the data
     return (
-        str(rank),
-        Text(item["kind"], style={"summary": "bold", "fact": "italic"}.get(item["kind"], "")),
-        f"{item['score']:.3f}",
-        short(str(item.get("session_id") or ""), 16),
-        short(who, 14),
-        Text(short(text, 56)),
-        time.strftime("%Y-%m-%d %H:%M", time.localtime(when / 1000)) if isinstance(when, int) else "",
-        ",".join(item["provenance"]["found_by"]),
+        Text(str(rank)),
+        plain(item["kind"], style={"summary": "bold", "fact": "italic"}.get(item["kind"], "")),
+        Text(f"{item['score']:.3f}"),
+        plain(short(str(item.get("session_id") or ""), 16)),
+        plain(short(who, 14)),
+        plain(short(text, 56)),
+        Text(time.strftime("%Y-%m-%d %H:%M", time.localtime(when / 1000)) if isinstance(when, int) else ""),
+        plain(",".join(item["provenance"]["found_by"])),
     )
 
 
@@ -148,7 +149,7 @@ class RecallScreen(ModalScreen[None]):
 
     def _status(self, text: str, state: str) -> None:
         label = self.query_one("#recall-status", Label)
-        label.update(Text(text))
+        label.update(plain(text))
         label.set_classes(state)
 
     def action_close(self) -> None:

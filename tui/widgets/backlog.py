@@ -6,8 +6,7 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from backend.dream.digester import DigestState
-from backend.ops.records import Status
+from backend.ops.records import DigestState, Status
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from tui.format import visible
+
 
 class Banner(Static):
     """Shown only while something is wrong; each problem is one line naming the fix."""
@@ -35,7 +37,7 @@ class Banner(Static):
     def set_problem(self, source: str, message: str | None) -> None:
         """Set (or clear, with None) the problem reported by `source` ("database", "chroma", "feed")."""
         if message:
-            self.problems[source] = message
+            self.problems[source] = visible(message)  # errors quote the data: never a terminal escape
         else:
             self.problems.pop(source, None)
         self.set_class(bool(self.problems), "-shown")

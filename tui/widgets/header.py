@@ -8,16 +8,15 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from backend.models.health import ModelState
-from backend.ops.records import ChromaHealth, ModelHealth, Status
-from tui.format import DEFAULT_PALETTE, clock_time
+from backend.ops.records import ChromaHealth, ModelHealth, ModelState, Status
+from tui.format import DEFAULT_PALETTE, clock_time, visible
 
 
 def chroma_label(chroma: ChromaHealth | None) -> tuple[str, bool | None]:
     """A short Chroma description and whether it is healthy (None: not known yet)."""
     if chroma is None:
         return "Chroma ?", None
-    url = (chroma["url"] or "").removeprefix("http://")
+    url = visible(chroma["url"] or "").removeprefix("http://")
     where = f" {url}" if url else ""
     if chroma["external"]:
         where += " (ext)"
@@ -42,7 +41,7 @@ def model_label(model: ModelHealth | None) -> tuple[str, str] | None:
     label = f"model {state}"
     if state == ModelState.DOWN:
         last = model["last_error"]
-        label = f"model DOWN ({last['error_class']})" if last else "model DOWN"
+        label = f"model DOWN ({visible(last['error_class'])})" if last else "model DOWN"
     parts = [label]
     if model["requests"]:
         parts.append(f"{100 * model['error_rate']:.0f}% err")
@@ -131,7 +130,7 @@ class ConsoleHeader(Static):
                 line.append_text(self._badge("READ-ONLY", "warning"))
                 line.append(" ")
         line.append("rem ", style="bold")
-        line.append(self.data_label)
+        line.append(visible(self.data_label))
         label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))

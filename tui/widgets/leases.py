@@ -7,9 +7,8 @@ from typing import Any
 
 from rich.text import Text
 
-from backend.ops.records import Status
-from backend.store import workers
-from backend.store.workers import LIVE_STATES, LeaseKind, WorkerState
+from backend.ops.console import LIVE_STATES, heartbeat_alive
+from backend.ops.records import LeaseKind, Status, WorkerState
 from tui.format import cell, owner_short, short_id, time_left
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -30,7 +29,7 @@ def owner_alive(record: Record, now: int) -> bool:
     beat = record.get("owner_heartbeat_at")
     if beat is None:
         return bool(record.get("owner_alive"))
-    return record.get("owner_state") in LIVE_STATES and workers.heartbeat_alive(beat, now)
+    return record.get("owner_state") in LIVE_STATES and heartbeat_alive(beat, now)
 
 
 def left_ms(record: Record, now: int) -> int:

@@ -7,8 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from backend.ops.records import Status
-from backend.summaries.receipts import ReceiptVerdict
+from backend.ops.records import ReceiptVerdict, Status
 from tui.format import age, cell, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 

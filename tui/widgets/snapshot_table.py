@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
+from textual.markup import escape
 
-from backend.core import private
-from backend.core.errors import RemError
+from backend.ops.console import RemError, create_export, make_private_dir
 from backend.ops.records import Status
-from tui.format import DEFAULT_PALETTE
+from tui.format import DEFAULT_PALETTE, visible
 from tui.widgets.panel_table import PanelTable, TableColumn
 
 Record = dict[str, Any]
@@ -314,7 +314,8 @@ class SnapshotTable(PanelTable):
     def _update_subtitle(self) -> None:
         parts = []
         if self.filter_text:
-            parts.append(f"/{self.filter_text} {len(self._shown)} of {len(self._rows)}")
+            # a border subtitle is read as markup: the typed filter (`[x`, `[/]`) must show as typed
+            parts.append(f"/{escape(visible(self.filter_text))} {len(self._shown)} of {len(self._rows)}")
         if self.sort_column is not None:
             label = self._column(self.sort_column).label
             parts.append(f"sort {label}{' ▼' if self.sort_reverse else ' ▲'}")
@@ -400,8 +401,8 @@ class SnapshotTable(PanelTable):
         for folder in folders:
             path = folder / name
             try:
-                private.make_private_dir(folder)
-                private.create_export(path, text)
+                make_private_dir(folder)
+                create_export(path, text)
             except (OSError, RemError):
                 continue
             return path

@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.widgets import Static
 
-from tui.format import duration, full_time
+from tui.format import duration, full_time, visible
 
 
 def zone_name(at_ms: int) -> str:
@@ -22,8 +22,8 @@ def timeline_text(recorded: Mapping[str, Any]) -> str:
     when = f"{full_time(at)[:19]} {zone_name(at)}".strip()
     asked = int(recorded.get("asked") or at)
     gap = f" (nearest to the time asked: {duration(abs(asked - at))} off)" if abs(asked - at) >= 1000 else ""
-    reason = str(recorded.get("reason") or "interval")
-    alerts = ", ".join(recorded.get("alerts") or []) or "none"
+    reason = visible(recorded.get("reason") or "interval")
+    alerts = visible(", ".join(recorded.get("alerts") or []) or "none")
     incident = "  INCIDENT START" if recorded.get("incident") else ""
     return (
         f"◀ THE PAST, NOT LIVE: {when}{gap} · recorded at {reason} · "

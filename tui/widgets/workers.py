@@ -7,9 +7,8 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from backend.ops.records import Status
-from backend.store import workers
-from backend.store.workers import WorkerState
+from backend.ops.console import heartbeat_alive
+from backend.ops.records import Status, WorkerState
 from tui.format import age, cell, owner_short, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
@@ -18,7 +17,7 @@ def worker_alive(record: Record, now: int) -> bool:
     beat = record.get("heartbeat_at")
     if beat is None:
         return bool(record.get("alive"))
-    return record.get("state") != WorkerState.STOPPED and workers.heartbeat_alive(beat, now)
+    return record.get("state") != WorkerState.STOPPED and heartbeat_alive(beat, now)
 
 
 def worker_state(record: Record, now: int) -> str:

@@ -1,0 +1,181 @@
+"""The console's door into rem: what `tui/` uses besides the operator actions of `backend.ops`.
+
+The console reaches rem only through `backend.ops` (an import-linter contract
+in pyproject.toml holds `tui` to it), so everything it needs from below is
+named here, in one `__all__`, and nowhere else:
+
+* `ConsoleSession`: the reads the console makes besides `ops.status` — the
+  refresh gate (`PRAGMA data_version` on a connection of its own, or on
+  PostgreSQL the change events heard), the journal around a row, recorded
+  moments of the timeline — and the actions, on one `Context` that never
+  starts a Chroma server and never holds a read transaction open;
+* the change feed (`listen_changes`, `StoreEvent`): PostgreSQL's LISTEN, which
+  the console runs as a long-lived worker on its own loop. It is re-exported
+  as it is, not wrapped, because it is a stream the console iterates, not a
+  request: the narrow door for the change feed;
+* the vocabulary its widgets and messages name: errors, the clock, the data
+  dir, settings, private exports, liveness rules, and `visible` for text
+  from the data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.core.errors import BadInput, DataDirError, Refused, RemError
+from backend.core.inert import visible
+from backend.core.private import create_export, export_path, inside, make_private_dir
+from backend.core.settings import settings
+from backend.ops import actions, memory, timeline
+from backend.ops.records import Moment, ReplayReport, Status
+from backend.runtime.context import Context
+from backend.store import events
+from backend.store.changes import StoreEvent, listen_changes
+from backend.store.db import Database
+from backend.store.history import HistoryStore
+from backend.store.postgres import store_label
+from backend.store.workers import LIVE_STATES, heartbeat_alive
+
+__all__ = [
+    "LIVE_STATES",
+    "BadInput",
+    "ConsoleSession",
+    "DataDir",
+    "DataDirError",
+    "Refused",
+    "RemError",
+    "StatusLoader",
+    "StoreEvent",
+    "create_export",
+    "export_path",
+    "heartbeat_alive",
+    "inside",
+    "listen_changes",
+    "make_private_dir",
+    "now_ms",
+    "settings",
+    "store_label",
+    "visible",
+]
+
+StatusLoader = Callable[[Context], Awaitable[Status]]
+
+
+def now_ms() -> int:
+    """rem's clock (a test's frozen one included), in ms since the epoch."""
+    return clock.now_ms()
+
+
+class ConsoleSession:
+    """Status, the refresh gate, journal history, recorded moments and the actions for one store."""
+
+    def __init__(
+        self,
+        data: DataDir,
+        *,
+        read_only: bool = False,
+        chroma_url: str | None = None,
+        status_loader: StatusLoader | None = None,
+        db_url: str | None = None,
+    ) -> None:
+        self.data = data
+        self.db_url = db_url or settings.db_url
+        # never start a Chroma server from the console: a server tied to the
+        # console's lifetime would vanish under the daemons when it closes
+        self.ctx = Context(
+            data, chroma_url=chroma_url, read_only=read_only, start_chroma=False, db_url=self.db_url
+        )
+        self._gate: Database | None = None
+        # PostgreSQL: change events heard, and whether the listener hears them now
+        self.changes_heard = 0
+        self.listening = False
+        self._history_store: HistoryStore | None = None
+        self._status_loader = status_loader or actions.status
+
+    def _require_state_db(self) -> None:
+        if self.db_url:
+            return  # the state is in PostgreSQL: the data dir may hold no state.db at all
+        self.data.check_usable()
+        if not self.data.exists():
+            raise DataDirError(
+                f"no rem data at {self.data.root} (state.db missing); "
+                f"run `rem init --data {self.data.root}` or `rem up`"
+            )
+
+    async def _open_gate(self) -> Database:
+        if self._gate is None:
+            self._require_state_db()
+            self._gate = await Database.open(self.data.state_db, read_only=True)
+        return self._gate
+
+    async def data_version(self) -> int:
+        """A number that moves when anyone else commits: `PRAGMA data_version` of the gate
+        connection, or on PostgreSQL the change events heard (`heard`)."""
+        if self.db_url:
+            if not self.listening:
+                self.changes_heard += 1  # deaf: open the gate, changes could go unheard
+            return self.changes_heard
+        gate = await self._open_gate()
+        try:
+            return await gate.data_version()
+        except Exception:
+            # a replaced or vanished file: reopen on the next call
+            self._gate = None
+            await gate.close()
+            raise
+
+    def heard(self, event: StoreEvent) -> None:
+        """The change listener's report: a change, (re)connected, or lost.
+
+        The feed is per database, so another database's commits on the same
+        server never open the gate; while the listener is not connected the
+        gate stays open (every poll reads), since changes could go unheard.
+        """
+        self.listening = event.kind != "lost"
+        self.changes_heard += 1  # changed, or (re)connected after a time anything may have changed
+
+    async def status(self) -> Status:
+        self._require_state_db()
+        return await self._status_loader(self.ctx)
+
+    async def history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
+        """Journal rows about a session and/or a target (lease id, owner id), newest first."""
+        return await events.history(await self.ctx.db(), session_id=session_id, target=target)
+
+    async def moment(self, how: str, time: int, entry_id: int) -> Moment | None:
+        """A recorded moment (`backend.ops.timeline.seek`): panels as they were, the journal around it."""
+        self._require_state_db()
+        if self._history_store is None:  # read-only whatever the console is: only `rem up` writes it
+            self._history_store = await asyncio.to_thread(HistoryStore.open, self.data.root, read_only=True)
+        return await timeline.seek(self.ctx, self._history_store, how, time, entry_id)
+
+    async def replay(
+        self, summary_ids: list[str] | None, *, all_mismatched: bool, dry_run: bool
+    ) -> ReplayReport:
+        return await actions.replay(self.ctx, summary_ids, all_mismatched=all_mismatched, dry_run=dry_run)
+
+    async def recall(self, query: str, project: str | None, k: int) -> dict[str, Any]:
+        return await memory.recall(self.ctx, query, project=project, k=k)
+
+    async def drain(self, owner_id: str) -> dict[str, Any]:
+        return await actions.drain(self.ctx, owner_id, wait=False)
+
+    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
+        return await actions.release(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch)
+
+    async def resume(self, session_id: str) -> dict[str, Any]:
+        return await actions.resume(self.ctx, [session_id])
+
+    async def close(self) -> None:
+        """Close both connections (and the history store, if a moment was read)."""
+        if self._gate is not None:
+            await self._gate.close()
+            self._gate = None
+        if self._history_store is not None:
+            self._history_store.close()
+            self._history_store = None
+        await self.ctx.close()

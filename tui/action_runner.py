@@ -1,0 +1,216 @@
+"""The console's action runner: from a key to a confirmed `backend.ops` call, a notification and a log line.
+
+`tui/actions.py` says *what* an action is (its plan: targets, the lines the
+confirmation shows, how to call the library, how to describe the result);
+this module runs it in the console: it picks the selected row, asks the
+library for a replay's dry run first, shows the confirmation that names the
+targets, runs the confirmed plan in a worker, and reports the outcome (ok,
+refused, failed, cancelled, dry-run) as a notification and a line in the
+action log. The library re-checks every precondition; the console never
+writes on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, Protocol
+
+from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+from textual.worker import Worker
+
+from backend.ops.console import Refused, RemError, now_ms
+from backend.ops.records import Status
+from tui import actions
+from tui.actions import ActionPlan, NotActionable
+from tui.console_backend import ConsoleBackend
+from tui.messages import ActionCompleted, DryRunReady
+from tui.panels import panel_key
+from tui.refresh import WorkerGroup
+from tui.screens.confirm import ConfirmScreen
+from tui.widgets.action_log import ActionLogTable
+from tui.widgets.snapshot_table import SnapshotTable
+
+log = logging.getLogger("rem.console")
+
+# the actions that change something (disabled when read-only or in the past)
+ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release", "resume"})
+
+
+class ActionHost(Protocol):
+    """What running an action needs of the app: panels, the snapshot shown, screens, workers."""
+
+    @property
+    def applied(self) -> Status | None: ...
+    @property
+    def backend(self) -> ConsoleBackend | None: ...
+
+    def panel(self, name: str) -> SnapshotTable: ...
+    def focused_panel(self) -> SnapshotTable: ...
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+    ) -> None: ...
+    def push_screen(
+        self, screen: Screen[Any], callback: Callable[[bool | None], None] | None = None
+    ) -> Any: ...
+    def post_message(self, message: Message) -> bool: ...
+    def run_worker(
+        self,
+        work: Callable[[], Coroutine[Any, Any, None]],
+        name: str | None = "",
+        group: str = "default",
+        description: str = "",
+        exit_on_error: bool = True,
+        start: bool = True,
+        exclusive: bool = False,
+    ) -> Worker[None]: ...
+    def request_refresh(self, force: bool = False) -> None: ...
+    def one_line(self, error: BaseException | None) -> str: ...
+
+
+class ActionRunner:
+    """Selection → (dry run) → confirmation → worker → notification and action log."""
+
+    def __init__(self, host: ActionHost) -> None:
+        self.host = host
+        self._running: dict[Worker[Any], ActionPlan] = {}
+
+    # -- from a key to a confirmation ---------------------------------------------------
+    def _selected(self, name: str, what: str) -> dict[str, Any] | None:
+        record = self.host.panel(name).selected_record()
+        if record is None:
+            self.host.notify(
+                f"no {what} selected: focus the {name} panel ({panel_key(name)}) and pick a row",
+                severity="warning",
+            )
+        return record
+
+    def replay_selected(self) -> None:
+        record = self._selected("receipts", "receipt")
+        if record is not None:
+            self.prepare_replay([record], False)
+
+    def replay_all(self) -> None:
+        records = self.host.panel("receipts").all_records()
+        if not records:
+            self.host.notify("no mismatched receipts to replay", severity="information")
+            return
+        self.prepare_replay(records, True)
+
+    def prepare_replay(self, records: list[dict[str, Any]], all_mismatched: bool) -> None:
+        """Ask the library for the dry-run diff in a worker; the confirmation then shows it."""
+        work = partial(self._dry_run, records, all_mismatched)  # started with the worker, as `@work` does
+        self.host.run_worker(
+            work, name="replay", group=WorkerGroup.DRY_RUN, exclusive=True, exit_on_error=False
+        )
+
+    async def _dry_run(self, records: list[dict[str, Any]], all_mismatched: bool) -> None:
+        backend = self.host.backend
+        assert backend is not None
+        ids = None if all_mismatched else [str(r.get("summary_id")) for r in records]
+        result = await backend.replay(ids, all_mismatched=all_mismatched, dry_run=True)
+        self.host.post_message(
+            DryRunReady(actions.replay_plan(records, all_mismatched=all_mismatched, dry_run=result))
+        )
+
+    def dry_run_ready(self, message: DryRunReady) -> None:
+        """The library's dry run is in the plan: log it, then confirm with it."""
+        plan = message.plan
+        self.log(
+            plan.action, plan.target_text, "dry-run", plan.preview.splitlines()[0] if plan.preview else ""
+        )
+        self.confirm(plan)
+
+    def drain(self) -> None:
+        record = self._selected("workers", "worker")
+        if record is not None:
+            leases = self.host.applied["leases"] if self.host.applied is not None else []
+            self.confirm(actions.drain_plan(record, leases, now_ms()))
+
+    def resume(self) -> None:
+        panel = self.host.focused_panel()
+        record = panel.selected_record() if panel.PANEL_NAME in ("backlog", "sessions") else None
+        if record is None:
+            self.host.notify(
+                "no held session selected: focus Backlog (1) or Sessions (8) and pick a held row",
+                severity="warning",
+            )
+            return
+        self._confirm_or_say(lambda: actions.resume_plan(record))
+
+    def release(self) -> None:
+        record = self._selected("leases", "lease")
+        if record is not None:
+            self._confirm_or_say(lambda: actions.release_plan(record, now_ms()))
+
+    def _confirm_or_say(self, plan: Callable[[], ActionPlan]) -> None:
+        try:
+            self.confirm(plan())
+        except NotActionable as exc:
+            self.host.notify(str(exc), severity="warning")
+
+    def confirm(self, plan: ActionPlan) -> None:
+        """Show the confirmation; run the plan only if the operator confirms."""
+
+        def decided(confirmed: bool | None) -> None:
+            if confirmed:
+                self.execute(plan)
+            else:
+                self.log(plan.action, plan.target_text, "cancelled", "cancelled at the confirmation")
+
+        self.host.push_screen(ConfirmScreen(plan), callback=decided)
+
+    # -- running it and saying how it went ---------------------------------------------
+    def execute(self, plan: ActionPlan) -> Worker[None]:
+        """Run a confirmed plan in a worker (its failure comes back through `failed`)."""
+        worker = self.host.run_worker(
+            partial(self._run, plan), name=plan.action, group=WorkerGroup.ACTION, exit_on_error=False
+        )
+        self._running[worker] = plan
+        return worker
+
+    async def _run(self, plan: ActionPlan) -> None:
+        backend = self.host.backend
+        assert backend is not None
+        self.host.post_message(ActionCompleted(plan, await actions.execute(plan, backend)))
+
+    def action_completed(self, message: ActionCompleted) -> None:
+        """The library did it: say what it did, log it, and read the new state at once."""
+        plan, text = message.plan, actions.describe_result(message.plan, message.result)
+        self.host.notify(text, title=f"{plan.action} done", timeout=8)
+        self.log(plan.action, plan.target_text, "ok", text)
+        self.host.request_refresh(force=True)
+
+    def finished(self, worker: Worker[Any]) -> None:
+        self._running.pop(worker, None)
+
+    def failed(self, worker: Worker[Any], error: BaseException | None) -> None:
+        """A dry run or a confirmed action raised: refused (read-only included) or failed."""
+        plan = self._running.pop(worker, None)
+        outcome = "refused" if isinstance(error, Refused) else "failed"  # ReadOnly is a Refused
+        action = plan.action if plan else worker.name
+        target = plan.target_text if plan else "-"
+        message = self.host.one_line(error)
+        self.host.notify(
+            f"{action} {target} {outcome}: {message}",
+            title=f"{action} {outcome}",
+            severity="error",
+            timeout=8,
+        )
+        self.log(action, target, outcome, message)
+        if not isinstance(error, RemError):
+            log.error("%s failed", action, exc_info=error)
+
+    def log(self, action: str, target: str, outcome: str, message: str) -> None:
+        """One line in the action log, stamped now."""
+        action_log = self.host.panel("actions")
+        assert isinstance(action_log, ActionLogTable)
+        action_log.log_action(time=now_ms(), action=action, target=target, outcome=outcome, message=message)

@@ -1,0 +1,152 @@
+"""What the console shows of live state: a snapshot read, shown or held, and what is unreachable.
+
+`tui/refresh.py` decides when a snapshot is read and spreads showing it over
+frames; this module decides what happens to one once read. It is shown at
+once, unless the operator paused (the header counts the events waiting), a
+modal is open, or the timeline shows the past: then it waits, and the newest
+one is shown when that ends (`apply_pending`). The banner says what is
+unreachable (the database, Chroma, PostgreSQL's change feed) and clears
+itself when it answers again. Between snapshots, countdowns and ages tick
+without reading the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+
+from backend.ops.console import DataDir, RemError, now_ms
+from backend.ops.records import Status
+from tui.messages import SnapshotLoaded, StoreChanged
+from tui.probes import RefreshProbes
+from tui.refresh import ApplyChain, new_events
+from tui.timeline import Timeline
+from tui.widgets.banner import Banner
+from tui.widgets.header import ConsoleHeader
+from tui.widgets.snapshot_table import SnapshotTable
+from tui.widgets.trends import Trends, trend_values
+
+log = logging.getLogger("rem.console")
+
+
+class LiveHost(Protocol):
+    """What showing live state needs of the app: its widgets, where it looks, and its state."""
+
+    @property
+    def header(self) -> ConsoleHeader: ...
+    @property
+    def trends(self) -> Trends: ...
+    @property
+    def banner(self) -> Banner: ...
+    @property
+    def data(self) -> DataDir: ...
+    @property
+    def data_label(self) -> str: ...
+    @property
+    def poll_s(self) -> float: ...
+    @property
+    def palette(self) -> Mapping[str, str]: ...
+
+    @property
+    def screen_stack(self) -> list[Screen[Any]]: ...
+
+    def panels(self) -> list[SnapshotTable]: ...
+    def panel(self, name: str) -> SnapshotTable: ...
+    def apply_snapshot(self, snapshot: Status, now: int | None = None) -> None: ...
+    def snapshot_shown(self, cycle_s: float, *, first: bool) -> None: ...
+    def show_keys(self) -> None: ...
+    def one_line(self, error: BaseException | None) -> str: ...
+    def request_refresh(self, force: bool = False) -> None: ...
+    def notify(self, message: str, *, severity: SeverityLevel = "information") -> None: ...
+    def call_after_refresh(self, callback: Callable[[], object]) -> bool: ...
+
+
+class LiveView:
+    """The latest snapshot read, the one shown, and whether showing is paused."""
+
+    def __init__(self, host: LiveHost, probes: RefreshProbes, timeline: Timeline) -> None:
+        self.host, self.probes, self.timeline = host, probes, timeline
+        self.latest: Status | None = None  # last snapshot loaded
+        self.applied: Status | None = None  # last snapshot shown (by every panel)
+        self.paused = False
+        self.seen_version: int | None = None  # the gate's data_version of the latest
+        self.chain = ApplyChain(host.call_after_refresh, lambda: host.palette, self._applied)
+
+    def snapshot_loaded(self, message: SnapshotLoaded) -> None:
+        """A snapshot was read: the banner says what answers; show it, or hold it."""
+        snapshot = message.snapshot
+        self.seen_version, self.latest = message.data_version, snapshot
+        self.probes.loaded(message.took_ms)
+        self.host.banner.set_problem("database", None)
+        chroma = snapshot["chroma"]
+        error = str(chroma["error"] or "no answer").replace(str(self.host.data.root), self.host.data_label)
+        unreachable = f"Chroma unreachable: {error} — replay needs it; everything else is live"
+        self.host.banner.set_problem("chroma", None if chroma["healthy"] else unreachable)
+        modal_open = len(self.host.screen_stack) > 1
+        if self.paused or modal_open or self.timeline.holds_live:
+            self.show_waiting()
+            return
+        self.host.apply_snapshot(snapshot)
+
+    def failed(self, error: BaseException | None) -> None:
+        """Reading a snapshot failed: the banner says so; the next answer reloads in full."""
+        self.seen_version = None
+        if not isinstance(error, RemError):
+            log.error("refresh failed", exc_info=error)
+        message = f"database unreachable: {self.host.one_line(error)} (retrying every {self.host.poll_s:g} s)"
+        self.host.banner.set_problem("database", message)
+
+    def store_changed(self, message: StoreChanged) -> None:
+        """PostgreSQL's change feed: the banner while it is lost (reads go on at the poll's pace)."""
+        event = message.event
+        lost = f"change feed lost: {event.error}; reconnecting in {event.retry_in_s:g} s, "
+        reading = f"reading every {self.host.poll_s:g} s meanwhile"
+        self.host.banner.set_problem("feed", lost + reading if event.kind == "lost" else None)
+        self.host.request_refresh()
+
+    def show(self, snapshot: Status, now: int | None = None) -> None:
+        """Header and trends at once, the panels as frames allow; a moment of the timeline at `now`."""
+        recorded = now is not None
+        now = now_ms() if now is None else now
+        self.host.header.set_state(snapshot=snapshot, now=now, waiting="")
+        if not recorded:
+            self.host.trends.record(now, trend_values(snapshot, now))
+        self.chain.apply(snapshot, now, self.host.panels())
+
+    def _applied(self, snapshot: Status, took_s: float) -> None:
+        first, self.applied = self.applied is None, snapshot
+        self.host.snapshot_shown(self.probes.applied(took_s), first=first)
+
+    def apply_pending(self) -> None:
+        """Show the latest snapshot if it was held back (pause ended, modal closed, back from the past)."""
+        if self.timeline.moment is not None:
+            return
+        if not self.paused and self.latest is not None and self.latest is not self.applied:
+            self.host.apply_snapshot(self.latest)
+
+    def show_waiting(self) -> None:
+        self.host.header.set_state(paused=self.paused, waiting=new_events(self.latest, self.applied))
+
+    def toggle_pause(self) -> None:
+        """Freeze the tables (the header counts what waits), or show the newest again."""
+        self.paused = not self.paused
+        self.host.show_keys()
+        self.show_waiting()
+        if not self.paused:
+            self.apply_pending()
+        self.host.notify("paused: tables frozen, press p to resume" if self.paused else "live again")
+
+    def tick_panel(self, name: str) -> None:
+        """Countdowns and ages of one panel as of now (never the database); the past stands still."""
+        if self.timeline.moment is not None:
+            return
+        now = now_ms()
+        if name == "leases":
+            self.host.header.set_state(now=now)
+            if self.latest is not None:
+                self.host.trends.record(now, trend_values(self.latest, now))
+        self.host.panel(name).tick(now)
