@@ -32,6 +32,7 @@ from backend.cli import (
     send,
     show,
     status,
+    tools,
     up,
 )
 from backend.core import private
@@ -93,6 +94,7 @@ for command in (
     recall,
     reindex,
     mcp,
+    tools,
     console,
     demo,
     drill,

@@ -1,6 +1,19 @@
-"""Agent tools: where an agent's tools come from (MCP servers, Python entry points) and how a call is made durable.
+"""Agent tools: where an agent's tools come from (MCP servers, Python entry points) and how a call is made.
 
-The process programs rem runs (the supervisor, the drill, bench, the demo, the
-metrics server) live in `backend.programs`; "tools" here means what an agent
-calls.
+The entry point is `backend.tools.registry.ToolRegistry` (its docstring is the
+interface). One module per concept:
+
+* `config`: `REM_MCP_CONFIG`, the `mcpServers` JSON shape plus rem's `"rem"` section;
+* `effects`: effect classes (read, idempotent, effect), permissions, and where each came from;
+* `spec`: `ToolSpec`, and the two spellings of a tool's name (`NAME.TOOL`, `NAME__TOOL`);
+* `results`: `ToolResult`, bounded and inert;
+* `errors`: what a call can raise, each saying whether its request may have run;
+* `servers`: one MCP server's client session, restarted with backoff, and its health;
+* `stdio`, `http`, `lines`: the transports, reading a server's output in bounded memory;
+* `python_tools`: the `rem.tools` entry-point group;
+* `health`: source states and the limits read from the settings.
+
+Importing `backend.tools` loads no MCP SDK; `registry` and `servers` do. The
+process programs rem runs (the supervisor, the drill, bench, the demo, the
+metrics server, the demo tool server) live in `backend.programs`.
 """
