@@ -32,6 +32,7 @@ import argparse
 import fcntl
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -181,6 +182,24 @@ def build_server(
                 return (unit * (size // len(unit) + 1))[:size]
 
     return server
+
+
+def server_config(
+    data: Path, *, effect_delay_ms: int = 2000, delay_ms: int = 0, test_tools: bool = False
+) -> dict[str, Any]:
+    """The `mcpServers` entry that runs this server over stdio on `data` (for `rem demo`'s REM_MCP_CONFIG)."""
+    args = [
+        "-P",
+        "-m",
+        "backend.programs.demo_tools",
+        "--data",
+        str(data),
+        "--effect-delay-ms",
+        str(effect_delay_ms),
+    ]
+    if delay_ms:
+        args += ["--delay-ms", str(delay_ms)]
+    return {"command": sys.executable, "args": args + (["--test-tools"] if test_tools else [])}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,10 @@ JSON response whole. rem passes it an `httpx2.AsyncClient` whose transport
   rem never holds more than the bound);
 * records the idempotency key of a `tools/call` whose connection could not
   even be opened (`httpx2.ConnectError`): that request provably never reached
-  the server, so the call is "unavailable", not "outcome unknown".
+  the server, so the call is "unavailable", not "outcome unknown";
+* records the key of a `tools/call` answered 404 for rem's session id: the
+  server forgot the session (it restarted, or expired it), and the spec says
+  it then refuses the request, so rem starts a new session and sends it again.
 
 The configured `headers` go with every request. The SDK follows redirects only
 within the endpoint's origin.
@@ -21,14 +24,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 
 import httpx2
 
 from backend.tools.lines import OVERSIZE_KEY
 
 KEY_META = "rem/idempotency_key"
+SESSION_HEADER = "mcp-session-id"
 CONNECT_TIMEOUT_S = 10.0
 STREAM_READ_TIMEOUT_S = 300.0  # the server may hold its event stream open between events
+
+
+@dataclass
+class HttpState:
+    """What the HTTP client learned about tool calls that the SDK does not report, by idempotency key."""
+
+    unsent: set[str] = field(default_factory=set)  # the connection could not be opened
+    session_gone: set[str] = field(default_factory=set)  # answered 404 for rem's session id
 
 
 class ResponseTooLarge(httpx2.StreamError):
@@ -57,19 +70,19 @@ class _CappedStream(httpx2.AsyncByteStream):
 class BoundedTransport(httpx2.AsyncBaseTransport):
     """An HTTP transport that caps plain responses and remembers tool calls that never left."""
 
-    def __init__(self, max_bytes: int, unsent: set[str]) -> None:
+    def __init__(self, max_bytes: int, state: HttpState) -> None:
         self.inner = httpx2.AsyncHTTPTransport()
         self.max_bytes = max_bytes
-        self.unsent = unsent
+        self.state = state
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
             response = await self.inner.handle_async_request(request)
         except httpx2.ConnectError:
-            key = _call_key(request)
-            if key is not None:
-                self.unsent.add(key)
+            _remember(self.state.unsent, request)
             raise
+        if response.status_code == 404 and SESSION_HEADER in request.headers:
+            _remember(self.state.session_gone, request)
         if response.headers.get("content-type", "").lower().startswith("text/event-stream"):
             return response  # the SDK caps each event
         assert isinstance(response.stream, httpx2.AsyncByteStream)
@@ -82,6 +95,12 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _remember(keys: set[str], request: httpx2.Request) -> None:
+    key = _call_key(request)
+    if key is not None:
+        keys.add(key)
 
 
 def _call_key(request: httpx2.Request) -> str | None:
@@ -97,11 +116,11 @@ def _call_key(request: httpx2.Request) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def bounded_client(headers: Mapping[str, str], max_bytes: int, unsent: set[str]) -> httpx2.AsyncClient:
+def bounded_client(headers: Mapping[str, str], max_bytes: int, state: HttpState) -> httpx2.AsyncClient:
     """The `httpx2.AsyncClient` rem gives the SDK's streamable HTTP transport for one server."""
     return httpx2.AsyncClient(
         headers=dict(headers),
         timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S),
-        transport=BoundedTransport(max_bytes, unsent),
+        transport=BoundedTransport(max_bytes, state),
         follow_redirects=False,
     )

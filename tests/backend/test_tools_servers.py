@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from backend.chroma.server import free_port
+from backend.programs.demo_tools import server_config
 from backend.tools.errors import ToolConnectionLost, ToolTimeout, ToolUnavailable
 from backend.tools.health import Limits
 from backend.tools.registry import ToolRegistry
@@ -71,18 +72,35 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "stdio": root / "stdio", "http": root / "http", "repo": repo}
 
 
+class HttpDemo:
+    """rem's demo tool server over streamable HTTP, on one port across restarts."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [*DEMO, "--data", str(self.data), "--test-tools", "--http", str(self.port)]
+        self.process = process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _accepts(self.port) or process.poll() is not None, "the HTTP demo server")
+        assert process.poll() is None, "the HTTP demo server exited"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+
 @pytest.fixture(scope="module")
-def http_url(dirs: dict[str, Path]) -> Iterator[str]:
-    port = free_port()
-    args = [*DEMO, "--data", str(dirs["http"]), "--test-tools", "--http", str(port)]
-    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def http_demo(dirs: dict[str, Path]) -> Iterator[HttpDemo]:
+    demo = HttpDemo(dirs["http"])
+    demo.start()
     try:
-        wait_for(lambda: _accepts(port) or server.poll() is not None, "the HTTP demo server")
-        assert server.poll() is None, "the HTTP demo server exited"
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield demo
     finally:
-        server.kill()
-        server.wait()
+        demo.stop()
 
 
 def _accepts(port: int) -> bool:
@@ -91,13 +109,13 @@ def _accepts(port: int) -> bool:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def registry(dirs: dict[str, Path], http_url: str) -> AsyncIterator[ToolRegistry]:
+async def registry(dirs: dict[str, Path], http_demo: HttpDemo) -> AsyncIterator[ToolRegistry]:
     git = shutil.which("mcp-server-git", path=str(Path(sys.executable).parent))
     assert git is not None, "mcp-server-git is in the test extra"
     config = {
         "mcpServers": {
-            "demo": {"command": DEMO[0], "args": [*DEMO[1:], "--data", str(dirs["stdio"]), "--test-tools"]},
-            "web": {"url": http_url, "headers": {"X-Rem-Test": "1"}},
+            "demo": server_config(dirs["stdio"], test_tools=True),
+            "web": {"url": http_demo.url, "headers": {"X-Rem-Test": "1"}},
             "git": {"command": git, "args": ["--repository", str(dirs["repo"])]},
             "broken": {
                 "command": sys.executable,
@@ -209,7 +227,7 @@ async def test_parallel_calls_share_one_session_and_overlap(
             for k in keys
         )
     )
-    assert all(r.text == "buy milk" for r in results)
+    assert all("buy milk" in r.text and not r.is_error for r in results)
     starts = [r for r in calls(dirs["stdio"], tool="notes_search", phase="start") if r["key"] in keys]
     finishes = [r for r in calls(dirs["stdio"], tool="notes_search", phase="finish") if r["key"] in keys]
     assert len({r["pid"] for r in starts}) == 1 and len(starts) == 6
@@ -274,3 +292,16 @@ async def test_a_server_killed_mid_call_is_restarted_and_the_next_call_succeeds(
     demo = next(h for h in registry.health() if h["server"] == "demo")
     assert demo["state"] == "up" and demo["pid"] not in (None, pid) and demo["restarts"] >= 1
     assert {r["pid"] for r in calls(dirs["stdio"], key="kill-2")} == {demo["pid"]}
+
+
+async def test_an_http_server_that_forgot_rems_session_runs_the_call_once(
+    registry: ToolRegistry, dirs: dict[str, Path], http_demo: HttpDemo
+) -> None:
+    await registry.call("web.notes_search", {}, idempotency_key="gone-0")  # a session, whatever ran before
+    http_demo.stop()
+    http_demo.start()  # a new process on the same URL: rem's session id means nothing to it
+    result = await registry.call("web.notes_add", {"text": "after restart"}, idempotency_key="gone-1")
+    assert result.text.endswith(" added")
+    assert len(calls(dirs["http"], key="gone-1", phase="start")) == 1  # refused unprocessed, then sent once
+    web = next(h for h in registry.health() if h["server"] == "web")
+    assert web["state"] == "up" and web["restarts"] >= 1

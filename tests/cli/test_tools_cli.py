@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backend.programs.demo_tools import server_config
 from tests.helpers import rem_env, run_rem
 
 GOLDEN = Path(__file__).with_name("golden") / "tools_demo.json"
-DEMO = [sys.executable, "-P", "-m", "backend.programs.demo_tools"]
 
 
 def normalised(report: dict[str, Any], config: Path) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def normalised(report: dict[str, Any], config: Path) -> dict[str, Any]:
 def test_rem_tools_json_lists_every_tool_with_its_class_source_and_health(tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     servers = {
-        "demo": {"command": DEMO[0], "args": [*DEMO[1:], "--data", str(tmp_path / "demo")]},
+        "demo": server_config(tmp_path / "demo"),
         "broken": {
             "command": sys.executable,
             "args": ["-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
