@@ -14,7 +14,10 @@ the MCP spec says so rem classifies them from the annotations:
 * `outbox_send` (no read-only or idempotent hint: an `effect` tool): sleeps
   `--effect-delay-ms` (default 2 s: long enough to SIGKILL its caller mid-call),
   then appends the message and its key to `DIR/outbox.jsonl`; never deduplicated,
-  so a repeated effect shows as two lines with one key;
+  so a repeated effect shows as two lines with one key. Once started, a send
+  finishes even if its caller is SIGKILLed or cancels it (the server exits
+  after it): the effect happened and the caller never heard, the case an
+  operator resolves;
 * with `--test-tools`, `test_blob` (read): text of a requested size, optionally
   full of control characters and NULs (the tests' huge and hostile results).
 
@@ -161,11 +164,13 @@ def build_server(
 
     @server.tool(description="Send a message to someone (slow; every call sends).", annotations=EFFECT)
     async def outbox_send(ctx: Context, to: str, body: str, delay_ms: int | None = None) -> str:
-        async with logged(store, "outbox_send", ctx, {"to": to, "body": body}) as key:
-            await pause(delay_ms, effect_delay_ms)
-            record = {"id": uuid.uuid4().hex[:12], "key": key, "to": to, "body": body}
-            store.append(store.outbox_path, {**record, "time": int(time.time() * 1000)})
-            return f"message {record['id']} sent to {to}"
+        # a send in flight is not undone by its caller dying or giving up (the server exits after it)
+        with anyio.CancelScope(shield=True):
+            async with logged(store, "outbox_send", ctx, {"to": to, "body": body}) as key:
+                await pause(delay_ms, effect_delay_ms)
+                record = {"id": uuid.uuid4().hex[:12], "key": key, "to": to, "body": body}
+                store.append(store.outbox_path, {**record, "time": int(time.time() * 1000)})
+        return f"message {record['id']} sent to {to}"
 
     if test_tools:
 

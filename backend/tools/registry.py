@@ -5,8 +5,9 @@ The interface the executor codes against (one registry per process and event loo
     registry = await ToolRegistry.load()          # REM_MCP_CONFIG + installed rem.tools entry points
     specs = await registry.catalogue()            # list[ToolSpec]: every tool, servers started as needed
     offered = [s.openai_tool() for s in specs if s.available and s.permission != "deny"]
-    spec = await registry.spec("notes.notes_add") # or the model's "notes__notes_add"; ToolNotFound
+    spec = await registry.spec("notes.notes_add") # or "notes__notes_add"; ToolNotFound / ToolUnavailable
     result = await registry.call(spec.name, {"text": "hi"}, idempotency_key=key)   # -> ToolResult
+    part_text, shown = result.text, result.for_model(registry.limits.model_max_bytes)
     registry.health()                             # list[ServerHealth], one per source (JSON)
     await registry.aclose()                       # or: async with await ToolRegistry.load() as registry
 
@@ -17,7 +18,9 @@ The interface the executor codes against (one registry per process and event loo
   per session; a server that says its list changed is listed again). Tools of
   a server that is down keep their last spec with `available=False` and
   `unavailable_reason`; a server never listed shows only the tools its
-  configuration names. Tools whose names cannot be function names are refused
+  configuration names (`spec` of any other of its tools raises `ToolUnavailable`,
+  not `ToolNotFound`: a down server cannot say what it lacks). Tools whose
+  names cannot be function names are refused
   (`refused()`, and each source's health `refused`). `config_warnings()` names
   configured tools that their server does not offer.
 * `call(name, arguments, *, idempotency_key, timeout_ms=None)` calls the tool
@@ -25,7 +28,8 @@ The interface the executor codes against (one registry per process and event loo
   second argument (Python); timeout: `timeout_ms`, else the spec's. It does
   not check the permission: approving `ask` and refusing `deny` is the
   caller's part, before it commits `running`. It returns a `ToolResult` for
-  any answer, a tool error (`is_error`) included; it raises `ToolUnavailable`
+  any answer, a tool error (`is_error`) included (the call completed: the
+  tool answered, and the model is told what it said); it raises `ToolUnavailable`
   (never sent: safe to retry later), `ToolConnectionLost` or `ToolTimeout`
   (sent, outcome unknown: for an `effect` tool, an operator decides), or
   `ToolNotFound`. Store the spec's effect class in the tool part when the call
@@ -122,9 +126,21 @@ class ToolRegistry:
         if found is None and parts is not None and parts[0] in self._sources:
             await self._list_source(parts[0])
             found = self._lookup(name)
+        if found is None and parts is not None and parts[0] in self._sources:
+            self._unknown_while_down(self._sources[parts[0]], name)
         if found is None:
             raise ToolNotFound(self._not_found(name), tool=inert(name[:200]))
         return found
+
+    def _unknown_while_down(self, source: Source, name: str) -> None:
+        """A server that never listed its tools cannot say a tool is not one of them: it is unavailable."""
+        health = source.health()
+        if health["state"] == "down" and self._listed_names(source) is None:
+            raise ToolUnavailable(
+                f"tool source {source.name!r} is down ({health['last_error']}); "
+                f"whether it offers {inert(name[:120])!r} is not known yet",
+                server=source.name,
+            )
 
     def refused(self) -> list[RefusedTool]:
         """Tools sources offer whose names cannot be model function names (as of the last catalogue)."""

@@ -186,6 +186,8 @@ async def test_a_server_that_cannot_start_is_down_with_backoff_and_the_others_wo
             break
     assert not errors[0].request_sent and "exited with code 3: boom: no token" in str(errors[0])
     assert "next start in" in str(errors[-1]) and 0 < (errors[-1].retry_in_ms or 0) <= 30_000
+    with pytest.raises(ToolUnavailable, match="is not known yet"):  # not ToolNotFound: it never listed
+        await registry.spec("broken.anything")
     health = {h["server"]: h for h in registry.health()}
     broken = health["broken"]
     assert broken["state"] == "down" and broken["restarts"] >= 1 and broken["retry_at"] is not None
