@@ -68,6 +68,7 @@ def _globals(
         os.environ[Settings.test_mode.env] = "1"
     common.use_db_url(db)
     validate()  # a bad REM_* value fails here, in one line, before the command does anything
+    common.pin_relative_paths()
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url
     level = logging.INFO if verbose or settings.log else logging.WARNING

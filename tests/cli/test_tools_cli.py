@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from backend.programs.demo_tools import server_config
-from tests.helpers import rem_env, run_rem
+from tests.helpers import REM, rem_env, run_rem
 
 GOLDEN = Path(__file__).with_name("golden") / "tools_demo.json"
 
@@ -76,3 +77,9 @@ def test_rem_tools_errors_are_one_line_and_no_config_is_fine(tmp_path: Path) -> 
     assert json.loads(proc.stdout) == {"config": None, "ok": True, "servers": [], "tools": [], "warnings": []}
     proc = run_rem("tools", env={**env, "REM_MCP_CONFIG": str(tmp_path / "nope.json")})
     assert proc.returncode == 2 and "cannot be read (No such file or directory)" in proc.stderr
+    (tmp_path / "empty.json").write_text('{"mcpServers": {}}')
+    relative = {**env, "REM_MCP_CONFIG": "empty.json"}  # pinned absolute for what rem starts elsewhere
+    proc = subprocess.run(
+        [REM, "tools", "--json"], cwd=tmp_path, env=relative, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["config"] == str(tmp_path / "empty.json")
