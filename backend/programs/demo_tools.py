@@ -47,7 +47,8 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
-KEY_META = "rem/idempotency_key"
+from backend.tools.spec import KEY_META
+
 READ = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
 )

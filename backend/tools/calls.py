@@ -37,7 +37,7 @@ from backend.tools.errors import ToolConnectionLost, ToolTimeout, ToolUnavailabl
 from backend.tools.health import Limits
 from backend.tools.lines import OVERSIZE_CODE, OVERSIZE_KEY
 from backend.tools.results import ToolResult, bounded_result, call_result_text
-from backend.tools.stdio import KEY_META
+from backend.tools.spec import KEY_META
 
 log = logging.getLogger("rem.tools.calls")
 

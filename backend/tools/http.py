@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import httpx2
 
 from backend.tools.lines import OVERSIZE_KEY
+from backend.tools.spec import KEY_META
 
-KEY_META = "rem/idempotency_key"
 SESSION_HEADER = "mcp-session-id"
 CONNECT_TIMEOUT_S = 10.0
 STREAM_READ_TIMEOUT_S = 300.0  # the server may hold its event stream open between events

@@ -25,6 +25,8 @@ from typing import Any
 
 from backend.tools.effects import EffectClass, Permission, Source
 
+# where a tools/call carries its idempotency key: `_meta["rem/idempotency_key"]` (scripts outside rem rely on it)
+KEY_META = "rem/idempotency_key"
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MODEL_NAME_MAX = 64

@@ -42,10 +42,10 @@ from mcp.shared.message import SessionMessage
 from backend.tools.config import StdioServer
 from backend.tools.lines import LineBuffer, Overflow, oversize_answer
 from backend.tools.results import inert
+from backend.tools.spec import KEY_META
 
 log = logging.getLogger("rem.tools.server")
 
-KEY_META = "rem/idempotency_key"
 CHUNK = 64 * 1024
 STDERR_LINE_MAX = 8192
 STDERR_TAIL = 20
