@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -175,8 +176,9 @@ async def test_catalogue_classifies_tools_from_annotations_and_config(registry: 
 
 
 async def test_a_server_that_cannot_start_is_down_with_backoff_and_the_others_work(
-    registry: ToolRegistry, dirs: dict[str, Path]
+    registry: ToolRegistry, dirs: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rem.tools.server")
     errors: list[ToolUnavailable] = []
     for attempt in range(3):  # the first failure restarts at once; the next ones back off
         with pytest.raises(ToolUnavailable) as caught:
@@ -186,6 +188,8 @@ async def test_a_server_that_cannot_start_is_down_with_backoff_and_the_others_wo
             break
     assert not errors[0].request_sent and "exited with code 3: boom: no token" in str(errors[0])
     assert "next start in" in str(errors[-1]) and 0 < (errors[-1].retry_in_ms or 0) <= 30_000
+    stderr = [r.getMessage() for r in caplog.records if r.name == "rem.tools.server"]
+    assert "broken: boom: no token" in stderr  # its stderr went to the log, line by line
     with pytest.raises(ToolUnavailable, match="is not known yet"):  # not ToolNotFound: it never listed
         await registry.spec("broken.anything")
     health = {h["server"]: h for h in registry.health()}

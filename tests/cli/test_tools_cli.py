@@ -46,6 +46,7 @@ def test_rem_tools_json_lists_every_tool_with_its_class_source_and_health(tmp_pa
     config.write_text(json.dumps({"mcpServers": servers, "rem": {"tools": tools}}))
     proc = run_rem("tools", "--config", str(config), "--json", timeout=180)
     assert proc.returncode == 3, proc.stderr  # a server is down: a dependency is unreachable
+    assert "boom" not in proc.stderr  # a server's stderr goes to the log, not to rem's terminal
     report = normalised(json.loads(proc.stdout), config)
     if os.environ.get("REM_GOLDEN_UPDATE"):
         GOLDEN.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
