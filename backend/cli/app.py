@@ -32,6 +32,7 @@ from backend.cli import (
     send,
     show,
     status,
+    tools,
     up,
 )
 from backend.core import private
@@ -68,6 +69,7 @@ def _globals(
         os.environ[Settings.test_mode.env] = "1"
     common.use_db_url(db)
     validate()  # a bad REM_* value fails here, in one line, before the command does anything
+    common.pin_relative_paths()
     common.Globals.data = data
     common.Globals.chroma_url = chroma_url
     level = logging.INFO if verbose or settings.log else logging.WARNING
@@ -94,6 +96,7 @@ for command in (
     recall,
     reindex,
     mcp,
+    tools,
     console,
     demo,
     drill,

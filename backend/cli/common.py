@@ -83,6 +83,14 @@ def use_db_url(url: str | None) -> None:
         processes.hide_in_title(url, redact_url(url))
 
 
+def pin_relative_paths() -> None:
+    """Make a relative REM_MCP_CONFIG absolute in this process's environment: the daemons and tool
+    servers rem starts run in other working directories (the data dir), where it would name nothing."""
+    raw = os.environ.get(Settings.mcp_config.env, "").strip()
+    if raw and not Path(raw).expanduser().is_absolute():
+        os.environ[Settings.mcp_config.env] = str(Path(raw).expanduser().absolute())
+
+
 def make_context(data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:
     """A Context from command-level options, falling back to the global ones."""
     path = data or Globals.data

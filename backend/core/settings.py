@@ -434,6 +434,32 @@ class Settings:
         "the longest line `rem import` reads; a longer one is refused with its line number, never held whole",
         whole(1024, "bytes"),
     )
+    # agent tools (backend/tools): MCP servers and `rem.tools` entry points
+    mcp_config = Setting[Path | None](
+        None,
+        "the agent's MCP tool servers: a JSON file in the `mcpServers` shape MCP clients share, with rem's "
+        'per-tool settings under `"rem": {"tools": {"NAME.TOOL": ...}}` (`rem tools` checks it)',
+        path(),
+        shown_default="none (only `rem.tools` entry points)",
+    )
+    tool_timeout_ms = Setting(
+        60_000,
+        "a tool call's timeout, unless the tool's `timeout_ms` in REM_MCP_CONFIG says otherwise",
+        whole(1, "ms"),
+    )
+    tool_start_timeout_ms = Setting(
+        30_000,
+        "starting an MCP tool server: spawning or connecting, `initialize` and listing its tools",
+        whole(100, "ms"),
+    )
+    tool_result_max_bytes = Setting(
+        1_048_576,
+        "a tool result kept in its tool part (the rest is cut; a wire message over 4x this is discarded)",
+        whole(1024, "bytes"),
+    )
+    tool_result_model_bytes = Setting(
+        32_768, "the part of a tool result the model is shown", whole(256, "bytes")
+    )
     # people and logs
     operator = Setting[str | None](
         None,

@@ -5,8 +5,9 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 `checks` verifies the invariants, `lease_release` releases summary-job
 and Dream leases, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
-alerts. `console` is the console's door: the only way `tui/` reaches rem
-besides these functions (an import-linter contract holds it to that).
+alerts. `tool_list` reports the agent's tools (`rem tools`). `console` is the console's
+door: the only way `tui/` reaches rem besides these functions (an import-linter
+contract holds it to that).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from backend.ops.actions import (
 )
 from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
 from backend.ops.reindex import reindex
+from backend.ops.tool_list import tools
 
 __all__ = [
     "LEASE_KINDS",
@@ -49,4 +51,5 @@ __all__ = [
     "show",
     "show_session",
     "status",
+    "tools",
 ]
