@@ -37,6 +37,7 @@ import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,13 @@ class Finding:
             "invariant": self.invariant,
             "what": self.what,
             "count": self.count,
-            "rows": self.rows[:ROW_CAP],
+            "rows": [_plain_row(row) for row in self.rows[:ROW_CAP]],
         }
+
+
+def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A finding's row with enum members as their values (`would_replay`, not `<ReplayOutcome...>`)."""
+    return {key: value.value if isinstance(value, Enum) else value for key, value in row.items()}
 
 
 @dataclass
