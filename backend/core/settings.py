@@ -273,6 +273,13 @@ class Settings:
         path(),
         shown_default="none",
     )
+    journal_key_file = Setting[Path | None](
+        None,
+        "a private file with a key for the operator journal's chain (HMAC-SHA256): whoever can write "
+        "the store but not read this file cannot re-chain the journal; give every host the same file",
+        path(),
+        shown_default="none (plain SHA-256)",
+    )
     # leases and turns
     execution_lease_ms = Setting(30_000, "execution lease (renewed every third of it)", whole(100, "ms"))
     summary_lease_ms = Setting(300_000, "summary-job lease", whole(100, "ms"))

@@ -281,9 +281,11 @@ async def check(
     `progress(phase, done, total)` is called as the batches go.
     """
     from backend.ops.checks import check_chroma, check_database_in_batches, summarize
+    from backend.store.journal_head import read_heads
 
     db = await ctx.db()
-    report = await check_database_in_batches(db, progress=progress)
+    recorded = read_heads(ctx.data).get(ctx.store_name)
+    report = await check_database_in_batches(db, progress=progress, recorded=recorded)
     if verify_chroma:
         if progress is not None:
             progress("chroma", 0, 1)

@@ -45,7 +45,8 @@ from backend.core import clock
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store import counters
 from backend.store.db import Conn, engine_of
-from backend.store.events import verify_operator_chain_sync
+from backend.store.events import journal_key, verify_operator_chain_sync
+from backend.store.journal_head import Head, extends
 from backend.store.maintenance import warm_page_cache
 
 ROW_CAP = 20  # rows listed per finding; counts are always complete
@@ -426,10 +427,11 @@ def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
 # -- invariant 8: operator events are hash-chained ---------------------------
 
 
-def check_audit_sync(conn: Conn, report: Report) -> None:
-    """Walk the operator events' hash chain; name the first broken link."""
+def check_audit_sync(conn: Conn, report: Report, recorded: Head | None = None) -> None:
+    """Walk the operator events' hash chain; name the first broken link, and a journal that does
+    not extend the head `rem up` recorded (`backend.store.journal_head`)."""
     report.checked.append("audit")
-    result = verify_operator_chain_sync(conn)
+    result = verify_operator_chain_sync(conn, journal_key(), at=recorded.count if recorded else None)
     broken = result["broken"]
     if broken is not None:
         report.add(
@@ -438,6 +440,15 @@ def check_audit_sync(conn: Conn, report: Report) -> None:
             f"operator event chain broken at event {broken['event_id']} ({broken['kind']}): "
             f"it {broken['why']}",
             [broken],
+        )
+        return
+    problem = extends(result, recorded)
+    if problem is not None and recorded is not None:
+        report.add(
+            report.violations,
+            "8",
+            f"operator journal {problem}",
+            [{"recorded_count": recorded.count, "recorded_head": recorded.head, "count": result["count"]}],
         )
 
 
@@ -620,6 +631,7 @@ async def check_database_in_batches(
     progress: Progress | None = None,
     workers: int | None = None,
     parallel_min: int = PARALLEL_MIN_SESSIONS,
+    recorded: Head | None = None,
 ) -> Report:
     """All state.db invariants, one short read transaction per table or per batch of sessions.
 
@@ -627,6 +639,7 @@ async def check_database_in_batches(
     processes (`CHECK_WORKERS`: one per core, at most 4), each over its own range of session
     ids with a read-only connection of its own, in the same batches, and the findings merged
     in id order: the same report as one process gives, in about 1/workers of the time.
+    `recorded`: the operator journal's head `rem up` recorded for this store, if any.
     """
     report = Report()
     now = clock.now_ms() if now is None else now
@@ -656,7 +669,7 @@ async def check_database_in_batches(
     tell("sessions", done, max(done, total))
     await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
     # invariant 8 walks the operator events' chain in order (they are few: operator actions only)
-    await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
+    await db.read_in_thread(lambda conn: check_audit_sync(conn, report, recorded))
     # each counter and its real count in one short read (a count walks an index of one table)
     for i, counter in enumerate(counters.COUNTERS):
         tell("counters", i, len(counters.COUNTERS))

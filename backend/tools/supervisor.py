@@ -34,6 +34,7 @@ from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
 from backend.runtime.context import Context
 from backend.store import maintenance, workers
+from backend.store.journal_head import HeadRecorder
 
 log = logging.getLogger("rem.supervisor")
 
@@ -110,6 +111,8 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
         self._host = workers.host_name()
+        # the operator journal's head, recorded outside the store as it moves (`rem check` compares)
+        self._journal_head = HeadRecorder(ctx.data, ctx.store_name)
 
     # -- lifecycle -------------------------------------------------------
     async def run(self) -> int:
@@ -218,6 +221,8 @@ class Supervisor:
                 changed = True
             except ChromaUnreachable as exc:
                 log.error("cannot restart chroma: %s", exc)
+        with contextlib.suppress(RemError):  # the database is down: recorded on a later tick
+            await self._journal_head.record(db)
         now = time.monotonic()
         for child in self.children:
             proc = child.proc
