@@ -33,6 +33,7 @@ from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError
 from backend.core.settings import settings
 from backend.ops.records import Moment, Status
+from backend.runtime import refusals
 from backend.store.changes import listen_changes
 from backend.store.postgres import store_label
 from tui import actions
@@ -376,9 +377,11 @@ class ConsoleApp(App[None]):
         self.banner.set_problem(
             "chroma",
             None
-            if chroma["healthy"]
+            if chroma["healthy"] or "refused" in chroma
             else f"Chroma unreachable: {error} — replay needs it; everything else is live",
         )
+        refused = chroma.get("refused")
+        self.banner.set_problem("chroma-refused", refusals.describe(refused) if refused else None)
         if self.paused or len(self.screen_stack) > 1 or self.moment is not None or self._awaiting_moment:
             self._show_waiting()
             return

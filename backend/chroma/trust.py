@@ -8,13 +8,22 @@ dir's own server it checks who owns the socket listening on that port:
 (readable by any user, so this works unprivileged), and psutil names the
 listening process when this user may see it. A listener of another uid is
 refused with one line; so is a port nobody verifiably owns.
+
+Checked once is not enough: the server can die and another process take its
+port between two requests. So every new TCP connection a client of the data
+dir's server opens is checked too (`verify_connection`), before a byte is
+sent on it: the socket at the other end of the connection (the server's
+side, listed in the same tables with its owner) must be this user's.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -43,9 +52,9 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.ip_address(raw))
 
 
-def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Listener] | None:
-    """Every listening socket on `port` from /proc/net/tcp*, or None when the tables are unreadable."""
-    found: list[Listener] = []
+def _proc_rows(tables: tuple[Path, ...]) -> Iterator[list[str]] | None:
+    """The socket rows of /proc/net/tcp*, split in fields; None when no table is readable."""
+    found: list[list[str]] = []
     readable = False
     for table in tables:
         try:
@@ -53,14 +62,88 @@ def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Li
         except OSError:
             continue
         readable = True
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 8 or fields[3] != LISTEN:
-                continue
-            hex_address, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) == port:
-                found.append(Listener(_address(hex_address), port, int(fields[7])))
-    return found if readable else None
+        found += [fields for fields in (line.split() for line in lines) if len(fields) >= 8]
+    return iter(found) if readable else None
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    """(address, port) of a /proc/net/tcp* `address:port` field; IPv4-mapped IPv6 as IPv4."""
+    hex_address, _, hex_port = field.partition(":")
+    address = ipaddress.ip_address(_address(hex_address))
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address), int(hex_port, 16)
+
+
+def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Listener] | None:
+    """Every listening socket on `port` from /proc/net/tcp*, or None when the tables are unreadable."""
+    rows = _proc_rows(tables)
+    if rows is None:
+        return None
+    found: list[Listener] = []
+    for fields in rows:
+        if fields[3] != LISTEN:
+            continue
+        hex_address, _, hex_port = fields[1].partition(":")
+        if int(hex_port, 16) == port:
+            found.append(Listener(_address(hex_address), port, int(fields[7])))
+    return found
+
+
+def held_by(port: int, pid: int, tables: tuple[Path, ...] = PROC_TABLES) -> bool | None:
+    """Whether the socket listening on `port` is one of process `pid`'s (None: cannot be seen).
+
+    The listening rows of /proc/net/tcp* name their socket's inode; the process holds
+    it as an open `socket:[inode]`. No listener: False.
+    """
+    rows = _proc_rows(tables)
+    if rows is None:
+        return None
+    inodes = {
+        f"socket:[{fields[9]}]"
+        for fields in rows
+        if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].partition(":")[2], 16) == port
+    }
+    if not inodes:
+        return False
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        names = list(fd_dir.iterdir())
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(name) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def peer_uid(sock: socket.socket, tables: tuple[Path, ...] = PROC_TABLES) -> int | None:
+    """The uid owning the other end of a TCP connection to a socket of this host, or None if unseen.
+
+    The other end is the row whose local address is this socket's peer and whose
+    remote address is this socket: its uid is the listener's, from the moment the
+    handshake completes (before the server even accepts the connection).
+    """
+    try:
+        mine = _plain(sock.getsockname())
+        theirs = _plain(sock.getpeername())
+    except OSError:
+        return None
+    rows = _proc_rows(tables)
+    for fields in rows or ():
+        if fields[3] != LISTEN and _endpoint(fields[1]) == theirs and _endpoint(fields[2]) == mine:
+            return int(fields[7])
+    return None
+
+
+def _plain(address: tuple[object, ...]) -> tuple[str, int]:
+    host = ipaddress.ip_address(str(address[0]).split("%")[0])
+    if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped is not None:
+        host = host.ipv4_mapped
+    return str(host), int(str(address[1]))
 
 
 def psutil_listeners(port: int) -> list[Listener] | None:
@@ -112,8 +195,7 @@ def _reaches(listener: Listener, host: str) -> bool:
     return address == target
 
 
-def check_listener(url: str, *, source: str = "chroma.url") -> None:
-    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid)."""
+def _loopback_port(url: str, source: str) -> tuple[str, int]:
     parsed = urlparse(url)
     host, port = parsed.hostname or "", parsed.port
     try:
@@ -123,30 +205,78 @@ def check_listener(url: str, *, source: str = "chroma.url") -> None:
     if not loopback or port is None:
         raise ChromaUntrusted(
             f"{source} names {url}, not a loopback address and port; rem records only its own "
-            "loopback server there: remove the file and run `rem up`"
+            "loopback server there: remove the file and run `rem up`",
+            url=url,
         )
+    return host, port
+
+
+def listening(url: str) -> bool:
+    """Whether any socket listens on `url`'s port (True when that cannot be seen: the check decides)."""
+    port = urlparse(url).port
+    if port is None:
+        return True
+    found = proc_listeners(port)
+    return True if found is None else bool(found)
+
+
+def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> ChromaUntrusted:
+    """The one-line refusal of a socket of another uid, naming who it is."""
+    me = os.geteuid()
+    who = ", ".join(f"{user_name(uid)} (uid {uid})" for uid in strangers)
+    pids = listener_pids(port)
+    shown = f", pid {', '.join(map(str, pids))}" if pids else ""
+    return ChromaUntrusted(
+        f"refusing the Chroma server at {url} ({source}): the socket on port {port} belongs to "
+        f"{who}{shown}, not to you ({user_name(me)}, uid {me}); stop that process, "
+        "then run `rem up` (it starts a server of your own)",
+        url=url,
+        uids=tuple(strangers),
+        pids=tuple(pids),
+    )
+
+
+def check_listener(url: str, *, source: str = "chroma.url") -> None:
+    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid)."""
+    host, port = _loopback_port(url, source)
     found = proc_listeners(port)
     if found is None:
         found = psutil_listeners(port)
-    me = os.geteuid()
     if found is None:
         raise ChromaUntrusted(
             f"cannot verify who listens on {url} (no /proc/net/tcp, and psutil may not see it); "
-            "rem will not trust it: pass --chroma-url to use it knowingly"
+            "rem will not trust it: pass --chroma-url to use it knowingly",
+            url=url,
         )
     reaching = [listener for listener in found if _reaches(listener, host)]
     if not reaching:
         raise ChromaUntrusted(
             f"no socket this host can see listens on {url} ({source}), yet something answers there "
-            "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly"
+            "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly",
+            url=url,
         )
-    strangers = sorted({listener.uid for listener in reaching if listener.uid != me})
+    strangers = sorted({listener.uid for listener in reaching if listener.uid != os.geteuid()})
     if strangers:
-        who = ", ".join(f"{user_name(uid)} (uid {uid})" for uid in strangers)
-        pids = listener_pids(port)
-        shown = f", pid {', '.join(map(str, pids))}" if pids else ""
-        raise ChromaUntrusted(
-            f"refusing the Chroma server at {url} ({source}): the socket on port {port} belongs to "
-            f"{who}{shown}, not to you ({user_name(me)}, uid {me}); stop that process, "
-            "then run `rem up` (it starts a server of your own)"
-        )
+        raise refuse_stranger(url, port, strangers, source)
+
+
+# the server's end of a loopback connection is listed once the handshake is done, which on
+# loopback is as good as at once: looked for again after these pauses before falling back
+PEER_PAUSES = (0.0, 0.001, 0.005, 0.02)
+
+
+def verify_connection(sock: socket.socket, url: str, *, source: str = "chroma.url") -> None:
+    """Refuse a new connection to `url` whose other end is not this user's (nothing sent on it yet).
+
+    Falls back to the listening socket's owner when the connection's other end
+    is not listed (no /proc), as `check_listener` does.
+    """
+    _, port = _loopback_port(url, source)
+    for pause in PEER_PAUSES:
+        time.sleep(pause)
+        uid = peer_uid(sock)
+        if uid is not None:
+            if uid != os.geteuid():
+                raise refuse_stranger(url, port, [uid], source)
+            return
+    check_listener(url, source=source)

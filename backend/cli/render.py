@@ -19,6 +19,7 @@ from rich.text import Text
 
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
+from backend.runtime import refusals
 from backend.store.workers import WorkerState
 
 
@@ -99,6 +100,8 @@ def print_status(result: Status) -> None:
         f"{counts['sessions']} sessions"
     )
     console.print(f"Chroma {escape(chroma['url'] or '-')}: {health}")
+    if "refused" in chroma:
+        console.print(f"[red]{escape(refusals.describe(chroma['refused']))}[/]")
     console.print(
         f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "
