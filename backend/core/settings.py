@@ -293,6 +293,12 @@ class Settings:
     )
     # summaries and Dream
     receipt_sweep_ms = Setting(600_000, "the summarizer's full receipt verification pass", whole(1000, "ms"))
+    turn_vector_sweep_ms = Setting(
+        600_000,
+        "Dream's pass over the turn vectors state.db marks as written: missing or changed ones are "
+        "written again (also at start and after a Chroma restart)",
+        whole(1000, "ms"),
+    )
     summary_batch = Setting(50, "sessions the summarizer picks per pass", whole(1))
     dream_batch = Setting(32, "sessions Dream picks per pass", whole(1))
     dream_chunk_rows = Setting(500, "graph rows Dream writes per transaction", whole(1))

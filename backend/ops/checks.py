@@ -913,16 +913,26 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
 
 
 async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
-    """Invariant 9, Chroma side: every vector state.db marks as written is in the turn collection."""
-    marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
-    if not marked:
-        return  # nothing to compare: Chroma is not asked at all
-    in_chroma: set[str] = set()
-    projects = await db.fetchall("SELECT DISTINCT project FROM memory_turn WHERE vector_digest IS digest")
-    for (project,) in projects:
-        in_chroma.update(await ctx.turn_store(project).all_ids())
-    lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
-    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
+    """Invariant 9, Chroma side: every turn row state.db marks as written is in its collection, as
+    written (its digest, and its document and vector against the record kept at writing)."""
+    from backend.memory import turn_vectors
+
+    missing: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
+    after = 0
+    while rows := await turn_vectors.marked_batch(db, after):
+        after = rows[-1].id
+        for row, why in await turn_vectors.compare(rows, ctx.turn_store):
+            found = {"session_id": row.session_id, "message_id": row.message_id}
+            if why == "missing":
+                missing.append(found)
+            else:
+                changed.append({**found, "differs": why})
+    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", missing)
+    report.add(report.violations, "9", TURN_ROWS_CHANGED, changed)
+
+
+TURN_ROWS_CHANGED = "turn rows whose document, vector or digest in Chroma differs from what was written"
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
@@ -979,4 +989,6 @@ FINDING_ORDER = (
     "recall index rows without their FTS5 row",
     "recall index behind the session's published revision",
     "turn vectors not written to Chroma yet",
+    "turn vectors marked written but missing from Chroma",
+    TURN_ROWS_CHANGED,
 )
