@@ -380,6 +380,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     except BaseException:
         server.stop(timeout=5)
         raise
+    warm_collections(url)
     private.write_private_text(data.chroma_url_file, url + "\n")
     log.info("started chroma server pid %s at %s for %s", proc.pid, url, data.chroma_dir)
     return server
@@ -399,6 +400,37 @@ def _wait_ready(server: ChromaServer, log_path: Path) -> None:
             return
         time.sleep(0.05)
     raise ChromaStartFailed(f"`chroma run` did not answer within {START_TIMEOUT_S:.0f} s (see {log_path})")
+
+
+def warm_collections(url: str) -> int:
+    """Open every collection of a server just started, before anyone else can find it; how many.
+
+    Chroma 1.5.9 keeps a collection's vector index in memory while it runs and writes
+    it to the index files under `chroma/` when the collection is first opened after a
+    start (whatever the request: a `get` of one id rewrites `length.bin`, and
+    `data_level0.bin` when vectors were added since). Opened here, by the process that
+    starts the server, those writes happen before `chroma.url` names it, so a read-only
+    command (`rem check`, `replay --dry-run`, `rem status`, the read-only console)
+    later changes no byte under `chroma/`. A collection Chroma drops from its cache
+    and reopens for a reader is rewritten then (the rows read the same before and after).
+    """
+    import chromadb
+    from chromadb.config import Settings
+
+    parsed = urlparse(url)
+    try:
+        client = chromadb.HttpClient(
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or 80,
+            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
+        )
+        collections = client.list_collections()
+        for collection in collections:
+            collection.get(limit=1, include=[])
+    except Exception as exc:  # a slower first read is all that is lost: never fail the start for it
+        log.warning("could not open the collections of the Chroma server at %s: %s", url, exc)
+        return 0
+    return len(collections)
 
 
 def _answers_as_child(server: ChromaServer) -> bool:
