@@ -377,7 +377,7 @@ class ConsoleApp(App[None]):
         self.banner.set_problem(
             "chroma",
             None
-            if chroma["healthy"] or "refused" in chroma
+            if chroma["healthy"] or chroma.get("refused")
             else f"Chroma unreachable: {error} — replay needs it; everything else is live",
         )
         refused = chroma.get("refused")

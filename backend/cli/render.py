@@ -100,8 +100,9 @@ def print_status(result: Status) -> None:
         f"{counts['sessions']} sessions"
     )
     console.print(f"Chroma {escape(chroma['url'] or '-')}: {health}")
-    if "refused" in chroma:
-        console.print(f"[red]{escape(refusals.describe(chroma['refused']))}[/]")
+    refused = chroma.get("refused")  # (a moment recorded before it existed has none)
+    if refused:
+        console.print(f"[red]{escape(refusals.describe(refused))}[/]")
     console.print(
         f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "

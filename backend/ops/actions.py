@@ -84,7 +84,7 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         url, is_external = external, True
     else:
         url, is_external = chroma_server.recorded_url(ctx.data), False
-    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None)
+    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None, refused=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
         pid = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
@@ -167,10 +167,8 @@ async def status(ctx: Context) -> Status:
     # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) waits beside the read
     read, chroma = await asyncio.gather(db.read_in_thread(read_sync), asyncio.to_thread(chroma_health, ctx))
     snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
-    if "refused" not in chroma and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
-        refused = await asyncio.to_thread(still_refused, ctx, refusal)
-        if refused is not None:
-            chroma["refused"] = refused
+    if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
+        chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
     return Status(
         **snap,
         data_dir=str(ctx.data.root),

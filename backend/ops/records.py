@@ -233,8 +233,8 @@ class ChromaHealth(TypedDict):
     error: str | None
     lock_held: NotRequired[bool]  # the data dir's own server only
     pid: NotRequired[int | None]
-    # something not rem's server listens where rem's was: nothing is sent to it (while it stays)
-    refused: NotRequired[RefusedListener]
+    # something not rem's server listens where rem's was: nothing is sent to it (None: nothing is)
+    refused: RefusedListener | None
 
 
 class LeaseTotals(TypedDict):
