@@ -140,6 +140,8 @@ def test_the_other_end_of_a_connection_is_seen_with_its_owner() -> None:
         listener.listen()
         port = listener.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port)) as conn:
+            mine, theirs = conn.getsockname(), conn.getpeername()
+            assert trust.diag_uid(socket.AF_INET, theirs, mine) == os.geteuid()  # the kernel's answer
             assert trust.peer_uid(conn) == os.geteuid()
             trust.verify_connection(conn, f"http://127.0.0.1:{port}")  # ours: no exception
         assert trust.held_by(port, os.getpid()) is True
