@@ -150,10 +150,12 @@ class ChromaServer:
         """
         if self.process is not None:
             return self.process.poll() is None and is_alive(self.url)
-        if not self.external and self.data is not None:
-            if not trust.listening(self.url):
-                return False
-            verify_listener(self.data, self.url)
+        if (
+            not self.external
+            and self.data is not None
+            and not verify_listener(self.data, self.url, absent_ok=True)
+        ):
+            return False  # nothing listens there: down
         return is_alive(self.url)
 
     def verify_connection(self, sock: socket.socket) -> None:
@@ -232,11 +234,16 @@ def _not_its_server(data: DataDir, url: str) -> ChromaUntrusted:
     )
 
 
-def verify_listener(data: DataDir, url: str) -> None:
-    """Refuse `url` unless its listener is this user's and it is the server that holds the data dir's lock."""
-    trust.check_listener(url)
+def verify_listener(data: DataDir, url: str, *, absent_ok: bool = False) -> bool:
+    """Refuse `url` unless its listener is this user's and it is the server that holds the data dir's lock.
+
+    `absent_ok`: nothing listening is answered False instead of refused.
+    """
+    if not trust.check_listener(url, absent_ok=absent_ok):
+        return False
     if not lock_names(data, url):
         raise _not_its_server(data, url)
+    return True
 
 
 def verify_connection(data: DataDir, url: str, sock: socket.socket) -> None:
@@ -248,10 +255,8 @@ def verify_connection(data: DataDir, url: str, sock: socket.socket) -> None:
 
 def listener_refusal(data: DataDir, url: str) -> ChromaUntrusted | None:
     """Why what listens on `url` is not the data dir's server (None: nothing listens, or it is)."""
-    if not trust.listening(url):
-        return None
     try:
-        verify_listener(data, url)
+        verify_listener(data, url, absent_ok=True)
     except ChromaUntrusted as exc:
         return exc
     return None
@@ -282,10 +287,8 @@ def live_server(data: DataDir) -> ChromaServer | None:
     rem never talks to it, and never quietly starts another server beside it.
     """
     url = recorded_url(data)
-    if url and lock_names(data, url) and trust.listening(url):
-        trust.check_listener(url)
-        if is_alive(url):
-            return ChromaServer(url=url, data=data)
+    if url and lock_names(data, url) and trust.check_listener(url, absent_ok=True) and is_alive(url):
+        return ChromaServer(url=url, data=data)
     return None
 
 

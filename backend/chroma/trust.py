@@ -261,15 +261,6 @@ def _loopback_port(url: str, source: str) -> tuple[str, int]:
     return host, port
 
 
-def listening(url: str) -> bool:
-    """Whether any socket listens on `url`'s port (True when that cannot be seen: the check decides)."""
-    port = urlparse(url).port
-    if port is None:
-        return True
-    found = proc_listeners(port)
-    return True if found is None else bool(found)
-
-
 def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> ChromaUntrusted:
     """The one-line refusal of a socket of another uid, naming who it is."""
     me = os.geteuid()
@@ -286,12 +277,18 @@ def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> C
     )
 
 
-def check_listener(url: str, *, source: str = "chroma.url") -> None:
-    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid)."""
+def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
+    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
+
+    `absent_ok`: nothing listening at all is not refused but answered False (the server is
+    down, which the caller reports in its own words); True otherwise.
+    """
     host, port = _loopback_port(url, source)
     found = proc_listeners(port)
     if found is None:
         found = psutil_listeners(port)
+    if absent_ok and found == []:
+        return False
     if found is None:
         raise ChromaUntrusted(
             f"cannot verify who listens on {url} (no /proc/net/tcp, and psutil may not see it); "
@@ -308,6 +305,7 @@ def check_listener(url: str, *, source: str = "chroma.url") -> None:
     strangers = sorted({listener.uid for listener in reaching if listener.uid != os.geteuid()})
     if strangers:
         raise refuse_stranger(url, port, strangers, source)
+    return True
 
 
 # the server's end of a loopback connection is listed once the handshake is done, which on
