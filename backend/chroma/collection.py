@@ -6,13 +6,9 @@ and the server re-resolved on the next call, so a Chroma restart (even on a
 new port) is picked up without restarting the daemon.
 
 The data dir's own server is checked on every connection, not once
-(`ChromaTrust`): before a client is made for its URL, the listener; then,
-inside the HTTP client, each new TCP connection, before a request is sent
-on it (a pooled connection dies with its server, so whatever a client
-reaches after a restart is a new connection, and checked). A refusal is
-`ChromaUntrusted`, reported to the trust's `refused` hook (a daemon
-journals it). A reply that is not what Chroma's API returns (a missing key,
-a wrong type) is `ChromaBadReply`, never a KeyError in a daemon.
+(`backend.chroma.connections`). A reply that is not what Chroma's API
+returns (a missing key, a wrong type) is `ChromaBadReply`, never a KeyError
+in a daemon.
 
 Semantics relied on (and proven by tests/backend/test_chroma_witness.py
 against a real server): `upsert` and `update` *merge* metadata (keys not named
@@ -32,14 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, cast
 
 from backend.chroma import auth
+from backend.chroma.connections import MALFORMED_REPLY, ChromaTrust, instrument
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.core.errors import (
     ChromaBadReply,
@@ -135,60 +131,6 @@ def _page_of_ids(collection: Any, *, limit: int, offset: int) -> list[str]:
     return [str(i) for i in collection.get(include=[], limit=limit, offset=offset)["ids"]]
 
 
-class ChromaTrust(Protocol):
-    """How a store checks the server it talks to (the data dir's own: `server.DataDirTrust`)."""
-
-    def listener(self, url: str) -> None:
-        """Raise ChromaUntrusted unless what listens on `url` is the server to use."""
-
-    def connection(self, url: str, sock: socket.socket) -> None:
-        """Raise ChromaUntrusted unless the new connection `sock` reaches that server."""
-
-    def refused(self, exc: ChromaUntrusted) -> None:
-        """Told of every refusal (a daemon journals them)."""
-
-
-# a reply to a request rem sent that is not the shape Chroma's API gives (read by rem or chromadb)
-MALFORMED_REPLY = (KeyError, IndexError, TypeError, ValueError)
-
-
-def _instrument(
-    client: Any, check: Callable[[socket.socket], None] | None, replied: Callable[[], None]
-) -> None:
-    """Hook chromadb's HTTP client: `replied` on every response, `check` on every new connection.
-
-    chromadb 1.5.9 keeps its httpx client at `client._server._session` (a test pins it). The
-    check runs in httpcore's trace of `connect_tcp`, after the TCP handshake and before a byte
-    of the request: a refused connection is closed unused. Connections the chromadb
-    constructor opened before the hook existed are dropped, so every request after it goes out
-    on a checked one (the constructor's own requests followed `ChromaTrust.listener`).
-    """
-    session = client._server._session
-
-    def trace(event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete" and check is not None:
-            stream = info["return_value"]
-            try:
-                check(stream.get_extra_info("socket"))
-            except BaseException:
-                stream.close()
-                raise
-
-    def on_request(request: Any) -> None:
-        request.extensions["trace"] = trace
-
-    def on_response(_response: Any) -> None:
-        replied()
-
-    hooks = session.event_hooks
-    session.event_hooks = {
-        "request": [*hooks.get("request", []), on_request],
-        "response": [*hooks.get("response", []), on_response],
-    }
-    if check is not None:
-        session._transport.close()
-
-
 class EmbeddingFailed(ChromaUnreachable):
     """The embedding model failed: like an unreachable Chroma, the write waits and is retried."""
 
@@ -258,7 +200,7 @@ class ChromaStore:
                 "rem retries, or check `rem status` and --chroma-url"
             ) from exc
         check = None if trust is None else partial(trust.connection, url)
-        _instrument(client, check, self._mark_replied)
+        instrument(client, check, self._mark_replied)
         self._url = url
         return client
 

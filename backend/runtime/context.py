@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.chroma import server as chroma_server
-from backend.chroma.collection import ChromaStore, ChromaTrust
+from backend.chroma.collection import ChromaStore
+from backend.chroma.connections import ChromaTrust
 from backend.chroma.embedder import Embedder, load_embedder
 from backend.chroma.server import ChromaServer, DataDirTrust
 from backend.core.datadir import DataDir
