@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from backend.ops.console import DataDir, RemError, now_ms
+from backend.ops.console import DataDir, RemError, describe_refusal, now_ms
 from backend.ops.records import Status
 from tui.messages import SnapshotLoaded, StoreChanged
 from tui.probes import RefreshProbes
@@ -85,7 +85,9 @@ class LiveView:
         chroma = snapshot["chroma"]
         error = str(chroma["error"] or "no answer").replace(str(self.host.data.root), self.host.data_label)
         unreachable = f"Chroma unreachable: {error} — replay needs it; everything else is live"
-        self.host.banner.set_problem("chroma", None if chroma["healthy"] else unreachable)
+        refused = chroma.get("refused")  # (a moment recorded before it existed has none)
+        self.host.banner.set_problem("chroma", None if chroma["healthy"] or refused else unreachable)
+        self.host.banner.set_problem("chroma-refused", describe_refusal(refused) if refused else None)
         modal_open = len(self.host.screen_stack) > 1
         if self.paused or modal_open or self.timeline.holds_live:
             self.show_waiting()

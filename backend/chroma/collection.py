@@ -5,6 +5,11 @@ transport failures to `ChromaUnreachable`. On failure the client is dropped
 and the server re-resolved on the next call, so a Chroma restart (even on a
 new port) is picked up without restarting the daemon.
 
+The data dir's own server is checked on every connection, not once
+(`backend.chroma.connections`). A reply that is not what Chroma's API
+returns (a missing key, a wrong type) is `ChromaBadReply`, never a KeyError
+in a daemon.
+
 Semantics relied on (and proven by tests/backend/test_chroma_witness.py
 against a real server): `upsert` and `update` *merge* metadata (keys not named
 are kept, a `None` value deletes a key, `{}` is refused), and values round-trip
@@ -27,11 +32,19 @@ import threading
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from backend.chroma import auth
+from backend.chroma.connections import MALFORMED_REPLY, ChromaTrust, instrument
 from backend.chroma.embedder import Embedder, load_embedder
-from backend.core.errors import ChromaNotReady, ChromaUnreachable, EmbedderMismatch, ReadOnly
+from backend.core.errors import (
+    ChromaBadReply,
+    ChromaNotReady,
+    ChromaUnreachable,
+    ChromaUntrusted,
+    EmbedderMismatch,
+    ReadOnly,
+)
 from backend.core.settings import Settings
 from backend.models.errors import ModelError
 
@@ -114,8 +127,8 @@ class _EmptyCollection:
 EMPTY_COLLECTION = _EmptyCollection()
 
 
-def _page_of_ids(collection: Any, *, limit: int, offset: int) -> Any:
-    return collection.get(include=[], limit=limit, offset=offset)
+def _page_of_ids(collection: Any, *, limit: int, offset: int) -> list[str]:
+    return [str(i) for i in collection.get(include=[], limit=limit, offset=offset)["ids"]]
 
 
 class EmbeddingFailed(ChromaUnreachable):
@@ -133,8 +146,11 @@ class ChromaStore:
         *,
         read_only: bool = False,
         check_embedder: bool = True,
+        trust: ChromaTrust | None = None,
     ) -> None:
         self._resolve = url_resolver
+        # None: an external server the operator named (`--chroma-url`), used as given
+        self.trust = trust
         # off only to read a collection whose vectors are about to be rebuilt (`rem reindex`)
         self.check_embedder = check_embedder
         self.collection_name = collection
@@ -144,6 +160,7 @@ class ChromaStore:
         self._collection: Any = None
         self._url: str | None = None
         self._guard = threading.Lock()
+        self._replied = False  # a response came back during the current call
         # vectors `embed(..., keep=True)` computed, each taken by the next `embed` of its document
         self._kept: dict[str, list[float]] = {}
 
@@ -152,7 +169,10 @@ class ChromaStore:
         return self._url
 
     def client(self) -> Any:
-        """A chromadb HttpClient on the server's current URL (rem's own embeddings only)."""
+        """A chromadb HttpClient on the server's current URL (rem's own embeddings only).
+
+        With a trust: the listener is checked first, and every connection the client opens after.
+        """
         import chromadb
         from chromadb.config import Settings
 
@@ -160,14 +180,32 @@ class ChromaStore:
         from urllib.parse import urlparse
 
         parsed = urlparse(url)
-        client = chromadb.HttpClient(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or (443 if parsed.scheme == "https" else 80),
-            ssl=parsed.scheme == "https",
-            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
-        )
+        trust = self.trust
+        if trust is not None:
+            trust.listener(url)
+        try:
+            client = chromadb.HttpClient(
+                host=parsed.hostname or "127.0.0.1",
+                port=parsed.port or (443 if parsed.scheme == "https" else 80),
+                ssl=parsed.scheme == "https",
+                settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
+            )
+        except ValueError as exc:  # chromadb's constructor turns every failure into a ValueError
+            if "Could not connect" in str(exc):
+                raise ChromaUnreachable(
+                    f"Chroma at {url} is unreachable; rem retries, or check `rem status`"
+                ) from exc
+            raise ChromaBadReply(
+                f"Chroma at {url} did not answer as Chroma when rem connected ({str(exc)[:200]}); "
+                "rem retries, or check `rem status` and --chroma-url"
+            ) from exc
+        check = None if trust is None else partial(trust.connection, url)
+        instrument(client, check, self._mark_replied)
         self._url = url
         return client
+
+    def _mark_replied(self) -> None:
+        self._replied = True
 
     def _connect(self) -> Any:
         client = self.client()
@@ -214,58 +252,87 @@ class ChromaStore:
                 return self._call_once(fn)
 
     def _call_once(self, fn: Callable[[Any], Any]) -> Any:
+        self._replied = False
         try:
             if self._collection is None:
                 self._collection = self._connect()
             if self._collection is None:
                 return fn(EMPTY_COLLECTION)  # looked up again next call: it may exist by then
             return fn(self._collection)
-        except ChromaUnreachable:
-            self._collection = None
-            raise
         except Exception as exc:
-            if _is_transport_error(exc):
-                self._collection = None
-                raise ChromaUnreachable(
-                    f"Chroma at {self._url or 'its URL'} stopped answering ({type(exc).__name__}); "
-                    "rem retries, or check `rem status`"
-                ) from exc
-            if _vector_index_not_ready(exc):  # a search or a read of vectors, moments too early
-                raise ChromaNotReady(
-                    f"Chroma cannot read the vectors of collection {self.collection_name} yet "
-                    f"({VECTOR_INDEX_NOT_READY.lower()}: its index is still being written); rem retries"
-                ) from exc
+            self._raise_mapped(exc)
             raise
+
+    def _raise_mapped(self, exc: Exception) -> None:
+        """Raise the RemError `exc` stands for (returns for an error that is not Chroma's doing)."""
+        url = self._url or "its URL"
+        if isinstance(exc, ChromaUnreachable):
+            self._collection = None
+            if isinstance(exc, ChromaUntrusted) and self.trust is not None:
+                self.trust.refused(exc)
+            raise exc
+        if _is_transport_error(exc):
+            self._collection = None
+            raise ChromaUnreachable(
+                f"Chroma at {url} stopped answering ({type(exc).__name__}); rem retries, or check `rem status`"
+            ) from exc
+        if _vector_index_not_ready(exc):  # a search or a read of vectors, moments too early
+            raise ChromaNotReady(
+                f"Chroma cannot read the vectors of collection {self.collection_name} yet "
+                f"({VECTOR_INDEX_NOT_READY.lower()}: its index is still being written); rem retries"
+            ) from exc
+        if self._replied and isinstance(exc, MALFORMED_REPLY):
+            self._collection = None  # reconnect (and check the server) before the next request
+            raise ChromaBadReply(
+                f"Chroma at {url} gave a reply that is not Chroma's ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); nothing was taken from it: rem retries, or check `rem status`"
+            ) from exc
 
     async def _run(self, fn: Callable[[Any], Any]) -> Any:
         return await asyncio.to_thread(self._call, fn)
+
+    async def _run_on_client(self, fn: Callable[[Any], Any]) -> Any:
+        """`fn(client)` for calls about the server's collections, with the same error mapping."""
+
+        def call() -> Any:
+            with self._guard:
+                self._replied = False
+                try:
+                    return fn(self.client())
+                except Exception as exc:
+                    self._raise_mapped(exc)
+                    raise
+
+        return await asyncio.to_thread(call)
 
     async def get(self, ids: Sequence[str], *, include_embeddings: bool = False) -> dict[str, ChromaRow]:
         """`{id: ChromaRow(document, metadata)}` for the ids that exist (one round trip)."""
         include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
         if not ids:
             return {}
-        result = await self._run(lambda c: c.get(ids=list(ids), include=include))
-        rows: dict[str, ChromaRow] = {}
-        for i, row_id in enumerate(result["ids"]):
-            rows[row_id] = ChromaRow(
-                document=result["documents"][i], metadata=dict(result["metadatas"][i] or {})
-            )
-        return rows
+
+        def read(c: Any) -> dict[str, ChromaRow]:
+            result = c.get(ids=list(ids), include=include)
+            documents, metadatas = result["documents"], result["metadatas"]
+            return {
+                str(row_id): ChromaRow(document=documents[i], metadata=dict(metadatas[i] or {}))
+                for i, row_id in enumerate(result["ids"])
+            }
+
+        return cast(dict[str, ChromaRow], await self._run(read))
 
     def _refuse_write(self, what: str) -> None:
         if self.read_only:
             raise ReadOnly(f"refused {what} of Chroma rows: this rem is read-only")
 
-    async def _read_vectors(self, ids: list[str], include: list[str]) -> Any:
+    async def _read_vectors(self, ids: list[str], include: list[str]) -> dict[str, LiveRow]:
         """`collection.get` of rows with their vectors, through Chroma's not-ready window."""
         for pause in (*VECTOR_READ_PAUSES, None):
             try:
-                result = await self._run(lambda c: c.get(ids=ids, include=include))
-                vectors = result.get("embeddings")
-                if not result["ids"] or (vectors is not None and len(vectors) == len(result["ids"])):
-                    return result
-                problem = f"{len(result['ids'])} rows came back with {0 if vectors is None else len(vectors)} vectors"
+                rows = await self._run(lambda c: _live_rows(c.get(ids=ids, include=include)))
+                if isinstance(rows, dict):
+                    return rows
+                problem = str(rows)
             except ChromaNotReady:
                 problem = VECTOR_INDEX_NOT_READY.lower()
             if pause is None:
@@ -285,21 +352,7 @@ class ChromaStore:
         """
         if not ids:
             return {}
-        include = ["documents", "metadatas", "embeddings"]
-        result = await self._read_vectors(list(ids), include)
-        vectors = result.get("embeddings")
-        if vectors is not None and len(vectors):
-            import numpy  # one float64 matrix for the batch: each row's vector is a view of it
-
-            vectors = numpy.asarray(vectors, dtype=numpy.float64)
-        return {
-            row_id: LiveRow(
-                result["documents"][i],
-                dict(result["metadatas"][i] or {}),
-                vectors[i],
-            )
-            for i, row_id in enumerate(result["ids"])
-        }
+        return await self._read_vectors(list(ids), ["documents", "metadatas", "embeddings"])
 
     async def embed(self, documents: Sequence[str], *, keep: bool = False) -> list[list[float]]:
         """rem's vectors for `documents`, rounded to float32 as Chroma stores them.
@@ -377,33 +430,33 @@ class ChromaStore:
     ) -> list[tuple[str, float]]:
         """(id, distance) of the `n` nearest rows (matching `where`), nothing else (the fast query)."""
 
-        def search(c: Any) -> Any:
-            return c.query(
+        def search(c: Any) -> list[tuple[str, float]]:
+            result = c.query(
                 query_embeddings=[list(embedding)], n_results=n, where=where or None, include=["distances"]
             )
+            return list(zip(result["ids"][0], (float(d) for d in result["distances"][0]), strict=True))
 
-        result = await self._run(search)
-        return list(zip(result["ids"][0], (float(d) for d in result["distances"][0]), strict=True))
+        return cast(list[tuple[str, float]], await self._run(search))
 
     async def query(
         self, embedding: Sequence[float], n: int, where: Metadata | None = None
     ) -> list[tuple[str, float, str | None, Metadata]]:
         """The `n` nearest rows to `embedding` (matching `where`): (id, distance, document, metadata)."""
 
-        def search(c: Any) -> Any:
-            return c.query(
+        def search(c: Any) -> list[tuple[str, float, str | None, Metadata]]:
+            result = c.query(
                 query_embeddings=[list(embedding)],
                 n_results=n,
                 where=where or None,
                 include=["distances", "documents", "metadatas"],
             )
+            ids, distances = result["ids"][0], result["distances"][0]
+            documents, metadatas = result["documents"][0], result["metadatas"][0]
+            return [
+                (ids[i], float(distances[i]), documents[i], dict(metadatas[i] or {})) for i in range(len(ids))
+            ]
 
-        result = await self._run(search)
-        ids, distances = result["ids"][0], result["distances"][0]
-        documents, metadatas = result["documents"][0], result["metadatas"][0]
-        return [
-            (ids[i], float(distances[i]), documents[i], dict(metadatas[i] or {})) for i in range(len(ids))
-        ]
+        return cast(list[tuple[str, float, str | None, Metadata]], await self._run(search))
 
     async def nearest_among(
         self, ids: Sequence[str], embedding: Sequence[float], n: int
@@ -416,20 +469,14 @@ class ChromaStore:
         """
         if not ids or n <= 0:
             return []
-        result = await self._run(
-            lambda c: c.get(ids=list(ids), include=["embeddings", "documents", "metadatas"])
-        )
-        found = result["ids"]
-        order = _ranked(found, result["embeddings"], embedding)[:n]
-        return [
-            (
-                found[i],
-                distance,
-                result["documents"][i],
-                dict(result["metadatas"][i] or {}),
-            )
-            for i, distance in order
-        ]
+
+        def read(c: Any) -> list[tuple[str, float, str | None, Metadata]]:
+            result = c.get(ids=list(ids), include=["embeddings", "documents", "metadatas"])
+            found, documents, metadatas = result["ids"], result["documents"], result["metadatas"]
+            order = _ranked(found, result["embeddings"], embedding)[:n]
+            return [(found[i], distance, documents[i], dict(metadatas[i] or {})) for i, distance in order]
+
+        return cast(list[tuple[str, float, str | None, Metadata]], await self._run(read))
 
     async def nearest_by_id(
         self, ids: Sequence[str], embedding: Sequence[float], n: int
@@ -437,9 +484,15 @@ class ChromaStore:
         """`nearest` restricted to the rows `ids` (those that exist): (id, cosine distance), by id fetch."""
         if not ids or n <= 0:
             return []
-        result = await self._run(lambda c: c.get(ids=list(ids), include=["embeddings"]))
-        found = result["ids"]
-        return [(found[i], distance) for i, distance in _ranked(found, result["embeddings"], embedding)[:n]]
+
+        def read(c: Any) -> list[tuple[str, float]]:
+            result = c.get(ids=list(ids), include=["embeddings"])
+            found = result["ids"]
+            return [
+                (found[i], distance) for i, distance in _ranked(found, result["embeddings"], embedding)[:n]
+            ]
+
+        return cast(list[tuple[str, float]], await self._run(read))
 
     async def update_metadata(self, ids: Sequence[str], metadatas: Sequence[Metadata]) -> None:
         """Merge metadata into existing rows (`None` deletes a key)."""
@@ -456,66 +509,46 @@ class ChromaStore:
     async def collection_names(self, prefix: str = "") -> list[str]:
         """Names of the server's collections that start with `prefix`."""
 
-        def names() -> list[str]:
-            with self._guard:
-                found = [getattr(c, "name", c) for c in self.client().list_collections()]
-            return sorted(str(n) for n in found if str(n).startswith(prefix))
+        def names(client: Any) -> list[str]:
+            found = [str(getattr(c, "name", c)) for c in client.list_collections()]
+            return sorted(n for n in found if n.startswith(prefix))
 
-        try:
-            return await asyncio.to_thread(names)
-        except Exception as exc:
-            if _is_transport_error(exc):
-                raise ChromaUnreachable(f"Chroma at {self._url or 'its URL'} stopped answering") from exc
-            raise
+        return cast(list[str], await self._run_on_client(names))
 
     async def exists(self) -> bool:
         """Whether the collection exists (without creating it)."""
-
-        def look() -> bool:
-            with self._guard:
-                names = [getattr(c, "name", c) for c in self.client().list_collections()]
-            return self.collection_name in names
-
-        try:
-            return await asyncio.to_thread(look)
-        except Exception as exc:
-            if _is_transport_error(exc):
-                raise ChromaUnreachable(f"Chroma at {self._url or 'its URL'} stopped answering") from exc
-            raise
+        return self.collection_name in await self.collection_names()
 
     async def drop(self) -> bool:
         """Delete the whole collection (the next call recreates it with our embedder); False if absent."""
         self._refuse_write("a drop")
 
-        def delete() -> bool:
-            with self._guard:
-                self._collection = None
-                try:
-                    self.client().delete_collection(self.collection_name)
-                except Exception as exc:
-                    if type(exc).__name__ == "NotFoundError" or "does not exist" in str(exc):
-                        return False
-                    if _is_transport_error(exc):
-                        raise ChromaUnreachable(
-                            f"Chroma at {self._url or 'its URL'} stopped answering ({type(exc).__name__})"
-                        ) from exc
-                    raise
-                return True
+        def delete(client: Any) -> bool:
+            self._collection = None
+            try:
+                client.delete_collection(self.collection_name)
+            except Exception as exc:
+                if type(exc).__name__ == "NotFoundError" or "does not exist" in str(exc):
+                    return False
+                raise
+            return True
 
-        return await asyncio.to_thread(delete)
+        return bool(await self._run_on_client(delete))
 
     async def page(self, offset: int, limit: int) -> dict[str, tuple[str | None, Metadata]]:
         """One page of rows (documents and metadata), in Chroma's order."""
-        result = await self._run(
-            lambda c: c.get(include=["documents", "metadatas"], limit=limit, offset=offset)
-        )
-        return {
-            row_id: (result["documents"][i], dict(result["metadatas"][i] or {}))
-            for i, row_id in enumerate(result["ids"])
-        }
+
+        def read(c: Any) -> dict[str, tuple[str | None, Metadata]]:
+            result = c.get(include=["documents", "metadatas"], limit=limit, offset=offset)
+            documents, metadatas = result["documents"], result["metadatas"]
+            return {
+                row_id: (documents[i], dict(metadatas[i] or {})) for i, row_id in enumerate(result["ids"])
+            }
+
+        return cast(dict[str, tuple[str | None, Metadata]], await self._run(read))
 
     async def count(self) -> int:
-        return int(await self._run(lambda c: c.count()))
+        return int(await self._run(lambda c: int(c.count())))
 
     async def all_ids(self, page: int = 5000) -> list[str]:
         """Every id in the collection, paged."""
@@ -523,10 +556,26 @@ class ChromaStore:
         offset = 0
         while True:
             batch = await self._run(partial(_page_of_ids, limit=page, offset=offset))
-            ids.extend(batch["ids"])
-            if len(batch["ids"]) < page:
+            ids.extend(batch)
+            if len(batch) < page:
                 return ids
             offset += page
+
+
+def _live_rows(result: Any) -> dict[str, LiveRow] | str:
+    """The rows of a `get` with vectors; a description of the problem when the vectors are short."""
+    found, vectors = result["ids"], result.get("embeddings")
+    if found and (vectors is None or len(vectors) != len(found)):
+        return f"{len(found)} rows came back with {0 if vectors is None else len(vectors)} vectors"
+    if vectors is not None and len(vectors):
+        import numpy  # one float64 matrix for the batch: each row's vector is a view of it
+
+        vectors = numpy.asarray(vectors, dtype=numpy.float64)
+    documents, metadatas = result["documents"], result["metadatas"]
+    return {
+        str(row_id): LiveRow(documents[i], dict(metadatas[i] or {}), vectors[i])
+        for i, row_id in enumerate(found)
+    }
 
 
 def _ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> list[tuple[int, float]]:

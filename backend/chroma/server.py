@@ -8,9 +8,13 @@ as a server and every process talks to it over HTTP. The lock protocol:
   drops its own copy. So the lock is held exactly while that server lives,
   and the kernel releases it when the server dies, even by SIGKILL.
 * `chroma.url` records where the live server listens. A reader trusts it only
-  if the lock is held, the URL answers Chroma's heartbeat *and* the socket
-  listening there belongs to this user (`trust.check_listener`); another
-  uid's listener is refused in one line. A stale file (no lock, no answer)
+  if the lock is held (and the lock names that URL), the socket listening
+  there belongs to this user (`trust.check_listener`) *and* it answers
+  Chroma's heartbeat, in that order, so a stranger's socket is sent nothing;
+  another uid's listener is refused in one line. The same holds for every new
+  connection a client opens later (`verify_connection`, called by
+  `ChromaStore` before a request goes out on it): after the server dies,
+  whatever listens on its port is not it, whoever owns it. A stale file (no lock, no answer)
   means the reader takes the lock and starts a fresh server (on the
   same port when it is free, so clients that cached the URL keep working).
 * `--chroma-url` / `REM_CHROMA_URL` bypass all of this for an external server.
@@ -30,6 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -37,7 +42,7 @@ from urllib.parse import urlparse
 from backend.chroma import auth, trust
 from backend.core import private, processes
 from backend.core.datadir import DataDir
-from backend.core.errors import ChromaStartFailed, ChromaUnreachable, NotChroma, UsageError
+from backend.core.errors import ChromaStartFailed, ChromaUnreachable, ChromaUntrusted, NotChroma, UsageError
 from backend.core.settings import settings
 
 log = logging.getLogger("rem.chroma_server")
@@ -137,18 +142,26 @@ class ChromaServer:
         return pid if isinstance(pid, int) else None
 
     def alive(self) -> bool:
-        """Answering; and, for a data dir's server this process did not start, still this user's.
+        """Answering; and, for a data dir's server this process did not start, still its server.
 
-        Raises ChromaUntrusted when another uid now listens on its port (the
-        server died and someone took the port over).
+        Raises ChromaUntrusted when something else now listens on its port (the
+        server died and another process took the port over), before sending it
+        anything: the heartbeat comes after the check.
         """
         if self.process is not None:
             return self.process.poll() is None and is_alive(self.url)
-        if not is_alive(self.url):
-            return False
-        if not self.external:
-            trust.check_listener(self.url)
-        return True
+        if (
+            not self.external
+            and self.data is not None
+            and not verify_listener(self.data, self.url, absent_ok=True)
+        ):
+            return False  # nothing listens there: down
+        return is_alive(self.url)
+
+    def verify_connection(self, sock: socket.socket) -> None:
+        """Refuse a new connection to this server whose other end is not it (see `verify_connection`)."""
+        if not self.external and self.data is not None:
+            verify_connection(self.data, self.url, sock)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server if this process started it (SIGTERM, then SIGKILL)."""
@@ -198,15 +211,83 @@ def recorded_url(data: DataDir) -> str | None:
         return None
 
 
+def lock_names(data: DataDir, url: str) -> bool:
+    """Whether the lock is held by the server of `url` (a lock that names no URL names any)."""
+    if not lock_is_held(data):
+        return False
+    recorded = read_lock_info(data).get("url")
+    return not isinstance(recorded, str) or recorded == url
+
+
+def _not_its_server(data: DataDir, url: str) -> ChromaUntrusted:
+    held = lock_is_held(data)
+    why = (
+        f"chroma.lock names {read_lock_info(data).get('url')}"
+        if held
+        else "chroma.lock is free: the server rem started there is gone"
+    )
+    return ChromaUntrusted(
+        f"the process listening on {url} is not this data dir's Chroma server ({why}); rem sends "
+        "it nothing and waits for `rem up` to start one (stop that process if it stays)",
+        url=url,
+        pids=tuple(trust.listener_pids(urlparse(url).port or 0)),
+    )
+
+
+def verify_listener(data: DataDir, url: str, *, absent_ok: bool = False) -> bool:
+    """Refuse `url` unless its listener is this user's and it is the server that holds the data dir's lock.
+
+    `absent_ok`: nothing listening is answered False instead of refused.
+    """
+    if not trust.check_listener(url, absent_ok=absent_ok):
+        return False
+    if not lock_names(data, url):
+        raise _not_its_server(data, url)
+    return True
+
+
+def verify_connection(data: DataDir, url: str, sock: socket.socket) -> None:
+    """Refuse a new connection to the data dir's server at `url` unless the other end is still it."""
+    trust.verify_connection(sock, url)
+    if not lock_names(data, url):
+        raise _not_its_server(data, url)
+
+
+def listener_refusal(data: DataDir, url: str) -> ChromaUntrusted | None:
+    """Why what listens on `url` is not the data dir's server (None: nothing listens, or it is)."""
+    try:
+        verify_listener(data, url, absent_ok=True)
+    except ChromaUntrusted as exc:
+        return exc
+    return None
+
+
+@dataclass
+class DataDirTrust:
+    """`ChromaTrust` of the data dir's own server: its listener, then each connection, checked."""
+
+    data: DataDir
+    on_refused: Callable[[ChromaUntrusted], None] | None = None
+
+    def listener(self, url: str) -> None:
+        verify_listener(self.data, url)
+
+    def connection(self, url: str, sock: socket.socket) -> None:
+        verify_connection(self.data, url, sock)
+
+    def refused(self, exc: ChromaUntrusted) -> None:
+        if self.on_refused is not None:
+            self.on_refused(exc)
+
+
 def live_server(data: DataDir) -> ChromaServer | None:
-    """The data dir's running server, if `chroma.url` is live, the lock is held and the listener is ours.
+    """The data dir's running server, if the lock is held for `chroma.url`, its listener is ours and it answers.
 
     A listener of another uid on the recorded port raises ChromaUntrusted:
     rem never talks to it, and never quietly starts another server beside it.
     """
     url = recorded_url(data)
-    if url and lock_is_held(data) and is_alive(url):
-        trust.check_listener(url)
+    if url and lock_names(data, url) and trust.check_listener(url, absent_ok=True) and is_alive(url):
         return ChromaServer(url=url, data=data)
     return None
 
@@ -303,6 +384,7 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
     except BaseException:
         server.stop(timeout=5)
         raise
+    warm_collections(url)
     private.write_private_text(data.chroma_url_file, url + "\n")
     log.info("started chroma server pid %s at %s for %s", proc.pid, url, data.chroma_dir)
     return server
@@ -318,12 +400,60 @@ def _wait_ready(server: ChromaServer, log_path: Path) -> None:
                 f"`chroma run` exited with code {server.process.returncode} before answering "
                 f"(see {log_path}): {tail}"
             )
-        if is_alive(server.url, timeout=0.5):
-            # the port was free a moment ago: make sure what answers is the server just started
-            trust.check_listener(server.url, source="the server rem just started")
+        if _answers_as_child(server):
             return
         time.sleep(0.05)
     raise ChromaStartFailed(f"`chroma run` did not answer within {START_TIMEOUT_S:.0f} s (see {log_path})")
+
+
+def warm_collections(url: str) -> int:
+    """Open every collection of a server just started, before anyone else can find it; how many.
+
+    Chroma 1.5.9 keeps a collection's vector index in memory while it runs and writes
+    it to the index files under `chroma/` when the collection is first opened after a
+    start (whatever the request: a `get` of one id rewrites `length.bin`, and
+    `data_level0.bin` when vectors were added since). Opened here, by the process that
+    starts the server, those writes happen before `chroma.url` names it, so a read-only
+    command (`rem check`, `replay --dry-run`, `rem status`, the read-only console)
+    later changes no byte under `chroma/`. A collection Chroma drops from its cache
+    and reopens for a reader is rewritten then (the rows read the same before and after).
+    """
+    import chromadb
+    from chromadb.config import Settings
+
+    parsed = urlparse(url)
+    try:
+        client = chromadb.HttpClient(
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or 80,
+            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
+        )
+        collections = client.list_collections()
+        for collection in collections:
+            collection.get(limit=1, include=[])
+    except Exception as exc:  # a slower first read is all that is lost: never fail the start for it
+        log.warning("could not open the collections of the Chroma server at %s: %s", url, exc)
+        return 0
+    return len(collections)
+
+
+def _answers_as_child(server: ChromaServer) -> bool:
+    """Whether the server just started listens and answers, asked only once the socket is its own.
+
+    The port was free a moment ago, but anything may have bound it since: while the
+    socket on it is not the child's, it is sent nothing (the child fails to bind and
+    exits, and `_wait_ready` says so). Where sockets cannot be matched to processes,
+    the listener's uid is checked after the heartbeat, as before.
+    """
+    assert server.process is not None
+    owned = trust.held_by(urlparse(server.url).port or 0, server.process.pid)
+    if owned is False:
+        return False
+    if not is_alive(server.url, timeout=0.5):
+        return False
+    if owned is None:
+        trust.check_listener(server.url, source="the server rem just started")
+    return True
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -8,13 +8,23 @@ dir's own server it checks who owns the socket listening on that port:
 (readable by any user, so this works unprivileged), and psutil names the
 listening process when this user may see it. A listener of another uid is
 refused with one line; so is a port nobody verifiably owns.
+
+Checked once is not enough: the server can die and another process take its
+port between two requests. So every new TCP connection a client of the data
+dir's server opens is checked too (`verify_connection`), before a byte is
+sent on it: the socket at the other end of the connection (the server's
+side, listed in the same tables with its owner) must be this user's.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import struct
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -43,9 +53,9 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.ip_address(raw))
 
 
-def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Listener] | None:
-    """Every listening socket on `port` from /proc/net/tcp*, or None when the tables are unreadable."""
-    found: list[Listener] = []
+def _proc_rows(tables: tuple[Path, ...]) -> Iterator[list[str]] | None:
+    """The socket rows of /proc/net/tcp*, split in fields; None when no table is readable."""
+    found: list[list[str]] = []
     readable = False
     for table in tables:
         try:
@@ -53,14 +63,137 @@ def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Li
         except OSError:
             continue
         readable = True
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 8 or fields[3] != LISTEN:
-                continue
-            hex_address, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) == port:
-                found.append(Listener(_address(hex_address), port, int(fields[7])))
-    return found if readable else None
+        found += [fields for fields in (line.split() for line in lines) if len(fields) >= 8]
+    return iter(found) if readable else None
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    """(address, port) of a /proc/net/tcp* `address:port` field; IPv4-mapped IPv6 as IPv4."""
+    hex_address, _, hex_port = field.partition(":")
+    address = ipaddress.ip_address(_address(hex_address))
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address), int(hex_port, 16)
+
+
+def proc_listeners(port: int, tables: tuple[Path, ...] = PROC_TABLES) -> list[Listener] | None:
+    """Every listening socket on `port` from /proc/net/tcp*, or None when the tables are unreadable."""
+    rows = _proc_rows(tables)
+    if rows is None:
+        return None
+    found: list[Listener] = []
+    for fields in rows:
+        if fields[3] != LISTEN:
+            continue
+        hex_address, _, hex_port = fields[1].partition(":")
+        if int(hex_port, 16) == port:
+            found.append(Listener(_address(hex_address), port, int(fields[7])))
+    return found
+
+
+def held_by(port: int, pid: int, tables: tuple[Path, ...] = PROC_TABLES) -> bool | None:
+    """Whether the socket listening on `port` is one of process `pid`'s (None: cannot be seen).
+
+    The listening rows of /proc/net/tcp* name their socket's inode; the process holds
+    it as an open `socket:[inode]`. No listener: False.
+    """
+    rows = _proc_rows(tables)
+    if rows is None:
+        return None
+    inodes = {
+        f"socket:[{fields[9]}]"
+        for fields in rows
+        if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].partition(":")[2], 16) == port
+    }
+    if not inodes:
+        return False
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        names = list(fd_dir.iterdir())
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(name) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+# sock_diag (netlink): the kernel's own lookup of one socket by its addresses, as `ss` does it
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST = 1
+NLMSG_ERROR = 2
+NO_COOKIE = 0xFFFFFFFF
+# nlmsghdr (16) + family, state, timer, retrans (4) + sockid (48) + expires, rqueue, wqueue (12)
+DIAG_UID_OFFSET = 80
+
+
+def _diag_address(family: int, host: str) -> bytes:
+    raw = ipaddress.ip_address(host).packed
+    if family == socket.AF_INET6 and len(raw) == 4:
+        raw = ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + raw).packed
+    return raw.ljust(16, b"\0")
+
+
+def diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The uid owning the TCP socket that holds `local` and talks to `remote` (None: not found).
+
+    One exact sock_diag request (tens of microseconds, where reading /proc/net/tcp*
+    walks every socket of the host: milliseconds). The kernel answers with the socket a
+    packet from `remote` to `local` would reach: the connection's own end, or the
+    listener on `local` itself when no connection matches.
+    """
+    sockid = (
+        struct.pack("!HH", local[1], remote[1])
+        + _diag_address(family, local[0])
+        + _diag_address(family, remote[0])
+        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)
+    )
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    message = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as link:
+            link.settimeout(1.0)
+            link.sendto(message, (0, 0))
+            reply = link.recv(65536)
+    except (OSError, AttributeError):  # no netlink here (not Linux, or a sandbox): /proc decides
+        return None
+    if len(reply) < DIAG_UID_OFFSET + 4 or struct.unpack_from("=H", reply, 4)[0] == NLMSG_ERROR:
+        return None
+    return int(struct.unpack_from("=I", reply, DIAG_UID_OFFSET)[0])
+
+
+def peer_uid(sock: socket.socket, tables: tuple[Path, ...] = PROC_TABLES) -> int | None:
+    """The uid owning the other end of a TCP connection to a socket of this host, or None if unseen.
+
+    Asked of the kernel (`diag_uid`), else read from /proc/net/tcp*: the row whose local
+    address is this socket's peer and whose remote address is this socket. Its uid is the
+    listener's from the moment the handshake completes (before the server accepts it).
+    """
+    try:
+        mine = _plain(sock.getsockname())
+        theirs = _plain(sock.getpeername())
+    except OSError:
+        return None
+    for family in (socket.AF_INET, socket.AF_INET6) if ":" not in theirs[0] else (socket.AF_INET6,):
+        uid = diag_uid(family, theirs, mine)
+        if uid is not None:
+            return uid
+    rows = _proc_rows(tables)
+    for fields in rows or ():
+        if fields[3] != LISTEN and _endpoint(fields[1]) == theirs and _endpoint(fields[2]) == mine:
+            return int(fields[7])
+    return None
+
+
+def _plain(address: tuple[object, ...]) -> tuple[str, int]:
+    host = ipaddress.ip_address(str(address[0]).split("%")[0])
+    if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped is not None:
+        host = host.ipv4_mapped
+    return str(host), int(str(address[1]))
 
 
 def psutil_listeners(port: int) -> list[Listener] | None:
@@ -112,8 +245,7 @@ def _reaches(listener: Listener, host: str) -> bool:
     return address == target
 
 
-def check_listener(url: str, *, source: str = "chroma.url") -> None:
-    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid)."""
+def _loopback_port(url: str, source: str) -> tuple[str, int]:
     parsed = urlparse(url)
     host, port = parsed.hostname or "", parsed.port
     try:
@@ -123,30 +255,76 @@ def check_listener(url: str, *, source: str = "chroma.url") -> None:
     if not loopback or port is None:
         raise ChromaUntrusted(
             f"{source} names {url}, not a loopback address and port; rem records only its own "
-            "loopback server there: remove the file and run `rem up`"
+            "loopback server there: remove the file and run `rem up`",
+            url=url,
         )
+    return host, port
+
+
+def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> ChromaUntrusted:
+    """The one-line refusal of a socket of another uid, naming who it is."""
+    me = os.geteuid()
+    who = ", ".join(f"{user_name(uid)} (uid {uid})" for uid in strangers)
+    pids = listener_pids(port)
+    shown = f", pid {', '.join(map(str, pids))}" if pids else ""
+    return ChromaUntrusted(
+        f"refusing the Chroma server at {url} ({source}): the socket on port {port} belongs to "
+        f"{who}{shown}, not to you ({user_name(me)}, uid {me}); stop that process, "
+        "then run `rem up` (it starts a server of your own)",
+        url=url,
+        uids=tuple(strangers),
+        pids=tuple(pids),
+    )
+
+
+def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
+    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
+
+    `absent_ok`: nothing listening at all is not refused but answered False (the server is
+    down, which the caller reports in its own words); True otherwise.
+    """
+    host, port = _loopback_port(url, source)
     found = proc_listeners(port)
     if found is None:
         found = psutil_listeners(port)
-    me = os.geteuid()
+    if absent_ok and found == []:
+        return False
     if found is None:
         raise ChromaUntrusted(
             f"cannot verify who listens on {url} (no /proc/net/tcp, and psutil may not see it); "
-            "rem will not trust it: pass --chroma-url to use it knowingly"
+            "rem will not trust it: pass --chroma-url to use it knowingly",
+            url=url,
         )
     reaching = [listener for listener in found if _reaches(listener, host)]
     if not reaching:
         raise ChromaUntrusted(
             f"no socket this host can see listens on {url} ({source}), yet something answers there "
-            "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly"
+            "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly",
+            url=url,
         )
-    strangers = sorted({listener.uid for listener in reaching if listener.uid != me})
+    strangers = sorted({listener.uid for listener in reaching if listener.uid != os.geteuid()})
     if strangers:
-        who = ", ".join(f"{user_name(uid)} (uid {uid})" for uid in strangers)
-        pids = listener_pids(port)
-        shown = f", pid {', '.join(map(str, pids))}" if pids else ""
-        raise ChromaUntrusted(
-            f"refusing the Chroma server at {url} ({source}): the socket on port {port} belongs to "
-            f"{who}{shown}, not to you ({user_name(me)}, uid {me}); stop that process, "
-            "then run `rem up` (it starts a server of your own)"
-        )
+        raise refuse_stranger(url, port, strangers, source)
+    return True
+
+
+# the server's end of a loopback connection is listed once the handshake is done, which on
+# loopback is as good as at once: looked for again after these pauses before falling back
+PEER_PAUSES = (0.0, 0.001, 0.005, 0.02)
+
+
+def verify_connection(sock: socket.socket, url: str, *, source: str = "chroma.url") -> None:
+    """Refuse a new connection to `url` whose other end is not this user's (nothing sent on it yet).
+
+    Falls back to the listening socket's owner when the connection's other end
+    is not listed (no /proc), as `check_listener` does.
+    """
+    _, port = _loopback_port(url, source)
+    for pause in PEER_PAUSES:
+        time.sleep(pause)
+        uid = peer_uid(sock)
+        if uid is not None:
+            if uid != os.geteuid():
+                raise refuse_stranger(url, port, [uid], source)
+            return
+    check_listener(url, source=source)

@@ -23,6 +23,7 @@ from rich.text import Text
 from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
+from backend.runtime import refusals
 from backend.store.workers import WorkerState
 
 
@@ -104,6 +105,9 @@ def print_status(result: Status) -> None:
         f"{counts['sessions']} sessions"
     )
     console.print(f"Chroma {_e(chroma['url'] or '-')}: {health}")
+    refused = chroma.get("refused")  # (a moment recorded before it existed has none)
+    if refused:
+        console.print(f"[red]{_e(refusals.describe(refused))}[/]")
     console.print(
         f"backlog {counts['backlog']} · expired leases {counts['expired_leases']} · "
         f"receipt mismatches {counts['mismatches']} · Dream pending {counts['dream_pending']} · "

@@ -84,7 +84,31 @@ class ChromaStartFailed(ChromaUnreachable):
 
 
 class ChromaUntrusted(ChromaUnreachable):
-    """The data dir's recorded Chroma server is not this user's (another uid listens on its port)."""
+    """What listens where the data dir's Chroma server was is not it (another uid, or not its server).
+
+    Carries what a journal row and the console need: the URL and who listens there.
+    """
+
+    def __init__(
+        self, message: str, *, url: str | None = None, uids: tuple[int, ...] = (), pids: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.uids = uids
+        self.pids = pids
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep the fields across pickling (check workers)
+        return (_untrusted, (str(self), self.url, self.uids, self.pids))
+
+
+def _untrusted(
+    message: str, url: str | None, uids: tuple[int, ...], pids: tuple[int, ...]
+) -> ChromaUntrusted:
+    return ChromaUntrusted(message, url=url, uids=uids, pids=pids)
+
+
+class ChromaBadReply(ChromaUnreachable):
+    """Chroma answered, but not with what its API returns (a malformed or foreign reply)."""
 
 
 class ChromaNotReady(ChromaUnreachable):

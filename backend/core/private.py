@@ -43,6 +43,7 @@ TOP_FILES = (
     "chroma.lock",
     "chroma.yaml",
     "up.json",
+    "journal.head",
 )
 TREES = ("logs", "chroma")
 

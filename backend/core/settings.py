@@ -282,6 +282,13 @@ class Settings:
         path(),
         shown_default="none",
     )
+    journal_key_file = Setting[Path | None](
+        None,
+        "a private file with a key for the operator journal's chain (HMAC-SHA256): whoever can write "
+        "the store but not read this file cannot re-chain the journal; give every host the same file",
+        path(),
+        shown_default="none (plain SHA-256)",
+    )
     # leases and turns
     execution_lease_ms = Setting(30_000, "execution lease (renewed every third of it)", whole(100, "ms"))
     summary_lease_ms = Setting(300_000, "summary-job lease", whole(100, "ms"))
@@ -295,6 +302,12 @@ class Settings:
     )
     # summaries and Dream
     receipt_sweep_ms = Setting(600_000, "the summarizer's full receipt verification pass", whole(1000, "ms"))
+    turn_vector_sweep_ms = Setting(
+        600_000,
+        "Dream's pass over the turn vectors state.db marks as written: missing or changed ones are "
+        "written again (also at start and after a Chroma restart)",
+        whole(1000, "ms"),
+    )
     summary_batch = Setting(50, "sessions the summarizer picks per pass", whole(1))
     dream_batch = Setting(32, "sessions Dream picks per pass", whole(1))
     dream_chunk_rows = Setting(500, "graph rows Dream writes per transaction", whole(1))

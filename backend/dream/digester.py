@@ -66,6 +66,7 @@ from backend.dream import graph
 from backend.dream.extractor import Extractor, KeywordExtractor
 from backend.dream.overlay import OVERLAY_BATCH, OVERLAY_SQL, OverlayOutcome, settle_overlays, write_overlays
 from backend.memory import index as memory_index
+from backend.memory import turn_vectors
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import Database, execute, fetchall, fetchone
@@ -308,6 +309,7 @@ class Dreamer(Daemon):
         self._chroma_backoff_ms = 500
         self._vector_retry_at = 0
         self._vector_backoff_ms = 500
+        self._sweep = turn_vectors.VectorSweep(settings.turn_vector_sweep_ms)
 
     def info(self) -> dict[str, Any]:
         return {"lease_ms": self.lease_ms, "batch": self.batch, "chunk_rows": self.chunk_rows}
@@ -341,7 +343,8 @@ class Dreamer(Daemon):
         # turn vectors count only in a pass that did nothing else (a pass reports its
         # digestions and overlays as before); a pass that flushed some is not idle
         flushed = await self.flush_vectors()
-        return handled or flushed
+        repaired = await self.sweep_vectors()
+        return handled or flushed or repaired
 
     async def digest_candidate(self, candidate: Candidate) -> DigestOutcome | None:
         """Claim and digest one selected session; None when it is not claimable any more."""
@@ -640,6 +643,16 @@ class Dreamer(Daemon):
             return 0
         self._vector_backoff_ms = 500
         return written
+
+    async def sweep_vectors(self) -> int:
+        """One batch of the turn vector sweep (`backend.memory.turn_vectors`); rows un-marked for repair."""
+        try:
+            return await self._sweep.step(
+                self.db, self.ctx.turn_store, self.owner_id, self.ctx.chroma_generation
+            )
+        except ChromaUnreachable as exc:
+            self.log.warning("turn vector sweep deferred: %s", exc)
+            return 0
 
 
 # -- status helpers for the lead's ops.status / check --------------------------

@@ -44,6 +44,7 @@ from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable
 from backend.memory.config import INDEX, IndexConfig
 from backend.memory.text import clip, date_words, fts_table, fts_table_ddl, scope_text
+from backend.memory.turn_vectors import sketch
 from backend.store.db import Conn, Database, execute, executemany, fetchall, on_postgres
 from backend.store.revision import load_raw_turns
 
@@ -257,12 +258,16 @@ async def delete_rows(conn: aiosqlite.Connection, message_ids: Sequence[str]) ->
     await executemany(conn, "DELETE FROM memory_turn WHERE message_id = ?", [(m,) for m in message_ids])
 
 
-async def mark_vectors(conn: aiosqlite.Connection, rows: Sequence[IndexedTurn]) -> None:
-    """Record that these rows' vectors (for their current digest) are in Chroma."""
+async def mark_vectors(
+    conn: aiosqlite.Connection, rows: Sequence[IndexedTurn], sketches: Sequence[str | None] | None = None
+) -> None:
+    """Record that these rows' vectors (for their current digest) are in Chroma, with the record
+    of each row written (`turn_vectors.sketch`), which `rem check` and Dream's sweep compare."""
+    records = sketches if sketches is not None else [None] * len(rows)
     await executemany(
         conn,
-        "UPDATE memory_turn SET vector_digest = ? WHERE message_id = ? AND digest = ?",
-        [(r.digest, r.message_id, r.digest) for r in rows],
+        "UPDATE memory_turn SET vector_digest = ?, vector_sketch = ? WHERE message_id = ? AND digest = ?",
+        [(r.digest, sketch, r.message_id, r.digest) for r, sketch in zip(rows, records, strict=True)],
     )
 
 
@@ -399,15 +404,17 @@ async def _write_pending_vectors(db: Database, turn_stores: TurnStores, session_
         and existing[r.message_id].digest == r.digest
         and existing[r.message_id].vector_digest != r.digest
     ]
+    store = turn_stores(project)
     for start in range(0, len(pending), VECTOR_BATCH):
         batch = pending[start : start + VECTOR_BATCH]
-        await turn_stores(project).upsert(
+        vectors = await store.embed([r.dense_text for r in batch])
+        await store.upsert(
             [r.message_id for r in batch],
             [r.text for r in batch],
             [r.chroma_metadata() for r in batch],
-            embed_texts=[r.dense_text for r in batch],
+            embeddings=vectors,
         )
         faults.point("index.after_vectors")
         async with db.tx() as conn:
-            await mark_vectors(conn, batch)
+            await mark_vectors(conn, batch, [sketch(r.text, v) for r, v in zip(batch, vectors, strict=True)])
     return len(pending)

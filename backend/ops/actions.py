@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sqlite3
 import weakref
@@ -23,6 +24,7 @@ from backend.core import clock
 from backend.core.errors import (
     BadInput,
     ChromaUnreachable,
+    ChromaUntrusted,
     NotChroma,
     NotFound,
     ReadOnly,
@@ -31,7 +33,8 @@ from backend.core.errors import (
     UsageError,
 )
 from backend.execution.sessions import Delivery
-from backend.ops.records import ChromaHealth, ReplayReport, Snapshot, Status
+from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
+from backend.runtime import refusals
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Conn, Database
@@ -81,7 +84,7 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         url, is_external = external, True
     else:
         url, is_external = chroma_server.recorded_url(ctx.data), False
-    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None)
+    health = ChromaHealth(url=url, external=is_external, healthy=False, error=None, refused=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
         pid = chroma_server.read_lock_info(ctx.data).get("pid") if health["lock_held"] else None
@@ -90,17 +93,47 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
         return health
     try:
-        chroma_server.heartbeat(url, timeout=1.0)
         if not is_external:
-            trust.check_listener(url)  # another uid on the recorded port is not this data dir's server
+            # another uid on the recorded port is not this data dir's server: checked before
+            # the heartbeat, so it is sent nothing
+            trust.check_listener(url, absent_ok=True)
+        chroma_server.heartbeat(url, timeout=1.0)
         health["healthy"] = True
     except NotChroma:
         if is_external:
             raise
         health["error"] = f"{url} (from chroma.url) is not a Chroma server"
+    except ChromaUntrusted as exc:
+        health["error"] = str(exc)
+        health["refused"] = _refused(exc, None)
     except ChromaUnreachable as exc:
         health["error"] = str(exc)
     return health
+
+
+def _refused(exc: ChromaUntrusted, row: Any) -> RefusedListener:
+    data = refusals.refusal_data(exc)
+    return RefusedListener(
+        url=str(exc.url),
+        uids=data["uids"],
+        users=data["users"],
+        pids=data["pids"],
+        error=data["error"],
+        since=None if row is None else int(row[1]),
+        event_id=None if row is None else int(row[0]),
+    )
+
+
+def still_refused(ctx: Context, row: Any) -> RefusedListener | None:
+    """The newest journaled refusal (`row`: refusals.LATEST_SQL), while what it refused still listens there."""
+    if row is None or row[2] != EventKind.CHROMA_UNTRUSTED or chroma_server.external_url(ctx.chroma_url):
+        return None
+    try:
+        url = json.loads(row[4] or "{}").get("url")
+    except ValueError:
+        return None
+    refusal = chroma_server.listener_refusal(ctx.data, url) if isinstance(url, str) else None
+    return None if refusal is None else _refused(refusal, row)
 
 
 # one per open Database: what its last snapshot read (gone with the Database)
@@ -118,7 +151,7 @@ async def status(ctx: Context) -> Status:
         cache = _SNAPSHOT_CACHES[db] = SnapshotCache()
     tally = await journal_tally(ctx, db)
 
-    def read_sync(conn: Conn) -> tuple[Snapshot, int | None]:
+    def read_sync(conn: Conn) -> tuple[Snapshot, int | None, Any]:
         # one hop to the database thread for all of it: under load each hop is a wait for a
         # scheduler slot, so the snapshot, the events since the last fold and the schema
         # version are read together (the tally sees the same view as the snapshot)
@@ -129,11 +162,13 @@ async def status(ctx: Context) -> Status:
             if isinstance(conn, sqlite3.Connection)
             else None
         )
-        return snap, version
+        return snap, version, conn.execute(refusals.LATEST_SQL).fetchone()
 
     # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) waits beside the read
     read, chroma = await asyncio.gather(db.read_in_thread(read_sync), asyncio.to_thread(chroma_health, ctx))
-    snap, version = cast(tuple[Snapshot, int | None], read)
+    snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
+    if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
+        chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
     return Status(
         **snap,
         data_dir=str(ctx.data.root),
@@ -281,9 +316,11 @@ async def check(
     `progress(phase, done, total)` is called as the batches go.
     """
     from backend.ops.checks import check_chroma, check_database_in_batches, summarize
+    from backend.store.journal_head import read_heads
 
     db = await ctx.db()
-    report = await check_database_in_batches(db, progress=progress)
+    recorded = read_heads(ctx.data).get(ctx.store_name)
+    report = await check_database_in_batches(db, progress=progress, recorded=recorded)
     if verify_chroma:
         if progress is not None:
             progress("chroma", 0, 1)

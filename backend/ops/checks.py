@@ -37,6 +37,7 @@ import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ from backend.core.settings import Settings, settings
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store import counters
 from backend.store.db import Conn, engine_of
-from backend.store.events import verify_operator_chain_sync
+from backend.store.events import journal_key, verify_operator_chain_sync
+from backend.store.journal_head import Head, extends
 from backend.store.maintenance import warm_page_cache
 
 log = logging.getLogger("rem.checks")
@@ -72,8 +74,13 @@ class Finding:
             "invariant": self.invariant,
             "what": self.what,
             "count": self.count,
-            "rows": self.rows[:ROW_CAP],
+            "rows": [_plain_row(row) for row in self.rows[:ROW_CAP]],
         }
+
+
+def _plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A finding's row with enum members as their values (`would_replay`, not `<ReplayOutcome...>`)."""
+    return {key: value.value if isinstance(value, Enum) else value for key, value in row.items()}
 
 
 @dataclass
@@ -424,10 +431,11 @@ def check_progress_sync(conn: Conn, report: Report, now: int) -> None:
 # -- invariant 8: operator events are hash-chained ---------------------------
 
 
-def check_audit_sync(conn: Conn, report: Report) -> None:
-    """Walk the operator events' hash chain; name the first broken link."""
+def check_audit_sync(conn: Conn, report: Report, recorded: Head | None = None) -> None:
+    """Walk the operator events' hash chain; name the first broken link, and a journal that does
+    not extend the head `rem up` recorded (`backend.store.journal_head`)."""
     report.checked.append("audit")
-    result = verify_operator_chain_sync(conn)
+    result = verify_operator_chain_sync(conn, journal_key(), at=recorded.count if recorded else None)
     broken = result["broken"]
     if broken is not None:
         report.add(
@@ -436,6 +444,15 @@ def check_audit_sync(conn: Conn, report: Report) -> None:
             f"operator event chain broken at event {broken['event_id']} ({broken['kind']}): "
             f"it {broken['why']}",
             [broken],
+        )
+        return
+    problem = extends(result, recorded)
+    if problem is not None and recorded is not None:
+        report.add(
+            report.violations,
+            "8",
+            f"operator journal {problem}",
+            [{"recorded_count": recorded.count, "recorded_head": recorded.head, "count": result["count"]}],
         )
 
 
@@ -618,6 +635,7 @@ async def check_database_in_batches(
     progress: Progress | None = None,
     workers: int | None = None,
     parallel_min: int | None = None,
+    recorded: Head | None = None,
 ) -> Report:
     """All state.db invariants, one short read transaction per table or per batch of sessions.
 
@@ -625,6 +643,7 @@ async def check_database_in_batches(
     processes (`CHECK_WORKERS`: one per core, at most 4), each over its own range of session
     ids with a read-only connection of its own, in the same batches, and the findings merged
     in id order: the same report as one process gives, in about 1/workers of the time.
+    `recorded`: the operator journal's head `rem up` recorded for this store, if any.
     """
     report = Report()
     now = clock.now_ms() if now is None else now
@@ -655,7 +674,7 @@ async def check_database_in_batches(
     tell("sessions", done, max(done, total))
     await db.read_in_thread(lambda conn: check_progress_sync(conn, report, now))
     # invariant 8 walks the operator events' chain in order (they are few: operator actions only)
-    await db.read_in_thread(lambda conn: check_audit_sync(conn, report))
+    await db.read_in_thread(lambda conn: check_audit_sync(conn, report, recorded))
     # each counter and its real count in one short read (a count walks an index of one table)
     for i, counter in enumerate(counters.COUNTERS):
         tell("counters", i, len(counters.COUNTERS))
@@ -900,16 +919,26 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
 
 
 async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
-    """Invariant 9, Chroma side: every vector state.db marks as written is in the turn collection."""
-    marked = await db.fetchall("SELECT session_id, message_id FROM memory_turn WHERE vector_digest IS digest")
-    if not marked:
-        return  # nothing to compare: Chroma is not asked at all
-    in_chroma: set[str] = set()
-    projects = await db.fetchall("SELECT DISTINCT project FROM memory_turn WHERE vector_digest IS digest")
-    for (project,) in projects:
-        in_chroma.update(await ctx.turn_store(project).all_ids())
-    lost = [{"session_id": r[0], "message_id": r[1]} for r in marked if r[1] not in in_chroma]
-    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", lost)
+    """Invariant 9, Chroma side: every turn row state.db marks as written is in its collection, as
+    written (its digest, and its document and vector against the record kept at writing)."""
+    from backend.memory import turn_vectors
+
+    missing: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
+    after = 0
+    while rows := await turn_vectors.marked_batch(db, after):
+        after = rows[-1].id
+        for row, why in await turn_vectors.compare(rows, ctx.turn_store):
+            found = {"session_id": row.session_id, "message_id": row.message_id}
+            if why == "missing":
+                missing.append(found)
+            else:
+                changed.append({**found, "differs": why})
+    report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", missing)
+    report.add(report.violations, "9", TURN_ROWS_CHANGED, changed)
+
+
+TURN_ROWS_CHANGED = "turn rows whose document, vector or digest in Chroma differs from what was written"
 
 
 def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
@@ -966,4 +995,6 @@ FINDING_ORDER = (
     "recall index rows without their FTS5 row",
     "recall index behind the session's published revision",
     "turn vectors not written to Chroma yet",
+    "turn vectors marked written but missing from Chroma",
+    TURN_ROWS_CHANGED,
 )

@@ -33,6 +33,7 @@ from backend.core.settings import settings
 from backend.ops import actions, memory, timeline
 from backend.ops.records import Moment, ReplayReport, Status
 from backend.runtime.context import Context
+from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events
 from backend.store.changes import StoreEvent, listen_changes
 from backend.store.db import Database
@@ -51,6 +52,7 @@ __all__ = [
     "StatusLoader",
     "StoreEvent",
     "create_export",
+    "describe_refusal",
     "export_path",
     "heartbeat_alive",
     "inside",

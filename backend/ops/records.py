@@ -223,6 +223,18 @@ class Counts(TypedDict):
     workers_alive: int
 
 
+class RefusedListener(TypedDict):
+    """A process rem refused to talk to, listening where the data dir's Chroma server was (or is)."""
+
+    url: str
+    uids: list[int]  # its owner, when another user's
+    users: list[str]
+    pids: list[int]  # as far as this user may see them
+    error: str  # the refusal, one line
+    since: int | None  # when it was journaled (ms), None when seen just now
+    event_id: int | None
+
+
 class ChromaHealth(TypedDict):
     url: str | None
     external: bool
@@ -230,6 +242,8 @@ class ChromaHealth(TypedDict):
     error: str | None
     lock_held: NotRequired[bool]  # the data dir's own server only
     pid: NotRequired[int | None]
+    # something not rem's server listens where rem's was: nothing is sent to it (None: nothing is)
+    refused: RefusedListener | None
 
 
 class LeaseTotals(TypedDict):

@@ -33,7 +33,9 @@ from backend.core import faults, private, processes
 from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
 from backend.runtime.context import Context
+from backend.runtime.refusals import RefusalJournal
 from backend.store import maintenance, workers
+from backend.store.journal_head import HeadRecorder
 
 log = logging.getLogger("rem.supervisor")
 
@@ -110,6 +112,9 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
         self._host = workers.host_name()
+        self._refusals = RefusalJournal("supervisor")
+        # the operator journal's head, recorded outside the store as it moves (`rem check` compares)
+        self._journal_head = HeadRecorder(ctx.data, ctx.store_name)
 
     # -- lifecycle -------------------------------------------------------
     async def run(self) -> int:
@@ -182,6 +187,15 @@ class Supervisor:
             return server.process.poll() is not None
         return not chroma_server.lock_is_held(self.ctx.data)
 
+    async def _journal_port_taken(self, db: Any, old_url: str | None) -> None:
+        """The old port held by something else made the restart move: journal what holds it."""
+        if old_url is None or (self.chroma is not None and self.chroma.url == old_url):
+            return
+        refusal = chroma_server.listener_refusal(self.ctx.data, old_url)
+        if refusal is not None:
+            with contextlib.suppress(RemError):
+                await self._refusals.journal(db, [refusal])
+
     def _stop_chroma(self) -> None:
         if self.chroma is not None and self.chroma.started_here:
             self.chroma.stop()
@@ -212,11 +226,15 @@ class Supervisor:
         changed = False
         if self._chroma_dead():
             log.warning("chroma server died; restarting it")
+            before = self.chroma.url if self.chroma is not None else None
             try:
                 self._ensure_chroma()
                 changed = True
             except ChromaUnreachable as exc:
                 log.error("cannot restart chroma: %s", exc)
+            await self._journal_port_taken(db, before)
+        with contextlib.suppress(RemError):  # the database is down: recorded on a later tick
+            await self._journal_head.record(db)
         now = time.monotonic()
         for child in self.children:
             proc = child.proc

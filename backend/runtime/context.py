@@ -9,10 +9,11 @@ from typing import Any
 
 from backend.chroma import server as chroma_server
 from backend.chroma.collection import ChromaStore
+from backend.chroma.connections import ChromaTrust
 from backend.chroma.embedder import Embedder, load_embedder
-from backend.chroma.server import ChromaServer
+from backend.chroma.server import ChromaServer, DataDirTrust
 from backend.core.datadir import DataDir
-from backend.core.errors import DataDirError, ReadOnly
+from backend.core.errors import ChromaUntrusted, DataDirError, ReadOnly
 from backend.core.settings import settings
 from backend.store.db import Database
 from backend.store.events import operator_name
@@ -51,6 +52,11 @@ class Context:
     # what a long-lived reader carries from one call to the next (the journal tally of
     # `backend/ops/throughput.py`), so a refresh reads only what changed since the last
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    # the Chroma listeners this process refused, newest last (a daemon journals and clears them)
+    refusals: list[ChromaUntrusted] = field(default_factory=list, repr=False)
+    # counts the servers this context resolved: a change means Chroma restarted (or moved), and
+    # what it holds is worth checking again (Dream's turn vector sweep)
+    chroma_generation: int = field(default=0, repr=False)
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)
@@ -120,14 +126,34 @@ class Context:
     def chroma(self, *, start: bool | None = None) -> ChromaServer:
         """The Chroma server to use, started for this process's lifetime if needed.
 
-        A read-only context never starts one: with no server running it says so.
+        The server used last is checked again first (its listener, before a
+        heartbeat); one that is gone, or whose port something else holds now, is
+        looked up again from the data dir. A read-only context never starts one:
+        with no server running it says so.
         """
         server = self._server
-        if server is not None and (server.external or server.alive()):
-            return server
+        if server is not None:
+            try:
+                if server.external or server.alive():
+                    return server
+            except ChromaUntrusted as exc:
+                self.note_refusal(exc)  # `rem up` may have moved the server: look it up again
         wanted = self.start_chroma if start is None else start
         self._server = chroma_server.resolve(self.data, self.chroma_url, start=wanted and not self.read_only)
+        self.chroma_generation += 1
         return self._server
+
+    def note_refusal(self, exc: ChromaUntrusted) -> None:
+        """Keep a refused listener for whoever journals them (the newest 16)."""
+        self.refusals.append(exc)
+        del self.refusals[:-16]
+
+    def chroma_trust(self) -> ChromaTrust | None:
+        """How this context's stores check their server: the data dir's own is checked on every
+        connection; an external one (`--chroma-url`) is used as the operator named it."""
+        if chroma_server.external_url(self.chroma_url) is not None:
+            return None
+        return DataDirTrust(self.data, self.note_refusal)
 
     def chroma_url_now(self) -> str:
         return self.chroma().url
@@ -145,7 +171,11 @@ class Context:
         """
         if self._store is None:
             self._store = ChromaStore(
-                self.chroma_url_now, self.embedder(), collection=self.collection, read_only=self.read_only
+                self.chroma_url_now,
+                self.embedder(),
+                collection=self.collection,
+                read_only=self.read_only,
+                trust=self.chroma_trust(),
             )
         return self._store
 
@@ -153,7 +183,11 @@ class Context:
         """A fresh handle on the summary collection that does not check its embedder: only for
         reading a collection that is about to be rebuilt (`rem reindex`)."""
         return ChromaStore(
-            self.chroma_url_now, self.embedder(), collection=self.collection, check_embedder=False
+            self.chroma_url_now,
+            self.embedder(),
+            collection=self.collection,
+            check_embedder=False,
+            trust=self.chroma_trust(),
         )
 
     @property
@@ -173,19 +207,28 @@ class Context:
         if store is None:
             name = project_turn_collection(self.turn_collection, project)
             store = self._turn_stores[project] = ChromaStore(
-                self.chroma_url_now, self.embedder(), collection=name
+                self.chroma_url_now,
+                self.embedder(),
+                collection=name,
+                read_only=self.read_only,
+                trust=self.chroma_trust(),
             )
         return store
 
     async def drop_turn_collections(self) -> int:
         """Delete every project's turn collection (`rem reindex`); returns how many."""
+        trust = self.chroma_trust()
         probe = ChromaStore(
-            self.chroma_url_now, self.embedder(), collection=self.turn_collection, check_embedder=False
+            self.chroma_url_now,
+            self.embedder(),
+            collection=self.turn_collection,
+            check_embedder=False,
+            trust=trust,
         )
         names = await probe.collection_names(prefix=self.turn_collection + "-p")
         for name in names:
             await ChromaStore(
-                self.chroma_url_now, self.embedder(), collection=name, check_embedder=False
+                self.chroma_url_now, self.embedder(), collection=name, check_embedder=False, trust=trust
             ).drop()
         self._turn_stores.clear()
         return len(names)

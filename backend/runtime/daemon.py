@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from backend.core import faults
 from backend.core.errors import (
     ChromaUnreachable,
+    ChromaUntrusted,
     DatabaseFull,
     DatabaseIOError,
     DatabaseLocked,
@@ -27,6 +28,7 @@ from backend.core.errors import (
 from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
+from backend.runtime.refusals import RefusalJournal
 from backend.store import model_calls, workers
 from backend.store.changes import listen_changes
 from backend.store.db import Database
@@ -66,6 +68,8 @@ class Daemon:
         self._changed = asyncio.Event()
         self._feed_live = False
         self._feed_task: asyncio.Task[None] | None = None
+        # a refused Chroma listener stops every write to Chroma (nothing is sent to it); this says so
+        self._refusals = RefusalJournal(self.owner_id)
 
     # -- hooks for roles -------------------------------------------------
     async def run_pass(self) -> int:
@@ -149,6 +153,9 @@ class Daemon:
                     await self._idle_wait()  # it reads the store too (data_version)
             except TRANSIENT_ERRORS as exc:
                 self.log.warning("%s: %s; retrying in %.1f s", self.owner_id, exc, backoff)
+                if isinstance(exc, ChromaUntrusted):
+                    self.ctx.note_refusal(exc)  # journaled once per listener, however many paths met it
+                    await self.journal_refusals()
                 if self.once:
                     raise
                 await self._sleep_or_drain(backoff)
@@ -203,6 +210,17 @@ class Daemon:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.draining.wait(), seconds)
 
+    async def journal_refusals(self) -> None:
+        """Journal the Chroma listeners this process refused since the last call (see `refusals`)."""
+        taken = self.ctx.refusals[:]
+        del self.ctx.refusals[: len(taken)]
+        if not taken:
+            return
+        try:
+            await self._refusals.journal(self.db, taken)
+        except RemError as exc:  # the database is down too: the log line above says it all
+            self.log.warning("%s could not journal a refused Chroma listener: %s", self.owner_id, exc)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -215,6 +233,7 @@ class Daemon:
                     self.log.info("%s asked to drain", self.owner_id)
                     self.draining.set()
                 await self.on_heartbeat()
+                await self.journal_refusals()
                 # model requests no step transaction carried (synthesis, embeddings, retries)
                 await model_calls.flush(self.db, self.owner_id)
             except RemError as exc:

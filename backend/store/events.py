@@ -12,7 +12,15 @@ Operator events (`OPERATOR_KINDS`) are the audit journal, and hold:
 * they are hash-chained: `chain` = SHA-256 of the previous operator event's
   `chain` (kept in `chain_prev`) and this row's own content, so `rem check`
   finds an edited, removed, inserted or reordered operator event and names
-  the first broken link (`verify_operator_chain_sync`);
+  the first broken link (`verify_operator_chain_sync`). With
+  `REM_JOURNAL_KEY_FILE` the link is an HMAC-SHA256 under that key instead
+  (`hmac-sha256:` + hex): whoever can write the store but not read the key
+  (a PostgreSQL login, not this host's files) cannot re-chain it; once one
+  link is keyed, an unkeyed link after it is a break;
+* a plain chain can be re-made whole by whoever writes the store, and its
+  newest rows removed: `rem up` records the chain's head and length outside
+  the store (`backend.store.journal_head`), and `rem check` finds the journal
+  shorter than, or different up to, what was recorded;
 * they are never pruned and a trigger refuses their deletion.
 
 Every append of an operator kind goes through `append_event_sync`, whichever
@@ -22,15 +30,18 @@ function was called, so no caller can write an unchained one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import pwd
+import stat
 from enum import StrEnum
 from typing import Any
 
 import aiosqlite
 
 from backend.core import clock
+from backend.core.errors import UsageError
 from backend.core.settings import settings
 from backend.store.db import Conn, engine_of, execute_unread, in_thread
 
@@ -80,6 +91,10 @@ class EventKind(StrEnum):
     MEMORY_IMPORTED = "memory.imported"
     OPERATOR_RESUME = "operator.resume"
     UNSAFE_SWITCH = "unsafe.switch"
+    # something not the data dir's Chroma server listens where it was: refused, sent nothing
+    CHROMA_UNTRUSTED = "chroma.untrusted"
+    # turn vectors state.db marks as written that Chroma lacks (or holds changed): written again
+    MEMORY_VECTORS_REPAIRED = "memory.vectors_repaired"
 
 
 # the audit journal: chained, kept forever (the partial index and the trigger of schema v4 list them)
@@ -141,14 +156,48 @@ def _event_row(
     )
 
 
-def chain_link(previous: str | None, row: tuple[Any, ...]) -> str:
-    """SHA-256 (hex) of the previous operator event's link and this event's content.
+KEYED_PREFIX = "hmac-sha256:"
+JOURNAL_KEY_MIN = 16
+
+
+def journal_key() -> bytes | None:
+    """The operator journal's chain key from `REM_JOURNAL_KEY_FILE` (None: unset, plain SHA-256).
+
+    The file must be this user's and private (mode 600), like the Chroma token file.
+    """
+    path = settings.journal_key_file
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise UsageError(
+            f"REM_JOURNAL_KEY_FILE={path} cannot be read ({exc.strerror}); fix it or unset it"
+        ) from None
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise UsageError(
+            f"REM_JOURNAL_KEY_FILE={path} must be yours and private (mode 600); `chmod 600 {path}`"
+        )
+    if len(key) < JOURNAL_KEY_MIN:
+        raise UsageError(
+            f"REM_JOURNAL_KEY_FILE={path} holds {len(key)} bytes; a journal key needs at least "
+            f"{JOURNAL_KEY_MIN} (e.g. `head -c 32 /dev/urandom | base64 > {path}`)"
+        )
+    return key
+
+
+def chain_link(previous: str | None, row: tuple[Any, ...], key: bytes | None = None) -> str:
+    """The link of an operator event: SHA-256 (hex) of the previous link and this event's content,
+    or, with a journal key, `hmac-sha256:` + its HMAC under that key.
 
     `row` is (time, kind, actor, session_id, target, data, os_uid, os_user)
     as stored: `data` is the exact JSON text, so the hash covers the bytes.
     """
-    content = json.dumps([previous, *row], separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+    content = json.dumps([previous, *row], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if key is not None:
+        return KEYED_PREFIX + hmac.new(key, content, hashlib.sha256).hexdigest()
+    return hashlib.sha256(content).hexdigest()
 
 
 def _append_operator_event(conn: Conn, row: tuple[Any, ...]) -> int:
@@ -159,7 +208,8 @@ def _append_operator_event(conn: Conn, row: tuple[Any, ...]) -> int:
     prev = previous[0] if previous is not None else None
     uid, user = os_identity()
     full = (*row, uid, user)
-    return _id(conn.execute(OPERATOR_EVENT_SQL, (*full, prev, chain_link(prev, full))).fetchone())
+    link = chain_link(prev, full, journal_key())
+    return _id(conn.execute(OPERATOR_EVENT_SQL, (*full, prev, link)).fetchone())
 
 
 def _id(row: Any) -> int:
@@ -215,16 +265,20 @@ SELECT id, time, kind, actor, session_id, target, data, os_uid, os_user, chain_p
 FROM event INDEXED BY event_operator_idx WHERE kind IN ({OPERATOR_KINDS_SQL}) ORDER BY id"""
 
 
-def verify_operator_chain_sync(conn: Conn) -> dict[str, Any]:
+def verify_operator_chain_sync(conn: Conn, key: bytes | None = None, at: int | None = None) -> dict[str, Any]:
     """Walk the operator events in order; the first broken link, if any, and what was checked.
 
     Rows written before the chain existed (schema < 3, `chain` NULL) are
     counted as `unchained` while no chained row came before them; after the
-    first chained row, a row without a link is itself a break.
+    first chained row, a row without a link is itself a break. Keyed links
+    are verified with `key`; a plain link after a keyed one is a break.
+    `count` and `head` are the chained rows and the last link; `link_at`
+    the link of chained row number `at` (1-based), for a recorded head.
     """
-    checked = unchained = 0
+    checked = unchained = count = 0
     previous: str | None = None
-    chained = False
+    link_at: str | None = None
+    chained = keyed = False
     for record in conn.execute(CHAIN_SQL):
         event_id, content, prev, link = record[0], tuple(record[1:9]), record[9], record[10]
         checked += 1
@@ -238,12 +292,37 @@ def verify_operator_chain_sync(conn: Conn) -> dict[str, Any]:
         if prev != previous:
             why = "does not follow the operator event before it (one was removed, inserted or reordered)"
             return _broken(event_id, content, checked, unchained, why)
-        if chain_link(prev, content) != link:
-            return _broken(
-                event_id, content, checked, unchained, "does not match its own hash (it was edited)"
-            )
+        problem = _link_problem(prev, content, link, key, keyed)
+        if problem is not None:
+            return _broken(event_id, content, checked, unchained, problem)
+        keyed = keyed or link.startswith(KEYED_PREFIX)
+        count += 1
+        link_at = link if count == at else link_at
         previous, chained = link, True
-    return {"ok": True, "checked": checked, "unchained": unchained, "broken": None}
+    return {
+        "ok": True,
+        "checked": checked,
+        "unchained": unchained,
+        "broken": None,
+        "count": count,
+        "head": previous,
+        "link_at": link_at,
+    }
+
+
+def _link_problem(
+    prev: str | None, content: tuple[Any, ...], link: str, key: bytes | None, keyed: bool
+) -> str | None:
+    """Why `link` is not this row's link (None: it is)."""
+    if not link.startswith(KEYED_PREFIX):
+        if keyed:
+            return "is not keyed though an operator event before it is (re-chained without the journal key)"
+        return None if chain_link(prev, content) == link else "does not match its own hash (it was edited)"
+    if key is None:
+        return "is keyed, and this rem has no journal key to verify it (set REM_JOURNAL_KEY_FILE to its writers' key)"
+    if not hmac.compare_digest(chain_link(prev, content, key), link):
+        return "does not match its own keyed hash (it was edited, or keyed with another key)"
+    return None
 
 
 def _broken(

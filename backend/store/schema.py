@@ -443,8 +443,15 @@ V7 = """
 # per such session: 1 000 000 of them in a fleet whose every session uses a model).
 V8 = counters.migration_sql(8)
 
+# v9: each turn vector's record (`backend.memory.turn_vectors.sketch`: its document's hash and a
+# projection of the vector, tolerant of Chroma's float rounding), so `rem check` and Dream's
+# sweep find a turn row changed in Chroma, not only a missing one. NULL on rows written before.
+V9 = """
+ALTER TABLE memory_turn ADD COLUMN vector_sketch TEXT;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

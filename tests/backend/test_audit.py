@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import stat
 from typing import Any
 
 import pytest
@@ -14,12 +15,19 @@ from hypothesis import strategies as st
 
 from backend import ops
 from backend.chroma.collection import ChromaStore
-from backend.core.errors import LeaseNotFound, Refused, WorkerNotFound
+from backend.core.errors import LeaseNotFound, Refused, UsageError, WorkerNotFound
 from backend.core.settings import OPERATOR_MAX_LENGTH, Settings, SettingsError
 from backend.runtime.context import Context
-from backend.store import maintenance
+from backend.store import journal_head, maintenance
 from backend.store.db import Database
-from backend.store.events import OPERATOR_KINDS, append_event, verify_operator_chain_sync
+from backend.store.events import (
+    KEYED_PREFIX,
+    OPERATOR_KINDS,
+    append_event,
+    chain_link,
+    journal_key,
+    verify_operator_chain_sync,
+)
 from tests.helpers import rem_env, run_rem
 from tests.summaries import base_metadata, row_id, stage_receipt
 
@@ -105,7 +113,15 @@ async def test_the_chain_links_every_operator_event_and_check_passes(db_ctx: Con
     rows = await journal(db, *OPERATOR_KINDS)
     assert rows[0]["chain_prev"] is None
     assert all(b["chain_prev"] == a["chain"] for a, b in zip(rows, rows[1:], strict=False))
-    assert await chain(db) == {"ok": True, "checked": 6, "unchained": 0, "broken": None}
+    result = await chain(db)
+    assert {k: result[k] for k in ("ok", "checked", "unchained", "broken", "count")} == {
+        "ok": True,
+        "checked": 6,
+        "unchained": 0,
+        "broken": None,
+        "count": 6,
+    }
+    assert result["head"] == rows[-1]["chain"]
     report = await ops.check(db_ctx, verify_chroma=False)
     assert report["ok"] and "audit" in report["checked"]
 
@@ -195,6 +211,108 @@ async def test_replay_journals_its_intent_before_writing_chroma_and_its_outcome_
     (intent,) = await journal(db, "operator.replay_intent")
     assert json.loads(intent["data"])["targets"] == [row_id("s1")]
     assert (await chain(db))["ok"]
+
+
+async def _recorded(db_ctx: Context, db: Database) -> journal_head.Head:
+    head = await journal_head.HeadRecorder(db_ctx.data, db_ctx.store_name).record(db)
+    assert head is not None
+    assert journal_head.read_heads(db_ctx.data)[db_ctx.store_name] == head
+    assert stat.S_IMODE(journal_head.head_file(db_ctx.data).stat().st_mode) == 0o600
+    return head
+
+
+def _audit_findings(report: dict[str, Any]) -> list[str]:
+    return [f["what"] for f in report["violations"] if f["invariant"] == "8"]
+
+
+async def test_removing_the_newest_operator_event_is_found_against_the_recorded_head(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _operator_events(db, 4)
+    head = await _recorded(db_ctx, db)
+    assert head.count == 4 and head.head == (await journal(db, *OPERATOR_KINDS))[-1]["chain"]
+    assert _audit_findings(await ops.check(db_ctx, verify_chroma=False)) == []
+    await _operator_events(db, 1, start=5_000)  # appended after the record: still extends it
+    assert _audit_findings(await ops.check(db_ctx, verify_chroma=False)) == []
+    newest = (await journal(db, *OPERATOR_KINDS))[-2]["id"]  # the newest one the head covers
+    await _tamper(db, "DELETE FROM event WHERE id >= ?", (newest,))
+    assert (await chain(db))["ok"], "what is left is a sound chain: only the recorded head tells"
+    (what,) = _audit_findings(await ops.check(db_ctx, verify_chroma=False))
+    assert "holds 3 chained operator events, fewer than the 4" in what and "newest were removed" in what
+    # `rem up` keeps the evidence: the shortened journal is not recorded over it
+    assert await journal_head.HeadRecorder(db_ctx.data, db_ctx.store_name).record(db) is None
+    assert journal_head.read_heads(db_ctx.data)[db_ctx.store_name] == head
+
+
+async def test_a_journal_re_chained_with_plain_sha256_and_a_forged_uid_is_found(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await _operator_events(db, 3)
+    await _recorded(db_ctx, db)
+    rows = await journal(db, *OPERATOR_KINDS)
+    # the forger rewrites who acted, then re-makes every link with plain SHA-256, as rem would
+    async with db.tx() as conn:
+        await conn.execute("DROP TRIGGER IF EXISTS event_no_update")
+        previous = None
+        for row in rows:
+            content = (
+                row["time"],
+                row["kind"],
+                row["actor"],
+                row["session_id"],
+                row["target"],
+                row["data"],
+                4242,
+                "forged",
+            )
+            link = chain_link(previous, content)
+            await conn.execute(
+                "UPDATE event SET os_uid = 4242, os_user = 'forged', chain_prev = ?, chain = ? WHERE id = ?",
+                (previous, link, row["id"]),
+            )
+            previous = link
+    assert (await chain(db))["ok"], "a re-made plain chain is sound on its own"
+    (what,) = _audit_findings(await ops.check(db_ctx, verify_chroma=False))
+    assert "differs at operator event 3" in what and "re-chained or rewritten" in what
+
+
+async def test_a_keyed_journal_cannot_be_re_chained_without_the_key(
+    db_ctx: Context, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "journal.key"
+    key_file.write_text("k" * 32)
+    key_file.chmod(0o600)
+    monkeypatch.setenv("REM_JOURNAL_KEY_FILE", str(key_file))
+    db = await db_ctx.db()
+    await _operator_events(db, 3)
+    rows = await journal(db, *OPERATOR_KINDS)
+    assert all(r["chain"].startswith(KEYED_PREFIX) for r in rows)
+    assert (await chain(db))["ok"] is False  # without the key nothing keyed verifies
+    assert (await db.read_in_thread(lambda conn: verify_operator_chain_sync(conn, journal_key())))["ok"]
+    # re-made with plain SHA-256 from the second event on: a plain link after a keyed one
+    async with db.tx() as conn:
+        await conn.execute("DROP TRIGGER IF EXISTS event_no_update")
+        previous = rows[0]["chain"]
+        for row in rows[1:]:
+            content = (
+                row["time"],
+                row["kind"],
+                row["actor"],
+                row["session_id"],
+                row["target"],
+                row["data"],
+                0,
+                "x",
+            )
+            link = chain_link(previous, content)
+            await conn.execute(
+                "UPDATE event SET os_uid = 0, os_user = 'x', chain_prev = ?, chain = ? WHERE id = ?",
+                (previous, link, row["id"]),
+            )
+            previous = link
+    (what,) = _audit_findings(await ops.check(db_ctx, verify_chroma=False))
+    assert f"broken at event {rows[1]['id']}" in what and "not keyed" in what
+    key_file.chmod(0o644)
+    with pytest.raises(UsageError, match="REM_JOURNAL_KEY_FILE=.*mode 600"):
+        journal_key()
 
 
 @settings(max_examples=300, deadline=None)

@@ -116,7 +116,7 @@ async def _v5_database(path: Path) -> Database:
 async def test_a_v5_database_migrates_with_every_counter_backfilled(tmp_path: Path) -> None:
     db = await _v5_database(tmp_path / "state.db")
     try:
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 8
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 9
         kept = await db.read_in_thread(_kept)
         # hand-counted from the rows above
         assert kept["sessions"] == 6 and kept["inputs_total"] == 3
@@ -170,7 +170,7 @@ async def test_a_v7_database_migrates_with_the_usage_sums_backfilled(tmp_path: P
                     "VALUES (?, 1, 1, ?, ?, ?, ?, ?, ?, ?)",
                     (sid, t_in, t_out, t_rs, t_cr, t_cw, cost, error),
                 )
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 8
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 9
         kept = await db.read_in_thread(_kept)
         assert kept["usage_sessions"] == 3
         assert (kept["usage_tokens_input"], kept["usage_tokens_output"]) == (3100, 720)

@@ -88,6 +88,13 @@ def _check(ctx: Context, chroma_url: str) -> dict:  # type: ignore[type-arg]
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
 
+def _check_text(ctx: Context, chroma_url: str) -> str:
+    env = rem_env(REM_CHROMA_COLLECTION=ctx.collection)
+    proc = run_rem("check", "--data", str(ctx.data.root), "--chroma-url", chroma_url, env=env)
+    assert proc.returncode == 1, proc.stderr
+    return proc.stdout
+
+
 def _violating(report: dict) -> list[dict]:  # type: ignore[type-arg]
     return [row for f in report["violations"] for row in f["rows"]]
 
@@ -108,6 +115,9 @@ async def test_a_replaced_vector_alone_is_found_by_check_and_repaired_by_replay(
     (row,) = _violating(report)
     assert row["summary_id"] == "summary_s1"
     assert [(k["key"], k["reason"]) for k in row["keys"]] == [("embedding", "vector_differs")]
+    # the text report prints the outcome as its value, not as a Python enum's repr
+    text = await asyncio.to_thread(_check_text, ctx, chroma_url)
+    assert "'outcome': 'would_replay'" in text and "ReplayOutcome" not in text, text
 
     rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--json")
     assert rc == 0, err

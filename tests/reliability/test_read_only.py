@@ -21,9 +21,10 @@ from backend import ops
 from backend.chroma import server as chroma_server
 from backend.chroma.ownership import summary_row_id
 from backend.core.datadir import DataDir
+from backend.dream.digester import Dreamer
 from backend.runtime.context import Context
 from backend.summaries.summarizer import Summarizer
-from tests.helpers import await_until, run_rem
+from tests.helpers import await_until, data_fingerprint, rem_env, run_rem
 from tests.summaries import TOPICS, seed_session
 from tui.app import ConsoleApp
 from tui.screens.detail import DetailScreen
@@ -155,6 +156,43 @@ async def test_every_read_only_path_leaves_the_data_dir_byte_identical(tmp_path:
     assert sorted(p.name for p in root.iterdir()) == sorted(
         ["chroma", "chroma.lock", "logs", "state.db", "state.db-shm", "state.db-wal"]
     )
+
+
+def chroma_files(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under chroma/ with its SHA-256 and its mtime (a rewrite with equal bytes shows too)."""
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted((root / "chroma").rglob("*"))
+        if p.is_file()
+    }
+
+
+async def test_read_only_paths_leave_a_running_chromas_files_untouched_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Chroma writes a collection's index files when the collection is first opened after a start:
+    the process that starts it opens them all before recording its URL, so no reader is first."""
+    root = tmp_path / "data"
+    await build_data_dir(root)
+    ctx = Context(DataDir(root), collection="rem_summaries")
+    await Dreamer(ctx, once=True).run()  # the turn collection too, its vectors written, never read
+    await ctx.close()  # the server stops: the next one starts with every index to reopen
+    server = chroma_server.resolve(DataDir(root), start=True)  # as `rem up` starts it
+    try:
+        before = {**data_fingerprint(root), **chroma_files(root)}
+        assert sum(name.endswith("length.bin") for name in before) == 2  # summaries and turns
+        env = rem_env(REM_CHROMA_COLLECTION="rem_summaries")
+        for args in (["status", "--json"], ["check", "--json"], ["replay", "--all", "--dry-run"]):
+            proc = run_rem(*args, "--data", str(root), env=env)
+            assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+            assert {**data_fingerprint(root), **chroma_files(root)} == before, (
+                f"`rem {args[0]}` changed the data dir"
+            )
+        assert (
+            "chroma" in json.loads(run_rem("check", "--json", "--data", str(root), env=env).stdout)["checked"]
+        )
+    finally:
+        server.stop()
 
 
 async def test_a_read_only_rem_never_creates_the_collection(

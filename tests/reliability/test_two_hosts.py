@@ -15,6 +15,7 @@ finds no violation, and every admitted input has exactly one completed reply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -343,10 +344,24 @@ def _check(rig: TwoHosts) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@pytest.mark.timeout(600)  # the two hosts, then a drill on their store
 async def test_host_b_takes_over_every_lease_of_a_killed_host_after_expiry(
     ctx: Context, chroma_url: str, tmp_path: Path
 ) -> None:
     await _run(ctx, chroma_url, tmp_path, release=False)
+    # then the drill on the same store: its own Chroma is fresh, the store says the rows were
+    # written; the drill must settle anyway (Dream and the summarizer write them again)
+    assert ctx.db_url is not None
+    env = rem_env(TMPDIR=str(tmp_path))
+    env.pop("REM_DB_URL", None)
+    proc = await asyncio.to_thread(
+        run_rem, "drill", "sigkill", "--db", ctx.db_url, "--role", "executor", "--rounds", "1", "--json",
+        env=env, timeout=600,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, json.dumps([report["settle_s"], report["check"]["violations"]])[:4000]
+    assert report["settle_s"] is not None and report["check"]["ok"]
 
 
 async def test_host_b_takes_over_at_once_after_rem_release(

@@ -35,7 +35,11 @@ class Banner(Static):
         self._text = ""
 
     def set_problem(self, source: str, message: str | None) -> None:
-        """Set (or clear, with None) the problem reported by `source` ("database", "chroma", "feed")."""
+        """Set (or clear, with None) the problem reported by `source`.
+
+        Sources: "database", "chroma", "feed", and "chroma-refused" (a listener rem
+        refused where its Chroma server was: an error, not a warning).
+        """
         if message:
             self.problems[source] = visible(message)  # errors quote the data: never a terminal escape
         else:
