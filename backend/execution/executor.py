@@ -380,7 +380,7 @@ class Executor(Daemon):
         if promoted and state.admitted_at is None:
             state.admitted_at = min(p["admitted_at"] for p in promoted)
         if promoted and not state.turn_started:
-            projection.queue_context_epoch_sync(
+            projection.queue_context_baseline_sync(
                 conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
             )
         prompts = unanswered + promoted
