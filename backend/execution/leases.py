@@ -152,7 +152,7 @@ def take_over_execution_sync(
     return lease, dict(old)
 
 
-def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) -> None:
+def hand_back_execution_sync(conn: Conn, lease: fencing.Lease, *, actor: str, now: int) -> None:
     """Give a held lease back early (drain): expire it now and fence ourselves with a new epoch."""
     epoch = fencing.hand_back_sync(conn, lease, now=now)
     append_event_sync(
@@ -160,7 +160,7 @@ def hand_back_execution_sync(conn: Conn, lease: Lease, *, actor: str, now: int) 
         kind=EventKind.EXECUTION_HANDED_BACK,
         actor=actor,
         session_id=lease.session_id,
-        target=lease.execution_id,
+        target=lease.key,
         data={"epoch_before": lease.epoch, "epoch": epoch},
         now=now,
     )

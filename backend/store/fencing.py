@@ -610,7 +610,7 @@ class LeaseKeeper:
 
     def next_renewal_at(self) -> int | None:
         """When the next held lease needs renewing (None: nothing held)."""
-        return min((lease.renewal_due_at() for lease in self._held.values()), default=None)
+        return min((lease.renewal_due_at() for lease in self._held.values() if not lease.lost), default=None)
 
     async def renew_due(self, db: Database) -> list[Lease]:
         """Renew the held leases a third used, in one transaction; returns (and marks) the lost ones."""

@@ -14,9 +14,10 @@ from backend.core.settings import settings
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
 
-HEARTBEAT_INTERVAL_MS = 2_000
 # a worker whose heartbeat is older than this is presumed dead
 WORKER_DEAD_AFTER_MS = 10_000
+# a heartbeat is a liveness lease: renewed once a third of it is used, like every lease
+HEARTBEAT_INTERVAL_MS = WORKER_DEAD_AFTER_MS // 3
 
 
 class WorkerRole(StrEnum):

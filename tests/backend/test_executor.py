@@ -131,11 +131,11 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
     lease = await dead._claim("s1")
     assert lease is not None
     state = TurnState(lease)
-    step = await db.write_in_thread(lambda conn: dead._begin_step_sync(conn, state, clock.now_ms()))
+    step = await db.write_in_thread(lambda conn: dead.steps.begin_step_sync(conn, state, clock.now_ms()))
     assert step is not None
     step.parts = OfflineResponder().compose(step.request)[:parts]
     if parts:
-        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, "".join(step.parts)))
+        await db.write_in_thread(lambda conn: dead.steps.flush_sync(conn, state, step, "".join(step.parts)))
     return dead, state, step.assistant_id
 
 
@@ -219,7 +219,7 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
         parts=["ok"],
     )
     assert await db.write_in_thread(
-        lambda conn: dead._finish_step_sync(conn, state, done, ["ok"])
+        lambda conn: dead.steps.finish_step_sync(conn, state, done, ["ok"])
     )  # steer waits
     assert await db.scalar("SELECT phase FROM session_execution") == "safe"
     frozen_clock.advance(LEASE)
