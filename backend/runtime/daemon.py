@@ -33,7 +33,7 @@ from backend.runtime.refusals import RefusalJournal
 from backend.store import model_calls, workers
 from backend.store.changes import listen_changes
 from backend.store.db import Database
-from backend.store.fencing import LeaseKeeper
+from backend.store.lease_keeper import LeaseKeeper
 from backend.store.workers import WorkerRole, WorkerState
 
 IDLE_POLL_S = 0.05

@@ -19,9 +19,10 @@ rows' own. Whatever the kind:
   fails the statement that changed no row (`rem_fenced`), which fails the
   transaction, or its group member's savepoint, as `LeaseLost` before any of
   it commits (`backend.store.db.fenced_write`);
-* the holder renews once a third of the lease is used (`Lease.renewal_due`,
-  `LeaseKeeper`), so two renewals can fail before it expires; a fenced write
-  that renews (`guard_sync`) counts as one;
+* the holder renews once a third of the lease is used (`Lease.renewal_due`;
+  a daemon's `backend.store.lease_keeper.LeaseKeeper` plans it), so two
+  renewals can fail before it expires; a fenced write that renews
+  (`guard_sync`) counts as one;
 * an operator's release (`release_sync`) expires the lease now and bumps its
   epoch, fenced on the grant the operator saw: refused when it was renewed or
   taken over since, unless forced. The operator's journal entry is
@@ -35,7 +36,6 @@ more `LeaseTable` in `TABLES`.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -581,41 +581,3 @@ def _moved(table: LeaseTable, key: str, epoch: int, expected: int) -> str:
         f"{table.kind} lease of {key} is at epoch {epoch}, not {expected}: it was renewed or taken over "
         "since you looked; re-check `rem status`, or pass --force"
     )
-
-
-# -- keeping what a process holds --------------------------------------------------
-
-
-class LeaseKeeper:
-    """The leases one process holds, renewed once a third of each is used (and never polled for when none is)."""
-
-    def __init__(self) -> None:
-        self._held: dict[tuple[LeaseKind, str], Lease] = {}
-        # set when a lease is taken: the upkeep loop sleeping until the next renewal looks again
-        self.changed = asyncio.Event()
-
-    def hold(self, lease: Lease) -> None:
-        self._held[(lease.kind, lease.key)] = lease
-        self.changed.set()
-
-    def drop(self, lease: Lease) -> None:
-        if self._held.get((lease.kind, lease.key)) is lease:
-            del self._held[(lease.kind, lease.key)]
-
-    def held(self) -> list[Lease]:
-        return list(self._held.values())
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-    def next_renewal_at(self) -> int | None:
-        """When the next held lease needs renewing (None: nothing held)."""
-        return min((lease.renewal_due_at() for lease in self._held.values() if not lease.lost), default=None)
-
-    async def renew_due(self, db: Database) -> list[Lease]:
-        """Renew the held leases a third used, in one transaction; returns (and marks) the lost ones."""
-        now = clock.now_ms()
-        due = [lease for lease in self._held.values() if not lease.lost and lease.renewal_due(now)]
-        if not due:
-            return []
-        return await db.write_in_thread(lambda conn: renew_sync(conn, due, now))

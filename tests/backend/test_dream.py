@@ -373,7 +373,7 @@ async def test_drift_classes(db_ctx: Context) -> None:
 async def test_legacy_retirement_needs_zero_rows_for_a_full_window(
     db_ctx: Context, frozen_clock: clock.FrozenClock
 ) -> None:
-    from backend.dream.digester import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
+    from backend.dream.legacy import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
 
     db = await db_ctx.db()
     assert (await legacy_retirement(db))["retired"]  # never had legacy rows
