@@ -69,7 +69,7 @@ StatusLoader = Callable[[Context], Awaitable[Status]]
 
 
 def now_ms() -> int:
-    """rem's clock (a test's frozen one included), in ms since the epoch."""
+    """rem's clock (a test's frozen one included), as Unix time in ms."""
     return clock.now_ms()
 
 
