@@ -184,7 +184,7 @@ class ActionRunner:
 
     def action_completed(self, message: ActionCompleted) -> None:
         """The library did it: say what it did, log it, and read the new state at once."""
-        plan, text = message.plan, actions.describe_result(message.plan, message.result)
+        plan, text = message.plan, message.outcome.text
         self.host.notify(text, title=f"{plan.action} done", timeout=8)
         self.log(plan.action, plan.target_text, "ok", text)
         self.host.request_refresh(force=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.ops.records import LeaseKind, LeaseRecord, ReplayReport, WorkerState
+from backend.ops.results import ActionResult, DrainReport, LeaseReleased, ResumeReport
 from tui.console_backend import ConsoleBackend
 from tui.format import compact_json, duration, short
 from tui.widgets.leases import left_ms, owner_alive
@@ -222,41 +223,58 @@ def resume_plan(record: Mapping[str, Any]) -> ActionPlan:
 
 
 # -- running and describing ----------------------------------------------------
-async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Mapping[str, Any]:
-    """Run a confirmed plan through `backend.ops` (the library re-checks and journals it)."""
+@dataclass(frozen=True)
+class Outcome:
+    """What a confirmed plan did: the library's typed result, and the one line that says it."""
+
+    result: ActionResult
+    text: str  # for the notification and the action log
+
+
+async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Outcome:
+    """Run a confirmed plan through `backend.ops` (the library re-checks and journals it).
+
+    Each action reads its own typed result (`backend.ops.results`); a new
+    action adds its branch here and its describer below.
+    """
     p = plan.params
     if plan.action == "replay":
-        return await backend.replay(p["summary_ids"], all_mismatched=p["all_mismatched"])
+        report = await backend.replay(p["summary_ids"], all_mismatched=p["all_mismatched"])
+        return Outcome(report, describe_replay(plan, report))
     if plan.action == "drain":
-        return await backend.drain(p["owner_id"])
+        drained = await backend.drain(p["owner_id"])
+        return Outcome(drained, describe_drain(drained))
     if plan.action == "release":
-        return await backend.release(p["lease_id"], kind=p["kind"], expected_epoch=p["expected_epoch"])
+        released = await backend.release(p["lease_id"], kind=p["kind"], expected_epoch=p["expected_epoch"])
+        return Outcome(released, describe_release(released))
     if plan.action == "resume":
-        return await backend.resume(p["session_id"])
+        resumed = await backend.resume(p["session_id"])
+        return Outcome(resumed, describe_resume(plan, resumed))
     raise ValueError(f"unknown action {plan.action!r}")
 
 
-def describe_result(plan: ActionPlan, result: Mapping[str, Any]) -> str:
-    """One line for the notification and the action log."""
-    counts = result_counts(result)
-    if plan.action == "replay":
-        return f"replay {plan.target_text}: {counts or compact_json(result, 120)}"
-    if plan.action == "release" and "new_epoch" in result:
-        return (
-            f"released {result.get('kind')} lease {result.get('id')} of {result.get('owner_id')}: "
-            f"epoch {result.get('old_epoch')} → {result.get('new_epoch')}"
-            + (" (forced)" if result.get("forced") else "")
-        )
-    if plan.action == "resume" and result.get("resumed"):
-        item = result["resumed"][0]
-        again = f"; asked again as {', '.join(item['reasked'])}" if item.get("reasked") else ""
-        return f"resumed {item['session_id']}: {item['inputs_woken']} waiting input(s) woken{again}"
-    if plan.action == "drain" and "state" in result:
-        return (
-            f"drain {result.get('owner_id')}: {result.get('previous_state', '?')} → "
-            f"{result.get('state')}; it hands back its work and exits"
-        )
-    detail = result.get("message") or compact_json(
-        {k: v for k, v in result.items() if not isinstance(v, list | dict)}, 140
+def describe_replay(plan: ActionPlan, report: ReplayReport) -> str:
+    return f"replay {plan.target_text}: {result_counts(report) or compact_json(report, 120)}"
+
+
+def describe_release(released: LeaseReleased) -> str:
+    return (
+        f"released {released['kind']} lease {released['id']} of {released['owner_id']}: "
+        f"epoch {released['old_epoch']} → {released['new_epoch']}"
+        + (" (forced)" if released["forced"] else "")
     )
-    return f"{plan.action} {plan.target_text}: {detail}"
+
+
+def describe_drain(drained: DrainReport) -> str:
+    return (
+        f"drain {drained['owner_id']}: {drained['previous_state']} → {drained['state']}; "
+        "it hands back its work and exits"
+    )
+
+
+def describe_resume(plan: ActionPlan, resumed: ResumeReport) -> str:
+    if not resumed["resumed"]:
+        return f"resume {plan.target_text}: nothing was held"
+    item = resumed["resumed"][0]
+    again = f"; asked again as {', '.join(item['reasked'])}" if item["reasked"] else ""
+    return f"resumed {item['session_id']}: {item['inputs_woken']} waiting input(s) woken{again}"

@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.ops.console import ConsoleSession, DataDir, StatusLoader, StoreEvent
 from backend.ops.records import Moment, ReplayReport, Status
+from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
@@ -86,13 +87,13 @@ class ConsoleBackend:
         """Ranked memory items, as `rem recall` gives them (never starts Chroma: lexical without it)."""
         return await self.loop.run(self.session.recall(query, project, k))
 
-    async def drain(self, owner_id: str) -> dict[str, Any]:
+    async def drain(self, owner_id: str) -> DrainReport:
         return await self.loop.run(self.session.drain(owner_id))
 
-    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
+    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> LeaseReleased:
         return await self.loop.run(self.session.release(lease_id, kind=kind, expected_epoch=expected_epoch))
 
-    async def resume(self, session_id: str) -> dict[str, Any]:
+    async def resume(self, session_id: str) -> ResumeReport:
         return await self.loop.run(self.session.resume(session_id))
 
     def close(self) -> None:

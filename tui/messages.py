@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from textual.message import Message
 
 from backend.ops.console import StoreEvent
 from backend.ops.records import Moment, Status
-from tui.actions import ActionPlan
+from tui.actions import ActionPlan, Outcome
 
 
 class SnapshotLoaded(Message):
@@ -43,12 +40,12 @@ class DryRunReady(Message):
 
 
 class ActionCompleted(Message):
-    """A confirmed action returned from `backend.ops`."""
+    """A confirmed action returned from `backend.ops` (its typed result and the line that says it)."""
 
-    def __init__(self, plan: ActionPlan, result: Mapping[str, Any]) -> None:
+    def __init__(self, plan: ActionPlan, outcome: Outcome) -> None:
         super().__init__()
         self.plan = plan
-        self.result = result
+        self.outcome = outcome
 
 
 class MomentLoaded(Message):

@@ -23,6 +23,7 @@ from rich.text import Text
 from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
+from backend.ops.results import DrainReport
 from backend.runtime import refusals
 from backend.store.workers import WorkerState
 
@@ -438,10 +439,10 @@ def print_replay(result: ReplayReport) -> None:
     console.print(("[bold]dry run[/] (nothing written): " if result["dry_run"] else "") + counters)
 
 
-def drain_progress_printer() -> Any:
+def drain_progress_printer() -> Callable[[DrainReport], None]:
     last: list[str] = []
 
-    def show(report: dict[str, Any]) -> None:
+    def show(report: DrainReport) -> None:
         line = (
             f"\r{visible(report['owner_id'])}: {report['state']}, {report['leases_held']} leases held, "
             f"{report['waited_ms'] / 1000:.1f} s"

@@ -1,4 +1,4 @@
-"""Wall-clock time in ms since the epoch, always from Python, never from SQL.
+"""Wall-clock time as Unix time in ms, always from Python, never from SQL.
 
 Tests and clock-skew drills shift it: `REM_CLOCK_SKEW_MS` adds a fixed
 offset for a whole process; `set_clock` replaces the source in-process.
@@ -26,7 +26,7 @@ def _skew_ms() -> int:
 
 
 def now_ms() -> int:
-    """The current time in ms since the epoch (with any configured skew)."""
+    """The current Unix time in ms (with any configured skew)."""
     if _source is not None:
         return _source()
     return int(time.time() * 1000) + _skew_ms()

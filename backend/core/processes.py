@@ -97,7 +97,7 @@ def hide_in_title(text: str, shown: str) -> bool:
 
 
 def started_at(pid: int) -> float | None:
-    """When process `pid` started (seconds since the epoch), or None when there is no such process."""
+    """When process `pid` started (Unix time in seconds), or None when there is no such process."""
     try:
         return round(float(psutil.Process(pid).create_time()), START_TIME_DIGITS)
     except (psutil.Error, ValueError, OverflowError):

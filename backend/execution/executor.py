@@ -6,14 +6,16 @@ execution: claim (`ready`) -> per step: promote inputs and open the
 assistant row (`unknown`), stream parts, close the row (`safe`) -> at the
 end, delete the execution row (clean end). `steer` inputs join the running
 turn at the next step boundary; a `queue` input starts the next turn. Every
-write transaction of a turn starts with `leases.guard_sync`, fenced on
-(execution id, owner, epoch). Expired or released executions are taken
-over through `backend.execution.recovery`. Draining stops claiming, lets in-flight
+write transaction of a turn (`backend.execution.steps`) starts with
+`guard_sync`, fenced on (execution id, owner, epoch) (`backend.store.fencing`).
+Expired or released executions are taken over through
+`backend.execution.recovery`. The leases held are in `self.leases`, renewed by
+the daemon's upkeep a third into each. Draining stops claiming, lets in-flight
 turns finish (bounded), and ends their leases cleanly.
 
 Streamed parts are written by `backend.execution.streaming.PartWriter`
-(coalesced, fenced inserts; the renewal loop keeps the lease while a stream
-runs). A model's usage is written with the step's completion, in the same
+(coalesced, fenced inserts; the upkeep's renewal keeps the lease while a
+stream runs). A model's usage is written with the step's completion, in the same
 transaction. Model failures (`backend.models.errors`): a stream that broke
 mid-reply is closed as `interrupted` and the step re-asked with the partial
 text (bounded by `REM_MODEL_RETRIES` per turn); any other failure ends the
@@ -27,26 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from functools import partial
 from typing import Any
 
 from backend.core import clock, faults
 from backend.core.errors import LeaseLost, RemError
 from backend.core.settings import settings
-from backend.execution import leases, model_turns, projection, recovery, sessions
-from backend.execution.agent import Agent, StepRequest, load_agent
-from backend.execution.leases import ExecutionPhase, Lease
+from backend.execution import leases, recovery, sessions
+from backend.execution.agent import Agent, load_agent
+from backend.execution.leases import Lease
+from backend.execution.steps import Step, StepTransactions, TurnState
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.memory.context import memory_for_step
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
-from backend.models.health import CallRecord
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
-from backend.store import handoffs
-from backend.store.db import Conn, execute_unread, read_together_sync
+from backend.store import fencing
+from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -71,41 +72,6 @@ RETURNING id
 """
 
 
-@dataclass
-class TurnState:
-    """One execution as its owning task sees it."""
-
-    lease: Lease
-    step: int = 0
-    turn_started: bool = False
-    # set after a takeover: the first step re-derives its state from the transcript
-    recovering: bool = False
-    recovered: bool = False
-    # when the oldest input this execution promoted was admitted (the turn's latency starts there)
-    admitted_at: int | None = None
-    # set when a step's stream broke mid-reply: the next step re-asks with what arrived
-    reask: model_turns.Reask | None = None
-    interruptions: int = 0
-    # set by the transaction that ended the execution cleanly, if it ended a turn
-    turn_counted: bool = False
-
-
-@dataclass(kw_only=True)
-class Step:
-    """One step in flight: its assistant row, what it answers, the parts streamed so far."""
-
-    number: int
-    assistant_id: str
-    data: dict[str, Any]
-    request: StepRequest
-    # the deltas streamed so far, and how many part rows they were written as
-    parts: list[str] = field(default_factory=list)
-    written: int = 0
-    # characters streamed so far; the reply reached REM_MODEL_REPLY_MAX_CHARS (the rest unread)
-    chars: int = 0
-    truncated: bool = False
-
-
 class Executor(Daemon):
     role = WorkerRole.EXECUTOR
 
@@ -126,15 +92,20 @@ class Executor(Daemon):
         self.drain_ms = settings.executor_drain_ms
         self.budget = recovery.recovery_budget()
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.held: dict[str, Lease] = {}
         self.turns_completed = 0
         self.stream_stats = StreamStats()
-        # how many earlier messages a step reads for the agent (none: no query at all)
-        self.history_messages = int(getattr(self.agent, "history_messages", 0) or 0)
-        self.reasks = settings.model_retries
         self.reply_max_chars = settings.model_reply_max_chars
+        self.steps = StepTransactions(
+            owner_id=self.owner_id,
+            agent=self.agent,
+            draining=self.draining,
+            # how many earlier messages a step reads for the agent (none: no query at all)
+            history_messages=int(getattr(self.agent, "history_messages", 0) or 0),
+            reply_max_chars=self.reply_max_chars,
+            reasks=settings.model_retries,
+            log=self.log,
+        )
         self._sink: PartSink | None = None
-        self._renewer: asyncio.Task[None] | None = None
 
     def info(self) -> dict[str, Any]:
         return {"agent": self.agent.name, "concurrency": self.concurrency, "lease_ms": self.lease_ms}
@@ -142,8 +113,6 @@ class Executor(Daemon):
     # -- the pass ----------------------------------------------------------
     async def run_pass(self) -> int:
         """Take over expired executions, then claim sessions with waiting inputs."""
-        if self._renewer is None:
-            self._renewer = asyncio.create_task(self._renew_loop())
         if self.draining.is_set():
             return 0
         started = await self._take_over_expired() + await self._claim_waiting()
@@ -241,11 +210,11 @@ class Executor(Daemon):
         session_id = state.lease.session_id
         try:
             while True:
-                self.held[state.lease.execution_id] = state.lease
+                self.leases.hold(state.lease)
                 faults.point("executor.after_claim")
                 await self._drive(state)
                 self.turns_completed += int(state.turn_counted)
-                self.held.pop(state.lease.execution_id, None)
+                self.leases.drop(state.lease)
                 if self.draining.is_set():
                     return
                 lease = await self._claim(session_id)
@@ -264,7 +233,7 @@ class Executor(Daemon):
                 state.lease.execution_id,
             )
         finally:
-            self.held.pop(state.lease.execution_id, None)
+            self.leases.drop(state.lease)
             self.tasks.pop(session_id, None)
             self.wake()
 
@@ -272,7 +241,7 @@ class Executor(Daemon):
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
             step = await self.db.write_in_thread(
-                lambda conn: self._begin_step_sync(conn, state, clock.now_ms())
+                lambda conn: self.steps.begin_step_sync(conn, state, clock.now_ms())
             )
             if step is None:
                 return
@@ -281,20 +250,22 @@ class Executor(Daemon):
                 await self._give_memory(state, step)
                 tail, arrived, broken = await self._stream(state, step)
             except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
-                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
+                await self._write(partial(self.steps.fail_step_sync, state=state, step=step, exc=exc))
                 return
             except (RemError, asyncio.CancelledError):
                 raise  # a lost lease, the database, an injected fault: not the agent's failure
             except Exception as exc:  # the agent failed: close the step as an error, end the turn
                 if self.db.is_engine_error(exc):
                     raise  # a write of rem's own failed, not the agent: recovery retries the turn
-                await self._write(partial(self._fail_step_sync, state=state, step=step, exc=exc))
+                await self._write(partial(self.steps.fail_step_sync, state=state, step=step, exc=exc))
                 return
             if broken is not None:
-                finish = partial(self._interrupt_step_sync, state=state, step=step, tail=tail, error=broken)
+                finish = partial(
+                    self.steps.interrupt_step_sync, state=state, step=step, tail=tail, error=broken
+                )
             else:
                 faults.point("executor.before_complete")
-                finish = partial(self._finish_step_sync, state=state, step=step, tail=tail)
+                finish = partial(self.steps.finish_step_sync, state=state, step=step, tail=tail)
             more = await self._write(finish)
             self.stream_stats.committed(arrived, asyncio.get_running_loop().time())
             if not more:
@@ -309,126 +280,6 @@ class Executor(Daemon):
             health.give_back(calls)
             raise
 
-    def _begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
-        """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
-        lease = state.lease
-        number = state.step + 1
-        aid = projection.assistant_id(lease.execution_id, number)
-        leases.guard_sync(
-            conn,
-            lease,
-            now=now,
-            unread=True,
-            phase=ExecutionPhase.UNKNOWN,
-            step=number,
-            assistant_message_id=aid,
-        )
-        unanswered = self._recovered_prompts_sync(conn, state)
-        inputs = (
-            []
-            if self.draining.is_set()
-            else sessions.pending_inputs_sync(conn, lease.session_id, turn_start=not state.turn_started)
-        )
-        if not unanswered and not inputs:
-            self._end_sync(conn, state, now)
-            return None
-        step = self._open_step_sync(conn, state, number, aid, unanswered, inputs, now)
-        # only after the transaction body succeeded (a rollback leaves the state as it was)
-        state.step, state.turn_started, state.recovering = number, True, False
-        return step
-
-    def _recovered_prompts_sync(self, conn: Conn, state: TurnState) -> list[dict[str, Any]]:
-        """After a takeover or a broken stream: what was promoted but never answered."""
-        sid, eid = state.lease.session_id, state.lease.execution_id
-        if state.recovering:
-            state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
-            recovery.mark_continuing_sync(conn, eid)
-            state.reask = model_turns.interrupted_reply_sync(conn, sid)
-        elif state.reask is None:
-            return []
-        return projection.unanswered_prompts_sync(conn, sid)
-
-    def _open_step_sync(
-        self,
-        conn: Conn,
-        state: TurnState,
-        number: int,
-        aid: str,
-        unanswered: list[dict[str, Any]],
-        inputs: list[Any],
-        now: int,
-    ) -> Step:
-        lease, sid = state.lease, state.lease.session_id
-        count = len(inputs) + 1
-        reused: dict[str, Any] | None = None
-        if state.recovering:
-            # a recovered step is given exactly the memory the interrupted one was given (read
-            # before this step closes the rows still streaming: only rows closed earlier count)
-            first = sessions.reserve_seqs_sync(conn, sid, count, now, messages=count)
-            reused = projection.interrupted_step_memory_sync(conn, sid, lease.execution_id)
-            superseded = projection.supersede_open_sync(conn, sid, aid, now)
-        else:
-            # independent statements, sent together: one round trip on PostgreSQL
-            first, superseded = read_together_sync(
-                conn,
-                [
-                    sessions.reserve_seqs(sid, count, now, messages=count),
-                    projection.supersede_open(sid, aid, now),
-                ],
-            )
-        promoted = sessions.promote_sync(conn, sid, lease.execution_id, inputs, first, now)
-        if promoted and state.admitted_at is None:
-            state.admitted_at = min(p["admitted_at"] for p in promoted)
-        if promoted and not state.turn_started:
-            projection.queue_context_epoch_sync(
-                conn, sid, self.agent.system_prompt(), self.agent.snapshot(), promoted[0]["seq"], now
-            )
-        prompts = unanswered + promoted
-        data = {
-            "execution_id": lease.execution_id,
-            "status": "streaming",
-            "text": "",
-            "parent_id": prompts[-1]["id"],
-            "answers": [p["id"] for p in prompts],
-            "step": number,
-            "epoch": lease.epoch,
-            "agent": self.agent.name,
-        }
-        if reused is not None:
-            data["memory"] = {**reused, "reused": True}
-        sessions.insert_message_sync(conn, aid, sid, "assistant", first + len(promoted), data, now)
-        handoffs.mark_turns_changed_sync(conn, sid, now)
-        if promoted or superseded:
-            append_event_sync(
-                conn,
-                kind=EventKind.INPUT_PROMOTED,
-                actor=self.owner_id,
-                session_id=sid,
-                target=lease.execution_id,
-                now=now,
-                data={
-                    "inputs": [p["id"] for p in promoted],
-                    "seqs": [p["seq"] for p in promoted],
-                    "step": number,
-                    "superseded": superseded,
-                },
-            )
-        resumed = lease.execution_id if state.recovering else None
-        request = StepRequest(
-            session_id=sid,
-            prompts=[p["text"] for p in prompts],
-            step=number,
-            resumed_from=resumed,
-            memory=list(reused.get("items") or []) if reused else [],
-        )
-        if state.reask is not None:
-            data["reask"] = state.reask.reason
-            request.interrupted, request.interrupted_reason = state.reask.partial, state.reask.reason
-            state.reask = None
-        if self.history_messages:
-            request.history = model_turns.history_sync(conn, sid, prompts[0]["seq"], self.history_messages)
-        return Step(number=number, assistant_id=aid, data=data, request=request)
-
     async def _give_memory(self, state: TurnState, step: Step) -> None:
         """Recall the step's memory and record it with the step before the agent sees it."""
         if "memory" in step.data:
@@ -437,13 +288,8 @@ class Executor(Daemon):
         if memory is None:
             return
         step.data["memory"] = memory
-        await self.db.write_in_thread(partial(self._record_memory, state=state, step=step))
+        await self.db.write_in_thread(partial(self.steps.record_memory_sync, state=state, step=step))
         step.request.memory = list(memory["items"])
-
-    def _record_memory(self, conn: Conn, state: TurnState, step: Step) -> None:
-        now = clock.now_ms()
-        leases.guard_sync(conn, state.lease, now=now, unread=True)
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
 
     async def _stream(
         self, state: TurnState, step: Step
@@ -493,180 +339,6 @@ class Executor(Daemon):
         await self._sink.write(state.lease, step.assistant_id, step.written, "".join(parts))
         step.written += 1
 
-    def _flush_sync(self, conn: Conn, state: TurnState, step: Step, text: str) -> None:
-        """One coalesced part, fenced (no lease-row write: the renewal loop keeps the lease)."""
-        projection.write_fenced_part_sync(
-            conn, state.lease, step.assistant_id, step.written, text, clock.now_ms()
-        )
-
-    def _finish_step_sync(
-        self,
-        conn: Conn,
-        state: TurnState,
-        step: Step,
-        tail: list[str],
-        calls: Sequence[CallRecord] = (),
-    ) -> bool:
-        """Close the step (`safe`, assistant completed, usage counted); end the turn unless a steer waits."""
-        lease, now = state.lease, clock.now_ms()
-        leases.guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
-        if tail:
-            projection.write_parts_sync(
-                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
-            )
-        step.data.update(status="completed", text="".join(step.parts), time_completed=now)
-        model_turns.record_reply_sync(
-            conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
-        )
-        if step.truncated:
-            model_turns.record_truncation_sync(
-                conn, lease, step.assistant_id, step.number, step.data, self.reply_max_chars, now
-            )
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
-        handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-        append_event_sync(
-            conn,
-            kind=EventKind.EXECUTION_STEP,
-            actor=self.owner_id,
-            session_id=lease.session_id,
-            target=lease.execution_id,
-            now=now,
-            data={"step": step.number, "assistant_id": step.assistant_id, "parts": len(step.parts)},
-        )
-        more = (
-            not self.draining.is_set()
-            and conn.execute(
-                "SELECT 1 FROM session_input WHERE session_id = ? AND promoted_seq IS NULL "
-                "AND delivery = 'steer' LIMIT 1",
-                (lease.session_id,),
-            ).fetchone()
-            is not None
-        )
-        if not more:
-            self._end_sync(conn, state, now)
-        return more
-
-    def _fail_step_sync(
-        self,
-        conn: Conn,
-        state: TurnState,
-        step: Step,
-        exc: Exception,
-        calls: Sequence[CallRecord] = (),
-    ) -> None:
-        """The agent raised: the step is answered with an error and the turn ends cleanly."""
-        lease, now = state.lease, clock.now_ms()
-        self.log.warning("agent failed in %s step %d: %r", lease.execution_id, step.number, exc)
-        leases.guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
-        text = "".join(step.parts)
-        error: Any = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, ModelError):
-            error = exc.as_dict()
-            text = text or model_turns.error_reply(exc, lease.session_id)
-            model_turns.record_failure_sync(
-                conn, lease.session_id, exc, step.request.reply, calls, self.owner_id, now
-            )
-        step.data.update(status="error", text=text, error=error, time_completed=now)
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
-        handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-        append_event_sync(
-            conn,
-            kind=EventKind.EXECUTION_FAILED,
-            actor=self.owner_id,
-            session_id=lease.session_id,
-            target=lease.execution_id,
-            now=now,
-            data={
-                "step": step.number,
-                "error": error,
-                "class": exc.error_class if isinstance(exc, ModelError) else "agent",
-            },
-        )
-        self._end_sync(conn, state, now)
-
-    def _interrupt_step_sync(
-        self,
-        conn: Conn,
-        state: TurnState,
-        step: Step,
-        tail: list[str],
-        error: StreamInterrupted,
-        calls: Sequence[CallRecord] = (),
-    ) -> bool:
-        """A stream broke mid-reply: keep what arrived, close the row as interrupted, re-ask.
-
-        Past `REM_MODEL_RETRIES` interruptions in one turn, the step ends as an error reply.
-        """
-        lease, now = state.lease, clock.now_ms()
-        if state.interruptions >= self.reasks:
-            self._fail_step_sync(conn, state, step, error, calls)
-            return False
-        leases.guard_sync(conn, lease, now=now, unread=True)
-        if tail:
-            projection.write_parts_sync(
-                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
-            )
-        step.data.update(
-            status="interrupted", text="".join(step.parts), error=error.as_dict(), time_completed=now
-        )
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
-        model_turns.record_failure_sync(
-            conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
-        )
-        append_event_sync(
-            conn,
-            kind=EventKind.EXECUTION_INTERRUPTED,
-            actor=self.owner_id,
-            session_id=lease.session_id,
-            target=lease.execution_id,
-            now=now,
-            data={
-                "step": step.number,
-                "assistant_id": step.assistant_id,
-                "chars": len(step.data["text"]),
-                **error.as_dict(),
-            },
-        )
-        state.interruptions += 1
-        state.reask = model_turns.Reask(step.data["text"], error.error_class)
-        return True
-
-    def _end_sync(self, conn: Conn, state: TurnState, now: int) -> None:
-        """The clean end of an execution: delete its row, close its recovery, count the turn."""
-        lease = state.lease
-        leases.end_execution_sync(conn, lease, unread=True)
-        if state.recovered:
-            recovery.finish_sync(conn, lease.execution_id)
-        if state.turn_started:
-            execute_unread(
-                conn, "UPDATE session SET turn_count = turn_count + 1 WHERE id = ?", (lease.session_id,)
-            )
-        append_event_sync(
-            conn,
-            kind=EventKind.EXECUTION_COMPLETED,
-            actor=self.owner_id,
-            session_id=lease.session_id,
-            target=lease.execution_id,
-            now=now,
-            data=self._completion(state, now),
-        )
-        # counted by `_run_session` once the transaction is in: a fenced write sent unread may
-        # still fail it (a lost lease) after this function returned
-        state.turn_counted = state.turn_started
-
-    @staticmethod
-    def _completion(state: TurnState, now: int) -> dict[str, Any]:
-        """The execution.completed event's data; a turn's latency when its inputs were seen admitted."""
-        data: dict[str, Any] = {
-            "epoch": state.lease.epoch,
-            "steps": state.step,
-            "recovered": state.recovered,
-            "turn": state.turn_started,
-        }
-        if state.turn_started and state.admitted_at is not None:
-            data["latency_ms"] = now - state.admitted_at
-        return data
-
     async def _journal_lost(self, lease: Lease, reason: str) -> None:
         """Record the loss; the owner publishes nothing more for this execution."""
         self.log.warning("lost execution %s of session %s: %s", lease.execution_id, lease.session_id, reason)
@@ -682,40 +354,21 @@ class Executor(Daemon):
                 )
             )
 
-    # -- renewal and hand-back ---------------------------------------------
-    async def _renew_loop(self) -> None:
-        interval = leases.renew_every_ms(self.lease_ms) / 1000
-        while True:
-            await asyncio.sleep(interval)
-            held = list(self.held.values())
-            if not held:
-                continue
-            try:
-                for lease in await leases.renew(self.db, held):
-                    lease.lost = True
-            except RemError as exc:
-                self.log.warning("lease renewal failed: %s", exc)
-
     async def hand_back(self) -> None:
-        """Let in-flight turns finish (bounded); hand back any lease still held, then stop renewing."""
+        """Let in-flight turns finish (bounded); hand back any lease still held."""
         if self.tasks:
             _, pending = await asyncio.wait(list(self.tasks.values()), timeout=self.drain_ms / 1000)
-            leftover = list(self.held.values())
+            leftover = self.leases.held()
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             for lease in leftover:
                 await self._hand_back_lease(lease)
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-            self._renewer = None
         close = getattr(self.agent, "aclose", None)  # a model agent's connections
         if close is not None:
             await close()
 
-    async def _hand_back_lease(self, lease: Lease) -> None:
+    async def _hand_back_lease(self, lease: fencing.Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""
         try:
             await self.db.write_in_thread(
@@ -724,4 +377,4 @@ class Executor(Daemon):
                 )
             )
         except RemError as exc:
-            self.log.warning("could not hand back %s: %s", lease.execution_id, exc)
+            self.log.warning("could not hand back %s: %s", lease.key, exc)

@@ -1,7 +1,7 @@
 """`rem import`: existing conversations from JSON Lines, streamed, validated, idempotent on ids.
 
 One message per line: `{"project", "session", "id", "role": "user"|"assistant",
-"speaker" (optional), "text", "time"}`; `time` is ms since the epoch or an ISO
+"speaker" (optional), "text", "time"}`; `time` is Unix time in ms or an ISO
 8601 string, `project` defaults to `default`.
 
 All or nothing per session, in two streaming passes over the file:
@@ -156,12 +156,12 @@ class Report:
 
 
 def parse_time(value: Any) -> int:
-    """ms since the epoch from an integer (ms) or an ISO 8601 string (UTC when no zone is given)."""
+    """Unix time in ms from an integer (ms) or an ISO 8601 string (UTC when no zone is given)."""
     if isinstance(value, bool):
-        raise ValueError("time must be ms since the epoch or an ISO 8601 string, not true/false")
+        raise ValueError("time must be Unix time in ms or an ISO 8601 string, not true/false")
     if isinstance(value, int):
         if not 0 <= value < 10**14:
-            raise ValueError(f"time {value} is not ms since the epoch")
+            raise ValueError(f"time {value} is not Unix time in ms")
         return value
     if isinstance(value, str):
         try:
@@ -171,7 +171,7 @@ def parse_time(value: Any) -> int:
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=UTC)
         return int(parsed.timestamp() * 1000)
-    raise ValueError("time must be ms since the epoch (an integer) or an ISO 8601 string")
+    raise ValueError("time must be Unix time in ms (an integer) or an ISO 8601 string")
 
 
 def shown(value: Any) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from backend.core.settings import Settings
 from backend.execution.leases import Lease
@@ -209,15 +209,26 @@ def history_sync(conn: Conn, session_id: str, before_seq: int, limit: int) -> li
 HELD_SQL = "SELECT id, held_at, held_reason FROM session WHERE held_at IS NOT NULL ORDER BY held_at"
 
 
+class ResumedSession(TypedDict):
+    """One session `resume_sync` lifted the hold of."""
+
+    session_id: str
+    held_at: int
+    held_reason: str
+    inputs_woken: int
+    reasked: list[str]  # the ids of the prompts admitted again
+
+
 def resume_sync(
     conn: Conn, session_ids: list[str] | None, *, reask: bool, actor: str, now: int
-) -> dict[str, Any]:
-    """Lift the hold of the named sessions (None: every held one), journaled; the other side of `hold_session_sync`.
+) -> list[ResumedSession]:
+    """Lift the hold of the named sessions (None: every held one); the other side of `hold_session_sync`.
 
     Their waiting inputs wake; with `reask`, the prompts the failing turn answered
     with an error are admitted again as new inputs (`<input id>.retry<n>`), so the
     question gets a real answer once the cause is fixed. Refused, changing nothing,
-    if a named session does not exist or is not held.
+    if a named session does not exist or is not held. The operator's journal entry
+    is the caller's (`backend.ops.resume`), in the same transaction.
     """
     from backend.core.errors import Refused, SessionNotFound
     from backend.execution.sessions import admit_sync
@@ -243,18 +254,12 @@ def resume_sync(
             admit_sync(conn, sid, text, "queue", new_id, now, actor)["input_id"]
             for new_id, text in (_failed_prompts_sync(conn, sid) if reask else [])
         ]
-        item = {
-            "session_id": sid,
-            "held_at": row[1],
-            "held_reason": row[2],
-            "inputs_woken": woken,
-            "reasked": again,
-        }
-        append_event_sync(
-            conn, kind=EventKind.OPERATOR_RESUME, actor=actor, session_id=sid, target=sid, now=now, data=item
+        resumed.append(
+            ResumedSession(
+                session_id=sid, held_at=row[1], held_reason=row[2], inputs_woken=woken, reasked=again
+            )
         )
-        resumed.append(item)
-    return {"resumed": resumed, "count": len(resumed), "reask": reask, "resumed_at": now}
+    return resumed
 
 
 def _failed_prompts_sync(conn: Conn, session_id: str) -> list[tuple[str, str]]:

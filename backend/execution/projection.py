@@ -1,4 +1,4 @@
-"""Projecting a turn into the transcript: assistant rows, parts, supersession, context epochs.
+"""Projecting a turn into the transcript: assistant rows, parts, supersession, context baselines.
 
 The projection rule of seed 004: a newer turn supersedes stale incomplete
 assistant rows; an older assistant projection is never resumed; only the
@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.execution.leases import UNSAFE_NO_FENCING, Lease
+from backend.execution.leases import Lease
 from backend.execution.sessions import dumps
 from backend.store.db import (
     Conn,
@@ -25,6 +25,7 @@ from backend.store.db import (
     fenced_write,
     read_together_sync,
 )
+from backend.store.fencing import UNSAFE_NO_FENCING, fence_sql
 
 # Assistant statuses: streaming (the owner is writing it), completed (a raw turn),
 # superseded (closed by a newer turn or a recovery), interrupted (its stream broke;
@@ -136,7 +137,7 @@ SELECT j.value ->> 'pid', j.value ->> 'mid', j.value ->> 'sid', CAST(j.value ->>
        j.value ->> 'data'
 FROM json_each(:rows) AS j
 WHERE EXISTS (SELECT 1 FROM session_execution AS e WHERE e.id = j.value ->> 'eid'
-              {"" if UNSAFE_NO_FENCING else "AND e.owner_id = j.value ->> 'owner' AND e.epoch = CAST(j.value ->> 'epoch' AS INTEGER)"})
+              AND {fence_sql("e.", owner="j.value ->> 'owner'", epoch="CAST(j.value ->> 'epoch' AS INTEGER)")})
 """
 WRITTEN_SQL = """
 SELECT json_group_array(id) FROM session_part
@@ -171,9 +172,7 @@ def write_fenced_parts_sync(conn: Conn, rows: list[dict[str, Any]], now: int) ->
 def write_fenced_part_sync(conn: Conn, lease: Lease, message_id: str, idx: int, text: str, now: int) -> None:
     """Append one streamed part if `lease` is still held, else raise LeaseLost (nothing written)."""
     if not write_fenced_parts_sync(conn, [part_row(lease, message_id, idx, text)], now):
-        raise LeaseLost(
-            f"execution {lease.execution_id} is no longer held by {lease.owner_id} at epoch {lease.epoch}"
-        )
+        raise LeaseLost(lease.lost_message())
 
 
 def update_owned_assistant_sync(
@@ -183,7 +182,7 @@ def update_owned_assistant_sync(
 
     `unread` as for `leases.guard_sync` (PostgreSQL: no round trip of its own).
     """
-    # the broken build of leases.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
+    # the broken build of fencing.UNSAFE_NO_FENCING drops this guard too (drills must catch it)
     still_open = "" if UNSAFE_NO_FENCING else " AND json_extract(data, '$.status') = 'streaming'"
     sql = f"UPDATE session_message SET data = ?, time_updated = ? WHERE id = ? AND type = 'assistant'{still_open}"
     params = (dumps(data), now, message_id)
@@ -191,7 +190,9 @@ def update_owned_assistant_sync(
     fenced_write(conn, sql, params, lost, unread=unread)
 
 
-CONTEXT_EPOCH_SQL = (
+# The session's context baseline (the system prompt and agent snapshot a turn started from)
+# lives in the seed's `session_context_epoch` table; "epoch" in rem's own names is the lease fence.
+CONTEXT_BASELINE_SQL = (
     "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
     "snapshot = excluded.snapshot, baseline_seq = excluded.baseline_seq, "
@@ -202,27 +203,29 @@ CONTEXT_EPOCH_SQL = (
 )
 
 
-def _context_epoch_params(
+def _context_baseline_params(
     session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> tuple[Any, ...]:
     snap = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
     return (session_id, baseline, snap, seq, now)
 
 
-def record_context_epoch_sync(
+def record_context_baseline_sync(
     conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> bool:
-    """Create the session's context epoch, or move its baseline forward when the context changed."""
-    params = _context_epoch_params(session_id, baseline, snapshot, seq, now)
-    return conn.execute(CONTEXT_EPOCH_SQL, params).rowcount > 0
+    """Create the session's context baseline, or move it forward when the context changed."""
+    params = _context_baseline_params(session_id, baseline, snapshot, seq, now)
+    return conn.execute(CONTEXT_BASELINE_SQL, params).rowcount > 0
 
 
-def queue_context_epoch_sync(
+def queue_context_baseline_sync(
     conn: Conn, session_id: str, baseline: str, snapshot: dict[str, Any], seq: int, now: int
 ) -> None:
-    """`record_context_epoch_sync` unread (PostgreSQL: no round trip of its own), for a caller
+    """`record_context_baseline_sync` unread (PostgreSQL: no round trip of its own), for a caller
     that does not ask whether it moved (the executor at a turn start)."""
-    execute_unread(conn, CONTEXT_EPOCH_SQL, _context_epoch_params(session_id, baseline, snapshot, seq, now))
+    execute_unread(
+        conn, CONTEXT_BASELINE_SQL, _context_baseline_params(session_id, baseline, snapshot, seq, now)
+    )
 
 
 def transcript_violations_sync(conn: Conn, session_id: str | None = None) -> list[dict[str, Any]]:

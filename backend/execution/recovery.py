@@ -20,8 +20,8 @@ from typing import Any
 
 from backend.core.settings import Settings, settings
 from backend.execution import projection, sessions
-from backend.execution.leases import ExecutionPhase, Lease, take_over_execution_sync, takeover_reason_sync
-from backend.store import handoffs, workers
+from backend.execution.leases import ExecutionPhase, Lease, TakeoverReason, lease_ms, takeover_reason_sync
+from backend.store import fencing, handoffs, workers
 from backend.store.db import Conn, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 
@@ -96,62 +96,73 @@ def take_over_sync(
 ) -> Takeover | None:
     """Take over one expired execution (inside the caller's tx), or park it past the budget."""
     # locked until commit (PostgreSQL): a rival taker skips it rather than act on this read
-    old = conn.execute(
+    row = conn.execute(
         f"SELECT * FROM session_execution WHERE id = ?{skip_locked_sync(conn)}", (execution_id,)
     ).fetchone()
-    reason = None if old is None else takeover_reason_sync(conn, old, now)
+    reason = None if row is None else takeover_reason_sync(conn, row, now)
     if reason is None:
         return None
+    old = dict(row)
     recovery = conn.execute(
         "SELECT wake_attempts FROM session_recovery WHERE execution_id = ?", (execution_id,)
     ).fetchone()
     attempt = (recovery["wake_attempts"] if recovery else 0) + 1
     if recovery is not None and attempt > budget:
-        park_sync(conn, dict(old), attempt - 1, owner_id, now)
+        park_sync(conn, old, attempt - 1, owner_id, now)
         return None
-    taken = take_over_execution_sync(conn, execution_id, owner_id, now=now, length_ms=length_ms)
-    if taken is None:
+    lease = fencing.take_over_sync(
+        conn, fencing.EXECUTION, row, owner_id, now=now, length_ms=length_ms or lease_ms()
+    )
+    if lease is None:
         return None
-    lease, _ = taken
+    assert isinstance(lease, Lease)
     phase = ExecutionPhase.UNKNOWN if old["phase"] == ExecutionPhase.UNKNOWN else ExecutionPhase.READY
-    cont = _ensure_continuation_sync(conn, dict(old), lease, phase, now)
+    cont = _ensure_continuation_sync(conn, old, lease, phase, now)
     superseded = projection.supersede_open_sync(conn, lease.session_id, cont, now)
-    _upsert_recovery_sync(conn, dict(old), cont, phase, now)
+    _upsert_recovery_sync(conn, old, cont, phase, now)
     conn.execute("UPDATE session_execution SET phase = 'continue' WHERE id = ?", (execution_id,))
     handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-    append_event_sync(
-        conn,
-        kind=EventKind.EXECUTION_TAKEN_OVER,
-        actor=owner_id,
-        session_id=lease.session_id,
-        target=execution_id,
-        data={
-            "reason": reason,
-            "from_owner": old["owner_id"],
-            "from_epoch": old["epoch"],
-            "epoch": lease.epoch,
-            "interrupted_phase": phase,
-            "attempt": attempt,
-            "continuation_id": cont,
-            "superseded": superseded,
-        },
-        now=now,
-    )
-    log.info(
-        "took over execution %s of session %s (was %s, phase %s, attempt %d)",
-        execution_id,
-        lease.session_id,
-        old["owner_id"],
-        phase,
-        attempt,
-    )
-    return Takeover(
+    takeover = Takeover(
         lease=lease,
         step=int(old["step"]),
         interrupted_phase=phase,
         attempt=attempt,
         continuation_id=cont,
         superseded=superseded,
+    )
+    _journal_takeover_sync(conn, takeover, old, reason, now)
+    return takeover
+
+
+def _journal_takeover_sync(
+    conn: Conn, takeover: Takeover, old: dict[str, Any], reason: TakeoverReason, now: int
+) -> None:
+    lease = takeover.lease
+    append_event_sync(
+        conn,
+        kind=EventKind.EXECUTION_TAKEN_OVER,
+        actor=lease.owner_id,
+        session_id=lease.session_id,
+        target=lease.execution_id,
+        data={
+            "reason": reason,
+            "from_owner": old["owner_id"],
+            "from_epoch": old["epoch"],
+            "epoch": lease.epoch,
+            "interrupted_phase": takeover.interrupted_phase,
+            "attempt": takeover.attempt,
+            "continuation_id": takeover.continuation_id,
+            "superseded": takeover.superseded,
+        },
+        now=now,
+    )
+    log.info(
+        "took over execution %s of session %s (was %s, phase %s, attempt %d)",
+        lease.execution_id,
+        lease.session_id,
+        old["owner_id"],
+        takeover.interrupted_phase,
+        takeover.attempt,
     )
 
 
@@ -235,4 +246,18 @@ def finish_sync(conn: Conn, execution_id: str) -> None:
     conn.execute(
         "UPDATE session_recovery SET wake_pending = 0, phase = 'continue' WHERE execution_id = ?",
         (execution_id,),
+    )
+
+
+def unpark_sync(conn: Conn, execution_id: str) -> bool:
+    """An operator released a parked execution: a fresh recovery budget (its "try again"); whether
+    its recovery row was parked."""
+    conn.execute("UPDATE session_execution SET recovery_error = NULL WHERE id = ?", (execution_id,))
+    return (
+        conn.execute(
+            "UPDATE session_recovery SET recovery_error = NULL, wake_attempts = 0 "
+            "WHERE execution_id = ? AND recovery_error IS NOT NULL",
+            (execution_id,),
+        ).rowcount
+        > 0
     )

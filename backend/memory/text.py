@@ -119,7 +119,7 @@ _MONTHS = "January February March April May June July August September October N
 
 
 def date_words(ms: int) -> str:
-    """'8 May 2023' for a time in ms since the epoch (UTC): how people name a day in a question."""
+    """'8 May 2023' for a Unix time in ms (UTC): how people name a day in a question."""
     t = time.gmtime(ms / 1000)
     return f"{t.tm_mday} {_MONTHS[t.tm_mon - 1]} {t.tm_year}"
 

@@ -50,7 +50,7 @@ class CallRecord:
     model: str
     attempt: int  # 1: a first try; more: a retry
     session_id: str | None = None
-    time: int = 0  # ms since the epoch, when the attempt started
+    time: int = 0  # Unix time in ms, when the attempt started
     outcome: str = OK  # OK, or a ModelErrorClass
     status: int | None = None
     ttft_ms: float | None = None

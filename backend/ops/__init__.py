@@ -2,8 +2,9 @@
 
 `backend.ops.<command>` is the library call behind `rem <command>`: the
 functions live in `actions`; `snapshot` builds the status snapshot,
-`checks` verifies the invariants, `lease_release` releases summary-job
-and Dream leases, `totals` and `throughput` are the snapshot's uncapped
+`checks` verifies the invariants, `lease_release` and `drain` are the
+release and drain actions' bodies, `results` types what every action
+returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
 alerts. `tool_list` reports the agent's tools (`rem tools`). `console` is the console's
 door: the only way `tui/` reaches rem besides these functions (an import-linter

@@ -2,7 +2,8 @@
 
 Each function takes a `Context`, checks its preconditions against the
 database at the moment it runs, journals what it did in `event` (same
-transaction as the effect) and returns a JSON-serialisable dict. Actions
+transaction as the effect) and returns its typed result
+(`backend.ops.results`: a TypedDict, so `--json` prints it as it is). Actions
 refuse to run from a read-only context before touching anything.
 """
 
@@ -32,15 +33,18 @@ from backend.core.errors import (
     RemError,
     UsageError,
 )
+from backend.execution.model_turns import resume_sync
 from backend.execution.sessions import Delivery
+from backend.ops.drain import request_drain, wait_drained
+from backend.ops.lease_release import lease_kind_sync, release_lease_sync
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
+from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
 from backend.runtime import refusals
 from backend.runtime.context import Context
-from backend.store import workers
 from backend.store.db import Conn, Database
-from backend.store.events import EventKind, append_event
+from backend.store.events import EventKind, append_event, append_event_sync
 from backend.store.schema import schema_version, supported_version
-from backend.store.workers import LeaseKind, WorkerState
+from backend.store.workers import LeaseKind
 
 if TYPE_CHECKING:
     from backend.ops.snapshot import SnapshotCache
@@ -219,8 +223,8 @@ async def drain(
     *,
     wait: bool = False,
     timeout_s: float = 60.0,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    progress: Callable[[DrainReport], None] | None = None,
+) -> DrainReport:
     """Ask a worker to drain: stop claiming, finish or hand back its work, release, exit.
 
     With `wait`, block until the worker has marked itself stopped (or the
@@ -229,30 +233,10 @@ async def drain(
     ctx.require_writable(f"drain {owner_id}")
     db = await ctx.db()
     async with refusals_journaled(ctx, "drain", owner_id):
-        result = await workers.request_drain(db, owner_id, ctx.operator)
+        requested = await request_drain(db, owner_id, ctx.operator)
     if not wait:
-        return result
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while True:
-        state = await workers.state_of(db, owner_id)
-        held = await workers.leases_held(db, owner_id)
-        report = {
-            **result,
-            "state": state,
-            "leases_held": held,
-            "waited_ms": int((loop.time() - started) * 1000),
-        }
-        if progress is not None:
-            progress(report)
-        if state == WorkerState.STOPPED:
-            return report
-        if loop.time() - started > timeout_s:
-            raise Refused(
-                f"worker {owner_id} is still {state} after {timeout_s:.0f} s "
-                f"({held} leases held); check its log, or release its leases"
-            )
-        await asyncio.sleep(0.1)
+        return requested
+    return await wait_drained(db, requested, timeout_s=timeout_s, progress=progress)
 
 
 async def release(
@@ -262,7 +246,7 @@ async def release(
     kind: LeaseKind | str | None = None,
     expected_epoch: int | None = None,
     force: bool = False,
-) -> dict[str, Any]:
+) -> LeaseReleased:
     """Expire a lease now and bump its epoch, so another worker takes over at once.
 
     Refused when the lease's epoch is not `expected_epoch` (it was renewed or
@@ -274,31 +258,16 @@ async def release(
     if kind is not None and kind not in LEASE_KINDS:
         raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
     db = await ctx.db()
-    from backend.ops.lease_release import lease_kind, release_job_lease
+
+    def release_sync(conn: Conn) -> LeaseReleased:
+        named = LeaseKind(kind) if kind else lease_kind_sync(conn, lease_id)
+        now = clock.now_ms()
+        return release_lease_sync(
+            conn, named, lease_id, expected_epoch=expected_epoch, force=force, actor=ctx.operator, now=now
+        )
 
     async with refusals_journaled(ctx, "release", lease_id):
-        kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
-        async with db.tx() as conn:
-            if kind == LeaseKind.EXECUTION:
-                from backend.execution.leases import release_execution
-
-                return await release_execution(
-                    conn,
-                    lease_id,
-                    expected_epoch=expected_epoch,
-                    force=force,
-                    actor=ctx.operator,
-                    now=clock.now_ms(),
-                )
-            return await release_job_lease(
-                conn,
-                kind,
-                lease_id,
-                expected_epoch=expected_epoch,
-                force=force,
-                actor=ctx.operator,
-                now=clock.now_ms(),
-            )
+        return await db.write_in_thread(release_sync)
 
 
 async def check(
@@ -395,15 +364,13 @@ def metric_rules() -> str:
 
 async def resume(
     ctx: Context, session_ids: list[str] | None = None, *, all_held: bool = False, reask: bool = True
-) -> dict[str, Any]:
+) -> ResumeReport:
     """Lift the hold a model error put on sessions (a bad key, an unknown model), once it is fixed.
 
     Their waiting inputs run again; with `reask`, the prompt the failing turn
     answered with an error is asked again as a new input. Refused when a
     named session is not held.
     """
-    from backend.execution.model_turns import resume_sync
-
     if bool(session_ids) == all_held:
         raise BadInput(
             "name the held sessions to resume (SESSION ...) or pass --all, not both and not neither"
@@ -411,10 +378,24 @@ async def resume(
     ctx.require_writable("resume")
     db = await ctx.db()
     names = None if all_held else list(dict.fromkeys(session_ids or []))
+
+    def resume_journaled_sync(conn: Conn) -> ResumeReport:
+        now = clock.now_ms()
+        resumed = resume_sync(conn, names, reask=reask, actor=ctx.operator, now=now)
+        for item in resumed:
+            append_event_sync(
+                conn,
+                kind=EventKind.OPERATOR_RESUME,
+                actor=ctx.operator,
+                session_id=item["session_id"],
+                target=item["session_id"],
+                now=now,
+                data=dict(item),
+            )
+        return ResumeReport(resumed=resumed, count=len(resumed), reask=reask, resumed_at=now)
+
     async with refusals_journaled(ctx, "resume", "--all" if names is None else ",".join(names)):
-        return await db.write_in_thread(
-            lambda conn: resume_sync(conn, names, reask=reask, actor=ctx.operator, now=clock.now_ms())
-        )
+        return await db.write_in_thread(resume_journaled_sync)
 
 
 async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from backend.core.private import create_export, export_path, inside, make_privat
 from backend.core.settings import settings
 from backend.ops import actions, memory, timeline
 from backend.ops.records import Moment, ReplayReport, Status
+from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
 from backend.runtime.context import Context
 from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events
@@ -68,7 +69,7 @@ StatusLoader = Callable[[Context], Awaitable[Status]]
 
 
 def now_ms() -> int:
-    """rem's clock (a test's frozen one included), in ms since the epoch."""
+    """rem's clock (a test's frozen one included), as Unix time in ms."""
     return clock.now_ms()
 
 
@@ -163,13 +164,13 @@ class ConsoleSession:
     async def recall(self, query: str, project: str | None, k: int) -> dict[str, Any]:
         return await memory.recall(self.ctx, query, project=project, k=k)
 
-    async def drain(self, owner_id: str) -> dict[str, Any]:
+    async def drain(self, owner_id: str) -> DrainReport:
         return await actions.drain(self.ctx, owner_id, wait=False)
 
-    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> dict[str, Any]:
+    async def release(self, lease_id: str, *, kind: str, expected_epoch: int | None) -> LeaseReleased:
         return await actions.release(self.ctx, lease_id, kind=kind, expected_epoch=expected_epoch)
 
-    async def resume(self, session_id: str) -> dict[str, Any]:
+    async def resume(self, session_id: str) -> ResumeReport:
         return await actions.resume(self.ctx, [session_id])
 
     async def close(self) -> None:

@@ -1,95 +1,108 @@
-"""Operator lease release for summary-job and Dream leases, and lease lookup by id.
+"""The operator's release of a lease, whatever its kind, and its journal entry.
 
-Execution leases are released by `backend.execution.leases.release_execution` (the
-executor's own lease module); the rules are the same for all three kinds:
-expire now, bump the epoch so the old owner's late writes are fenced, refuse
-when the epoch moved since the operator looked unless forced, journal it.
+The release itself is `backend.store.fencing.release_sync`, the same for an
+execution, a summary job and a Dream claim: expire the lease now and bump its
+epoch so the old owner's late writes are fenced, refused when the epoch
+moved since the operator looked unless forced. What an operator sees of it
+is written here, in the same transaction: the `operator.release` event, and
+for an execution its owner's liveness and a parked execution's fresh budget.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
 import aiosqlite
 
-from backend.core.errors import LeaseNotFound, Refused
-from backend.store.db import Database, execute
-from backend.store.events import EventKind, append_event
-from backend.store.workers import LeaseKind
+from backend.execution import recovery
+from backend.ops.results import LeaseReleased, LeaseSeen
+from backend.store import fencing
+from backend.store.db import Conn, in_thread
+from backend.store.events import EventKind, append_event_sync
+from backend.store.workers import LeaseKind, WorkerState, heartbeat_alive
 
-# kind -> (table, "lease is held" condition)
-JOB_LEASES = {
-    LeaseKind.SUMMARY_JOB: ("summary_job", "status = 'in_progress'"),
-    LeaseKind.DREAM: ("dream_state", "digest_state = 'in_progress'"),
-}
+log = logging.getLogger("rem.ops")
+
+lease_kind_sync = fencing.kind_of_sync
 
 
-async def lease_kind(db: Database, lease_id: str) -> LeaseKind:
-    """Which kind of lease `lease_id` names: an execution id, else a session's job lease."""
-    if await db.scalar("SELECT 1 FROM session_execution WHERE id = ?", (lease_id,)):
-        return LeaseKind.EXECUTION
-    for kind, (table, held) in JOB_LEASES.items():
-        if await db.scalar(
-            f"SELECT 1 FROM {table} WHERE session_id = ? AND {held} AND lease_expires_at IS NOT NULL",
-            (lease_id,),
-        ):
-            return kind
-    raise LeaseNotFound(
-        f"no live lease {lease_id!r} (neither an execution id nor a session with a running "
-        "summary or Dream job); list leases with `rem status`"
+async def release_lease(
+    conn: aiosqlite.Connection,
+    kind: LeaseKind | str,
+    lease_id: str,
+    *,
+    expected_epoch: int | None = None,
+    force: bool = False,
+    actor: str,
+    now: int,
+) -> LeaseReleased:
+    """`release_lease_sync` inside a transaction opened with `Database.tx()`."""
+    return await in_thread(
+        conn,
+        lambda raw: release_lease_sync(
+            raw, LeaseKind(kind), lease_id, expected_epoch=expected_epoch, force=force, actor=actor, now=now
+        ),
     )
 
 
-async def release_job_lease(
-    conn: aiosqlite.Connection,
+def release_lease_sync(
+    conn: Conn,
     kind: LeaseKind,
-    session_id: str,
+    lease_id: str,
     *,
     expected_epoch: int | None,
     force: bool,
     actor: str,
     now: int,
-) -> dict[str, Any]:
-    """Expire a summary-job or Dream lease now and bump its epoch (fenced, journaled)."""
-    table, held = JOB_LEASES[kind]
-    rows = list(
-        await conn.execute_fetchall(
-            f"SELECT owner_id, epoch, lease_expires_at FROM {table} "
-            f"WHERE session_id = ? AND {held} AND lease_expires_at IS NOT NULL",
-            (session_id,),
-        )
+) -> LeaseReleased:
+    """Release one lease (fenced on the epoch the operator saw) and journal it, in the caller's tx.
+
+    A parked execution (recovery budget spent) is un-parked with a fresh
+    budget: releasing it is the operator's "try again".
+    """
+    released = fencing.release_sync(conn, kind, lease_id, expected_epoch=expected_epoch, force=force, now=now)
+    seen = LeaseSeen(
+        owner_id=released.owner_id,
+        epoch=released.old_epoch,
+        expires_at=released.expires_at,
+        time_left_ms=released.expires_at - now,
     )
-    if not rows:
-        raise LeaseNotFound(f"no live {kind} lease for session {session_id!r}; see `rem status`")
-    row = rows[0]
-    owner, epoch, expires_at = row["owner_id"], row["epoch"], row["lease_expires_at"]
-    seen = {"owner_id": owner, "epoch": epoch, "expires_at": expires_at, "time_left_ms": expires_at - now}
-    if expected_epoch is not None and epoch != expected_epoch and not force:
-        raise Refused(
-            f"{kind} lease of {session_id} is at epoch {epoch}, not {expected_epoch}: it was renewed "
-            "or taken over since you looked; re-check `rem status`, or pass --force"
-        )
-    await execute(
-        conn,
-        f"UPDATE {table} SET lease_expires_at = ?, epoch = epoch + 1 WHERE session_id = ? AND epoch = ?",
-        (now, session_id, epoch),
+    result = LeaseReleased(
+        kind=kind,
+        id=lease_id,
+        owner_id=released.owner_id,
+        old_epoch=released.old_epoch,
+        new_epoch=released.new_epoch,
+        forced=force,
+        seen=seen,
     )
-    result = {
-        "kind": kind,
-        "id": session_id,
-        "owner_id": owner,
-        "old_epoch": epoch,
-        "new_epoch": epoch + 1,
-        "forced": force,
-        "seen": seen,
-    }
-    await append_event(
+    if kind == LeaseKind.EXECUTION:
+        seen["phase"] = released.seen["phase"]
+        unparked = recovery.unpark_sync(conn, lease_id)
+        result["execution_id"] = lease_id
+        result["session_id"] = released.session_id
+        result["owner_alive"] = owner_alive_sync(conn, released.owner_id, now)
+        result["expected_epoch"] = expected_epoch
+        result["unparked"] = unparked or released.seen["recovery_error"] is not None
+        result["released_at"] = now
+    append_event_sync(
         conn,
         kind=EventKind.OPERATOR_RELEASE,
         actor=actor,
-        session_id=session_id,
-        target=session_id,
-        data=result,
+        session_id=released.session_id,
+        target=lease_id,
+        data=dict(result),
         now=now,
     )
+    log.info(
+        "released %s %s (epoch %s -> %s) by %s", kind, lease_id, released.old_epoch, released.new_epoch, actor
+    )
     return result
+
+
+def owner_alive_sync(conn: Conn, owner_id: str, now: int) -> bool:
+    """Whether the lease's owner is registered, not stopped, and heartbeating."""
+    owner = conn.execute("SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)).fetchone()
+    return (
+        bool(owner) and owner["state"] != WorkerState.STOPPED and heartbeat_alive(owner["heartbeat_at"], now)
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-from backend.dream.digester import DigestState, DriftClass
+from backend.dream.drift import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag
 from backend.models.health import ModelState

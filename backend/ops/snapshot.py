@@ -32,7 +32,7 @@ from typing import Any, TypeVar, cast
 
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
-from backend.dream.digester import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
+from backend.dream.drift import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health

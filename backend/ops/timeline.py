@@ -123,7 +123,7 @@ async def moment(ctx: Context, entry: Entry) -> Moment:
 
 
 def parse_time(text: str, now: int | None = None) -> int:
-    """`--at`: ISO 8601 (`2026-11-30T03:12`, `...Z`, an offset), `HH:MM[:SS]` today, `-15m`, or epoch ms."""
+    """`--at`: ISO 8601 (`2026-11-30T03:12`, `...Z`, an offset), `HH:MM[:SS]` today, `-15m`, or Unix time in ms."""
     now = clock.now_ms() if now is None else now
     raw = text.strip()
     if raw.startswith("-") and raw[1:-1].replace(".", "", 1).isdigit() and raw[-1] in "smhd":
@@ -144,7 +144,7 @@ def parse_time(text: str, now: int | None = None) -> int:
         parsed_full = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         raise UsageError(
-            f"--at {text!r} is not a time; use 2026-11-30T03:12:00, 03:12, -15m or epoch ms"
+            f"--at {text!r} is not a time; use 2026-11-30T03:12:00, 03:12, -15m or Unix time in ms"
         ) from None
     if parsed_full.tzinfo is None:
         parsed_full = parsed_full.astimezone()  # local time, as the console shows it

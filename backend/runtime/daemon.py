@@ -1,7 +1,8 @@
 """The shared daemon loop: register, heartbeat, run passes, drain, stop.
 
 A role subclasses `Daemon` and implements `run_pass` (one bounded unit of
-work; returns how many items it handled) and, if it holds leases,
+work; returns how many items it handled) and, if it holds leases, keeps
+them in `self.leases` (renewed by the daemon's upkeep) and implements
 `hand_back` (release them so another worker can take over at once). SIGTERM
 and SIGINT drain gracefully, exactly like `rem drain`.
 """
@@ -15,7 +16,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-from backend.core import faults
+from backend.core import clock, faults
 from backend.core.errors import (
     ChromaUnreachable,
     ChromaUntrusted,
@@ -32,12 +33,16 @@ from backend.runtime.refusals import RefusalJournal
 from backend.store import model_calls, workers
 from backend.store.changes import listen_changes
 from backend.store.db import Database
+from backend.store.lease_keeper import LeaseKeeper
 from backend.store.workers import WorkerRole, WorkerState
 
 IDLE_POLL_S = 0.05
 # run a pass at least this often even when nothing was committed (lease expiry is time-based)
 MAX_IDLE_S = 1.0
 MAX_BACKOFF_S = 5.0
+# the upkeep loop's shortest sleep, and its wait after a failed heartbeat or renewal
+UPKEEP_MIN_S = 0.05
+UPKEEP_RETRY_S = 1.0
 T = TypeVar("T")
 # a dependency that is down for now: the pass is retried with backoff, nothing is lost
 # (a corrupt database is not in here: it needs an operator, so the daemon stops with one line).
@@ -61,6 +66,8 @@ class Daemon:
         self.draining = asyncio.Event()
         self.db: Database
         self._heartbeat_task: asyncio.Task[None] | None = None
+        # the leases this process holds: the upkeep loop renews them (`backend.store.fencing`)
+        self.leases = LeaseKeeper()
         self._calls_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._model_failed = asyncio.Event()
@@ -80,7 +87,8 @@ class Daemon:
         """Release any lease still held (draining or shutting down)."""
 
     async def on_heartbeat(self) -> None:
-        """Called every heartbeat (lease renewal lives here)."""
+        """Called every heartbeat; renews the held leases that are due (as the upkeep does between beats)."""
+        await self.renew_leases()
 
     def info(self) -> dict[str, Any]:
         return {}
@@ -225,19 +233,54 @@ class Daemon:
         self._wake.set()
 
     async def _heartbeat_loop(self) -> None:
+        """The daemon's upkeep: renew each held lease once a third of it is used, and beat
+        (`worker.heartbeat_at`, the drain request) once a third of the liveness window is.
+
+        Asleep in between: a daemon that holds nothing wakes once per beat, never
+        on a short poll; taking a lease (`self.leases.hold`) wakes it to plan its renewal.
+        """
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + workers.HEARTBEAT_INTERVAL_MS / 1000
         while True:
-            await asyncio.sleep(workers.HEARTBEAT_INTERVAL_MS / 1000)
+            await self._upkeep_wait(next_beat - loop.time())
             try:
-                state = await workers.beat(self.db, self.owner_id)
-                if state == WorkerState.DRAINING and not self.draining.is_set():
-                    self.log.info("%s asked to drain", self.owner_id)
-                    self.draining.set()
-                await self.on_heartbeat()
-                await self.journal_refusals()
-                # model requests no step transaction carried (synthesis, embeddings, retries)
-                await model_calls.flush(self.db, self.owner_id)
+                await self.renew_leases()
+                if loop.time() >= next_beat:
+                    next_beat = loop.time() + workers.HEARTBEAT_INTERVAL_MS / 1000
+                    await self._beat()
             except RemError as exc:
                 self.log.warning("%s heartbeat failed: %s", self.owner_id, exc)
+                await asyncio.sleep(UPKEEP_RETRY_S)
+
+    async def _upkeep_wait(self, until_beat_s: float) -> None:
+        """Sleep until the next beat or the next lease renewal due, whichever is first."""
+        wait = until_beat_s
+        renewal = self.leases.next_renewal_at()
+        if renewal is not None:
+            wait = min(wait, (renewal - clock.now_ms()) / 1000)
+        self.leases.changed.clear()
+        await self._first_of(self.leases.changed, timeout=max(wait, UPKEEP_MIN_S))
+
+    async def _beat(self) -> None:
+        state = await workers.beat(self.db, self.owner_id)
+        if state == WorkerState.DRAINING and not self.draining.is_set():
+            self.log.info("%s asked to drain", self.owner_id)
+            self.draining.set()
+        await self.on_heartbeat()
+        await self.journal_refusals()
+        # model requests no step transaction carried (synthesis, embeddings, retries)
+        await model_calls.flush(self.db, self.owner_id)
+
+    async def renew_leases(self) -> None:
+        """Renew the held leases that are a third used (one transaction); a lost one is marked `lost`."""
+        for lease in await self.leases.renew_due(self.db):
+            self.log.warning(
+                "%s lost its %s lease %s (epoch %d): renewal found it gone",
+                self.owner_id,
+                lease.kind,
+                lease.key,
+                lease.epoch,
+            )
 
     async def _model_failures_loop(self) -> None:
         """Write failed model requests as soon as they happen (the rest go with the heartbeat)."""

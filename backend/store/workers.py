@@ -14,9 +14,10 @@ from backend.core.settings import settings
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
 
-HEARTBEAT_INTERVAL_MS = 2_000
 # a worker whose heartbeat is older than this is presumed dead
 WORKER_DEAD_AFTER_MS = 10_000
+# a heartbeat is a liveness lease: renewed once a third of it is used, like every lease
+HEARTBEAT_INTERVAL_MS = WORKER_DEAD_AFTER_MS // 3
 
 
 class WorkerRole(StrEnum):
@@ -159,61 +160,6 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[st
                 now=now,
             )
     return [row["owner_id"] for row in rows]
-
-
-async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str, Any]:
-    """Ask a live worker to drain; refuses unknown, stopped or dead workers (journaled)."""
-    from backend.core.errors import Refused, WorkerNotFound
-
-    now = clock.now_ms()
-    async with db.tx() as conn:
-        rows = list(
-            await conn.execute_fetchall(
-                "SELECT role, pid, host, state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)
-            )
-        )
-        if not rows:
-            raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
-        worker = rows[0]
-        role, state, heartbeat_at = (
-            WorkerRole(worker["role"]),
-            WorkerState(worker["state"]),
-            worker["heartbeat_at"],
-        )
-        seen = {
-            "state": state,
-            "heartbeat_age_ms": now - heartbeat_at,
-            "pid": worker["pid"],
-            "host": worker["host"],
-        }
-        if state == WorkerState.STOPPED:
-            raise Refused(f"worker {owner_id} is already stopped; nothing to drain")
-        if not heartbeat_alive(heartbeat_at, now):
-            raise Refused(
-                f"worker {owner_id} has not heartbeated for {(now - heartbeat_at) // 1000} s and is "
-                "presumed dead, so it cannot drain; release its leases with `rem release`"
-            )
-        if state == WorkerState.RUNNING:
-            await execute(
-                conn,
-                "UPDATE worker SET state = 'draining', drain_requested_at = ? "
-                "WHERE owner_id = ? AND state = 'running'",
-                (now, owner_id),
-            )
-        await append_event(
-            conn,
-            kind=EventKind.OPERATOR_DRAIN,
-            actor=operator,
-            target=owner_id,
-            data={
-                "seen": seen,
-                "result": WorkerState.DRAINING,
-                "already_draining": state == WorkerState.DRAINING,
-                "role": role,
-            },
-            now=now,
-        )
-    return {"owner_id": owner_id, "role": role, "previous_state": state, "state": WorkerState.DRAINING}
 
 
 async def leases_held(db: Database, owner_id: str) -> int:

@@ -33,8 +33,10 @@ from backend.chroma.ownership import session_id_of, summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
 from backend.core.settings import settings
+from backend.store import fencing
 from backend.store.db import Database, Row, execute, fetchone
 from backend.store.events import EventKind, append_event
+from backend.store.fencing import Lease
 from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
 from backend.summaries.receipts import Receipt, ReceiptVerdict, Verdict
@@ -144,7 +146,11 @@ class Checked:
     job: Job
     receipt: Receipt
     verdict: Verdict
-    epoch: int = 0  # the epoch of the lease this pass took to re-write the row
+    lease: Lease | None = None  # the lease this pass took to re-write the row
+
+    @property
+    def epoch(self) -> int:
+        return 0 if self.lease is None else self.lease.epoch
 
 
 class ReplayRow(TypedDict):
@@ -335,15 +341,18 @@ class Recovery:
         leased: list[Checked] = []
         async with self.db.tx() as conn:
             for c in mismatched:
-                rows = await conn.execute_fetchall(
-                    "UPDATE summary_job SET owner_id = :owner, epoch = epoch + 1, lease_expires_at = :until "
-                    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED} "
-                    "RETURNING epoch",
-                    {**c.job.cas(), "owner": self.actor, "until": now + self.lease_ms, "now": now},
+                claimed = await fencing.claim_row(
+                    conn,
+                    fencing.SUMMARY_JOB,
+                    c.job.session_id,
+                    self.actor,
+                    now=now,
+                    length_ms=self.lease_ms,
+                    when=f"result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
+                    params={**c.job.cas(), "now": now},
                 )
-                rows = list(rows)
-                if rows:
-                    c.epoch = int(rows[0]["epoch"])
+                if claimed is not None:
+                    c.lease = claimed[0]
                     leased.append(c)
                 else:
                     await self._lost(conn, c.job, now)
@@ -386,12 +395,8 @@ class Recovery:
         try:
             async with self.db.tx() as conn:
                 for c in leased:
-                    await execute(
-                        conn,
-                        "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL "
-                        "WHERE session_id = ? AND owner_id = ? AND epoch = ?",
-                        (c.job.session_id, self.actor, c.epoch),
-                    )
+                    assert c.lease is not None
+                    await fencing.write_if_held(conn, c.lease, "owner_id = NULL, lease_expires_at = NULL", {})
         except Exception:  # the leases expire on their own; the original error matters more
             log.warning("could not release %d replay leases", len(leased), exc_info=True)
 
@@ -479,21 +484,19 @@ class Recovery:
         """A row this pass re-wrote: release the lease, record the read-back verdict."""
         ack = after.present and c.job.acknowledged_at is None
         detail = after.detail()
-        changed = await execute(
+        assert c.lease is not None
+        changed = await fencing.write_if_held(
             conn,
-            "UPDATE summary_job SET owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
+            c.lease,
+            "owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
             # an unacknowledged row that still differs waits for the next attempt, owned by nobody
             + (
                 _ACK_SET.replace("owner_id = NULL, lease_expires_at = NULL, ", "")  # set above already
                 if ack
                 else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, "
             )
-            + _VERDICT_SET
-            + "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch",
+            + _VERDICT_SET,
             {
-                "sid": c.job.session_id,
-                "owner": self.actor,
-                "epoch": c.epoch,
                 "now": now,
                 "rev": c.receipt.revision,
                 "verdict": after.verdict,

@@ -34,8 +34,10 @@ from backend.core.settings import settings
 from backend.models.errors import ModelError
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
+from backend.store import fencing
 from backend.store.db import execute, fetchone, skip_locked
 from backend.store.events import EventKind, append_event
+from backend.store.fencing import Lease
 from backend.store.handoffs import publish_input_revision
 from backend.store.revision import raw_revision
 from backend.store.workers import WorkerRole
@@ -53,7 +55,30 @@ CLAIM_READ_SQL = """
 SELECT dirty_seq, clean_seq, epoch, lease_expires_at, summarized_revision, input_revision,
        result_envelope, result_encoding, result_acknowledged_at, quarantined_at
 FROM summary_job WHERE session_id = ?"""
-FENCE = "WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch"
+# the grant's own columns: the attempt is counted per revision
+CLAIM_SETS = (
+    "status = 'in_progress', input_revision = :rev, last_error = NULL, time_updated = :now, "
+    "attempts = CASE WHEN input_revision IS :rev THEN attempts + 1 ELSE 1 END"
+)
+STAGE_SETS = (
+    "result_envelope = :env, result_encoding = :enc, result_staged_at = :now, result_acknowledged_at = NULL, "
+    "result_last_replayed_at = NULL, quarantined_at = NULL, quarantine_reason = NULL, verdict = NULL, "
+    "verdict_detail = NULL, verdict_checked_at = NULL, time_updated = :now"
+)
+ACKNOWLEDGE_SETS = (
+    "status = 'completed', result_acknowledged_at = :now, summarized_revision = :rev, "
+    "clean_seq = MAX(clean_seq, :dirty), owner_id = NULL, lease_expires_at = NULL, attempts = 0, "
+    "last_error = NULL, verdict = 'present', verdict_detail = NULL, verdict_checked_at = :now, time_updated = :now"
+)
+RELEASE_SETS = (
+    "status = 'pending', owner_id = NULL, lease_expires_at = NULL, last_error = :reason, time_updated = :now"
+)
+VERDICT_SETS = ", verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now"
+# a pending row's lease_expires_at (with no owner) is its retry-after time
+FAIL_SETS = (
+    "status = :status, owner_id = NULL, last_error = :error, time_updated = :now, lease_expires_at = :retry, "
+    "clean_seq = CASE WHEN :final = 1 THEN MAX(clean_seq, :dirty) ELSE clean_seq END"
+)
 
 
 class JobStatus(StrEnum):
@@ -69,14 +94,20 @@ class JobStatus(StrEnum):
 class Claim:
     """A summary_job lease this summarizer holds, and the turns it read under it."""
 
-    session_id: str
-    epoch: int
+    lease: Lease
     revision: str
     turns: list[dict[str, Any]]
     dirty_seq: int
     attempts: int
-    expires_at: int
     project: str = "default"
+
+    @property
+    def session_id(self) -> str:
+        return self.lease.key
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
 
     @property
     def summary_id(self) -> str:
@@ -168,11 +199,13 @@ class Summarizer(Daemon):
     async def summarize_claimed(self, claim: Claim) -> None:
         """Synthesize, stage, write and acknowledge under a lease; a lost lease stops it cold."""
         self._claim = claim
+        self.leases.hold(claim.lease)  # renewed by the daemon's upkeep while the model works
         try:
             await self._synthesize_and_write(claim)
         except LeaseLost as exc:
             self.log.warning("%s lost the lease on %s: %s", self.owner_id, claim.summary_id, exc)
         finally:
+            self.leases.drop(claim.lease)
             self._claim = None
 
     async def _claim_or_clean(self, session_id: str) -> Claim | str | None:
@@ -194,25 +227,22 @@ class Summarizer(Daemon):
                     "%s: summary_%s already at %s, marked clean", self.owner_id, session_id, revision
                 )
                 return CLEAN
-            claimed = list(
-                await conn.execute_fetchall(
-                    "UPDATE summary_job SET status = 'in_progress', owner_id = :owner, epoch = epoch + 1, "
-                    "lease_expires_at = :until, input_revision = :rev, last_error = NULL, time_updated = :now, "
-                    "attempts = CASE WHEN input_revision IS :rev THEN attempts + 1 ELSE 1 END "
-                    "WHERE session_id = :sid AND epoch = :epoch RETURNING epoch, attempts",
-                    {
-                        "owner": self.owner_id,
-                        "until": now + self.lease_ms,
-                        "rev": revision,
-                        "now": now,
-                        "sid": session_id,
-                        "epoch": row["epoch"],
-                    },
-                )
+            claimed = await fencing.claim_row(
+                conn,
+                fencing.SUMMARY_JOB,
+                session_id,
+                self.owner_id,
+                now=now,
+                length_ms=self.lease_ms,
+                when="epoch = :seen",
+                sets=CLAIM_SETS,
+                params={"rev": revision, "now": now, "seen": row["epoch"]},
+                returning="attempts",
             )
-            if not claimed:  # the epoch moved since the read (cannot happen under the row lock): not ours
+            if claimed is None:  # the epoch moved since the read (cannot happen under the row lock): not ours
                 return None
-            epoch, attempts = int(claimed[0]["epoch"]), int(claimed[0]["attempts"])
+            lease, granted = claimed
+            attempts = int(granted["attempts"])
             project = await fetchone(conn, "SELECT project FROM session WHERE id = ?", (session_id,))
             await append_event(
                 conn,
@@ -220,20 +250,18 @@ class Summarizer(Daemon):
                 actor=self.owner_id,
                 session_id=session_id,
                 target=summary_row_id(session_id),
-                data={"epoch": epoch, "revision": revision, "turns": len(turns)},
+                data={"epoch": lease.epoch, "revision": revision, "turns": len(turns)},
                 now=now,
             )
         self.log.info(
-            "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, epoch, len(turns)
+            "%s claimed summary_%s (epoch %d, %d turns)", self.owner_id, session_id, lease.epoch, len(turns)
         )
         return Claim(
-            session_id=session_id,
-            epoch=epoch,
+            lease=lease,
             revision=revision,
             turns=turns,
             dirty_seq=int(row["dirty_seq"]),
             attempts=attempts,
-            expires_at=now + self.lease_ms,
             project=project[0] if project else "default",
         )
 
@@ -288,26 +316,18 @@ class Summarizer(Daemon):
         # a plug-in that leaves a value out gives None: that key is missing, and issuance says so
         return {key: value for key, value in metadata.items() if value is not None}
 
-    def _fence(self, claim: Claim, **params: Any) -> dict[str, Any]:
-        return {"sid": claim.session_id, "owner": self.owner_id, "epoch": claim.epoch, **params}
-
     async def _stage(self, claim: Claim, receipt: receipts.Receipt) -> None:
         """Make the synthesis durable before anything is written to Chroma (write-ahead)."""
         envelope = receipts.encode(receipt)
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            changed = await execute(
+            await fencing.write(
                 conn,
-                "UPDATE summary_job SET result_envelope = :env, result_encoding = :enc, result_staged_at = :now, "
-                "result_acknowledged_at = NULL, result_last_replayed_at = NULL, quarantined_at = NULL, "
-                "quarantine_reason = NULL, verdict = NULL, verdict_detail = NULL, verdict_checked_at = NULL, "
-                "time_updated = :now " + FENCE,
-                self._fence(claim, env=envelope, enc=receipts.encoding_of(receipt), now=now),
+                claim.lease,
+                STAGE_SETS,
+                {"env": envelope, "enc": receipts.encoding_of(receipt), "now": now},
+                lost=f"{claim.summary_id}: lease epoch {claim.epoch} is no longer ours; staged nothing",
             )
-            if not changed:
-                raise LeaseLost(
-                    f"{claim.summary_id}: lease epoch {claim.epoch} is no longer ours; staged nothing"
-                )
             await append_event(
                 conn,
                 kind=EventKind.SUMMARY_STAGED,
@@ -322,19 +342,14 @@ class Summarizer(Daemon):
         """Complete the job and publish the revision for Dream, in one transaction."""
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            changed = await execute(
+            await fencing.write(
                 conn,
-                "UPDATE summary_job SET status = 'completed', result_acknowledged_at = :now, "
-                "summarized_revision = :rev, clean_seq = MAX(clean_seq, :dirty), owner_id = NULL, "
-                "lease_expires_at = NULL, attempts = 0, last_error = NULL, verdict = 'present', "
-                "verdict_detail = NULL, verdict_checked_at = :now, time_updated = :now " + FENCE,
-                self._fence(claim, now=now, rev=receipt.revision, dirty=claim.dirty_seq),
+                claim.lease,
+                ACKNOWLEDGE_SETS,
+                {"now": now, "rev": receipt.revision, "dirty": claim.dirty_seq},
+                lost=f"{claim.summary_id}: lease epoch {claim.epoch} lost before acknowledge; "
+                "published nothing (recovery completes the staged receipt)",
             )
-            if not changed:
-                raise LeaseLost(
-                    f"{claim.summary_id}: lease epoch {claim.epoch} lost before acknowledge; "
-                    "published nothing (recovery completes the staged receipt)"
-                )
             await publish_input_revision(conn, claim.session_id, receipt.revision, now)
             await append_event(
                 conn,
@@ -352,23 +367,16 @@ class Summarizer(Daemon):
         detail = verdict.detail() if verdict is not None else None
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            changed = await execute(
+            changed = await fencing.write_if_held(
                 conn,
-                "UPDATE summary_job SET status = 'pending', owner_id = NULL, lease_expires_at = NULL, "
-                "last_error = :reason, time_updated = :now"
-                + (
-                    ", verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
-                    if verdict
-                    else " "
-                )
-                + FENCE,
-                self._fence(
-                    claim,
-                    now=now,
-                    reason=reason,
-                    verdict=verdict.verdict if verdict else None,
-                    detail=json.dumps(detail) if detail else None,
-                ),
+                claim.lease,
+                RELEASE_SETS + (VERDICT_SETS if verdict else ""),
+                {
+                    "now": now,
+                    "reason": reason,
+                    "verdict": verdict.verdict if verdict else None,
+                    "detail": json.dumps(detail) if detail else None,
+                },
             )
             if changed:
                 await append_event(
@@ -389,21 +397,18 @@ class Summarizer(Daemon):
         error = f"{exc.error_class if isinstance(exc, ModelError) else type(exc).__name__}: {exc}"[:500]
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            # a pending row's lease_expires_at (with no owner) is its retry-after time
-            changed = await execute(
+            changed = await fencing.write_if_held(
                 conn,
-                "UPDATE summary_job SET status = :status, owner_id = NULL, last_error = :error, time_updated = :now, "
-                "lease_expires_at = :retry, clean_seq = CASE WHEN :final = 1 THEN MAX(clean_seq, :dirty) "
-                "ELSE clean_seq END " + FENCE,
-                self._fence(
-                    claim,
-                    status=JobStatus.FAILED if final else JobStatus.PENDING,
-                    error=error,
-                    now=now,
-                    final=final,
-                    retry=None if final else now + RETRY_BASE_MS * 2 ** (claim.attempts - 1),
-                    dirty=claim.dirty_seq,
-                ),
+                claim.lease,
+                FAIL_SETS,
+                {
+                    "status": JobStatus.FAILED if final else JobStatus.PENDING,
+                    "error": error,
+                    "now": now,
+                    "final": final,
+                    "retry": None if final else now + RETRY_BASE_MS * 2 ** (claim.attempts - 1),
+                    "dirty": claim.dirty_seq,
+                },
             )
             if changed:
                 await append_event(
@@ -425,22 +430,6 @@ class Summarizer(Daemon):
         )
 
     # -- lease upkeep ------------------------------------------------------------
-
-    async def on_heartbeat(self) -> None:
-        """Renew the lease of a long synthesis when half of it is used up."""
-        claim = self._claim
-        now = clock.now_ms()
-        if claim is None or claim.expires_at - now > self.lease_ms // 2:
-            return
-        async with self.db.tx() as conn:
-            changed = await execute(
-                conn,
-                "UPDATE summary_job SET lease_expires_at = :until " + FENCE,
-                self._fence(claim, until=now + self.lease_ms),
-            )
-        if changed:
-            claim.expires_at = now + self.lease_ms
-
     async def hand_back(self) -> None:
         if self._claim is not None:
             await self._release(self._claim, "summarizer stopped")

@@ -39,10 +39,10 @@ class ServerHealth(TypedDict):
     server: str
     transport: str  # stdio, http or python
     state: str  # a ServerState
-    since: int  # ms since the epoch, when it entered this state
+    since: int  # Unix time in ms, when it entered this state
     last_error: str | None
     restarts: int  # starts after the first one
-    retry_at: int | None  # when down: the earliest next start (ms since the epoch)
+    retry_at: int | None  # when down: the earliest next start (Unix time in ms)
     pid: int | None  # a live stdio server's process
     tools: int | None  # tools in its last listing (None: never listed)
     refused: list[dict[str, str]]  # its tools whose names cannot be function names ({server, tool, reason})

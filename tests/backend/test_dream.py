@@ -373,7 +373,7 @@ async def test_drift_classes(db_ctx: Context) -> None:
 async def test_legacy_retirement_needs_zero_rows_for_a_full_window(
     db_ctx: Context, frozen_clock: clock.FrozenClock
 ) -> None:
-    from backend.dream.digester import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
+    from backend.dream.legacy import LEGACY_RETIREMENT_WINDOW_MS, _mark_legacy
 
     db = await db_ctx.db()
     assert (await legacy_retirement(db))["retired"]  # never had legacy rows
@@ -468,7 +468,7 @@ async def test_the_heartbeat_renews_the_lease_of_a_slow_digestion(
 async def test_an_operator_release_lets_another_worker_take_over_at_once(
     db_ctx: Context, frozen_clock: clock.FrozenClock
 ) -> None:
-    from backend.ops.lease_release import release_job_lease
+    from backend.ops.lease_release import release_lease
 
     db = await db_ctx.db()
     await add_session_with_turns(db, "s1", TEXTS)
@@ -480,7 +480,7 @@ async def test_an_operator_release_lets_another_worker_take_over_at_once(
     assert prepared is not None
     assert await other.run_pass() == 0  # the lease is live (30 s)
     async with db.tx() as conn:
-        await release_job_lease(
+        await release_lease(
             conn,
             "dream",
             "s1",

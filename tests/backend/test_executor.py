@@ -15,6 +15,7 @@ from backend.core.errors import LeaseLost
 from backend.execution import leases, projection, recovery, sessions
 from backend.execution.agent import OfflineResponder, StepRequest
 from backend.execution.executor import WAKE_SQL, Executor, TurnState
+from backend.ops.lease_release import release_lease
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Database
@@ -130,11 +131,11 @@ async def _dead_executor_mid_step(ctx: Context, parts: int) -> tuple[Executor, T
     lease = await dead._claim("s1")
     assert lease is not None
     state = TurnState(lease)
-    step = await db.write_in_thread(lambda conn: dead._begin_step_sync(conn, state, clock.now_ms()))
+    step = await db.write_in_thread(lambda conn: dead.steps.begin_step_sync(conn, state, clock.now_ms()))
     assert step is not None
     step.parts = OfflineResponder().compose(step.request)[:parts]
     if parts:
-        await db.write_in_thread(lambda conn: dead._flush_sync(conn, state, step, "".join(step.parts)))
+        await db.write_in_thread(lambda conn: dead.steps.flush_sync(conn, state, step, "".join(step.parts)))
     return dead, state, step.assistant_id
 
 
@@ -218,7 +219,7 @@ async def test_takeover_after_a_safe_step_continues_with_the_waiting_steer(
         parts=["ok"],
     )
     assert await db.write_in_thread(
-        lambda conn: dead._finish_step_sync(conn, state, done, ["ok"])
+        lambda conn: dead.steps.finish_step_sync(conn, state, done, ["ok"])
     )  # steer waits
     assert await db.scalar("SELECT phase FROM session_execution") == "safe"
     frozen_clock.advance(LEASE)
@@ -268,7 +269,7 @@ async def test_the_attempt_budget_parks_and_release_retries(
     await _executor(db_ctx).run()  # parked rows are never retried in a loop
     assert await db.scalar("SELECT count(*) FROM event WHERE kind = 'recovery.parked'") == 1
     async with db.tx() as conn:
-        released = await leases.release_execution(conn, eid, actor="op", now=clock.now_ms())
+        released = await release_lease(conn, "execution", eid, actor="op", now=clock.now_ms())
     assert released["unparked"]
     await _executor(db_ctx).run()
     assert await db.scalar("SELECT wake_attempts FROM session_recovery") == 1
@@ -400,7 +401,7 @@ async def test_a_released_lease_stops_its_owner_mid_stream(db_ctx: Context) -> N
     await await_until(lambda: db.scalar("SELECT count(*) FROM session_part"), message="streaming")
     eid, stale_id = tuple(await db.fetchone("SELECT id, assistant_message_id FROM session_execution"))
     async with db.tx() as conn:
-        await leases.release_execution(conn, eid, expected_epoch=1, actor="op", now=clock.now_ms())
+        await release_lease(conn, "execution", eid, expected_epoch=1, actor="op", now=clock.now_ms())
     stale_parts = await _parts_text(db, stale_id)
     await await_until(
         lambda: db.scalar("SELECT count(*) FROM event WHERE kind = 'execution.lease_lost'"),
@@ -441,7 +442,7 @@ async def test_the_context_epoch_is_created_once_and_only_moves_forward(db_ctx: 
     q3_seq = await db.scalar("SELECT promoted_seq FROM session_input WHERE id = 'q3'")
     assert moved["baseline_seq"] == q3_seq and json.loads(moved["snapshot"])["version"] == "2"
     assert not await db.write_in_thread(
-        lambda conn: projection.record_context_epoch_sync(
+        lambda conn: projection.record_context_baseline_sync(
             conn, "s1", "older", {"agent": "x"}, 1, clock.now_ms()
         )
     )

@@ -7,6 +7,7 @@ import pytest
 from backend.core import clock
 from backend.core.errors import LeaseLost, LeaseNotFound, Refused, UsageError
 from backend.execution import leases
+from backend.ops.lease_release import release_lease
 from backend.runtime.context import Context
 from backend.store.db import Database
 
@@ -96,14 +97,20 @@ async def test_release_refuses_a_stale_epoch_unless_forced(
     events_before = await db.scalar("SELECT count(*) FROM event")
     with pytest.raises(Refused, match="epoch 1, not the epoch 7 you saw.*--force"):
         async with db.tx() as conn:
-            await leases.release_execution(
-                conn, lease.execution_id, expected_epoch=7, actor="op", now=clock.now_ms()
+            await release_lease(
+                conn, "execution", lease.execution_id, expected_epoch=7, actor="op", now=clock.now_ms()
             )
     assert (await _row(db, lease.execution_id))["epoch"] == 1  # type: ignore[index]
     assert await db.scalar("SELECT count(*) FROM event") == events_before
     async with db.tx() as conn:
-        result = await leases.release_execution(
-            conn, lease.execution_id, expected_epoch=7, force=True, actor="op", now=clock.now_ms()
+        result = await release_lease(
+            conn,
+            "execution",
+            lease.execution_id,
+            expected_epoch=7,
+            force=True,
+            actor="op",
+            now=clock.now_ms(),
         )
     assert (result["old_epoch"], result["new_epoch"], result["forced"]) == (1, 2, True)
     row = await _row(db, lease.execution_id)
@@ -127,13 +134,13 @@ async def test_release_with_the_current_epoch_and_unknown_ids(db_ctx: Context) -
     lease = await leases.claim(db, "s1", "owner-a", length_ms=LEASE)
     assert lease is not None
     async with db.tx() as conn:
-        result = await leases.release_execution(
-            conn, lease.execution_id, expected_epoch=1, actor="op", now=clock.now_ms()
+        result = await release_lease(
+            conn, "execution", lease.execution_id, expected_epoch=1, actor="op", now=clock.now_ms()
         )
     assert result["new_epoch"] == 2 and result["seen"]["owner_id"] == "owner-a"
     with pytest.raises(LeaseNotFound, match="no execution lease 'exe_nope'"):
         async with db.tx() as conn:
-            await leases.release_execution(conn, "exe_nope", actor="op", now=clock.now_ms())
+            await release_lease(conn, "execution", "exe_nope", actor="op", now=clock.now_ms())
 
 
 def test_lease_length_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from backend.core.errors import (
     RemError,
 )
 from backend.execution import leases
+from backend.ops.lease_release import release_lease
 from backend.programs.postgres_server import LocalPostgres
 from backend.runtime.context import Context
 from backend.store import counters, pg_errors, schema_pg
@@ -368,7 +369,7 @@ async def test_a_write_after_a_lost_lease_changes_nothing_across_connections(db_
     lease = await leases.claim(owner, "s", "owner-a")
     assert lease is not None
     async with operator.tx() as conn:
-        await leases.release_execution(conn, lease.execution_id, actor="op", now=1)
+        await release_lease(conn, "execution", lease.execution_id, actor="op", now=1)
     with pytest.raises(LeaseLost):
         await owner.write_in_thread(lambda conn: leases.guard_sync(conn, lease, now=2, phase="unknown"))
     assert await operator.scalar("SELECT phase FROM session_execution") == "ready"

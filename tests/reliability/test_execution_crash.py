@@ -26,6 +26,7 @@ import pytest
 from backend.core import clock
 from backend.core.datadir import DataDir
 from backend.execution import leases, projection, sessions
+from backend.ops.lease_release import release_lease
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Conn, Database
@@ -168,8 +169,13 @@ async def _race(db_path: Path, owner: str, rounds: int, barrier: Any, results: A
         barrier.wait()
         if lease is not None and round_no % 2 == 0:
             async with db.tx() as conn:
-                await leases.release_execution(
-                    conn, lease.execution_id, expected_epoch=lease.epoch, actor=owner, now=clock.now_ms()
+                await release_lease(
+                    conn,
+                    "execution",
+                    lease.execution_id,
+                    expected_epoch=lease.epoch,
+                    actor=owner,
+                    now=clock.now_ms(),
                 )
         elif lease is not None:
             await db.write_in_thread(lambda conn, held=lease: leases.end_execution_sync(conn, held))

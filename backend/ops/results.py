@@ -1,0 +1,84 @@
+"""What each operator action returns: one TypedDict per action, shared by the CLI, the console and `--json`.
+
+An action (`backend.ops.actions`) builds its result here, journals it in the
+same transaction as its effect, and returns it; `rem ... --json` prints it as
+it is (TypedDicts serialise as they are) and the console reads it by these
+keys, which mypy checks. So a new action (approve, deny, resolve) adds its
+TypedDict here, one `Action...` name in `ActionResult`, and its one-line
+description in `tui/actions.py`, and every reader learns its shape at once.
+
+Enum-typed fields hold members of the enums named; `json.dumps` writes them
+as their plain string values.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+from backend.execution.model_turns import ResumedSession
+from backend.store.workers import LeaseKind, WorkerRole, WorkerState
+from backend.summaries.receipt_replay import ReplayReport
+
+__all__ = [
+    "ActionResult",
+    "DrainReport",
+    "LeaseReleased",
+    "LeaseSeen",
+    "ReplayReport",
+    "ResumeReport",
+    "ResumedSession",
+]
+
+
+class LeaseSeen(TypedDict):
+    """The grant a release found (and was fenced on), as it stood when the release ran."""
+
+    owner_id: str
+    epoch: int
+    expires_at: int
+    time_left_ms: int  # negative: it had expired already
+    phase: NotRequired[str]  # an execution's phase (ExecutionPhase)
+
+
+class LeaseReleased(TypedDict):
+    """`release`: a lease expired now under a new epoch; its holder's late writes are fenced."""
+
+    kind: LeaseKind
+    id: str  # the lease as the operator named it: an execution id, or a session id
+    owner_id: str
+    old_epoch: int
+    new_epoch: int
+    forced: bool
+    seen: LeaseSeen
+    # an execution lease's release also says
+    execution_id: NotRequired[str]
+    session_id: NotRequired[str]
+    owner_alive: NotRequired[bool]  # its owner was still heartbeating: it was stuck, not dead
+    expected_epoch: NotRequired[int | None]
+    unparked: NotRequired[bool]  # a parked execution got a fresh recovery budget
+    released_at: NotRequired[int]
+
+
+class DrainReport(TypedDict):
+    """`drain`: the worker was asked to drain; with `--wait`, how it went until it stopped."""
+
+    owner_id: str
+    role: WorkerRole
+    previous_state: WorkerState
+    state: WorkerState
+    # with --wait
+    leases_held: NotRequired[int]
+    waited_ms: NotRequired[int]
+
+
+class ResumeReport(TypedDict):
+    """`resume`: the sessions whose model-error hold was lifted."""
+
+    resumed: list[ResumedSession]
+    count: int
+    reask: bool
+    resumed_at: int
+
+
+# every operator action's result (approve, deny and resolve join here)
+ActionResult = LeaseReleased | DrainReport | ReplayReport | ResumeReport
