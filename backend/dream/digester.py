@@ -69,6 +69,10 @@ from backend.memory import index as memory_index
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import Database, execute, fetchall, fetchone
+from backend.store.dream_states import DRIFT_CLASSES as DRIFT_CLASSES
+from backend.store.dream_states import DigestState as DigestState
+from backend.store.dream_states import DriftClass as DriftClass
+from backend.store.dream_states import classify_drift as classify_drift
 from backend.store.events import EventKind, append_event
 from backend.store.revision import raw_revision
 from backend.store.workers import WorkerRole
@@ -143,17 +147,6 @@ WHERE session_id = :sid AND owner_id = :owner AND epoch = :epoch
 """
 
 
-class DigestState(StrEnum):
-    """`dream_state.digest_state`."""
-
-    PENDING = "pending"  # a published revision waits for Dream
-    IN_PROGRESS = "in_progress"  # a Dream daemon holds the claim lease
-    DIGESTED = "digested"  # the published revision is in the graph
-    DEFERRED = "deferred"  # the last digestion failed; retried after a backoff
-    UNDIGESTIBLE = "undigestible"  # failed MAX_DIGEST_ATTEMPTS times: parked until a new revision
-    LEGACY = "legacy"  # honoured as digested by the legacy `graphDigested` flag alone
-
-
 class DigestOutcome(StrEnum):
     """What one digestion of a claimed session came to."""
 
@@ -164,18 +157,6 @@ class DigestOutcome(StrEnum):
     SUPERSEDED = "superseded"  # failed, but a newer revision was published meanwhile
     DEFERRED = "deferred"  # failed: retried after a backoff
     UNDIGESTIBLE = "undigestible"  # failed too often: parked
-
-
-class DriftClass(StrEnum):
-    """Why a session's Dream state disagrees with what synthesis published (the Drift panel)."""
-
-    SUMMARY_STALE = "summary_stale"  # raw turns changed since the last summary
-    DREAM_PENDING = "dream_pending"  # never digested at the published revision
-    STALE_COMPLETION = "stale_completion"  # digested an older revision
-    DEFERRED = "deferred"
-    UNDIGESTIBLE = "undigestible"
-    LEGACY_ONLY = "legacy_only"  # only the legacy `graphDigested` flag says it is digested
-    CURRENT = "current"  # no drift (never listed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -640,39 +621,6 @@ class Dreamer(Daemon):
             return 0
         self._vector_backoff_ms = 500
         return written
-
-
-# -- status helpers for the lead's ops.status / check --------------------------
-# the classes the Drift panel lists, in its order
-DRIFT_CLASSES = tuple(c for c in DriftClass if c is not DriftClass.CURRENT)
-# classify_drift runs per row of the status snapshot, and an Enum member attribute costs
-# ~0.5 us on Python 3.11: plain module names for the members it compares and returns
-_LEGACY, _UNDIGESTIBLE, _DEFERRED = DigestState.LEGACY, DigestState.UNDIGESTIBLE, DigestState.DEFERRED
-_D_LEGACY, _D_UNDIGESTIBLE, _D_DEFERRED = DriftClass.LEGACY_ONLY, DriftClass.UNDIGESTIBLE, DriftClass.DEFERRED
-_D_STALE, _D_CURRENT = DriftClass.SUMMARY_STALE, DriftClass.CURRENT
-_D_STALE_COMPLETION, _D_PENDING = DriftClass.STALE_COMPLETION, DriftClass.DREAM_PENDING
-
-
-def classify_drift(row: Mapping[str, Any]) -> DriftClass:
-    """The drift class of one dream_state row (optionally joined with summary_job's seqs).
-
-    CURRENT when the row needs nothing. Order is most actionable first: a
-    parked revision before a stale summary before plain pending work.
-    """
-    state = row.get("digest_state")
-    published, completed = row.get("input_revision"), row.get("completed_revision")
-    if state == _LEGACY or (published is None and row.get("legacy_digested")):
-        return _D_LEGACY
-    if state == _UNDIGESTIBLE:
-        return _D_UNDIGESTIBLE
-    if state == _DEFERRED:
-        return _D_DEFERRED
-    dirty, clean = row.get("dirty_seq"), row.get("clean_seq")
-    if dirty is not None and clean is not None and dirty > clean:
-        return _D_STALE
-    if published is None or completed == published:
-        return _D_CURRENT
-    return _D_STALE_COMPLETION if completed is not None else _D_PENDING
 
 
 async def legacy_only_count(db: Database) -> int:

@@ -28,7 +28,6 @@ from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
 from backend.store import model_calls, workers
-from backend.store.changes import listen_changes
 from backend.store.db import Database
 from backend.store.workers import WorkerRole, WorkerState
 
@@ -187,6 +186,8 @@ class Daemon:
 
     async def _follow_changes(self, url: str) -> None:
         """Hear the store's change feed: other processes' commits set `_changed`."""
+        from backend.store.changes import listen_changes  # import time: psycopg, only for PostgreSQL
+
         try:
             async for event in listen_changes(url, ignore_pids=self.db.server_pids):
                 if event.kind == "lost":

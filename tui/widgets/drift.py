@@ -6,8 +6,7 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from backend.dream.digester import DriftClass
-from backend.ops.records import Status
+from backend.ops.records import DriftClass, Status
 from tui.format import age, cell, short_id, short_revision
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
