@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def daemon(
+    cli: typer.Context,
     role: Annotated[WorkerRole, typer.Option("--role", help="Which daemon to run.")],
     once: Annotated[bool, typer.Option("--once", help="Do one full pass and exit.")] = False,
     data: common.DataOpt = None,
@@ -28,7 +29,7 @@ def daemon(
     Example: rem daemon --role executor --once
     """
     cls = daemon_class(role)
-    ctx = common.make_context(data, chroma_url)
+    ctx = common.make_context(cli, data, chroma_url)
     return common.run(lambda: common.with_context(ctx, lambda c: cls(c, once=once).run()))
 
 

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def mcp(
+    cli: typer.Context,
     project: Annotated[
         list[str] | None,
         typer.Option(
@@ -59,6 +60,6 @@ def mcp(
         logging.getLogger("rem.mcp").setLevel(logging.DEBUG)
     from backend.programs.mcp_server import serve  # the SDK loads only for this command
 
-    ctx = common.make_context(data, chroma_url, read_only=not allow_writes)
+    ctx = common.make_context(cli, data, chroma_url, read_only=not allow_writes)
     projects = None if all_projects else sorted(set(project or []))
     common.run(lambda: serve(ctx, allow_writes=allow_writes, projects=projects, debug=debug))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
 from backend.cli import common
 from backend.core.errors import UsageError
-from backend.runtime.context import Context
+
+if TYPE_CHECKING:
+    from backend.runtime.context import Context
 
 
 def register(app: typer.Typer) -> None:
@@ -18,6 +20,7 @@ def register(app: typer.Typer) -> None:
 
 
 def metrics(
+    cli: typer.Context,
     listen: Annotated[
         str, typer.Option("--listen", help="Where to serve /metrics (HOST:PORT; loopback by default).")
     ] = "127.0.0.1:9464",
@@ -41,7 +44,7 @@ def metrics(
         else:
             sys.stdout.write(ops.metric_rules())
         return 0
-    ctx = common.make_context(data, chroma_url, read_only=True, start_chroma=False)
+    ctx = common.make_context(cli, data, chroma_url, read_only=True, start_chroma=False)
     if once:
         return _once(ctx, json)
     if json:

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def send(
+    cli: typer.Context,
     session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
     text: Annotated[
         str,
@@ -55,7 +56,7 @@ def send(
     """
     if text == "-":
         text = sessions.decode_text(sessions.read_bounded(sys.stdin.buffer))
-    ctx = common.make_context(data, None)
+    ctx = common.make_context(cli, data, None)
     result = common.run(
         lambda: common.with_context(
             ctx,

@@ -6,27 +6,36 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 and Dream leases, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
 alerts.
+
+The names below are loaded on first use (PEP 562 `__getattr__`): `rem status`
+imports the status snapshot, not the importer, reindexing or Dream's overlay
+that other commands need. The `TYPE_CHECKING` block names every edge, so the
+type checker and the import contracts see them as plain imports.
 """
 
 from __future__ import annotations
 
-from backend.ops.actions import (
-    LEASE_KINDS,
-    check,
-    chroma_health,
-    drain,
-    init,
-    metric_rules,
-    metrics,
-    release,
-    replay,
-    resume,
-    send,
-    show,
-    status,
-)
-from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
-from backend.ops.reindex import reindex
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.ops.actions import (
+        LEASE_KINDS,
+        check,
+        chroma_health,
+        drain,
+        init,
+        metric_rules,
+        metrics,
+        release,
+        replay,
+        resume,
+        send,
+        show,
+        status,
+    )
+    from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
+    from backend.ops.reindex import reindex
 
 __all__ = [
     "LEASE_KINDS",
@@ -49,3 +58,37 @@ __all__ = [
     "show_session",
     "status",
 ]
+
+# the module each name lives in
+_HOMES = {
+    "LEASE_KINDS": "backend.ops.actions",
+    "check": "backend.ops.actions",
+    "chroma_health": "backend.ops.actions",
+    "drain": "backend.ops.actions",
+    "init": "backend.ops.actions",
+    "metric_rules": "backend.ops.actions",
+    "metrics": "backend.ops.actions",
+    "release": "backend.ops.actions",
+    "replay": "backend.ops.actions",
+    "resume": "backend.ops.actions",
+    "send": "backend.ops.actions",
+    "show": "backend.ops.actions",
+    "status": "backend.ops.actions",
+    "graph_neighbors": "backend.ops.memory",
+    "import_file": "backend.ops.memory",
+    "list_projects": "backend.ops.memory",
+    "recall": "backend.ops.memory",
+    "show_session": "backend.ops.memory",
+    "reindex": "backend.ops.reindex",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`backend.ops.<name>`, imported from its module on first use (import time: a command loads only
+    the operations it runs), then kept in this module like an ordinary import."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'backend.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -195,7 +195,7 @@ class Supervisor:
         return args
 
     def _start(self, child: Child) -> None:
-        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.config.env}
+        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.ctx.store_env(), **self.config.env}
         command = processes.rem_child(*self._command(child), cwd=self.ctx.data.root, env=env)
         with self.ctx.data.open_log(f"{child.name}.log") as out:
             child.proc = command.popen(
@@ -236,7 +236,7 @@ class Supervisor:
 
         chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
         try:
-            await HistoryRecorder(self.ctx.data, chroma_url=chroma_url).run(stop)
+            await HistoryRecorder(self.ctx.data, chroma_url=chroma_url, db_url=self.ctx.db_url).run(stop)
         except Exception:  # the history is for post-mortems: losing it must not stop rem up
             log.exception("status history recorder stopped")
 
