@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from backend.cli import common
-from backend.store.workers import WorkerRole
+from backend.store.states import WorkerRole
 
 if TYPE_CHECKING:  # the daemons import Chroma: only `rem daemon` pays for it
     from backend.runtime.daemon import Daemon

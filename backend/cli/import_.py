@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
 from pathlib import Path
@@ -61,6 +60,8 @@ def import_(
 
 async def _run(ctx: Context, file: Path, progress: Progress, stop: threading.Event) -> dict[str, Any]:
     """The import, with SIGINT asking it to stop between two transactions (a second one: at once)."""
+    import asyncio  # import time: not for `--help` (common.run loaded it already)
+
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:

@@ -9,7 +9,6 @@ import typer
 
 from backend.cli import common
 from backend.core.errors import BadInput
-from backend.execution.sessions import validate_id
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +53,8 @@ def mcp(
             "rem mcp needs a scope: pass --project P (repeatable) for the projects a client may see, "
             "or --all-projects to serve every project"
         )
+    from backend.execution.sessions import validate_id  # import time: the library loads when a command runs
+
     for name in project or []:
         validate_id("project", name, "--project")
     if debug:

@@ -69,12 +69,12 @@ from backend.memory import index as memory_index
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store.db import Database, execute, fetchall, fetchone
-from backend.store.dream_states import DRIFT_CLASSES as DRIFT_CLASSES
-from backend.store.dream_states import DigestState as DigestState
-from backend.store.dream_states import DriftClass as DriftClass
-from backend.store.dream_states import classify_drift as classify_drift
 from backend.store.events import EventKind, append_event
 from backend.store.revision import raw_revision
+from backend.store.states import DRIFT_CLASSES as DRIFT_CLASSES
+from backend.store.states import DigestState as DigestState
+from backend.store.states import DriftClass as DriftClass
+from backend.store.states import classify_drift as classify_drift
 from backend.store.workers import WorkerRole
 
 DREAM_LEASE_MS = Settings.dream_lease_ms.default

@@ -13,7 +13,7 @@ from typing import Any, NotRequired, TypedDict
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag
 from backend.models.health import ModelState
-from backend.store.dream_states import DigestState, DriftClass
+from backend.store.states import DigestState, DriftClass
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict

@@ -54,8 +54,8 @@ from backend.ops.records import (
 from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
-from backend.store.dream_states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.store.events import OPERATOR_KINDS_SQL
+from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus

@@ -1,9 +1,11 @@
-"""What a `dream_state` row says: its `digest_state` values and, read beside what synthesis
-published, why it drifts (the Drift panel's classes).
+"""What rem's state columns hold: the vocabularies of stored values, with no database code.
 
-The vocabulary of a stored column, like `backend.store.workers`' roles and lease kinds: Dream
-(`backend.dream.digester`) writes these states, and `rem status`, the console and `rem check`
-read them without loading Dream.
+Workers' roles and states and the lease kinds (`worker`, kept by `backend.store.workers`), an
+input's delivery (`session_input.delivery`, `backend.execution.sessions`), a Dream row's
+`digest_state` and, read beside what synthesis published, why it drifts (the Drift panel's
+classes; Dream itself, `backend.dream.digester`, writes the states). The modules that write them
+re-export them; readers (`rem status`, the console, `rem check`, the CLI's option types) import
+them from here without loading those modules, or a database driver.
 """
 
 from __future__ import annotations
@@ -11,6 +13,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
+
+
+class WorkerRole(StrEnum):
+    """What a daemon does (`worker.role`)."""
+
+    EXECUTOR = "executor"
+    SUMMARIZER = "summarizer"
+    DREAM = "dream"
+
+
+class WorkerState(StrEnum):
+    """`worker.state`: running; draining (asked to stop: finishing, handing back); stopped."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+# states of a worker that still heartbeats and may hold leases
+LIVE_STATES = (WorkerState.RUNNING, WorkerState.DRAINING)
+
+
+class LeaseKind(StrEnum):
+    """The three fenced leases a worker can hold."""
+
+    EXECUTION = "execution"  # a session's turn (`session_execution`)
+    SUMMARY_JOB = "summary_job"  # a session's summary synthesis or replay (`summary_job`)
+    DREAM = "dream"  # a session's Dream digestion (`dream_state`)
+
+
+class Delivery(StrEnum):
+    """How an admitted input reaches the agent (`session_input.delivery`)."""
+
+    QUEUE = "queue"  # starts the next turn when the session is idle
+    STEER = "steer"  # joins the running turn at its next step boundary
 
 
 class DigestState(StrEnum):
