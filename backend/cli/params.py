@@ -10,7 +10,8 @@ coercion at all:
 * an option left out (None), answered as typer answers it (`()` for a list);
 * a string for a `str` parameter: typer's own coercion returns it unchanged;
 * a value for a parameter with rem's own `parser=` (`--data`): typer only calls it;
-* a number default of its declared type within its bounds (`--last 0`).
+* a default of its declared type: a number within its bounds (`--last 0`), an
+  enum's member (`--delivery`'s `queue`).
 
 `install()` (called once by `backend.cli.app`) gives every typer parameter,
 the help options typer adds included, a coercion that answers those itself
@@ -23,6 +24,7 @@ out of `rem status --json`; the CLI tests check the values and errors.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from typer._click import Context
@@ -59,6 +61,8 @@ class PlainValues:
                 return _NOT_PLAIN
         if annotation is str and type(value) is str:
             return value
+        if isinstance(annotation, type) and issubclass(annotation, Enum) and isinstance(value, annotation):
+            return value  # typer's choice check returns a member as it is
         if annotation in (int, float) and type(value) is annotation and not self.info.clamp:
             low, high = self.info.min, self.info.max
             if (low is None or value >= low) and (high is None or value <= high):
