@@ -122,6 +122,7 @@ class ConsoleBackend:
         return await self.loop.run(self._history(session_id, target))
 
     async def _moment(self, how: str, time: int, entry_id: int) -> Moment | None:
+        # import time: the timeline (PyYAML, by its alert rules), only when the operator opens it
         from backend.ops import timeline
 
         self._require_state_db()

@@ -11,6 +11,8 @@ from typing import Any
 from rich.style import Style
 from rich.text import Text
 
+from backend.core.errors import RemError
+
 # Fallbacks when no app (and so no theme) is around, e.g. in unit tests.
 DEFAULT_PALETTE = {
     "error": "#B93C5B",
@@ -151,8 +153,6 @@ def _scalar(value: Any) -> str:
 
 def one_line_error(error: BaseException | None) -> str:
     """An error as one line: rem's own errors as they are, others with their type."""
-    from backend.core.errors import RemError
-
     if error is None:
         return "unknown error"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

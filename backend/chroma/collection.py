@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
+from urllib.parse import urlparse
 
 from backend.chroma import auth
 from backend.chroma.embedder import Embedder, load_embedder
@@ -153,12 +154,11 @@ class ChromaStore:
 
     def client(self) -> Any:
         """A chromadb HttpClient on the server's current URL (rem's own embeddings only)."""
+        # import time: chromadb (about a second), only when Chroma is reached
         import chromadb
         from chromadb.config import Settings
 
         url = self._resolve()
-        from urllib.parse import urlparse
-
         parsed = urlparse(url)
         client = chromadb.HttpClient(
             host=parsed.hostname or "127.0.0.1",
@@ -171,6 +171,7 @@ class ChromaStore:
 
     def _connect(self) -> Any:
         client = self.client()
+        # import time: chromadb, only when Chroma is reached
         from chromadb.errors import NotFoundError
 
         # embedding_function=None: Chroma's default would download a model.
@@ -289,6 +290,7 @@ class ChromaStore:
         result = await self._read_vectors(list(ids), include)
         vectors = result.get("embeddings")
         if vectors is not None and len(vectors):
+            # import time: numpy, only for vectors Chroma handed back
             import numpy  # one float64 matrix for the batch: each row's vector is a view of it
 
             vectors = numpy.asarray(vectors, dtype=numpy.float64)
@@ -533,7 +535,8 @@ def _ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> 
     """(index, cosine distance) of each fetched row, nearest first (ties by id)."""
     if not ids:
         return []
-    import numpy as np  # chromadb's own dependency; here so that every `rem` command does not pay ~0.3 s for it
+    # import time: numpy, chromadb's own dependency: every rem command would pay ~0.3 s for it
+    import numpy as np
 
     query = np.asarray(embedding, dtype=np.float64)
     matrix = np.asarray(embeddings, dtype=np.float64)

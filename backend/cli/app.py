@@ -153,7 +153,8 @@ def _database_error(exc: Exception, db_url: str | None = None) -> RemError | Non
     """A PostgreSQL error that escaped every `postgres_errors` door, as its one line (no password)."""
     if type(exc).__module__.partition(".")[0] != "psycopg":
         return None
-    import psycopg  # import time: loaded already when one of its errors got here
+    # import time: psycopg, loaded only when one of its errors got this far
+    import psycopg
 
     from backend.store.pg_errors import translate_postgres_error
 

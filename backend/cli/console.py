@@ -66,6 +66,7 @@ def console(
 
 def recorded_time(root: DataDir, at: str) -> int:
     """`--at` as ms, refused in one line when the data dir has no status history to show."""
+    # import time: the timeline and the history store, only for --at
     from backend.ops.timeline import parse_time
     from backend.store.history import HistoryStore
 

@@ -36,13 +36,16 @@ def daemon(
 def daemon_class(role: WorkerRole) -> type[Daemon]:
     """The `Daemon` subclass for a role, imported only now: `rem send` never pays for Chroma's import."""
     if role is WorkerRole.EXECUTOR:
+        # import time: the executor (and Chroma, the agent), only for its role
         from backend.execution.executor import Executor
 
         return Executor
     if role is WorkerRole.SUMMARIZER:
+        # import time: the summarizer (and Chroma, the synthesizer), only for its role
         from backend.summaries.summarizer import Summarizer
 
         return Summarizer
+    # import time: Dream (and Chroma), only for its role
     from backend.dream.digester import Dreamer
 
     return Dreamer

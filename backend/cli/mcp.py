@@ -59,7 +59,8 @@ def mcp(
         validate_id("project", name, "--project")
     if debug:
         logging.getLogger("rem.mcp").setLevel(logging.DEBUG)
-    from backend.programs.mcp_server import serve  # the SDK loads only for this command
+    # import time: the MCP SDK, only for this command
+    from backend.programs.mcp_server import serve
 
     ctx = common.make_context(cli, data, chroma_url, read_only=not allow_writes)
     projects = None if all_projects else sorted(set(project or []))

@@ -38,6 +38,7 @@ def metrics(
     """
     if rules:
         if json:
+            # import time: PyYAML and the alert rules, only for --rules --json
             from backend.ops.alert_rules import rules_document
 
             common.emit_json(rules_document())
@@ -49,6 +50,7 @@ def metrics(
         return _once(ctx, json)
     if json:
         raise UsageError("--json goes with --once or --rules; the server speaks the Prometheus formats")
+    # import time: the HTTP server, only when serving
     from backend.programs.metrics_server import is_loopback, parse_listen, serve
 
     host, _ = parse_listen(listen)
@@ -66,6 +68,7 @@ def metrics(
 
 
 def _once(ctx: Context, json: bool) -> int:
+    # import time: prometheus_client, only for --once
     from backend.ops.prometheus import samples
 
     if json:

@@ -36,6 +36,7 @@ def up(
 
     Example: rem up --executors 2 --load
     """
+    # import time: the supervisor, only for this command
     from backend.programs.supervisor import Supervisor, UpConfig
 
     ctx = common.make_context(cli, data, chroma_url)

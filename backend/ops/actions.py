@@ -30,14 +30,19 @@ from backend.core.errors import (
     RemError,
     UsageError,
 )
+from backend.execution import sessions
+from backend.execution.leases import release_execution
 from backend.execution.sessions import Delivery
+from backend.ops.lease_release import lease_kind, release_job_lease
 from backend.ops.records import ChromaHealth, ReplayReport, Snapshot, Status
+from backend.ops.transcript import transcript_sync
 from backend.runtime.context import Context
 from backend.store import workers
 from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event
 from backend.store.schema import schema_version, supported_version
 from backend.store.workers import LeaseKind, WorkerState
+from backend.summaries import receipt_replay
 
 if TYPE_CHECKING:
     from backend.ops.snapshot import SnapshotCache
@@ -109,6 +114,7 @@ _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.W
 
 async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
+    # import time: the status snapshot, only for status and metrics
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_tally
 
@@ -239,14 +245,10 @@ async def release(
     if kind is not None and kind not in LEASE_KINDS:
         raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
     db = await ctx.db()
-    from backend.ops.lease_release import lease_kind, release_job_lease
-
     async with refusals_journaled(ctx, "release", lease_id):
         kind = LeaseKind(kind) if kind else await lease_kind(db, lease_id)
         async with db.tx() as conn:
             if kind == LeaseKind.EXECUTION:
-                from backend.execution.leases import release_execution
-
                 return await release_execution(
                     conn,
                     lease_id,
@@ -280,6 +282,7 @@ async def check(
     compares every staged receipt and Dream overlay with its Chroma row.
     `progress(phase, done, total)` is called as the batches go.
     """
+    # import time: the checks, only for rem check
     from backend.ops.checks import check_chroma, check_database_in_batches, summarize
 
     db = await ctx.db()
@@ -299,8 +302,6 @@ async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
 ) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
-    from backend.summaries import receipt_replay
-
     if bool(summary_ids) == all_mismatched:
         raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
     if not dry_run:
@@ -327,8 +328,6 @@ async def send(
     project: str | None = None,
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
-    from backend.execution import sessions
-
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
@@ -344,6 +343,7 @@ async def send(
 
 async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
     """One scrape: the status snapshot as Prometheus metrics (OpenMetrics text unless told otherwise)."""
+    # import time: prometheus_client, only for metrics
     from backend.ops.prometheus import exposition
 
     return exposition(await status(ctx), openmetrics=openmetrics).decode()
@@ -351,6 +351,7 @@ async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
 
 def metric_rules() -> str:
     """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press."""
+    # import time: PyYAML, only for the alert rules
     from backend.ops.alert_rules import rules_yaml
 
     return rules_yaml()
@@ -365,6 +366,7 @@ async def resume(
     answered with an error is asked again as a new input. Refused when a
     named session is not held.
     """
+    # import time: the model-turn helpers, only for rem resume
     from backend.execution.model_turns import resume_sync
 
     if bool(session_ids) == all_held:
@@ -382,7 +384,5 @@ async def resume(
 
 async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:
     """One session's transcript: messages, parts, usage, cost, model errors, recovery markers."""
-    from backend.ops.transcript import transcript_sync
-
     db = await ctx.db()
     return await db.read_in_thread(lambda conn: transcript_sync(conn, session_id, last))

@@ -32,6 +32,8 @@ from backend.chroma.server import ChromaServer
 from backend.core import faults, private, processes
 from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
+from backend.programs.load import LoadGenerator
+from backend.programs.recorder import HistoryRecorder
 from backend.runtime.context import Context
 from backend.store import maintenance, workers
 
@@ -232,8 +234,6 @@ class Supervisor:
             self._write_manifest()
 
     async def _run_recorder(self, stop: asyncio.Event) -> None:
-        from backend.programs.recorder import HistoryRecorder
-
         chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
         try:
             await HistoryRecorder(self.ctx.data, chroma_url=chroma_url, db_url=self.ctx.db_url).run(stop)
@@ -313,8 +313,6 @@ class Supervisor:
         private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
-        from backend.programs.load import LoadGenerator
-
         generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions, rate=self.config.load_rate)
         stop = asyncio.Event()
 

@@ -86,6 +86,7 @@ class Context:
     def store_name(self) -> str:
         """Which store this context uses, for operators: the state.db path or the URL (no password)."""
         if self.db_url:
+            # import time: psycopg, only for a PostgreSQL store
             from backend.store.postgres import display_url
 
             return display_url(self.db_url)

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from backend.core import clock
+from backend.core.errors import Refused, WorkerNotFound
 from backend.core.settings import settings
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
@@ -140,8 +141,6 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[st
 
 async def request_drain(db: Database, owner_id: str, operator: str) -> dict[str, Any]:
     """Ask a live worker to drain; refuses unknown, stopped or dead workers (journaled)."""
-    from backend.core.errors import Refused, WorkerNotFound
-
     now = clock.now_ms()
     async with db.tx() as conn:
         rows = list(
