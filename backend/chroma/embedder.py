@@ -200,5 +200,5 @@ class WordLlamaEmbedder:
 
 def load_embedder() -> Embedder:
     """The configured embedder (`REM_EMBEDDER`: a `rem.embedders` name or module:factory)."""
-    embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER")
+    embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER", Embedder)
     return embedder
