@@ -20,14 +20,24 @@ from __future__ import annotations
 import importlib
 import inspect
 import typing
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 
 class PluginError(UsageError):
     """A plug-in spec that names nothing loadable, or something that is not that kind of plug-in."""
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """The entry points installed in `group`."""
+    # import time: importlib.metadata, only when a plug-in is looked up (not for `rem status`)
+    from importlib import metadata
+
+    return list(metadata.entry_points(group=group))
 
 
 def installed(group: str) -> list[str]:
