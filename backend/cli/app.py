@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("rem: interrupted\n")
         code = int(ExitCode.INTERRUPTED)
     except Exception as exc:
-        code = _exit_code(exc, invocation.config.db_url)
+        code = _exit_code(exc, invocation.config.db_url if invocation.config else None)
     else:
         code = int(result) if isinstance(result, int) else 0
     if argv is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -83,15 +83,18 @@ class Config:
 
 @dataclass
 class Invocation:
-    """One run of the `rem` app (click's context object): the `Config` its callback read."""
+    """One run of the `rem` app (click's context object): the `Config` its callback read (None
+    until then: nothing is read from the environment before the callback has validated it)."""
 
-    config: Config = field(default_factory=Config.from_environment)
+    config: Config | None = None
 
 
 def config_of(cli: typer.Context) -> Config:
     """The `Config` of the run `cli` belongs to."""
     invocation = cli.find_object(Invocation)
-    return invocation.config if invocation is not None else Config.from_environment()
+    if invocation is None or invocation.config is None:
+        return Config.from_environment()
+    return invocation.config
 
 
 def check_db_url(url: str) -> None:

@@ -32,3 +32,15 @@ def test_a_child_gets_the_store_in_its_environment_blank_for_state_db(tmp_path: 
     url = "postgresql://rem@db.example/rem"
     assert Context(DataDir(tmp_path), db_url=url).store_env() == {"REM_DB_URL": url}
     assert Context(DataDir(tmp_path), db_url=None).store_env() == {"REM_DB_URL": ""}
+
+
+def test_a_bad_rem_db_url_is_one_line_before_anything_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REM_DB_URL", "mysql://rem:hunter22@db.example/rem")
+    assert main(["status", "--data", str(tmp_path / "d")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "rem: error: REM_DB_URL='mysql://rem:***@db.example/rem' is not a postgresql:// URL; fix it or unset "
+        "it (default: state.db in the data dir)"
+    ]
