@@ -182,6 +182,7 @@ def new_events(latest: Status | None, applied: Status | None) -> str:
 
 async def state_db_changes(root: Path) -> AsyncIterator[None]:
     """Yield whenever state.db or its WAL changes in `root` (non-recursive watch)."""
+    # import time: watchfiles, only to watch state.db (not on PostgreSQL)
     from watchfiles import awatch
 
     def only_state_db(_change: object, path: str) -> bool:

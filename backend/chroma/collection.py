@@ -33,6 +33,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple, cast
+from urllib.parse import urlparse
 
 from backend.chroma import auth
 from backend.chroma.connections import MALFORMED_REPLY, ChromaTrust, instrument
@@ -173,12 +174,11 @@ class ChromaStore:
 
         With a trust: the listener is checked first, and every connection the client opens after.
         """
+        # import time: chromadb (about a second), only when Chroma is reached
         import chromadb
         from chromadb.config import Settings
 
         url = self._resolve()
-        from urllib.parse import urlparse
-
         parsed = urlparse(url)
         trust = self.trust
         if trust is not None:
@@ -209,6 +209,7 @@ class ChromaStore:
 
     def _connect(self) -> Any:
         client = self.client()
+        # import time: chromadb, only when Chroma is reached
         from chromadb.errors import NotFoundError
 
         # embedding_function=None: Chroma's default would download a model.
@@ -568,6 +569,7 @@ def _live_rows(result: Any) -> dict[str, LiveRow] | str:
     if found and (vectors is None or len(vectors) != len(found)):
         return f"{len(found)} rows came back with {0 if vectors is None else len(vectors)} vectors"
     if vectors is not None and len(vectors):
+        # import time: numpy, only for vectors Chroma handed back
         import numpy  # one float64 matrix for the batch: each row's vector is a view of it
 
         vectors = numpy.asarray(vectors, dtype=numpy.float64)
@@ -582,7 +584,8 @@ def _ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> 
     """(index, cosine distance) of each fetched row, nearest first (ties by id)."""
     if not ids:
         return []
-    import numpy as np  # chromadb's own dependency; here so that every `rem` command does not pay ~0.3 s for it
+    # import time: numpy, chromadb's own dependency: every rem command would pay ~0.3 s for it
+    import numpy as np
 
     query = np.asarray(embedding, dtype=np.float64)
     matrix = np.asarray(embeddings, dtype=np.float64)

@@ -111,6 +111,7 @@ class WordLlamaEmbedder:
 
     def _load(self) -> Any:
         try:
+            # import time: WordLlama and its weights, only when something is embedded
             import wordllama
             from wordllama import WordLlama
         except ImportError as exc:
@@ -130,6 +131,7 @@ class WordLlamaEmbedder:
             ) from None
         model.tokenizer.no_padding()  # rem pools each text itself (`embed_array`)
         # a zero row at the end: the padding id, so a padded sum needs no mask
+        # import time: numpy, only when something is embedded
         import numpy as np
 
         self._pad = model.embedding.shape[0]
@@ -162,6 +164,7 @@ class WordLlamaEmbedder:
         group at most `POOL_BLOCK_TOKENS` tokens padded (WordLlama pads a whole batch
         to its longest text).
         """
+        # import time: numpy, only when something is embedded
         import numpy as np
 
         rows = self.token_ids(texts)
@@ -197,5 +200,5 @@ class WordLlamaEmbedder:
 
 def load_embedder() -> Embedder:
     """The configured embedder (`REM_EMBEDDER`: a `rem.embedders` name or module:factory)."""
-    embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER")
+    embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER", Embedder)
     return embedder

@@ -418,6 +418,7 @@ def warm_collections(url: str) -> int:
     later changes no byte under `chroma/`. A collection Chroma drops from its cache
     and reopens for a reader is rewritten then (the rows read the same before and after).
     """
+    # import time: chromadb (about a second), only for the process that starts the server
     import chromadb
     from chromadb.config import Settings
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
+
 from backend.core.errors import ChromaUntrusted
 from backend.core.private import user_name
 
@@ -198,8 +200,6 @@ def _plain(address: tuple[object, ...]) -> tuple[str, int]:
 
 def psutil_listeners(port: int) -> list[Listener] | None:
     """The same from psutil (a process's uid), for systems without /proc/net; None if not allowed."""
-    import psutil
-
     try:
         connections = psutil.net_connections(kind="tcp")
     except (psutil.Error, OSError):
@@ -220,8 +220,6 @@ def psutil_listeners(port: int) -> list[Listener] | None:
 
 def listener_pids(port: int) -> list[int]:
     """The pids listening on `port` that this user may see (for messages; may be empty)."""
-    import psutil
-
     try:
         return sorted(
             {

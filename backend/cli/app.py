@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Annotated
 
-import click
 import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
@@ -24,6 +23,7 @@ from backend.cli import (
     init,
     mcp,
     metrics,
+    params,
     recall,
     reindex,
     release,
@@ -40,11 +40,13 @@ from backend.core.errors import ExitCode, RemError
 from backend.core.inert import visible
 from backend.core.settings import Settings, settings, validate
 
-# Both clicks: typer raises its vendored click's exceptions, plain click code the real ones.
-USAGE_ERRORS = (click.exceptions.UsageError, typer_click.UsageError)
-CLICK_ERRORS = (click.exceptions.ClickException, typer_click.ClickException)
-ABORTS = (click.exceptions.Abort, typer.Abort)
-EXITS = (click.exceptions.Exit, typer.Exit)
+
+def _real_click(name: str) -> tuple[type[BaseException], ...]:
+    """The real click's exception `name` when something loaded click (plain click code raises
+    those; rem itself never imports it: typer parses with a vendored click, and click costs time)."""
+    click = sys.modules.get("click")
+    return () if click is None else (getattr(click.exceptions, name),)
+
 
 app = typer.Typer(
     name="rem",
@@ -58,25 +60,30 @@ app = typer.Typer(
 
 @app.callback()
 def _globals(
-    ctx: typer.Context,
+    cli: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     db: common.DbOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log to stderr.")] = False,
 ) -> None:
-    if ctx.invoked_subcommand == "drill":
+    if cli.invoked_subcommand == "drill":
         # a drill is a test: its system may run the unsafe switches (to prove the drill can fail)
         os.environ[Settings.test_mode.env] = "1"
-    common.use_db_url(db)
-    validate()  # a bad REM_* value fails here, in one line, before the command does anything
+    if db is not None:
+        common.check_db_url(db)
+    # a bad REM_* value fails here, in one line, before the command does anything (--db stands
+    # in for REM_DB_URL: given, it is the one that counts)
+    validate(os.environ if db is None else {**os.environ, Settings.db_url.env: db})
+    config = common.Config(data=data, chroma_url=chroma_url, db_url=settings.db_url if db is None else db)
+    cli.ensure_object(common.Invocation).config = config
     common.pin_relative_paths()
-    common.Globals.data = data
-    common.Globals.chroma_url = chroma_url
     level = logging.INFO if verbose or settings.log else logging.WARNING
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+
+params.install()  # plain option values without pydantic's import (backend/cli/params.py)
 
 # in the order `rem --help` lists them: set up, run, operate, inspect, prove
 for command in (
@@ -108,31 +115,17 @@ for command in (
 def main(argv: list[str] | None = None) -> int:
     """Run `rem`; user errors print one line on stderr and map to an exit code."""
     private.apply_private_umask()  # everything this rem (and what it starts) creates is private
+    invocation = common.Invocation()
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False, obj=invocation)
     except RemError as exc:
         sys.stderr.write(f"rem: error: {visible(exc)}\n")  # one line, whatever the data put in it
-        code = int(exc.exit_code)
-    except USAGE_ERRORS as exc:
-        exc.show()
-        code = int(ExitCode.USAGE)
-    except ABORTS:
-        sys.stderr.write("rem: interrupted\n")
-        code = int(ExitCode.INTERRUPTED)
-    except EXITS as exc:
-        code = int(exc.exit_code)
-    except CLICK_ERRORS as exc:
-        exc.show()
         code = int(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("rem: interrupted\n")
         code = int(ExitCode.INTERRUPTED)
     except Exception as exc:
-        translated = _database_error(exc)
-        if translated is None:
-            raise
-        sys.stderr.write(f"rem: error: {translated}\n")
-        code = int(translated.exit_code)
+        code = _exit_code(exc, invocation.config.db_url if invocation.config else None)
     else:
         code = int(result) if isinstance(result, int) else 0
     if argv is None:
@@ -140,17 +133,38 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _database_error(exc: Exception) -> RemError | None:
+def _exit_code(exc: Exception, db_url: str | None) -> int:
+    """A click outcome (usage error, abort, exit) or an escaped database error, as its exit code."""
+    if isinstance(exc, (typer_click.UsageError, *_real_click("UsageError"))):
+        exc.show()  # type: ignore[attr-defined]
+        return int(ExitCode.USAGE)
+    if isinstance(exc, (typer.Abort, *_real_click("Abort"))):
+        sys.stderr.write("rem: interrupted\n")
+        return int(ExitCode.INTERRUPTED)
+    if isinstance(exc, (typer.Exit, *_real_click("Exit"))):
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    if isinstance(exc, (typer_click.ClickException, *_real_click("ClickException"))):
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    translated = _database_error(exc, db_url)
+    if translated is None:
+        raise exc
+    sys.stderr.write(f"rem: error: {translated}\n")
+    return int(translated.exit_code)
+
+
+def _database_error(exc: Exception, db_url: str | None = None) -> RemError | None:
     """A PostgreSQL error that escaped every `postgres_errors` door, as its one line (no password)."""
     if type(exc).__module__.partition(".")[0] != "psycopg":
         return None
+    # import time: psycopg, loaded only when one of its errors got this far
     import psycopg
 
     from backend.store.pg_errors import translate_postgres_error
 
     if not isinstance(exc, psycopg.Error):
         return None
-    return translate_postgres_error(exc, settings.db_url or "postgresql://")
+    return translate_postgres_error(exc, db_url or settings.db_url or "postgresql://")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def bench(
 
     Example: rem bench --quick turns status
     """
+    # import time: the benchmark runner and rich, only for this command
     from backend.cli.render import print_bench
     from backend.programs import bench as benches
 

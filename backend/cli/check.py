@@ -8,7 +8,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import check_progress_bar, print_check
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def check(
+    cli: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     settled: Annotated[
@@ -27,7 +27,10 @@ def check(
 
     Example: rem check --settled --json
     """
-    ctx = common.make_context(data, chroma_url, read_only=True)
+    # import time: rich and the records, not for --help
+    from backend.cli.render import check_progress_bar, print_check
+
+    ctx = common.make_context(cli, data, chroma_url, read_only=True)
     with check_progress_bar() as progress:  # on stderr, and only on a terminal
         result = common.run(
             lambda: common.with_context(ctx, lambda c: ops.check(c, settled=settled, progress=progress))

@@ -1,24 +1,34 @@
-"""Shared pieces of the CLI: global options, context creation, output helpers."""
+"""Shared pieces of the CLI: the global options and the configuration they make, contexts, output.
+
+The global options are read once, by the app's callback, into a `Config` that
+every command builds its library `Context` from, explicitly: nothing reaches
+this process's library through its environment. Children get the state store
+in theirs (`Context.store_env`), never in argv.
+
+Light to import on purpose: `rem --help` imports every command module, and each
+imports this one; the library and asyncio load when a command runs.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from backend.core import processes
 from backend.core.datadir import DataDir
 from backend.core.errors import BadInput
 from backend.core.inert import visible
 from backend.core.redact import has_password, redact_url
-from backend.core.settings import Settings
-from backend.runtime.context import Context
+from backend.core.settings import Settings, settings
+
+if TYPE_CHECKING:
+    from backend.runtime.context import Context
 
 T = TypeVar("T")
 
@@ -58,28 +68,50 @@ DbOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
-class Globals:
-    """Values of the global options given before the command name."""
+@dataclass(frozen=True)
+class Config:
+    """The global options of one `rem` run, read once: what every command's `Context` is built from."""
 
     data: Path | None = None
     chroma_url: str | None = None
+    # the state store: `--db`, else $REM_DB_URL; None: state.db in the data dir
+    db_url: str | None = None
+
+    @classmethod
+    def from_environment(cls) -> Config:
+        """No global option given: the defaults, with $REM_DB_URL."""
+        return cls(db_url=settings.db_url)
 
 
-def use_db_url(url: str | None) -> None:
-    """`--db URL`: the state store for this process and every rem process it starts (as REM_DB_URL,
-    in their environment, which only their user can read), with the password hidden from this
-    process's own command line from here on (REM_DB_URL or ~/.pgpass never show it at all)."""
-    if url is None:
-        return
+@dataclass
+class Invocation:
+    """One run of the `rem` app (click's context object): the `Config` its callback read (None
+    until then: nothing is read from the environment before the callback has validated it)."""
+
+    config: Config | None = None
+
+
+def config_of(cli: typer.Context) -> Config:
+    """The `Config` of the run `cli` belongs to."""
+    invocation = cli.find_object(Invocation)
+    if invocation is None or invocation.config is None:
+        return Config.from_environment()
+    return invocation.config
+
+
+def check_db_url(url: str) -> None:
+    """`--db URL`: refused in one line unless PostgreSQL can parse it; its password is hidden from
+    this process's own command line from here on (REM_DB_URL or ~/.pgpass never show it at all)."""
     if not url.startswith(("postgresql://", "postgres://")):
         raise BadInput(
             f"--db {redact_url(url)!r} is not a postgresql:// URL; without --db rem uses state.db in --data"
         )
-    from backend.store.pg_errors import check_url
+    from backend.store.pg_errors import check_url  # import time: psycopg, only when --db is given
 
     check_url(url)  # a URL libpq cannot parse: one line now, not a traceback quoting it later
-    os.environ[Settings.db_url.env] = url  # how every rem process this one starts gets it: never argv
     if has_password(url):  # `ps` shows argv to every user: this process's own shows `***` instead
+        from backend.core import processes  # import time: psutil, only for a URL with a password
+
         processes.hide_in_title(url, redact_url(url))
 
 
@@ -91,15 +123,19 @@ def pin_relative_paths() -> None:
         os.environ[Settings.mcp_config.env] = str(Path(raw).expanduser().absolute())
 
 
-def make_context(data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:
-    """A Context from command-level options, falling back to the global ones."""
-    path = data or Globals.data
-    url = chroma_url or Globals.chroma_url
-    return Context(DataDir.resolve(path), chroma_url=url, **kwargs)
+def make_context(cli: typer.Context, data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:
+    """The library's `Context` for a command: its own options first, then the run's `Config`."""
+    from backend.runtime.context import Context  # import time: the library loads when a command runs
+
+    config = config_of(cli)
+    kwargs.setdefault("db_url", config.db_url)
+    return Context(DataDir.resolve(data or config.data), chroma_url=chroma_url or config.chroma_url, **kwargs)
 
 
 def run(factory: Callable[[], Awaitable[T]]) -> T:
     """Run one coroutine to completion (the CLI is synchronous at its edge)."""
+    import asyncio  # import time: not for `--help`
+
     return asyncio.run(factory())  # type: ignore[arg-type]
 
 

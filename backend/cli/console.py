@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,18 +10,17 @@ import typer
 from backend.cli import common
 from backend.core.datadir import DataDir
 from backend.core.errors import DataDirError
-from backend.core.settings import settings
 
 
 def register(app: typer.Typer) -> None:
     app.command("console")(console)
 
 
-def existing_data_dir(data: object) -> DataDir:
+def existing_data_dir(data: Path | None, config: common.Config) -> DataDir:
     """The data dir the console opens: it must already hold a rem state.db (unless the state is on `--db`)."""
-    root = DataDir.resolve(data or common.Globals.data)  # type: ignore[arg-type]
+    root = DataDir.resolve(data or config.data)
     root.check_usable()
-    if not root.exists() and not settings.db_url:
+    if not root.exists() and not config.db_url:
         raise DataDirError(
             f"no rem data at {root.root} (state.db missing); "
             f"run `rem init --data {root.root}` or `rem up --data {root.root}`"
@@ -29,6 +29,7 @@ def existing_data_dir(data: object) -> DataDir:
 
 
 def console(
+    cli: typer.Context,
     read_only: Annotated[
         bool,
         typer.Option(
@@ -53,15 +54,19 @@ def console(
     Example: rem --db postgresql://rem@db-host/rem console   (the shared store on PostgreSQL)
     Example: rem console --at 03:12 --read-only --data ./copy-of-data   (the post-mortem timeline)
     """
-    root = existing_data_dir(data)
+    config = common.config_of(cli)
+    root = existing_data_dir(data, config)
     when = None if at is None else recorded_time(root, at)
-    from tui.app import ConsoleApp
+    from tui.app import ConsoleApp  # import time: textual, only for this command
 
-    ConsoleApp(root, read_only=read_only, chroma_url=chroma_url or common.Globals.chroma_url, at=when).run()
+    ConsoleApp(
+        root, read_only=read_only, chroma_url=chroma_url or config.chroma_url, at=when, db_url=config.db_url
+    ).run()
 
 
 def recorded_time(root: DataDir, at: str) -> int:
     """`--at` as ms, refused in one line when the data dir has no status history to show."""
+    # import time: the timeline and the history store, only for --at
     from backend.ops.timeline import parse_time
     from backend.store.history import HistoryStore
 

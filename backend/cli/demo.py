@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import typer
 
 from backend.cli import common
 from backend.core.datadir import DataDir
-from backend.programs import demo as demo_run
 
 
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
 
 
-def open_console(data: DataDir) -> None:
+def open_console(data: DataDir, db_url: str | None = None) -> None:
     """Run the console until the operator quits; SIGTERM quits it too."""
+    # import time: the demo program and textual, only for this command
+    from backend.programs import demo as demo_run
     from tui.app import ConsoleApp
 
-    app = ConsoleApp(data)
+    app = ConsoleApp(data, db_url=db_url)
     previous = demo_run.set_signal_handlers(lambda *_: app.call_later(app.exit))
     try:
         app.run()
@@ -28,6 +30,7 @@ def open_console(data: DataDir) -> None:
 
 
 def demo(
+    cli: typer.Context,
     data: common.DataOpt = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
     model_url: Annotated[
@@ -46,5 +49,14 @@ def demo(
 
     Example: rem demo --model-url http://127.0.0.1:11434/v1 --model llama3.2
     """
+    from backend.programs import demo as demo_run  # import time: only for this command
+
+    config = common.config_of(cli)
     env = demo_run.model_env(model_url, model, embedding_model)
-    return demo_run.run_demo(data or common.Globals.data, keep=keep, console=open_console, model=env)
+    return demo_run.run_demo(
+        data or config.data,
+        keep=keep,
+        console=functools.partial(open_console, db_url=config.db_url),
+        model=env,
+        db_url=config.db_url,
+    )

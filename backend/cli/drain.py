@@ -8,7 +8,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import drain_progress_printer
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def drain(
+    cli: typer.Context,
     owner_id: Annotated[str, typer.Argument(help="The worker's owner id (see `rem status`).")],
     wait: Annotated[bool, typer.Option("--wait", help="Block until the worker has stopped.")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds --wait waits at most.")] = 60.0,
@@ -26,8 +26,12 @@ def drain(
 
     Example: rem drain executor-host-1234-ab12cd --wait
     """
-    ctx = common.make_context(data, None)
-    show = drain_progress_printer() if wait and not json else None
+    ctx = common.make_context(cli, data, None)
+    show = None
+    if wait and not json:
+        from backend.cli.render import drain_progress_printer  # import time: rich, only for --wait's progress
+
+        show = drain_progress_printer()
     result = common.run(
         lambda: common.with_context(
             ctx, lambda c: ops.drain(c, owner_id, wait=wait, timeout_s=timeout, progress=show)

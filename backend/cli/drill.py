@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from backend.cli import common
+from backend.core.datadir import DataDir
 
 drill_app = typer.Typer(
     help="Chaos drills: kill real processes and prove nothing is lost.", no_args_is_help=True
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
 
 @drill_app.command("sigkill")
 def sigkill(
+    cli: typer.Context,
     role: Annotated[str, typer.Option(help="executor, summarizer, dream, chroma, zombie or all.")] = "all",
     rounds: Annotated[int, typer.Option(min=1, help="How many processes to kill.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for victims and kill moments.")] = 1,
@@ -54,13 +56,14 @@ def sigkill(
     Example: rem drill sigkill --role all --rounds 20 --json
     Example: rem drill sigkill --db postgresql://localhost/rem --role all --rounds 20
     """
+    # import time: the drill program and rich, only for this command
     from backend.cli.render import drill_round_printer, print_drill
     from backend.programs.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
     from backend.runtime.context import Context
 
-    common.use_db_url(db)
-    from backend.core.settings import settings
-
+    if db is not None:
+        common.check_db_url(db)
+    db_url = db if db is not None else common.config_of(cli).db_url
     config = DrillConfig(
         role=role,
         rounds=rounds,
@@ -69,10 +72,11 @@ def sigkill(
         lease_ms=lease_ms,
         pause=pause,
         settle_timeout_s=settle_timeout,
-        hosts=PG_HOSTS if settings.db_url else (),
+        hosts=PG_HOSTS if db_url else (),
     )
     config.victims()
-    ctx = Context(common.make_context(data, None).data if data else private_data_dir())
+    # the drill's own --data only (never the global one): a drill kills what runs on its data dir
+    ctx = Context(DataDir.resolve(data) if data is not None else private_data_dir(), db_url=db_url)
     common.note(f"rem drill: data dir {ctx.data.root}")
     printer: Any = drill_round_printer()
     report = common.run(lambda: common.with_context(ctx, lambda c: run_drill(c, config, printer)))

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import byte_progress, print_import
 from backend.core.errors import ExitCode
-from backend.execution.importer import ImportFailed, Progress
-from backend.runtime.context import Context
+
+if TYPE_CHECKING:
+    from backend.execution.importer import Progress
+    from backend.runtime.context import Context
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
 
 
 def import_(
+    cli: typer.Context,
     file: Annotated[Path, typer.Argument(help="JSON Lines, one message per line.", show_default=False)],
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
@@ -39,7 +40,11 @@ def import_(
 
     Example: rem import chats.jsonl --json
     """
-    ctx = common.make_context(data, None)
+    # import time: the importer and rich (its progress bar), not for --help
+    from backend.cli.render import byte_progress
+    from backend.execution.importer import ImportFailed
+
+    ctx = common.make_context(cli, data, None)
     stop = threading.Event()
     try:
         with byte_progress(f"importing {file.name}") as progress:
@@ -55,6 +60,8 @@ def import_(
 
 async def _run(ctx: Context, file: Path, progress: Progress, stop: threading.Event) -> dict[str, Any]:
     """The import, with SIGINT asking it to stop between two transactions (a second one: at once)."""
+    import asyncio  # import time: not for `--help` (common.run loaded it already)
+
     loop = asyncio.get_running_loop()
 
     def on_sigint() -> None:
@@ -75,6 +82,8 @@ def _report(result: dict[str, Any], json: bool) -> None:
     if json:
         common.emit_json(result)
     else:
+        from backend.cli.render import print_import  # import time: rich, only for the human view
+
         print_import(result)
     if result["interrupted"] and result["stopped_while"] == "validating":
         common.note(f"rem: interrupted while validating line {result['lines'] + 1}: nothing was written")

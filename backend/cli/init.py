@@ -12,13 +12,13 @@ def register(app: typer.Typer) -> None:
     app.command("init")(init)
 
 
-def init(data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
+def init(cli: typer.Context, data: common.DataOpt = None, json: common.JsonOpt = False) -> None:
     """Create the data dir and migrate the state store (state.db, or PostgreSQL with --db).
 
     Example: rem init --data ./demo
     Example: rem --db postgresql://rem@db-host/rem init
     """
-    ctx = common.make_context(data, None)
+    ctx = common.make_context(cli, data, None)
     result = common.run(lambda: common.with_context(ctx, ops.init))
     if json:
         common.emit_json(result)

@@ -9,7 +9,6 @@ import typer
 
 from backend.cli import common
 from backend.core.errors import BadInput
-from backend.execution.sessions import validate_id
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def mcp(
+    cli: typer.Context,
     project: Annotated[
         list[str] | None,
         typer.Option(
@@ -53,12 +53,15 @@ def mcp(
             "rem mcp needs a scope: pass --project P (repeatable) for the projects a client may see, "
             "or --all-projects to serve every project"
         )
+    from backend.execution.sessions import validate_id  # import time: the library loads when a command runs
+
     for name in project or []:
         validate_id("project", name, "--project")
     if debug:
         logging.getLogger("rem.mcp").setLevel(logging.DEBUG)
-    from backend.programs.mcp_server import serve  # the SDK loads only for this command
+    # import time: the MCP SDK, only for this command
+    from backend.programs.mcp_server import serve
 
-    ctx = common.make_context(data, chroma_url, read_only=not allow_writes)
+    ctx = common.make_context(cli, data, chroma_url, read_only=not allow_writes)
     projects = None if all_projects else sorted(set(project or []))
     common.run(lambda: serve(ctx, allow_writes=allow_writes, projects=projects, debug=debug))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
 from backend.cli import common
 from backend.core.errors import UsageError
-from backend.runtime.context import Context
+
+if TYPE_CHECKING:
+    from backend.runtime.context import Context
 
 
 def register(app: typer.Typer) -> None:
@@ -18,6 +20,7 @@ def register(app: typer.Typer) -> None:
 
 
 def metrics(
+    cli: typer.Context,
     listen: Annotated[
         str, typer.Option("--listen", help="Where to serve /metrics (HOST:PORT; loopback by default).")
     ] = "127.0.0.1:9464",
@@ -35,17 +38,19 @@ def metrics(
     """
     if rules:
         if json:
+            # import time: PyYAML and the alert rules, only for --rules --json
             from backend.ops.alert_rules import rules_document
 
             common.emit_json(rules_document())
         else:
             sys.stdout.write(ops.metric_rules())
         return 0
-    ctx = common.make_context(data, chroma_url, read_only=True, start_chroma=False)
+    ctx = common.make_context(cli, data, chroma_url, read_only=True, start_chroma=False)
     if once:
         return _once(ctx, json)
     if json:
         raise UsageError("--json goes with --once or --rules; the server speaks the Prometheus formats")
+    # import time: the HTTP server, only when serving
     from backend.programs.metrics_server import is_loopback, parse_listen, serve
 
     host, _ = parse_listen(listen)
@@ -63,6 +68,7 @@ def metrics(
 
 
 def _once(ctx: Context, json: bool) -> int:
+    # import time: prometheus_client, only for --once
     from backend.ops.prometheus import samples
 
     if json:

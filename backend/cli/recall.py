@@ -8,7 +8,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_recall
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def recall(
+    cli: typer.Context,
     query: Annotated[str, typer.Argument(help="What to look for, in plain words.", show_default=False)],
     project: Annotated[
         str | None,
@@ -42,7 +42,7 @@ def recall(
 
     Example: rem recall "when did we move the payments service" --project ops --k 5
     """
-    ctx = common.make_context(data, chroma_url, read_only=True)
+    ctx = common.make_context(cli, data, chroma_url, read_only=True)
     kinds = tuple(kind) if kind else ("turn", "summary", "fact")
     result = common.run(
         lambda: common.with_context(
@@ -55,4 +55,6 @@ def recall(
     if json:
         common.emit_json(result)
     else:
+        from backend.cli.render import print_recall  # import time: rich, only for the human view
+
         print_recall(result)

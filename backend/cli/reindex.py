@@ -6,7 +6,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_reindex, progress_printer
 
 
 def register(app: typer.Typer) -> None:
@@ -14,7 +13,10 @@ def register(app: typer.Typer) -> None:
 
 
 def reindex(
-    data: common.DataOpt = None, chroma_url: common.ChromaOpt = None, json: common.JsonOpt = False
+    cli: typer.Context,
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    json: common.JsonOpt = False,
 ) -> None:
     """Rebuild the Chroma collections with the configured embedder (REM_EMBEDDER); no model call.
 
@@ -23,7 +25,10 @@ def reindex(
 
     Example: REM_EMBEDDER=wordllama rem reindex --json
     """
-    ctx = common.make_context(data, chroma_url)
+    # import time: rich and the records, not for --help
+    from backend.cli.render import print_reindex, progress_printer
+
+    ctx = common.make_context(cli, data, chroma_url)
     result = common.run(
         lambda: common.with_context(ctx, lambda c: ops.reindex(c, progress=progress_printer()))
     )

@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def release(
+    cli: typer.Context,
     lease_id: Annotated[
         str, typer.Argument(help="An execution id, or a session id for its summary-job or Dream lease.")
     ],
@@ -32,7 +33,7 @@ def release(
 
     Example: rem release exe_01J9Z3 --expected-epoch 3
     """
-    ctx = common.make_context(data, None)
+    ctx = common.make_context(cli, data, None)
     result = common.run(
         lambda: common.with_context(
             ctx, lambda c: ops.release(c, lease_id, kind=kind, expected_epoch=expected_epoch, force=force)

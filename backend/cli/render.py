@@ -11,6 +11,7 @@ and a `[/]` in a turn crashed `rem recall`).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -325,8 +326,7 @@ def print_check(result: dict[str, Any]) -> None:
 
 def check_progress_bar() -> Any:
     """A progress bar on stderr for `rem check` (a context manager yielding the callback)."""
-    from contextlib import contextmanager
-
+    # import time: rich.progress, only for a progress bar
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     labels = {
@@ -483,8 +483,6 @@ def print_reindex(result: dict[str, Any]) -> None:
 
 
 def _when(ms: Any) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ms / 1000)) if isinstance(ms, int) else "-"
 
 
@@ -516,6 +514,7 @@ def print_recall(result: dict[str, Any]) -> None:
 @contextmanager
 def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
     """A progress bar on stderr driven by (done, total) bytes; silent when stderr is not a terminal."""
+    # import time: rich.progress, only for a progress bar
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True)

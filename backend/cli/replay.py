@@ -8,7 +8,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_replay
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def replay(
+    cli: typer.Context,
     summary_ids: Annotated[
         list[str] | None,
         typer.Argument(metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False),
@@ -36,7 +36,7 @@ def replay(
 
     Example: rem replay --all --dry-run --json
     """
-    ctx = common.make_context(data, chroma_url, read_only=dry_run)
+    ctx = common.make_context(cli, data, chroma_url, read_only=dry_run)
     result = common.run(
         lambda: common.with_context(
             ctx, lambda c: ops.replay(c, summary_ids, all_mismatched=all_, dry_run=dry_run)
@@ -45,5 +45,7 @@ def replay(
     if json:
         common.emit_json(result)
     else:
+        from backend.cli.render import print_replay  # import time: rich, only for the human view
+
         print_replay(result)
     return 0 if result["ok"] else 1

@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def resume(
+    cli: typer.Context,
     session_ids: Annotated[
         list[str] | None,
         typer.Argument(metavar="SESSION", help="Held sessions to resume.", show_default=False),
@@ -34,7 +35,7 @@ def resume(
 
     Example: rem resume --all
     """
-    ctx = common.make_context(data, None)
+    ctx = common.make_context(cli, data, None)
     result = common.run(
         lambda: common.with_context(ctx, lambda c: ops.resume(c, session_ids, all_held=all_, reask=reask))
     )

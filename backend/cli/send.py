@@ -9,7 +9,7 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.execution import sessions
+from backend.store.states import Delivery
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def send(
+    cli: typer.Context,
     session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
     text: Annotated[
         str,
@@ -25,11 +26,11 @@ def send(
         ),
     ],
     delivery: Annotated[
-        sessions.Delivery,
+        Delivery,
         typer.Option(
             "--delivery", help="queue: start the next turn when idle; steer: join the running turn."
         ),
-    ] = sessions.Delivery.QUEUE,
+    ] = Delivery.QUEUE,
     input_id: Annotated[
         str | None,
         typer.Option(
@@ -54,8 +55,10 @@ def send(
     Example: rem send s1 "summarise yesterday's run" --delivery queue
     """
     if text == "-":
+        from backend.execution import sessions  # import time: the library loads when a command runs
+
         text = sessions.decode_text(sessions.read_bounded(sys.stdin.buffer))
-    ctx = common.make_context(data, None)
+    ctx = common.make_context(cli, data, None)
     result = common.run(
         lambda: common.with_context(
             ctx,

@@ -8,7 +8,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_transcript
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def show(
+    cli: typer.Context,
     session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The session to show.")],
     last: Annotated[int, typer.Option("--last", min=0, help="Only the last N messages (0: all).")] = 0,
     data: common.DataOpt = None,
@@ -25,9 +25,11 @@ def show(
 
     Example: rem show demo-billing-1 --last 10
     """
-    ctx = common.make_context(data, None, read_only=True)
+    ctx = common.make_context(cli, data, None, read_only=True)
     result = common.run(lambda: common.with_context(ctx, lambda c: ops.show(c, session_id, last=last)))
     if json:
         common.emit_json(result)
     else:
+        from backend.cli.render import print_transcript  # import time: rich, only for the human view
+
         print_transcript(result)

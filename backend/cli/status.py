@@ -6,7 +6,6 @@ import typer
 
 from backend import ops
 from backend.cli import common
-from backend.cli.render import print_status
 
 
 def register(app: typer.Typer) -> None:
@@ -14,15 +13,20 @@ def register(app: typer.Typer) -> None:
 
 
 def status(
-    data: common.DataOpt = None, chroma_url: common.ChromaOpt = None, json: common.JsonOpt = False
+    cli: typer.Context,
+    data: common.DataOpt = None,
+    chroma_url: common.ChromaOpt = None,
+    json: common.JsonOpt = False,
 ) -> None:
     """Show the snapshot the console shows: backlog, leases, receipts, Dream drift, workers.
 
     Example: rem status --json --data ./demo
     """
-    ctx = common.make_context(data, chroma_url, read_only=True)
+    ctx = common.make_context(cli, data, chroma_url, read_only=True)
     result = common.run(lambda: common.with_context(ctx, ops.status))
     if json:
         common.emit_json(result)
     else:
+        from backend.cli.render import print_status  # import time: rich, only for the human view
+
         print_status(result)

@@ -14,6 +14,7 @@ def register(app: typer.Typer) -> None:
 
 
 def up(
+    cli: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     executors: Annotated[int, typer.Option(min=0, help="Executor daemons.")] = 2,
@@ -35,9 +36,10 @@ def up(
 
     Example: rem up --executors 2 --load
     """
+    # import time: the supervisor, only for this command
     from backend.programs.supervisor import Supervisor, UpConfig
 
-    ctx = common.make_context(data, chroma_url)
+    ctx = common.make_context(cli, data, chroma_url)
     config = UpConfig(
         executors=executors,
         summarizers=summarizers,

@@ -20,6 +20,7 @@ def default_data_root() -> Path:
     env = settings.data
     if env:
         return Path(env).expanduser()
+    # import time: platformdirs, only when neither --data nor REM_DATA names the data dir
     import platformdirs
 
     return Path(platformdirs.user_data_dir("rem", appauthor=False))

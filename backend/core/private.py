@@ -18,9 +18,11 @@ exclusively and never overwrites anything.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import pwd
+import signal
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,9 +248,6 @@ def private_child() -> None:
 def private_child_dying_with_parent() -> None:
     """preexec_fn: umask 077, and SIGTERM when the spawning thread's process dies (PR_SET_PDEATHSIG)."""
     os.umask(PRIVATE_UMASK)
-    import ctypes
-    import signal
-
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)

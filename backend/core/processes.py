@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
+import setproctitle
 
 log = logging.getLogger("rem.processes")
 
@@ -87,8 +88,6 @@ def hide_in_title(text: str, shown: str) -> bool:
     setproctitle rewrites the memory the kernel reads argv from (moving the environment if needed):
     what another user's `ps` reads from now on. The moments between exec and this call still show it.
     """
-    import setproctitle
-
     title = setproctitle.getproctitle()
     if text not in title:
         return False

@@ -6,7 +6,7 @@ value raises one `SettingsError` naming the variable, what it must be and the
 fix, the same for every variable. `validate()` parses them all at start-up,
 so a typo fails the command before it does anything. The README's
 configuration table is `markdown_table()` (tests/cli/test_settings.py keeps
-them equal).
+them equal). How a setting is parsed and read is `backend.core.setting_types`.
 
 Why not pydantic-settings: importing it costs ~0.25 s (measured here, more
 than the whole `rem` CLI's own import), paid by every `rem send`; this module
@@ -16,225 +16,31 @@ declarations.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
-from backend.core.errors import UsageError
-from backend.core.redact import has_credentials, redact_url
-
-T = TypeVar("T")
-
-TRUE = {"1", "true", "yes", "on"}
-FALSE = {"0", "false", "no", "off"}
-
-
-class SettingsError(UsageError):
-    """A `REM_*` variable with a value rem cannot use."""
-
-
-@dataclass(frozen=True)
-class Parser(Generic[T]):
-    """Turns a raw environment string into a value, or says what it must be."""
-
-    parse: Callable[[str], T]
-    expects: str
-    # how a refused value is shown in the error (a URL's password hidden)
-    shown: Callable[[str], str] = str
-
-
-def whole(minimum: int | None = None, unit: str = "") -> Parser[int]:
-    """An integer, at least `minimum`."""
-    suffix = f" of {unit}" if unit else ""
-    expects = f"a whole number{suffix}" + (f", at least {minimum}" if minimum is not None else "")
-
-    def parse(raw: str) -> int:
-        value = int(raw)
-        if minimum is not None and value < minimum:
-            raise ValueError(raw)
-        return value
-
-    return Parser(parse, expects)
-
-
-def flag() -> Parser[bool]:
-    def parse(raw: str) -> bool:
-        lowered = raw.lower()
-        if lowered in TRUE:
-            return True
-        if lowered in FALSE:
-            return False
-        raise ValueError(raw)
-
-    return Parser(parse, "1 or 0 (also true/false, yes/no, on/off)")
-
-
-def fraction() -> Parser[float]:
-    """A number from 0 to 1."""
-
-    def parse(raw: str) -> float:
-        value = float(raw)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(raw)
-        return value
-
-    return Parser(parse, "a number from 0 to 1")
-
-
-def choice(*options: str) -> Parser[str]:
-    """One of `options` (case-insensitive)."""
-
-    def parse(raw: str) -> str:
-        if raw.lower() not in options:
-            raise ValueError(raw)
-        return raw.lower()
-
-    return Parser(parse, "one of " + ", ".join(options))
-
-
-def text(expects: str = "text") -> Parser[str]:
-    return Parser(str, expects)
-
-
-OPERATOR_MAX_LENGTH = 64
-
-
-def printable(max_length: int) -> Parser[str]:
-    """Printable text of at most `max_length` characters: no newline, no terminal escape."""
-
-    def parse(raw: str) -> str:
-        if len(raw) > max_length or not raw.isprintable():
-            raise ValueError(raw)
-        return raw
-
-    return Parser(parse, f"printable text of at most {max_length} characters (no control characters)")
-
-
-HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62})")
-
-
-def host_name() -> Parser[str]:
-    """A host identity: what `hostname` prints, or any short name in its alphabet."""
-
-    def parse(raw: str) -> str:
-        if not HOST_NAME.fullmatch(raw):
-            raise ValueError(raw)
-        return raw
-
-    return Parser(parse, "a host name (letters, digits, '.', '_' or '-', at most 63 characters)")
-
-
-def postgres_url() -> Parser[str]:
-    def parse(raw: str) -> str:
-        if not raw.startswith(("postgresql://", "postgres://")):
-            raise ValueError(raw)
-        return raw
-
-    return Parser(parse, "a postgresql:// URL", redact_url)
-
-
-def path() -> Parser[Path]:
-    return Parser(lambda raw: Path(raw).expanduser(), "a path")
-
-
-def url() -> Parser[str]:
-    """An http(s) URL without credentials (no check that anything answers there)."""
-
-    def parse(raw: str) -> str:
-        if not raw.startswith(("http://", "https://")) or len(raw) < 10 or has_credentials(raw):
-            raise ValueError(raw)
-        return raw.rstrip("/")
-
-    return Parser(
-        parse,
-        "an http:// or https:// URL without credentials (no user:password@: a key goes in "
-        "REM_MODEL_API_KEY_FILE)",
-        redact_url,
-    )
-
-
-PRICE_KEYS = frozenset({"input", "output", "reasoning", "cache_read", "cache_write"})
-Prices = dict[str, dict[str, float]]
-
-
-def prices() -> Parser[Prices]:
-    """A price table: inline JSON, or the path of a JSON file, `{model: {input: $/Mtok, ...}}`."""
-
-    def parse(raw: str) -> Prices:
-        try:
-            text = raw if raw.lstrip().startswith("{") else Path(raw).expanduser().read_text()
-            table = json.loads(text)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(raw) from exc
-        if not isinstance(table, dict):
-            raise ValueError(raw)
-        for model, row in table.items():
-            if not isinstance(row, dict) or not set(row) <= PRICE_KEYS:
-                raise ValueError(model)
-            if not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row.values()
-            ):
-                raise ValueError(model)
-        return {str(m): {k: float(v) for k, v in row.items()} for m, row in table.items()}
-
-    return Parser(
-        parse,
-        'a JSON price table (inline, or a file holding one): {"MODEL": {"input": 0.15, "output": 0.6, '
-        '"cache_read": 0.075, "cache_write": 0, "reasoning": 0.6}} in dollars per million tokens',
-    )
-
-
-class Setting(Generic[T]):
-    """One `REM_*` variable: read through the `settings` object, declared in `Settings`."""
-
-    def __init__(
-        self, default: T, doc: str, parser: Parser[Any], *, shown_default: str | None = None
-    ) -> None:
-        self.default = default
-        self.doc = doc
-        self.parser = parser
-        self.shown_default = shown_default
-        self.env = ""
-        self._cache: dict[str, T] = {}
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.env = "REM_" + name.upper()
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> Setting[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type) -> T: ...
-    def __get__(self, obj: object | None, owner: type) -> Setting[T] | T:
-        if obj is None:
-            return self
-        return self.read(os.environ.get(self.env))
-
-    def read(self, raw: str | None) -> T:
-        """The value for a raw environment string (unset or blank: the default)."""
-        if raw is None or not raw.strip():
-            return self.default
-        if raw in self._cache:
-            return self._cache[raw]
-        try:
-            value: T = self.parser.parse(raw.strip())
-        except ValueError:
-            shown = self.parser.shown(raw)
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise SettingsError(
-                f"{self.env}={shown!r} is not {self.parser.expects}; fix it or unset it "
-                f"(default: {self.default_text()})"
-            ) from None
-        self._cache[raw] = value
-        return value
-
-    def default_text(self) -> str:
-        if self.shown_default is not None:
-            return self.shown_default
-        return "off" if self.default is False else "on" if self.default is True else str(self.default)
+# the declarations' vocabulary (backend/core/setting_types.py); Setting, SettingsError and
+# OPERATOR_MAX_LENGTH are re-exported: callers have always found them here
+from backend.core.setting_types import OPERATOR_MAX_LENGTH as OPERATOR_MAX_LENGTH
+from backend.core.setting_types import Prices as Prices
+from backend.core.setting_types import Setting as Setting
+from backend.core.setting_types import SettingsError as SettingsError
+from backend.core.setting_types import (
+    choice,
+    flag,
+    fraction,
+    host_name,
+    number,
+    path,
+    postgres_url,
+    prices,
+    printable,
+    text,
+    url,
+    whole,
+)
 
 
 class Settings:
@@ -343,12 +149,62 @@ class Settings:
         "the embedder: a name in `rem.embedders` (wordllama, hashing), or `module:factory`",
         text(),
     )
-    # memory and recall (backend/memory; the pipeline's other knobs are in backend/memory/config.py)
+    # memory and recall (backend/memory): what recall asks and how it fuses, read per query; the
+    # defaults come from the LoCoMo retrieval study (backend/memory/config.py, benchmarks/locomo.py)
     recall_fusion = Setting(
         "linear", "how recall fuses FTS5 and dense lists: linear (min-max) or rrf", choice("linear", "rrf")
     )
     recall_dense_weight = Setting(0.1, "the dense list's weight in recall's fusion", fraction())
-    recall_candidates = Setting(200, "candidates each retriever gives recall before fusion", whole(10))
+    recall_candidates = Setting(
+        200, "candidates the lexical (FTS5) retriever gives recall before fusion", whole(10)
+    )
+    recall_dense_candidates = Setting(
+        100,
+        "candidates the dense (Chroma) retriever gives recall before fusion (a round trip grows with it)",
+        whole(1),
+    )
+    recall_context_weight = Setting(
+        0.5, "BM25 weight of a turn's context column (its previous turns) against its own text's 1", number(0)
+    )
+    recall_rrf_k = Setting(60, "the k of reciprocal-rank fusion (`REM_RECALL_FUSION=rrf`)", whole(1))
+    recall_speaker_boost = Setting(
+        0.5, "score boost (times 1 + it) of turns by the one speaker a query names (0: none)", number(0)
+    )
+    recall_graph_weight = Setting(
+        0.05,
+        "weight of turns reached through Dream's graph (a query's concepts -> turns naming them)",
+        number(0),
+    )
+    recall_summary_weight = Setting(
+        0.5, "where a session summary ranks among turns: its normalised score times this", number(0)
+    )
+    recall_fact_weight = Setting(
+        0.4, "where a graph fact ranks among turns: its relevance times this", number(0)
+    )
+    recall_summaries = Setting(5, "session summaries recall considers per query", whole(1))
+    recall_facts = Setting(5, "graph facts recall considers per query (0: none)", whole(0))
+    # what is indexed for each raw turn: part of every indexed turn's digest, so a change re-indexes each
+    # session on its next pass (`rem reindex`: all at once); give every host the same values
+    index_context_turns = Setting(
+        3,
+        "previous turns whose text fills a turn's FTS5 context column; like every `index_*` setting, part "
+        "of each indexed turn's digest: a change re-indexes every session on its next pass (`rem reindex`: "
+        "at once), so give every host the same value",
+        whole(0),
+    )
+    index_dense_turns = Setting(
+        1, "previous turns appended to a turn's embedded text (part of the index digest)", whole(0)
+    )
+    index_date_in_text = Setting(
+        True,
+        'a turn\'s date ("8 May 2023") in its FTS5 text and embedded text (part of the index digest)',
+        flag(),
+    )
+    index_neighbour_chars = Setting(
+        600,
+        "characters of one neighbouring turn in the context column and embedded text (part of the digest)",
+        whole(1),
+    )
     memory_context_items = Setting(5, "recalled items put in each agent step's context (0: none)", whole(0))
     memory_context_chars = Setting(
         2000, "character budget of the recalled items in a step's context", whole(100)
@@ -360,11 +216,10 @@ class Settings:
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
     )
     # real models: the OpenAI-compatible adapter (REM_AGENT / REM_SYNTHESIZER / REM_EMBEDDER = openai)
-    model_base_url = Setting[str | None](
-        None,
+    model_base_url = Setting(
+        "https://api.openai.com/v1",
         "the OpenAI-compatible endpoint (OpenAI, vLLM, llama.cpp, Ollama, LiteLLM: its `.../v1` URL)",
         url(),
-        shown_default="OpenAI's",
     )
     model = Setting[str | None](
         None,

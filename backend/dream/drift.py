@@ -1,66 +1,12 @@
-"""Dream's states and drift: what a session's `dream_state` row says, and how the Drift panel classes it.
+"""Dream's states and drift, as the digester and its readers name them.
 
-Kept apart from the daemon (`backend.dream.digester`) so the status snapshot
-and the console read these without loading the digester.
+The vocabulary lives with the other stored values in `backend.store.states`
+(no database code), so the status snapshot and the console read it without
+loading the digester; this module names it for Dream's side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import StrEnum
-from typing import Any
+from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 
-
-class DigestState(StrEnum):
-    """`dream_state.digest_state`."""
-
-    PENDING = "pending"  # a published revision waits for Dream
-    IN_PROGRESS = "in_progress"  # a Dream daemon holds the claim lease
-    DIGESTED = "digested"  # the published revision is in the graph
-    DEFERRED = "deferred"  # the last digestion failed; retried after a backoff
-    UNDIGESTIBLE = "undigestible"  # failed MAX_DIGEST_ATTEMPTS times: parked until a new revision
-    LEGACY = "legacy"  # honoured as digested by the legacy `graphDigested` flag alone
-
-
-class DriftClass(StrEnum):
-    """Why a session's Dream state disagrees with what synthesis published (the Drift panel)."""
-
-    SUMMARY_STALE = "summary_stale"  # raw turns changed since the last summary
-    DREAM_PENDING = "dream_pending"  # never digested at the published revision
-    STALE_COMPLETION = "stale_completion"  # digested an older revision
-    DEFERRED = "deferred"
-    UNDIGESTIBLE = "undigestible"
-    LEGACY_ONLY = "legacy_only"  # only the legacy `graphDigested` flag says it is digested
-    CURRENT = "current"  # no drift (never listed)
-
-
-# the classes the Drift panel lists, in its order
-DRIFT_CLASSES = tuple(c for c in DriftClass if c is not DriftClass.CURRENT)
-# classify_drift runs per row of the status snapshot, and an Enum member attribute costs
-# ~0.5 us on Python 3.11: plain module names for the members it compares and returns
-_LEGACY, _UNDIGESTIBLE, _DEFERRED = DigestState.LEGACY, DigestState.UNDIGESTIBLE, DigestState.DEFERRED
-_D_LEGACY, _D_UNDIGESTIBLE, _D_DEFERRED = DriftClass.LEGACY_ONLY, DriftClass.UNDIGESTIBLE, DriftClass.DEFERRED
-_D_STALE, _D_CURRENT = DriftClass.SUMMARY_STALE, DriftClass.CURRENT
-_D_STALE_COMPLETION, _D_PENDING = DriftClass.STALE_COMPLETION, DriftClass.DREAM_PENDING
-
-
-def classify_drift(row: Mapping[str, Any]) -> DriftClass:
-    """The drift class of one dream_state row (optionally joined with summary_job's seqs).
-
-    CURRENT when the row needs nothing. Order is most actionable first: a
-    parked revision before a stale summary before plain pending work.
-    """
-    state = row.get("digest_state")
-    published, completed = row.get("input_revision"), row.get("completed_revision")
-    if state == _LEGACY or (published is None and row.get("legacy_digested")):
-        return _D_LEGACY
-    if state == _UNDIGESTIBLE:
-        return _D_UNDIGESTIBLE
-    if state == _DEFERRED:
-        return _D_DEFERRED
-    dirty, clean = row.get("dirty_seq"), row.get("clean_seq")
-    if dirty is not None and clean is not None and dirty > clean:
-        return _D_STALE
-    if published is None or completed == published:
-        return _D_CURRENT
-    return _D_STALE_COMPLETION if completed is not None else _D_PENDING
+__all__ = ["DRIFT_CLASSES", "DigestState", "DriftClass", "classify_drift"]

@@ -189,5 +189,5 @@ class OfflineResponder:
 
 def load_agent() -> Agent:
     """The configured agent (`REM_AGENT`: a `rem.agents` name or module:factory)."""
-    agent: Agent = load_plugin("rem.agents", settings.agent, "REM_AGENT")
+    agent: Agent = load_plugin("rem.agents", settings.agent, "REM_AGENT", Agent)
     return agent

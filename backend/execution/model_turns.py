@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from backend.core.errors import Refused, SessionNotFound
 from backend.core.settings import Settings
 from backend.execution.leases import Lease
-from backend.execution.sessions import dumps
+from backend.execution.sessions import admit_sync, dumps
 from backend.models.errors import TRUNCATED, ModelError
 from backend.models.health import CallRecord
 from backend.models.usage import Usage, cost_of
@@ -230,9 +231,6 @@ def resume_sync(
     if a named session does not exist or is not held. The operator's journal entry
     is the caller's (`backend.ops.resume`), in the same transaction.
     """
-    from backend.core.errors import Refused, SessionNotFound
-    from backend.execution.sessions import admit_sync
-
     rows = conn.execute(HELD_SQL).fetchall()
     held = {r[0]: r for r in rows}
     if session_ids is not None:

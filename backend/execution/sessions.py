@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from enum import StrEnum
 from typing import Any, BinaryIO
 
 from backend.core import clock
@@ -27,14 +26,7 @@ from backend.store.db import (
     read_together_sync,
 )
 from backend.store.events import EventKind, append_event_sync
-
-
-class Delivery(StrEnum):
-    """How an admitted input reaches the agent (`session_input.delivery`)."""
-
-    QUEUE = "queue"  # starts the next turn when the session is idle
-    STEER = "steer"  # joins the running turn at its next step boundary
-
+from backend.store.states import Delivery as Delivery  # re-exported: where callers find it
 
 DELIVERIES = frozenset(Delivery)
 # 256 KiB of UTF-8: a prompt is a message, not a document upload.

@@ -1,4 +1,5 @@
-"""The recall pipeline's knobs, in one place, with the values measured on LoCoMo.
+"""The recall pipeline's knobs as values: each is a `recall_*` or `index_*` setting, declared
+with its default in `backend.core.settings` (the values measured on LoCoMo).
 
 Two kinds:
 
@@ -7,8 +8,7 @@ Two kinds:
   is picked up by the next index pass of a session, and by `rem reindex` for
   all of them at once.
 * **query time** (`RecallConfig`): how the query is built and how the
-  retrievers' lists are fused; the `recall_*` settings (backend/core/settings.py) override
-  the main ones.
+  retrievers' lists are fused, read per query.
 
 The defaults come from the LoCoMo retrieval study done for this issue (5
 conversations, WordLlama + SQLite FTS5): the turn's date and the previous
@@ -22,21 +22,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.core.settings import settings
+from backend.core.settings import Settings, settings
 
 
 @dataclass(frozen=True)
 class IndexConfig:
-    """What is indexed for each raw turn."""
+    """What is indexed for each raw turn (the `index_*` settings)."""
 
     # previous turns of the same session whose text fills the FTS5 `ctx` column
-    ctx_turns: int = 3
+    ctx_turns: int = Settings.index_context_turns.default
     # previous turns appended to the dense text ("... || speaker: text")
-    dense_prev_turns: int = 1
+    dense_prev_turns: int = Settings.index_dense_turns.default
     # the turn's date ("8 May 2023") in the FTS5 body and the dense text
-    date_in_text: bool = True
+    date_in_text: bool = Settings.index_date_in_text.default
     # characters of one neighbour's text kept in ctx / dense text
-    neighbour_chars: int = 600
+    neighbour_chars: int = Settings.index_neighbour_chars.default
 
     def key(self) -> str:
         """A short string naming this configuration (part of each row's digest)."""
@@ -45,41 +45,61 @@ class IndexConfig:
 
 @dataclass(frozen=True)
 class RecallConfig:
-    """How a query is answered."""
+    """How a query is answered (the `recall_*` settings)."""
 
     # bm25 column weights: body, ctx (scope is a filter, weight 0)
-    fts_weights: tuple[float, float] = (1.0, 0.5)
+    fts_weights: tuple[float, float] = (1.0, Settings.recall_context_weight.default)
     # candidates FTS5 contributes before fusion
-    candidates: int = 200
-    # candidates the dense side contributes (a Chroma round trip grows with it; weight 0.1)
-    dense_candidates: int = 100
+    candidates: int = Settings.recall_candidates.default
+    # candidates the dense side contributes (a Chroma round trip grows with it)
+    dense_candidates: int = Settings.recall_dense_candidates.default
     # "linear" (min-max normalised, weighted sum) or "rrf" (reciprocal rank)
-    fusion: str = "linear"
+    fusion: str = Settings.recall_fusion.default
     # weights of the lexical and dense lists in the fusion
-    lexical_weight: float = 0.9
-    dense_weight: float = 0.1
-    rrf_k: int = 60
+    lexical_weight: float = 1.0 - Settings.recall_dense_weight.default
+    dense_weight: float = Settings.recall_dense_weight.default
+    rrf_k: int = Settings.recall_rrf_k.default
     # score multiplier (1 + boost) for turns by the one speaker the query names
-    speaker_boost: float = 0.5
+    speaker_boost: float = Settings.recall_speaker_boost.default
     # weight of turns reached through the Dream graph (query concepts -> mentioning turns)
-    graph_weight: float = 0.05
+    graph_weight: float = Settings.recall_graph_weight.default
     # where a summary / a fact ranks among turns: its normalised score times this
-    summary_weight: float = 0.5
-    fact_weight: float = 0.4
+    summary_weight: float = Settings.recall_summary_weight.default
+    fact_weight: float = Settings.recall_fact_weight.default
     # summaries and facts considered per query
-    summaries: int = 5
-    facts: int = 5
+    summaries: int = Settings.recall_summaries.default
+    facts: int = Settings.recall_facts.default
 
 
 def recall_config() -> RecallConfig:
-    """The defaults with the `recall_*` settings applied."""
+    """The `recall_*` settings as one value, read now (per query)."""
     dense = settings.recall_dense_weight
     return RecallConfig(
+        fts_weights=(1.0, settings.recall_context_weight),
+        candidates=settings.recall_candidates,
+        dense_candidates=settings.recall_dense_candidates,
         fusion=settings.recall_fusion,
         dense_weight=dense,
         lexical_weight=1.0 - dense if settings.recall_fusion == "linear" else 1.0,
-        candidates=settings.recall_candidates,
+        rrf_k=settings.recall_rrf_k,
+        speaker_boost=settings.recall_speaker_boost,
+        graph_weight=settings.recall_graph_weight,
+        summary_weight=settings.recall_summary_weight,
+        fact_weight=settings.recall_fact_weight,
+        summaries=settings.recall_summaries,
+        facts=settings.recall_facts,
     )
 
 
-INDEX = IndexConfig()
+def index_config() -> IndexConfig:
+    """The `index_*` settings as one value."""
+    return IndexConfig(
+        ctx_turns=settings.index_context_turns,
+        dense_prev_turns=settings.index_dense_turns,
+        date_in_text=settings.index_date_in_text,
+        neighbour_chars=settings.index_neighbour_chars,
+    )
+
+
+# this process's index configuration, read once: every turn it indexes gets the same digest
+INDEX = index_config()

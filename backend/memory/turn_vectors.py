@@ -64,7 +64,7 @@ UNMARK_SQL = (
 @lru_cache(maxsize=4)
 def _directions(dim: int) -> Any:
     """PROJECTIONS fixed directions of ±1/sqrt(dim), from SHA-256 (the same on every host and version)."""
-    import numpy
+    import numpy  # import time: numpy, only where vectors are compared
 
     rows = []
     for i in range(PROJECTIONS):
@@ -78,7 +78,7 @@ def _directions(dim: int) -> Any:
 
 
 def _shape(vector: Any) -> tuple[float, list[float]]:
-    import numpy
+    import numpy  # import time: numpy, only where vectors are compared
 
     values = numpy.asarray(vector, dtype=numpy.float32).astype(numpy.float64)
     return float(numpy.linalg.norm(values)), [float(x) for x in _directions(values.size) @ values]

@@ -1,4 +1,5 @@
-"""Where the model endpoint is and how to talk to it, from the model settings (`backend.core.settings`).
+"""Where the model endpoint is and how to talk to it: the model settings (`backend.core.settings`,
+where each is declared with its default) as one value, with the API key read and guarded.
 
 The API key comes from `REM_MODEL_API_KEY_FILE` (a file only its owner can
 read: mode 0600 or stricter, else refused) or, accepted but second best,
@@ -21,7 +22,6 @@ from backend.core.errors import UsageError
 from backend.core.redact import has_credentials, redact_url, scrub_runs
 from backend.core.settings import settings
 
-OPENAI_URL = "https://api.openai.com/v1"
 NO_KEY = "no-key-configured"
 
 
@@ -85,7 +85,7 @@ class ModelConfig:
         key_file = settings.model_api_key_file
         key = read_key_file(key_file) if key_file is not None else settings.model_api_key
         return cls(
-            base_url=settings.model_base_url or OPENAI_URL,
+            base_url=settings.model_base_url,
             model=settings.model,
             embedding_model=settings.embedding_model,
             connect_timeout_s=settings.model_connect_timeout_ms / 1000,

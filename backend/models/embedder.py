@@ -40,7 +40,8 @@ class OpenAIEmbedder:
     def _sdk(self) -> Any:
         with self._lock:
             if self._client is None:
-                import openai  # costs seconds: only when a model embedder is actually used
+                # import time: the openai SDK costs seconds: only when a model embedder is actually used
+                import openai
 
                 c = self.config
                 self._client = openai.OpenAI(
@@ -60,6 +61,7 @@ class OpenAIEmbedder:
         return vectors
 
     def _embed_batch(self, batch: list[str]) -> list[list[float]]:
+        # import time: the openai SDK, only when a model embedder is used
         from backend.models.classify import classify
         from backend.models.client import final_error, retry_wait
 

@@ -36,6 +36,7 @@ def tokenizer() -> Any:
     with _lock:
         if not _loaded:
             try:
+                # import time: WordLlama's tokenizer, only when a text is counted
                 import wordllama
                 from tokenizers import Tokenizer
 

@@ -2,35 +2,44 @@
 
 `backend.ops.<command>` is the library call behind `rem <command>`: the
 functions live in `actions`; `snapshot` builds the status snapshot,
-`checks` verifies the invariants, `lease_release` and `drain` are the
+`checks` verifies the invariants, `lease_release` and `draining` are the
 release and drain actions' bodies, `results` types what every action
 returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
 alerts. `tool_list` reports the agent's tools (`rem tools`). `console` is the console's
 door: the only way `tui/` reaches rem besides these functions (an import-linter
 contract holds it to that).
+
+The names below are loaded on first use (PEP 562 `__getattr__`): `rem status`
+imports the status snapshot, not the importer, reindexing or Dream's overlay
+that other commands need. The `TYPE_CHECKING` block names every edge, so the
+type checker and the import contracts see them as plain imports.
 """
 
 from __future__ import annotations
 
-from backend.ops.actions import (
-    LEASE_KINDS,
-    check,
-    chroma_health,
-    drain,
-    init,
-    metric_rules,
-    metrics,
-    release,
-    replay,
-    resume,
-    send,
-    show,
-    status,
-)
-from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
-from backend.ops.reindex import reindex
-from backend.ops.tool_list import tools
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.ops.actions import (
+        LEASE_KINDS,
+        check,
+        chroma_health,
+        drain,
+        init,
+        metric_rules,
+        metrics,
+        release,
+        replay,
+        resume,
+        send,
+        show,
+        status,
+    )
+    from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
+    from backend.ops.reindexing import reindex
+    from backend.ops.tool_list import tools
 
 __all__ = [
     "LEASE_KINDS",
@@ -54,3 +63,38 @@ __all__ = [
     "status",
     "tools",
 ]
+
+# the module each name lives in
+_HOMES = {
+    "LEASE_KINDS": "backend.ops.actions",
+    "check": "backend.ops.actions",
+    "chroma_health": "backend.ops.actions",
+    "drain": "backend.ops.actions",
+    "init": "backend.ops.actions",
+    "metric_rules": "backend.ops.actions",
+    "metrics": "backend.ops.actions",
+    "release": "backend.ops.actions",
+    "replay": "backend.ops.actions",
+    "resume": "backend.ops.actions",
+    "send": "backend.ops.actions",
+    "show": "backend.ops.actions",
+    "status": "backend.ops.actions",
+    "graph_neighbors": "backend.ops.memory",
+    "import_file": "backend.ops.memory",
+    "list_projects": "backend.ops.memory",
+    "recall": "backend.ops.memory",
+    "show_session": "backend.ops.memory",
+    "reindex": "backend.ops.reindexing",
+    "tools": "backend.ops.tool_list",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`backend.ops.<name>`, imported from its module on first use (import time: a command loads only
+    the operations it runs), then kept in this module like an ordinary import."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'backend.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -33,18 +33,21 @@ from backend.core.errors import (
     RemError,
     UsageError,
 )
+from backend.execution import sessions
 from backend.execution.model_turns import resume_sync
 from backend.execution.sessions import Delivery
-from backend.ops.drain import request_drain, wait_drained
+from backend.ops.draining import request_drain, wait_drained
 from backend.ops.lease_release import lease_kind_sync, release_lease_sync
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
 from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
+from backend.ops.transcript import transcript_sync
 from backend.runtime import refusals
 from backend.runtime.context import Context
 from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event, append_event_sync
 from backend.store.schema import schema_version, supported_version
 from backend.store.workers import LeaseKind
+from backend.summaries import receipt_replay
 
 if TYPE_CHECKING:
     from backend.ops.snapshot import SnapshotCache
@@ -146,6 +149,7 @@ _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.W
 
 async def status(ctx: Context) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
+    # import time: the status snapshot, only for status and metrics
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_tally
 
@@ -284,6 +288,7 @@ async def check(
     compares every staged receipt and Dream overlay with its Chroma row.
     `progress(phase, done, total)` is called as the batches go.
     """
+    # import time: the checks, only for rem check
     from backend.ops.checks import check_chroma, check_database_in_batches, summarize
     from backend.store.journal_head import read_heads
 
@@ -305,8 +310,6 @@ async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
 ) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
-    from backend.summaries import receipt_replay
-
     if bool(summary_ids) == all_mismatched:
         raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
     if not dry_run:
@@ -333,8 +336,6 @@ async def send(
     project: str | None = None,
 ) -> dict[str, Any]:
     """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
-    from backend.execution import sessions
-
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
@@ -350,6 +351,7 @@ async def send(
 
 async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
     """One scrape: the status snapshot as Prometheus metrics (OpenMetrics text unless told otherwise)."""
+    # import time: prometheus_client, only for metrics
     from backend.ops.prometheus import exposition
 
     return exposition(await status(ctx), openmetrics=openmetrics).decode()
@@ -357,6 +359,7 @@ async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
 
 def metric_rules() -> str:
     """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press."""
+    # import time: PyYAML, only for the alert rules
     from backend.ops.alert_rules import rules_yaml
 
     return rules_yaml()
@@ -400,7 +403,5 @@ async def resume(
 
 async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:
     """One session's transcript: messages, parts, usage, cost, model errors, recovery markers."""
-    from backend.ops.transcript import transcript_sync
-
     db = await ctx.db()
     return await db.read_in_thread(lambda conn: transcript_sync(conn, session_id, last))

@@ -35,20 +35,25 @@ import json
 import logging
 import os
 import pickle
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from backend.chroma.ownership import summary_row_id
 from backend.core import clock, processes
+from backend.core.errors import ChromaUnreachable, ReceiptNotFound, RemError
 from backend.core.settings import Settings, settings
 from backend.memory.text import FTS_TABLES_SQL, fts_table
 from backend.store import counters
-from backend.store.db import Conn, engine_of
+from backend.store.db import BUSY_TIMEOUT_MS, Conn, _target, engine_of, sqlite_errors
 from backend.store.events import journal_key, verify_operator_chain_sync
 from backend.store.journal_head import Head, extends
 from backend.store.maintenance import warm_page_cache
+from backend.store.revision import compute_revision, turn_record
+from backend.summaries.receipt_replay import Recovery, ReplayOutcome, all_batches, in_batches, named_jobs
 
 log = logging.getLogger("rem.checks")
 
@@ -508,8 +513,6 @@ def _fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[
 
 def _raw_turns_by_session(conn: Conn, lo: str, hi: str) -> dict[str, list[dict[str, Any]]]:
     """Each session's raw turn records (the ones its revision covers), for sessions `lo` < id <= `hi`."""
-    from backend.store.revision import turn_record
-
     records: dict[str, list[dict[str, Any]]] = {}
     for sid, mid, kind, created, data in conn.execute(SQL_RAW_TURNS, {"lo": lo, "hi": hi}):
         parsed = json.loads(data)
@@ -522,8 +525,6 @@ def _raw_turns_by_session(conn: Conn, lo: str, hi: str) -> dict[str, list[dict[s
 def check_recall_index_sync(conn: Conn, report: Report, lo: str, hi: str) -> None:
     """Invariant 9, on state.db, for sessions `lo` < id <= `hi`: the FTS5 side covers each
     session's indexed revision exactly (rows merged into the report's findings)."""
-    from backend.store.revision import compute_revision
-
     if "recall_index" not in report.checked:
         report.checked.append("recall_index")
     bounds = {"lo": lo, "hi": hi}
@@ -723,8 +724,6 @@ async def _check_sessions_in_processes(
 async def _check_range_in_worker(
     path: str, lo: str, hi: str | None, batch: int, checked: Callable[[int], None]
 ) -> tuple[Report, int]:
-    from backend.core.errors import RemError
-
     worker = processes.python_child(
         "backend.ops.check_worker", path, lo, hi or "", str(batch), cwd=Path(path).parent
     )
@@ -768,10 +767,6 @@ def check_range_in_process(
 ) -> tuple[Report, int]:
     """A worker's part: sessions `lo` < id <= `hi` (None: to the end) of the state.db at `path`,
     read-only, in batches of `batch`, each in its own short read transaction."""
-    import sqlite3
-
-    from backend.store.db import BUSY_TIMEOUT_MS, _target, sqlite_errors
-
     database, uri = _target(Path(path), True)
     with sqlite_errors(path):
         conn = sqlite3.connect(database, uri=uri, isolation_level=None)
@@ -802,8 +797,6 @@ async def check_chroma(ctx: Any, db: Any, report: Report) -> None:
     and ownership-aware predicate the summarizer uses), the Dream side compares
     `dreamCompletedRevision` with state.db wherever no overlay write is pending.
     """
-    from backend.core.errors import ChromaUnreachable
-
     try:
         await _check_receipts(ctx, db, report)
         await _check_dream_overlay(ctx, db, report)
@@ -824,15 +817,6 @@ RECEIPT_RECHECKS = 2
 
 
 async def _check_receipts(ctx: Any, db: Any, report: Report) -> None:
-    from backend.core.errors import ReceiptNotFound
-    from backend.summaries.receipt_replay import (
-        Recovery,
-        ReplayOutcome,
-        all_batches,
-        in_batches,
-        named_jobs,
-    )
-
     def dry_run() -> Recovery:
         return Recovery(db, ctx.store(), actor="rem check", dry_run=True)
 
@@ -894,8 +878,6 @@ WHERE completed_revision IS NOT NULL AND session_id > :sid ORDER BY session_id L
 
 
 async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 500) -> None:
-    from backend.chroma.ownership import summary_row_id
-
     lost, pending, sid = [], [], ""
     while rows := await db.fetchall(DREAM_DONE_SQL, {"sid": sid, "n": batch}):
         sid = rows[-1]["session_id"]
@@ -921,7 +903,7 @@ async def _check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 5
 async def _check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
     """Invariant 9, Chroma side: every turn row state.db marks as written is in its collection, as
     written (its digest, and its document and vector against the record kept at writing)."""
-    from backend.memory import turn_vectors
+    from backend.memory import turn_vectors  # import time: numpy, only when Chroma is compared
 
     missing: list[dict[str, Any]] = []
     changed: list[dict[str, Any]] = []

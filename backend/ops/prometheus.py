@@ -365,10 +365,12 @@ def exposition(status: Mapping[str, Any], *, openmetrics: bool = True) -> bytes:
     """The snapshot in the OpenMetrics text format (or Prometheus text 0.0.4)."""
     registry = registry_for(StaticCollector(status))
     if openmetrics:
+        # import time: prometheus_client's exposition formats, only when one is written
         from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
         text: bytes = generate_openmetrics(registry)  # type: ignore[no-untyped-call]
         return text
+    # import time: prometheus_client's exposition formats, only when one is written
     from prometheus_client.exposition import generate_latest
 
     return generate_latest(registry)

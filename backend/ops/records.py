@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-from backend.dream.drift import DigestState, DriftClass
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag
 from backend.models.health import ModelState
+from backend.store.states import DigestState, DriftClass
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict
 
-# the replay report is built in the summaries layer, the enums its fields hold in the layers
-# that own them; named here too, so the console imports every record it reads, and every
-# value it tells apart, from one module
+# the replay report is built in the summaries layer, the drift classes in the store's vocabulary;
+# named here too, so the console imports every record it reads from one module
 __all__ = [
     "Backlog",
     "ChromaHealth",

@@ -32,7 +32,6 @@ from typing import Any, TypeVar, cast
 
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
-from backend.dream.drift import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health
@@ -56,6 +55,7 @@ from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
+from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
 from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus

@@ -24,6 +24,7 @@ from backend.core.errors import RemError
 from backend.ops.records import LatencyHistogram, OperatorActionCount, Throughput
 from backend.runtime.context import Context
 from backend.store.db import Conn, Database
+from backend.store.history import HistoryStore
 
 # turn latency: input admitted -> the turn's reply completed (the executor's execution.completed)
 TURN_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -150,8 +151,6 @@ class JournalTally:
 
 def stored_tally(root: Path) -> JournalTally | None:
     """The tally `rem up` keeps in the history store, if there is one to start from."""
-    from backend.store.history import HistoryStore
-
     try:
         history = HistoryStore.open(root, read_only=True)
     except RemError:  # no history store (or an unreadable one): start from the journal

@@ -36,7 +36,7 @@ class ToolsReport(TypedDict):
 
 async def tools(*, config_path: Path | None = None) -> ToolsReport:
     """The configured tools and their servers' health (servers are started, listed and stopped)."""
-    from backend.tools.registry import ToolRegistry  # the MCP SDK loads only for tool commands
+    from backend.tools.registry import ToolRegistry  # import time: the MCP SDK, only for tool commands
 
     path = config_path if config_path is not None else settings.mcp_config
     registry = await ToolRegistry.load(config_path=path)

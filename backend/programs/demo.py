@@ -26,6 +26,7 @@ from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
 from backend.core.settings import Settings
+from backend.runtime.context import store_env
 
 log = logging.getLogger("rem.demo")
 
@@ -201,10 +202,12 @@ def run_demo(
     console: ConsoleRunner,
     up_args: list[str] | None = None,
     model: dict[str, str] | None = None,
+    db_url: str | None = None,
 ) -> int:
     """The whole demo; returns the exit code. Everything started here is stopped here.
 
-    `model` (from `model_env`) makes the daemons answer with a real endpoint.
+    `model` (from `model_env`) makes the daemons answer with a real endpoint; `db_url` puts the
+    state store on PostgreSQL (`rem --db URL demo`), passed to `rem up` in its environment.
     """
     root, created = fresh_data_dir(data)
     note(f"rem demo: data dir {root}")
@@ -219,7 +222,7 @@ def run_demo(
             "REM_MODEL_API_KEY, if it needs one); the console's header shows the endpoint's health"
         )
     previous = set_signal_handlers(_interrupted)
-    proc = start_up(root, up_args, model)
+    proc = start_up(root, up_args, {**(model or {}), **store_env(db_url)})
     try:
         count = wait_ready(root, proc)
         note(

@@ -42,6 +42,7 @@ from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError, UsageError
 from backend.ops.records import LeaseRecord
+from backend.programs.supervisor import read_manifest
 from backend.runtime.context import Context
 
 log = logging.getLogger("rem.drill")
@@ -188,8 +189,6 @@ class Drill:
             )
 
     def manifest(self, host: Host | None = None) -> dict[str, Any] | None:
-        from backend.programs.supervisor import read_manifest
-
         return read_manifest((host or self.hosts[0]).ctx)
 
     def _victim_name(self, host: Host, name: str) -> str:
@@ -449,8 +448,6 @@ def private_data_dir() -> DataDir:
 
 def refuse_a_live_data_dir(ctx: Context) -> None:
     """The drill kills processes: never on a data dir a live `rem up` (or Chroma server) owns."""
-    from backend.programs.supervisor import read_manifest
-
     manifest = read_manifest(ctx)
     if manifest is not None:
         raise Refused(

@@ -13,6 +13,7 @@ import logging
 import random
 from dataclasses import dataclass
 
+from backend import ops
 from backend.core.errors import RemError
 from backend.execution.sessions import Delivery
 from backend.runtime.context import Context
@@ -71,8 +72,6 @@ class LoadGenerator:
         return sid, template.format(a=a, b=b, c=c, d=d), Delivery.STEER if steer else Delivery.QUEUE
 
     async def send_one(self) -> None:
-        from backend import ops
-
         sid, text, delivery = self.next_input()
         await ops.send(self.ctx, sid, text, delivery=delivery)
         self.sent += 1

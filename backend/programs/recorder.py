@@ -44,10 +44,15 @@ class HistoryRecorder:
     """Records one data dir's status history into its `history.db`."""
 
     def __init__(
-        self, data: DataDir, *, chroma_url: str | None = None, interval_ms: int | None = None
+        self,
+        data: DataDir,
+        *,
+        chroma_url: str | None = None,
+        db_url: str | None = None,
+        interval_ms: int | None = None,
     ) -> None:
         self.data = data
-        self.ctx = Context(data, chroma_url=chroma_url, read_only=True, start_chroma=False)
+        self.ctx = Context(data, chroma_url=chroma_url, read_only=True, start_chroma=False, db_url=db_url)
         self.interval_s = (interval_ms or settings.history_interval_ms) / 1000
         self.history: HistoryStore | None = None
         self.recorded = 0

@@ -32,6 +32,8 @@ from backend.chroma.server import ChromaServer
 from backend.core import faults, private, processes
 from backend.core.errors import ChromaUnreachable, RemError
 from backend.core.settings import settings
+from backend.programs.load import LoadGenerator
+from backend.programs.recorder import HistoryRecorder
 from backend.runtime.context import Context
 from backend.runtime.refusals import RefusalJournal
 from backend.store import maintenance, workers
@@ -209,7 +211,7 @@ class Supervisor:
         return args
 
     def _start(self, child: Child) -> None:
-        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.config.env}
+        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.ctx.store_env(), **self.config.env}
         command = processes.rem_child(*self._command(child), cwd=self.ctx.data.root, env=env)
         with self.ctx.data.open_log(f"{child.name}.log") as out:
             child.proc = command.popen(
@@ -250,11 +252,9 @@ class Supervisor:
             self._write_manifest()
 
     async def _run_recorder(self, stop: asyncio.Event) -> None:
-        from backend.programs.recorder import HistoryRecorder
-
         chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
         try:
-            await HistoryRecorder(self.ctx.data, chroma_url=chroma_url).run(stop)
+            await HistoryRecorder(self.ctx.data, chroma_url=chroma_url, db_url=self.ctx.db_url).run(stop)
         except Exception:  # the history is for post-mortems: losing it must not stop rem up
             log.exception("status history recorder stopped")
 
@@ -331,8 +331,6 @@ class Supervisor:
         private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
-        from backend.programs.load import LoadGenerator
-
         generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions, rate=self.config.load_rate)
         stop = asyncio.Event()
 

@@ -14,7 +14,7 @@ from backend.chroma.embedder import Embedder, load_embedder
 from backend.chroma.server import ChromaServer, DataDirTrust
 from backend.core.datadir import DataDir
 from backend.core.errors import ChromaUntrusted, DataDirError, ReadOnly
-from backend.core.settings import settings
+from backend.core.settings import Settings, settings
 from backend.store.db import Database
 from backend.store.events import operator_name
 from backend.store.schema import migrate, refuse_unusable
@@ -33,6 +33,12 @@ def turn_collection_name(summary_collection: str) -> str:
     if summary_collection.endswith("summaries"):
         return summary_collection[: -len("summaries")] + "turns"
     return summary_collection + "-turns"
+
+
+def store_env(db_url: str | None) -> dict[str, str]:
+    """The state store, for the environment of a rem process this one starts: never its argv (`ps`
+    shows argv to every user). Blank (no `--db`) means state.db in the child's data dir."""
+    return {Settings.db_url.env: db_url or ""}
 
 
 @dataclass
@@ -67,6 +73,10 @@ class Context:
     def for_path(cls, path: str | None = None, **kwargs: object) -> Context:
         return cls(DataDir.resolve(path), **kwargs)  # type: ignore[arg-type]
 
+    def store_env(self) -> dict[str, str]:
+        """The state store, for the environment of a rem process this one starts (`store_env`)."""
+        return store_env(self.db_url)
+
     def require_writable(self, action: str) -> None:
         """Refuse any action from a read-only context, before it touches anything."""
         if self.read_only:
@@ -82,6 +92,7 @@ class Context:
     def store_name(self) -> str:
         """Which store this context uses, for operators: the state.db path or the URL (no password)."""
         if self.db_url:
+            # import time: psycopg, only for a PostgreSQL store
             from backend.store.postgres import display_url
 
             return display_url(self.db_url)

@@ -31,7 +31,6 @@ from backend.models import health
 from backend.runtime.context import Context
 from backend.runtime.refusals import RefusalJournal
 from backend.store import model_calls, workers
-from backend.store.changes import listen_changes
 from backend.store.db import Database
 from backend.store.lease_keeper import LeaseKeeper
 from backend.store.workers import WorkerRole, WorkerState
@@ -202,6 +201,8 @@ class Daemon:
 
     async def _follow_changes(self, url: str) -> None:
         """Hear the store's change feed: other processes' commits set `_changed`."""
+        from backend.store.changes import listen_changes  # import time: psycopg, only for PostgreSQL
+
         try:
             async for event in listen_changes(url, ignore_pids=self.db.server_pids):
                 if event.kind == "lost":

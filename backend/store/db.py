@@ -187,6 +187,7 @@ def _target(path: Path, read_only: bool) -> tuple[str, bool]:
 
 async def _pg_thread(url: str, *, read_only: bool) -> aiosqlite.Connection:
     """A PostgreSQL connection (`PgConnection`) on a worker thread of its own."""
+    # import time: psycopg, only for a PostgreSQL store
     from backend.store import postgres
 
     # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
@@ -257,6 +258,7 @@ class Database:
     @classmethod
     async def connect(cls, url: str, *, read_only: bool = False) -> Database:
         """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own."""
+        # import time: psycopg, only for a PostgreSQL store
         from backend.store import postgres
 
         conn = await _pg_thread(url, read_only=read_only)
@@ -362,6 +364,7 @@ class Database:
     def errors(self) -> AbstractContextManager[None]:
         """Errors of this store's engine raised as the one-line RemError naming it."""
         if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
             from backend.store.postgres import postgres_errors
 
             return postgres_errors(self.where)
@@ -376,6 +379,7 @@ class Database:
         if isinstance(exc, sqlite3.Error):
             return True
         if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
             import psycopg
 
             return isinstance(exc, psycopg.Error)
@@ -386,6 +390,7 @@ class Database:
         if isinstance(exc, sqlite3.Error):
             return translate_sqlite_error(exc, self.path) or exc
         if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
             import psycopg
 
             from backend.store.postgres import translate_postgres_error

@@ -88,7 +88,7 @@ def extends(walk: dict[str, Any], recorded: Head | None) -> str | None:
 
 
 def _when(ms: int) -> str:
-    import datetime
+    import datetime  # import time: only for a journal head that is reported
 
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import mmap
 import os
 import sqlite3
 from pathlib import Path
@@ -96,9 +98,6 @@ def evict_page_cache(path: Path) -> None:
 
 def page_cache_share(path: Path) -> float:
     """The share of `path`'s pages in the page cache (`mincore` over a private map; Linux only)."""
-    import ctypes
-    import mmap
-
     size = path.stat().st_size
     if size == 0:
         return 1.0

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import psycopg
 import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
 
 from backend.core.errors import (
     BadInput,
@@ -39,8 +40,6 @@ SCHEMES = ("postgresql://", "postgres://")
 
 def check_url(url: str) -> None:
     """Refuse, in one line without its password, a URL libpq cannot parse (a bare `%` in a password)."""
-    from psycopg.conninfo import conninfo_to_dict
-
     try:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:

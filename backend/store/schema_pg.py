@@ -1,6 +1,6 @@
 """The PostgreSQL twin of the state.db schema, versioned in a table, forward migrations only.
 
-Migration N on PostgreSQL is SQLite's migration N (`backend.store.schema`)
+Migration N on PostgreSQL is SQLite's migration N (`backend.store.migrations`)
 translated statement by statement (`pg_ddl`): INTEGER -> BIGINT (times are
 ms), REAL -> DOUBLE PRECISION, BLOB -> BYTEA, AUTOINCREMENT -> an identity
 column, `IS [NOT]` -> `IS [NOT] DISTINCT FROM`, no WITHOUT ROWID, an alias for
@@ -51,6 +51,8 @@ from backend.core import clock
 from backend.core.errors import DataDirError, SchemaTooNew
 from backend.store import counters
 from backend.store.db import Conn
+from backend.store.events import append_event_sync
+from backend.store.migrations import MIGRATIONS, split_statements
 from backend.store.postgres import FENCE_SQLSTATE, PgConnection, alias_subqueries
 
 log = logging.getLogger("rem.schema")
@@ -269,8 +271,6 @@ class SchemaTwinMissing(RuntimeError):
 
 def pg_ddl(script: str) -> list[str]:
     """One SQLite migration as PostgreSQL statements (see the module doc)."""
-    from backend.store.schema import split_statements
-
     statements = []
     for statement in split_statements(script):
         if _NO_TWIN.match(statement):
@@ -295,8 +295,6 @@ def pg_migrations() -> list[list[str]]:
 
     SQLite's migrations in order, with `PG_ONLY` ones at their own numbers.
     """
-    from backend.store.schema import MIGRATIONS
-
     sqlite_scripts = list(enumerate(MIGRATIONS, start=1))
     built: list[list[str]] = []
     while sqlite_scripts or len(built) + 1 in PG_ONLY:
@@ -319,8 +317,6 @@ def pg_migrations() -> list[list[str]]:
 
 def pg_schema_version() -> int:
     """This engine's newest schema version: SQLite's migrations plus PostgreSQL's own."""
-    from backend.store.schema import MIGRATIONS
-
     return len(MIGRATIONS) + len(PG_ONLY)
 
 
@@ -359,8 +355,6 @@ def refuse_newer(where: str, version: int, supported: int) -> None:
 
 def migrate_sync(conn: Conn, where: str) -> tuple[int, int]:
     """Bring the database to the newest schema in one transaction; returns (from, to)."""
-    from backend.store.events import append_event_sync
-
     migrations = pg_migrations()
     target = len(migrations)
     conn.execute("BEGIN IMMEDIATE")

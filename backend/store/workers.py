@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import uuid
-from enum import StrEnum
 from typing import Any
 
 from backend.core import clock
@@ -14,38 +13,16 @@ from backend.core.settings import settings
 from backend.store.db import Database, execute
 from backend.store.events import EventKind, append_event
 
+# the worker vocabulary lives in backend.store.states (no database code): re-exported here
+from backend.store.states import LIVE_STATES as LIVE_STATES
+from backend.store.states import LeaseKind as LeaseKind
+from backend.store.states import WorkerRole as WorkerRole
+from backend.store.states import WorkerState as WorkerState
+
 # a worker whose heartbeat is older than this is presumed dead
 WORKER_DEAD_AFTER_MS = 10_000
 # a heartbeat is a liveness lease: renewed once a third of it is used, like every lease
 HEARTBEAT_INTERVAL_MS = WORKER_DEAD_AFTER_MS // 3
-
-
-class WorkerRole(StrEnum):
-    """What a daemon does (`worker.role`)."""
-
-    EXECUTOR = "executor"
-    SUMMARIZER = "summarizer"
-    DREAM = "dream"
-
-
-class WorkerState(StrEnum):
-    """`worker.state`: running; draining (asked to stop: finishing, handing back); stopped."""
-
-    RUNNING = "running"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-# states of a worker that still heartbeats and may hold leases
-LIVE_STATES = (WorkerState.RUNNING, WorkerState.DRAINING)
-
-
-class LeaseKind(StrEnum):
-    """The three fenced leases a worker can hold."""
-
-    EXECUTION = "execution"  # a session's turn (`session_execution`)
-    SUMMARY_JOB = "summary_job"  # a session's summary synthesis or replay (`summary_job`)
-    DREAM = "dream"  # a session's Dream digestion (`dream_state`)
 
 
 def host_name() -> str:

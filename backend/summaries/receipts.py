@@ -142,7 +142,8 @@ def _value_problem(value: Any) -> str | None:
 
 
 def _as_floats(vector: Any) -> Any:
-    import numpy  # chromadb's own dependency; imported here so `rem send` never pays for it
+    # import time: numpy, chromadb's own dependency: `rem send` never pays for it
+    import numpy
 
     return numpy.asarray(vector, dtype=numpy.float32).astype(numpy.float64)
 
@@ -158,6 +159,7 @@ def embedding_digest(vector: Any) -> str:
     vector does not. Takes a list of floats or the numpy array chromadb
     returns; `rem reindex` calls this too when it re-embeds a row.
     """
+    # import time: numpy, chromadb's own dependency: `rem send` never pays for it
     import numpy
 
     values = _as_floats(vector)
@@ -174,6 +176,7 @@ def vector_deviation(digest: str, vector: Any) -> float:
 
     Runs for every receipt of a verification sweep: four numpy operations, no copies of the record.
     """
+    # import time: numpy, chromadb's own dependency: `rem send` never pays for it
     import numpy
 
     raw = base64.b64decode(digest[len(SKETCH_PREFIX) :])

@@ -160,5 +160,7 @@ class ExtractiveSynthesizer:
 
 def load_synthesizer() -> Synthesizer:
     """The configured synthesizer (`REM_SYNTHESIZER`: a `rem.synthesizers` name or module:factory)."""
-    synthesizer: Synthesizer = load_plugin("rem.synthesizers", settings.synthesizer, "REM_SYNTHESIZER")
+    synthesizer: Synthesizer = load_plugin(
+        "rem.synthesizers", settings.synthesizer, "REM_SYNTHESIZER", Synthesizer
+    )
     return synthesizer

@@ -166,7 +166,7 @@ def _check(tool: Any) -> None:
 
 def _argument_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
     """Why `arguments` do not fit `schema` (one line), or None when they do."""
-    import jsonschema  # only Python tools with arguments pay for it
+    import jsonschema  # import time: only Python tools with arguments pay for it
 
     try:
         validator = jsonschema.validators.validator_for(schema)(schema)

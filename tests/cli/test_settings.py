@@ -215,3 +215,31 @@ def test_a_daemon_running_with_an_unsafe_switch_journals_it(tmp_path: Path) -> N
     assert actor.startswith("executor") and json.loads(payload)["switches"] == {
         "REM_FAULTS": "dream.mid_graph@999"
     }
+
+
+def test_the_recall_and_model_knobs_are_settings_read_where_they_are_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recall pipeline's and the model endpoint's knobs are declared here too: their defaults are
+    the settings' defaults, and each REM_* value reaches the config built from them."""
+    from backend.memory.config import INDEX, IndexConfig, RecallConfig, index_config, recall_config
+
+    assert recall_config() == RecallConfig() and index_config() == IndexConfig() == INDEX
+    assert ModelConfig.from_settings().base_url == settings_module.Settings.model_base_url.default
+    monkeypatch.setenv("REM_RECALL_SPEAKER_BOOST", "0")
+    monkeypatch.setenv("REM_RECALL_CONTEXT_WEIGHT", "0.25")
+    monkeypatch.setenv("REM_RECALL_FUSION", "rrf")
+    monkeypatch.setenv("REM_INDEX_CONTEXT_TURNS", "2")
+    monkeypatch.setenv("REM_MODEL_BASE_URL", "http://127.0.0.1:11434/v1/")
+    config = recall_config()
+    assert (config.speaker_boost, config.fts_weights, config.fusion, config.lexical_weight) == (
+        0.0,
+        (1.0, 0.25),
+        "rrf",
+        1.0,
+    )
+    assert index_config().ctx_turns == 2 and index_config().key() != INDEX.key()
+    assert ModelConfig.from_settings().base_url == "http://127.0.0.1:11434/v1"
+    monkeypatch.setenv("REM_RECALL_GRAPH_WEIGHT", "-1")
+    with pytest.raises(SettingsError, match=r"REM_RECALL_GRAPH_WEIGHT='-1' is not a number, at least 0"):
+        validate()

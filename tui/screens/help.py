@@ -10,6 +10,11 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Markdown
 
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.detail import DetailScreen
+from tui.widgets.filter_bar import FilterBar
+from tui.widgets.panel_table import PanelTable
+
 INTRO = """\
 # rem console keys
 
@@ -46,11 +51,6 @@ def bindings_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
 
 def help_sections(app_bindings: Iterable[BindingType]) -> list[tuple[str, list[tuple[str, str]]]]:
     """The help page, built from the BINDINGS that define each key."""
-    from tui.screens.confirm import ConfirmScreen
-    from tui.screens.detail import DetailScreen
-    from tui.widgets.filter_bar import FilterBar
-    from tui.widgets.panel_table import PanelTable
-
     navigation = [
         ("Tab / Shift+Tab", "next / previous panel"),
         (
