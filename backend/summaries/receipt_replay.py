@@ -11,130 +11,98 @@ re-staged meanwhile is counted `superseded` and left alone.
 A corrupt envelope is quarantined (bytes kept, reason recorded, journaled)
 and the pass goes on. A row whose verdict has not changed is not rewritten,
 so a pass over a healthy store writes nothing at all.
+
+The summary_job rows a pass works on and their selections are in
+`replay_jobs`, what it reports in `replay_report`, re-recording the vectors
+after an embedder change in `receipt_reissue`; their names are importable
+from here as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
-from typing import Any, TypedDict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import aiosqlite
 
 from backend.chroma.collection import ChromaStore
-from backend.chroma.ownership import session_id_of, summary_row_id
 from backend.core import clock, faults
-from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
+from backend.core.errors import ReceiptCorrupt
 from backend.core.settings import settings
-from backend.store.db import Database, Row, execute, fetchone
+from backend.store.db import Database, execute, fetchone
 from backend.store.events import EventKind, append_event
 from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
+from backend.summaries.receipt_reissue import reissue_batch, reissue_counts, reissue_for_embedder
 from backend.summaries.receipts import Receipt, ReceiptVerdict, Verdict
+from backend.summaries.replay_jobs import (
+    ALL_SQL,
+    BATCH_SIZE,
+    JOB_COLUMNS,
+    JOB_FIELDS,
+    NOT_LEASED,
+    PENDING_SQL,
+    RETRY_AFTER_MS,
+    Job,
+    all_batches,
+    in_batches,
+    named_jobs,
+    pending_batches,
+    reread,
+)
+from backend.summaries.replay_report import (
+    Counters,
+    ReplayOutcome,
+    ReplayReport,
+    ReplayRow,
+    Report,
+    row_report,
+)
+
+# the names callers have always imported from here (the rows, the report, reissuing: modules of their own)
+__all__ = [
+    "ALL_SQL",
+    "BATCH_SIZE",
+    "JOB_COLUMNS",
+    "JOB_FIELDS",
+    "JOURNAL_ENVELOPE_MAX",
+    "NOT_LEASED",
+    "PENDING_SQL",
+    "RETRY_AFTER_MS",
+    "Checked",
+    "Counters",
+    "Job",
+    "Recovery",
+    "ReplayOutcome",
+    "ReplayReport",
+    "ReplayRow",
+    "Report",
+    "all_batches",
+    "in_batches",
+    "named_jobs",
+    "pending_batches",
+    "reissue_batch",
+    "reissue_counts",
+    "reissue_for_embedder",
+    "replay_receipts",
+    "reread",
+    "summary_lease_ms",
+]
 
 log = logging.getLogger("rem.replay")
-
-BATCH_SIZE = 500
-# a row that stayed mismatched after a replay is retried no sooner than this
-RETRY_AFTER_MS = 30_000
 # quarantined envelopes up to this size are copied into the journal as evidence
 JOURNAL_ENVELOPE_MAX = 64 * 1024
-
-# a live lease: someone holds the row right now (a synthesis or another replay)
-NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
-
-
-class ReplayOutcome(StrEnum):
-    """What a recovery pass did with one receipt (a row of its report)."""
-
-    PRESENT = "present"  # the row matched: nothing written to Chroma
-    REPLAYED = "replayed"  # re-written from the receipt and verified by read-back
-    UNVERIFIED = "unverified"  # re-written, but the read-back still differs
-    SKIPPED_ACTIVE = "skipped_active"  # leased by a running synthesis or replay
-    SUPERSEDED = "superseded"  # re-staged (or its replay lease lost) since it was read
-    QUARANTINED = "quarantined"  # a corrupt envelope, kept and shown
-    WOULD_REPLAY = "would_replay"  # dry run: it differs
-    WOULD_QUARANTINE = "would_quarantine"  # dry run: its envelope is corrupt
 
 
 def summary_lease_ms() -> int:
     """The summary_job lease length (`REM_SUMMARY_LEASE_MS`, default 5 min)."""
     return settings.summary_lease_ms
-
-
-@dataclass(kw_only=True)
-class Job:
-    """One summary_job row as recovery sees it."""
-
-    session_id: str
-    status: str
-    owner_id: str | None
-    epoch: int
-    lease_expires_at: int | None
-    envelope: Any
-    encoding: str | None
-    staged_at: int | None
-    acknowledged_at: int | None
-    last_replayed_at: int | None
-    quarantined_at: int | None
-    verdict: str | None  # the stored text: a ReceiptVerdict, unless the column was written by hand
-    verdict_detail: str | None
-
-    @classmethod
-    def from_row(cls, row: Row) -> Job:
-        return cls(**{field: row[column] for field, column in JOB_FIELDS.items()})
-
-    @property
-    def summary_id(self) -> str:
-        return summary_row_id(self.session_id)
-
-    def leased(self, now: int) -> bool:
-        return self.owner_id is not None and (self.lease_expires_at or 0) > now
-
-    def cas(self) -> dict[str, Any]:
-        return {"sid": self.session_id, "env": self.envelope, "staged": self.staged_at}
-
-
-# Job field -> its summary_job column (the receipt's own columns carry a `result_` prefix);
-# the SELECT lists and Job.from_row both come from it
-_RESULT_FIELDS = ("envelope", "encoding", "staged_at", "acknowledged_at", "last_replayed_at")
-JOB_FIELDS = {f.name: f"result_{f.name}" if f.name in _RESULT_FIELDS else f.name for f in fields(Job)}
-JOB_COLUMNS = ", ".join(JOB_FIELDS.values())
-PENDING_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
-  AND (result_staged_at, session_id) > (:staged, :sid)
-ORDER BY result_staged_at, session_id LIMIT :n"""
-ALL_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
-
-
-@dataclass
-class Counters:
-    """What one recovery pass did."""
-
-    scanned: int = 0
-    present: int = 0
-    mismatched: int = 0
-    replayed: int = 0
-    completed: int = 0
-    acknowledged: int = 0
-    skipped_active: int = 0
-    superseded: int = 0
-    quarantined: int = 0
-    unverified: int = 0
-
-    def add(self, other: Counters) -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
 
 
 @dataclass(kw_only=True)
@@ -145,65 +113,6 @@ class Checked:
     receipt: Receipt
     verdict: Verdict
     epoch: int = 0  # the epoch of the lease this pass took to re-write the row
-
-
-class ReplayRow(TypedDict):
-    """One receipt in a replay report (`rem replay --json` rows)."""
-
-    summary_id: str
-    session_id: str
-    outcome: ReplayOutcome
-    verdict: ReceiptVerdict | None  # what the pass found (None: not checked, e.g. skipped)
-    keys: list[dict[str, Any]]  # KeyDifference.as_dict() of each differing owned key
-    document: dict[str, Any] | None  # how the document differs, if it does
-    reason: str | None
-
-
-class ReplayReport(TypedDict):
-    """What `ops.replay` returns and `rem replay --json` prints."""
-
-    counters: dict[str, int]  # Counters, by field name
-    rows: list[ReplayRow]
-    dry_run: bool
-    ok: bool
-    rows_written: int
-
-
-@dataclass
-class Report:
-    counters: Counters = field(default_factory=Counters)
-    rows: list[ReplayRow] = field(default_factory=list)
-    dry_run: bool = False
-    # summary_job rows this pass changed (0 on a healthy store: the pass is idempotent)
-    rows_written: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.counters.unverified == 0 and self.counters.quarantined == 0
-
-    def as_dict(self) -> ReplayReport:
-        return ReplayReport(
-            counters=asdict(self.counters),
-            rows=self.rows,
-            dry_run=self.dry_run,
-            ok=self.ok,
-            rows_written=self.rows_written,
-        )
-
-
-def _row_report(
-    job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
-) -> ReplayRow:
-    detail = verdict.detail() if verdict is not None else None
-    return ReplayRow(
-        summary_id=job.summary_id,
-        session_id=job.session_id,
-        outcome=outcome,
-        verdict=verdict.verdict if verdict is not None else None,
-        keys=(detail or {}).get("keys", []),
-        document=(detail or {}).get("document"),
-        reason=reason,
-    )
 
 
 class Recovery:
@@ -255,7 +164,7 @@ class Recovery:
         self, job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
     ) -> None:
         if outcome != ReplayOutcome.PRESENT or self.report_present:
-            self.report.rows.append(_row_report(job, outcome, verdict, reason))
+            self.report.rows.append(row_report(job, outcome, verdict, reason))
 
     # -- one batch -------------------------------------------------------------
 
@@ -619,88 +528,6 @@ def _evidence(envelope: Any) -> dict[str, Any]:
     return evidence
 
 
-# -- selections ------------------------------------------------------------------
-
-
-async def pending_batches(
-    db: Database, batch_size: int = BATCH_SIZE, *, now: int | None = None
-) -> AsyncIterator[list[Job]]:
-    """Staged receipts never acknowledged (a summarizer died), oldest first.
-
-    A row that stayed mismatched after a replay waits RETRY_AFTER_MS before
-    the next attempt, so a stubborn row cannot turn the daemon into a hot loop.
-    """
-    now = clock.now_ms() if now is None else now
-    staged, sid = -1, ""
-    while True:
-        rows = await db.fetchall(PENDING_SQL, {"staged": staged, "sid": sid, "n": batch_size})
-        if not rows:
-            return
-        jobs = [Job.from_row(r) for r in rows]
-        staged, sid = jobs[-1].staged_at or 0, jobs[-1].session_id
-        ready = [j for j in jobs if not _backing_off(j, now)]
-        if ready:
-            yield ready
-
-
-def _backing_off(job: Job, now: int) -> bool:
-    return (
-        job.verdict not in (None, ReceiptVerdict.PRESENT)
-        and job.last_replayed_at is not None
-        and now - job.last_replayed_at < RETRY_AFTER_MS
-    )
-
-
-async def all_batches(db: Database, batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
-    """Every staged receipt, by session id."""
-    sid = ""
-    while True:
-        rows = await db.fetchall(ALL_SQL, {"sid": sid, "n": batch_size})
-        if not rows:
-            return
-        jobs = [Job.from_row(r) for r in rows]
-        sid = jobs[-1].session_id
-        yield jobs
-
-
-async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
-    """The rows behind the given summary ids; refuses bad or unknown ids before anything runs."""
-    session_ids = []
-    for summary_id in dict.fromkeys(summary_ids):
-        session_id = session_id_of(summary_id)
-        if not session_id:
-            raise BadInput(f"{summary_id!r} is not a summary id; summary ids look like summary_<session_id>")
-        session_ids.append(session_id)
-    jobs = await _jobs_of(db, session_ids)
-    unknown = [summary_row_id(s) for s in session_ids if s not in jobs]
-    if unknown:
-        raise ReceiptNotFound(f"no staged receipt for {', '.join(unknown)}; `rem status` lists the receipts")
-    return [jobs[s] for s in session_ids]
-
-
-async def reread(db: Database, jobs: Sequence[Job]) -> list[Job]:
-    """The same receipts as they are now (one re-staged meanwhile reads new; one gone is left out)."""
-    now = await _jobs_of(db, [j.session_id for j in jobs])
-    return [now[j.session_id] for j in jobs if j.session_id in now]
-
-
-async def _jobs_of(db: Database, session_ids: Sequence[str]) -> dict[str, Job]:
-    if not session_ids:
-        return {}
-    marks = ",".join("?" * len(session_ids))
-    rows = await db.fetchall(
-        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "
-        "AND result_staged_at IS NOT NULL",
-        list(session_ids),
-    )
-    return {r["session_id"]: Job.from_row(r) for r in rows}
-
-
-async def in_batches(jobs: list[Job], batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
-    for start in range(0, len(jobs), batch_size):
-        yield jobs[start : start + batch_size]
-
-
 async def replay_receipts(
     db: Database,
     store: ChromaStore,
@@ -731,72 +558,3 @@ async def replay_receipts(
                 data={"operator": actor, "targets": targets},
             )
     return await recovery.run(batches)
-
-
-async def reissue_for_embedder(db: Database, store: ChromaStore, *, now: int | None = None) -> dict[str, int]:
-    """Re-record the vector in every v2 receipt with the store's (new) embedder; `rem reindex`.
-
-    A v2 receipt records the vector written with its document, and replay
-    compares the row's vector with that record. After the embedder changes
-    the old record can never match again, so a reindex re-stages each receipt
-    with `embedding_digest` of the new embedder's vector for the same
-    document, before it replays them. Document and owned keys are unchanged.
-    Compare-and-swap on the envelope bytes, and never under a live lease: a
-    receipt a summarizer re-staged meanwhile is left to it (counted `skipped`).
-    v1 receipts carry no vector record and corrupt ones are left for replay
-    to verify or quarantine.
-    """
-    counts = reissue_counts()
-    async for jobs in all_batches(db):
-        await reissue_batch(db, store, jobs, counts, now=now)
-    return counts
-
-
-def reissue_counts() -> dict[str, int]:
-    return {"reissued": 0, "skipped": 0, "unchanged": 0}
-
-
-async def reissue_batch(
-    db: Database,
-    store: ChromaStore,
-    jobs: list[Job],
-    counts: dict[str, int],
-    *,
-    now: int | None = None,
-    keep_vectors: bool = False,
-) -> None:
-    """`reissue_for_embedder` for one batch (`keep_vectors`: the store keeps them for the replay's write)."""
-    decoded: list[tuple[Job, Receipt]] = []
-    for job in jobs:
-        try:
-            receipt = receipts.decode(job.envelope, job.encoding)
-        except (ReceiptCorrupt, ValueError):
-            counts["unchanged"] += 1
-            continue
-        if receipt.embedding is None:
-            counts["unchanged"] += 1
-            continue
-        decoded.append((job, receipt))
-    if not decoded:
-        return
-    vectors = await store.embed([r.document for _, r in decoded], keep=keep_vectors)
-    stamp = clock.now_ms() if now is None else now
-    async with db.tx() as conn:
-        for (job, receipt), vector in zip(decoded, vectors, strict=True):
-            fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
-            if fresh == receipt:
-                counts["unchanged"] += 1
-                continue
-            changed = await execute(
-                conn,
-                "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
-                f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
-                f"AND {NOT_LEASED}",
-                {
-                    **job.cas(),
-                    "new": receipts.encode(fresh),
-                    "enc": receipts.encoding_of(fresh),
-                    "now": stamp,
-                },
-            )
-            counts["reissued" if changed else "skipped"] += 1
