@@ -770,7 +770,8 @@ def check_range_in_process(
     read-only, in batches of `batch`, each in its own short read transaction."""
     import sqlite3
 
-    from backend.store.db import BUSY_TIMEOUT_MS, _target, sqlite_errors
+    from backend.store.db import BUSY_TIMEOUT_MS, sqlite_errors
+    from backend.store.db import sqlite_target as _target
 
     database, uri = _target(Path(path), True)
     with sqlite_errors(path):
