@@ -38,6 +38,30 @@ def turn_items(
     """Fuse the turn lists, boost the named speaker, and build the best `k` turn items."""
     candidates: dict[str, Candidate] = {c.message_id: c for c in lexical["fts"].values()}
     rows = _index_rows(conn, [m for m, _ in dense_hits] + list(lexical["graph"]))
+    _add_dense_and_graph(candidates, rows, dense_hits, lexical["graph"], scope)
+    if not candidates:
+        return []
+    fused = fuse(candidates, config)
+    _boost_named_speaker(fused, candidates, query, config)
+    top = sorted(fused, key=lambda m: (-fused[m], m))[:k]
+    details = _turn_details(conn, top)
+    top_score = max(fused.values()) or 1.0
+    items = []
+    for mid in top:
+        detail = details.get(mid)
+        if detail is not None:
+            items.append(_turn_item(candidates[mid], detail, round(fused[mid] / top_score, 6)))
+    return items
+
+
+def _add_dense_and_graph(
+    candidates: dict[str, Candidate],
+    rows: Mapping[str, dict[str, Any]],
+    dense_hits: list[tuple[str, float]],
+    graph: Mapping[str, float],
+    scope: Scope,
+) -> None:
+    """The dense and graph retrievers' turns among the candidates, with their ranks and scores."""
     for rank, (mid, sim) in enumerate(dense_hits):
         row = rows.get(mid)
         if (
@@ -48,46 +72,35 @@ def turn_items(
             continue  # an orphan or stale vector: its turn was re-indexed or removed since
         cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
         cand.ranks["dense"], cand.scores["dense"] = rank, sim
-    graph = lexical["graph"]
     for rank, (mid, score) in enumerate(sorted(graph.items(), key=lambda kv: -kv[1])):
         row = rows.get(mid)
         if row is None:
             continue
         cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
         cand.ranks["graph"], cand.scores["graph"] = rank, score
-    if not candidates:
-        return []
-    fused = fuse(candidates, config)
-    _boost_named_speaker(fused, candidates, query, config)
-    top = sorted(fused, key=lambda m: (-fused[m], m))[:k]
-    details = _turn_details(conn, top)
-    top_score = max(fused.values()) or 1.0
-    items = []
-    for mid in top:
-        cand, detail = candidates[mid], details.get(mid)
-        if detail is None:
-            continue
-        items.append(
-            {
-                "kind": "turn",
-                "id": mid,
-                "session_id": cand.session_id,
-                "project": detail["project"],
-                "message_id": mid,
-                "time": detail["time"],
-                "score": round(fused[mid] / top_score, 6),
-                "text": detail["text"],
-                "speaker": cand.speaker,
-                "role": detail["role"],
-                "provenance": {
-                    "revision": detail["revision"],
-                    "found_by": sorted(cand.ranks),
-                    "ranks": dict(sorted(cand.ranks.items())),
-                    "cites": [mid],
-                },
-            }
-        )
-    return items
+
+
+def _turn_item(cand: Candidate, detail: Mapping[str, Any], score: float) -> dict[str, Any]:
+    """One turn as a recall item, with its provenance."""
+    mid = cand.message_id
+    return {
+        "kind": "turn",
+        "id": mid,
+        "session_id": cand.session_id,
+        "project": detail["project"],
+        "message_id": mid,
+        "time": detail["time"],
+        "score": score,
+        "text": detail["text"],
+        "speaker": cand.speaker,
+        "role": detail["role"],
+        "provenance": {
+            "revision": detail["revision"],
+            "found_by": sorted(cand.ranks),
+            "ranks": dict(sorted(cand.ranks.items())),
+            "cites": [mid],
+        },
+    }
 
 
 def fuse(candidates: Mapping[str, Candidate], config: RecallConfig) -> dict[str, float]:

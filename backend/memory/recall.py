@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Collection, Mapping
 from typing import Any, TypeVar
 
 from backend.core.errors import BadInput, ChromaUnreachable
@@ -83,26 +83,11 @@ async def recall(
     scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent, top_ord)
     terms = query_terms(query)
     degraded: list[str] = []
-    want_dense = "dense" in retrievers and "turn" in kinds
-    want_summaries = "summaries" in retrievers and "summary" in kinds
-
-    async def vector_side() -> tuple[Any, Any]:
-        """The query vector, then the turn and summary searches at once (threads, HTTP)."""
-        if not (want_dense or want_summaries):
-            return None, None
-        vector = await _settle(_query_vector(ctx, query), degraded)
-        if vector is None:
-            return None, None
-        dense_task = vector_search.dense(ctx, vector, scope, config) if want_dense else None
-        summary_task = vector_search.summaries(ctx, vector, scope, config) if want_summaries else None
-        return await asyncio.gather(
-            _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
-        )
-
     # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
     # beside the writes) while the vector side waits on Chroma
     lexical, (dense_hits, summaries) = await asyncio.gather(
-        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)), vector_side()
+        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
+        _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
     )
     turns = await db.read_beside(
         lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
@@ -117,15 +102,44 @@ async def recall(
         "k": k,
         "terms": terms,
         "items": items,
-        "candidates": {
-            "fts": len(lexical["fts"]),
-            "dense": None if dense_hits is None else len(dense_hits),
-            "graph": len(lexical["graph"]),
-            "summaries": None if summaries is None else len(summaries),
-            "facts": len(lexical["facts"]),
-        },
+        "candidates": _candidate_counts(lexical, dense_hits, summaries),
         "degraded": degraded,
         "took_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+
+
+async def _vector_side(
+    ctx: Context,
+    query: str,
+    scope: Scope,
+    config: RecallConfig,
+    retrievers: Collection[str],
+    kinds: Collection[str],
+    degraded: list[str],
+) -> tuple[Any, Any]:
+    """The query vector, then the turn and summary searches at once (threads, HTTP)."""
+    want_dense = "dense" in retrievers and "turn" in kinds
+    want_summaries = "summaries" in retrievers and "summary" in kinds
+    if not (want_dense or want_summaries):
+        return None, None
+    vector = await _settle(_query_vector(ctx, query), degraded)
+    if vector is None:
+        return None, None
+    dense_task = vector_search.dense(ctx, vector, scope, config) if want_dense else None
+    summary_task = vector_search.summaries(ctx, vector, scope, config) if want_summaries else None
+    return await asyncio.gather(
+        _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
+    )
+
+
+def _candidate_counts(lexical: Mapping[str, Any], dense_hits: Any, summaries: Any) -> dict[str, int | None]:
+    """How many candidates each retriever found (None: it did not run, or its side was down)."""
+    return {
+        "fts": len(lexical["fts"]),
+        "dense": None if dense_hits is None else len(dense_hits),
+        "graph": len(lexical["graph"]),
+        "summaries": None if summaries is None else len(summaries),
+        "facts": len(lexical["facts"]),
     }
 
 

@@ -33,34 +33,9 @@ RECEIPT_RECHECKS = 2
 async def check_receipts(ctx: Any, db: Any, report: Report) -> None:
     """Invariants 2 and 5 against Chroma: a dry-run recovery pass over every staged receipt."""
     # imported here: the worker processes, which never read Chroma, start without recovery's imports
-    from backend.summaries.receipt_replay import (
-        Recovery,
-        ReplayOutcome,
-        all_batches,
-        in_batches,
-        named_jobs,
-    )
+    from backend.summaries.receipt_replay import ReplayOutcome
 
-    def dry_run() -> Recovery:
-        return Recovery(db, ctx.store(), actor="rem check", dry_run=True)
-
-    result = await dry_run().run(all_batches(db))
-    rows = list(result.rows)
-    # On a live system a synthesis can stage, write and acknowledge a newer summary between the
-    # pass reading a receipt and reading its row: the row is then newer than the receipt it was
-    # compared with, and that receipt is no longer the session's. Each receipt that differs is
-    # compared again with the session's receipt as it is now; one that still differs is real.
-    for _ in range(RECEIPT_RECHECKS):
-        differing = {r["summary_id"] for r in rows if r["outcome"] == ReplayOutcome.WOULD_REPLAY}
-        if not differing:
-            break
-        try:
-            jobs = await named_jobs(db, sorted(differing))
-        except ReceiptNotFound:  # a receipt gone meanwhile: keep what the first look found
-            break
-        again = await dry_run().run(in_batches(jobs))
-        # the second look reports what is still wrong; a receipt its row now matches is not listed
-        rows = [r for r in rows if r["summary_id"] not in differing] + list(again.rows)
+    rows = await _receipts_as_they_are(ctx, db)
     unacked = {
         r["session_id"]
         for r in await db.fetchall(
@@ -93,6 +68,33 @@ async def check_receipts(ctx: Any, db: Any, report: Report) -> None:
         "receipts leased by a running synthesis or replay",
         [r for r in rows if r["outcome"] == ReplayOutcome.SKIPPED_ACTIVE],
     )
+
+
+async def _receipts_as_they_are(ctx: Any, db: Any) -> list[Any]:
+    """The dry-run pass's rows, each receipt that differs looked at again with the session's current one."""
+    from backend.summaries.receipt_replay import Recovery, ReplayOutcome, all_batches, in_batches, named_jobs
+
+    def dry_run() -> Recovery:
+        return Recovery(db, ctx.store(), actor="rem check", dry_run=True)
+
+    result = await dry_run().run(all_batches(db))
+    rows = list(result.rows)
+    # On a live system a synthesis can stage, write and acknowledge a newer summary between the
+    # pass reading a receipt and reading its row: the row is then newer than the receipt it was
+    # compared with, and that receipt is no longer the session's. Each receipt that differs is
+    # compared again with the session's receipt as it is now; one that still differs is real.
+    for _ in range(RECEIPT_RECHECKS):
+        differing = {r["summary_id"] for r in rows if r["outcome"] == ReplayOutcome.WOULD_REPLAY}
+        if not differing:
+            break
+        try:
+            jobs = await named_jobs(db, sorted(differing))
+        except ReceiptNotFound:  # a receipt gone meanwhile: keep what the first look found
+            break
+        again = await dry_run().run(in_batches(jobs))
+        # the second look reports what is still wrong; a receipt its row now matches is not listed
+        rows = [r for r in rows if r["summary_id"] not in differing] + list(again.rows)
+    return rows
 
 
 FAMILY = Family(
