@@ -55,8 +55,9 @@ result fenced, no effect call started twice without an operator's retry):
    invariant, what, rows)`; every `what` it can report is listed in `findings`,
    in the order a report should list them (tests/backend/test_check_families.py
    holds every family to that);
-2. one line, `tools.FAMILY,`, in `registry.FAMILIES` (its place there is where
-   its findings are listed, and when its checks run within each phase).
+2. one line, `tools.FAMILY,`, in `registry.FAMILIES` (and `tools` added to the
+   import above it); its place there is where its findings are listed, and
+   when its checks run within each phase.
 
 Nothing else changes: the batches, the worker processes, `--json`, the exit code.
 """
