@@ -9,7 +9,7 @@ random query vectors each, n = the recall config's dense candidates:
 * Chroma's search of the whole collection (no filter);
 * Chroma's where-filtered search (`{"sessionId": S}`) for a usual session
   and for the big one;
-* rem's `_dense` for the same sessions (the session's vectors fetched by id
+* rem's `vector_search.dense` for the same sessions (the session's vectors fetched by id
   and ranked in process, up to SESSION_BY_ID_MAX turns).
 
 Prints p50/p95 in ms per line, then one JSON document.
@@ -30,8 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.core.datadir import DataDir
-from backend.memory import recall as memory_recall
+from backend.memory import vector_search
 from backend.memory.config import recall_config
+from backend.memory.scope import Scope
 from backend.runtime.context import Context
 from benchmarks.summary_search import run_and_print, timed
 
@@ -72,15 +73,15 @@ async def measure(ctx: Context, queries: list[list[float]], per_session: int, bi
     store = ctx.turn_store(PROJECT)
     config = recall_config()
     n = config.dense_candidates
-    out: dict[str, Any] = {"n": n, "session_by_id_max": memory_recall.SESSION_BY_ID_MAX}
+    out: dict[str, Any] = {"n": n, "session_by_id_max": vector_search.SESSION_BY_ID_MAX}
     out["chroma_unfiltered"] = await timed(lambda v: store.nearest(v, n), queries)
     for session, size in (("s7", per_session), ("big", big)):
         out[f"chroma_filtered[{session}: {size} turns]"] = await timed(
             lambda v, s=session: store.nearest(v, n, {"sessionId": s}), queries
         )
-        scope = memory_recall.Scope(PROJECT, session)
+        scope = Scope(PROJECT, session)
         out[f"rem[{session}: {size} turns]"] = await timed(
-            lambda v, s=scope: memory_recall._dense(ctx, v, s, config), queries
+            lambda v, s=scope: vector_search.dense(ctx, v, s, config), queries
         )
     return out
 

@@ -12,7 +12,7 @@ rest in 2 000 small projects. Then times, `--queries` random query vectors each:
   medium and a small project;
 * ranking among the project's own rows fetched by id (`nearest_among`), for
   projects of at most 2 000 sessions;
-* rem's `_summary_hits` for the same projects (recall's summary retriever:
+* rem's `vector_search.summary_hits` for the same projects (recall's summary retriever:
   by id for a project of at most SUMMARIES_BY_ID sessions, else the whole
   collection's nearest rows kept when in scope, as many as the project's
   share of the sessions needs, else the filtered search).
@@ -42,8 +42,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.core.datadir import DataDir
-from backend.memory import recall as memory_recall
+from backend.memory import vector_search
 from backend.memory.config import recall_config
+from backend.memory.scope import Scope
 from backend.runtime.context import Context
 
 BATCH = 2000
@@ -117,9 +118,9 @@ async def measure(ctx: Context, queries: list[list[float]]) -> dict[str, Any]:
             out[f"by_id[{project}]({len(ids)} ids)"] = await timed(
                 lambda v, i=ids: store.nearest_among(i, v, config.summaries), queries
             )
-        scope = memory_recall.Scope(project)
+        scope = Scope(project)
         out[f"rem[{project}]"] = await timed(
-            lambda v, s=scope: memory_recall._summary_hits(ctx, v, s, config), queries
+            lambda v, s=scope: vector_search.summary_hits(ctx, v, s, config), queries
         )
     return out
 

@@ -19,28 +19,36 @@ def register(app: typer.Typer) -> None:
     app.add_typer(drill_app, name="drill")
 
 
+# the drill's options (each with its --help text)
+RoleOpt = Annotated[str, typer.Option(help="executor, summarizer, dream, chroma, zombie or all.")]
+RoundsOpt = Annotated[int, typer.Option(min=1, help="How many processes to kill.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed for victims and kill moments.")]
+ReleaseOpt = Annotated[
+    bool,
+    typer.Option("--release", help="Release the dead process's leases via `rem release` instead of waiting."),
+]
+LeaseOpt = Annotated[int, typer.Option(min=500, help="Lease length of the drill's system.")]
+SettleOpt = Annotated[
+    float, typer.Option(min=5, help="Seconds to wait for the system to settle before checking.")
+]
+PauseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--pause", help="Add zombie rounds: SIGSTOP an executor past its lease, SIGCONT after takeover."
+    ),
+]
+
+
 @drill_app.command("sigkill")
 def sigkill(
     cli: typer.Context,
-    role: Annotated[str, typer.Option(help="executor, summarizer, dream, chroma, zombie or all.")] = "all",
-    rounds: Annotated[int, typer.Option(min=1, help="How many processes to kill.")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed for victims and kill moments.")] = 1,
-    release: Annotated[
-        bool,
-        typer.Option(
-            "--release", help="Release the dead process's leases via `rem release` instead of waiting."
-        ),
-    ] = False,
-    lease_ms: Annotated[int, typer.Option(min=500, help="Lease length of the drill's system.")] = 4000,
-    settle_timeout: Annotated[
-        float, typer.Option(min=5, help="Seconds to wait for the system to settle before checking.")
-    ] = 180.0,
-    pause: Annotated[
-        bool,
-        typer.Option(
-            "--pause", help="Add zombie rounds: SIGSTOP an executor past its lease, SIGCONT after takeover."
-        ),
-    ] = False,
+    role: RoleOpt = "all",
+    rounds: RoundsOpt = 8,
+    seed: SeedOpt = 1,
+    release: ReleaseOpt = False,
+    lease_ms: LeaseOpt = 4000,
+    settle_timeout: SettleOpt = 180.0,
+    pause: PauseOpt = False,
     data: common.DataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,

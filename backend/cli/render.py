@@ -100,7 +100,14 @@ STATUS_ROWS = 20  # rows per list; `--json` has them all
 def print_status(result: Status) -> None:
     """The snapshot in a terminal: headline counts, then leases, receipts, drift and workers."""
     console = Console(highlight=False, emoji=False)  # values print as typed
-    chroma, counts, now = result["chroma"], result["counts"], result["generated_at"]
+    _print_headline(console, result)
+    _print_model(console, result)
+    _print_tables(console, result)
+
+
+def _print_headline(console: Console, result: Status) -> None:
+    """The data dir, Chroma's health, the headline counts, the totals and the recall index."""
+    chroma, counts = result["chroma"], result["counts"]
     health = "[green]healthy[/]" if chroma["healthy"] else f"[red]down[/] ({_e(chroma['error'])})"
     console.print(
         f"[bold]rem[/] data dir {_e(result['data_dir'])}  schema v{result['schema_version']}  "
@@ -122,7 +129,11 @@ def print_status(result: Status) -> None:
         + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
         + f", {index['vectors_pending']} turn vector(s) pending, ~{index['turns_indexed_approx']} turns indexed"
     )
-    _print_model(console, result)
+
+
+def _print_tables(console: Console, result: Status) -> None:
+    """Leases, receipt mismatches, Dream drift and workers, a table each (none when empty)."""
+    now = result["generated_at"]
     _print_rows(
         console,
         "Leases",

@@ -7,7 +7,12 @@ Dream graph tables with SQL rather than importing `backend.dream`.
     config     the recall pipeline's knobs (what is indexed, query, fusion), in one place
     text       tokenising, stop words, query terms, FTS5 MATCH strings, the indexed texts
     index      the recall index of raw turns: FTS5 rows in state.db, vectors in Chroma
-    recall     hybrid recall: dense + FTS5 fused, graph expansion, session summaries
+    recall     hybrid recall: dense + FTS5 fused, graph expansion, session summaries (the entry)
+    scope      where recall looks (a project, a session, everywhere) and the turns it leaves out
+    lexical_search  recall's FTS5 / PostgreSQL full-text retriever
+    vector_search   recall's Chroma retrievers: nearest turn vectors, nearest session summaries
+    graph_search    recall's Dream-graph retrievers: turns by concept and entity, typed facts
+    fusion     one score per turn from the retrievers' lists, and the best turns as items
     projects   project names and listing
     reindex    rebuild every vector with the configured embedder (`rem reindex`)
 """

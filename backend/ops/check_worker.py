@@ -4,11 +4,11 @@
 
 Checks sessions LO < id <= HI (HI empty: to the end) of STATE_DB, opened
 read-only, in batches of BATCH sessions, each in its own short read
-transaction (`backend.ops.checks.check_range_in_process`). Writes
+transaction (`backend.ops.checks.workers.check_range_in_process`). Writes
 `checked N` to stderr after each batch, and its findings (the pickled
 `Report` with rows capped, and how many sessions) to stdout; on an error, one
 line naming it to stderr and exit status 1. Started by `rem check`
-(`checks._check_sessions_in_processes`), not by hand.
+(`checks.workers.check_sessions_in_processes`), not by hand.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pickle
 import sys
 
 from backend.core.errors import RemError
-from backend.ops.checks import check_range_in_process
+from backend.ops.checks.workers import check_range_in_process
 
 
 def main() -> int:

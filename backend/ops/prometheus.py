@@ -214,7 +214,7 @@ def _recall_index_families(status: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _model_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """The model endpoint over its recent window, the sessions it holds, and tokens and cost."""
+    """The model endpoint over its recent window: state, requests, errors, retries, time to first token."""
     model = status["model"]
     yield _gauge(
         "rem_model_state",
@@ -266,6 +266,10 @@ def _model_families(status: Mapping[str, Any]) -> Iterator[Metric]:
             [],
             [([], model["last_call_at"] / 1000)],
         )
+
+
+def _usage_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """The sessions a model error holds, and tokens and cost over every session."""
     yield _gauge(
         "rem_sessions_held",
         "Sessions a model error holds for an operator (`rem resume`).",
@@ -304,6 +308,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _throughput_families,
         _chroma_families,
         _model_families,
+        _usage_families,
         _recall_index_families,
     ):
         out.extend(produce(status))

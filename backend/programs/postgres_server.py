@@ -215,30 +215,9 @@ def start(
         nobody = pwd.getpwnam("nobody")
         os.chown(root, nobody.pw_uid, nobody.pw_gid)
     if not (datadir / "PG_VERSION").exists():
-        initdb = [str(bindir / "initdb"), "-D", str(datadir), "-U", "postgres", "-A", "trust"]
-        done = subprocess.run(
-            _as_non_root([*initdb, "-E", "UTF8", "--locale=C", "-N"], method),
-            capture_output=True,
-            text=True,
-            cwd=root,
-        )
-        if done.returncode != 0:
-            raise PostgresUnavailable(f"initdb failed ({method}): {done.stdout}\n{done.stderr}")
+        _initdb(root, datadir, bindir, method)
     sockdir, cleanup = _socket_dir(root, method)
-    conf = {
-        "port": str(PG_PORT),
-        "listen_addresses": "",
-        "unix_socket_directories": str(sockdir),
-        "max_connections": str(max_connections),
-        "fsync": "off" if fast else "on",
-        "synchronous_commit": "off" if fast else "on",
-        "full_page_writes": "off" if fast else "on",
-        "logging_collector": "off",
-        "log_min_messages": "warning",
-        # DSM segments inside the data dir: a killed, never restarted server leaks nothing in /dev/shm
-        "dynamic_shared_memory_type": "mmap",
-        **(extra_conf or {}),
-    }
+    conf = _server_conf(sockdir, fast=fast, max_connections=max_connections, extra_conf=extra_conf)
     args = [str(bindir / "postgres"), "-D", str(datadir)]
     for key, value in conf.items():
         args += ["-c", f"{key}={value}"]
@@ -254,6 +233,39 @@ def start(
     server = LocalPostgres(root, datadir, sockdir, process, method, bindir, cleanup)
     _wait_ready(server, timeout)
     return server
+
+
+def _initdb(root: Path, datadir: Path, bindir: Path, method: str) -> None:
+    """A new cluster in `datadir`: UTF-8, the C locale, trust for local connections, no fsync while made."""
+    initdb = [str(bindir / "initdb"), "-D", str(datadir), "-U", "postgres", "-A", "trust"]
+    done = subprocess.run(
+        _as_non_root([*initdb, "-E", "UTF8", "--locale=C", "-N"], method),
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    if done.returncode != 0:
+        raise PostgresUnavailable(f"initdb failed ({method}): {done.stdout}\n{done.stderr}")
+
+
+def _server_conf(
+    sockdir: Path, *, fast: bool, max_connections: int, extra_conf: dict[str, str] | None
+) -> dict[str, str]:
+    """The server's settings (`-c key=value`): a Unix socket only, `fast` without fsync."""
+    return {
+        "port": str(PG_PORT),
+        "listen_addresses": "",
+        "unix_socket_directories": str(sockdir),
+        "max_connections": str(max_connections),
+        "fsync": "off" if fast else "on",
+        "synchronous_commit": "off" if fast else "on",
+        "full_page_writes": "off" if fast else "on",
+        "logging_collector": "off",
+        "log_min_messages": "warning",
+        # DSM segments inside the data dir: a killed, never restarted server leaks nothing in /dev/shm
+        "dynamic_shared_memory_type": "mmap",
+        **(extra_conf or {}),
+    }
 
 
 def _socket_dir(root: Path, method: str) -> tuple[Path, list[Callable[[], None]]]:

@@ -11,59 +11,86 @@ re-staged meanwhile is counted `superseded` and left alone.
 A corrupt envelope is quarantined (bytes kept, reason recorded, journaled)
 and the pass goes on. A row whose verdict has not changed is not rewritten,
 so a pass over a healthy store writes nothing at all.
+
+The summary_job rows a pass works on and their selections are in
+`replay_jobs`, what it reports in `replay_report`, what it records in
+state.db batch by batch in `replay_finalization` (`Recovery`'s base class),
+re-recording the vectors after an embedder change in `receipt_reissue`;
+their names are importable from here as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
-import hashlib
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
-from typing import Any, TypedDict
-
-import aiosqlite
+from typing import Any
 
 from backend.chroma.collection import ChromaStore
-from backend.chroma.ownership import session_id_of, summary_row_id
 from backend.core import clock, faults
-from backend.core.errors import BadInput, ReceiptCorrupt, ReceiptNotFound
+from backend.core.errors import ReceiptCorrupt
 from backend.core.settings import settings
 from backend.store import fencing
-from backend.store.db import Database, Row, execute, fetchone
+from backend.store.db import Database
 from backend.store.events import EventKind, append_event
-from backend.store.fencing import Lease
-from backend.store.handoffs import publish_input_revision
 from backend.summaries import receipts
-from backend.summaries.receipts import Receipt, ReceiptVerdict, Verdict
+from backend.summaries.receipt_reissue import reissue_batch, reissue_counts, reissue_for_embedder
+from backend.summaries.receipts import Receipt, Verdict
+from backend.summaries.replay_finalization import JOURNAL_ENVELOPE_MAX, Checked, Finalization, needs_write
+from backend.summaries.replay_jobs import (
+    ALL_SQL,
+    BATCH_SIZE,
+    JOB_COLUMNS,
+    JOB_FIELDS,
+    NOT_LEASED,
+    PENDING_SQL,
+    RETRY_AFTER_MS,
+    Job,
+    all_batches,
+    in_batches,
+    named_jobs,
+    pending_batches,
+    reread,
+)
+from backend.summaries.replay_report import (
+    Counters,
+    ReplayOutcome,
+    ReplayReport,
+    ReplayRow,
+    Report,
+)
+
+# the names callers have always imported from here (the rows, the report, reissuing: modules of their own)
+__all__ = [
+    "ALL_SQL",
+    "BATCH_SIZE",
+    "JOB_COLUMNS",
+    "JOB_FIELDS",
+    "JOURNAL_ENVELOPE_MAX",
+    "NOT_LEASED",
+    "PENDING_SQL",
+    "RETRY_AFTER_MS",
+    "Checked",
+    "Counters",
+    "Job",
+    "Recovery",
+    "ReplayOutcome",
+    "ReplayReport",
+    "ReplayRow",
+    "Report",
+    "all_batches",
+    "in_batches",
+    "named_jobs",
+    "pending_batches",
+    "reissue_batch",
+    "reissue_counts",
+    "reissue_for_embedder",
+    "replay_receipts",
+    "reread",
+    "summary_lease_ms",
+]
 
 log = logging.getLogger("rem.replay")
-
-BATCH_SIZE = 500
-# a row that stayed mismatched after a replay is retried no sooner than this
-RETRY_AFTER_MS = 30_000
-# quarantined envelopes up to this size are copied into the journal as evidence
-JOURNAL_ENVELOPE_MAX = 64 * 1024
-
-# a live lease: someone holds the row right now (a synthesis or another replay)
-NOT_LEASED = "NOT (owner_id IS NOT NULL AND lease_expires_at > :now)"
-
-
-class ReplayOutcome(StrEnum):
-    """What a recovery pass did with one receipt (a row of its report)."""
-
-    PRESENT = "present"  # the row matched: nothing written to Chroma
-    REPLAYED = "replayed"  # re-written from the receipt and verified by read-back
-    UNVERIFIED = "unverified"  # re-written, but the read-back still differs
-    SKIPPED_ACTIVE = "skipped_active"  # leased by a running synthesis or replay
-    SUPERSEDED = "superseded"  # re-staged (or its replay lease lost) since it was read
-    QUARANTINED = "quarantined"  # a corrupt envelope, kept and shown
-    WOULD_REPLAY = "would_replay"  # dry run: it differs
-    WOULD_QUARANTINE = "would_quarantine"  # dry run: its envelope is corrupt
 
 
 def summary_lease_ms() -> int:
@@ -71,148 +98,7 @@ def summary_lease_ms() -> int:
     return settings.summary_lease_ms
 
 
-@dataclass(kw_only=True)
-class Job:
-    """One summary_job row as recovery sees it."""
-
-    session_id: str
-    status: str
-    owner_id: str | None
-    epoch: int
-    lease_expires_at: int | None
-    envelope: Any
-    encoding: str | None
-    staged_at: int | None
-    acknowledged_at: int | None
-    last_replayed_at: int | None
-    quarantined_at: int | None
-    verdict: str | None  # the stored text: a ReceiptVerdict, unless the column was written by hand
-    verdict_detail: str | None
-
-    @classmethod
-    def from_row(cls, row: Row) -> Job:
-        return cls(**{field: row[column] for field, column in JOB_FIELDS.items()})
-
-    @property
-    def summary_id(self) -> str:
-        return summary_row_id(self.session_id)
-
-    def leased(self, now: int) -> bool:
-        return self.owner_id is not None and (self.lease_expires_at or 0) > now
-
-    def cas(self) -> dict[str, Any]:
-        return {"sid": self.session_id, "env": self.envelope, "staged": self.staged_at}
-
-
-# Job field -> its summary_job column (the receipt's own columns carry a `result_` prefix);
-# the SELECT lists and Job.from_row both come from it
-_RESULT_FIELDS = ("envelope", "encoding", "staged_at", "acknowledged_at", "last_replayed_at")
-JOB_FIELDS = {f.name: f"result_{f.name}" if f.name in _RESULT_FIELDS else f.name for f in fields(Job)}
-JOB_COLUMNS = ", ".join(JOB_FIELDS.values())
-PENDING_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND result_acknowledged_at IS NULL AND quarantined_at IS NULL
-  AND (result_staged_at, session_id) > (:staged, :sid)
-ORDER BY result_staged_at, session_id LIMIT :n"""
-ALL_SQL = f"""
-SELECT {JOB_COLUMNS} FROM summary_job
-WHERE result_staged_at IS NOT NULL AND session_id > :sid ORDER BY session_id LIMIT :n"""
-
-
-@dataclass
-class Counters:
-    """What one recovery pass did."""
-
-    scanned: int = 0
-    present: int = 0
-    mismatched: int = 0
-    replayed: int = 0
-    completed: int = 0
-    acknowledged: int = 0
-    skipped_active: int = 0
-    superseded: int = 0
-    quarantined: int = 0
-    unverified: int = 0
-
-    def add(self, other: Counters) -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
-
-
-@dataclass(kw_only=True)
-class Checked:
-    """A decoded receipt and the verdict on its live row."""
-
-    job: Job
-    receipt: Receipt
-    verdict: Verdict
-    lease: Lease | None = None  # the lease this pass took to re-write the row
-
-    @property
-    def epoch(self) -> int:
-        return 0 if self.lease is None else self.lease.epoch
-
-
-class ReplayRow(TypedDict):
-    """One receipt in a replay report (`rem replay --json` rows)."""
-
-    summary_id: str
-    session_id: str
-    outcome: ReplayOutcome
-    verdict: ReceiptVerdict | None  # what the pass found (None: not checked, e.g. skipped)
-    keys: list[dict[str, Any]]  # KeyDifference.as_dict() of each differing owned key
-    document: dict[str, Any] | None  # how the document differs, if it does
-    reason: str | None
-
-
-class ReplayReport(TypedDict):
-    """What `ops.replay` returns and `rem replay --json` prints."""
-
-    counters: dict[str, int]  # Counters, by field name
-    rows: list[ReplayRow]
-    dry_run: bool
-    ok: bool
-    rows_written: int
-
-
-@dataclass
-class Report:
-    counters: Counters = field(default_factory=Counters)
-    rows: list[ReplayRow] = field(default_factory=list)
-    dry_run: bool = False
-    # summary_job rows this pass changed (0 on a healthy store: the pass is idempotent)
-    rows_written: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.counters.unverified == 0 and self.counters.quarantined == 0
-
-    def as_dict(self) -> ReplayReport:
-        return ReplayReport(
-            counters=asdict(self.counters),
-            rows=self.rows,
-            dry_run=self.dry_run,
-            ok=self.ok,
-            rows_written=self.rows_written,
-        )
-
-
-def _row_report(
-    job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
-) -> ReplayRow:
-    detail = verdict.detail() if verdict is not None else None
-    return ReplayRow(
-        summary_id=job.summary_id,
-        session_id=job.session_id,
-        outcome=outcome,
-        verdict=verdict.verdict if verdict is not None else None,
-        keys=(detail or {}).get("keys", []),
-        document=(detail or {}).get("document"),
-        reason=reason,
-    )
-
-
-class Recovery:
+class Recovery(Finalization):
     """One recovery pass over batches of summary_job rows."""
 
     def __init__(
@@ -236,10 +122,6 @@ class Recovery:
         self.final_event = final_event
         self.report = Report(dry_run=dry_run)
 
-    @property
-    def counters(self) -> Counters:
-        return self.report.counters
-
     async def run(self, batches: AsyncIterator[list[Job]]) -> Report:
         """Process every batch; the final event lands with the last batch's effects."""
         batch = await anext(batches, None)
@@ -256,12 +138,6 @@ class Recovery:
                 raise
             batch = await following
         return self.report
-
-    def _note(
-        self, job: Job, outcome: ReplayOutcome, verdict: Verdict | None = None, reason: str | None = None
-    ) -> None:
-        if outcome != ReplayOutcome.PRESENT or self.report_present:
-            self.report.rows.append(_row_report(job, outcome, verdict, reason))
 
     # -- one batch -------------------------------------------------------------
 
@@ -280,7 +156,7 @@ class Recovery:
         if replayed:
             faults.point("replay.after_rewrite")
         last = self.final_event is not None and await following is None
-        if corrupt or replayed or last or any(_needs_write(c) for c in present):
+        if corrupt or replayed or last or any(needs_write(c) for c in present):
             async with self.db.tx() as conn:
                 await self._finalize(conn, corrupt, present, replayed, clock.now_ms())
                 if last:
@@ -400,309 +276,6 @@ class Recovery:
         except Exception:  # the leases expire on their own; the original error matters more
             log.warning("could not release %d replay leases", len(leased), exc_info=True)
 
-    # -- finalization (one transaction per batch) ------------------------------
-
-    async def _finalize(
-        self,
-        conn: aiosqlite.Connection,
-        corrupt: list[tuple[Job, str]],
-        present: list[Checked],
-        replayed: list[tuple[Checked, Verdict]],
-        now: int,
-    ) -> None:
-        for job, reason in corrupt:
-            await self._quarantine(conn, job, reason, now)
-        for c in present:
-            await self._confirm(conn, c, now)
-        for c, after in replayed:
-            await self._settle(conn, c, after, now)
-
-    async def _quarantine(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
-        self.counters.quarantined += 1
-        self._note(job, ReplayOutcome.QUARANTINED, reason=reason)
-        if job.quarantined_at is not None:
-            return
-        detail = json.dumps({"verdict": ReceiptVerdict.QUARANTINED, "reason": reason, "keys": []})
-        changed = await execute(
-            conn,
-            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
-            "verdict_detail = :detail, verdict_checked_at = :now "
-            "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
-            {
-                **job.cas(),
-                "now": now,
-                "reason": reason,
-                "detail": detail,
-                "verdict": ReceiptVerdict.QUARANTINED,
-            },
-        )
-        if not changed:
-            self.counters.quarantined -= 1
-            self.counters.superseded += 1
-            return
-        self.report.rows_written += 1
-        log.warning("receipt %s quarantined: %s", job.summary_id, reason)
-        await append_event(
-            conn,
-            kind=EventKind.RECEIPT_QUARANTINED,
-            actor=self.actor,
-            session_id=job.session_id,
-            target=job.summary_id,
-            data={"reason": reason, **_evidence(job.envelope)},
-            now=now,
-        )
-
-    async def _confirm(self, conn: aiosqlite.Connection, c: Checked, now: int) -> None:
-        """A row found present: acknowledge it if unacknowledged, refresh a stale verdict."""
-        if not _needs_write(c):
-            self._count_completed(c, ReplayOutcome.PRESENT)
-            return
-        ack = c.job.acknowledged_at is None
-        changed = await execute(
-            conn,
-            "UPDATE summary_job SET "
-            + _ACK_SET * ack
-            + _VERDICT_SET
-            + f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
-            {
-                **c.job.cas(),
-                "now": now,
-                "rev": c.receipt.revision,
-                "verdict": ReceiptVerdict.PRESENT,
-                "detail": None,
-            },
-        )
-        if not changed:
-            await self._lost(conn, c.job, now)
-            return
-        self.report.rows_written += 1
-        if ack:
-            await self._acknowledged(conn, c, now, replayed=False)
-        self._count_completed(c, ReplayOutcome.PRESENT)
-
-    async def _settle(self, conn: aiosqlite.Connection, c: Checked, after: Verdict, now: int) -> None:
-        """A row this pass re-wrote: release the lease, record the read-back verdict."""
-        ack = after.present and c.job.acknowledged_at is None
-        detail = after.detail()
-        assert c.lease is not None
-        changed = await fencing.write_if_held(
-            conn,
-            c.lease,
-            "owner_id = NULL, lease_expires_at = NULL, result_last_replayed_at = :now, "
-            # an unacknowledged row that still differs waits for the next attempt, owned by nobody
-            + (
-                _ACK_SET.replace("owner_id = NULL, lease_expires_at = NULL, ", "")  # set above already
-                if ack
-                else "status = CASE WHEN result_acknowledged_at IS NULL THEN 'pending' ELSE status END, "
-            )
-            + _VERDICT_SET,
-            {
-                "now": now,
-                "rev": c.receipt.revision,
-                "verdict": after.verdict,
-                "detail": json.dumps(detail) if detail else None,
-            },
-        )
-        if not changed:
-            log.warning("replay of %s lost its lease (epoch %d)", c.job.summary_id, c.epoch)
-            self.counters.superseded += 1
-            self._note(c.job, ReplayOutcome.SUPERSEDED, reason="lease lost during replay")
-            return
-        self.report.rows_written += 1
-        self.counters.replayed += 1
-        await append_event(
-            conn,
-            kind=EventKind.RECEIPT_REPLAYED,
-            actor=self.actor,
-            session_id=c.job.session_id,
-            target=c.job.summary_id,
-            data={"before": c.verdict.detail(), "verified": after.present, "after": detail},
-            now=now,
-        )
-        if ack:
-            await self._acknowledged(conn, c, now, replayed=True)
-        if c.verdict.verdict == ReceiptVerdict.MISSING:
-            # the row was re-created from the receipt: Dream's keys went with the old row,
-            # so ask Dream to write its overlay again (it never creates rows itself)
-            await execute(
-                conn,
-                "UPDATE dream_state SET overlay_pending = 1, overlay_retry_at = 0 "
-                "WHERE session_id = ? AND (completed_revision IS NOT NULL "
-                "OR digest_state IN ('deferred', 'undigestible'))",
-                (c.job.session_id,),
-            )
-        if after.present:
-            self._count_completed(c, ReplayOutcome.REPLAYED)
-        else:
-            self.counters.unverified += 1
-            self._note(c.job, ReplayOutcome.UNVERIFIED, after, reason=_unverified_reason(after))
-
-    def _count_completed(self, c: Checked, outcome: ReplayOutcome) -> None:
-        self.counters.completed += 1
-        if outcome == ReplayOutcome.PRESENT:
-            self.counters.present += 1
-        self._note(c.job, outcome, c.verdict)
-
-    async def _acknowledged(
-        self, conn: aiosqlite.Connection, c: Checked, now: int, *, replayed: bool
-    ) -> None:
-        """Recovery completed a job its summarizer never acknowledged: publish its revision too."""
-        self.counters.acknowledged += 1
-        await publish_input_revision(conn, c.job.session_id, c.receipt.revision, now)
-        await append_event(
-            conn,
-            kind=EventKind.SUMMARY_COMPLETED,
-            actor=self.actor,
-            session_id=c.job.session_id,
-            target=c.job.summary_id,
-            data={"revision": c.receipt.revision, "recovered": True, "replayed": replayed},
-            now=now,
-        )
-        log.info("summary %s completed by recovery (replayed=%s)", c.job.summary_id, replayed)
-
-    async def _lost(self, conn: aiosqlite.Connection, job: Job, now: int) -> None:
-        """Count a row whose compare-and-swap failed: re-staged meanwhile, or leased by someone."""
-        row = await fetchone(
-            conn,
-            "SELECT result_envelope, result_staged_at, owner_id, lease_expires_at "
-            "FROM summary_job WHERE session_id = ?",
-            (job.session_id,),
-        )
-        if (
-            row is not None
-            and row["result_envelope"] == job.envelope
-            and row["result_staged_at"] == job.staged_at
-            and row["owner_id"]
-            and (row["lease_expires_at"] or 0) > now
-        ):
-            self.counters.skipped_active += 1
-            self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {row['owner_id']}")
-        else:
-            self.counters.superseded += 1
-            self._note(job, ReplayOutcome.SUPERSEDED, reason="re-staged since it was read")
-
-    async def _final_event(self, conn: aiosqlite.Connection) -> None:
-        if self.final_event is None:
-            return
-        data = {**self.final_event.get("data", {}), "counters": asdict(self.counters), "ok": self.report.ok}
-        await append_event(conn, kind=self.final_event["kind"], actor=self.actor, data=data)
-
-
-_ACK_SET = (
-    "status = 'completed', result_acknowledged_at = :now, summarized_revision = :rev, owner_id = NULL, "
-    "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
-)
-_VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
-
-
-def _unverified_reason(after: Verdict) -> str:
-    if any(k.reason == receipts.KeyReason.VECTOR_DIFFERS for k in after.keys):
-        return (
-            "read-back after replay still differs: the configured embedder "
-            f"(REM_EMBEDDER={settings.embedder}) no longer reproduces the vector this receipt attests "
-            "(was the embedder changed since it was written?)"
-        )
-    return "read-back after replay still differs"
-
-
-def _needs_write(c: Checked) -> bool:
-    """A present row needs a write only to acknowledge it or to correct a stale verdict."""
-    return (
-        c.job.acknowledged_at is None
-        or c.job.verdict != ReceiptVerdict.PRESENT
-        or c.job.verdict_detail is not None
-    )
-
-
-def _evidence(envelope: Any) -> dict[str, Any]:
-    raw = envelope.encode("utf-8", "surrogatepass") if isinstance(envelope, str) else bytes(envelope or b"")
-    evidence: dict[str, Any] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-    if len(raw) <= JOURNAL_ENVELOPE_MAX:
-        evidence["envelope_b64"] = base64.b64encode(raw).decode("ascii")
-    return evidence
-
-
-# -- selections ------------------------------------------------------------------
-
-
-async def pending_batches(
-    db: Database, batch_size: int = BATCH_SIZE, *, now: int | None = None
-) -> AsyncIterator[list[Job]]:
-    """Staged receipts never acknowledged (a summarizer died), oldest first.
-
-    A row that stayed mismatched after a replay waits RETRY_AFTER_MS before
-    the next attempt, so a stubborn row cannot turn the daemon into a hot loop.
-    """
-    now = clock.now_ms() if now is None else now
-    staged, sid = -1, ""
-    while True:
-        rows = await db.fetchall(PENDING_SQL, {"staged": staged, "sid": sid, "n": batch_size})
-        if not rows:
-            return
-        jobs = [Job.from_row(r) for r in rows]
-        staged, sid = jobs[-1].staged_at or 0, jobs[-1].session_id
-        ready = [j for j in jobs if not _backing_off(j, now)]
-        if ready:
-            yield ready
-
-
-def _backing_off(job: Job, now: int) -> bool:
-    return (
-        job.verdict not in (None, ReceiptVerdict.PRESENT)
-        and job.last_replayed_at is not None
-        and now - job.last_replayed_at < RETRY_AFTER_MS
-    )
-
-
-async def all_batches(db: Database, batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
-    """Every staged receipt, by session id."""
-    sid = ""
-    while True:
-        rows = await db.fetchall(ALL_SQL, {"sid": sid, "n": batch_size})
-        if not rows:
-            return
-        jobs = [Job.from_row(r) for r in rows]
-        sid = jobs[-1].session_id
-        yield jobs
-
-
-async def named_jobs(db: Database, summary_ids: Sequence[str]) -> list[Job]:
-    """The rows behind the given summary ids; refuses bad or unknown ids before anything runs."""
-    session_ids = []
-    for summary_id in dict.fromkeys(summary_ids):
-        session_id = session_id_of(summary_id)
-        if not session_id:
-            raise BadInput(f"{summary_id!r} is not a summary id; summary ids look like summary_<session_id>")
-        session_ids.append(session_id)
-    jobs = await _jobs_of(db, session_ids)
-    unknown = [summary_row_id(s) for s in session_ids if s not in jobs]
-    if unknown:
-        raise ReceiptNotFound(f"no staged receipt for {', '.join(unknown)}; `rem status` lists the receipts")
-    return [jobs[s] for s in session_ids]
-
-
-async def reread(db: Database, jobs: Sequence[Job]) -> list[Job]:
-    """The same receipts as they are now (one re-staged meanwhile reads new; one gone is left out)."""
-    now = await _jobs_of(db, [j.session_id for j in jobs])
-    return [now[j.session_id] for j in jobs if j.session_id in now]
-
-
-async def _jobs_of(db: Database, session_ids: Sequence[str]) -> dict[str, Job]:
-    if not session_ids:
-        return {}
-    marks = ",".join("?" * len(session_ids))
-    rows = await db.fetchall(
-        f"SELECT {JOB_COLUMNS} FROM summary_job WHERE session_id IN ({marks}) "
-        "AND result_staged_at IS NOT NULL",
-        list(session_ids),
-    )
-    return {r["session_id"]: Job.from_row(r) for r in rows}
-
-
-async def in_batches(jobs: list[Job], batch_size: int = BATCH_SIZE) -> AsyncIterator[list[Job]]:
-    for start in range(0, len(jobs), batch_size):
-        yield jobs[start : start + batch_size]
-
 
 async def replay_receipts(
     db: Database,
@@ -734,72 +307,3 @@ async def replay_receipts(
                 data={"operator": actor, "targets": targets},
             )
     return await recovery.run(batches)
-
-
-async def reissue_for_embedder(db: Database, store: ChromaStore, *, now: int | None = None) -> dict[str, int]:
-    """Re-record the vector in every v2 receipt with the store's (new) embedder; `rem reindex`.
-
-    A v2 receipt records the vector written with its document, and replay
-    compares the row's vector with that record. After the embedder changes
-    the old record can never match again, so a reindex re-stages each receipt
-    with `embedding_digest` of the new embedder's vector for the same
-    document, before it replays them. Document and owned keys are unchanged.
-    Compare-and-swap on the envelope bytes, and never under a live lease: a
-    receipt a summarizer re-staged meanwhile is left to it (counted `skipped`).
-    v1 receipts carry no vector record and corrupt ones are left for replay
-    to verify or quarantine.
-    """
-    counts = reissue_counts()
-    async for jobs in all_batches(db):
-        await reissue_batch(db, store, jobs, counts, now=now)
-    return counts
-
-
-def reissue_counts() -> dict[str, int]:
-    return {"reissued": 0, "skipped": 0, "unchanged": 0}
-
-
-async def reissue_batch(
-    db: Database,
-    store: ChromaStore,
-    jobs: list[Job],
-    counts: dict[str, int],
-    *,
-    now: int | None = None,
-    keep_vectors: bool = False,
-) -> None:
-    """`reissue_for_embedder` for one batch (`keep_vectors`: the store keeps them for the replay's write)."""
-    decoded: list[tuple[Job, Receipt]] = []
-    for job in jobs:
-        try:
-            receipt = receipts.decode(job.envelope, job.encoding)
-        except (ReceiptCorrupt, ValueError):
-            counts["unchanged"] += 1
-            continue
-        if receipt.embedding is None:
-            counts["unchanged"] += 1
-            continue
-        decoded.append((job, receipt))
-    if not decoded:
-        return
-    vectors = await store.embed([r.document for _, r in decoded], keep=keep_vectors)
-    stamp = clock.now_ms() if now is None else now
-    async with db.tx() as conn:
-        for (job, receipt), vector in zip(decoded, vectors, strict=True):
-            fresh = dataclasses.replace(receipt, embedding=receipts.embedding_digest(vector))
-            if fresh == receipt:
-                counts["unchanged"] += 1
-                continue
-            changed = await execute(
-                conn,
-                "UPDATE summary_job SET result_envelope = :new, result_encoding = :enc "
-                f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged "
-                f"AND {NOT_LEASED}",
-                {
-                    **job.cas(),
-                    "new": receipts.encode(fresh),
-                    "enc": receipts.encoding_of(fresh),
-                    "now": stamp,
-                },
-            )
-            counts["reissued" if changed else "skipped"] += 1

@@ -102,7 +102,7 @@ async def test_rem_check_on_a_terminal_less_run_prints_no_progress_to_stdout(dam
 
 async def test_a_worker_that_cannot_read_is_one_line_naming_the_file(tmp_path: Path) -> None:
     from backend.core.errors import RemError
-    from backend.ops.checks import _check_range_in_worker
+    from backend.ops.checks.workers import _check_range_in_worker
 
     missing = tmp_path / "gone" / "state.db"
     with pytest.raises(RemError) as caught:

@@ -300,7 +300,7 @@ def test_a_disk_io_error_is_a_full_disk_or_an_io_error_never_corruption(
 
     from backend.store import db as db_module
 
-    monkeypatch.setattr(db_module.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 0, free))
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**9, 0, free))
     exc = sqlite3.OperationalError("disk I/O error")
     exc.sqlite_errorname = "SQLITE_IOERR_SHMSIZE"  # type: ignore[attr-defined]
     translated = db_module.translate_sqlite_error(exc, "/d/state.db")

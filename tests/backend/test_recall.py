@@ -244,15 +244,17 @@ async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_every
     # a project past SUMMARIES_BY_ID is answered from the whole collection's nearest rows when
     # enough of them are its own (first the fewest, then as many as its share needs), else by
     # Chroma's filtered search: whichever path answers, the same rows
-    from backend.memory import recall as recall_mod
+    from backend.memory import vector_search
+    from backend.memory.config import recall_config
+    from backend.memory.scope import Scope
 
-    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID", 0)
-    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID_MAX", 0)
+    monkeypatch.setattr(vector_search, "SUMMARIES_BY_ID", 0)
+    monkeypatch.setattr(vector_search, "SUMMARIES_BY_ID_MAX", 0)
     # 4 sessions, 3 in ops, 1 in home: first the nearest row; then, for home (a quarter of the
     # sessions, 0.5 x 4 rows), the nearest 2; ops (0.5 x 4/3 rows: not past the first) is filtered
-    monkeypatch.setattr(recall_mod, "SUMMARIES_WIDE_MIN", 1)
-    monkeypatch.setattr(recall_mod, "SUMMARIES_WIDE_MARGIN", 0.5)
-    config = dataclasses.replace(recall_mod.recall_config(), summaries=1)
+    monkeypatch.setattr(vector_search, "SUMMARIES_WIDE_MIN", 1)
+    monkeypatch.setattr(vector_search, "SUMMARIES_WIDE_MARGIN", 0.5)
+    config = dataclasses.replace(recall_config(), summaries=1)
     store = imported.store()
     calls: list[str] = []
     query, nearest = store.query, store.nearest
@@ -275,7 +277,7 @@ async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_every
             vector = imported.embedder().embed([text])[0]
             for project in ("ops", "home"):
                 calls.clear()
-                hits = await recall_mod._summary_hits(imported, vector, recall_mod.Scope(project), config)
+                hits = await vector_search.summary_hits(imported, vector, Scope(project), config)
                 answered_by.add(calls[-1] if calls else "by id")
                 expected = await query(vector, 1, {"project": project})
                 assert [h[0] for h in hits] == [h[0] for h in expected], (text, project, calls)
@@ -287,8 +289,8 @@ async def test_a_large_projects_summaries_equal_chromas_filtered_search_on_every
     assert answered_by == {"first", "wide", "filtered"}
     # a project of at most SUMMARIES_BY_ID_MAX sessions: the wide query where it costs less than
     # fetching the project's rows by id, by id where not, and by id when the wide one falls short
-    monkeypatch.setattr(recall_mod, "SUMMARIES_BY_ID_MAX", 10)
-    monkeypatch.setattr(recall_mod, "BY_ID_ROW_MS", 1.0)
+    monkeypatch.setattr(vector_search, "SUMMARIES_BY_ID_MAX", 10)
+    monkeypatch.setattr(vector_search, "BY_ID_ROW_MS", 1.0)
     answered_by.clear()
     await same_as_filtered()
     assert answered_by == {"wide", "by id"}
@@ -299,20 +301,22 @@ async def test_a_session_scoped_dense_search_by_id_equals_chromas_filtered_searc
 ) -> None:
     # `rem recall --session` ranks the session's own turn vectors, fetched by id; past
     # SESSION_BY_ID_MAX turns it falls back to Chroma's filtered search: the same rows either way
-    from backend.memory import recall as recall_mod
+    from backend.memory import vector_search
+    from backend.memory.config import recall_config
+    from backend.memory.scope import Scope
 
     store = imported.turn_store("ops")
     for query in ("dog on the beach", "moving the payments service", "bread"):
         vector = imported.embedder().embed([query])[0]
         filtered = await store.nearest(vector, 10, {"sessionId": "deploy"})
-        scope = recall_mod.Scope("ops", "deploy", None)
-        by_id = await recall_mod._dense(imported, vector, scope, recall_mod.recall_config())
+        scope = Scope("ops", "deploy", None)
+        by_id = await vector_search.dense(imported, vector, scope, recall_config())
         assert [h[0] for h in by_id] == [h[0] for h in filtered]
         assert {h[0] for h in by_id} == {"d-1", "d-2"}  # the session's turns, no other
         assert [round(h[1], 4) for h in by_id] == [round(1.0 - h[1], 4) for h in filtered]
-        monkeypatch.setattr(recall_mod, "SESSION_BY_ID_MAX", 1)  # "deploy" has 2 turns: filtered
-        fallback = await recall_mod._dense(imported, vector, scope, recall_mod.recall_config())
+        monkeypatch.setattr(vector_search, "SESSION_BY_ID_MAX", 1)  # "deploy" has 2 turns: filtered
+        fallback = await vector_search.dense(imported, vector, scope, recall_config())
         assert fallback == [(i, 1.0 - d) for i, d in filtered]
-        monkeypatch.setattr(recall_mod, "SESSION_BY_ID_MAX", 300)
+        monkeypatch.setattr(vector_search, "SESSION_BY_ID_MAX", 300)
     assert await store.nearest_by_id([], vector, 5) == []
     assert await store.nearest_by_id(["nope"], vector, 5) == []

@@ -1,0 +1,413 @@
+"""`Database`: one connection to the state store (state.db, or PostgreSQL), shared by a process's tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import aiosqlite
+
+from backend.core import private
+from backend.core.errors import ReadOnly
+from backend.store.connection import Conn, Params, Row, T
+from backend.store.group_commit import WRITE_GROUP_MAX, commit_group_sync
+from backend.store.sqlite_file import (
+    BUSY_TIMEOUT_MS,
+    FOREIGN_TABLES_SQL,
+    JOURNAL_SIZE_LIMIT,
+    refuse_foreign,
+    sqlite_errors,
+    sqlite_target,
+    translate_sqlite_error,
+)
+from backend.store.transaction import in_thread
+
+log = logging.getLogger("rem.db")
+
+
+async def _pg_thread(url: str, *, read_only: bool) -> aiosqlite.Connection:
+    """A PostgreSQL connection (`PgConnection`) on a worker thread of its own."""
+    # import time: psycopg, only for a PostgreSQL store
+    from backend.store import postgres
+
+    # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
+    # its connector returns the psycopg adapter, so every door of `Database` is shared
+    connector = cast(
+        Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only)
+    )
+    conn = aiosqlite.Connection(connector, 64)
+    # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
+    # failed on an unusual path) would keep the process alive at exit, waiting on its queue
+    conn._thread.daemon = True
+    try:
+        await conn
+    except BaseException:
+        _join_failed_worker(conn)
+        raise
+    return conn
+
+
+def _join_failed_worker(conn: aiosqlite.Connection) -> None:
+    """Wait for the worker thread of a connection that failed to open to finish stopping.
+
+    aiosqlite's failed connect queues the worker's stop with a future on this
+    event loop and returns at once; a command that then exits (its one-line
+    error) can close the loop before the worker answers, and the worker's
+    answer to a closed loop prints a thread traceback after the error line.
+    The stop is a few microseconds of work: joining it is immediate.
+    """
+    conn._thread.join(timeout=5)
+
+
+class Database:
+    """One connection to the state store, shared by the tasks of a process.
+
+    Tasks take turns through an asyncio lock: transactions belong to a
+    connection, so two tasks must never interleave statements inside one.
+    `engine` is `sqlite` (state.db) or `postgresql` (`--db URL`, see
+    `backend.store.postgres`: a psycopg connection shaped like
+    `sqlite3.Connection` on the same kind of worker thread, so every door
+    below and every `_sync` function is shared); `where` names the store in
+    messages (the path, or the URL without its password).
+    """
+
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        read_only: bool,
+        *,
+        engine: str = "sqlite",
+        where: str | None = None,
+    ) -> None:
+        self.conn = conn
+        self.path = path
+        self.read_only = read_only
+        self.engine = engine
+        self.where = where or str(path)
+        self._lock = asyncio.Lock()
+        # group commit: write_in_thread calls waiting for the next group, and the task committing them
+        self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
+        self._committer: asyncio.Task[None] | None = None
+        self.groups_committed = 0
+        # PostgreSQL: the store's URL, and the second connection `read_beside` opens on first use
+        self._url: str | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._reader_opening = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, url: str, *, read_only: bool = False) -> Database:
+        """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own."""
+        # import time: psycopg, only for a PostgreSQL store
+        from backend.store import postgres
+
+        conn = await _pg_thread(url, read_only=read_only)
+        db = cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
+        db._url = url
+        return db
+
+    @property
+    def postgres(self) -> bool:
+        return self.engine == "postgresql"
+
+    @classmethod
+    async def open(cls, path: Path, *, read_only: bool = False) -> Database:
+        """Open state.db with rem's PRAGMAs.
+
+        A read-only open is a `mode=ro` connection, not a writable one told to
+        behave: it cannot write a byte of state.db or its WAL, so closing it never
+        checkpoints the WAL into state.db nor deletes the -wal file (SQLite
+        needs the write lock to do either). It still shares the -shm index,
+        which every reader writes by design.
+        """
+        if not read_only:
+            # created 0600 here, not by SQLite under the caller's umask: SQLite gives the
+            # -wal and -shm files it creates the mode of the database file
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                private.create_private_file(path)
+        database, uri = sqlite_target(path, read_only)
+        conn = aiosqlite.connect(database, uri=uri, isolation_level=None)
+        try:
+            with sqlite_errors(path):
+                await conn
+        except BaseException:
+            _join_failed_worker(conn)
+            raise
+        conn.row_factory = sqlite3.Row
+        db = cls(conn, path, read_only)
+        try:
+            with sqlite_errors(path):
+                await db._apply_pragmas()
+        except BaseException:
+            await conn.close()
+            raise
+        return db
+
+    async def _apply_pragmas(self) -> None:
+        c = self.conn
+        await c.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not self.read_only and await self.scalar("PRAGMA journal_mode") != "wal":
+            # switching to WAL rewrites the file header: refuse another program's database first
+            refuse_foreign(
+                self.path,
+                await self.scalar("PRAGMA user_version"),
+                [r["name"] for r in await self.fetchall(FOREIGN_TABLES_SQL)],
+            )
+            await c.execute("PRAGMA journal_mode = WAL")
+        await c.execute("PRAGMA synchronous = NORMAL")
+        await c.execute("PRAGMA foreign_keys = ON")
+        await c.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        if self.read_only:
+            await c.execute("PRAGMA query_only = ON")
+
+    async def close(self) -> None:
+        try:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                await reader.close()
+        finally:
+            await self.conn.close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A write transaction: BEGIN IMMEDIATE, COMMIT on success, ROLLBACK on error."""
+        if self.read_only:
+            raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
+        # a statement that fails in the body or at COMMIT (full disk, corrupt page): one clear RemError
+        async with self._lock:
+            with self.errors():
+                await self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.conn
+                    await self.conn.execute("COMMIT")
+                except BaseException:
+                    await self._rollback_quietly()
+                    raise
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A short read transaction so several queries see one consistent state."""
+        async with self._lock:
+            try:
+                with self.errors():
+                    await self.conn.execute("BEGIN")
+                    yield self.conn
+            finally:
+                await self._rollback_quietly()
+
+    def errors(self) -> AbstractContextManager[None]:
+        """Errors of this store's engine raised as the one-line RemError naming it."""
+        if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
+            from backend.store.postgres import postgres_errors
+
+            return postgres_errors(self.where)
+        return sqlite_errors(self.path)
+
+    def sqlite_errors(self) -> AbstractContextManager[None]:
+        """`errors()` (the name callers used before the PostgreSQL store)."""
+        return self.errors()
+
+    def is_engine_error(self, exc: BaseException) -> bool:
+        """Whether `exc` is this store's engine's own error (sqlite3's or psycopg's), untranslated."""
+        if isinstance(exc, sqlite3.Error):
+            return True
+        if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
+            import psycopg
+
+            return isinstance(exc, psycopg.Error)
+        return False
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """An engine error as its RemError (or unchanged)."""
+        if isinstance(exc, sqlite3.Error):
+            return translate_sqlite_error(exc, self.path) or exc
+        if self.postgres:
+            # import time: psycopg, only for a PostgreSQL store
+            import psycopg
+
+            from backend.store.postgres import translate_postgres_error
+
+            if isinstance(exc, psycopg.Error):
+                return translate_postgres_error(exc, self.where) or exc
+        return exc
+
+    async def _rollback_quietly(self) -> None:
+        try:
+            if self.conn.in_transaction:
+                await self.conn.execute("ROLLBACK")
+        except Exception:  # sqlite3.Error, or psycopg's on a broken connection
+            log.warning("rollback failed on %s", self.where, exc_info=True)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run one autocommit query and return all rows."""
+        async with self._lock:
+            with self.errors():
+                return list(await self.conn.execute_fetchall(sql, params))
+
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def scalar(self, sql: str, params: Params = ()) -> Any:
+        row = await self.fetchone(sql, params)
+        return None if row is None else row[0]
+
+    async def run_in_thread(self, fn: Callable[[Conn], T]) -> T:
+        """Run `fn(raw sqlite3 connection)` on the connection's own thread, in one hop.
+
+        For read paths that run many queries and build many rows (the status
+        snapshot): one thread hop instead of one per statement, and the row
+        building happens off the event loop. Uses aiosqlite's queue (pinned
+        version); `fn` must not leave a transaction open.
+        """
+        # Single-hop calls need no turn-taking among themselves: each runs whole on
+        # the connection's one thread, in queue order, so several tasks may queue
+        # theirs at once (the thread never idles while the event loop prepares the
+        # next). Only a multi-hop transaction (`tx`, `snapshot`, `fetchall`) must
+        # not be entered: wait until none holds the lock. `_execute` enqueues
+        # synchronously before its first suspension, so a multi-hop transaction
+        # that takes the lock later queues its BEGIN behind this call.
+        while self._lock.locked():
+            async with self._lock:
+                pass
+        with self.errors():
+            return await in_thread(self.conn, fn)
+
+    async def read_in_thread(self, fn: Callable[[Conn], T]) -> T:
+        """`fn(conn)` inside one short read transaction (a consistent view), in one hop."""
+
+        def read_sync(conn: Conn) -> T:
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("ROLLBACK")
+
+        return await self.read_beside(read_sync)  # PostgreSQL: on the reading connection
+
+    async def fetchall_beside(self, sql: str, params: Params = ()) -> list[Row]:
+        """`fetchall`, beside the writes (`read_beside`)."""
+        return await self.read_beside(lambda conn: list(conn.execute(sql, params).fetchall()))
+
+    async def read_beside(self, fn: Callable[[Conn], T]) -> T:
+        """`fn(conn)`, which only reads and leaves no transaction open, in one hop; on
+        PostgreSQL on a second, read-only connection, beside the writes.
+
+        On SQLite this is `run_in_thread`. On PostgreSQL one connection serves
+        one statement at a time, and on the turn path the connection's thread is
+        what limits a process (`benchmarks/turns.py`): the reads that stand
+        alone (recall, the executor's wake query, every `read_in_thread`) wait
+        for no write there and make no write wait. They see what is committed,
+        as they would on the first connection: a caller's own write is committed
+        before its `write_in_thread` or `tx` returns. The connection is opened
+        on first use, read-only at the server (`default_transaction_read_only`),
+        and closed with the Database.
+        """
+        if self._url is None:
+            return await self.run_in_thread(fn)
+        if self._reader is None:
+            async with self._reader_opening:
+                if self._reader is None:
+                    with self.errors():
+                        self._reader = await _pg_thread(self._url, read_only=True)
+        with self.errors():
+            return await in_thread(self._reader, fn)
+
+    async def write_in_thread(self, fn: Callable[[Conn], T]) -> T:
+        """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
+
+        For hot write paths (the executor's turn transactions). `fn` runs on
+        the connection's thread and must not await. Group commit: the calls
+        that arrive while a group is being written go together in the next
+        one: one `BEGIN IMMEDIATE ... COMMIT` and one thread hop for all of
+        them, each `fn` in its own SAVEPOINT, in arrival order, so each is
+        still atomic and sees the ones before it. An `fn` that raises rolls
+        back its own writes only and its caller gets the exception; the others
+        commit. A caller is answered only after the group's COMMIT (durable as
+        any single transaction), and a failed COMMIT fails every caller in the
+        group. A call cancelled before its group starts never runs.
+        """
+        if self.read_only:
+            raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._writes.append((fn, future))
+        if self._committer is None:
+            self._committer = loop.create_task(self._commit_groups(), name="rem-db-group-commit")
+        return await future
+
+    async def _commit_groups(self) -> None:
+        group: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
+        try:
+            while True:
+                await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
+                group = [(fn, fut) for fn, fut in self._writes[:WRITE_GROUP_MAX] if not fut.done()]
+                del self._writes[:WRITE_GROUP_MAX]
+                if not group:
+                    if not self._writes:
+                        return
+                    continue
+                try:
+                    outcomes = await self.run_in_thread(
+                        partial(commit_group_sync, fns=[fn for fn, _ in group])
+                    )
+                except Exception as exc:
+                    # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                self.groups_committed += 1
+                for (_, fut), (ok, value) in zip(group, outcomes, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(self.translate(value))
+        except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
+            for _, fut in group + self._writes:
+                fut.cancel()
+            self._writes.clear()
+            raise
+        finally:
+            self._committer = None
+
+    def server_pids(self) -> frozenset[int]:
+        """PostgreSQL: the server process serving this Database (its commits' notifications name
+        it; it changes on a reconnect). Empty on SQLite."""
+        if not self.postgres:
+            return frozenset()
+        try:
+            pid = cast(Any, self.conn._conn).backend_pid
+        except ValueError:  # closed
+            return frozenset()
+        return frozenset({int(pid)})
+
+    async def data_version(self) -> int:
+        """A number that changes whenever another connection commits.
+
+        SQLite: `PRAGMA data_version`. PostgreSQL: the server's WAL position,
+        which every committed write moves (as do other databases' writes and
+        the server's own upkeep: a spurious change only costs a daemon's idle
+        wait one empty look, a missed one cannot happen). The console on
+        PostgreSQL gates on the change feed instead (`backend.store.changes`).
+        """
+        if self.postgres:
+            return int(await self.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+        return int(await self.scalar("PRAGMA data_version"))

@@ -1,0 +1,131 @@
+"""Statements on the database thread that PostgreSQL sends together (one round trip): writes nobody
+reads, fenced writes, and independent readers driven in lockstep. SQLite, with no round trip to
+save, runs each one at once."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from backend.core.errors import LeaseLost
+from backend.store.connection import Conn, Params, Row, T, engine_of
+
+
+def execute_unread(conn: Conn, sql: str, params: Params = ()) -> None:
+    """A write in the current transaction whose row count and rows nobody reads.
+
+    PostgreSQL sends it together with the transaction's next statement (one
+    round trip for both; its error, if any, surfaces there, at the latest at
+    the savepoint's RELEASE or the COMMIT); SQLite, which has no round trip to
+    save, runs it now.
+    """
+    queue = getattr(conn, "execute_unread", None)
+    if queue is None:
+        conn.execute(sql, params)
+    else:
+        queue(sql, params)
+
+
+def fenced_write(conn: Conn, sql: str, params: Params, lost: str, *, unread: bool = False) -> None:
+    """A fenced write (an UPDATE or DELETE naming its owner) that must change a row, else `LeaseLost(lost)`.
+
+    Checked at once, unless `unread`: then SQLite still runs it now and raises
+    at once, and PostgreSQL queues it, unread, as
+    `WITH w AS (<sql> RETURNING 1) SELECT rem_fenced(count(*), <lost>) FROM w`:
+    no round trip of its own; when it is sent (with the transaction's next
+    read, maybe a later group member's, or at COMMIT) a write that changed no
+    row fails its statement with `postgres.FENCE_SQLSTATE` and `lost` as the message,
+    which the store raises as `LeaseLost`, and its transaction (or group
+    member's savepoint) rolls back whole. So a caller may only use it where
+    a lost lease ends the whole transaction anyway: the code after it in the
+    same function runs before the failure is known, and must change nothing
+    outside the transaction that outlives it.
+    """
+    queue = getattr(conn, "execute_unread", None) if unread else None
+    if queue is None:
+        if not conn.execute(sql, params).rowcount:
+            raise LeaseLost(lost)
+        return
+    args: Params
+    if isinstance(params, Mapping):
+        marker, args = ":rem_fence_lost", {**params, "rem_fence_lost": lost}
+    else:
+        marker, args = "?", (*params, lost)
+    queue(f"WITH w AS ({sql} RETURNING 1) SELECT rem_fenced(count(*), {marker}) FROM w", args)
+
+
+@contextmanager
+def independent_reads_sync(conn: Conn) -> Iterator[None]:
+    """Several reads that need not see one state (each stands alone), made as cheap as the engine allows.
+
+    SQLite: one read transaction (the shared lock taken once, not per
+    statement). PostgreSQL: none; a snapshot would cost a `BEGIN` and a
+    `ROLLBACK` round trip, and each statement sees the latest commits anyway.
+    """
+    if engine_of(conn) == "postgresql":
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+
+
+# one read: its SQL and parameters
+Query = tuple[str, Params]
+# a reader that needs several rounds of reads: it yields each round's queries, is sent back
+# each query's rows (in order), and returns its result (`read_together_sync` drives it)
+Reader = Generator[list[Query], list[list[Row]], T]
+
+
+def read_together_sync(conn: Conn, readers: Sequence[Reader[Any]]) -> list[Any]:
+    """Drive independent readers in lockstep, each round's queries of all of them sent together.
+
+    PostgreSQL: a round is one round trip (one pipeline), however many readers
+    and queries it holds; SQLite, which has no round trip to save, runs them one
+    by one. Returns each reader's result, in order. The reads see no common
+    snapshot unless the caller opened one. A query may be a write whose rows
+    are read (`... RETURNING`): the statements of one round run in order, so
+    readers in one round must not depend on each other's writes.
+    """
+    results: list[Any] = [None] * len(readers)
+    pending: dict[int, list[Query]] = {}
+
+    def advance(i: int, rows: list[list[Row]] | None) -> None:
+        try:
+            queries = next(readers[i]) if rows is None else readers[i].send(rows)
+        except StopIteration as done:
+            results[i] = done.value
+            return
+        pending[i] = queries
+
+    for i in range(len(readers)):
+        advance(i, None)
+    fetch = getattr(conn, "fetchall_batch", None)
+    while pending:
+        batch, order = [], []
+        for i, queries in pending.items():
+            batch += queries
+            order.append((i, len(queries)))
+        pending = {}
+        if fetch is None or len(batch) <= 1:
+            rows = [conn.execute(sql, params).fetchall() for sql, params in batch]
+        else:
+            rows = fetch(batch)
+        at = 0
+        for i, n in order:
+            advance(i, rows[at : at + n])
+            at += n
+    return results
+
+
+def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:
+    """`execute_unread` for many rows (SQLite: one `executemany`)."""
+    queue = getattr(conn, "execute_unread", None)
+    if queue is None:
+        conn.executemany(sql, rows)
+        return
+    for row in rows:
+        queue(sql, row)
