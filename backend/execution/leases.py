@@ -30,7 +30,7 @@ from backend.core.settings import settings
 from backend.store import workers
 from backend.store.db import Conn, Database, Row, execute_unread, fenced_write, in_thread, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
-from backend.store.workers import LeaseKind, WorkerState
+from backend.store.workers import LeaseKind
 
 log = logging.getLogger("rem.leases")
 
@@ -381,12 +381,10 @@ def release_execution_sync(
         > 0
     )
     owner = conn.execute(
-        "SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (row["owner_id"],)
+        "SELECT state, heartbeat_at, exited_at FROM worker WHERE owner_id = ?", (row["owner_id"],)
     ).fetchone()
-    alive = (
-        bool(owner)
-        and owner["state"] != WorkerState.STOPPED
-        and workers.heartbeat_alive(owner["heartbeat_at"], now)
+    alive = bool(owner) and workers.worker_alive(
+        owner["state"], owner["heartbeat_at"], owner["exited_at"], now
     )
     seen = {
         "owner_id": row["owner_id"],
