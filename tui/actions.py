@@ -169,6 +169,16 @@ def drain_plan(worker: Mapping[str, Any], leases: Sequence[LeaseRecord], now: in
 
 
 # -- release ----------------------------------------------------------------------
+def owner_word(lease: Mapping[str, Any], alive: bool, now: int) -> str:
+    """`alive`, `DEAD`, or `DEAD: exited 3s ago` when its supervisor saw the process die."""
+    if alive:
+        return "alive"
+    exited = lease.get("owner_exited_at")
+    if isinstance(exited, int):
+        return f"DEAD: its supervisor saw it exit {duration(max(0, now - exited))} ago"
+    return "DEAD"
+
+
 def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     """Release one lease, fenced on the epoch shown; names owner, epoch and time left."""
     kind = str(lease.get("kind") or "execution")
@@ -181,7 +191,7 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     when = f"expired {duration(-left)} ago" if left <= 0 else f"expires in {duration(left)}"
     lines = [
         f"{kind} lease {lease_id} of session {lease.get('session_id')}",
-        f"owner {lease.get('owner_id')} ({'alive' if alive else 'DEAD'}) · epoch {epoch} · {when}",
+        f"owner {lease.get('owner_id')} ({owner_word(lease, alive, now)}) · epoch {epoch} · {when}",
         f"Expires the lease now and bumps the epoch past {epoch}, fencing the old owner's late writes; "
         "another worker takes over through the normal recovery path.",
         f"Refused if the lease changed since epoch {epoch} (you saw an old state).",

@@ -25,7 +25,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend.ops.console import DataDir, listen_changes, now_ms, settings, store_label
+from backend.ops.console import DataDir, listen_changes, now_ms, settings, state_db_changes, store_label
 from backend.ops.records import Moment, Status
 from tui import messages
 from tui.action_runner import ACTIONS, ActionRunner
@@ -39,7 +39,7 @@ from tui.live import LiveView
 from tui.panel_controls import PanelControls
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
 from tui.probes import STATS_KEPT, RefreshProbes
-from tui.refresh import RefreshScheduler, Ticker, WorkerGroup, state_db_changes
+from tui.refresh import RefreshScheduler, Ticker, WorkerGroup
 from tui.screens.console import ConsoleScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.screens.recall import RecallScreen

@@ -1,7 +1,7 @@
 """Live refresh for the console: when to read the next snapshot, and how to show it.
 
-`RefreshScheduler` decides when a snapshot is read: watchfiles saw state.db or
-its WAL change, the slow poll fired, or an action asked. It never starts a
+`RefreshScheduler` decides when a snapshot is read: the watch on state.db and
+its WAL (`backend.store.watch`, shared with the daemons) saw a change, the slow poll fired, or an action asked. It never starts a
 refresh while one runs (the request is remembered and served right after),
 keeps at most one per `min_interval_s`, and never lets refreshing take more
 than half the time on a big data dir (the gap grows with the last cycle), so
@@ -19,16 +19,13 @@ starves.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
-from pathlib import Path
 
 from backend.ops.records import Status
 from tui.widgets.snapshot_table import SnapshotTable
 
-WATCHED_FILES = frozenset({"state.db", "state.db-wal"})
 FRAME_BUDGET_MS = 15.0
 # panels with live (time-derived) cells, in the order the 1 s tick visits them
 TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
@@ -38,7 +35,7 @@ class WorkerGroup(StrEnum):
     """The console's worker groups: the one `Worker.StateChanged` handler tells them apart."""
 
     SNAPSHOT = "snapshot"  # data_version gate + ops.status
-    WATCH = "watch"  # watchfiles on the data dir
+    WATCH = "watch"  # the watch on state.db and its WAL
     ACTION = "action"  # a confirmed replay, drain or release
     DRY_RUN = "dry-run"  # the replay dry run shown in the confirmation
     DETAIL_HISTORY = "detail-history"  # a detail screen's journal rows
@@ -178,22 +175,3 @@ def new_events(latest: Status | None, applied: Status | None) -> str:
     count = sum(1 for i in new if i > shown)
     more = "+" if new and count == len(new) and min(new) > shown + 1 else ""
     return f"{count}{more} new events"
-
-
-async def state_db_changes(root: Path) -> AsyncIterator[None]:
-    """Yield whenever state.db or its WAL changes in `root` (non-recursive watch)."""
-    # import time: watchfiles, only to watch state.db (not on PostgreSQL)
-    from watchfiles import awatch
-
-    def only_state_db(_change: object, path: str) -> bool:
-        return os.path.basename(path) in WATCHED_FILES
-
-    async for _changes in awatch(
-        root,
-        watch_filter=only_state_db,
-        recursive=False,
-        debounce=50,
-        step=10,
-        yield_on_timeout=False,
-    ):
-        yield None

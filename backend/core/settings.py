@@ -103,6 +103,12 @@ class Settings:
     executor_drain_ms = Setting(
         20_000, "how long a draining executor finishes turns before handing them back", whole(0, "ms")
     )
+    daemon_idle_poll_ms = Setting(
+        5_000,
+        "an idle daemon's slowest look at the store: another process's commit, or a lease or retry "
+        "falling due, wakes it at once; this catches the rest (periodic sweeps)",
+        whole(100, "ms"),
+    )
     recovery_budget = Setting(
         10, "takeover attempts before a recovery row is parked for the operator", whole(1)
     )

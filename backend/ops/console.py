@@ -9,10 +9,11 @@ named here, in one `__all__`, and nowhere else:
   PostgreSQL the change events heard), the journal around a row, recorded
   moments of the timeline — and the actions, on one `Context` that never
   starts a Chroma server and never holds a read transaction open;
-* the change feed (`listen_changes`, `StoreEvent`): PostgreSQL's LISTEN, which
-  the console runs as a long-lived worker on its own loop. It is re-exported
-  as it is, not wrapped, because it is a stream the console iterates, not a
-  request: the narrow door for the change feed;
+* the change feeds: PostgreSQL's LISTEN (`listen_changes`, `StoreEvent`) and
+  the watch on state.db and its WAL (`state_db_changes`, the daemons' too),
+  which the console runs as long-lived workers on its own loop. They are
+  re-exported as they are, not wrapped, because they are streams the console
+  iterates, not requests: the narrow door for the change feeds;
 * the vocabulary its widgets and messages name: errors, the clock, the data
   dir, settings, private exports, liveness rules, and `visible` for text
   from the data.
@@ -40,7 +41,8 @@ from backend.store.changes import StoreEvent, listen_changes
 from backend.store.db import Database
 from backend.store.history import HistoryStore
 from backend.store.postgres import store_label
-from backend.store.workers import LIVE_STATES, heartbeat_alive
+from backend.store.watch import state_db_changes
+from backend.store.workers import LIVE_STATES, heartbeat_alive, worker_alive
 
 __all__ = [
     "LIVE_STATES",
@@ -61,8 +63,10 @@ __all__ = [
     "make_private_dir",
     "now_ms",
     "settings",
+    "state_db_changes",
     "store_label",
     "visible",
+    "worker_alive",
 ]
 
 StatusLoader = Callable[[Context], Awaitable[Status]]

@@ -25,7 +25,9 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> DrainRepo
     now = clock.now_ms()
     async with db.tx() as conn:
         worker = await fetchone(
-            conn, "SELECT role, pid, host, state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)
+            conn,
+            "SELECT role, pid, host, state, heartbeat_at, exited_at FROM worker WHERE owner_id = ?",
+            (owner_id,),
         )
         if worker is None:
             raise WorkerNotFound(f"no worker {owner_id!r}; list workers with `rem status`")
@@ -36,6 +38,12 @@ async def request_drain(db: Database, owner_id: str, operator: str) -> DrainRepo
         )
         if state == WorkerState.STOPPED:
             raise Refused(f"worker {owner_id} is already stopped; nothing to drain")
+        if worker["exited_at"] is not None:
+            raise Refused(
+                f"worker {owner_id} is dead: its supervisor saw pid {worker['pid']} exit "
+                f"{max(0, now - worker['exited_at']) // 1000} s ago, so it cannot drain; "
+                "release its leases with `rem release`"
+            )
         if not heartbeat_alive(heartbeat_at, now):
             raise Refused(
                 f"worker {owner_id} has not heartbeated for {(now - heartbeat_at) // 1000} s and is "

@@ -19,7 +19,7 @@ from backend.ops.results import LeaseReleased, LeaseSeen
 from backend.store import fencing
 from backend.store.db import Conn, in_thread
 from backend.store.events import EventKind, append_event_sync
-from backend.store.workers import LeaseKind, WorkerState, heartbeat_alive
+from backend.store.workers import LeaseKind, worker_alive
 
 log = logging.getLogger("rem.ops")
 
@@ -101,8 +101,8 @@ def release_lease_sync(
 
 
 def owner_alive_sync(conn: Conn, owner_id: str, now: int) -> bool:
-    """Whether the lease's owner is registered, not stopped, and heartbeating."""
-    owner = conn.execute("SELECT state, heartbeat_at FROM worker WHERE owner_id = ?", (owner_id,)).fetchone()
-    return (
-        bool(owner) and owner["state"] != WorkerState.STOPPED and heartbeat_alive(owner["heartbeat_at"], now)
-    )
+    """Whether the lease's owner is registered, live, not seen to exit, and heartbeating (`worker_alive`)."""
+    owner = conn.execute(
+        "SELECT state, heartbeat_at, exited_at FROM worker WHERE owner_id = ?", (owner_id,)
+    ).fetchone()
+    return bool(owner) and worker_alive(owner["state"], owner["heartbeat_at"], owner["exited_at"], now)

@@ -195,6 +195,7 @@ class WorkerRecord(TypedDict):
     started_at: int
     heartbeat_at: int
     heartbeat_age_ms: int
+    exited_at: int | None  # when its supervisor saw the process exit (dead from then on)
     alive: bool
 
 

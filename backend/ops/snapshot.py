@@ -56,7 +56,7 @@ from backend.store import counters, workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
-from backend.store.workers import LIVE_STATES, LeaseKind, WorkerRole, WorkerState
+from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 from backend.summaries.summarizer import JobStatus
 
@@ -106,16 +106,16 @@ LIST_QUERIES: dict[str, str] = {
         WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
     "leases": """
         SELECT 'execution' AS kind, e.id AS id, e.session_id, e.owner_id, e.epoch, e.phase,
-               e.expires_at, w.state AS owner_state, w.heartbeat_at
+               e.expires_at, w.state AS owner_state, w.heartbeat_at, w.exited_at
         FROM session_execution AS e LEFT JOIN worker AS w ON w.owner_id = e.owner_id
         UNION ALL
         SELECT 'summary_job', j.session_id, j.session_id, j.owner_id, j.epoch, NULL,
-               j.lease_expires_at, w.state, w.heartbeat_at
+               j.lease_expires_at, w.state, w.heartbeat_at, w.exited_at
         FROM summary_job AS j LEFT JOIN worker AS w ON w.owner_id = j.owner_id
         WHERE j.lease_expires_at IS NOT NULL AND j.status = 'in_progress'
         UNION ALL
         SELECT 'dream', d.session_id, d.session_id, d.owner_id, d.epoch, NULL,
-               d.lease_expires_at, w.state, w.heartbeat_at
+               d.lease_expires_at, w.state, w.heartbeat_at, w.exited_at
         FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
         WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
         ORDER BY expires_at LIMIT :cap""",
@@ -139,10 +139,10 @@ LIST_QUERIES: dict[str, str] = {
         SELECT session_id, time_updated AS since FROM summary_job
         WHERE dirty_seq > clean_seq ORDER BY time_updated, session_id LIMIT :cap""",
     "workers": """
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at
+        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
         FROM worker INDEXED BY worker_state_heartbeat_idx WHERE state IN ('running', 'draining')
         UNION ALL
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at
+        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
         FROM worker INDEXED BY worker_state_heartbeat_idx
         WHERE state = 'stopped' AND heartbeat_at > :recent
         ORDER BY role, started_at LIMIT :cap""",
@@ -300,7 +300,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
 
 def leases_sync(rows: list[dict[str, Any]], now: int) -> list[LeaseRecord]:
     """The listed execution, summary-job and Dream leases (soonest expiry first), as of `now`."""
-    kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.heartbeat_alive
+    kinds, phases, states, alive = _KIND, _PHASE.get, _STATE.get, workers.worker_alive
     out: list[LeaseRecord] = []
     for r in rows:
         expires_at = r["expires_at"]
@@ -317,7 +317,7 @@ def leases_sync(rows: list[dict[str, Any]], now: int) -> list[LeaseRecord]:
                 "owner_state": owner_state,
                 "time_left_ms": expires_at - now,
                 "expired": expires_at <= now,
-                "owner_alive": owner_state in LIVE_STATES and alive(r["heartbeat_at"], now),
+                "owner_alive": alive(owner_state, r["heartbeat_at"], r["exited_at"], now),
             }
         )
     return out
@@ -428,7 +428,8 @@ def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
             "started_at": r["started_at"],
             "heartbeat_at": r["heartbeat_at"],
             "heartbeat_age_ms": now - r["heartbeat_at"],
-            "alive": r["state"] != WorkerState.STOPPED and workers.heartbeat_alive(r["heartbeat_at"], now),
+            "exited_at": r["exited_at"],
+            "alive": workers.worker_alive(r["state"], r["heartbeat_at"], r["exited_at"], now),
         }
         for r in _rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     ]

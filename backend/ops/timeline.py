@@ -59,6 +59,37 @@ def alert_names(snapshot: Mapping[str, Any]) -> list[str]:
     return sorted(firing(samples(snapshot)))
 
 
+# fields that move with the clock or a heartbeat alone: two snapshots that differ only in these
+# (and in no alert) show the same state, so the recorder keeps one (`fingerprint`)
+CLOCK_FIELDS = frozenset(
+    {
+        "generated_at",
+        "heartbeat_at",
+        "heartbeat_age_ms",
+        "time_left_ms",
+        "oldest_age_ms",
+        "backlog_oldest_ms",
+        "expired_max_ms",
+        "held_ms",
+        "checked_at",
+    }
+)
+
+
+def fingerprint(snapshot: Mapping[str, Any]) -> str:
+    """The recorded snapshot less its clock fields, with the alerts that hold: equal means the same state."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in CLOCK_FIELDS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    body = {"snapshot": strip(compact(snapshot)), "alerts": alert_names(snapshot)}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+
+
 async def record(
     ctx: Context, history: HistoryStore, reason: str, shown: Status | None = None
 ) -> dict[str, Any]:

@@ -46,7 +46,7 @@ TOTALS_QUERIES: dict[str, str] = {
         WHERE lease_expires_at IS NOT NULL AND digest_state = 'in_progress' GROUP BY owner_id""",
     "alive_owners": """
         SELECT owner_id FROM worker INDEXED BY worker_state_heartbeat_idx
-        WHERE state IN ('running', 'draining') AND heartbeat_at >= :fresh""",
+        WHERE state IN ('running', 'draining') AND heartbeat_at >= :fresh AND exited_at IS NULL""",
     "oldest_input": """
         SELECT min(time_created) FROM session_input INDEXED BY session_input_waiting_idx
         WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL""",

@@ -1,19 +1,24 @@
 """The status history recorder `rem up` runs: a snapshot every few seconds and at every operator action.
 
 It reads through its own read-only context (never the supervisor's
-connection, never starting anything), records every
-`REM_HISTORY_INTERVAL_MS` (5 s), and polls the journal's operator index
-twice a second so that an action taken from any process (the console, the
-CLI, a runbook) is followed by a snapshot of the state it left within half a
-second. It prunes the store once a minute. A failure (a locked or full disk,
-state.db briefly unreadable) is logged and retried at the next tick: the
-recorder never takes `rem up` down.
+connection, never starting anything) and takes a snapshot every
+`REM_HISTORY_INTERVAL_MS` (5 s), but records it only when it differs from
+the last one recorded by more than the clock (`timeline.fingerprint`: ages,
+countdowns and heartbeat times set aside, alerts counted): an idle fleet
+adds nothing to history.db, and a moment of the timeline is the last
+snapshot at or before it. It sleeps between snapshots like an idle daemon
+(`backend.runtime.idle`): a commit that journaled something wakes it to
+look at the operator index, so that an action taken from any process (the
+console, the CLI, a runbook) is followed by a snapshot of the state it left
+at once (at most one look per ACTION_GAP_S while commits keep coming). It
+prunes the store once a minute. A failure (a locked or full disk, state.db
+briefly unreadable) is logged and retried at the next tick: the recorder
+never takes `rem up` down.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 import time
@@ -24,13 +29,15 @@ from backend.core.datadir import DataDir
 from backend.core.errors import RemError
 from backend.core.settings import settings
 from backend.ops import timeline
+from backend.ops.actions import status
 from backend.runtime.context import Context
+from backend.runtime.idle import IdleWait
 from backend.store.events import OPERATOR_KINDS
 from backend.store.history import DAY_MS, HistoryStore
 
 log = logging.getLogger("rem.recorder")
 
-ACTION_POLL_S = 0.5
+ACTION_GAP_S = 0.5
 PRUNE_EVERY_S = 60.0
 # the same IN list as the snapshot's action log, so the planner uses the partial event_operator_idx
 LATEST_ACTION_SQL = (
@@ -56,15 +63,20 @@ class HistoryRecorder:
         self.interval_s = (interval_ms or settings.history_interval_ms) / 1000
         self.history: HistoryStore | None = None
         self.recorded = 0
+        self.skipped = 0  # interval snapshots equal to the last one recorded
         self._last_action: int | None = None
+        self._last_fingerprint: str | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Record until `stopping` is set; returns after one last snapshot."""
         self.history = await asyncio.to_thread(HistoryStore.open, self.data.root)
+        idle = IdleWait(await self.ctx.db(), "recorder", self.data.root, log, min_gap_s=ACTION_GAP_S)
+        idle.start(self.ctx.db_url, (await self.ctx.db()).server_pids)
         next_record = next_prune = time.monotonic()
-        reason = "start"
+        reason, never = "start", asyncio.Event()
         try:
             while not stopping.is_set():
+                await idle.before_pass()
                 action = await self._new_action()
                 now = time.monotonic()
                 if action is not None or now >= next_record:
@@ -73,12 +85,13 @@ class HistoryRecorder:
                 if now >= next_prune:
                     await self._prune()
                     next_prune = now + PRUNE_EVERY_S
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), ACTION_POLL_S)
+                await idle.wait(never, stopping, within_s=min(next_record, next_prune) - time.monotonic())
             await self._record("stop")
         finally:
+            await idle.close()
             await self.ctx.close()
             await asyncio.to_thread(self.history.close)
+            log.info("history: %d snapshots recorded, %d equal ones skipped", self.recorded, self.skipped)
 
     async def _new_action(self) -> str | None:
         """The kind of the newest operator event if it is newer than the last one seen."""
@@ -95,12 +108,19 @@ class HistoryRecorder:
         return str(row[1])
 
     async def _record(self, reason: str) -> dict[str, Any] | None:
+        """Take a snapshot and record it; an interval one equal to the last recorded is skipped."""
         assert self.history is not None
         try:
-            result = await timeline.record(self.ctx, self.history, reason)
+            snapshot = await status(self.ctx)
+            mark = timeline.fingerprint(snapshot)
+            if reason == "interval" and mark == self._last_fingerprint:
+                self.skipped += 1
+                return None
+            result = await timeline.record(self.ctx, self.history, reason, shown=snapshot)
         except (RemError, sqlite3.Error, OSError) as exc:
             log.warning("history: snapshot not recorded (%s): %s", reason, exc)
             return None
+        self._last_fingerprint = mark
         self.recorded += 1
         log.info(
             "history: recorded %s (%d bytes%s)",

@@ -1,13 +1,20 @@
 """`rem up`: the Chroma server and the daemons of one data dir, kept running.
 
 Each daemon is a `rem daemon --role R` child process. A child that dies (a
-crash, or a SIGKILL in a drill) is restarted with backoff and, unless
-`reap` is off, marked stopped in `worker` at once, which lets its leases be
-taken over without waiting for them to expire (fencing keeps that safe).
-With `reap` off a death looks as it would on another machine: the dead
-worker's heartbeat goes stale and its leases count down to expiry, or an
-operator releases them. The Chroma server is restarted on its old
-port when it dies. Children get SIGTERM when the supervisor dies, so no
+crash, or a SIGKILL in a drill) is seen at once (SIGCHLD wakes the
+supervisor), recorded dead in `worker` right away (`exited_at`: `rem
+status`, the console and a release's confirmation say so within the
+second), and restarted with backoff. Unless `reap` is off it is also marked
+stopped, which lets its leases be taken over without waiting for them to
+expire (fencing keeps that safe); with `reap` off its leases count down to
+expiry, or an operator releases them, as a death on another machine would.
+The Chroma server is restarted on its old port when it dies.
+
+Idle, the supervisor sleeps: a child's death (SIGCHLD), a commit that
+journaled something (the operator journal's head is recorded as it moves;
+see `backend.runtime.idle`), a restart or housekeeping falling due, or the
+slow fallback poll (`REM_DAEMON_IDLE_POLL_MS`, which also looks at a Chroma
+server that is not its child) wake it. Children get SIGTERM when the supervisor dies, so no
 process outlives `rem up`. On SIGTERM/Ctrl-C every daemon is drained (it
 finishes or hands back its work and releases its leases) before exit.
 
@@ -35,6 +42,7 @@ from backend.core.settings import settings
 from backend.programs.load import LoadGenerator
 from backend.programs.recorder import HistoryRecorder
 from backend.runtime.context import Context
+from backend.runtime.idle import IdleWait
 from backend.runtime.refusals import RefusalJournal
 from backend.store import maintenance, workers
 from backend.store.journal_head import HeadRecorder
@@ -42,7 +50,8 @@ from backend.store.journal_head import HeadRecorder
 log = logging.getLogger("rem.supervisor")
 
 DRAIN_TIMEOUT_S = 20.0
-MONITOR_INTERVAL_S = 0.2
+# the operator journal's head is recorded at most this often while commits keep coming
+JOURNAL_HEAD_GAP_S = 0.2
 MAX_RESTART_BACKOFF_S = 5.0
 
 
@@ -113,6 +122,7 @@ class Supervisor:
         self._chroma_identity: dict[str, Any] = {}
         self.stopping = asyncio.Event()
         self.load_stop = asyncio.Event()
+        self.child_exited = asyncio.Event()  # SIGCHLD: a child (a daemon, the Chroma server) changed state
         self._host = workers.host_name()
         self._refusals = RefusalJournal("supervisor")
         # the operator journal's head, recorded outside the store as it moves (`rem check` compares)
@@ -131,16 +141,22 @@ class Supervisor:
         load_task = asyncio.create_task(self._run_load()) if self.config.load else None
         recorder_stop = asyncio.Event()
         recorder = asyncio.create_task(self._run_recorder(recorder_stop)) if self.config.history else None
+        idle = IdleWait(db, "supervisor", self.ctx.data.root, log, min_gap_s=JOURNAL_HEAD_GAP_S)
+        idle.start(self.ctx.db_url, db.server_pids)
         next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
         try:
+            why = "start"
             while not self.stopping.is_set():
-                await self._monitor(db)
+                await idle.before_pass()
+                await self._monitor(db, journal=why in ("start", "changed", "poll"))
                 if time.monotonic() >= next_housekeeping:
                     next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
                     await self._housekeeping(db)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), MONITOR_INTERVAL_S)
+                why = await idle.wait(
+                    self.child_exited, self.stopping, within_s=self._next_due_s(next_housekeeping)
+                )
         finally:
+            await idle.close()
             if load_task is not None:
                 load_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -166,6 +182,15 @@ class Supervisor:
         # SIGUSR1 stops only the synthetic load (drills use it to let the system settle)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGUSR1, self.load_stop.set)
+        # a child's death wakes the monitor at once, instead of a poll finding it
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGCHLD, self.child_exited.set)
+
+    def _next_due_s(self, next_housekeeping: float) -> float:
+        """Seconds until a restart or the housekeeping falls due."""
+        now = time.monotonic()
+        dues = [next_housekeeping] + [c.next_start for c in self.children if c.proc is None]
+        return max(0.0, min(dues) - now)
 
     # -- Chroma ------------------------------------------------------------
     def _ensure_chroma(self) -> None:
@@ -224,7 +249,8 @@ class Supervisor:
         child.identity = processes.identity(child.proc.pid)
         log.info("started %s pid %s", child.name, child.proc.pid)
 
-    async def _monitor(self, db: Any) -> None:
+    async def _monitor(self, db: Any, *, journal: bool = True) -> None:
+        """Restart what died and record each death; `journal`: record the operator journal's head too."""
         changed = False
         if self._chroma_dead():
             log.warning("chroma server died; restarting it")
@@ -235,8 +261,9 @@ class Supervisor:
             except ChromaUnreachable as exc:
                 log.error("cannot restart chroma: %s", exc)
             await self._journal_port_taken(db, before)
-        with contextlib.suppress(RemError):  # the database is down: recorded on a later tick
-            await self._journal_head.record(db)
+        if journal:
+            with contextlib.suppress(RemError):  # the database is down: recorded on a later tick
+                await self._journal_head.record(db)
         now = time.monotonic()
         for child in self.children:
             proc = child.proc
@@ -273,9 +300,9 @@ class Supervisor:
         backoff = 0.0 if uptime > 10 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** min(child.restarts, 4))
         child.next_start = time.monotonic() + backoff
         log.warning("%s pid %s %s; restarting in %.1f s", child.name, proc.pid, reason, backoff)
-        if self.config.reap:
-            with contextlib.suppress(Exception):
-                await workers.mark_exited(db, proc.pid, self._host, reason)
+        # dead in the store at once, reaped or not (`reap` only decides whether its leases wait)
+        with contextlib.suppress(Exception):
+            await workers.mark_exited(db, proc.pid, self._host, reason, reap=self.config.reap)
 
     async def _drain_all(self) -> None:
         live = [c for c in self.children if c.pid is not None]

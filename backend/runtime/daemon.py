@@ -29,15 +29,13 @@ from backend.core.errors import (
 from backend.core.settings import unsafe_switches
 from backend.models import health
 from backend.runtime.context import Context
+from backend.runtime.idle import IdleWait
 from backend.runtime.refusals import RefusalJournal
 from backend.store import model_calls, workers
 from backend.store.db import Database
 from backend.store.lease_keeper import LeaseKeeper
 from backend.store.workers import WorkerRole, WorkerState
 
-IDLE_POLL_S = 0.05
-# run a pass at least this often even when nothing was committed (lease expiry is time-based)
-MAX_IDLE_S = 1.0
 MAX_BACKOFF_S = 5.0
 # the upkeep loop's shortest sleep, and its wait after a failed heartbeat or renewal
 UPKEEP_MIN_S = 0.05
@@ -70,10 +68,8 @@ class Daemon:
         self._calls_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._model_failed = asyncio.Event()
-        # PostgreSQL: the store's change feed (LISTEN) wakes an idle daemon instead of polling
-        self._changed = asyncio.Event()
-        self._feed_live = False
-        self._feed_task: asyncio.Task[None] | None = None
+        # what ends an idle wait: another process's commit, work falling due, the slow poll
+        self.idle: IdleWait | None = None
         # a refused Chroma listener stops every write to Chroma (nothing is sent to it); this says so
         self._refusals = RefusalJournal(self.owner_id)
 
@@ -101,8 +97,9 @@ class Daemon:
         self._install_signal_handlers()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         self._calls_task = asyncio.create_task(self._model_failures_loop())
-        if self.db.postgres and self.ctx.db_url and not self.once:
-            self._feed_task = asyncio.create_task(self._follow_changes(self.ctx.db_url))
+        self.idle = IdleWait(self.db, self.role, self.ctx.data.root, self.log)
+        if not self.once:
+            self.idle.start(self.ctx.db_url, self.db.server_pids)
         reason = "once" if self.once else "drained"
         try:
             await self._loop()
@@ -146,18 +143,19 @@ class Daemon:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _loop(self) -> None:
+        assert self.idle is not None
         backoff = 0.1
         while not self.draining.is_set():
             try:
-                self._changed.clear()  # a commit from here on wakes the idle wait after this pass
+                await self.idle.before_pass()  # a commit from here on wakes the idle wait after this pass
                 handled = await self.run_pass()
                 backoff = 0.1
                 if self.once:
                     if handled == 0:
                         return
                     continue
-                if handled == 0:
-                    await self._idle_wait()  # it reads the store too (data_version)
+                if handled == 0 and await self.idle.wait(self._wake, self.draining) == "changed":
+                    await self._heard_drain()
             except TRANSIENT_ERRORS as exc:
                 self.log.warning("%s: %s; retrying in %.1f s", self.owner_id, exc, backoff)
                 if isinstance(exc, ChromaUntrusted):
@@ -168,27 +166,16 @@ class Daemon:
                 await self._sleep_or_drain(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    async def _idle_wait(self) -> None:
-        """Sleep until another process commits, a wake is requested, or MAX_IDLE_S passes.
+    async def _heard_drain(self) -> None:
+        """Another process committed: if it was a drain request for this worker, start draining now
+        (not at the next heartbeat)."""
+        if await workers.state_of(self.db, self.owner_id) == WorkerState.DRAINING:
+            self._start_draining()
 
-        On PostgreSQL with the change feed up: wait for its notification (no
-        query at all while idle); without it (SQLite, or the feed lost): poll
-        `data_version` every IDLE_POLL_S.
-        """
-        if self._feed_live:
-            await self._first_of(self._changed, self._wake, self.draining, timeout=MAX_IDLE_S)
-            self._wake.clear()
-            return
-        start_version = await self.db.data_version()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + MAX_IDLE_S
-        while loop.time() < deadline and not self.draining.is_set():
-            if self._wake.is_set():
-                self._wake.clear()
-                return
-            await asyncio.sleep(IDLE_POLL_S)
-            if await self.db.data_version() != start_version:
-                return
+    def _start_draining(self) -> None:
+        if not self.draining.is_set():
+            self.log.info("%s asked to drain", self.owner_id)
+            self.draining.set()
 
     @staticmethod
     async def _first_of(*events: asyncio.Event, timeout: float) -> None:
@@ -198,22 +185,6 @@ class Daemon:
         finally:
             for wait in waits:
                 wait.cancel()
-
-    async def _follow_changes(self, url: str) -> None:
-        """Hear the store's change feed: other processes' commits set `_changed`."""
-        from backend.store.changes import listen_changes  # import time: psycopg, only for PostgreSQL
-
-        try:
-            async for event in listen_changes(url, ignore_pids=self.db.server_pids):
-                if event.kind == "lost":
-                    self._feed_live = False  # the idle wait polls again until the feed is back
-                    continue
-                self._feed_live = True
-                self._changed.set()  # `listening`: anything may have committed while it was not
-        except Exception as exc:  # not a lost connection (those are retried inside): poll from now on
-            self.log.warning("%s: change feed stopped (%s); idle waits poll the store", self.owner_id, exc)
-        finally:
-            self._feed_live = False
 
     async def _sleep_or_drain(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -263,10 +234,8 @@ class Daemon:
         await self._first_of(self.leases.changed, timeout=max(wait, UPKEEP_MIN_S))
 
     async def _beat(self) -> None:
-        state = await workers.beat(self.db, self.owner_id)
-        if state == WorkerState.DRAINING and not self.draining.is_set():
-            self.log.info("%s asked to drain", self.owner_id)
-            self.draining.set()
+        if await workers.beat(self.db, self.owner_id) == WorkerState.DRAINING:
+            self._start_draining()
         await self.on_heartbeat()
         await self.journal_refusals()
         # model requests no step transaction carried (synthesis, embeddings, retries)
@@ -313,12 +282,15 @@ class Daemon:
         self.draining.set()
 
     async def _shutdown(self, reason: str) -> None:
-        for task in (self._heartbeat_task, self._calls_task, self._feed_task):
+        for task in (self._heartbeat_task, self._calls_task):
             if task is None:
                 continue
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.idle is not None:
+            await self.idle.close()
+            self.log.info("%s idle waits ended by: %s", self.owner_id, self.idle.stats)
         try:
             await self.hand_back()
             with contextlib.suppress(RemError):

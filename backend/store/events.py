@@ -81,6 +81,8 @@ class EventKind(StrEnum):
     WORKER_STARTED = "worker.started"
     WORKER_DRAINING = "worker.draining"
     WORKER_STOPPED = "worker.stopped"
+    # its supervisor saw the process die and `--no-reap` left it unreaped (its leases count down)
+    WORKER_EXITED = "worker.exited"
     RECEIPT_REPLAYING = "receipt.replaying"
     OPERATOR_REPLAY = "operator.replay"
     OPERATOR_REPLAY_INTENT = "operator.replay_intent"

@@ -445,8 +445,15 @@ V9 = """
 ALTER TABLE memory_turn ADD COLUMN vector_sketch TEXT;
 """
 
+# v10: when a worker's supervisor saw its process exit (SIGCHLD, same host): it is dead from that
+# moment in every view (`rem status`, the console, a release's confirmation), whether or not
+# `rem up --no-reap` leaves its leases to count down (`state` says that: `stopped` is reaped).
+V10 = """
+ALTER TABLE worker ADD COLUMN exited_at INTEGER;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

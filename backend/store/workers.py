@@ -44,6 +44,15 @@ def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
     return heartbeat_at is not None and now - heartbeat_at <= WORKER_DEAD_AFTER_MS
 
 
+def worker_alive(state: str | None, heartbeat_at: int | None, exited_at: int | None, now: int) -> bool:
+    """Alive: running or draining, not seen to exit by its supervisor, and heartbeating.
+
+    A death its supervisor saw counts at once; the heartbeat rule is for what
+    no supervisor here sees (a worker on another host, a whole host gone).
+    """
+    return state in LIVE_STATES and exited_at is None and heartbeat_alive(heartbeat_at, now)
+
+
 async def register(
     db: Database,
     owner_id: str,
@@ -116,24 +125,31 @@ async def state_of(db: Database, owner_id: str) -> WorkerState | None:
     return None if state is None else WorkerState(state)
 
 
-async def mark_exited(db: Database, pid: int, host: str, reason: str) -> list[str]:
-    """Mark the worker rows of a process that died (seen by its supervisor) as stopped."""
+async def mark_exited(db: Database, pid: int, host: str, reason: str, *, reap: bool = True) -> list[str]:
+    """Record the worker rows of a process that died (its supervisor saw it exit) as dead, now.
+
+    `reap` also marks them stopped, which lets this host's workers take their
+    leases over before expiry; without it (`rem up --no-reap`) the leases count
+    down, or an operator releases them, as a death on another host would.
+    """
     now = clock.now_ms()
+    reaped = "state = 'stopped', stopped_at = ?, " if reap else ""
     async with db.tx() as conn:
         rows = list(
             await conn.execute_fetchall(
-                "UPDATE worker SET state = 'stopped', stopped_at = ? "
-                "WHERE pid = ? AND host = ? AND state != 'stopped' RETURNING owner_id",
-                (now, pid, host),
+                f"UPDATE worker SET {reaped}exited_at = ? "
+                "WHERE pid = ? AND host = ? AND state != 'stopped' AND exited_at IS NULL "
+                "RETURNING owner_id",
+                ((now,) if reap else ()) + (now, pid, host),
             )
         )
         for row in rows:
             await append_event(
                 conn,
-                kind=EventKind.WORKER_STOPPED,
+                kind=EventKind.WORKER_STOPPED if reap else EventKind.WORKER_EXITED,
                 actor="supervisor",
                 target=row["owner_id"],
-                data={"reason": reason, "pid": pid},
+                data={"reason": reason, "pid": pid, "reaped": reap},
                 now=now,
             )
     return [row["owner_id"] for row in rows]

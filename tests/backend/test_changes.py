@@ -142,14 +142,13 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
 ) -> None:
     """An idle daemon asks the server nothing until another process commits; then it runs a pass.
 
-    Its own commits (registration, heartbeats every 2 s) come from its own server backend and do
-    not wake it. MAX_IDLE_S is raised so that only the feed can end an idle wait.
+    Its own commits (registration, heartbeats) come from its own server backend and do not wake
+    it. The slow poll is raised so that only the feed can end an idle wait.
     """
-    from backend.runtime import daemon as daemon_module
     from backend.runtime.daemon import Daemon
     from backend.store.db import Database
 
-    monkeypatch.setattr(daemon_module, "MAX_IDLE_S", 60.0)
+    monkeypatch.setenv("REM_DAEMON_IDLE_POLL_MS", "60000")
     polls = 0
     original = Database.data_version
 
@@ -181,16 +180,16 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
     daemon = Idle(ctx)
     task = asyncio.create_task(daemon.run())
     try:
-        async with asyncio.timeout(10):
-            while not (daemon._feed_live and daemon.passes >= 2):  # the `listening` event's pass ran
+        async with asyncio.timeout(10):  # the feed is up and its `listening` event was looked at
+            while not (daemon.idle is not None and daemon.idle.live and daemon.idle.stats.upkeep >= 1):
                 await asyncio.sleep(0.02)
         settled, polls, heard = daemon.passes, 0, own_heard
-        # its own heartbeat (every 2 s) commits, the feed hears it and sets it aside: no pass, no query
+        # its own heartbeat commits, the feed hears it and sets it aside: no pass, no query
         async with asyncio.timeout(10):
             while own_heard == heard:
                 await asyncio.sleep(0.01)
         assert daemon.passes == settled and polls == 0, (daemon.passes, settled, polls)
-        with psycopg.connect(db_url) as other:
+        with psycopg.connect(db_url) as other:  # news: a commit that journaled something
             other.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'x', 'test', '{}')")
         async with asyncio.timeout(5):
             while daemon.passes == settled:

@@ -278,6 +278,34 @@ async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
         assert "dead" in str(workers.border_title)
 
 
+async def test_a_death_its_supervisor_recorded_marks_the_owner_dead_at_once_and_the_release_says_so(
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
+    """`exited_at` (the supervisor saw the pid exit; --no-reap left the lease standing) makes the
+    owner ✗ with the next refresh, its heartbeat still fresh, and the release confirmation says DEAD."""
+    async with console(healthy_dir, poll_s=0.1).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        leases, workers = table(app, "leases"), table(app, "workers")
+        assert leases.cell_text("execution:exe_0001", "owner") == "● exec:4101"
+        write(
+            healthy_dir,
+            "UPDATE worker SET exited_at = ? WHERE owner_id = ?",
+            clock_at_scene.now,
+            scenes.EXEC_A,
+        )
+        await until(pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101", "the ✗")
+        assert workers.cell_text(scenes.EXEC_A, "state") == "dead"
+        clock_at_scene.advance(2_000)
+        await pilot.press("2")
+        await select(pilot, leases, "execution:exe_0001")
+        await pilot.press("l")
+        assert isinstance(app.screen, ConfirmScreen)
+        body = "\n".join(app.screen.plan.lines)
+        assert "DEAD: its supervisor saw it exit 2s ago" in body
+        assert not app.screen.plan.warning  # no "the owner is alive and renewing" for a dead process
+        await pilot.press("escape")
+
+
 async def test_the_workers_panel_names_each_workers_host_and_counts_hosts(
     healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from backend.ops.console import LIVE_STATES, heartbeat_alive
+from backend.ops.console import worker_alive
 from backend.ops.records import LeaseKind, Status, WorkerState
 from tui.format import cell, owner_short, short_id, time_left
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
@@ -25,11 +25,11 @@ def lease_key(lease: Mapping[str, Any]) -> str:
 
 
 def owner_alive(record: Record, now: int) -> bool:
-    """Alive by the owner's last heartbeat as of `now` (ticks without a refresh)."""
+    """Alive by the owner's last heartbeat as of `now` (ticks without a refresh), and not seen to exit."""
     beat = record.get("owner_heartbeat_at")
     if beat is None:
         return bool(record.get("owner_alive"))
-    return record.get("owner_state") in LIVE_STATES and heartbeat_alive(beat, now)
+    return worker_alive(record.get("owner_state"), beat, record.get("owner_exited_at"), now)
 
 
 def left_ms(record: Record, now: int) -> int:
@@ -88,6 +88,7 @@ class LeaseTable(SnapshotTable):
             worker = beats.get(lease["owner_id"] or "")
             if worker is not None:
                 record["owner_heartbeat_at"] = worker["heartbeat_at"]
+                record["owner_exited_at"] = worker.get("exited_at")
                 record.setdefault("owner_state", worker["state"])
             yield lease_key(lease), record
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from backend.ops.console import heartbeat_alive
+from backend.ops.console import worker_alive as alive
 from backend.ops.records import Status, WorkerState
 from tui.format import age, cell, owner_short, short
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
@@ -17,11 +17,11 @@ def worker_alive(record: Record, now: int) -> bool:
     beat = record.get("heartbeat_at")
     if beat is None:
         return bool(record.get("alive"))
-    return record.get("state") != WorkerState.STOPPED and heartbeat_alive(beat, now)
+    return alive(record.get("state"), beat, record.get("exited_at"), now)
 
 
 def worker_state(record: Record, now: int) -> str:
-    """`running`, `draining`, `stopped`, or `dead` (not stopped, heartbeat too old)."""
+    """`running`, `draining`, `stopped`, or `dead` (not stopped; seen to exit, or heartbeat too old)."""
     state = str(record.get("state") or "?")
     if state != WorkerState.STOPPED and not worker_alive(record, now):
         return "dead"
