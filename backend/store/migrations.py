@@ -452,8 +452,58 @@ V10 = """
 ALTER TABLE worker ADD COLUMN exited_at INTEGER;
 """
 
+# v11: an agent's tool calls, one durable row per call (`backend.execution.tool_calls`). The
+# arguments are stored before anything runs; `running` (with the call's idempotency key, stable
+# across re-runs) is committed before the request is sent; the result after, fenced by the
+# execution lease's (owner_id, epoch), which the row records as the lease it last moved under.
+# The effect class is recorded when the call is made: recovery never needs the server to know it.
+# `starts` counts the times `running` was committed, `retries` the operator's journaled retries
+# (`rem check`: an effect call never started more than 1 + retries times). A session whose turn
+# can only wait for a person (an approval, an unknown outcome) is held and its execution parked
+# (`session_execution.parked` names why): no executor holds or renews it until a decision.
+V11 = """
+CREATE TABLE tool_call (
+    id               TEXT PRIMARY KEY,
+    session_id       TEXT NOT NULL REFERENCES session(id) ON DELETE CASCADE,
+    execution_id     TEXT NOT NULL,
+    message_id       TEXT,
+    step             INTEGER NOT NULL,
+    idx              INTEGER NOT NULL,
+    model_call_id    TEXT NOT NULL,
+    tool             TEXT NOT NULL,
+    arguments        TEXT NOT NULL CHECK (json_valid(arguments)),
+    effect           TEXT NOT NULL CHECK (effect IN ('read', 'idempotent', 'effect')),
+    effect_source    TEXT NOT NULL,
+    permission       TEXT NOT NULL CHECK (permission IN ('allow', 'ask', 'deny')),
+    state            TEXT NOT NULL CHECK (state IN
+        ('pending', 'awaiting_approval', 'running', 'completed', 'error', 'denied', 'unknown')),
+    approved         INTEGER NOT NULL DEFAULT 0,
+    idempotency_key  TEXT NOT NULL,
+    owner_id         TEXT,
+    epoch            INTEGER,
+    starts           INTEGER NOT NULL DEFAULT 0,
+    retries          INTEGER NOT NULL DEFAULT 0,
+    result           TEXT,
+    result_bytes     INTEGER,
+    result_truncated INTEGER NOT NULL DEFAULT 0,
+    is_error         INTEGER NOT NULL DEFAULT 0,
+    reason           TEXT,
+    decided_by       TEXT,
+    decided_at       INTEGER,
+    time_created     INTEGER NOT NULL,
+    time_started     INTEGER,
+    time_finished    INTEGER,
+    time_updated     INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX tool_call_execution_step_idx_idx ON tool_call(execution_id, step, idx);
+CREATE INDEX tool_call_session_created_idx ON tool_call(session_id, time_created);
+CREATE INDEX tool_call_open_state_created_idx ON tool_call(state, time_created)
+    WHERE state IN ('pending', 'awaiting_approval', 'running', 'unknown');
+ALTER TABLE session_execution ADD COLUMN parked TEXT;
+"""
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

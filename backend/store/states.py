@@ -43,6 +43,24 @@ class LeaseKind(StrEnum):
     DREAM = "dream"  # a session's Dream digestion (`dream_state`)
 
 
+class ToolCallState(StrEnum):
+    """`tool_call.state`: opencode's tool states plus rem's (approval, denial, an unknown outcome)."""
+
+    PENDING = "pending"  # durable, not started (allowed, approved, or to be retried)
+    AWAITING_APPROVAL = "awaiting_approval"  # an `ask` tool: waits for `rem approve` / `rem deny`
+    RUNNING = "running"  # committed before the request is sent
+    COMPLETED = "completed"  # the result is committed (a tool's own error result included)
+    ERROR = "error"  # never ran, or failed: the model is told
+    DENIED = "denied"  # refused by the configuration or an operator
+    UNKNOWN = "unknown"  # an effect in flight when its process died or timed out: `rem resolve`
+
+
+# the states a call leaves only by an operator's decision
+WAITING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
+# the states nothing moves on from (their results feed the model)
+TERMINAL_STATES = (ToolCallState.COMPLETED, ToolCallState.ERROR, ToolCallState.DENIED)
+
+
 class Delivery(StrEnum):
     """How an admitted input reaches the agent (`session_input.delivery`)."""
 
