@@ -215,6 +215,7 @@ class OfflineResponder:
             yield part
 
 
+FIND_WORDS = re.compile(r"\b(find|search|look up|recall)\b", re.IGNORECASE)
 NOTE_WORDS = re.compile(r"\b(note|notes|remember|jot)\b", re.IGNORECASE)
 SEND_WORDS = re.compile(r"\b(send|pay|email|mail|wire)\b", re.IGNORECASE)
 RECIPIENT = re.compile(r"\bto\s+([A-Za-z][\w.@-]{0,63})", re.IGNORECASE)
@@ -222,21 +223,34 @@ RECIPIENT = re.compile(r"\bto\s+([A-Za-z][\w.@-]{0,63})", re.IGNORECASE)
 
 def offline_tool_call(request: StepRequest) -> ModelToolCall | None:
     """The offline agent's one deterministic tool call: a prompt that asks to send or pay calls an
-    offered `outbox_send` (an effect, on whichever server offers it), one that asks to note
-    something calls `notes_add`."""
-    offered = sorted(tool["function"]["name"] for tool in request.tools)
+    offered `outbox_send` (an effect, on whichever server offers it), one that asks to find
+    something calls `notes_search`, one that asks to note something calls `notes_add`."""
     text = " ".join(request.prompts).strip()
-    send = next((name for name in offered if name.endswith("__outbox_send")), None)
-    note = next((name for name in offered if name.endswith("__notes_add")), None)
-    if SEND_WORDS.search(text) and send is not None:
-        found = RECIPIENT.search(text)
-        arguments = {"to": found.group(1) if found else "someone", "body": _clip(text, 500)}
-        return ModelToolCall(index=0, id="call_0", name=send, arguments=json.dumps(arguments))
-    if NOTE_WORDS.search(text) and note is not None:
-        return ModelToolCall(
-            index=0, id="call_0", name=note, arguments=json.dumps({"text": _clip(text, 500)})
-        )
+    for words, suffix in (
+        (SEND_WORDS, "__outbox_send"),
+        (FIND_WORDS, "__notes_search"),
+        (NOTE_WORDS, "__notes_add"),
+    ):
+        name = next((t for t in sorted(_offered(request)) if t.endswith(suffix)), None)
+        if name is not None and words.search(text):
+            return ModelToolCall(
+                index=0, id="call_0", name=name, arguments=json.dumps(_arguments(suffix, text))
+            )
     return None
+
+
+def _offered(request: StepRequest) -> list[str]:
+    return [tool["function"]["name"] for tool in request.tools]
+
+
+def _arguments(suffix: str, text: str) -> dict[str, Any]:
+    if suffix == "__outbox_send":
+        found = RECIPIENT.search(text)
+        return {"to": found.group(1) if found else "someone", "body": _clip(text, 500)}
+    if suffix == "__notes_search":
+        terms = [t for t in key_terms(text, limit=3) if t not in ("find", "search", "notes", "note")]
+        return {"query": terms[0] if terms else ""}
+    return {"text": _clip(text, 500)}
 
 
 def load_agent() -> Agent:
