@@ -36,7 +36,7 @@ log = logging.getLogger("rem.leases")
 
 
 def lease_ms() -> int:
-    """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (seed 004)."""
+    """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (docs/architecture.md#leases-epochs-and-fencing)."""
     return settings.execution_lease_ms
 
 
