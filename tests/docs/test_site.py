@@ -76,3 +76,18 @@ def test_the_readme_is_short_and_its_figures_are_results_linked_to_the_benchmark
     assert (
         "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest" in ci
     )
+
+
+def test_the_benchmark_page_has_a_row_for_every_benchmark_and_no_cell_over_200_characters() -> None:
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    for row in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        assert len(cells) == 6, row[:80]
+        long = [c for c in cells if len(re.sub(r'<a id="[\w-]+"></a>', "", c)) > 200]
+        assert not long, long
+        assert re.search(r"`[0-9a-f]{7}`", cells[5]), f"no commit for {cells[0][:60]}"
+    helpers = {"__init__", "console_common", "pg_common", "gen_big"}  # shared code, a data generator
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        if script.stem not in helpers:
+            assert f"benchmarks/{script.name}" in text or f"rem bench {script.stem}" in text, script.name
