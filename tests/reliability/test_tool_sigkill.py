@@ -39,7 +39,7 @@ from backend.runtime.context import Context
 from backend.store.db import Database
 from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
-from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
+from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
 
 POINTS = {
     "arguments": "tools.after_insert",
@@ -130,8 +130,6 @@ async def _settled(db: Database) -> bool:
 
 
 async def _wait_settled(db: Database, what: str) -> None:
-    from tests.helpers import await_until
-
     await await_until(lambda: _settled(db), timeout=120, interval=0.2, message=what)
 
 
@@ -223,3 +221,38 @@ async def test_sigkill_at_each_point_of_an_effect_on_postgresql(
 ) -> None:
     assert ctx.db_url
     await sigkill_a_call(ctx, tmp_path, point, "effect")
+
+
+async def test_an_approval_request_survives_sigkills_and_runs_once_approved(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """`ask` (the effect's default): the turn parks; SIGKILLing its executor, and another pass of
+    another executor, leave the request as it was; approved, the send runs once."""
+    db = await ctx.db()
+    case = _case(ctx, tmp_path)
+    config = Path(case.env["REM_MCP_CONFIG"])
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rem": {}}))  # the default: ask
+    await sessions.admit(db, "s1", PROMPTS["effect"], input_id="in-1")
+    victim = case.spawn("victim")
+    try:
+        await await_until(
+            lambda: db.scalar("SELECT count(*) FROM session_execution WHERE parked IS NOT NULL"),
+            timeout=120,
+            message="the turn to park for approval",
+        )
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=60)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+    once = run_rem("daemon", "--role", "executor", "--once", "--data", str(case.root), env=case.env)
+    assert once.returncode == 0, once.stderr[-2000:]
+    assert await db.scalar("SELECT state FROM tool_call") == "awaiting_approval"
+    assert await db.scalar("SELECT held_reason FROM session WHERE id = 's1'") == "tool_awaiting_approval"
+    assert case.starts("outbox_send") == []
+    call_id = await db.scalar("SELECT id FROM tool_call")
+    assert run_rem("approve", call_id, "--data", str(case.root), env=case.env).returncode == 0
+    done = run_rem("daemon", "--role", "executor", "--once", "--data", str(case.root), env=case.env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    await _verify(db, case, await db.fetchone("SELECT * FROM tool_call"), "arguments", "effect")
