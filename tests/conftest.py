@@ -55,10 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest files first (FILE_SECONDS; then any other file with a `slow` test), the rest after
-    in their own order: a stable sort, the same in every xdist worker. With `--dist loadfile` a
-    file runs whole on one worker in the order collected, so a file of minutes handed out last
-    is the run's tail while the other workers idle (measured: the two-hosts and impostor files
-    ran last, alone, for minutes)."""
+    in their own order: a stable sort, the same in every xdist worker. With `--dist loadfile
+    --no-loadscope-reorder` a file runs whole on one worker, handed out in the order collected, so
+    a file of minutes handed out last is the run's tail while the other workers idle (measured:
+    the two-hosts and impostor files ran last, alone, for minutes)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
 
     def weight(item: pytest.Item) -> int:
