@@ -24,6 +24,50 @@ pytest_plugins = ["tests.gates"]
 MODEL = "gpt-4o-mini"
 
 
+# Seconds each of the longest files took, summed over its tests (setup included), in one whole run
+# with 3 workers on the 2-core machine under load (`--junitxml`, summed per file); only the order matters.
+FILE_SECONDS = {
+    "tests/reliability/test_drill.py": 560,
+    "tests/reliability/test_two_hosts.py": 415,
+    "tests/reliability/test_fault_matrix_pg.py": 391,
+    "tests/reliability/test_bad_input.py": 371,
+    "tests/reliability/test_fault_matrix.py": 322,
+    "tests/cli/test_memory_cli.py": 195,
+    "tests/reliability/test_read_only.py": 191,
+    "tests/reliability/test_chroma_impostor.py": 188,
+    "tests/reliability/test_pg_restart.py": 180,
+    "tests/cli/test_inert_output.py": 167,
+    "tests/reliability/test_execution_crash.py": 152,
+    "tests/reliability/test_big_reply.py": 149,
+    "tests/reliability/test_import_whole_sessions.py": 146,
+    "tests/reliability/test_supervisor.py": 142,
+    "tests/tui/test_console.py": 130,
+    "tests/tui/test_timeline.py": 129,
+    "tests/cli/test_tools_cli.py": 127,
+    "tests/reliability/test_model_crash.py": 126,
+    "tests/cli/test_cli.py": 125,
+    "tests/reliability/test_clock_skew.py": 120,
+    "tests/cli/test_replay_cli.py": 116,
+    "tests/tui/test_inert_console.py": 113,
+}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (FILE_SECONDS; then any other file with a `slow` test), the rest after
+    in their own order: a stable sort, the same in every xdist worker. With `--dist loadfile
+    --no-loadscope-reorder` a file runs whole on one worker, handed out in the order collected, so
+    a file of minutes handed out last is the run's tail while the other workers idle (measured:
+    the two-hosts and impostor files ran last, alone, for minutes)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def weight(item: pytest.Item) -> int:
+        known = FILE_SECONDS.get(item.path.relative_to(ROOT).as_posix())
+        return known if known is not None else (60 if item.path in slow else 0)
+
+    items.sort(key=lambda item: -weight(item))
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> DataDir:
     """An empty, not yet initialised data dir."""

@@ -193,9 +193,10 @@ class ConsoleApp(App[None]):
         timeout: float | None = None,
         markup: bool = False,
     ) -> None:
-        """Notifications carry ids, paths and errors from the data: plain text, control characters
-        shown as escapes (markup only when a caller asks for it)."""
-        message, title = visible(message, multiline=True), visible(title)
+        """Notifications carry ids, paths and errors from the data: one line of plain text, every
+        control character (tabs and line breaks too) shown as `visible` shows it everywhere else
+        (markup only when a caller asks for it)."""
+        message, title = visible(message), visible(title)
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # -- layout ------------------------------------------------------------------

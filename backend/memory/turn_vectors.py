@@ -55,6 +55,10 @@ MARKED_SQL = """
 SELECT id, project, session_id, message_id, digest, vector_sketch FROM memory_turn
 WHERE id > :after AND vector_digest = digest ORDER BY id LIMIT :n
 """
+MARKED_AGAIN_SQL = """
+SELECT id, project, session_id, message_id, digest, vector_sketch FROM memory_turn
+WHERE id = ? AND vector_digest = digest
+"""
 # fenced on what was checked: a row re-indexed (new digest) or re-marked meanwhile is left alone
 UNMARK_SQL = (
     "UPDATE memory_turn SET vector_digest = NULL WHERE id = ? AND digest = ? AND vector_digest = digest"
@@ -141,6 +145,15 @@ async def marked_batch(db: Database, after: int, n: int = SWEEP_BATCH) -> list[M
     """The next `n` marked rows after id `after`, in id order."""
     rows = await db.fetchall(MARKED_SQL, {"after": after, "n": n})
     return [MarkedTurn(int(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), r[5]) for r in rows]
+
+
+async def marked_again(db: Database, rows: Sequence[MarkedTurn]) -> list[MarkedTurn]:
+    """Those of `rows` still marked written, as state.db holds them now (digest and record)."""
+    again = []
+    for row in rows:
+        found = await db.fetchall(MARKED_AGAIN_SQL, (row.id,))
+        again += [MarkedTurn(int(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), r[5]) for r in found]
+    return again
 
 
 async def compare(rows: Sequence[MarkedTurn], turn_stores: TurnStores) -> list[tuple[MarkedTurn, str]]:

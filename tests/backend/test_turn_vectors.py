@@ -11,7 +11,9 @@ import pytest
 from backend import ops
 from backend.dream.digester import Dreamer
 from backend.memory import turn_vectors
+from backend.ops.checks.turn_index import TURN_ROWS_CHANGED
 from backend.runtime.context import Context
+from backend.store.db import execute
 from tests.dreamkit import add_session_with_turns, publish
 
 pytestmark = pytest.mark.both_stores
@@ -130,3 +132,31 @@ def test_a_sketch_tolerates_chromas_rounding_and_not_another_vector() -> None:
     assert turn_vectors.sketch_problem(recorded, "a turn", list(reversed(vector))) == "vector"
     assert turn_vectors.sketch_problem(recorded, "another turn", vector) == "document"
     assert turn_vectors.sketch_problem(None, "anything", vector) is None  # rows from before v9
+
+
+async def test_a_row_rewritten_between_the_checks_two_reads_is_read_again_not_reported(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dream = await _indexed(ctx)
+    db = dream.db
+    store = ctx.turn_store("default")
+    (first, *_) = await turn_vectors.marked_batch(db, 0)
+    real, hooked = turn_vectors.marked_batch, []
+
+    async def then_rewritten(db: Any, after: int, n: int = turn_vectors.SWEEP_BATCH) -> Any:
+        rows = await real(db, after, n)
+        if not hooked:  # Dream re-indexes the row and flushes its new vector after this read
+            hooked.append(first.id)
+            async with db.tx() as conn:
+                await execute(conn, "UPDATE memory_turn SET digest = ?, vector_digest = ? WHERE id = ?",
+                              ("newer", "newer", first.id))  # fmt: skip
+            await store._run(lambda c: c.update(ids=[first.message_id], metadatas=[{"digest": "newer"}]))
+        return rows
+
+    monkeypatch.setattr(turn_vectors, "marked_batch", then_rewritten)
+    assert _findings(await ops.check(ctx, settled=True), "violations") == {}
+    assert hooked == [first.id]
+    # a row that still differs when read again is a violation
+    await store._run(lambda c: c.update(ids=[first.message_id], metadatas=[{"digest": "older"}]))
+    changed = _findings(await ops.check(ctx), "violations")[TURN_ROWS_CHANGED]
+    assert [(r["message_id"], r["differs"]) for r in changed] == [(first.message_id, "digest")]

@@ -206,8 +206,9 @@ async def _admit(ctx: Context) -> list[str]:
 
 async def _run(ctx: Context, chroma_url: str, tmp_path: Path, *, release: bool) -> None:
     # expiry: a short lease, so the wait is seconds; release: a long one, so a takeover in
-    # seconds can only be the operator's doing
-    lease_ms = 30_000 if release else 4_000
+    # seconds can only be the operator's doing (90 s: the releases, each a `rem` process, and
+    # host-b's takeovers fit well inside it on a loaded 2-core machine; 30 s did not always)
+    lease_ms = 90_000 if release else 4_000
     rig = TwoHosts(ctx, chroma_url, tmp_path)
     inputs = await _admit(ctx)
     try:
@@ -238,20 +239,9 @@ async def _run(ctx: Context, chroma_url: str, tmp_path: Path, *, release: bool) 
         await await_until(all_dead, timeout=10, message=f"host-a's processes {killed} to die")
         if release:  # the operator releases every lease host-a held, fenced on the epoch seen
             leases = [("execution", h["id"], h["epoch"]) for h in held] + rig.jobs_held_by("host-a")
-            for kind, lease_id, epoch in leases:
-                released = rem_json(
-                    "--db",
-                    rig.db_url,
-                    "release",
-                    lease_id,
-                    "--kind",
-                    kind,
-                    "--expected-epoch",
-                    str(epoch),
-                    "--data",
-                    str(rig.hosts["host-b"].root),
-                    env=rig.env("operator", lease_ms, 50),
-                )
+            for (kind, _, epoch), released in zip(
+                leases, await _release_all(rig, leases, lease_ms), strict=True
+            ):
                 assert (released["kind"], released["new_epoch"]) == (kind, epoch + 1), released
             released_at = clock.now_ms()
 
@@ -302,6 +292,19 @@ async def _run(ctx: Context, chroma_url: str, tmp_path: Path, *, release: bool) 
     assert all(n == 1 for n in replies.values()), replies
     hosts = {r[0] for r in rig.query("SELECT DISTINCT host FROM worker")}
     assert hosts == {"host-a", "host-b"}
+
+
+async def _release_all(rig: TwoHosts, leases: list[tuple[str, str, int]], lease_ms: int) -> list[Any]:
+    """`rem release` of every lease at once (one process each), fenced on the epoch seen."""
+
+    def release(kind: str, lease_id: str, epoch: int) -> Any:
+        root = str(rig.hosts["host-b"].root)
+        return rem_json(
+            "--db", rig.db_url, "release", lease_id, "--kind", kind, "--expected-epoch", str(epoch),
+            "--data", root, env=rig.env("operator", lease_ms, 50),
+        )  # fmt: skip
+
+    return list(await asyncio.gather(*(asyncio.to_thread(release, *lease) for lease in leases)))
 
 
 def _gone(pid: int) -> bool:

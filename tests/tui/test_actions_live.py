@@ -20,7 +20,17 @@ from backend.summaries.summarizer import Summarizer
 from tests.counting_synthesizer import CountingSynthesizer
 from tests.summaries import job, row_id, seed_session
 from tests.tui import scenes
-from tests.tui.test_console import SIZE, confirm_modal, console, loaded, select, table, until, write
+from tests.tui.test_console import (
+    SIZE,
+    confirm_modal,
+    console,
+    loaded,
+    press_confirm,
+    select,
+    table,
+    until,
+    write,
+)
 from tui.app import ConsoleApp
 
 
@@ -78,7 +88,7 @@ async def test_replay_selected_shows_the_dry_run_diff_then_repairs_the_row(
             'category: receipt "' in modal.plan.preview and '→ Chroma "something else"' in modal.plan.preview
         )
         assert "mismatched 1" in modal.plan.preview  # the library's own dry-run counters
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the replay result", timeout=30)
         assert "replayed 1" in log.all_records()[0]["message"]
@@ -103,7 +113,7 @@ async def test_replay_all_names_the_count_and_repairs_every_mismatch(
         assert modal.plan.title == "Replay all 2 mismatched receipts"
         assert modal.plan.params == {"summary_ids": None, "all_mismatched": True}
         assert "title: receipt" in modal.plan.preview and "(missing)" in modal.plan.preview
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         await until(
             pilot, lambda: not table(app, "receipts").shown_keys(), "every mismatch repaired", timeout=30
         )
@@ -137,7 +147,7 @@ async def test_releasing_an_expired_execution_lease_fences_the_dead_owner(incide
         await pilot.press("2", "l")  # the expired lease is first
         modal = await confirm_modal(pilot)
         assert modal.plan.params == {"lease_id": "exe_0002", "kind": "execution", "expected_epoch": 1}
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the release")
         assert "epoch 1 → 2" in log.all_records()[0]["message"]
@@ -162,7 +172,7 @@ async def test_unknown_lease_by_the_time_of_release_is_a_notification_not_a_cras
         await confirm_modal(pilot)
         # the turn completed meanwhile: the execution row is gone
         write(incident_dir, "DELETE FROM session_execution WHERE id = 'exe_0002'")
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "failed", "the failure")
         assert "no execution lease" in log.all_records()[0]["message"]
@@ -178,7 +188,7 @@ async def test_resuming_a_held_session_wakes_its_inputs_and_is_journaled(inciden
         modal = await confirm_modal(pilot)
         assert modal.plan.params == {"session_id": "s-tango"}
         assert "held: auth: HTTP 401" in modal.plan.lines[0]
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the resume")
         assert "resumed s-tango: 2 waiting input(s) woken" in log.all_records()[0]["message"]

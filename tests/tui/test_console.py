@@ -683,12 +683,24 @@ def scalar(data: DataDir, sql: str, *params: Any) -> Any:
         conn.close()
 
 
+def _focused(pilot: Pilot[Any], widget_id: str) -> bool:
+    return pilot.app.focused is not None and pilot.app.focused.id == widget_id
+
+
 async def confirm_modal(pilot: Pilot[Any]) -> ConfirmScreen:
+    """The confirmation, mounted, with Cancel focused (a key pressed before its mount lands first)."""
     await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), "the confirmation")
     screen = pilot.app.screen
     assert isinstance(screen, ConfirmScreen)
-    assert pilot.app.focused is not None and pilot.app.focused.id == "cancel"
+    await until(pilot, lambda: _focused(pilot, "cancel"), "Cancel focused")
     return screen
+
+
+async def press_confirm(pilot: Pilot[Any]) -> None:
+    """Tab from Cancel to the action button and press it, once it has the focus."""
+    await pilot.press("tab")
+    await until(pilot, lambda: _focused(pilot, "confirm"), "the action button focused")
+    await pilot.press("enter")
 
 
 async def drain_modal(pilot: Pilot[Any], owner_id: str) -> tuple[ConsoleApp, SnapshotTable, ConfirmScreen]:
@@ -715,7 +727,7 @@ async def test_releasing_a_dream_lease_expires_it_and_bumps_the_epoch(incident_d
         await pilot.press("2", "l")
         modal = await confirm_modal(pilot)
         assert modal.plan.params == {"lease_id": "s-kilo", "kind": "dream", "expected_epoch": 2}
-        await pilot.press("tab", "enter")  # to the Release button, press it
+        await press_confirm(pilot)  # to the Release button, press it
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "ok", "the release result")
         assert "released dream lease s-kilo" in log.all_records()[0]["message"]
@@ -751,7 +763,7 @@ async def test_release_is_refused_when_the_epoch_moved_since_the_modal_opened(in
         assert "epoch 4" in "\n".join(modal.plan.lines) and "alive" in "\n".join(modal.plan.lines)
         # the summarizer renews and is re-granted meanwhile: epoch 5
         write(incident_dir, "UPDATE summary_job SET epoch = 5 WHERE session_id = 's-golf'")
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         log = table(app, "actions")
         await until(pilot, lambda: log.all_records()[0]["outcome"] == "refused", "the refusal")
         assert "not 4" in log.all_records()[0]["message"]
@@ -763,7 +775,7 @@ async def test_draining_a_live_worker_from_the_console(incident_dir: DataDir) ->
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app, workers, modal = await drain_modal(pilot, scenes.EXEC_A)
         assert modal.plan.targets == [scenes.EXEC_A]
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         await until(
             pilot,
             lambda: workers.cell_text(scenes.EXEC_A, "state") == "draining",
@@ -779,7 +791,7 @@ async def test_draining_a_dead_worker_is_refused_by_the_library(incident_dir: Da
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app, _, modal = await drain_modal(pilot, scenes.EXEC_B)
         assert "dead" in modal.plan.warning
-        await pilot.press("tab", "enter")
+        await press_confirm(pilot)
         await until(pilot, lambda: table(app, "actions").all_records()[0]["outcome"] == "refused")
         assert "presumed dead" in table(app, "actions").all_records()[0]["message"]
     assert scalar(incident_dir, "SELECT state FROM worker WHERE owner_id = ?", scenes.EXEC_B) == "running"

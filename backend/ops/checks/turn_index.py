@@ -127,7 +127,7 @@ async def check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
     after = 0
     while rows := await turn_vectors.marked_batch(db, after):
         after = rows[-1].id
-        for row, why in await turn_vectors.compare(rows, ctx.turn_store):
+        for row, why in await _still_differing(ctx, db, rows):
             found = {"session_id": row.session_id, "message_id": row.message_id}
             if why == "missing":
                 missing.append(found)
@@ -135,6 +135,29 @@ async def check_turn_vectors(ctx: Any, db: Any, report: Report) -> None:
                 changed.append({**found, "differs": why})
     report.add(report.violations, "9", "turn vectors marked written but missing from Chroma", missing)
     report.add(report.violations, "9", TURN_ROWS_CHANGED, changed)
+
+
+async def _still_differing(ctx: Any, db: Any, rows: list[Any]) -> list[tuple[Any, str]]:
+    """The rows of a batch that differ from Chroma's, each looked at again as it is now.
+
+    On a live system Dream can re-index a row and flush its new vector between this reading the
+    row and reading Chroma: Chroma then holds a newer digest than the one read. Each row that
+    differs is read again (still marked? which digest now?) and compared again; one that still
+    differs after RECHECKS looks is real.
+    """
+    from backend.memory import turn_vectors  # import time: numpy, only when Chroma is compared
+
+    differing = await turn_vectors.compare(rows, ctx.turn_store)
+    for _ in range(RECHECKS):
+        if not differing:
+            break
+        again = await turn_vectors.marked_again(db, [row for row, _ in differing])
+        differing = await turn_vectors.compare(again, ctx.turn_store)
+    return differing
+
+
+# how many times a turn row that differs from Chroma's is looked at again, as it is now
+RECHECKS = 2
 
 
 FAMILY = Family(
