@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from backend.cli.render_tools import print_waiting_calls
 from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
@@ -102,6 +103,7 @@ def print_status(result: Status) -> None:
     console = Console(highlight=False, emoji=False)  # values print as typed
     _print_headline(console, result)
     _print_model(console, result)
+    print_waiting_calls(console, result["tools"], STATUS_ROWS)
     _print_tables(console, result)
 
 
