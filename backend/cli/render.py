@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from backend.cli.render_tools import print_waiting_calls
+from backend.cli.render_tools import print_session_calls, print_waiting_calls
 from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
@@ -273,6 +273,7 @@ def print_transcript(result: dict[str, Any]) -> None:
         console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
     for message in result["messages"]:
         _print_message(console, message)
+    print_session_calls(console, result.get("tool_calls", []))
     for waiting in result["waiting"]:
         asleep = " (asleep: session held)" if waiting["asleep"] else ""
         console.print(

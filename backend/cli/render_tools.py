@@ -128,3 +128,44 @@ def print_waiting_calls(console: Console, tools: ToolCalls, rows: int) -> None:
         for call in calls[:rows]:
             table.add_row(*_waiting_row(call))
         console.print(table)
+
+
+STATE_TONE = {"completed": "green", "error": "red", "denied": "red", "unknown": "red bold"}
+SHOW_RESULT_CHARS = 2_000  # a result longer than this prints cut; `rem show --json` has it whole
+
+
+def print_session_calls(console: Console, calls: list[dict[str, Any]]) -> None:
+    """`rem show`'s tool calls: each with its state, arguments, key, owner and epoch, and result."""
+    if not calls:
+        return
+    console.print(Text(f"Tool calls ({len(calls)})", style="bold"))
+    for call in calls:
+        head = Text(f"  {visible(call['call_id'])} ")
+        head.append(visible(call["state"]), style=STATE_TONE.get(call["state"], "yellow"))
+        head.append(
+            visible(
+                f" {call['tool']} ({call['effect']}, {call['permission']}) step {call['step']}.{call['idx']}"
+                f" starts {call['starts']} retries {call['retries']}"
+                f" owner {call['owner_id'] or '-'} epoch {call['epoch'] if call['epoch'] is not None else '-'}"
+            )
+        )
+        console.print(head)
+        console.print(Text(f"    arguments {arguments_text(call['arguments'], 400)}"))
+        console.print(Text(f"    key {visible(call['idempotency_key'])}", style="dim"))
+        if call["result"] is not None:
+            console.print(Text("    result " + _result_text(call)))
+        if call["reason"]:
+            console.print(Text(f"    reason {visible(call['reason'])}"))
+        if call["decided_by"]:
+            console.print(Text(f"    decided by {visible(call['decided_by'])}", style="dim"))
+
+
+def _result_text(call: dict[str, Any]) -> str:
+    text = visible(call["result"], multiline=False)
+    notes = ["tool error"] if call["is_error"] else []
+    if call["result_truncated"]:
+        notes.append(f"kept truncated, {call['result_bytes']} bytes")
+    if len(text) > SHOW_RESULT_CHARS:
+        text = text[:SHOW_RESULT_CHARS] + "…"
+        notes.append("cut here: rem show --json has it whole")
+    return text + (f" ({'; '.join(notes)})" if notes else "")

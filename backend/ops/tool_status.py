@@ -113,3 +113,28 @@ def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now
         "counts": counts,
         "by_tool": by_tool(keyed),
     }
+
+
+# a session's calls as `rem show` and the console's detail view list them, newest last
+SESSION_CALLS_SQL = """
+    SELECT id AS call_id, execution_id, message_id, step, idx, model_call_id, tool, arguments, effect,
+           effect_source, permission, state, approved, idempotency_key, owner_id, epoch, starts,
+           retries, result, result_bytes, result_truncated, is_error, reason, decided_by,
+           decided_at, time_created, time_started, time_finished, time_updated
+    FROM tool_call WHERE session_id = ? ORDER BY time_created DESC, execution_id, step, idx LIMIT ?"""
+# calls listed per session (the newest); a longer history is in state.db
+SESSION_CALLS_CAP = 500
+
+
+def session_calls_sync(conn: Conn, session_id: str, cap: int = SESSION_CALLS_CAP) -> list[dict[str, Any]]:
+    """The session's newest `cap` tool calls, oldest first, each with its arguments, state, result and key."""
+    cursor = conn.execute(SESSION_CALLS_SQL, (session_id, cap))
+    cursor.row_factory = None
+    names = [d[0] for d in cursor.description]
+    calls = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    for call in calls:
+        call["arguments"] = _arguments(call["arguments"])
+        for flag in ("approved", "result_truncated", "is_error"):
+            call[flag] = bool(call[flag])
+    calls.reverse()
+    return calls
