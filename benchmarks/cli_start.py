@@ -1,4 +1,4 @@
-"""How long a `rem` command takes to start and finish, as an operator types it (issue 33 target:
+"""How long a `rem` command takes to start and finish, as an operator types it (target:
 `rem --help` < 0.3 s and `rem status --json` on a small data dir < 0.5 s, on a quiet machine).
 
 python benchmarks/cli_start.py [--runs N] [--json]

@@ -4,7 +4,7 @@
 
 A function's length runs from its `def` line to its last line (decorators not
 counted, nested functions counted on their own as well as inside their
-parent), the method issue 31 reports with. Prints the median, p90 and max
+parent), the method the code-health review reported with. Prints the median, p90 and max
 of every function under the root, the functions longer than `--over`, and
 the modules longer than 600 lines. `tests/backend/test_code_shape.py` holds
 the limits to this same measurement.

@@ -1,6 +1,6 @@
 """Generate a large rem data dir for scale benchmarks (status, console).
 
-Default shape (issue 6): 100 000 sessions, 1 000 000 messages, 10 000 receipts
+Default shape: 100 000 sessions, 1 000 000 messages, 10 000 receipts
 of which 500 mismatched, 2 000 execution leases (a quarter expired, owned by a
 dead worker), 1 000 Dream-pending sessions, a few workers, 20 000 events.
 

@@ -53,6 +53,7 @@ def _metadata(i: int) -> dict[str, Any]:
         "keywords": WORDS[i % 5 : i % 5 + 4],
         "dreamInputRevision": f"sha256:{i:064x}",
         "summarizer": "rem-extractive-v1",
+        "project": "default",  # a synthesis-owned key since projects (schema v4): issue() requires it
     }
 
 

@@ -8,7 +8,7 @@ worker) / 10 000 Dream-pending / 200 000 journal rows; `--scale 1` is a tenth
 of that (the README's 100 000 sessions). The data dir is built once into
 `--cache` (default: the user cache dir, `rem/scale-<N>x`) and reused; its
 build time and size are reported with the figures (building the 10x one
-takes a while and about 5 GB). Targets (issue 18): status() p95 < 50 ms,
+takes a while and about 5 GB). Targets (docs/benchmarks.md): status() p95 < 50 ms,
 scrape p95 < 100 ms, `rem check` < 60 s.
 
 * status(): `ops.status` over one long-lived read-only context (the console's

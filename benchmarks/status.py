@@ -1,4 +1,4 @@
-"""Benchmark `ops.status()` on a large data dir (issue 6 target: p95 < 50 ms).
+"""Benchmark `ops.status()` on a large data dir (target: p95 < 50 ms, docs/benchmarks.md#status).
 
 python benchmarks/status.py [DIR] [--quick] [--keep]   # DIR from gen_big.py; else generated in a temp dir, removed unless --keep
 """

@@ -1,14 +1,18 @@
-"""The CI gates, run by `python -m pytest` itself before any test: ruff, ruff format, mypy, import-linter.
+"""The CI gates, run by `python -m pytest` itself before any test: ruff, ruff format, mypy, import-linter,
+and the docs site (`mkdocs build --strict`: a broken link or anchor fails it; offline, a few seconds).
 
 They run when the whole suite runs (no test paths named on the command line)
-or with `--gates`; `--no-gates` skips them. The four run at once; any failure
+or with `--gates`; `--no-gates` skips them. The five run at once; any failure
 ends the session with exit 1 and that gate's own output, before a test starts.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,19 @@ GATES: dict[str, list[str]] = {
     "ruff format --check": [sys.executable, "-m", "ruff", "format", "--check", "."],
     "mypy (strict: backend, tui)": [sys.executable, "-m", "mypy"],
     "import-linter (layers)": [str(BIN / "lint-imports"), "--no-cache"],
+    # the site goes to a temp dir (removed after), never into the checkout
+    "mkdocs build --strict (docs)": [
+        sys.executable,
+        "-m",
+        "mkdocs",
+        "build",
+        "--strict",
+        "--quiet",
+        "--site-dir",
+    ],
 }
+# Material's end-of-life banner is not a warning of this build; it would only add noise to a failure
+GATE_ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,15 +55,22 @@ def _wanted(config: pytest.Config) -> bool:
 
 def run_gates() -> dict[str, subprocess.CompletedProcess[str]]:
     """Run every gate at once from the project root; returns each one's finished process."""
-    procs = {
-        name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for name, cmd in GATES.items()
-    }
-    done = {}
-    for name, proc in procs.items():
-        out, _ = proc.communicate()
-        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
-    return done
+    site = tempfile.mkdtemp(prefix="rem-docs-site-")
+    commands = {name: cmd + [site] if cmd[-1] == "--site-dir" else cmd for name, cmd in GATES.items()}
+    try:
+        procs = {
+            name: subprocess.Popen(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=GATE_ENV
+            )
+            for name, cmd in commands.items()
+        }
+        done = {}
+        for name, proc in procs.items():
+            out, _ = proc.communicate()
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+        return done
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -124,6 +124,10 @@ class _EmptyCollection:
     def count(self) -> int:
         return 0
 
+    def query(self, **_kwargs: Any) -> dict[str, list[list[Any]]]:
+        # recall's summary search before the first summary was written (`rem import`, then `rem recall`)
+        return {"ids": [[]], "distances": [[]], "documents": [[]], "metadatas": [[]], "embeddings": [[]]}
+
 
 EMPTY_COLLECTION = _EmptyCollection()
 

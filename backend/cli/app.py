@@ -48,9 +48,27 @@ def _real_click(name: str) -> tuple[type[BaseException], ...]:
     return () if click is None else (getattr(click.exceptions, name),)
 
 
+# `rem --help` ends with these; a blank line between them keeps each on a line of its own
+EXAMPLES = """Examples:
+
+  rem demo                              # try it: daemons, load, console
+
+  rem --data ~/rem up                   # run the daemons (Ctrl-C drains)
+
+  rem --data ~/rem send s1 "hello"      # admit an input into session s1
+
+  rem --data ~/rem console --read-only  # watch without acting
+
+  rem --data ~/rem check --settled      # verify the invariants
+
+  rem --data ~/rem recall "payments"    # what memory holds
+
+Every command: rem COMMAND --help. The docs: docs/index.md."""
+
 app = typer.Typer(
     name="rem",
     help="rem: a durable runtime for agent sessions and their memory, and its on-call console.",
+    epilog=EXAMPLES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -23,7 +23,7 @@ def check(
     ] = False,
     json: common.JsonOpt = False,
 ) -> int:
-    """Verify the invariants of DESIGN section 5 on the live data dir; exit 1 on any violation.
+    """Verify the invariants on the live data dir (docs/architecture.md); exit 1 on any violation.
 
     Example: rem check --settled --json
     """

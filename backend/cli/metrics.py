@@ -28,6 +28,15 @@ def metrics(
         bool, typer.Option("--rules", help="Print the Prometheus alerting rules (YAML) and exit.")
     ] = False,
     once: Annotated[bool, typer.Option("--once", help="Print one scrape on stdout and exit.")] = False,
+    runbook_url: Annotated[
+        str | None,
+        typer.Option(
+            "--runbook-url",
+            help="With --rules: the operators' guide page each rule's runbook_url points into, where you "
+            "serve rem's docs (default: docs/operators.md in rem's source tree).",
+            show_default=False,
+        ),
+    ] = None,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     json: common.JsonOpt = False,
@@ -39,12 +48,14 @@ def metrics(
     if rules:
         if json:
             # import time: PyYAML and the alert rules, only for --rules --json
-            from backend.ops.alert_rules import rules_document
+            from backend.ops.alert_rules import RULES, RUNBOOK_PAGE, rules_document
 
-            common.emit_json(rules_document())
+            common.emit_json(rules_document(RULES, runbook_url or RUNBOOK_PAGE))
         else:
-            sys.stdout.write(ops.metric_rules())
+            sys.stdout.write(ops.metric_rules(runbook_url))
         return 0
+    if runbook_url is not None:
+        raise UsageError("--runbook-url goes with --rules: it is where the rules' runbook links point")
     ctx = common.make_context(cli, data, chroma_url, read_only=True, start_chroma=False)
     if once:
         return _once(ctx, json)

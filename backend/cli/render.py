@@ -501,28 +501,50 @@ def _when(ms: Any) -> str:
 
 
 def print_recall(result: dict[str, Any]) -> None:
-    """`rem recall`: one row per item; the turn's text on one line, as stored (escaped, never markup)."""
+    """`rem recall`: each item's line, then its text (up to 160 characters, as stored, escaped, never
+    markup) wrapped under it: it fits the terminal's width, 80 columns when not a terminal."""
     console = Console(highlight=False, emoji=False)  # values print as typed
     scope = f"session {result['session']}" if result["session"] else f"project {result['project'] or '(all)'}"
     console.print(
         f"[bold]rem recall[/] {_e(repr(result['query']))} in {_e(scope)}: {len(result['items'])} item(s) "
         f"in {result['took_ms']:.1f} ms"
     )
-    for note in result["degraded"]:
-        console.print(f"[yellow]degraded[/] {_e(note)}")
-    table = Table("#", "kind", "score", "session", "who / when", "text", "found by", box=None)
+    for note in _degraded_lines(result["degraded"]):
+        console.print(Text.assemble(("degraded ", "yellow"), visible(note)))
+    waiting = result.get("not_indexed")
+    if waiting and waiting["turns"]:
+        console.print(
+            f"[yellow]not indexed yet[/] {waiting['turns']} turn(s) in {waiting['sessions']} session(s) "
+            "wait for the summarizer and Dream: `rem up` runs them (one pass: `rem daemon --role "
+            "summarizer --once`, then `--role dream --once`)"
+        )
     for rank, item in enumerate(result["items"], 1):
         who = item.get("speaker") or item.get("title") or ""
-        table.add_row(
-            str(rank),
-            _cell(item["kind"]),
-            f"{item['score']:.3f}",
-            _cell(item["session_id"]),
-            _cell(f"{who} {_when(item.get('time'))}".strip()),
-            _cell(" ".join(str(item["text"]).split())[:160]),
-            _cell(",".join(item["provenance"]["found_by"])),
+        head = Text.assemble(
+            (f"{rank:>2} ", "bold"),
+            (f"{visible(item['kind']):<7} ", "cyan"),
+            f"{item['score']:.3f}  ",
+            visible(item["session_id"]),
+            ("  " + visible(f"{who} {_when(item.get('time'))}".strip()), "dim"),
+            ("  " + visible(",".join(item["provenance"]["found_by"])), "dim"),
         )
-    console.print(table)
+        console.print(head, no_wrap=True, overflow="ellipsis")
+        text = Text(visible(" ".join(str(item["text"]).split())[:160]))
+        for line in text.wrap(console, max(20, console.width - 3)):
+            line.rstrip()  # in place
+            console.print(Text("   ").append_text(line), no_wrap=True, overflow="ellipsis")
+
+
+def _degraded_lines(notes: list[str]) -> list[str]:
+    """The degraded notes, one line per cause: `dense, summaries: Chroma not running ...`."""
+    by_cause: dict[str, list[str]] = {}
+    for note in notes:
+        what, sep, cause = note.partition(": ")
+        by_cause.setdefault(cause if sep else note, []).append(what if sep else "")
+    return [
+        ", ".join(sorted(w for w in whats if w)) + ": " + cause if any(whats) else cause
+        for cause, whats in by_cause.items()
+    ]
 
 
 @contextmanager

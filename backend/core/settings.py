@@ -4,9 +4,9 @@
 cached per raw string, so a read costs one environment lookup), and a bad
 value raises one `SettingsError` naming the variable, what it must be and the
 fix, the same for every variable. `validate()` parses them all at start-up,
-so a typo fails the command before it does anything. The README's
-configuration table is `markdown_table()` (tests/cli/test_settings.py keeps
-them equal). How a setting is parsed and read is `backend.core.setting_types`.
+so a typo fails the command before it does anything. The configuration
+page (docs/configuration.md) is generated from these declarations by
+docs/gen.py, and tests/docs/test_generated.py keeps them equal.
 
 Why not pydantic-settings: importing it costs ~0.25 s (measured here, more
 than the whole `rem` CLI's own import), paid by every `rem send`; this module
@@ -277,8 +277,8 @@ class Settings:
         100, "a streamed delta is written at most this long after it arrives", whole(1, "ms")
     )
     stream_flush_bytes = Setting(4096, "... or as soon as this many bytes of deltas wait", whole(1, "bytes"))
-    # sizes: everything read from outside is bounded (DESIGN invariant 11); tool results get
-    # their bound with the tool calls
+    # sizes: everything read from outside is bounded; tool results get their bound with the
+    # tool calls
     model_reply_max_chars = Setting(
         1_000_000,
         "the longest model reply a turn keeps (about 250 000 tokens, above any model's output limit): "
@@ -417,11 +417,3 @@ def unsafe_switches() -> dict[str, Any]:
         if value:
             active[setting.env] = value
     return active
-
-
-def markdown_table() -> str:
-    """The README's configuration table."""
-    lines = ["| variable | default | what |", "|---|---|---|"]
-    for setting in declared():
-        lines.append(f"| `{setting.env}` | {setting.default_text()} | {setting.doc} |")
-    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Dream: digest sessions' raw turns into the memory graph, fenced by input revision.
 
-The contract (seed 002, DESIGN section 3):
+The contract (docs/architecture.md#dreams-revisions):
 
 * Synthesis publishes `dream_state.input_revision` (`backend.store.handoffs`). A
   session is pending while `completed_revision IS NOT input_revision`; a

@@ -51,7 +51,7 @@ from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
-# The wake scan, served by the seed's index
+# The wake scan, served by opencode's wake index
 # session_input_wake_pending_promoted_attempts_created_id_idx: least-tried first,
 # so a session that keeps failing cannot starve the others.
 WAKE_SQL = """

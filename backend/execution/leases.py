@@ -61,7 +61,7 @@ __all__ = [
 
 
 def lease_ms() -> int:
-    """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (seed 004)."""
+    """The execution lease length: `REM_EXECUTION_LEASE_MS`, default 30 000 (docs/architecture.md#leases-epochs-and-fencing)."""
     return settings.execution_lease_ms
 
 

@@ -4,7 +4,7 @@ All of it is written inside the step's own transactions (on the database
 thread), so a reply, its usage and the session's totals land together or
 not at all:
 
-* `record_reply_sync`: the reply's usage (the seed's split: input, output,
+* `record_reply_sync`: the reply's usage (split as the session's usage columns are: input, output,
   reasoning, cache read, cache write) and cost on the assistant message, the
   same added to the session's totals, and the request attempts the step made.
 * `record_failure_sync`: the session's last model error; a failure that needs an

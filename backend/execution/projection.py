@@ -1,6 +1,6 @@
 """Projecting a turn into the transcript: assistant rows, parts, supersession, context baselines.
 
-The projection rule of seed 004: a newer turn supersedes stale incomplete
+The projection rule (docs/architecture.md#leases-epochs-and-fencing): a newer turn supersedes stale incomplete
 assistant rows; an older assistant projection is never resumed; only the
 assistant owned by the running execution is mutated. Every write here runs
 inside a transaction that `leases.guard_sync` already fenced, and assistant
@@ -191,7 +191,7 @@ def update_owned_assistant_sync(
 
 
 # The session's context baseline (the system prompt and agent snapshot a turn started from)
-# lives in the seed's `session_context_epoch` table; "epoch" in rem's own names is the lease fence.
+# lives in opencode's `session_context_epoch` table; "epoch" in rem's own names is the lease fence.
 CONTEXT_BASELINE_SQL = (
     "INSERT INTO session_context_epoch (session_id, baseline, snapshot, baseline_seq, time_updated) "
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET baseline = excluded.baseline, "
@@ -229,7 +229,7 @@ def queue_context_baseline_sync(
 
 
 def transcript_violations_sync(conn: Conn, session_id: str | None = None) -> list[dict[str, Any]]:
-    """Break the turn invariants of seed 004 on the stored transcript; [] when all hold.
+    """Breaches of the turn invariants (1 and 3 in docs/architecture.md) in the stored transcript; [] when all hold.
 
     Checks: every promoted input is exactly one `user` row with the input's
     id and its promoted seq; no user row without its input; one continuation

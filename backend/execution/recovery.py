@@ -29,7 +29,7 @@ log = logging.getLogger("rem.recovery")
 
 RECOVERY_BUDGET = Settings.recovery_budget.default  # opencode's budget
 
-# The recovery wake scan, served by the seed's index
+# The recovery wake scan, served by opencode's wake index
 # session_recovery_wake_pending_error_attempts_created_execution_idx.
 RECOVERY_WAKE_SQL = """
 SELECT r.execution_id, r.session_id FROM session_recovery AS r

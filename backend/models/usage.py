@@ -1,6 +1,6 @@
 """Token usage as an endpoint reports it, and what it cost.
 
-The split follows the seed's session columns (opencode's): `input` is the
+The split follows opencode's session usage columns: `input` is the
 prompt tokens that were neither read from nor written to the prompt cache,
 `output` the completion tokens that were not reasoning, so the five parts
 add up to the reported total. Endpoints name the cache counts differently
@@ -37,7 +37,7 @@ def _detail(usage: Mapping[str, Any], group: str, *names: str) -> int:
 
 @dataclass(frozen=True)
 class Usage:
-    """One reply's tokens, split the seed's way."""
+    """One reply's tokens, split as the session's usage columns are."""
 
     input: int = 0
     output: int = 0

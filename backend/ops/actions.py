@@ -281,7 +281,7 @@ async def check(
     verify_chroma: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Verify the invariants of DESIGN section 5 on the live data dir.
+    """Verify the invariants (docs/architecture.md#guarantees-and-invariants) on the live data dir.
 
     `settled=True` also counts in-flight work as a violation (for use once load
     has stopped and leases have expired or been released). `verify_chroma`
@@ -357,12 +357,13 @@ async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
     return exposition(await status(ctx), openmetrics=openmetrics).decode()
 
 
-def metric_rules() -> str:
-    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press."""
+def metric_rules(runbook_page: str | None = None) -> str:
+    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press
+    and linking its runbook (`runbook_page`: where the operators' guide is served)."""
     # import time: PyYAML, only for the alert rules
-    from backend.ops.alert_rules import rules_yaml
+    from backend.ops.alert_rules import RULES, RUNBOOK_PAGE, rules_yaml
 
-    return rules_yaml()
+    return rules_yaml(RULES, runbook_page or RUNBOOK_PAGE)
 
 
 async def resume(

@@ -45,7 +45,38 @@ async def recall(
             raise BadInput(f"session {session_id!r} is in project {owner!r}, not {project!r}: drop --project")
         project = owner
     scope = None if all_projects else (project or "default")
-    return await memory_recall.recall(ctx, query, project=scope, session_id=session_id, k=k, kinds=kinds)
+    result = await memory_recall.recall(ctx, query, project=scope, session_id=session_id, k=k, kinds=kinds)
+    # nothing found: say whether that is because turns wait for the summarizer and Dream to index them
+    result["not_indexed"] = None if result["items"] else await not_indexed(db, scope, session_id)
+    return result
+
+
+# The raw turns (user prompts, completed replies) of a scope's sessions that the recall index
+# lacks. Only sessions whose index can be behind are read (a summary still due, or Dream not at
+# the published revision), so an indexed project costs an index scan of its sessions, not its turns.
+NOT_INDEXED_SQL = """
+SELECT count(*) AS turns, count(DISTINCT m.session_id) AS sessions FROM session_message AS m
+WHERE m.session_id IN (
+    SELECT s.id FROM session AS s
+    LEFT JOIN summary_job AS j ON j.session_id = s.id
+    LEFT JOIN dream_state AS d ON d.session_id = s.id
+    WHERE {scope} (j.session_id IS NULL OR j.dirty_seq > j.clean_seq OR d.indexed_revision IS NULL
+        OR d.input_revision IS NULL OR d.indexed_revision <> d.input_revision))
+AND m.type IN ('user', 'assistant') AND (m.type = 'user' OR json_extract(m.data, '$.status') = 'completed')
+AND NOT EXISTS (SELECT 1 FROM memory_turn AS t WHERE t.message_id = m.id)
+"""
+
+
+async def not_indexed(db: Database, project: str | None, session_id: str | None) -> dict[str, int]:
+    """How many raw turns (in how many sessions) of a recall's scope are not in the recall index yet."""
+    if session_id is not None:
+        scope, params = "s.id = :scope AND", {"scope": session_id}
+    elif project is not None:
+        scope, params = "s.project = :scope AND", {"scope": project}
+    else:
+        scope, params = "", {}
+    row = await db.fetchone(NOT_INDEXED_SQL.format(scope=scope), params)
+    return {"turns": int(row["turns"]) if row else 0, "sessions": int(row["sessions"]) if row else 0}
 
 
 async def list_projects(ctx: Context, *, projects: Collection[str] | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ streamed replies (p50/p95). Its `state`:
 * `degraded`: at least `DEGRADED_RATE` of the window's attempts failed;
 * `ok`: otherwise; `idle`: no attempt in the window; `unused`: none ever.
 
-Usage comes from the session totals (the seed's columns, written with each
+Usage comes from the session totals (the session table's usage columns, written with each
 reply): the sessions that used a model or failed to, by cost, and the total.
 Both are typed records (`backend.ops.records`): a metrics exporter reads the same snapshot.
 """

@@ -185,7 +185,7 @@ def _chroma_families(status: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _recall_index_families(status: Mapping[str, Any]) -> Iterator[Metric]:
-    """How far the recall index is behind Dream's published revisions (issue 16)."""
+    """How far the recall index is behind Dream's published revisions."""
     index = status["backlog"]["index"]
     yield _gauge(
         "rem_recall_index_sessions_behind",

@@ -327,7 +327,7 @@ class ModelHealth(TypedDict):
 
 
 class SessionUsage(TypedDict):
-    """One session's model usage: the seed's token totals, written with each reply, and its cost."""
+    """One session's model usage: the session's token totals, written with each reply, and its cost."""
 
     session_id: str
     title: str

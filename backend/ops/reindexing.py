@@ -1,6 +1,6 @@
 """`rem reindex`: rebuild every vector with the configured embedder, from state.db.
 
-Chroma is rebuildable from state.db (DESIGN section 1), so a reindex drops
+Chroma holds nothing the store does not (docs/architecture.md), so a reindex drops
 each collection and writes it again, never asking a model:
 
 * **summaries**: the collection is recreated with the embedder's record,

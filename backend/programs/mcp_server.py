@@ -31,11 +31,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import ValidationError
+from mcp.types import ToolAnnotations
+from pydantic import Field, ValidationError
 
 from backend import ops
 from backend.core.errors import BadInput, NotFound, RemError, SessionNotFound
@@ -149,35 +150,92 @@ def build_server(
     return server
 
 
+# Every parameter described, and every tool annotated (MCP's ToolAnnotations), so a client shows
+# more than bare names and can tell the read-only tools from the one that writes.
+Query = Annotated[str, Field(description="What to look for, in plain words (a question or keywords).")]
+Project = Annotated[
+    str | None,
+    Field(description="The project to search; may be left out when the server serves exactly one project."),
+]
+SessionId = Annotated[str, Field(description="A session's id, as recall items and get_session show it.")]
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
 def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
-    @server.tool(description="Ranked memory items (turns, session summaries, graph facts) for a query.")
+    @server.tool(
+        description="Ranked memory items (turns, session summaries, graph facts) for a query, each with its "
+        "session, time, score and the retrievers that found it.",
+        annotations=READ_ONLY.model_copy(update={"title": "Recall memory"}),
+    )
     async def recall(
-        query: str,
-        project: str | None = None,
-        session: str | None = None,
-        k: int = 10,
-        all_projects: bool = False,
+        query: Query,
+        project: Project = None,
+        session: Annotated[
+            str | None,
+            Field(description="Only this session's memory (a session id); its project is implied."),
+        ] = None,
+        k: Annotated[int, Field(description="How many items to return, 1 to 200.")] = 10,
+        all_projects: Annotated[
+            bool, Field(description="Search every project (only on a server started with --all-projects).")
+        ] = False,
     ) -> dict[str, Any]:
         return await answer(_recall(ctx, scope, query, project, session, k, all_projects))
 
-    @server.tool(description="A session's transcript (newest `limit` messages), project and Dream state.")
-    async def get_session(session_id: str, limit: int = 50) -> dict[str, Any]:
+    @server.tool(
+        description="A session's transcript (its newest `limit` messages), project and Dream state.",
+        annotations=READ_ONLY.model_copy(update={"title": "Read a session"}),
+    )
+    async def get_session(
+        session_id: SessionId,
+        limit: Annotated[int, Field(description="How many of the newest messages to return.")] = 50,
+    ) -> dict[str, Any]:
         return await answer(_get_session(ctx, scope, session_id, limit))
 
-    @server.tool(description="The Dream graph around a node (id like entity:caroline, or a label).")
-    async def graph_neighbors(node: str, project: str | None = None, limit: int = 25) -> dict[str, Any]:
+    @server.tool(
+        description="The Dream memory graph around a node: its edges and the nodes they reach.",
+        annotations=READ_ONLY.model_copy(update={"title": "Graph neighbours"}),
+    )
+    async def graph_neighbors(
+        node: Annotated[
+            str,
+            Field(description="A node id such as entity:caroline or concept:payments, or a node's label."),
+        ],
+        project: Project = None,
+        limit: Annotated[int, Field(description="How many edges to return at most, 1 to 500.")] = 25,
+    ) -> dict[str, Any]:
         return await answer(_graph_neighbors(ctx, scope, node, project, limit))
 
     @server.tool(
-        description="Every project served here with its session count, indexed turns and last activity."
+        description="Every project served here with its session count, indexed turns and last activity.",
+        annotations=READ_ONLY.model_copy(update={"title": "List projects"}),
     )
     async def list_projects() -> dict[str, Any]:
         return await answer(ops.list_projects(ctx, projects=scope.projects))
 
 
 def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
-    @server.tool(description="Admit a message into a session (created on first use, in `project`).")
-    async def add_memory(session_id: str, text: str, project: str | None = None) -> dict[str, Any]:
+    @server.tool(
+        description="Admit a message into a session (created on first use, in `project`): an executor answers "
+        "it, and the summarizer and Dream add it to memory. Only with rem mcp --allow-writes.",
+        # it only adds (nothing is overwritten or deleted); each call admits a new input
+        annotations=ToolAnnotations(
+            title="Add to memory",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+    async def add_memory(
+        session_id: Annotated[
+            str, Field(description="The session to add to; a new id creates the session in `project`.")
+        ],
+        text: Annotated[str, Field(description="The message to admit, as a user turn of that session.")],
+        project: Annotated[
+            str | None,
+            Field(description="The project of a new session (an existing session keeps its own)."),
+        ] = None,
+    ) -> dict[str, Any]:
         return await answer(_add_memory(ctx, scope, session_id, text, project))
 
 

@@ -30,7 +30,7 @@ class Cursor(Protocol):
 class Conn(Protocol):
     """The raw connection a `_sync` function takes: the DB-API subset rem uses.
 
-    `sqlite3.Connection` is one; the PostgreSQL store (issue 17) will provide a
+    `sqlite3.Connection` is one; the PostgreSQL store provides a
     psycopg adapter of the same shape, so `_sync` functions run unchanged.
     """
 

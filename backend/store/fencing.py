@@ -11,7 +11,7 @@ rows' own. Whatever the kind:
   lease never again holds a matching one;
 * every write that depends on holding it names `(owner_id, epoch)` in its
   WHERE (`fence_sql`: the one place that clause is written) and treats 0
-  rows changed as `LeaseLost`: stop, publish nothing (DESIGN invariant 3).
+  rows changed as `LeaseLost`: stop, publish nothing (invariant 3, docs/architecture.md#guarantees-and-invariants).
   Every write transaction is BEGIN IMMEDIATE (SQLite's single writer), so
   nobody takes the lease over between a fenced statement and the rest of its
   transaction: a transaction that starts with one is fenced whole. On

@@ -2,9 +2,9 @@
 
 `MIGRATIONS[i]` brings a state.db from `PRAGMA user_version` i to i + 1
 (`backend.store.schema` applies them). Tables, columns, defaults, CHECKs and
-index names of the session tables follow seed 004 (opencode's
-packages/core/src/session/sql.ts); the rest are rem's. Times are INTEGER ms
-since the epoch, always supplied by Python. PostgreSQL's migrations are these
+index names of the session tables follow opencode's (its
+packages/core/src/session/sql.ts); the rest are rem's. Times are INTEGER Unix
+times in ms, always supplied by Python. PostgreSQL's migrations are these
 scripts translated statement by statement (`backend.store.schema_pg`), so
 this module imports neither schema module: both import it.
 """
@@ -305,7 +305,7 @@ CREATE INDEX event_legacy_idx ON event(time)
     WHERE kind IN ('dream.legacy_imported', 'dream.legacy_superseded');
 """
 
-# v3: real models. The seed's usage columns on `session` were there from v1; this adds
+# v3: real models. The usage columns on `session` (opencode's) were there from v1; this adds
 # what an operator needs around them: a session held after a model error that needs
 # them (`held_at`, `held_reason`; its inputs wait with wake_pending = 0 until `rem
 # resume`), the session's last model error, the sessions view's index (sessions with
@@ -351,14 +351,14 @@ CREATE INDEX event_operator_idx ON event(id)
 """
 
 # v4: memory that can be recalled (backend.memory). Sessions belong to a project
-# (seed 004's session table has project/workspace fields; default `default`).
+# (opencode's session table has project/workspace fields; default `default`).
 # `memory_turn` is the recall index of raw turns (one row per user prompt or
 # completed assistant reply), written by Dream per revision under its lease.
 # Its lexical side is one FTS5 table per project (`memory_fts_p<hash>`, rowid =
 # memory_turn.id, created by the index writer with the project's first turn:
 # `backend.memory.text.fts_table`), its dense side one Chroma turn collection
 # per project. `dream_state.indexed_revision`
-# is the revision the index covers (DESIGN invariant 9).
+# is the revision the index covers (invariant 9, docs/architecture.md#guarantees-and-invariants).
 V4 = """
 ALTER TABLE session ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX session_project_idx ON session(project, time_updated);
@@ -410,7 +410,7 @@ BEGIN
 END;
 """
 
-# v6: the status snapshot's cost stops growing with the tables (issue 18). Its counts come
+# v6: the status snapshot's cost stops growing with the tables. Its counts come
 # from `status_count`, kept by triggers in the same transaction as the rows they count and
 # backfilled here (backend/store/counters.py); the oldest waiting input, the oldest Dream
 # drift and the newest receipt mismatches are read from partial indexes in the order a panel

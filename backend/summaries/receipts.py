@@ -3,7 +3,7 @@
 A receipt holds the summary document, the metadata keys synthesis owns
 (`ownership.SYNTHESIS_KEYS`, declared once) and a digest of the embedding
 written, nothing else: Dream's lifecycle keys are mutable after staging, so a
-receipt that carried them would be stale by construction (seed 001).
+receipt that carried them would be stale by construction.
 
 It owns its whole key set: every required owned key is carried (issuance
 refuses a receipt without one), and every owned key it does not carry is

@@ -1,4 +1,4 @@
-"""Backend functions stay under 60 lines and modules under 600 (issue 31), measured with `ast` as
+"""Backend functions stay under 60 lines and modules under 600, measured with `ast` as
 `benchmarks/code_shape.py` measures them (a function from its `def` line to its last line)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmarks.code_shape import FUNCTION_LIMIT, MODULE_LIMIT, functions_of, measure
 
-# Still being split on other branches (issue 31: the executor, Dream's digester, the leases);
+# Still being split (the executor, Dream's digester, the leases, when they were);
 # the lead empties these as those branches merge. Nothing else may join them.
 STILL_SPLITTING_MODULES: set[str] = set()
 STILL_SPLITTING_FUNCTIONS: set[str] = set()

@@ -2,7 +2,7 @@
 
 Each test runs for the execution lease, the summary job and the Dream claim:
 a claim is exclusive, renewal runs a third into the lease, a write after a
-lost lease changes nothing (DESIGN invariant 3), an operator's release is
+lost lease changes nothing (invariant 3, docs/architecture.md#guarantees-and-invariants), an operator's release is
 fenced on the epoch seen and refused once the lease was granted anew unless
 forced. And no module but the fencing module writes the fence clause.
 """

@@ -80,7 +80,7 @@ async def test_a_streamed_reply_is_stored_whole_with_the_usage_the_server_report
     (reply,) = await _replies(db)
     assert reply["status"] == "completed" and reply["text"] == REPLY and reply["answers"] == ["q1"]
     assert "".join(await _parts(db, reply["id"])) == REPLY
-    # the split the seed's columns use: input excludes the cached 200, output the 30 reasoning
+    # the split the session's usage columns use: input excludes the cached 200, output the 30 reasoning
     usage = {"input": 1000, "output": 60, "reasoning": 30, "cache_read": 200, "cache_write": 0}
     assert reply["usage"] == usage and reply["usage_reported"]["prompt_tokens"] == 1200
     cost = (1000 * 2.5 + 60 * 10.0 + 30 * 10.0 + 200 * 1.25) / 1e6  # gpt-4o-mini priced as gpt-4o (prefix)

@@ -122,7 +122,9 @@ async def test_add_memory_only_with_allow_writes(tmp_path: Path, chroma_url: str
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        assert "add_memory" in {t.name for t in (await session.list_tools()).tools}
+        listed = {t.name: t for t in (await session.list_tools()).tools}
+        assert "add_memory" in listed
+        _assert_described_and_annotated(listed)
         added = _payload(
             await session.call_tool(
                 "add_memory", {"session_id": "m1", "text": "Remember the blue door.", "project": "p"}
@@ -131,6 +133,21 @@ async def test_add_memory_only_with_allow_writes(tmp_path: Path, chroma_url: str
         assert added["session_id"] == "m1" and added["admitted_seq"] == 1
     status = json.loads(run_rem("status", "--data", data, "--json", env=env).stdout)
     assert status["backlog"]["inputs_total"] == 1  # admitted through the normal path, waiting for an executor
+
+
+def _assert_described_and_annotated(tools: dict[str, Any]) -> None:
+    """What a client shows: every parameter described, every tool annotated (issue: bare names before)."""
+    for name, tool in tools.items():
+        schema = tool.input_schema
+        for param, prop in schema.get("properties", {}).items():
+            assert len(prop.get("description") or "") > 15, (name, param)
+        assert tool.annotations is not None and tool.annotations.title, name
+        assert tool.annotations.open_world_hint is False, name
+        writes = name == "add_memory"
+        assert tool.annotations.read_only_hint is not writes, name
+    # the one tool that writes only adds: not destructive, and each call admits another input
+    add = tools["add_memory"].annotations
+    assert add.destructive_hint is False and add.idempotent_hint is False
 
 
 def _rpc(proc: subprocess.Popen[bytes], line: bytes, timeout: float = 30) -> dict[str, Any]:

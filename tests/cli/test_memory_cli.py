@@ -16,6 +16,14 @@ def test_import_then_recall_as_commands(tmp_path: Path, chroma_url: str, collect
     imported = run_rem("import", str(path), "--data", data, "--json", env=env)
     assert imported.returncode == 0, imported.stderr
     assert json.loads(imported.stdout)["written"] == 6
+    # before the summarizer and Dream ran, recall finds nothing and says why, and what indexes them
+    early = run_rem("recall", "sourdough bread", "--project", "ops", "--data", data, "--json", env=env)
+    assert early.returncode == 0, early.stderr
+    assert json.loads(early.stdout)["items"] == []
+    assert json.loads(early.stdout)["not_indexed"] == {"turns": 5, "sessions": 3}  # ops: 5 turns, 3 sessions
+    told = run_rem("recall", "sourdough bread", "--project", "ops", "--data", data, env=env)
+    assert "not indexed yet 5 turn(s) in 3 session(s)" in " ".join(told.stdout.split())
+    assert "rem up" in told.stdout and "--role dream --once" in " ".join(told.stdout.split())
     for role in ("summarizer", "dream"):
         done = run_rem("daemon", "--role", role, "--once", "--data", data, env=env)
         assert done.returncode == 0, done.stderr
@@ -25,8 +33,18 @@ def test_import_then_recall_as_commands(tmp_path: Path, chroma_url: str, collect
     assert found.returncode == 0, found.stderr
     result = json.loads(found.stdout)  # stdout is exactly one JSON document
     assert result["items"][0]["message_id"] == "f-1" and len(result["items"]) <= 2
-    human = run_rem("recall", "sourdough bread", "--project", "ops", "--data", data, env=env)
+    assert json.loads(found.stdout)["not_indexed"] is None  # items found: not looked for
+    human = run_rem(
+        "recall", "sourdough bread", "--project", "ops", "--data", data, env={**env, "COLUMNS": "80"}
+    )
     assert human.returncode == 0 and "sourdough" in human.stdout and "Traceback" not in human.stderr
+    assert max(len(line) for line in human.stdout.splitlines()) <= 80, human.stdout  # fits 80 columns
+    assert "not indexed" not in human.stdout
+    # each item: its line (rank, kind, score, session, who and when, retrievers), then its text under it
+    lines = human.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(" 1 turn"))
+    assert "food" in lines[first] and "Ravi" in lines[first] and "fts" in lines[first]
+    assert lines[first + 1].startswith("   I baked sourdough bread")
     # an agent's step is given that memory, and `rem show` prints what it was given
     step_env = {**env, "REM_AGENT_DELAY_MS": "0"}
     sent = run_rem(

@@ -1,4 +1,5 @@
-"""One settings module: every REM_* variable declared once, validated the same way, documented in the README."""
+"""One settings module: every REM_* variable declared once, validated the same way, documented in the docs
+(docs/configuration.md, generated from it: tests/docs/test_generated.py keeps them equal)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from backend.core import settings as settings_module
 from backend.core.plugins import PluginError, installed, load_plugin
-from backend.core.settings import SettingsError, declared, markdown_table, settings, validate
+from backend.core.settings import SettingsError, declared, settings, validate
 from backend.execution.agent import OfflineResponder
 from backend.models.config import ModelConfig, ModelConfigError
 from backend.store import workers
@@ -20,11 +21,6 @@ from tests.helpers import rem_env, run_rem
 ROOT = Path(__file__).resolve().parents[2]
 # read outside the settings module on purpose: the test harness's own switches
 NOT_SETTINGS = {"REM_BENCH_T0"}
-
-
-def test_the_readme_configuration_table_is_the_declared_settings() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme
 
 
 def test_every_rem_variable_the_code_names_is_declared_once() -> None:

@@ -1,4 +1,4 @@
-"""Commands start fast: each imports only what it uses (issue 33). Asserted on the import set, not
+"""Commands start fast: each imports only what it uses. Asserted on the import set, not
 on time (times are `benchmarks/cli_start.py`'s): a fresh interpreter runs one command the way the
 `rem` script does and reports `sys.modules`."""
 

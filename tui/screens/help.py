@@ -36,6 +36,10 @@ def key_label(binding: Binding) -> str:
             "ctrl+p": "Ctrl+P",
             "shift+tab": "Shift+Tab",
             "tab": "Tab",
+            "left_square_bracket": "[",
+            "right_square_bracket": "]",
+            "left_curly_bracket": "{",
+            "right_curly_bracket": "}",
         }.get(k.strip(), k.strip())
         for k in binding.key.split(",")
     )

@@ -1,4 +1,4 @@
-"""`rem check`: verify the invariants of DESIGN section 5 on a live data dir.
+"""`rem check`: verify the invariants on a live data dir (numbered as in docs/architecture.md#guarantees-and-invariants).
 
 Findings come in two kinds:
 
