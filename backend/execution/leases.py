@@ -84,6 +84,7 @@ class TakeoverReason(StrEnum):
 
     EXPIRED = "expired"  # its lease ran out
     OWNER_STOPPED = "owner_stopped"  # the worker registry says its owner is gone
+    UNPARKED = "unparked"  # an operator's decision ended its wait (`backend.execution.parking`)
 
 
 def claim_execution_sync(
@@ -128,6 +129,8 @@ def takeover_reason_sync(conn: Conn, row: Row, now: int) -> TakeoverReason | Non
     """
     if row["recovery_error"] is not None:
         return None
+    if row["parked"] is not None and row["parked"] != "decided":
+        return None  # it waits for a person (`backend.execution.parking`)
     if row["expires_at"] <= now:
         return TakeoverReason.EXPIRED
     stopped = owner_stopped_sync(conn, row["owner_id"], workers.host_name())

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.core.settings import Settings, settings
-from backend.execution import projection, sessions
+from backend.execution import parking, projection, sessions
 from backend.execution.leases import ExecutionPhase, Lease, TakeoverReason, lease_ms, takeover_reason_sync
 from backend.store import fencing, handoffs, workers
 from backend.store.db import Conn, skip_locked_sync
@@ -35,13 +35,13 @@ RECOVERY_WAKE_SQL = """
 SELECT r.execution_id, r.session_id FROM session_recovery AS r
 JOIN session_execution AS e ON e.id = r.execution_id
 WHERE r.wake_pending = 1 AND r.recovery_error IS NULL
-  AND e.expires_at <= :now AND e.recovery_error IS NULL
+  AND e.expires_at <= :now AND e.recovery_error IS NULL AND (e.parked IS NULL OR e.parked = 'decided')
 ORDER BY r.wake_attempts, r.time_created, r.execution_id LIMIT :limit
 """
 # First interruptions: expired executions with no recovery row yet (session_execution_expires_idx).
 EXPIRED_SQL = """
 SELECT e.id AS execution_id, e.session_id FROM session_execution AS e
-WHERE e.expires_at <= :now AND e.recovery_error IS NULL
+WHERE e.expires_at <= :now AND e.recovery_error IS NULL AND (e.parked IS NULL OR e.parked = 'decided')
   AND NOT EXISTS (SELECT 1 FROM session_recovery AS r WHERE r.execution_id = e.id)
 ORDER BY e.expires_at LIMIT :limit
 """
@@ -52,7 +52,7 @@ ORPHANED_SQL = """
 SELECT e.id AS execution_id, e.session_id FROM worker AS w
 JOIN session_execution AS e ON e.owner_id = w.owner_id
 WHERE w.state = 'stopped' AND w.host = :host AND w.heartbeat_at > :since AND e.expires_at > :now
-  AND e.recovery_error IS NULL
+  AND e.recovery_error IS NULL AND e.parked IS NULL
 ORDER BY e.expires_at LIMIT :limit
 """
 # Only workers stopped within one lease can still hold an unexpired lease.
@@ -103,6 +103,8 @@ def take_over_sync(
     if reason is None:
         return None
     old = dict(row)
+    if old["parked"] == parking.DECIDED:
+        return _take_over_unparked_sync(conn, old, owner_id, now, length_ms or lease_ms())
     recovery = conn.execute(
         "SELECT wake_attempts FROM session_recovery WHERE execution_id = ?", (execution_id,)
     ).fetchone()
@@ -131,6 +133,30 @@ def take_over_sync(
         superseded=superseded,
     )
     _journal_takeover_sync(conn, takeover, old, reason, now)
+    return takeover
+
+
+def _take_over_unparked_sync(
+    conn: Conn, old: dict[str, Any], owner_id: str, now: int, length_ms: int
+) -> Takeover | None:
+    """Take over an execution an operator's decision un-parked (`backend.execution.parking`): no
+    attempt counted, no continuation message (nothing was interrupted), the step goes on."""
+    lease = fencing.take_over_sync(conn, fencing.EXECUTION, old, owner_id, now=now, length_ms=length_ms)
+    if lease is None:
+        return None
+    assert isinstance(lease, Lease)
+    conn.execute(
+        "UPDATE session_execution SET parked = NULL, phase = 'continue' WHERE id = ?", (lease.execution_id,)
+    )
+    takeover = Takeover(
+        lease=lease,
+        step=int(old["step"]),
+        interrupted_phase=ExecutionPhase(old["phase"]),
+        attempt=0,
+        continuation_id="",
+        superseded=[],
+    )
+    _journal_takeover_sync(conn, takeover, old, TakeoverReason.UNPARKED, now)
     return takeover
 
 

@@ -6,7 +6,8 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 release and drain actions' bodies, `results` types what every action
 returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
-alerts. `tool_list` reports the agent's tools (`rem tools`). `console` is the console's
+alerts. `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
+operator's decisions on their calls (`rem approve|deny|resolve`). `console` is the console's
 door: the only way `tui/` reaches rem besides these functions (an import-linter
 contract holds it to that).
 
@@ -39,12 +40,15 @@ if TYPE_CHECKING:
     )
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
+    from backend.ops.tool_decisions import approve, deny, resolve
     from backend.ops.tool_list import tools
 
 __all__ = [
     "LEASE_KINDS",
+    "approve",
     "check",
     "chroma_health",
+    "deny",
     "drain",
     "graph_neighbors",
     "import_file",
@@ -56,6 +60,7 @@ __all__ = [
     "reindex",
     "release",
     "replay",
+    "resolve",
     "resume",
     "send",
     "show",
@@ -86,6 +91,9 @@ _HOMES = {
     "show_session": "backend.ops.memory",
     "reindex": "backend.ops.reindexing",
     "tools": "backend.ops.tool_list",
+    "approve": "backend.ops.tool_decisions",
+    "deny": "backend.ops.tool_decisions",
+    "resolve": "backend.ops.tool_decisions",
 }
 
 

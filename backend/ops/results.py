@@ -13,7 +13,7 @@ as their plain string values.
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from backend.execution.model_turns import ResumedSession
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
@@ -27,6 +27,7 @@ __all__ = [
     "ReplayReport",
     "ResumeReport",
     "ResumedSession",
+    "ToolDecision",
 ]
 
 
@@ -80,5 +81,21 @@ class ResumeReport(TypedDict):
     resumed_at: int
 
 
-# every operator action's result (approve, deny and resolve join here)
-ActionResult = LeaseReleased | DrainReport | ReplayReport | ResumeReport
+class ToolDecision(TypedDict):
+    """`approve`, `deny`, `resolve`: an operator's decision on one agent tool call."""
+
+    call_id: str
+    session_id: str
+    tool: str  # NAME.TOOL
+    arguments: Any  # the call's arguments (JSON), as the model asked for them
+    effect: str  # read, idempotent or effect (EffectClass)
+    decision: Literal["approve", "deny", "done", "retry", "fail"]
+    previous_state: str  # the state the decision found and re-checked (ToolCallState)
+    state: str  # the state it moved the call to
+    unparked: bool  # nothing else of the turn waits: an executor takes it over now
+    decided_by: str
+    decided_at: int  # Unix time in ms
+
+
+# every operator action's result
+ActionResult = LeaseReleased | DrainReport | ReplayReport | ResumeReport | ToolDecision

@@ -92,6 +92,15 @@ class EventKind(StrEnum):
     MEMORY_REINDEXED = "memory.reindexed"
     MEMORY_IMPORTED = "memory.imported"
     OPERATOR_RESUME = "operator.resume"
+    # the operator's decisions on agent tool calls (backend.ops.tool_decisions)
+    OPERATOR_APPROVE = "operator.approve"
+    OPERATOR_DENY = "operator.deny"
+    OPERATOR_RESOLVE = "operator.resolve"
+    # a turn that can only wait for a person left its executor (backend.execution.parking)
+    EXECUTION_PARKED = "execution.parked"
+    # agent tool calls: an effect whose outcome nobody knows; a turn that reached REM_MAX_STEPS
+    TOOL_OUTCOME_UNKNOWN = "tool.outcome_unknown"
+    EXECUTION_MAX_STEPS = "execution.max_steps"
     UNSAFE_SWITCH = "unsafe.switch"
     # something not the data dir's Chroma server listens where it was: refused, sent nothing
     CHROMA_UNTRUSTED = "chroma.untrusted"
@@ -107,6 +116,9 @@ OPERATOR_KINDS: tuple[str, ...] = (
     EventKind.OPERATOR_RELEASE,
     EventKind.OPERATOR_RESUME,
     EventKind.OPERATOR_REFUSED,
+    EventKind.OPERATOR_APPROVE,
+    EventKind.OPERATOR_DENY,
+    EventKind.OPERATOR_RESOLVE,
 )
 OPERATOR_KINDS_SQL = ", ".join(f"'{kind}'" for kind in OPERATOR_KINDS)
 

@@ -461,6 +461,8 @@ ALTER TABLE worker ADD COLUMN exited_at INTEGER;
 # (`rem check`: an effect call never started more than 1 + retries times). A session whose turn
 # can only wait for a person (an approval, an unknown outcome) is held and its execution parked
 # (`session_execution.parked` names why): no executor holds or renews it until a decision.
+# The operator's decisions (`operator.approve`, `operator.deny`, `operator.resolve`) join the
+# audit journal: its partial index lists them, and a trigger keeps them like the others.
 V11 = """
 CREATE TABLE tool_call (
     id               TEXT PRIMARY KEY,
@@ -500,6 +502,16 @@ CREATE INDEX tool_call_session_created_idx ON tool_call(session_id, time_created
 CREATE INDEX tool_call_open_state_created_idx ON tool_call(state, time_created)
     WHERE state IN ('pending', 'awaiting_approval', 'running', 'unknown');
 ALTER TABLE session_execution ADD COLUMN parked TEXT;
+DROP INDEX event_operator_idx;
+CREATE INDEX event_operator_idx ON event(id)
+    WHERE kind IN ('operator.replay', 'operator.replay_intent', 'operator.drain', 'operator.release',
+                   'operator.resume', 'operator.refused', 'operator.approve', 'operator.deny',
+                   'operator.resolve');
+CREATE TRIGGER event_tool_decision_kept BEFORE DELETE ON event
+WHEN old.kind IN ('operator.approve', 'operator.deny', 'operator.resolve')
+BEGIN
+    SELECT RAISE(ABORT, 'operator events are the audit journal: never pruned, never deleted');
+END;
 """
 
 # v12: tool calls are counted like the rest of the status snapshot (`status_count`, kept by

@@ -165,6 +165,16 @@ BEGIN
 END $$;
 CREATE TRIGGER event_operator_kept BEFORE DELETE ON event
     FOR EACH ROW EXECUTE FUNCTION rem_keep_operator_events();""",
+    "event_tool_decision_kept": """
+CREATE FUNCTION rem_keep_tool_decisions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF old.kind IN ('operator.approve', 'operator.deny', 'operator.resolve') THEN
+        RAISE EXCEPTION 'operator events are the audit journal: never pruned, never deleted';
+    END IF;
+    RETURN old;
+END $$;
+CREATE TRIGGER event_tool_decision_kept BEFORE DELETE ON event
+    FOR EACH ROW EXECUTE FUNCTION rem_keep_tool_decisions();""",
 }
 # The status counters' triggers (schema v6) have none on purpose: PostgreSQL counts on each read
 # and keeps no `status_count` (backend/store/counters.py says why); an empty twin is no statement.

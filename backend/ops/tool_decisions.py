@@ -1,0 +1,224 @@
+"""The operator's decisions on agent tool calls: approve, deny, resolve (`rem approve|deny|resolve`).
+
+Each decision is one transaction: it locks the call's execution row, re-reads
+the call and refuses unless it is still in the state the decision acts on
+(`awaiting_approval` for approve and deny, `unknown` for resolve), moves it,
+writes the operator's journal event (`operator.approve|deny|resolve`,
+hash-chained, with the call, its tool, session, arguments and digest), and
+un-parks the turn when none of its calls waits any more
+(`backend.execution.parking`): an executor then takes it over and the call
+runs, or its result feeds the model's next step. What each leaves:
+
+* approve: `pending`, approved (an executor runs it with its one key);
+* deny: `denied`, with a tool error for the model that says so (and why);
+* resolve done: `completed`, the operator's text as the tool's result;
+* resolve retry: `pending` again, same key, `retries + 1` (what `rem check`
+  allows an effect call's second start for);
+* resolve fail: `error`, the model is told the call failed (and why).
+
+A refusal (unknown id, wrong state) is one line, journaled as
+`operator.refused`; a read-only rem refuses before it reads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from backend.core import clock
+from backend.core.errors import BadInput, NotFound, Refused
+from backend.core.settings import settings
+from backend.execution import parking
+from backend.ops.actions import refusals_journaled
+from backend.ops.results import ToolDecision
+from backend.runtime.context import Context
+from backend.store.db import Conn, Row
+from backend.store.events import EventKind, append_event_sync
+from backend.store.states import ToolCallState
+from backend.tools.results import inert
+
+Choice = Literal["done", "retry", "fail"]
+Decision = Literal["approve", "deny", "done", "retry", "fail"]
+CHOICES: tuple[Choice, ...] = ("done", "retry", "fail")
+
+AWAITING, UNKNOWN = ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN
+_KIND = {
+    "approve": EventKind.OPERATOR_APPROVE,
+    "deny": EventKind.OPERATOR_DENY,
+    "done": EventKind.OPERATOR_RESOLVE,
+    "retry": EventKind.OPERATOR_RESOLVE,
+    "fail": EventKind.OPERATOR_RESOLVE,
+}
+
+
+class ToolCallNotFound(NotFound):
+    """No tool call has that id."""
+
+
+async def approve(ctx: Context, call_id: str) -> ToolDecision:
+    """Approve a call awaiting approval: it runs (with its one idempotency key) when its turn resumes."""
+    return await _decide(ctx, call_id, "approve", None)
+
+
+async def deny(ctx: Context, call_id: str, reason: str | None = None) -> ToolDecision:
+    """Deny a call awaiting approval: the model is told it was denied (and `reason`)."""
+    return await _decide(ctx, call_id, "deny", reason)
+
+
+async def resolve(ctx: Context, call_id: str, choice: Choice, text: str | None = None) -> ToolDecision:
+    """Decide a call whose outcome is unknown: `done` (`text` is its result for the model), `retry`
+    (run it again, same key) or `fail` (the model is told it failed; `text` says why)."""
+    if choice not in CHOICES:
+        raise BadInput(f"unknown resolution {choice!r}; use one of {', '.join(CHOICES)}")
+    if choice == "retry" and text is not None:
+        raise BadInput("`--retry` takes no text: the call runs again and its own result is used")
+    return await _decide(ctx, call_id, choice, text)
+
+
+async def _decide(ctx: Context, call_id: str, decision: Decision, text: str | None) -> ToolDecision:
+    action = "approve" if decision == "approve" else "deny" if decision == "deny" else "resolve"
+    ctx.require_writable(f"{action} {call_id}")
+    text = _bounded(text)
+    db = await ctx.db()
+    async with refusals_journaled(ctx, action, call_id):
+        return await db.write_in_thread(
+            lambda conn: decide_sync(conn, call_id, decision, text, actor=ctx.operator, now=clock.now_ms())
+        )
+
+
+def _bounded(text: str | None) -> str | None:
+    """The operator's text, inert; refused (one line) past the bound a tool result is kept to."""
+    if text is None:
+        return None
+    limit = settings.tool_result_max_bytes
+    if len(text.encode("utf-8", "replace")) > limit:
+        raise BadInput(f"the text is over {limit} bytes (REM_TOOL_RESULT_MAX_BYTES); shorten it")
+    return inert(text)
+
+
+def decide_sync(
+    conn: Conn, call_id: str, decision: Decision, text: str | None, *, actor: str, now: int
+) -> ToolDecision:
+    """One decision in the caller's transaction: re-check, move, journal, un-park (see the module doc)."""
+    call = _locked_call_sync(conn, call_id)
+    wanted = AWAITING if decision in ("approve", "deny") else UNKNOWN
+    if call["state"] != wanted:
+        raise Refused(_wrong_state(call, decision, wanted))
+    state = _move_sync(conn, call, decision, text, actor, now)
+    unparked = parking.unpark_sync(conn, call["execution_id"], now)
+    result = ToolDecision(
+        call_id=call_id,
+        session_id=call["session_id"],
+        tool=call["tool"],
+        arguments=json.loads(call["arguments"]),
+        effect=call["effect"],
+        decision=decision,
+        previous_state=call["state"],
+        state=state,
+        unparked=unparked,
+        decided_by=actor,
+        decided_at=now,
+    )
+    _journal_sync(conn, call, result, text)
+    return result
+
+
+def _locked_call_sync(conn: Conn, call_id: str) -> Row:
+    """The call, read after its execution row is locked (a park committing meanwhile is seen)."""
+    seen = conn.execute("SELECT execution_id FROM tool_call WHERE id = ?", (call_id,)).fetchone()
+    if seen is None:
+        raise ToolCallNotFound(
+            f"no tool call {call_id!r}; `rem status` lists the calls awaiting approval or an outcome"
+        )
+    parking.lock_execution_sync(conn, seen["execution_id"])
+    row = conn.execute("SELECT * FROM tool_call WHERE id = ?", (call_id,)).fetchone()
+    assert row is not None  # a call row is never deleted but with its session
+    return row
+
+
+def _wrong_state(call: Row, decision: Decision, wanted: str) -> str:
+    verb = {"approve": "approved", "deny": "denied"}.get(decision, "resolved")
+    hint = {
+        AWAITING: "use `rem resolve` for an unknown outcome",
+        UNKNOWN: "use `rem approve` or `rem deny` for a call awaiting approval",
+    }.get(call["state"], "it needs no decision")
+    return f"tool call {call['id']} is {call['state']}, not {wanted}, so it cannot be {verb}; {hint}"
+
+
+# what each decision writes: (new state, approved, is_error, retries added)
+_MOVES: dict[str, tuple[ToolCallState, int | None, int, int]] = {
+    "approve": (ToolCallState.PENDING, 1, 0, 0),
+    "deny": (ToolCallState.DENIED, None, 1, 0),
+    "done": (ToolCallState.COMPLETED, None, 0, 0),
+    "retry": (ToolCallState.PENDING, 1, 0, 1),
+    "fail": (ToolCallState.ERROR, None, 1, 0),
+}
+
+
+def _move_sync(conn: Conn, call: Row, decision: Decision, text: str | None, actor: str, now: int) -> str:
+    state, approved, is_error, retries = _MOVES[decision]
+    result = _result_text(decision, text)
+    changed = conn.execute(
+        "UPDATE tool_call SET state = :state, approved = coalesce(:approved, approved), "
+        "is_error = :is_error, retries = retries + :retries, result = :result, "
+        "result_bytes = :bytes, result_truncated = 0, reason = :reason, decided_by = :actor, "
+        "decided_at = :now, time_updated = :now, "
+        "time_finished = CASE WHEN :terminal = 1 THEN :now ELSE NULL END "
+        "WHERE id = :id AND state = :seen",
+        {
+            "state": state,
+            "approved": approved,
+            "is_error": is_error,
+            "retries": retries,
+            "result": result,
+            "bytes": None if result is None else len(result.encode()),
+            "reason": text if decision in ("deny", "fail") else None,
+            "actor": actor,
+            "now": now,
+            "terminal": int(result is not None),
+            "id": call["id"],
+            "seen": call["state"],
+        },
+    ).rowcount
+    if not changed:  # under the execution row's lock nothing moves it: belt and braces
+        raise Refused(
+            f"tool call {call['id']} moved while it was being decided; look again with `rem status`"
+        )
+    return state
+
+
+def _result_text(decision: Decision, text: str | None) -> str | None:
+    """What the model is told for a decision that ends the call (None: it runs, or runs again)."""
+    why = f": {text}" if text else ""
+    if decision == "deny":
+        return f"The operator denied this tool call{why}. It was not run."
+    if decision == "fail":
+        return f"This tool call failed (an operator resolved its unknown outcome as failed){why}."
+    if decision == "done":
+        return text if text else "The operator confirmed this tool call completed (no result was given)."
+    return None
+
+
+def _journal_sync(conn: Conn, call: Row, result: ToolDecision, text: str | None) -> None:
+    data: dict[str, Any] = {
+        **result,
+        "execution_id": call["execution_id"],
+        "idempotency_key": call["idempotency_key"],
+        "arguments_sha256": hashlib.sha256(call["arguments"].encode()).hexdigest(),
+        "owner_id": call["owner_id"],
+        "epoch": call["epoch"],
+        "starts": call["starts"],
+        "retries": call["retries"] + int(result["decision"] == "retry"),
+    }
+    if text is not None:
+        data["text"] = text
+    append_event_sync(
+        conn,
+        kind=_KIND[result["decision"]],
+        actor=result["decided_by"],
+        session_id=call["session_id"],
+        target=call["id"],
+        data=data,
+        now=result["decided_at"],
+    )
