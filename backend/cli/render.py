@@ -415,6 +415,12 @@ def print_drill(report: dict[str, Any]) -> None:
     check = report["check"]
     for finding in check.get("violations", []):
         console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
+    effects = report.get("effects")
+    if effects:
+        console.print(
+            f"tool effects (the tool server's outbox): {effects['sent']} sent for {effects['keys']} calls, "
+            f"{effects['duplicated']} duplicated"
+        )
     verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
     console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
 
