@@ -74,16 +74,13 @@ async def resolve_unknown(ctx: Context, root: Path) -> int:
     decided = 0
     for call in status["tools"]["unknown_outcome"]:
         key = call["idempotency_key"]
-        choice = "done" if key in sent else "retry" if key not in started else None
-        if choice is None:
+        if key not in sent and key in started:
             continue  # started and not sent yet: still in flight on the server, decided next time
         try:
-            await ops.resolve(
-                ctx,
-                call["call_id"],
-                choice,
-                "sent (the drill found it in the outbox)" if choice == "done" else None,
-            )
+            if key in sent:
+                await ops.resolve(ctx, call["call_id"], "done", "sent (the drill found it in the outbox)")
+            else:
+                await ops.resolve(ctx, call["call_id"], "retry")
             decided += 1
         except RemError as exc:  # decided meanwhile, or not unknown any more: the next pass sees
             log.info("drill: resolve %s: %s", call["call_id"], exc)
