@@ -40,6 +40,12 @@ POINTS = {
     "executor.after_promote": "after promotion, before the first streamed part",
     "executor.mid_stream": "between two streamed parts of the assistant reply",
     "executor.before_complete": "after the last part, before the turn is completed",
+    # an agent tool call's life (backend/execution/tool_runner.py); "request sent" is the tool
+    # server's own delay (kill while it runs)
+    "tools.after_insert": "a step's tool calls are durable (pending, arguments stored), none started",
+    "tools.after_start": "`running` and the key committed, before the request is sent",
+    "tools.after_result": "the tool's result received, before it is committed",
+    "tools.after_finish": "the tool's result committed, before the next model step",
     # the summarizer stages its receipt BEFORE the Chroma write (write-ahead), so only
     # after_synthesis loses model output; every later point is replayed without the model
     "summarizer.after_synthesis": "after the model call, before the receipt is staged (output not durable)",

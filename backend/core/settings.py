@@ -334,6 +334,19 @@ class Settings:
     tool_result_model_bytes = Setting(
         32_768, "the part of a tool result the model is shown", whole(256, "bytes")
     )
+    tool_arguments_max_bytes = Setting(
+        65_536,
+        "the arguments of one tool call a model may send; a call with more is answered with a tool error",
+        whole(256, "bytes"),
+    )
+    tool_calls_max = Setting(16, "tool calls one model reply may ask for; the rest are refused", whole(1))
+    tool_concurrency = Setting(8, "tool calls of one step run at once (the rest wait their turn)", whole(1))
+    max_steps = Setting(
+        25,
+        "model steps one turn may take (each tool round is a step): the turn then ends with a reply "
+        "that says so and an `execution.max_steps` event",
+        whole(1),
+    )
     # people and logs
     operator = Setting[str | None](
         None,

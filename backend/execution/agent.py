@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.core.plugins import load_plugin
 from backend.core.settings import settings
+from backend.models.tool_deltas import ModelToolCall
 
 if TYPE_CHECKING:  # importing the SDK costs seconds: the offline default never does
     from backend.models.client import ChatReply
@@ -52,6 +54,13 @@ class StepRequest:
     interrupted_reason: str | None = None
     # set by a model-backed agent: the model, usage, finish reason, attempts of its reply
     reply: ChatReply | None = None
+    # the tools offered (Chat Completions function tools, named NAME__TOOL); none: no tools
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    # this turn's tool exchanges so far (`backend.execution.tool_calls.rounds_sync`): per step,
+    # the assistant's text and each call (`model_call_id`, `tool`, `arguments`, `result`, ...)
+    tool_rounds: list[dict[str, Any]] = field(default_factory=list)
+    # set by the agent: the tool calls its reply asks for (after the text stream ends)
+    tool_calls: list[ModelToolCall] = field(default_factory=list)
 
 
 class Agent(Protocol):
@@ -154,6 +163,25 @@ class OfflineResponder:
         parts.append(self._closing(request, questions, terms))
         return parts
 
+    def compose_with_tools(self, request: StepRequest) -> list[str]:
+        """`compose`, or with tools offered: a tool call where the prompt asks for one (set on
+        `request.tool_calls`), and once its results are in, a reply that reports them."""
+        if request.tool_rounds:
+            return [self._reported(request.tool_rounds[-1])]
+        call = offline_tool_call(request) if request.tools else None
+        if call is None:
+            return self.compose(request)
+        request.tool_calls = [call]
+        return [f"Calling {call.name.replace('__', '.', 1)} for you. "]
+
+    @staticmethod
+    def _reported(last: dict[str, Any]) -> str:
+        lines = []
+        for call in last["calls"]:
+            outcome = "failed" if call.get("is_error") else "returned"
+            lines.append(f'{call["tool"]} {outcome}: "{_clip(str(call.get("result") or ""), 160)}"')
+        return "Done. " + "; ".join(lines) + "."
+
     @staticmethod
     def _recalled(memory: list[dict[str, Any]]) -> str:
         """What the agent was given from memory, so a demo shows memory at work."""
@@ -180,11 +208,49 @@ class OfflineResponder:
         return f"Noted on {focus} (step {request.step})."
 
     async def stream(self, request: StepRequest) -> AsyncIterator[str]:
-        parts = self.compose(request)
+        parts = self.compose_with_tools(request)
         for index, part in enumerate(parts):
             if index and self.delay_ms:
                 await asyncio.sleep(self.delay_ms / 1000)
             yield part
+
+
+FIND_WORDS = re.compile(r"\b(find|search|look up|recall)\b", re.IGNORECASE)
+NOTE_WORDS = re.compile(r"\b(note|notes|remember|jot)\b", re.IGNORECASE)
+SEND_WORDS = re.compile(r"\b(send|pay|email|mail|wire)\b", re.IGNORECASE)
+RECIPIENT = re.compile(r"\bto\s+([A-Za-z][\w.@-]{0,63})", re.IGNORECASE)
+
+
+def offline_tool_call(request: StepRequest) -> ModelToolCall | None:
+    """The offline agent's one deterministic tool call: a prompt that asks to send or pay calls an
+    offered `outbox_send` (an effect, on whichever server offers it), one that asks to find
+    something calls `notes_search`, one that asks to note something calls `notes_add`."""
+    text = " ".join(request.prompts).strip()
+    for words, suffix in (
+        (SEND_WORDS, "__outbox_send"),
+        (FIND_WORDS, "__notes_search"),
+        (NOTE_WORDS, "__notes_add"),
+    ):
+        name = next((t for t in sorted(_offered(request)) if t.endswith(suffix)), None)
+        if name is not None and words.search(text):
+            return ModelToolCall(
+                index=0, id="call_0", name=name, arguments=json.dumps(_arguments(suffix, text))
+            )
+    return None
+
+
+def _offered(request: StepRequest) -> list[str]:
+    return [tool["function"]["name"] for tool in request.tools]
+
+
+def _arguments(suffix: str, text: str) -> dict[str, Any]:
+    if suffix == "__outbox_send":
+        found = RECIPIENT.search(text)
+        return {"to": found.group(1) if found else "someone", "body": _clip(text, 500)}
+    if suffix == "__notes_search":
+        terms = [t for t in key_terms(text, limit=3) if t not in ("find", "search", "notes", "note")]
+        return {"query": terms[0] if terms else ""}
+    return {"text": _clip(text, 500)}
 
 
 def load_agent() -> Agent:

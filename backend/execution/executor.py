@@ -41,6 +41,7 @@ from backend.execution.agent import Agent, load_agent
 from backend.execution.leases import Lease
 from backend.execution.steps import Step, StepTransactions, TurnState
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
+from backend.execution.tool_runner import ToolRunner
 from backend.memory.context import memory_for_step
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
@@ -104,7 +105,9 @@ class Executor(Daemon):
             reply_max_chars=self.reply_max_chars,
             reasks=settings.model_retries,
             log=self.log,
+            max_steps=settings.max_steps,
         )
+        self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log)
         self._sink: PartSink | None = None
 
     def info(self) -> dict[str, Any]:
@@ -240,6 +243,8 @@ class Executor(Daemon):
     async def _drive(self, state: TurnState) -> None:
         """Run steps until the turn has nothing left to answer, then end it cleanly."""
         while True:
+            if await self.tools.advance(state):
+                return  # parked: it waits for a person (backend.execution.parking)
             step = await self.db.write_in_thread(
                 lambda conn: self.steps.begin_step_sync(conn, state, clock.now_ms())
             )
@@ -247,6 +252,7 @@ class Executor(Daemon):
                 return
             faults.point("executor.after_promote")
             try:
+                step.request.tools = await self.tools.offered()
                 await self._give_memory(state, step)
                 tail, arrived, broken = await self._stream(state, step)
             except ModelError as exc:  # the model endpoint failed: an error reply, maybe a hold
@@ -263,10 +269,17 @@ class Executor(Daemon):
                 finish = partial(
                     self.steps.interrupt_step_sync, state=state, step=step, tail=tail, error=broken
                 )
+            elif step.request.tool_calls and not step.truncated:
+                planned = await self.tools.plan(step.request.tool_calls)
+                finish = partial(
+                    self.steps.finish_tool_step_sync, state=state, step=step, tail=tail, planned=planned
+                )
             else:
                 faults.point("executor.before_complete")
                 finish = partial(self.steps.finish_step_sync, state=state, step=step, tail=tail)
             more = await self._write(finish)
+            if state.calls_open:
+                faults.point("tools.after_insert")
             self.stream_stats.committed(arrived, asyncio.get_running_loop().time())
             if not more:
                 return
@@ -367,6 +380,7 @@ class Executor(Daemon):
         close = getattr(self.agent, "aclose", None)  # a model agent's connections
         if close is not None:
             await close()
+        await self.tools.aclose()  # the tool servers this process started
 
     async def _hand_back_lease(self, lease: fencing.Lease) -> None:
         """A turn that outlived the drain grace: expire its lease now so another executor takes over."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from backend.core.errors import Refused, SessionNotFound
 from backend.core.settings import Settings
 from backend.execution.leases import Lease
+from backend.execution.parking import TOOL_HOLDS
 from backend.execution.sessions import admit_sync, dumps
 from backend.models.errors import TRUNCATED, ModelError
 from backend.models.health import CallRecord
@@ -232,11 +233,17 @@ def resume_sync(
     is the caller's (`backend.ops.resume`), in the same transaction.
     """
     rows = conn.execute(HELD_SQL).fetchall()
-    held = {r[0]: r for r in rows}
+    held = {r[0]: r for r in rows if r[2] not in TOOL_HOLDS}  # a tool hold ends by a decision
     if session_ids is not None:
         for sid in session_ids:
             if sid in held:
                 continue
+            tool_hold = next((r[2] for r in rows if r[0] == sid and r[2] in TOOL_HOLDS), None)
+            if tool_hold is not None:
+                raise Refused(
+                    f"session {sid!r} is held for a tool call ({tool_hold}); decide the call with "
+                    "`rem approve`, `rem deny` or `rem resolve` (`rem status` lists it)"
+                )
             if conn.execute("SELECT 1 FROM session WHERE id = ?", (sid,)).fetchone() is None:
                 raise SessionNotFound(f"no session {sid!r}; list sessions with `rem status`")
             raise Refused(f"session {sid!r} is not held; there is nothing to resume")

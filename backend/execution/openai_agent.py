@@ -66,6 +66,8 @@ class OpenAIAgent:
             out.append({"role": "system", "content": memory_message(request.memory)})
         out += [{"role": m["role"], "content": str(m["text"])} for m in request.history if m.get("text")]
         out += [{"role": "user", "content": prompt} for prompt in request.prompts]
+        for round_ in request.tool_rounds:
+            out += tool_messages(round_)
         if request.interrupted:
             reason = (request.interrupted_reason or "interrupted").replace("_", " ")
             out.append({"role": "assistant", "content": request.interrupted})
@@ -80,9 +82,37 @@ class OpenAIAgent:
         reply = ChatReply(model=self.model)
         request.reply = reply
         async for text in self.client.stream_chat(
-            self.messages(request), reply=reply, session_id=request.session_id
+            self.messages(request), reply=reply, session_id=request.session_id, tools=request.tools or None
         ):
             yield text
+        request.tool_calls = reply.tool_calls.result()
+
+
+def tool_messages(round_: dict[str, Any]) -> list[Message]:
+    """One step's tool exchange as the model sent and is answered: its assistant message with the
+    calls, then one `tool` message per call with the result it is shown."""
+    calls = round_["calls"]
+    assistant: Message = {
+        "role": "assistant",
+        "content": round_.get("text") or None,
+        "tool_calls": [
+            {
+                "id": c["model_call_id"],
+                "type": "function",
+                "function": {"name": function_name(c["tool"]), "arguments": c["model_arguments"]},
+            }
+            for c in calls
+        ],
+    }
+    return [assistant] + [
+        {"role": "tool", "tool_call_id": c["model_call_id"], "content": c["for_model"]} for c in calls
+    ]
+
+
+def function_name(tool: str) -> str:
+    """`NAME.TOOL` as the model spells it (`NAME__TOOL`); a name that was never a tool, as it was."""
+    server, dot, name = tool.partition(".")
+    return f"{server}__{name}" if dot else tool
 
 
 def memory_message(memory: list[dict[str, Any]]) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core import clock
-from backend.execution import model_turns, projection, recovery, sessions
+from backend.execution import model_turns, projection, recovery, sessions, tool_calls
 from backend.execution.agent import Agent, StepRequest
 from backend.execution.leases import ExecutionPhase, Lease
 from backend.models.errors import ModelError, StreamInterrupted
@@ -51,6 +51,11 @@ class TurnState:
     interruptions: int = 0
     # set by the transaction that ended the execution cleanly, if it ended a turn
     turn_counted: bool = False
+    # tool calls: a step inserted calls not yet terminal (`ToolRunner.advance` moves them on);
+    # the next step answers the same prompts with their results; steps that asked for tools
+    calls_open: bool = False
+    tool_round: bool = False
+    tool_steps: int = 0
 
 
 @dataclass(kw_only=True)
@@ -93,6 +98,7 @@ class StepTransactions:
         reply_max_chars: int,
         reasks: int,
         log: logging.Logger,
+        max_steps: int = 25,
     ) -> None:
         self.owner_id = owner_id
         self.agent = agent
@@ -101,6 +107,7 @@ class StepTransactions:
         self.reply_max_chars = reply_max_chars
         self.reasks = reasks
         self.log = log
+        self.max_steps = max_steps
 
     # -- opening a step ------------------------------------------------------------
     def begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
@@ -139,8 +146,9 @@ class StepTransactions:
             state.turn_started = projection.execution_started_turn_sync(conn, sid, eid)
             recovery.mark_continuing_sync(conn, eid)
             state.reask = model_turns.interrupted_reply_sync(conn, sid)
-        elif state.reask is None:
+        elif state.reask is None and not state.tool_round:
             return []
+        state.tool_round = False
         return projection.unanswered_prompts_sync(conn, sid)
 
     def _promote_sync(
@@ -244,6 +252,9 @@ class StepTransactions:
             data["reask"] = state.reask.reason
             request.interrupted, request.interrupted_reason = state.reask.partial, state.reask.reason
             state.reask = None
+        if state.tool_steps or state.recovering:
+            request.tool_rounds = tool_calls.rounds_sync(conn, state.lease.execution_id)
+            state.tool_steps = len(request.tool_rounds)
         if self.history_messages:
             request.history = model_turns.history_sync(
                 conn, state.lease.session_id, prompts[0]["seq"], self.history_messages
@@ -304,6 +315,69 @@ class StepTransactions:
         )
         if not more:
             self.end_sync(conn, state, now)
+        return more
+
+    def finish_tool_step_sync(
+        self,
+        conn: Conn,
+        state: TurnState,
+        step: Step,
+        tail: list[str],
+        planned: Sequence[tool_calls.PlannedCall],
+        calls: Sequence[CallRecord] = (),
+    ) -> bool:
+        """Close a step whose reply asks for tools: its calls are inserted (the arguments durable before
+        anything runs) and the row closes as `tool_calls` (it answers nothing: the next step does).
+
+        At `REM_MAX_STEPS` the calls are not made: the step completes with a reply saying so.
+        """
+        if state.tool_steps + 1 >= self.max_steps:
+            return self._stop_at_max_steps_sync(conn, state, step, tail, calls)
+        lease, now = state.lease, clock.now_ms()
+        guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
+        if tail:
+            projection.write_parts_sync(
+                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
+            )
+        ids = tool_calls.insert_sync(conn, lease, step.number, step.assistant_id, planned, now)
+        step.data.update(status="tool_calls", text="".join(step.parts), tool_calls=ids, time_completed=now)
+        model_turns.record_reply_sync(
+            conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
+        )
+        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
+        handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_STEP,
+            actor=self.owner_id,
+            session_id=lease.session_id,
+            target=lease.execution_id,
+            now=now,
+            data={"step": step.number, "assistant_id": step.assistant_id, "tool_calls": ids},
+        )
+        state.calls_open = state.tool_round = True
+        state.tool_steps += 1
+        return True
+
+    def _stop_at_max_steps_sync(
+        self, conn: Conn, state: TurnState, step: Step, tail: list[str], calls: Sequence[CallRecord]
+    ) -> bool:
+        note = (
+            f"[rem: this turn reached REM_MAX_STEPS ({self.max_steps} model steps) without a final answer; "
+            "the tool calls asked for last were not made.]"
+        )
+        text = "".join(step.parts)
+        step.parts.append(("\n\n" if text else "") + note)
+        more = self.finish_step_sync(conn, state, step, [*tail, step.parts[-1]], calls)
+        append_event_sync(
+            conn,
+            kind=EventKind.EXECUTION_MAX_STEPS,
+            actor=self.owner_id,
+            session_id=state.lease.session_id,
+            target=state.lease.execution_id,
+            now=clock.now_ms(),
+            data={"step": step.number, "max_steps": self.max_steps, "assistant_id": step.assistant_id},
+        )
         return more
 
     def fail_step_sync(

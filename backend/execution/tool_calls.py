@@ -30,11 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backend.core.settings import settings
 from backend.execution.leases import Lease
 from backend.store import fencing
 from backend.store.db import Conn, Row
 from backend.store.events import EventKind, append_event_sync
 from backend.store.states import ToolCallState
+from backend.tools.results import TRUNCATED_NOTE, utf8_prefix
 
 TOOL_CALL = fencing.FencedTable(name="tool_call", key="id")
 
@@ -219,17 +221,34 @@ def settle_takeover_sync(conn: Conn, lease: Lease, now: int) -> dict[str, list[s
 
 def rounds_sync(conn: Conn, execution_id: str) -> list[dict[str, Any]]:
     """The execution's tool exchanges so far, for the model: per step, the assistant's text and
-    each call with its result (terminal calls only), in order."""
+    each call (its model id, tool, arguments, and the result it is shown), in order."""
     rows = conn.execute(
-        "SELECT c.step, c.idx, c.model_call_id, c.tool, c.arguments, c.state, c.result, c.is_error, "
+        "SELECT c.step, c.model_call_id, c.tool, c.arguments, c.state, c.result, c.is_error, "
         "c.result_bytes, c.result_truncated, m.data AS message FROM tool_call AS c "
         "LEFT JOIN session_message AS m ON m.id = c.message_id "
         "WHERE c.execution_id = ? ORDER BY c.step, c.idx",
         (execution_id,),
     ).fetchall()
     rounds: dict[int, dict[str, Any]] = {}
+    model_bytes = settings.tool_result_model_bytes
     for r in rows:
-        text = json.loads(r["message"]).get("text", "") if r["message"] else ""
-        entry = rounds.setdefault(r["step"], {"step": r["step"], "text": text, "calls": []})
-        entry["calls"].append(dict(r))
+        if r["step"] not in rounds:
+            text = json.loads(r["message"]).get("text", "") if r["message"] else ""
+            rounds[r["step"]] = {"step": r["step"], "text": text, "calls": []}
+        call = dict(r)
+        del call["message"]
+        call["model_arguments"] = r["arguments"]
+        call["for_model"] = for_model(
+            r["result"] or "", r["result_bytes"], bool(r["result_truncated"]), model_bytes
+        )
+        rounds[r["step"]]["calls"].append(call)
     return list(rounds.values())
+
+
+def for_model(text: str, size: int | None, truncated: bool, max_bytes: int) -> str:
+    """A stored result as the model is shown it: at most `max_bytes`, with a note when it was cut."""
+    size = size if size is not None else len(text.encode("utf-8", "replace"))
+    if size <= max_bytes and not truncated:
+        return text
+    kept = utf8_prefix(text, max_bytes)
+    return kept + TRUNCATED_NOTE.format(size=size, kept=len(kept.encode("utf-8")))

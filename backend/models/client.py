@@ -44,9 +44,10 @@ from backend.models.classify import classify
 from backend.models.config import ModelConfig
 from backend.models.errors import TRUNCATED, ModelError, ModelErrorClass, StreamInterrupted
 from backend.models.health import CallKind, CallRecord
+from backend.models.tool_deltas import ToolCallAssembler
 from backend.models.usage import Usage
 
-Message = dict[str, str]
+Message = dict[str, Any]
 # room for JSON's longest escape of a BMP character (\\uXXXX: 6 bytes); a reply of astral
 # characters escaped as surrogate pairs (12 bytes each) is cut at two thirds of its bound
 BYTES_PER_CHAR = 8
@@ -121,6 +122,8 @@ class ChatReply:
     errors: list[dict[str, Any]] = field(default_factory=list)
     # the reply reached its bound: the rest was never read (`finish_reason` is "truncated")
     truncated: bool = False
+    # the tool calls the reply asked for (streamed `tool_calls` deltas, assembled and bounded)
+    tool_calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
 
 
 def retry_wait(config: ModelConfig, error: ModelError, attempt: int) -> float | None:
@@ -237,8 +240,12 @@ class ModelClient:
         reply: ChatReply,
         session_id: str | None = None,
         max_chars: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[str]:
-        """Yield the reply's text deltas; `reply` gets usage and finish reason at the end.
+        """Yield the reply's text deltas; `reply` gets usage, finish reason and tool calls at the end.
+
+        `tools` (Chat Completions function tools) are offered with the request;
+        the calls the model asks for are assembled in `reply.tool_calls`.
 
         Retries (bounded, counted) anything that fails before the first delta;
         raises `StreamInterrupted` for a stream that breaks after it, and the
@@ -254,10 +261,13 @@ class ModelClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if tools:
+            body["tools"] = tools
         attempt = 0
         while True:
             attempt += 1
             reply.attempts = attempt
+            reply.tool_calls = ToolCallAssembler()  # a retried attempt starts its calls over
             call = self._call(reply.model, attempt, session_id)
             delivered = False
             started = time.perf_counter()
@@ -359,6 +369,8 @@ class ModelClient:
         if choice.get("finish_reason"):
             reply.finish_reason = choice["finish_reason"]
         delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("tool_calls") is not None:
+            reply.tool_calls.feed(delta["tool_calls"])
         text = delta.get("content") if isinstance(delta, dict) else None
         if not text or not isinstance(text, str):
             return ""
@@ -378,6 +390,10 @@ class ModelClient:
         reply.finish_reason = choice.get("finish_reason") or "stop"
         reply.ttft_ms = (time.perf_counter() - started) * 1000
         message = choice.get("message") or {}
+        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+            reply.tool_calls.feed(
+                [{"index": i, **c} for i, c in enumerate(message["tool_calls"]) if isinstance(c, dict)]
+            )
         return str(message.get("content") or "")
 
     # -- one whole reply ------------------------------------------------------------

@@ -136,6 +136,10 @@ async def test_resolve_each_choice_and_the_refusals(db_ctx: Context) -> None:
     # a parked execution is skipped by every takeover scan, expired or not
     assert await db.fetchall(recovery.EXPIRED_SQL, {"now": clock.now_ms() + 10**9, "limit": 5}) == []
 
+    # `rem resume` lifts model-error holds only: a tool hold ends by a decision
+    with pytest.raises(Refused, match="held for a tool call .tool_outcome_unknown."):
+        await ops.resume(db_ctx, ["s1"])
+    assert (await ops.resume(db_ctx, all_held=True))["resumed"] == []
     with pytest.raises(Refused, match="is unknown, not awaiting_approval"):
         await ops.approve(db_ctx, ids[0])
     with pytest.raises(NotFound, match="no tool call 'call_nope'"):
@@ -158,7 +162,7 @@ async def test_resolve_each_choice_and_the_refusals(db_ctx: Context) -> None:
     assert rows[ids[1]][4] == tool_calls.idempotency_key("s1", lease.execution_id, 1, 1)
     assert rows[ids[2]][0] == "error" and "the mail server says no" in rows[ids[2]][1]
     refused = await db.fetchall("SELECT data FROM event WHERE kind = 'operator.refused'")
-    assert len(refused) == 3
+    assert len(refused) == 4  # the resume, approve, resolve of an unknown id, resolve of a decided call
     assert (await db.read_in_thread(verify_operator_chain_sync))["broken"] is None
 
 

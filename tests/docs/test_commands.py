@@ -25,7 +25,7 @@ from tests.docs.pages import ROOT, code_blocks, gen, inline_code, pages
 # Commands the docs describe before they exist (docs/agent-tools.md, from the design): allowed there
 # and in the lead's checklist only. When one lands, `test_planned_commands_do_not_exist_yet` fails:
 # take it out of here, and check docs/agent-tools.md against docs/_todo.md.
-PLANNED: set[str] = set()  # commands the docs describe before they exist
+PLANNED: set[str] = set()  # every command the docs name exists now
 PLANNED_PAGES = {"agent-tools.md", "_todo.md"}
 SHELL_BLOCKS = {"", "sh", "bash", "shell", "console"}
 SEPARATORS = {"&&", "||", ";", "|", "&"}
