@@ -119,7 +119,7 @@ class BacklogTable(SnapshotTable):
     PANEL_NAME = "backlog"
     EMPTY_TEXT = "✓ nothing waiting"
     COLUMNS = (
-        Column("what", "what", 6, _what, sort=lambda r: r.get("what")),
+        Column("what", "what", 7, _what, sort=lambda r: r.get("what")),
         Column(
             "target",
             "session",
