@@ -419,7 +419,7 @@ def print_drill(report: dict[str, Any]) -> None:
     if effects:
         console.print(
             f"tool effects (the tool server's outbox): {effects['sent']} sent for {effects['keys']} calls, "
-            f"{effects['duplicated']} duplicated"
+            f"{effects['duplicated']} duplicated; {effects.get('resolved_unknown', 0)} unknown outcome(s) resolved"
         )
     verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
     console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")

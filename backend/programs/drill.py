@@ -142,6 +142,7 @@ class Drill:
         self.rng = random.Random(config.seed)
         self.on_round = on_round
         self.started = time.monotonic()
+        self.resolved = 0  # unknown tool outcomes the drill resolved (--tools)
         names = config.hosts or (None,)
         # the first host is the drill's own data dir; the others live inside it (`hosts/NAME`)
         self.hosts = [
@@ -419,7 +420,7 @@ class Drill:
 
         async def quiet() -> bool:
             if self.config.tools:  # the operator of the unknown outcomes the kills left
-                await drill_tools.resolve_unknown(self.ctx, self.ctx.data.root)
+                self.resolved += await drill_tools.resolve_unknown(self.ctx, self.ctx.data.root)
             result = await ops.check(self.ctx)
             return bool(result["ok"]) and result["counts"]["unsettled"] == 0
 
@@ -447,7 +448,7 @@ class Drill:
         finally:
             self.stop_system()
         if self.config.tools:
-            result.effects = drill_tools.effects(self.ctx.data.root)
+            result.effects = {**drill_tools.effects(self.ctx.data.root), "resolved_unknown": self.resolved}
         duplicated = bool(result.effects and result.effects["duplicated"])
         result.ok = (
             bool(result.check.get("ok")) and not any(r.error for r in result.rounds) and not duplicated
