@@ -72,10 +72,9 @@ def sigkill(
 
     Example: rem drill sigkill --role all --rounds 20 --json
     Example: rem drill sigkill --db postgresql://localhost/rem --role all --rounds 20
-    Example: rem drill sigkill --role executor --rounds 5 --tools
     """
     # import time: the drill program and rich, only for this command
-    from backend.cli.render import drill_round_printer, print_drill
+    from backend.cli.render_drill import drill_round_printer, print_drill
     from backend.programs.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
     from backend.runtime.context import Context
 
