@@ -14,7 +14,8 @@ recorded into the data dir's status history, as `rem up` would, and
 kill.
 In the replay's last
 steps the model endpoint starts rate-limiting and one session is held after
-a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`).
+a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`). The agent tool calls
+waiting for a person are Backlog's first rows (`tool-calls.svg`, `confirm-approve.svg`).
 """
 
 from __future__ import annotations
@@ -230,7 +231,11 @@ def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...]
         ("narrow-80x24", build("narrow", scenes.incident), (), {"size": (80, 24)}),
         ("model-sessions", build("sessions", scenes.incident), ("8", "z"), {}),
         ("session-detail", build("detail", scenes.incident), ("8", "end", "enter"), {}),
-        ("confirm-resume", build("resume", scenes.incident), ("1", "u"), {}),
+        # Backlog's first rows are the tool calls waiting for a person: s-bravo's unknown outcome,
+        # then s-alpha's send awaiting approval; the held session (s-tango) after them
+        ("confirm-resume", build("resume", scenes.incident), ("1", "down", "down", "u"), {}),
+        ("tool-calls", build("tools", scenes.incident), ("1", "z"), {}),
+        ("confirm-approve", build("approve", scenes.incident), ("1", "down", "a"), {}),
     ]
 
 

@@ -31,13 +31,16 @@ from tui.messages import ActionCompleted, DryRunReady
 from tui.panels import panel_key
 from tui.refresh import WorkerGroup
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.resolve import ResolveScreen
 from tui.widgets.action_log import ActionLogTable
 from tui.widgets.snapshot_table import SnapshotTable
 
 log = logging.getLogger("rem.console")
 
 # the actions that change something (disabled when read-only or in the past)
-ACTIONS = frozenset({"replay_selected", "replay_all", "drain", "release", "resume"})
+ACTIONS = frozenset(
+    {"replay_selected", "replay_all", "drain", "release", "resume", "approve", "deny", "resolve"}
+)
 
 
 class ActionHost(Protocol):
@@ -150,6 +153,38 @@ class ActionRunner:
         record = self._selected("leases", "lease")
         if record is not None:
             self._confirm_or_say(lambda: actions.release_plan(record, now_ms()))
+
+    def approve(self) -> None:
+        self._decide_tool_call("approve")
+
+    def deny(self) -> None:
+        self._decide_tool_call("deny")
+
+    def resolve(self) -> None:
+        self._decide_tool_call("resolve")
+
+    def _decide_tool_call(self, action: str) -> None:
+        """A tool call selected in Backlog: confirm (resolve: choose) with everything it is, then decide."""
+        record = self._selected("backlog", "tool call")
+        if record is None:
+            return
+        try:
+            plan = actions.tool_call_plan(record, action, now_ms())
+        except NotActionable as exc:
+            self.host.notify(str(exc), severity="warning")
+            return
+        if action != "resolve":
+            self.confirm(plan)
+            return
+
+        def chosen(choice: tuple[str, str] | None) -> None:
+            if choice is None:
+                self.log(plan.action, plan.target_text, "cancelled", "cancelled at the confirmation")
+                return
+            plan.params.update(choice=choice[0], text=choice[1])
+            self.execute(plan)
+
+        self.host.push_screen(ResolveScreen(plan), callback=chosen)  # type: ignore[arg-type]
 
     def _confirm_or_say(self, plan: Callable[[], ActionPlan]) -> None:
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.ops.records import LeaseKind, LeaseRecord, ReplayReport, WorkerState
-from backend.ops.results import ActionResult, DrainReport, LeaseReleased, ResumeReport
+from backend.ops.results import ActionResult, DrainReport, LeaseReleased, ResumeReport, ToolDecision
 from tui.console_backend import ConsoleBackend
 from tui.format import compact_json, duration, short
 from tui.widgets.leases import left_ms, owner_alive
@@ -232,6 +232,65 @@ def resume_plan(record: Mapping[str, Any]) -> ActionPlan:
     )
 
 
+# -- tool calls: approve, deny, resolve ---------------------------------------------
+TOOL_DECISIONS = {
+    "approve": (
+        "awaiting_approval",
+        "Approve",
+        "It runs, with its one idempotency key, when its turn resumes.",
+    ),
+    "deny": ("awaiting_approval", "Deny", "It does not run; the model is told the operator denied it."),
+    "resolve": (
+        "unknown",
+        "Resolve",
+        "Done: it happened (the text is its result for the model). Retry: it runs again with the "
+        "same key. Fail: the model is told it failed (the text says why).",
+    ),
+}
+
+
+def tool_call_plan(record: Mapping[str, Any], action: str, now: int) -> ActionPlan:
+    """Approve, deny or resolve one tool call; names session, tool, arguments, effect, owner, epoch, age."""
+    state, label, what = TOOL_DECISIONS[action]
+    call_id = record.get("call_id")
+    if not call_id or record.get("state") != state:
+        wanted = "an `unknown` row" if state == "unknown" else "an `approve` row"
+        raise NotActionable(f"select {wanted} in Backlog (1): {action} decides a tool call {state}")
+    alive = "alive" if record.get("owner_alive") else "DEAD"
+    started = record.get("started_at")
+    lines = [
+        f"Tool call {call_id} of session {record.get('session_id')} (execution {record.get('execution_id')})",
+        f"tool {record.get('tool')} · effect class {record.get('effect')} · permission {record.get('permission')}",
+        f"arguments {short(json.dumps(record.get('arguments'), sort_keys=True, ensure_ascii=False), 300)}",
+        f"owner {record.get('owner_id')} ({alive}) · epoch {record.get('epoch')} · "
+        f"made {duration(now - int(record.get('since') or now))} ago"
+        + (f" · started {duration(now - int(started))} ago" if isinstance(started, int) else ""),
+        f"key {record.get('idempotency_key')} · starts {record.get('starts')} · retries {record.get('retries')}",
+        what,
+        f"Refused if the call is no longer {state} (you saw an old state); journaled either way.",
+    ]
+    warning = ""
+    if action == "resolve":
+        warning = "Check the tool's own side before Retry: an effect that happened would happen twice."
+    return ActionPlan(
+        action=action,
+        title=f"{label} {record.get('tool')} for {record.get('session_id')}",
+        targets=[str(call_id)],
+        lines=lines,
+        confirm_label=label,
+        warning=warning,
+        params={"call_id": str(call_id)},
+    )
+
+
+def describe_decision(decided: ToolDecision) -> str:
+    return (
+        f"{decided['decision']} {decided['call_id']} ({decided['tool']}): "
+        f"{decided['previous_state']} → {decided['state']}"
+        + ("; the turn resumes" if decided["unparked"] else "; other calls of the turn still wait")
+    )
+
+
 # -- running and describing ----------------------------------------------------
 @dataclass(frozen=True)
 class Outcome:
@@ -260,7 +319,19 @@ async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Outcome:
     if plan.action == "resume":
         resumed = await backend.resume(p["session_id"])
         return Outcome(resumed, describe_resume(plan, resumed))
+    if plan.action in TOOL_DECISIONS:
+        decided = await _decide(plan, backend)
+        return Outcome(decided, describe_decision(decided))
     raise ValueError(f"unknown action {plan.action!r}")
+
+
+async def _decide(plan: ActionPlan, backend: ConsoleBackend) -> ToolDecision:
+    call_id, text = plan.params["call_id"], plan.params.get("text") or None
+    if plan.action == "approve":
+        return await backend.approve(call_id)
+    if plan.action == "deny":
+        return await backend.deny(call_id, text)
+    return await backend.resolve(call_id, plan.params["choice"], text)
 
 
 def describe_replay(plan: ActionPlan, report: ReplayReport) -> str:

@@ -82,6 +82,8 @@ class ConsoleApp(App[None]):
     | d | drain the selected worker |
     | l | release the selected lease |
     | u | resume the selected session a model error holds |
+    | a / n | approve / deny the tool call selected in Backlog (an `approve` row) |
+    | o | resolve the unknown outcome selected in Backlog: done, retry or fail |
     | e / c | export the focused panel as CSV / copy it to the clipboard |
     | t | timeline: the panels as recorded (`rem up` records them) / back to live |
     | [ / ] | timeline: previous / next recorded snapshot |
@@ -107,6 +109,9 @@ class ConsoleApp(App[None]):
         Binding("r", "replay_selected", "Replay"),
         Binding("R", "replay_all", "Replay all"),
         Binding("u", "resume", "Resume"),
+        Binding("a", "approve", "Approve"),
+        Binding("n", "deny", "Deny"),
+        Binding("o", "resolve", "Resolve"),
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse sort", show=False),
         Binding("e", "export_csv", "Export CSV"),
@@ -354,6 +359,9 @@ class ConsoleApp(App[None]):
     action_drain = route("runner", "drain")
     action_release = route("runner", "release")
     action_resume = route("runner", "resume")
+    action_approve = route("runner", "approve")
+    action_deny = route("runner", "deny")
+    action_resolve = route("runner", "resolve")
 
     on_moment_loaded = route("timeline", "moment_loaded")
     action_timeline = route("timeline", "toggle")

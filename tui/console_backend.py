@@ -16,7 +16,7 @@ from typing import Any
 
 from backend.ops.console import ConsoleSession, DataDir, StatusLoader, StoreEvent
 from backend.ops.records import Moment, ReplayReport, Status
-from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
+from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
@@ -95,6 +95,19 @@ class ConsoleBackend:
 
     async def resume(self, session_id: str) -> ResumeReport:
         return await self.loop.run(self.session.resume(session_id))
+
+    async def approve(self, call_id: str) -> ToolDecision:
+        return await self.loop.run(self.session.approve(call_id))
+
+    async def deny(self, call_id: str, reason: str | None = None) -> ToolDecision:
+        return await self.loop.run(self.session.deny(call_id, reason))
+
+    async def resolve(self, call_id: str, choice: Any, text: str | None = None) -> ToolDecision:
+        """`choice`: done, retry or fail (`backend.ops.resolve`, which refuses anything else)."""
+        return await self.loop.run(self.session.resolve(call_id, choice, text))
+
+    async def tool_calls(self, session_id: str) -> list[dict[str, Any]]:
+        return await self.loop.run(self.session.tool_calls(session_id))
 
     def close(self) -> None:
         """Close both connections and stop the loop (called once, at exit)."""

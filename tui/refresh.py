@@ -39,6 +39,7 @@ class WorkerGroup(StrEnum):
     ACTION = "action"  # a confirmed replay, drain or release
     DRY_RUN = "dry-run"  # the replay dry run shown in the confirmation
     DETAIL_HISTORY = "detail-history"  # a detail screen's journal rows
+    DETAIL_TOOLS = "detail-tools"  # a detail screen's tool calls of its session
     DETAIL_DIFF = "detail-diff"  # a detail screen's live receipt diff
     TIMELINE = "timeline"  # a recorded moment read from the status history
 

@@ -38,6 +38,14 @@ PauseOpt = Annotated[
     ),
 ]
 
+ToolsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tools",
+        help="A tool-using load on rem's demo tools server; the report counts sends done twice (0).",
+    ),
+]
+
 
 @drill_app.command("sigkill")
 def sigkill(
@@ -49,6 +57,7 @@ def sigkill(
     lease_ms: LeaseOpt = 4000,
     settle_timeout: SettleOpt = 180.0,
     pause: PauseOpt = False,
+    tools: ToolsOpt = False,
     data: common.DataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
@@ -65,7 +74,7 @@ def sigkill(
     Example: rem drill sigkill --db postgresql://localhost/rem --role all --rounds 20
     """
     # import time: the drill program and rich, only for this command
-    from backend.cli.render import drill_round_printer, print_drill
+    from backend.cli.render_drill import drill_round_printer, print_drill
     from backend.programs.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
     from backend.runtime.context import Context
 
@@ -81,6 +90,7 @@ def sigkill(
         pause=pause,
         settle_timeout_s=settle_timeout,
         hosts=PG_HOSTS if db_url else (),
+        tools=tools,
     )
     config.victims()
     # the drill's own --data only (never the global one): a drill kills what runs on its data dir

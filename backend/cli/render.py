@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from backend.cli.render_tools import print_session_calls, print_waiting_calls
 from backend.core.inert import visible
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
@@ -102,6 +103,7 @@ def print_status(result: Status) -> None:
     console = Console(highlight=False, emoji=False)  # values print as typed
     _print_headline(console, result)
     _print_model(console, result)
+    print_waiting_calls(console, result["tools"], STATUS_ROWS)
     _print_tables(console, result)
 
 
@@ -271,6 +273,7 @@ def print_transcript(result: dict[str, Any]) -> None:
         console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
     for message in result["messages"]:
         _print_message(console, message)
+    print_session_calls(console, result.get("tool_calls", []))
     for waiting in result["waiting"]:
         asleep = " (asleep: session held)" if waiting["asleep"] else ""
         console.print(
@@ -369,51 +372,6 @@ def check_progress_bar() -> Any:
             yield update
 
     return bar()
-
-
-def drill_round_printer() -> Any:
-    """A callback printing one line per drill round on stderr as it happens."""
-    console = _console(stderr=True)
-
-    def show(rnd: Any) -> None:
-        took = f"{rnd.recovery_s:.2f} s" if rnd.recovery_s is not None else "-"
-        status = f"[red]{_e(rnd.error)}[/]" if rnd.error else _e(rnd.recovered)
-        console.print(
-            f"round {rnd.number:>2}: SIGKILL {_e(rnd.role)} pid {rnd.pid} at "
-            f"{rnd.killed_at_s:.1f} s -> {status} ({took})"
-        )
-
-    return show
-
-
-def print_drill(report: dict[str, Any]) -> None:
-    console = _console()
-    table = Table(
-        "round",
-        "killed",
-        "pid",
-        "at (s)",
-        "recovered",
-        "recovery (s)",
-        "released",
-        title=f"rem drill sigkill ({_e(report['data_dir'])})",
-    )
-    for rnd in report["rounds"]:
-        table.add_row(
-            _cell(rnd["number"]),
-            _cell(rnd["role"]),
-            _cell(rnd["pid"]),
-            f"{rnd['killed_at_s']:.1f}",
-            _cell(rnd["error"] or rnd["recovered"]),
-            "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
-            _cell(rnd["released"]),
-        )
-    console.print(table)
-    check = report["check"]
-    for finding in check.get("violations", []):
-        console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
-    verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
-    console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
 
 
 def print_bench(report: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich import box
@@ -9,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from backend.core.inert import visible
+from backend.ops.records import ToolCallRecord, ToolCalls
 from backend.ops.tool_list import ToolsReport
 
 STATE_STYLE = {"up": "green", "down": "red", "starting": "yellow", "idle": "dim", "closed": "dim"}
@@ -78,3 +81,91 @@ def _tools_table(rows: list[dict[str, Any]]) -> Table:
             Text("yes", style="green") if tool["available"] else Text("no", style="red"),
         )
     return table
+
+
+def _seconds(ms: int) -> str:
+    seconds = max(0, ms) // 1000
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def arguments_text(arguments: object, limit: int = 120) -> str:
+    """A call's arguments as one line of compact JSON, cut at `limit` characters, controls escaped."""
+    text = visible(json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _waiting_row(call: ToolCallRecord) -> list[Text]:
+    owner = f"{call['owner_id'] or '-'} e{call['epoch'] if call['epoch'] is not None else '-'}"
+    return [
+        Text(visible(call["call_id"])),
+        Text(visible(call["session_id"])),
+        Text(visible(call["tool"])),
+        Text(call["effect"]),
+        Text(_seconds(call["age_ms"])),
+        Text(visible(owner) + ("" if call["owner_alive"] else " (dead)")),
+        Text(arguments_text(call["arguments"])),
+    ]
+
+
+def print_waiting_calls(console: Console, tools: ToolCalls, rows: int) -> None:
+    """`rem status`'s tool calls: the counts, then each call waiting for a person, oldest first."""
+    counts = tools["counts"]
+    if not any(counts.values()):
+        return
+    console.print(Text("tool calls: " + ", ".join(f"{state} {n}" for state, n in counts.items() if n)))
+    for title, state, calls, verb in (
+        ("awaiting approval", "awaiting_approval", tools["awaiting_approval"], "rem approve|deny CALL"),
+        ("unknown outcome", "unknown", tools["unknown_outcome"], "rem resolve CALL --done|--retry|--fail"),
+    ):
+        if not calls:
+            continue
+        table = Table(
+            *("call", "session", "tool", "effect", "waiting", "owner epoch", "arguments"),
+            title=f"Tool calls {title} ({counts[state]}): {verb}",
+            title_justify="left",
+            box=None,
+        )
+        for call in calls[:rows]:
+            table.add_row(*_waiting_row(call))
+        console.print(table)
+
+
+STATE_TONE = {"completed": "green", "error": "red", "denied": "red", "unknown": "red bold"}
+SHOW_RESULT_CHARS = 2_000  # a result longer than this prints cut; `rem show --json` has it whole
+
+
+def print_session_calls(console: Console, calls: list[dict[str, Any]]) -> None:
+    """`rem show`'s tool calls: each with its state, arguments, key, owner and epoch, and result."""
+    if not calls:
+        return
+    console.print(Text(f"Tool calls ({len(calls)})", style="bold"))
+    for call in calls:
+        head = Text(f"  {visible(call['call_id'])} ")
+        head.append(visible(call["state"]), style=STATE_TONE.get(call["state"], "yellow"))
+        head.append(
+            visible(
+                f" {call['tool']} ({call['effect']}, {call['permission']}) step {call['step']}.{call['idx']}"
+                f" starts {call['starts']} retries {call['retries']}"
+                f" owner {call['owner_id'] or '-'} epoch {call['epoch'] if call['epoch'] is not None else '-'}"
+            )
+        )
+        console.print(head)
+        console.print(Text(f"    arguments {arguments_text(call['arguments'], 400)}"))
+        console.print(Text(f"    key {visible(call['idempotency_key'])}", style="dim"))
+        if call["result"] is not None:
+            console.print(Text("    result " + _result_text(call)))
+        if call["reason"]:
+            console.print(Text(f"    reason {visible(call['reason'])}"))
+        if call["decided_by"]:
+            console.print(Text(f"    decided by {visible(call['decided_by'])}", style="dim"))
+
+
+def _result_text(call: dict[str, Any]) -> str:
+    text = visible(call["result"], multiline=False)
+    notes = ["tool error"] if call["is_error"] else []
+    if call["result_truncated"]:
+        notes.append(f"kept truncated, {call['result_bytes']} bytes")
+    if len(text) > SHOW_RESULT_CHARS:
+        text = text[:SHOW_RESULT_CHARS] + "…"
+        notes.append("cut here: rem show --json has it whole")
+    return text + (f" ({'; '.join(notes)})" if notes else "")

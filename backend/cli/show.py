@@ -21,7 +21,7 @@ def show(
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
-    """Show a session's transcript: messages, parts, each reply's usage, cost and model error, recovery markers.
+    """Show a session's transcript: messages, parts, usage, cost, model errors, recovery markers, tool calls.
 
     Example: rem show demo-billing-1 --last 10
     """

@@ -145,6 +145,35 @@ RULES: tuple[AlertRule, ...] = (
         console_key="3 then enter",
     ),
     AlertRule(
+        name="RemToolOutcomeUnknown",
+        metric="rem_tool_calls_waiting",
+        matchers={"state": "unknown"},
+        op=">",
+        threshold=0,
+        hold="1m",
+        severity="critical",
+        summary="{{ $value }} effect tool call(s) whose outcome is unknown, their sessions held: "
+        "console key 9 (Tools), enter for the call, o to resolve it done, retry or fail",
+        description="An executor died (or the tool timed out) while an effect tool call was in "
+        "flight. rem never repeats it by itself: check the tool's own side (did the mail go?) and "
+        "resolve it; the turn waits until then.",
+        console_key="9 then o",
+    ),
+    AlertRule(
+        name="RemToolApprovalWaiting",
+        metric="rem_tool_calls_waiting_oldest_seconds",
+        matchers={"state": "awaiting_approval"},
+        op=">",
+        threshold=900,
+        hold="0m",
+        severity="warning",
+        summary="a tool call has waited {{ $value | humanizeDuration }} for approval: console key 9 "
+        "(Tools), a to approve or n to deny",
+        description="An `ask` tool (by default every effect tool) waits for a person; its session's "
+        "turn is parked until someone approves or denies it.",
+        console_key="9 then a",
+    ),
+    AlertRule(
         name="RemDreamStuck",
         metric="rem_backlog_oldest_age_seconds",
         matchers={"kind": "dream"},

@@ -31,9 +31,9 @@ from backend.core.errors import BadInput, DataDirError, Refused, RemError
 from backend.core.inert import visible
 from backend.core.private import create_export, export_path, inside, make_private_dir
 from backend.core.settings import settings
-from backend.ops import actions, memory, timeline
+from backend.ops import actions, memory, timeline, tool_decisions, tool_status
 from backend.ops.records import Moment, ReplayReport, Status
-from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
+from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
 from backend.runtime.context import Context
 from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events
@@ -176,6 +176,20 @@ class ConsoleSession:
 
     async def resume(self, session_id: str) -> ResumeReport:
         return await actions.resume(self.ctx, [session_id])
+
+    async def approve(self, call_id: str) -> ToolDecision:
+        return await tool_decisions.approve(self.ctx, call_id)
+
+    async def deny(self, call_id: str, reason: str | None) -> ToolDecision:
+        return await tool_decisions.deny(self.ctx, call_id, reason)
+
+    async def resolve(self, call_id: str, choice: tool_decisions.Choice, text: str | None) -> ToolDecision:
+        return await tool_decisions.resolve(self.ctx, call_id, choice, text)
+
+    async def tool_calls(self, session_id: str) -> list[dict[str, Any]]:
+        """A session's tool calls (`rem show`'s), each with its state, key, result and times."""
+        db = await self.ctx.db()
+        return await db.read_in_thread(lambda conn: tool_status.session_calls_sync(conn, session_id))
 
     async def close(self) -> None:
         """Close both connections (and the history store, if a moment was read)."""

@@ -7,7 +7,9 @@ own parser and compares). A family is added here once the snapshot carries
 its figures, never reported as a made-up zero: a time-to-first-token
 quantile with no request in the window has no sample. Label values are bounded: kinds, roles, states, verdicts
 and classes are fixed sets; the per-worker heartbeat gauge has one series per
-listed worker (live ones, and those stopped in the last ten minutes).
+listed worker (live ones, and those stopped in the last ten minutes); tool names
+come from the configuration, and past the 50 most used are summed as `(other)`
+(`ops.tool_status.TOOL_CAP`: a model inventing names cannot grow the series).
 """
 
 from __future__ import annotations
@@ -291,6 +293,43 @@ def _usage_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     )
 
 
+# the outcomes rem_tool_calls_total counts: the states a call never leaves (a counter only grows);
+# the calls waiting for a person are rem_tool_calls_waiting's
+TOOL_OUTCOMES = ("completed", "error", "denied")
+TOOL_WAITING = ("awaiting_approval", "unknown")
+
+
+def _tool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Agent tool calls: finished ones by tool and outcome, and those waiting for a person."""
+    tools = status.get("tools")  # (a moment recorded before tool calls existed has none)
+    if tools is None:
+        return
+    total = CounterMetricFamily(
+        "rem_tool_calls",
+        "Agent tool calls finished, by tool (NAME.TOOL; past the 50 most used: (other)) and outcome.",
+        labels=["tool", "outcome"],
+    )
+    for tool, states in sorted(tools["by_tool"].items()):
+        for outcome in TOOL_OUTCOMES:
+            if states.get(outcome):
+                total.add_metric([tool, outcome], states[outcome])
+    yield total
+    yield _gauge(
+        "rem_tool_calls_waiting",
+        "Agent tool calls waiting for an operator, by state (awaiting_approval: `rem approve|deny`; "
+        "unknown: an effect in flight when its executor died or timed out, `rem resolve`).",
+        ["state"],
+        (([state], tools["counts"].get(state, 0)) for state in TOOL_WAITING),
+    )
+    oldest = {"awaiting_approval": tools["awaiting_approval"], "unknown": tools["unknown_outcome"]}
+    yield _gauge(
+        "rem_tool_calls_waiting_oldest_seconds",
+        "How long the oldest call of each waiting state has waited since it was made (0: none).",
+        ["state"],
+        (([state], _seconds(calls[0]["age_ms"]) if calls else 0.0) for state, calls in oldest.items()),
+    )
+
+
 def families(status: Mapping[str, Any]) -> list[Metric]:
     """Every metric family of one status snapshot."""
     out: list[Metric] = [
@@ -310,6 +349,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _model_families,
         _usage_families,
         _recall_index_families,
+        _tool_families,
     ):
         out.extend(produce(status))
     return out

@@ -58,6 +58,8 @@ __all__ = [
     "Status",
     "SummaryJobs",
     "Throughput",
+    "ToolCallRecord",
+    "ToolCalls",
     "Totals",
     "Usage",
     "UsageTotal",
@@ -352,6 +354,38 @@ class Usage(TypedDict):
     sessions: list[SessionUsage]
 
 
+class ToolCallRecord(TypedDict):
+    """An agent tool call waiting for a person (`ops.tool_status`): an approval, or an unknown outcome."""
+
+    call_id: str  # what `rem approve|deny|resolve` take
+    session_id: str
+    execution_id: str
+    tool: str  # NAME.TOOL
+    arguments: Any  # the call's JSON arguments, as durable before anything ran
+    effect: str  # read, idempotent or effect (recorded when the call was made)
+    permission: str  # allow, ask or deny
+    state: str  # a ToolCallState: awaiting_approval or unknown
+    idempotency_key: str
+    since: int  # when the call was made
+    age_ms: int
+    started_at: int | None  # when `running` was last committed (None: never started)
+    updated_at: int  # when the call last moved (an unknown outcome: when it became unknown)
+    starts: int
+    retries: int  # the operator's journaled retries
+    owner_id: str | None  # the lease the row last moved under
+    epoch: int | None
+    owner_alive: bool
+
+
+class ToolCalls(TypedDict):
+    """`rem status --json`'s `tools`: the waiting calls (capped, oldest first) and every call counted."""
+
+    awaiting_approval: list[ToolCallRecord]
+    unknown_outcome: list[ToolCallRecord]
+    counts: dict[str, int]  # every ToolCallState, uncapped
+    by_tool: dict[str, dict[str, int]]  # tool -> state -> n (at most TOOL_CAP tools, then "(other)")
+
+
 class Snapshot(TypedDict):
     """What one read transaction of state.db sees (`ops.snapshot.snapshot_sync`)."""
 
@@ -369,6 +403,7 @@ class Snapshot(TypedDict):
     events: list[EventRecord]
     totals: Totals
     counts: Counts
+    tools: ToolCalls
 
 
 class RecordedMoment(TypedDict):

@@ -34,7 +34,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag, index_lag_sync
-from backend.ops import model_health
+from backend.ops import model_health, tool_status
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -154,7 +154,12 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event
         ORDER BY id DESC LIMIT :tail""",
 }
-STATUS_QUERIES: dict[str, str] = {**LIST_QUERIES, **TOTALS_QUERIES, **model_health.QUERIES}
+STATUS_QUERIES: dict[str, str] = {
+    **LIST_QUERIES,
+    **TOTALS_QUERIES,
+    **model_health.QUERIES,
+    **tool_status.QUERIES,
+}
 # a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
 # them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
 PLAN_PARAMS: dict[str, Any] = {
@@ -182,7 +187,7 @@ def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
 def _counts_sync(conn: Conn) -> dict[str, Any]:
     """Every count of the snapshot: the counters (one read of `status_count`)."""
     plain, keyed = counters.counts_sync(conn)
-    return {**plain, "execution_held": keyed["execution_held"]}
+    return {**plain, "execution_held": keyed["execution_held"], "tool_calls": keyed["tool_calls"]}
 
 
 E = TypeVar("E", bound=StrEnum)
@@ -475,6 +480,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
     rows["usage"] = model_health.usage_sync(conn, counts)
+    rows["tools"] = tool_status.waiting_rows_sync(conn, LIST_CAP)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
     rows["totals"] = {}  # the clockless totals, read again at their next use
@@ -527,5 +533,6 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
             "held": len(back["held"]),
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
+        "tools": tool_status.tool_calls(rows["tools"], counts["tool_calls"], now),
     }
     return snapshot

@@ -2,8 +2,8 @@
 
 Messages in sequence order with their streamed parts, each reply's usage,
 cost and model error, and the recovery markers (continuation messages,
-superseded and interrupted replies), plus the session's totals, its hold and
-what is still waiting. Reads only, in one read transaction.
+superseded and interrupted replies), plus the session's totals, its hold,
+what is still waiting and the agent's tool calls. Reads only, in one read transaction.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from backend.core.errors import SessionNotFound
+from backend.ops.tool_status import session_calls_sync
 from backend.store.db import Conn, Row
 
 SESSION_COLUMNS = (
@@ -131,6 +132,7 @@ def transcript_sync(conn: Conn, session_id: str, last: int = 0) -> dict[str, Any
         "waiting": waiting,
         "execution": dict(execution) if execution else None,
         "recoveries": [dict(r) for r in recoveries],
+        "tool_calls": session_calls_sync(conn, session_id),
     }
 
 

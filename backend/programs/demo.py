@@ -9,6 +9,7 @@ The console itself is passed in by the CLI (`backend.cli.demo`): `backend` never
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -85,6 +86,38 @@ def model_env(model_url: str | None, model: str | None, embedding_model: str | N
     if embedding_model is not None:
         env.update({"REM_EMBEDDER": "openai", Settings.embedding_model.env: embedding_model})
     return env
+
+
+# outbox_send's delay in the demo: long enough to `kill -9` an executor while the send is in flight
+DEMO_EFFECT_DELAY_MS = 5_000
+TOOLS_CONFIG = "mcp.json"
+
+
+def write_tools_config(
+    root: Path, *, effect_permission: str = "ask", effect_delay_ms: int = DEMO_EFFECT_DELAY_MS
+) -> Path:
+    """The agent's tools for the demo (REM_MCP_CONFIG): rem's demo tools server over stdio on `root`.
+
+    Notes are `allow` (idempotent: they run at once, and again with the same key after a crash);
+    `outbox_send` is an effect and stays `ask`, so approvals wait in the console; approve one and
+    `kill -9` its executor during the send's delay to get an unknown outcome to resolve. The drill
+    passes `effect_permission="allow"` (nobody approves there).
+    """
+    from backend.programs.demo_tools import server_config  # the server's command line only
+
+    config = {
+        "mcpServers": {"demo": server_config(root, effect_delay_ms=effect_delay_ms)},
+        "rem": {
+            "tools": {
+                "demo.notes_add": {"permission": "allow"},
+                "demo.notes_search": {"permission": "allow"},
+                "demo.outbox_send": {"permission": effect_permission, "timeout_ms": effect_delay_ms * 6},
+            }
+        },
+    }
+    path = root / TOOLS_CONFIG
+    private.write_private_text(path, json.dumps(config, indent=2))
+    return path
 
 
 def start_up(
@@ -221,8 +254,14 @@ def run_demo(
             f"{model[Settings.model_base_url.env]} (the API key from REM_MODEL_API_KEY_FILE or "
             "REM_MODEL_API_KEY, if it needs one); the console's header shows the endpoint's health"
         )
+    tools = write_tools_config(root)
+    note(
+        f"rem demo: agent tools from {tools} (notes run at once; outbox_send waits for approval: "
+        "a in the console's Backlog approves, n denies)"
+    )
     previous = set_signal_handlers(_interrupted)
-    proc = start_up(root, up_args, {**(model or {}), **store_env(db_url)})
+    env = {**(model or {}), **store_env(db_url), Settings.mcp_config.env: str(tools)}
+    proc = start_up(root, up_args, env)
     try:
         count = wait_ready(root, proc)
         note(

@@ -42,6 +42,7 @@ from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError, UsageError
 from backend.ops.records import LeaseRecord
+from backend.programs import drill_tools
 from backend.programs.supervisor import read_manifest
 from backend.runtime.context import Context
 
@@ -73,6 +74,8 @@ class DrillConfig:
     pause: bool = False
     # host identities, one `rem up` each on the shared store (PostgreSQL); () = one, unnamed
     hosts: tuple[str, ...] = ()
+    # a tool-using load on rem's demo tools server (`backend.programs.drill_tools`)
+    tools: bool = False
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -107,6 +110,8 @@ class DrillResult:
     rounds: list[Round] = field(default_factory=list)
     settle_s: float | None = None
     check: dict[str, Any] = field(default_factory=dict)
+    # with --tools: the sends the tool server did, and those done twice for one key (must be 0)
+    effects: dict[str, int] | None = None
     ok: bool = False
     duration_s: float = 0.0
 
@@ -137,6 +142,7 @@ class Drill:
         self.rng = random.Random(config.seed)
         self.on_round = on_round
         self.started = time.monotonic()
+        self.resolved = 0  # unknown tool outcomes the drill resolved (--tools)
         names = config.hosts or (None,)
         # the first host is the drill's own data dir; the others live inside it (`hosts/NAME`)
         self.hosts = [
@@ -157,6 +163,8 @@ class Drill:
         extra = {"REM_HOST": host.name} if host.name else {}
         if self.ctx.db_url:  # in the environment, never in argv (`ps` shows argv to every user)
             extra["REM_DB_URL"] = self.ctx.db_url
+        if self.config.tools:
+            extra.update(drill_tools.tools_env(self.ctx.data.root))
         return {
             "REM_EXECUTION_LEASE_MS": str(self.config.lease_ms),
             "REM_SUMMARY_LEASE_MS": str(self.config.lease_ms),
@@ -411,6 +419,8 @@ class Drill:
                 processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
 
         async def quiet() -> bool:
+            if self.config.tools:  # the operator of the unknown outcomes the kills left
+                self.resolved += await drill_tools.resolve_unknown(self.ctx, self.ctx.data.root)
             result = await ops.check(self.ctx)
             return bool(result["ok"]) and result["counts"]["unsettled"] == 0
 
@@ -437,7 +447,12 @@ class Drill:
             result.check = await ops.check(self.ctx, settled=True, verify_chroma=True)
         finally:
             self.stop_system()
-        result.ok = bool(result.check.get("ok")) and not any(r.error for r in result.rounds)
+        if self.config.tools:
+            result.effects = {**drill_tools.effects(self.ctx.data.root), "resolved_unknown": self.resolved}
+        duplicated = bool(result.effects and result.effects["duplicated"])
+        result.ok = (
+            bool(result.check.get("ok")) and not any(r.error for r in result.rounds) and not duplicated
+        )
         result.duration_s = round(time.monotonic() - self.started, 1)
         return result
 

@@ -38,6 +38,14 @@ ASKS = (
     "Explain the timeline: {d} slowed down, then {a} timed out.",
     "Who owns {b}, and does {c} need to approve the fix?",
 )
+# what the offline agent answers with a tool call (a note: `notes_add`, idempotent; a send or a
+# payment: `outbox_send`, an effect that waits for approval); asked when the agent has tools
+TOOL_ASKS = (
+    "Note that {a} was the cause of the {d} delay.",
+    "Make a note for {c}: check {b} before the next release.",
+    "Send {c} an email that {a} is fixed.",
+    "Send a message to {c} about {d}.",
+)
 STEERS = (
     "Actually, focus on {a} only.",
     "Keep it short, {c} is waiting.",
@@ -54,6 +62,9 @@ class LoadGenerator:
     rate: float = 1.0
     steer_ratio: float = 0.2
     seed: int | None = None
+    # the share of inputs that ask for a tool (a note or a send); 0: none, and the inputs drawn
+    # are the same as before tools existed for a given seed
+    tool_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -68,7 +79,8 @@ class LoadGenerator:
         sid = self.rng.choice(self.session_ids)
         a, b, c, d = TOPICS[sid.split("-")[1]]
         steer = self.rng.random() < self.steer_ratio
-        template = self.rng.choice(STEERS if steer else ASKS)
+        tool = not steer and self.tool_ratio > 0 and self.rng.random() < self.tool_ratio
+        template = self.rng.choice(STEERS if steer else TOOL_ASKS if tool else ASKS)
         return sid, template.format(a=a, b=b, c=c, d=d), Delivery.STEER if steer else Delivery.QUEUE
 
     async def send_one(self) -> None:

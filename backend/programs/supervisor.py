@@ -53,6 +53,8 @@ DRAIN_TIMEOUT_S = 20.0
 # the operator journal's head is recorded at most this often while commits keep coming
 JOURNAL_HEAD_GAP_S = 0.2
 MAX_RESTART_BACKOFF_S = 5.0
+# the share of the synthetic load's inputs that ask for a tool when REM_MCP_CONFIG is set
+LOAD_TOOL_RATIO = 0.3
 
 
 @dataclass
@@ -358,7 +360,13 @@ class Supervisor:
         private.write_private_text(self.manifest_path, json.dumps(self.manifest(), indent=2))
 
     async def _run_load(self) -> None:
-        generator = LoadGenerator(self.ctx, sessions=self.config.load_sessions, rate=self.config.load_rate)
+        generator = LoadGenerator(
+            self.ctx,
+            sessions=self.config.load_sessions,
+            rate=self.config.load_rate,
+            # with agent tools configured, a share of the inputs ask for a note or a send
+            tool_ratio=LOAD_TOOL_RATIO if settings.mcp_config is not None else 0.0,
+        )
         stop = asyncio.Event()
 
         async def either() -> None:

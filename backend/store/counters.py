@@ -143,8 +143,14 @@ SUMS: tuple[Counter, ...] = (
         for name in USAGE_TOKENS
     ),
 )
+# schema v12's: agent tool calls by state and tool (`rem status`'s `tools.counts`, the metrics
+# `rem_tool_calls_total{tool,outcome}` and `rem_tool_calls_waiting{state}`), keyed `STATE:TOOL`
+# (a state never holds a colon: split at the first one)
+TOOL_CALLS: tuple[Counter, ...] = (
+    Counter("tool_calls", "tool_call", None, ("state", "tool"), key="state || ':' || tool"),
+)
 V6_COUNTERS = COUNTERS
-COUNTERS = (*V6_COUNTERS, *SUMS)
+COUNTERS = (*V6_COUNTERS, *SUMS, *TOOL_CALLS)
 BY_NAME = {c.name: c for c in COUNTERS}
 
 
@@ -176,7 +182,10 @@ def _value(counter: Counter, row: str) -> str:
 
 
 def _key(counter: Counter, row: str) -> str:
-    return f"{row}.{counter.key}" if counter.key else "''"
+    """The group a row counts in: its key column, or the key expression over the row's columns."""
+    if not counter.key:
+        return "''"
+    return f"{row}.{counter.key}" if counter.key.isidentifier() else f"({_row(counter.key, row)})"
 
 
 def _bump(counter: Counter, delta: str, key: str) -> str:
@@ -272,10 +281,10 @@ def backfill_sql(counter: Counter) -> str:
 
 
 def migration_sql(version: int = 6) -> str:
-    """Schema v6's counter part (the table, every v6 counter's triggers and backfill), or v8's
-    (the usage sums' triggers and backfill)."""
+    """Schema v6's counter part (the table, every v6 counter's triggers and backfill), v8's
+    (the usage sums' triggers and backfill) or v12's (the tool calls')."""
     statements = [TABLE_SQL] if version == 6 else []
-    for counter in V6_COUNTERS if version == 6 else SUMS:
+    for counter in {6: V6_COUNTERS, 8: SUMS, 12: TOOL_CALLS}[version]:
         statements += trigger_sql(counter)
         statements.append(backfill_sql(counter))
     return "".join(f"{s};\n" for s in statements)

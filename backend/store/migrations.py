@@ -514,8 +514,13 @@ BEGIN
 END;
 """
 
+# v12: tool calls are counted like the rest of the status snapshot (`status_count`, kept by
+# triggers, backfilled here): `rem status`'s `tools.counts` and the tool-call metrics read one
+# small table, never a walk of every call ever made.
+V12 = counters.migration_sql(12)
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

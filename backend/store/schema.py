@@ -33,6 +33,7 @@ from backend.store.migrations import V8 as V8
 from backend.store.migrations import V9 as V9
 from backend.store.migrations import V10 as V10
 from backend.store.migrations import V11 as V11
+from backend.store.migrations import V12 as V12
 from backend.store.migrations import split_statements as split_statements
 
 log = logging.getLogger("rem.schema")

@@ -247,10 +247,10 @@ END $$
 """
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
 PG_ONLY: dict[int, str] = {8: CHANGE_FEED, 10: FENCED}
-# SQLite migrations with nothing to do here (by SQLite's number): 8 adds status counters,
+# SQLite migrations with nothing to do here (by SQLite's number): 8 and 12 add status counters,
 # which PostgreSQL does not keep (it counts on each read; backend/store/counters.py says why).
 # The version still moves, so both engines' numbering stays in step.
-SQLITE_ONLY: frozenset[int] = frozenset({8})
+SQLITE_ONLY: frozenset[int] = frozenset({8, 12})
 
 _NO_TWIN = re.compile(r"^\s*(CREATE\s+(TRIGGER|VIRTUAL\s+TABLE)|DROP\s+TRIGGER|PRAGMA)\b", re.IGNORECASE)
 _OBJECT_NAME = re.compile(

@@ -41,6 +41,8 @@ REQUIRED = {
     "RemBacklogOld",
     "RemNoLiveExecutor",
     "RemChromaDown",
+    "RemToolOutcomeUnknown",
+    "RemToolApprovalWaiting",
 }
 
 
@@ -101,6 +103,38 @@ def _no_executor(scene: scenes.Scene) -> None:
     )
 
 
+def _tool_call(scene: scenes.Scene, state: str, *, ago_ms: int) -> None:
+    """A send on executor A's turn, waiting for a person since `ago_ms` (younger ones: no alert)."""
+
+    def rows() -> None:
+        scene.tool_call(
+            "call_x",
+            "exe_0001",
+            "s-alpha",
+            "demo.outbox_send",
+            {"to": "ops"},
+            state=state,
+            owner=scenes.EXEC_A,
+            epoch=3,
+            ago_ms=ago_ms,
+            starts=int(state == "unknown"),
+        )
+        scene.tool_call(
+            "call_y",
+            "exe_0001",
+            "s-alpha",
+            "demo.outbox_send",
+            {"to": "ops"},
+            state="awaiting_approval",
+            owner=scenes.EXEC_A,
+            epoch=3,
+            ago_ms=60_000,
+            idx=1,
+        )
+
+    scene.tx(rows)
+
+
 TRIGGERS: dict[str, tuple[Callable[[scenes.Scene], None], bool]] = {
     "RemLeaseDeadOwner": (_killed, True),
     "RemLeaseExpiredNotTakenOver": (lambda s: _killed(s, expired_ago_ms=90_000), True),
@@ -125,6 +159,8 @@ TRIGGERS: dict[str, tuple[Callable[[scenes.Scene], None], bool]] = {
     "RemBacklogOld": (lambda s: s.tx(lambda: s.inputs("s-x", 2, oldest_ago_ms=900_000)), True),
     "RemNoLiveExecutor": (_no_executor, True),
     "RemChromaDown": (lambda s: None, False),
+    "RemToolOutcomeUnknown": (lambda s: _tool_call(s, "unknown", ago_ms=30_000), True),
+    "RemToolApprovalWaiting": (lambda s: _tool_call(s, "awaiting_approval", ago_ms=1_200_000), True),
 }
 
 

@@ -109,5 +109,6 @@ async def test_a_registered_family_runs_in_every_batch_and_is_listed_in_its_decl
         assert result["violations"][0]["rows"] == [{"now": 7}]
         # its name among the checked, after the other families' per-session checks, before the state's
         assert result["checked"] == [
-            "structure", "inputs", "projection", "usage", "recall_index", "probe", "progress", "audit", "counters"
+            "structure", "inputs", "projection", "tool calls", "usage", "recall_index", "probe", "progress",
+            "audit", "counters",
         ]  # fmt: skip

@@ -30,6 +30,7 @@ from backend.ops import checks
 from backend.runtime.context import Context
 from backend.store import counters, schema
 from backend.store.db import Database
+from backend.store.states import ToolCallState
 from backend.summaries.receipts import ReceiptVerdict
 from backend.summaries.summarizer import JobStatus
 from tests.helpers import counter_drift
@@ -116,7 +117,7 @@ async def _v5_database(path: Path) -> Database:
 async def test_a_v5_database_migrates_with_every_counter_backfilled(tmp_path: Path) -> None:
     db = await _v5_database(tmp_path / "state.db")
     try:
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 9
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION
         kept = await db.read_in_thread(_kept)
         # hand-counted from the rows above
         assert kept["sessions"] == 6 and kept["inputs_total"] == 3
@@ -170,7 +171,7 @@ async def test_a_v7_database_migrates_with_the_usage_sums_backfilled(tmp_path: P
                     "VALUES (?, 1, 1, ?, ?, ?, ?, ?, ?, ?)",
                     (sid, t_in, t_out, t_rs, t_cr, t_cw, cost, error),
                 )
-        assert await schema.migrate(db) == schema.SCHEMA_VERSION == 9
+        assert await schema.migrate(db) == schema.SCHEMA_VERSION
         kept = await db.read_in_thread(_kept)
         assert kept["usage_sessions"] == 3
         assert (kept["usage_tokens_input"], kept["usage_tokens_output"]) == (3100, 720)
@@ -248,6 +249,15 @@ _ops = st.one_of(
         st.sampled_from((0.0, 0.1, 0.2, 1e-7, 3.3)),
         st.sampled_from((None, '{"class": "rate_limit"}')),
     ),
+    # the tool calls by state and tool (schema v12): a call moves between states, a tool renamed
+    st.tuples(
+        st.just("tool"),
+        _sid,
+        st.integers(0, 2),
+        st.sampled_from(("demo.a", "demo.b")),
+        st.sampled_from(tuple(ToolCallState)),
+    ),
+    st.tuples(st.just("tool-"), st.integers(0, 2)),
 )
 
 UPSERTS = {
@@ -273,6 +283,11 @@ UPSERTS = {
     "expires_at) VALUES ('e-' || ?1, ?1, ?2, 1, 'ready', 1, 1, 1) "
     "ON CONFLICT (id) DO UPDATE SET owner_id = excluded.owner_id, epoch = epoch + 1",
     "lease-": "DELETE FROM session_execution WHERE session_id = ?",
+    "tool": "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, arguments, "
+    "effect, effect_source, permission, state, idempotency_key, time_created, time_updated) "
+    "VALUES ('c' || ?2, ?1, 'e', 1, ?2, 'm', ?3, '{}', 'effect', 'config', 'ask', ?4, 'k', 1, 1) "
+    "ON CONFLICT (id) DO UPDATE SET tool = excluded.tool, state = excluded.state",
+    "tool-": "DELETE FROM tool_call WHERE id = 'c' || ?",
     "usage": "UPDATE session SET tokens_input = ?2, tokens_output = ?3, tokens_reasoning = ?4, "
     "tokens_cache_read = ?5, tokens_cache_write = ?4 + ?5, cost = ?6, model_error = ?7 WHERE id = ?1",
 }

@@ -148,6 +148,15 @@ async def test_every_metric_equals_the_status_snapshot_it_came_from(
     assert _get(values, "rem_recall_turns_indexed_approx") == index["turns_indexed_approx"]
     assert _get(values, "rem_chroma_up") == int(status["chroma"]["healthy"])
     assert _get(values, "rem_sessions") == status["counts"]["sessions"]
+    tools = status["tools"]
+    for tool, states in tools["by_tool"].items():
+        for outcome in ("completed", "error", "denied"):
+            key = ("rem_tool_calls_total", frozenset({"tool": tool, "outcome": outcome}.items()))
+            assert values.get(key) == states.get(outcome)  # no sample for an outcome never seen
+    for state, key in (("awaiting_approval", "awaiting_approval"), ("unknown", "unknown_outcome")):
+        assert _get(values, "rem_tool_calls_waiting", state=state) == tools["counts"][state]
+        oldest = tools[key][0]["age_ms"] / 1000 if tools[key] else 0.0  # type: ignore[literal-required]
+        assert _get(values, "rem_tool_calls_waiting_oldest_seconds", state=state) == oldest
     assert _get(values, "rem_up") == 1
 
 
@@ -187,6 +196,13 @@ async def test_the_known_incident_reads_as_expected(known_dir: DataDir) -> None:
     assert _get(values, "rem_model_errors", **{"class": "auth"}) == 1
     assert _get(values, "rem_sessions_held") == 1
     assert _get(values, "rem_model_sessions") == 4
+    # a read completed; a send waits for approval (95 s); a send's outcome is unknown (44 s)
+    assert _get(values, "rem_tool_calls_total", tool="demo.notes_search", outcome="completed") == 1
+    sent = frozenset({"tool": "demo.outbox_send", "outcome": "completed"}.items())
+    assert ("rem_tool_calls_total", sent) not in values
+    assert _get(values, "rem_tool_calls_waiting", state="awaiting_approval") == 1
+    assert _get(values, "rem_tool_calls_waiting", state="unknown") == 1
+    assert _get(values, "rem_tool_calls_waiting_oldest_seconds", state="awaiting_approval") == 95.0
 
 
 def test_an_unreadable_state_db_is_rem_up_0_with_the_reason_not_a_500() -> None:

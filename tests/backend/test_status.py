@@ -27,13 +27,14 @@ BIG_TABLES = (
     "graph_edge",
     "worker",
     "model_call",
+    "tool_call",
 )
 
 
 # count(*) of sessions walks the smallest index of session (not the table); the
 # event tail walks the rowid backwards and stops at its LIMIT. Both accepted.
 ALLOWED_SCANS = {("sessions", "session"), ("events", "event")}
-ALIASES = {"e": "session_execution", "j": "summary_job", "d": "dream_state", "w": "worker"}
+ALIASES = {"e": "session_execution", "j": "summary_job", "d": "dream_state", "w": "worker", "c": "tool_call"}
 
 
 @pytest.fixture(scope="module")

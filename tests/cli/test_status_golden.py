@@ -73,6 +73,20 @@ def test_status_without_json_prints_the_snapshot(
     assert "Model down api.openai.com/v1 (gpt-4o-mini)" in out and "3 retries" in out
     assert "held s-tango: auth: HTTP 401" in out and "`rem resume s-tango` once fixed" in out
     assert "Usage: 4 sessions" in out
+    # the tool calls waiting for a person, each with its owner and epoch (B was SIGKILLed)
+    assert "tool calls: awaiting_approval 1, completed 1, unknown 1" in out
+    assert "Tool calls awaiting approval (1): rem approve|deny CALL" in out
+    unknown = out[out.index("Tool calls unknown outcome (1)") :].splitlines()
+    assert unknown[2].split()[:8] == [
+        "call_b1",
+        "s-bravo",
+        "demo.outbox_send",
+        "effect",
+        "44s",
+        "executor-ops-1-4102-d4e5f6",
+        "e1",
+        "(dead)",
+    ], unknown
     for section in ("Leases (4)", "Receipt mismatches (4)", "Dream drift (", "Workers (4)"):
         assert section in out, section
     assert "s-dreaming" in out and "summary_s-job" not in out  # a lease row, and no replay noise

@@ -84,3 +84,20 @@ def test_rem_tools_errors_are_one_line_and_no_config_is_fine(tmp_path: Path) -> 
         [REM, "tools", "--json"], cwd=tmp_path, env=relative, capture_output=True, text=True
     )
     assert proc.returncode == 0 and json.loads(proc.stdout)["config"] == str(tmp_path / "empty.json")
+
+
+def test_the_demos_tools_config_offers_notes_at_once_and_sends_after_approval(tmp_path: Path) -> None:
+    """`rem demo`'s REM_MCP_CONFIG, read by `rem tools` against the real demo server it starts."""
+    from backend.programs.demo import write_tools_config
+
+    config = write_tools_config(tmp_path)
+    assert config == tmp_path / "mcp.json" and oct(config.stat().st_mode & 0o777) == "0o600"
+    proc = run_rem("tools", "--config", str(config), "--json", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    by_name = {tool["name"]: tool for tool in report["tools"]}
+    assert (by_name["demo.outbox_send"]["effect"], by_name["demo.outbox_send"]["permission"]) == (
+        "effect",
+        "ask",
+    )
+    assert by_name["demo.notes_add"]["permission"] == "allow" and report["warnings"] == []

@@ -292,6 +292,59 @@ class Scene:
                 None if outcome == "ok" else f"HTTP {status} {outcome}",
             )
 
+    def tool_call(
+        self,
+        call_id: str,
+        exe: str,
+        sid: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        state: str,
+        owner: str | None,
+        epoch: int | None,
+        ago_ms: int,
+        step: int = 1,
+        idx: int = 0,
+        effect: str = "effect",
+        permission: str = "ask",
+        result: str | None = None,
+        starts: int = 0,
+    ) -> None:
+        """One agent tool call row, as the executor writes it (started 1 s after it was made)."""
+        self.session(sid)
+        made = self.now - ago_ms
+        started = made + 1_000 if starts else None
+        finished = started + 500 if started is not None and result is not None else None
+        self.x(
+            "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, "
+            "arguments, effect, effect_source, permission, state, idempotency_key, owner_id, epoch, "
+            "starts, result, result_bytes, time_created, time_started, time_finished, time_updated) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            call_id,
+            sid,
+            exe,
+            step,
+            idx,
+            f"model-{call_id}",
+            tool,
+            json.dumps(arguments, sort_keys=True),
+            effect,
+            "annotation",
+            permission,
+            state,
+            f"rk_{exe}_{step}_{idx}",
+            owner,
+            epoch,
+            starts,
+            result,
+            None if result is None else len(result.encode()),
+            made,
+            started,
+            finished,
+            finished or started or made,
+        )
+
     def event(
         self,
         kind: str,
@@ -516,6 +569,54 @@ def model_trouble(scene: Scene) -> None:
     scene.tx(rows)
 
 
+def tool_calls(scene: Scene) -> None:
+    """Agent tool calls: a read that completed, a send waiting for approval, and a send whose
+    executor (B) was SIGKILLed mid-call: its outcome is unknown."""
+
+    def rows() -> None:
+        scene.tool_call(
+            "call_a1",
+            "exe_0001",
+            "s-alpha",
+            "demo.notes_search",
+            {"query": "rollback plan"},
+            state="completed",
+            owner=EXEC_A,
+            epoch=3,
+            ago_ms=130_000,
+            effect="read",
+            permission="allow",
+            result="2 notes: rollback plan v2, rollback drill",
+            starts=1,
+        )
+        scene.tool_call(
+            "call_a2",
+            "exe_0001",
+            "s-alpha",
+            "demo.outbox_send",
+            {"to": "oncall@example.com", "subject": "rollback at 14:00"},
+            state="awaiting_approval",
+            owner=EXEC_A,
+            epoch=3,
+            ago_ms=95_000,
+            step=2,
+        )
+        scene.tool_call(
+            "call_b1",
+            "exe_0002",
+            "s-bravo",
+            "demo.outbox_send",
+            {"to": "finance@example.com", "subject": "pay invoice 2291", "amount": 1250},
+            state="unknown",
+            owner=EXEC_B,
+            epoch=1,
+            ago_ms=44_000,
+            starts=1,
+        )
+
+    scene.tx(rows)
+
+
 def incident(scene: Scene) -> None:
     """Everything at once: the main screenshot."""
     healthy(scene)
@@ -523,6 +624,7 @@ def incident(scene: Scene) -> None:
     receipt_mismatches(scene)
     dream_drift(scene)
     model_trouble(scene)
+    tool_calls(scene)
 
 
 def build(root: Path, *steps: Callable[[Scene], None], now: int = NOW) -> DataDir:

@@ -117,7 +117,10 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
             "s-papa": "summary_stale",
         }
         backlog = table(app, "backlog")
-        assert backlog.shown_keys()[:2] == ["held:s-tango", "rec:exe_0099"]  # held, then parked first
+        # tool calls waiting for a person (unknown outcomes, then approvals), held, then parked first
+        assert backlog.shown_keys()[:4] == ["tool:call_b1", "tool:call_a2", "held:s-tango", "rec:exe_0099"]
+        assert backlog.cell_text("tool:call_b1", "what") == "unknown"
+        assert backlog.cell_text("tool:call_a2", "detail").startswith("demo.outbox_send subject=rollback")
         assert backlog.cell_text("held:s-tango", "what") == "held"
         assert backlog.cell_text("held:s-tango", "detail").startswith("2 asleep · auth: HTTP 401")
         assert backlog.cell_text("rec:exe_0099", "what") == "parked"

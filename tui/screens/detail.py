@@ -1,4 +1,5 @@
-"""The detail screen (Enter on a row): the full row, the receipt vs Chroma diff, the journal."""
+"""The detail screen (Enter on a row): the full row, the receipt vs Chroma diff, the session's tool
+calls, the journal."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tui.refresh import WorkerGroup
 # what a section shows until its worker has loaded it
 LOADING = "loading…"
 HistoryLoader = Callable[[], Awaitable[list[dict[str, Any]]]]
+ToolCallsLoader = Callable[[], Awaitable[list[dict[str, Any]]]]
 DiffLoader = Callable[[], Awaitable[ReplayReport]]
 TIME_FIELDS = (
     "time",
@@ -110,6 +112,32 @@ def history_table(events: list[dict[str, Any]]) -> RenderableType:
     return table
 
 
+def tool_calls_table(calls: list[dict[str, Any]]) -> RenderableType:
+    """A session's tool calls, oldest first: state, tool, key, fence, times and result (plain text)."""
+    if not calls:
+        return Text("no tool calls in this session")
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for name in ("call", "state", "tool", "effect", "key", "owner · epoch", "made", "started", "finished"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("arguments → result", overflow="fold")
+    for c in calls:
+        result = c.get("result")
+        shown = compact_json(c.get("arguments"), 80) + " → " + ("-" if result is None else str(result)[:200])
+        table.add_row(
+            plain(c.get("call_id")),
+            plain(c.get("state")),
+            plain(c.get("tool")),
+            plain(c.get("effect")),
+            plain(str(c.get("idempotency_key"))[:20] + "…"),
+            plain(f"{c.get('owner_id') or '-'} · {c.get('epoch')}"),
+            plain(clock_time(c.get("time_created"))),
+            plain(clock_time(c.get("time_started")) if c.get("time_started") else "-"),
+            plain(clock_time(c.get("time_finished")) if c.get("time_finished") else "-"),
+            plain(shown),
+        )
+    return table
+
+
 class DetailScreen(ModalScreen[None]):
     """One row in full, with its journal history (and, for receipts, the diff).
 
@@ -153,6 +181,12 @@ class DetailScreen(ModalScreen[None]):
             self.events = events
             self.error = error
 
+    class ToolCallsLoaded(Message):
+        def __init__(self, calls: list[dict[str, Any]] | None, error: str | None) -> None:
+            super().__init__()
+            self.calls = calls
+            self.error = error
+
     class LiveDiffLoaded(Message):
         def __init__(self, result: ReplayReport | None, error: str | None) -> None:
             super().__init__()
@@ -168,8 +202,10 @@ class DetailScreen(ModalScreen[None]):
         live_diff: DiffLoader | None = None,
         receipt: bool = False,
         describe_error: Callable[[BaseException], str] = str,
+        tool_calls: ToolCallsLoader | None = None,
     ) -> None:
         super().__init__()
+        self._tool_calls = tool_calls
         self.describe_error = describe_error
         self.title_text = title
         self.record = dict(record)
@@ -196,6 +232,9 @@ class DetailScreen(ModalScreen[None]):
         async def live_diff() -> ReplayReport:
             return await backend.replay([str(record.get("summary_id"))], dry_run=True)
 
+        async def tool_calls() -> list[dict[str, Any]]:
+            return await backend.tool_calls(str(session_id))
+
         return cls(
             f"{panel}: {target or session_id or key}",
             record,
@@ -203,6 +242,7 @@ class DetailScreen(ModalScreen[None]):
             live_diff=live_diff,
             receipt=panel == "receipts",
             describe_error=describe_error,
+            tool_calls=tool_calls if session_id else None,
         )
 
     def compose(self) -> ComposeResult:
@@ -216,6 +256,9 @@ class DetailScreen(ModalScreen[None]):
                     yield Static(LOADING, id="live-diff")
                 yield Label("Row", classes="section")
                 yield Static(row_table(self.record), id="row")
+                if self._tool_calls is not None:
+                    yield Label("Tool calls of the session (oldest first)", classes="section")
+                    yield Static(LOADING, id="tool-calls")
                 yield Label("History (event journal, newest first)", classes="section")
                 yield Static(LOADING, id="history")
         yield Footer(compact=True)
@@ -227,6 +270,20 @@ class DetailScreen(ModalScreen[None]):
             self.query_one("#history", Static).update("no history for this row")
         if self.receipt and self._live_diff is not None:
             self.load_live_diff()
+        if self._tool_calls is not None:
+            self.load_tool_calls()
+
+    @work(exclusive=True, group=WorkerGroup.DETAIL_TOOLS, exit_on_error=False)
+    async def load_tool_calls(self) -> None:
+        assert self._tool_calls is not None
+        await self._load(self._tool_calls, self.ToolCallsLoaded)
+
+    def on_detail_screen_tool_calls_loaded(self, message: ToolCallsLoaded) -> None:
+        target = self.query_one("#tool-calls", Static)
+        if message.error:
+            target.update(plain(f"tool calls unavailable: {message.error}"))
+        else:
+            target.update(tool_calls_table(message.calls or []))
 
     @work(exclusive=True, group=WorkerGroup.DETAIL_HISTORY, exit_on_error=False)
     async def load_history(self) -> None:

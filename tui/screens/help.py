@@ -12,6 +12,7 @@ from textual.widgets import Footer, Markdown
 
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
+from tui.screens.resolve import ResolveScreen
 from tui.widgets.filter_bar import FilterBar
 from tui.widgets.panel_table import PanelTable
 
@@ -71,6 +72,19 @@ def help_sections(app_bindings: Iterable[BindingType]) -> list[tuple[str, list[t
             "Confirmation",
             [("Tab", "move between Cancel and the action"), ("Enter", "press the focused button")]
             + bindings_rows(ConfirmScreen.BINDINGS),
+        ),
+        (
+            "Tool calls (Backlog's `approve` and `unknown` rows)",
+            [
+                (
+                    "a / n",
+                    "approve / deny the call: the confirmation names its session, tool, arguments, "
+                    "effect class, owner, epoch and age",
+                ),
+                ("o", "resolve an unknown outcome: Done (the text is its result), Retry (same key) or Fail"),
+                ("Enter", "detail: the call, its session's tool calls (states, keys, results, times)"),
+            ]
+            + bindings_rows(ResolveScreen.BINDINGS),
         ),
         ("Detail", bindings_rows(DetailScreen.BINDINGS)),
     ]

@@ -1,4 +1,8 @@
-"""The backlog panel: parked and waiting recoveries, inputs not yet promoted, failed summaries."""
+"""The backlog panel: tool calls waiting for a person, held sessions, recoveries, failed summaries, inputs.
+
+The agent tool calls an operator must decide come first, most urgent first: an unknown outcome
+(`unknown`: an effect in flight when its executor died; `o` resolves it), then the calls
+awaiting approval (`approve`: `a` approves, `n` denies), each oldest first."""
 
 from __future__ import annotations
 
@@ -7,15 +11,26 @@ from collections.abc import Iterable
 from rich.text import Text
 
 from backend.ops.records import DigestState, Status
-from tui.format import age, cell, short, short_id
+from tui.format import age, cell, compact_json, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
-WHAT_TONE = {"parked": "error", "failed": "error", "held": "error", "recov": "warning"}
+WHAT_TONE = {
+    "unknown": "error",
+    "approve": "warning",
+    "parked": "error",
+    "failed": "error",
+    "held": "error",
+    "recov": "warning",
+}
+# the backlog rows that are agent tool calls (their `what`), and the keys that decide them
+TOOL_ROWS = {"unknown": "o resolves", "approve": "a approves · n denies"}
+# the hold reasons of a turn parked on its tool calls (`backend.execution.parking.TOOL_HOLDS`)
+TOOL_HOLDS = ("tool_awaiting_approval", "tool_outcome_unknown")
 
 
 def _what(record: Record, now: int, palette: Palette) -> Text:
     what = record["what"]
-    return cell(what, WHAT_TONE.get(what), palette, bold=what in ("parked", "failed"))
+    return cell(what, WHAT_TONE.get(what), palette, bold=what in ("parked", "failed", "unknown"))
 
 
 def _age(record: Record, now: int, palette: Palette) -> Text:
@@ -33,12 +48,32 @@ def _detail(record: Record) -> str:
     if what == "failed":
         return f"×{record.get('attempts', 0)} {record.get('last_error') or ''}".strip()
     if what == "held":
-        return f"{record.get('waiting', 0)} asleep · {record.get('reason') or ''} · u resumes"
+        reason = str(record.get("reason") or "")
+        if reason in TOOL_HOLDS:  # parked on its tool calls (the rows above): decided there, not resumed
+            return f"{record.get('waiting', 0)} asleep · {reason} · decide its tool call(s)"
+        return f"{record.get('waiting', 0)} asleep · {reason} · u resumes"
+    if what in TOOL_ROWS:
+        owner = "" if record.get("owner_alive") else " · owner dead"
+        return (
+            f"{record.get('tool')} {compact_json(record.get('arguments'), 40)} · {record.get('effect')}"
+            f"{owner} · {TOOL_ROWS[what]}"
+        )
     return str(record.get("detail", ""))
+
+
+def _tool_rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
+    """The tool calls waiting for a person (a moment recorded before tool calls had none)."""
+    tools = snapshot.get("tools")
+    if not tools:
+        return
+    for what, calls in (("unknown", tools["unknown_outcome"]), ("approve", tools["awaiting_approval"])):
+        for call in calls:
+            yield f"tool:{call['call_id']}", {"what": what, "target": call["session_id"], **call}
 
 
 def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
     backlog = snapshot["backlog"]
+    yield from _tool_rows(snapshot)
     for held in backlog["held"]:
         yield (
             f"held:{held['session_id']}",
@@ -78,13 +113,13 @@ def summary_line(snapshot: Status) -> str:
 
 
 class BacklogTable(SnapshotTable):
-    """Work waiting: sessions held for an operator, recoveries (parked first), failed summaries, inputs."""
+    """Work waiting: tool calls to decide, sessions held, recoveries (parked first), failed summaries, inputs."""
 
     PANEL_TITLE = "Backlog"
     PANEL_NAME = "backlog"
     EMPTY_TEXT = "✓ nothing waiting"
     COLUMNS = (
-        Column("what", "what", 6, _what, sort=lambda r: r.get("what")),
+        Column("what", "what", 7, _what, sort=lambda r: r.get("what")),
         Column(
             "target",
             "session",
@@ -105,11 +140,15 @@ class BacklogTable(SnapshotTable):
         backlog = snapshot["backlog"]
         parked = sum(1 for r in backlog["recoveries"] if r["parked"])
         held = len(backlog["held"])
+        counts = (snapshot.get("tools") or {}).get("counts", {})
+        unknown, approvals = counts.get("unknown", 0), counts.get("awaiting_approval", 0)
         title = (
             f"Backlog {snapshot['counts']['backlog']}"
+            + (f" · {unknown} unknown" if unknown else "")
+            + (f" · {approvals} to approve" if approvals else "")
             + (f" · {parked} parked" if parked else "")
             + (f" · {held} held" if held else "")
         )
         failed = backlog["summary_jobs"]["failed"]
         self.summary = summary_line(snapshot)
-        return title, bool(parked or failed or held)
+        return title, bool(parked or failed or held or unknown or approvals)

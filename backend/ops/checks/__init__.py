@@ -31,6 +31,8 @@ The package, one module per invariant family and the machinery that runs them:
 
     structure    invariant 0: state.db reads back whole, every foreign key points at a row
     execution    invariants 1, 3 and 2's executions: inputs promoted once, one reply per step and input
+    tools        invariant 10: no tool call both completed and running, every result fenced,
+                 no effect call started twice without an operator's journaled retry
     counters     token totals and status counters equal the counts they keep
     receipts     invariants 2 and 5: summaries current, receipts match their Chroma rows, none corrupt
     dream        invariants 2 and 4: Dream at the published revision, its keys on the Chroma row
@@ -42,11 +44,10 @@ The package, one module per invariant family and the machinery that runs them:
     sessions     one batch of sessions through every family's per-session checks
     workers      the sessions phase in worker processes (`backend.ops.check_worker`)
 
-Adding a family (say `tools`: no tool call both completed and running, every
-result fenced, no effect call started twice without an operator's retry):
+Adding a family (`tools` is the latest, a small example):
 
-1. a module `backend/ops/checks/tools.py` with its checks and one
-   `FAMILY = Family(name="tools", findings=(...), sessions=(...), state=(...))`:
+1. a module `backend/ops/checks/NAME.py` with its checks and one
+   `FAMILY = Family(name="NAME", findings=(...), sessions=(...), state=(...))`:
    `sessions` checks take `(conn, report, lo, hi)` and read the sessions
    `lo < session_id <= hi` of one batch (through a session_id-leading index);
    `state` checks take `(conn, report, moment)` and run once, in a short read of
@@ -55,7 +56,7 @@ result fenced, no effect call started twice without an operator's retry):
    invariant, what, rows)`; every `what` it can report is listed in `findings`,
    in the order a report should list them (tests/backend/test_check_families.py
    holds every family to that);
-2. one line, `tools.FAMILY,`, in `registry.FAMILIES` (and `tools` added to the
+2. one line, `NAME.FAMILY,`, in `registry.FAMILIES` (and `NAME` added to the
    import above it); its place there is where its findings are listed, and
    when its checks run within each phase.
 

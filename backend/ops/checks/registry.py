@@ -5,12 +5,13 @@ Adding a family is one module (see the package docstring) and one line in `FAMIL
 
 from __future__ import annotations
 
-from backend.ops.checks import counters, dream, execution, journal, receipts, structure, turn_index
+from backend.ops.checks import counters, dream, execution, journal, receipts, structure, tools, turn_index
 from backend.ops.checks.family import ChromaCheck, Family, SessionsCheck, StateCheck, Sweep
 
 FAMILIES: tuple[Family, ...] = (
     structure.FAMILY,
     execution.FAMILY,
+    tools.FAMILY,
     counters.FAMILY,
     receipts.FAMILY,
     dream.FAMILY,

@@ -1,0 +1,140 @@
+"""Agent tool calls in the status snapshot: the calls waiting for a person, and every call counted.
+
+`rem status --json`'s `tools` object, the console's tool panel and the tool-call metrics read
+this. The lists are the calls only an operator moves on (`WAITING_STATES`: an approval asked
+for, an effect whose outcome is unknown), oldest first (the most urgent: it has waited longest),
+read from the partial index of open calls up to `LIST_CAP` rows; the counts are the `tool_calls`
+status counter (`backend.store.counters`), so neither walks the calls ever made.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from backend.ops.records import ToolCallRecord, ToolCalls
+from backend.store import workers
+from backend.store.db import Conn
+from backend.store.states import ToolCallState
+
+_OPEN = "('pending', 'awaiting_approval', 'running', 'unknown')"
+_COLUMNS = """c.id, c.session_id, c.execution_id, c.tool, c.arguments, c.effect, c.permission,
+        c.state, c.idempotency_key, c.owner_id, c.epoch, c.starts, c.retries, c.time_created,
+        c.time_started, c.time_updated, w.state AS owner_state, w.heartbeat_at, w.exited_at"""
+
+
+def _waiting_sql(state: ToolCallState) -> str:
+    # the IN term repeats the partial index's predicate word for word: SQLite's planner uses a
+    # partial index only when a WHERE term is one of its own
+    return f"""
+        SELECT {_COLUMNS}
+        FROM tool_call AS c LEFT JOIN worker AS w ON w.owner_id = c.owner_id
+        WHERE c.state IN {_OPEN} AND c.state = '{state.value}'
+        ORDER BY c.time_created, c.id LIMIT :cap"""
+
+
+QUERIES: dict[str, str] = {
+    "tools_awaiting_approval": _waiting_sql(ToolCallState.AWAITING_APPROVAL),
+    "tools_unknown_outcome": _waiting_sql(ToolCallState.UNKNOWN),
+}
+# tools named in the counts (by calls made); the rest are summed under OTHER_TOOL, so a model
+# that invents tool names cannot grow the status document or the metrics' label sets
+TOOL_CAP = 50
+OTHER_TOOL = "(other)"
+
+
+def waiting_rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
+    """The rows of both waiting lists, oldest first: what does not depend on the clock."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, sql in QUERIES.items():
+        cursor = conn.execute(sql, {"cap": cap})
+        cursor.row_factory = None
+        names = [d[0] for d in cursor.description]
+        out[name] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return out
+
+
+def _arguments(raw: Any) -> Any:
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw  # as stored: a CHECK keeps it JSON, a damaged row still shows
+
+
+def call_record(r: dict[str, Any], now: int) -> ToolCallRecord:
+    """One waiting call as the status shows it, its age and its owner's liveness as of `now`."""
+    return {
+        "call_id": r["id"],
+        "session_id": r["session_id"],
+        "execution_id": r["execution_id"],
+        "tool": r["tool"],
+        "arguments": _arguments(r["arguments"]),
+        "effect": r["effect"],
+        "permission": r["permission"],
+        "state": r["state"],
+        "idempotency_key": r["idempotency_key"],
+        "since": r["time_created"],
+        "age_ms": now - r["time_created"],
+        "started_at": r["time_started"],
+        "updated_at": r["time_updated"],
+        "starts": r["starts"],
+        "retries": r["retries"],
+        "owner_id": r["owner_id"],
+        "epoch": r["epoch"],
+        "owner_alive": workers.worker_alive(r["owner_state"], r["heartbeat_at"], r["exited_at"], now),
+    }
+
+
+def by_tool(keyed: dict[str, int]) -> dict[str, dict[str, int]]:
+    """The `tool_calls` counter (`STATE:TOOL` -> n) as tool -> state -> n, at most TOOL_CAP tools."""
+    tools: dict[str, dict[str, int]] = {}
+    for key, n in keyed.items():
+        state, _, tool = key.partition(":")
+        per_state = tools.setdefault(tool, {})
+        per_state[state] = per_state.get(state, 0) + n
+    ranked = sorted(tools, key=lambda t: (-sum(tools[t].values()), t))
+    out = {tool: tools[tool] for tool in ranked[:TOOL_CAP]}
+    for tool in ranked[TOOL_CAP:]:
+        other = out.setdefault(OTHER_TOOL, {})
+        for state, n in tools[tool].items():
+            other[state] = other.get(state, 0) + n
+    return out
+
+
+def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now: int) -> ToolCalls:
+    """The snapshot's `tools` object: both waiting lists, the counts by state, and by tool."""
+    counts = dict.fromkeys((s.value for s in ToolCallState), 0)
+    for key, n in keyed.items():
+        state = key.partition(":")[0]
+        counts[state] = counts.get(state, 0) + n
+    return {
+        "awaiting_approval": [call_record(r, now) for r in rows["tools_awaiting_approval"]],
+        "unknown_outcome": [call_record(r, now) for r in rows["tools_unknown_outcome"]],
+        "counts": counts,
+        "by_tool": by_tool(keyed),
+    }
+
+
+# a session's calls as `rem show` and the console's detail view list them, newest last
+SESSION_CALLS_SQL = """
+    SELECT id AS call_id, execution_id, message_id, step, idx, model_call_id, tool, arguments, effect,
+           effect_source, permission, state, approved, idempotency_key, owner_id, epoch, starts,
+           retries, result, result_bytes, result_truncated, is_error, reason, decided_by,
+           decided_at, time_created, time_started, time_finished, time_updated
+    FROM tool_call WHERE session_id = ? ORDER BY time_created DESC, execution_id, step, idx LIMIT ?"""
+# calls listed per session (the newest); a longer history is in state.db
+SESSION_CALLS_CAP = 500
+
+
+def session_calls_sync(conn: Conn, session_id: str, cap: int = SESSION_CALLS_CAP) -> list[dict[str, Any]]:
+    """The session's newest `cap` tool calls, oldest first, each with its arguments, state, result and key."""
+    cursor = conn.execute(SESSION_CALLS_SQL, (session_id, cap))
+    cursor.row_factory = None
+    names = [d[0] for d in cursor.description]
+    calls = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    for call in calls:
+        call["arguments"] = _arguments(call["arguments"])
+        for flag in ("approved", "result_truncated", "is_error"):
+            call[flag] = bool(call[flag])
+    calls.reverse()
+    return calls

@@ -1,0 +1,185 @@
+"""The console's tool-call flow, driven with keys: the waiting calls in Backlog (unknown outcomes
+first, then approvals, oldest first), approve, deny, and resolve done / retry / fail, each through
+a confirmation naming the session, tool, arguments, effect class, owner, epoch and age; then the
+database says what the decision did. The calls are written by the executor's own functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.core import clock
+from backend.core.datadir import DataDir
+from backend.execution import leases, parking, tool_calls
+from backend.execution.tool_calls import Outcome, PlannedCall
+from backend.runtime.context import Context
+from backend.store.fencing import guard_sync
+from backend.store.states import ToolCallState
+from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, select, table, until
+from tui.screens.detail import DetailScreen
+from tui.screens.resolve import ResolveScreen
+
+UNKNOWN = Outcome(state=ToolCallState.UNKNOWN, result=None, is_error=False, reason="executor killed")
+
+
+def _planned(idx: int, state: ToolCallState) -> PlannedCall:
+    if state == ToolCallState.RUNNING:
+        state = ToolCallState.PENDING  # inserted pending, then started
+    return PlannedCall(
+        idx=idx,
+        model_call_id=f"m{idx}",
+        tool="demo.outbox_send",
+        arguments=json.dumps({"to": f"ops-{idx}@example.com", "subject": "rollback"}),
+        effect="effect",
+        effect_source="annotation",
+        permission="ask",
+        state=state,
+    )
+
+
+async def _parked(ctx: Context, sid: str, states: list[ToolCallState]) -> list[str]:
+    """A turn of `sid` that asked for calls in `states` (running ones end unknown), parked."""
+    db = await ctx.db()
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?)", (sid, now, now)
+        )
+    lease = await leases.claim(db, sid, "executor-test-1", length_ms=60_000)
+    assert lease is not None
+
+    def write(conn: Any) -> list[str]:
+        guard_sync(conn, lease, now=now)
+        ids = tool_calls.insert_sync(
+            conn, lease, 1, f"{lease.execution_id}:1", [_planned(i, s) for i, s in enumerate(states)], now
+        )
+        running = [cid for cid, s in zip(ids, states, strict=True) if s == ToolCallState.RUNNING]
+        tool_calls.start_sync(conn, lease, running, now)  # (inserted pending: started, then lost)
+        for cid in running:
+            tool_calls.finish_sync(conn, lease, cid, UNKNOWN, now)
+        assert parking.park_sync(conn, lease, now=now) is not None
+        return ids
+
+    return await db.write_in_thread(write)
+
+
+@pytest.fixture
+async def waiting(tmp_path: Path) -> tuple[DataDir, list[str], list[str]]:
+    """s-ask: two sends awaiting approval; s-lost: three sends in flight when the executor died."""
+    data = DataDir(tmp_path / "data")
+    ctx = Context(data, start_chroma=False)
+    try:
+        asks = await _parked(ctx, "s-ask", [ToolCallState.AWAITING_APPROVAL] * 2)
+        lost = await _parked(ctx, "s-lost", [ToolCallState.RUNNING] * 3)
+    finally:
+        await ctx.close()
+    return data, asks, lost
+
+
+async def _rows(data: DataDir) -> dict[str, tuple[Any, ...]]:
+    ctx = Context(data, start_chroma=False, read_only=True)
+    try:
+        db = await ctx.db()
+        rows = await db.fetchall("SELECT id, state, approved, retries, result, decided_by FROM tool_call")
+        return {r[0]: tuple(r[1:]) for r in rows}
+    finally:
+        await ctx.close()
+
+
+async def _decide(pilot: Any, app: Any, call_id: str, key: str) -> Any:
+    """Select the call's Backlog row and press `key`: the modal that opens."""
+    backlog = table(app, "backlog")
+    await pilot.press("1", "home")
+    await select(pilot, backlog, f"tool:{call_id}")
+    await pilot.press(key)
+    if key == "o":
+        await until(pilot, lambda: isinstance(app.screen, ResolveScreen), "the resolve modal")
+        assert app.focused is not None and app.focused.id == "cancel"
+        return app.screen
+    return await confirm_modal(pilot)
+
+
+async def _logged(pilot: Any, app: Any, n: int) -> str:
+    log = table(app, "actions")
+    await until(
+        pilot, lambda: len(log.all_records()) >= n and log.all_records()[0]["outcome"] != "", "the log"
+    )
+    record = log.all_records()[0]
+    assert record["outcome"] == "ok", record
+    return str(record["message"])
+
+
+async def _detail_shows(pilot: Any, app: Any, call_id: str, parts: list[str]) -> None:
+    await pilot.press("1", "home")
+    await select(pilot, table(app, "backlog"), f"tool:{call_id}")
+    await pilot.press("enter")
+    await until(pilot, lambda: isinstance(app.screen, DetailScreen), "the detail screen")
+    calls = app.screen.query_one("#tool-calls")
+    await until(pilot, lambda: "loading" not in plain(calls), "the session's tool calls")
+    for part in parts:
+        assert part in plain(calls), (part, plain(calls))
+    await pilot.press("escape")
+
+
+async def test_approve_and_deny_from_backlog_name_the_call_and_move_it(
+    waiting: tuple[DataDir, list[str], list[str]],
+) -> None:
+    data, (first, second), lost = waiting
+    async with console(data).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        backlog = table(app, "backlog")
+        # unknown outcomes first, then approvals (each oldest first: these were made together)
+        keys = [k for k in backlog.shown_keys() if k.startswith("tool:")]
+        assert sorted(keys[:3]) == sorted(f"tool:{c}" for c in lost)
+        assert sorted(keys[3:]) == sorted(f"tool:{c}" for c in (first, second))
+        assert backlog.cell_text(f"tool:{first}", "what") == "approve"
+        modal = await _decide(pilot, app, first, "a")
+        body = "\n".join(modal.plan.lines)
+        for part in (
+            "session s-ask",
+            "tool demo.outbox_send",
+            "effect class effect",
+            '"to": "ops-0@example.com"',
+            "owner executor-test-1",
+            "epoch 1",
+            "made ",
+        ):
+            assert part in body, (part, body)
+        await pilot.press("tab", "enter")
+        assert "approve" in await _logged(pilot, app, 1)
+        modal = await _decide(pilot, app, second, "n")
+        assert modal.plan.action == "deny" and modal.plan.targets == [second]
+        await pilot.press("tab", "enter")
+        assert "the turn resumes" in await _logged(pilot, app, 2)
+    rows = await _rows(data)
+    assert rows[first][:2] == ("pending", 1) and rows[second][0] == "denied"
+    assert rows[first][4] == rows[second][4] is not None  # decided by the console's operator
+
+
+async def test_resolve_done_retry_and_fail_from_backlog(
+    waiting: tuple[DataDir, list[str], list[str]],
+) -> None:
+    data, _asks, (done, retry, fail) = waiting
+    async with console(data).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        assert table(app, "backlog").cell_text(f"tool:{done}", "what") == "unknown"
+        for n, (call_id, button, text) in enumerate(
+            ((done, "done", "sent, receipt 8812"), (retry, "retry", ""), (fail, "fail", "bounced")), start=1
+        ):
+            if call_id == fail:  # the detail of a call lists its session's calls: states, keys, results
+                await _detail_shows(pilot, app, fail, [done, "completed", "sent, receipt 8812", retry])
+            modal = await _decide(pilot, app, call_id, "o")
+            assert "session s-lost" in "\n".join(modal.plan.lines) and modal.plan.warning
+            if text:
+                await pilot.click("#text")
+                await pilot.press(*text)
+            await pilot.click(f"#{button}")
+            message = await _logged(pilot, app, n)
+            assert f"{button} {call_id}" in message, message
+    rows = await _rows(data)
+    assert rows[done][0] == "completed" and rows[done][3] == "sent, receipt 8812"
+    assert rows[retry][0] == "pending" and rows[retry][2] == 1
+    assert rows[fail][0] == "error" and "bounced" in rows[fail][3]
