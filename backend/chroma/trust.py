@@ -107,11 +107,13 @@ def held_by(port: int, pid: int, tables: tuple[Path, ...] = PROC_TABLES) -> bool
         for fields in rows
         if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].partition(":")[2], 16) == port
     }
-    if not inodes:
-        return False
-    fd_dir = Path(f"/proc/{pid}/fd")
+    return _holds_any(pid, inodes) if inodes else False
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool | None:
+    """Whether process `pid` has one of `inodes` (`socket:[N]`) open (None: its fds cannot be read)."""
     try:
-        names = list(fd_dir.iterdir())
+        names = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return None
     for name in names:
@@ -140,6 +142,18 @@ def _diag_address(family: int, host: str) -> bytes:
     return raw.ljust(16, b"\0")
 
 
+def _diag_message(family: int, local: tuple[str, int], remote: tuple[str, int]) -> bytes:
+    """The netlink message asking sock_diag for the TCP socket between `local` and `remote`."""
+    sockid = (
+        struct.pack("!HH", local[1], remote[1])
+        + _diag_address(family, local[0])
+        + _diag_address(family, remote[0])
+        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)
+    )
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    return struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
+
+
 def diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The uid owning the TCP socket that holds `local` and talks to `remote` (None: not found).
 
@@ -148,18 +162,10 @@ def diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> in
     packet from `remote` to `local` would reach: the connection's own end, or the
     listener on `local` itself when no connection matches.
     """
-    sockid = (
-        struct.pack("!HH", local[1], remote[1])
-        + _diag_address(family, local[0])
-        + _diag_address(family, remote[0])
-        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)
-    )
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
-    message = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as link:
             link.settimeout(1.0)
-            link.sendto(message, (0, 0))
+            link.sendto(_diag_message(family, local, remote), (0, 0))
             reply = link.recv(65536)
     except (OSError, AttributeError):  # no netlink here (not Linux, or a sandbox): /proc decides
         return None

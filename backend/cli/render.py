@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from backend.core.inert import visible
+from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.ops.results import DrainReport
@@ -123,7 +124,11 @@ def _print_headline(console: Console, result: Status) -> None:
         f"workers alive {counts['workers_alive']}"
     )
     _print_totals(console, result)
-    index = result["backlog"]["index"]
+    _print_recall_index(console, result["backlog"]["index"])
+
+
+def _print_recall_index(console: Console, index: IndexLag) -> None:
+    """How far the recall index is behind the turns, in one line."""
     console.print(
         f"recall index: {index['sessions_behind']} session(s) behind"
         + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")

@@ -108,30 +108,29 @@ def _shared(term: Term) -> Node:
     return Node(term.node_id, term.kind, term.label)
 
 
+def _turn_node(session_id: str, turn: Mapping[str, Any]) -> Node:
+    data = {"role": turn["role"], "time": turn["time"], "chars": len(str(turn.get("text") or ""))}
+    return Node(
+        turn_node_id(turn["id"]),
+        "turn",
+        _turn_label(turn.get("text")),
+        session_id,
+        json.dumps(data, sort_keys=True, ensure_ascii=False),
+    )
+
+
 def plan_nodes(
     session_id: str, title: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction
 ) -> tuple[list[Node], dict[str, Node]]:
     """The session's own nodes (session, then turns) and the shared nodes by id."""
-    nodes = [
-        Node(
-            session_node_id(session_id),
-            "session",
-            title or session_id,
-            session_id,
-            json.dumps({"turns": len(turns)}),
-        )
-    ]
-    for turn in turns:
-        data = {"role": turn["role"], "time": turn["time"], "chars": len(str(turn.get("text") or ""))}
-        nodes.append(
-            Node(
-                turn_node_id(turn["id"]),
-                "turn",
-                _turn_label(turn.get("text")),
-                session_id,
-                json.dumps(data, sort_keys=True, ensure_ascii=False),
-            )
-        )
+    session = Node(
+        session_node_id(session_id),
+        "session",
+        title or session_id,
+        session_id,
+        json.dumps({"turns": len(turns)}),
+    )
+    nodes = [session] + [_turn_node(session_id, turn) for turn in turns]
     shared: dict[str, Node] = {}
     terms = [t for te in extraction.turns for t in te.mentions] + list(extraction.topics)
     terms += [t for r in extraction.relations for t in (r.src, r.dst)]
