@@ -212,6 +212,12 @@ def _metadata_problem(
             f"a receipt must carry every required synthesis-owned key {list(required)}; missing {missing} "
             "(the synthesizer left them out)"
         )
+    problem = _first_value_problem(metadata)
+    return None if problem is None else (ReceiptIncomplete, problem)
+
+
+def _first_value_problem(metadata: Mapping[str, Any]) -> str | None:
+    """What is wrong with the first value Chroma cannot store (None: every value can be stored)."""
     for key, value in metadata.items():
         # scalars are settled inline: decoding runs this for every receipt of a sweep
         kind = type(value)
@@ -224,7 +230,7 @@ def _metadata_problem(
             continue
         problem = _value_problem(value)
         if problem:
-            return ReceiptIncomplete, f"receipt key {key!r} is {problem}"
+            return f"receipt key {key!r} is {problem}"
     return None
 
 

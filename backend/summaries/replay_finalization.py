@@ -48,6 +48,10 @@ _ACK_SET = (
     "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
 )
 _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+# the job still holds the receipt the pass read, and no one holds its lease
+_UNCHANGED_UNLEASED = (
+    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}"
+)
 
 
 def _unverified_reason(after: Verdict) -> str:
@@ -153,19 +157,11 @@ class Finalization:
             self._count_completed(c, ReplayOutcome.PRESENT)
             return
         ack = c.job.acknowledged_at is None
+        present = {"now": now, "rev": c.receipt.revision, "verdict": ReceiptVerdict.PRESENT, "detail": None}
         changed = await execute(
             conn,
-            "UPDATE summary_job SET "
-            + _ACK_SET * ack
-            + _VERDICT_SET
-            + f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
-            {
-                **c.job.cas(),
-                "now": now,
-                "rev": c.receipt.revision,
-                "verdict": ReceiptVerdict.PRESENT,
-                "detail": None,
-            },
+            "UPDATE summary_job SET " + _ACK_SET * ack + _VERDICT_SET + _UNCHANGED_UNLEASED,
+            {**c.job.cas(), **present},
         )
         if not changed:
             await self._lost(conn, c.job, now)

@@ -164,6 +164,11 @@ class Summarizer(Daemon):
         report = await recovery.run(batches)
         if sweep:
             self._last_sweep = now
+        self._log_recovery(report, sweep)
+        return report.rows_written
+
+    def _log_recovery(self, report: receipt_replay.Report, sweep: bool) -> None:
+        """One line for a recovery pass that wrote, quarantined or could not verify anything."""
         c = report.counters
         if report.rows_written or c.quarantined or c.unverified:
             self.log.info(
@@ -179,7 +184,6 @@ class Summarizer(Daemon):
                 c.unverified,
                 c.superseded,
             )
-        return report.rows_written
 
     # -- drift and synthesis ----------------------------------------------------
 
@@ -367,17 +371,14 @@ class Summarizer(Daemon):
         detail = verdict.detail() if verdict is not None else None
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            changed = await fencing.write_if_held(
-                conn,
-                claim.lease,
-                RELEASE_SETS + (VERDICT_SETS if verdict else ""),
-                {
-                    "now": now,
-                    "reason": reason,
-                    "verdict": verdict.verdict if verdict else None,
-                    "detail": json.dumps(detail) if detail else None,
-                },
-            )
+            params = {
+                "now": now,
+                "reason": reason,
+                "verdict": verdict.verdict if verdict else None,
+                "detail": json.dumps(detail) if detail else None,
+            }
+            sets = RELEASE_SETS + (VERDICT_SETS if verdict else "")
+            changed = await fencing.write_if_held(conn, claim.lease, sets, params)
             if changed:
                 await append_event(
                     conn,
