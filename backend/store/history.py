@@ -39,6 +39,15 @@ DAY_MS = 86_400_000
 THIN_AFTER_MS = DAY_MS
 THIN_TO_MS = 60_000
 PRUNE_CHUNK = 500
+# retention: the oldest rows past the cutoff
+EXPIRED_SQL = (
+    "DELETE FROM snapshot WHERE id IN (SELECT id FROM snapshot WHERE time < :cutoff ORDER BY time LIMIT :n)"
+)
+# thinning: of the ordinary rows older than the edge, one a step is kept
+THIN_SQL = (
+    "DELETE FROM snapshot WHERE time < :edge AND reason = 'interval' AND incident = 0 "
+    "AND id NOT IN (SELECT min(id) FROM snapshot WHERE time < :edge GROUP BY time / :step)"
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
@@ -205,29 +214,17 @@ class HistoryStore:
 
     def prune(self, *, now: int, retention_ms: int, max_bytes: int) -> dict[str, int]:
         """Apply retention, thin rows older than a day to one a minute, then the size bound."""
-        expired = self._delete(
-            "DELETE FROM snapshot WHERE id IN "
-            "(SELECT id FROM snapshot WHERE time < :cutoff ORDER BY time LIMIT :n)",
-            {"cutoff": now - retention_ms, "n": 1_000_000},
-        )
-        thinned = self._delete(
-            "DELETE FROM snapshot WHERE time < :edge AND reason = 'interval' AND incident = 0 "
-            "AND id NOT IN (SELECT min(id) FROM snapshot WHERE time < :edge GROUP BY time / :step)",
-            {"edge": now - THIN_AFTER_MS, "step": THIN_TO_MS},
-        )
+        expired = self._delete(EXPIRED_SQL, {"cutoff": now - retention_ms, "n": 1_000_000})
+        thinned = self._delete(THIN_SQL, {"edge": now - THIN_AFTER_MS, "step": THIN_TO_MS})
         over = 0
         while (excess := self.used_bytes() - max_bytes) > 0:
             # the oldest rows whose compressed sizes add up to the excess (page overhead: loop again)
             oldest = self._query("SELECT time, size FROM snapshot ORDER BY time LIMIT ?", (PRUNE_CHUNK,))
             if not oldest:
                 break
-            freed, cutoff = 0, oldest[-1][0]
-            for time, size in oldest:
-                freed += int(size)
-                if freed >= excess:
-                    cutoff = time
-                    break
-            over += self._delete("DELETE FROM snapshot WHERE time <= :cutoff", {"cutoff": cutoff})
+            over += self._delete(
+                "DELETE FROM snapshot WHERE time <= :cutoff", {"cutoff": _cutoff(oldest, excess)}
+            )
         return {"expired": expired, "thinned": thinned, "over_size": over}
 
     # -- reading (the console, rem console --at) -----------------------------------
@@ -302,3 +299,13 @@ class HistoryStore:
             "SELECT count(*) FROM snapshot INDEXED BY snapshot_incident_idx WHERE incident = 1"
         )[0][0]
         return {"first": first, "last": last, "count": int(count), "incidents": int(incidents)}
+
+
+def _cutoff(oldest: list[Any], excess: int) -> int:
+    """The time up to which the rows `oldest` (time, size; oldest first) free `excess` bytes (all: the last)."""
+    freed = 0
+    for time, size in oldest:
+        freed += int(size)
+        if freed >= excess:
+            return int(time)
+    return int(oldest[-1][0])
