@@ -204,21 +204,25 @@ async def refusals_journaled(ctx: Context, action: str, target: str | None) -> A
     try:
         yield
     except (Refused, NotFound) as exc:
-        if ctx.read_only or isinstance(exc, ReadOnly):
-            raise
-        try:
-            db = await ctx.db()
-            async with db.tx() as conn:
-                await append_event(
-                    conn,
-                    kind=EventKind.OPERATOR_REFUSED,
-                    actor=ctx.operator,
-                    target=target,
-                    data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
-                )
-        except RemError:
-            log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
+        if not (ctx.read_only or isinstance(exc, ReadOnly)):
+            await _journal_refusal(ctx, action, target, exc)
         raise
+
+
+async def _journal_refusal(ctx: Context, action: str, target: str | None, exc: RemError) -> None:
+    """Append `operator.refused` for `exc`; a journal that cannot be written is only logged."""
+    try:
+        db = await ctx.db()
+        async with db.tx() as conn:
+            await append_event(
+                conn,
+                kind=EventKind.OPERATOR_REFUSED,
+                actor=ctx.operator,
+                target=target,
+                data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
+            )
+    except RemError:
+        log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
 
 
 async def drain(

@@ -115,20 +115,33 @@ def check_range_in_process(
     with sqlite_errors(path):
         conn = sqlite3.connect(database, uri=uri, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        report, done, after = Report(), 0, lo
+        report = Report()
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA query_only = ON")
-            while True:
-                conn.execute("BEGIN")
-                try:
-                    last, n = check_sessions_sync(conn, report, after, batch, until=hi)
-                finally:
-                    conn.execute("ROLLBACK")
-                done += n
-                if last is None:
-                    return report, done
-                checked(n)
-                after = last
+            return report, _check_batches(conn, report, lo, hi, batch, checked)
         finally:
             conn.close()
+
+
+def _check_batches(
+    conn: sqlite3.Connection,
+    report: Report,
+    lo: str,
+    hi: str | None,
+    batch: int,
+    checked: Callable[[int], None],
+) -> int:
+    """Check sessions `lo` < id <= `hi` in batches, each in a read transaction of its own; how many."""
+    done, after = 0, lo
+    while True:
+        conn.execute("BEGIN")
+        try:
+            last, n = check_sessions_sync(conn, report, after, batch, until=hi)
+        finally:
+            conn.execute("ROLLBACK")
+        done += n
+        if last is None:
+            return done
+        checked(n)
+        after = last
