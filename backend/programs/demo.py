@@ -61,6 +61,17 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
     return root, False
 
 
+def _parsed_model_url(model_url: str) -> str:
+    """`--model-url` as REM_MODEL_BASE_URL parses it, or a UsageError with an example."""
+    parser = Settings.model_base_url.parser
+    try:
+        return str(parser.parse(model_url.strip()))
+    except ValueError:
+        raise UsageError(
+            f"--model-url {model_url!r} is not {parser.expects}, e.g. http://127.0.0.1:11434/v1"
+        ) from None
+
+
 def model_env(model_url: str | None, model: str | None, embedding_model: str | None = None) -> dict[str, str]:
     """The settings that make the demo's daemons answer with a real model endpoint (none: offline)."""
     if (model_url is None) != (model is None):
@@ -69,17 +80,10 @@ def model_env(model_url: str | None, model: str | None, embedding_model: str | N
         raise UsageError("--embedding-model needs --model-url and --model")
     if model_url is None or model is None:
         return {}
-    url_setting = Settings.model_base_url
-    try:
-        url = url_setting.parser.parse(model_url.strip())
-    except ValueError:
-        raise UsageError(
-            f"--model-url {model_url!r} is not {url_setting.parser.expects}, e.g. http://127.0.0.1:11434/v1"
-        ) from None
     env = {
         "REM_AGENT": "openai",
         "REM_SYNTHESIZER": "openai",
-        url_setting.env: url,
+        Settings.model_base_url.env: _parsed_model_url(model_url),
         Settings.model.env: model,
     }
     if embedding_model is not None:
