@@ -77,22 +77,26 @@ def model_lines(model: ModelHealth) -> list[str]:
     )
     if state == ModelState.IDLE:
         return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
+    lines = [head, _model_traffic_line(model)]
+    last = model["last_error"]
+    if last:
+        lines.append(f"  last error: {_e(last['error_class'])} {_e(last['message'] or '')}".rstrip())
+    return lines
+
+
+def _model_traffic_line(model: ModelHealth) -> str:
+    """Requests, errors by class, retries and time to first token over the window."""
     errors = _e(", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items())))
     ttft = (
         f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
         if model["ttft_ms_p50"] is not None
         else "-"
     )
-    lines = [
-        head,
+    return (
         f"  last {model['window_ms'] // 60_000} min: {model['requests']} requests, {model['errors']} errors "
         f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
-        f"time to first token {ttft}",
-    ]
-    last = model["last_error"]
-    if last:
-        lines.append(f"  last error: {_e(last['error_class'])} {_e(last['message'] or '')}".rstrip())
-    return lines
+        f"time to first token {ttft}"
+    )
 
 
 STATUS_ROWS = 20  # rows per list; `--json` has them all
@@ -258,66 +262,6 @@ def _print_usage(console: Console, result: Status) -> None:
     console.print(table)
 
 
-def print_transcript(result: dict[str, Any]) -> None:
-    """`rem show`: the session's header, then each message with its markers and usage."""
-    console = Console(highlight=False, emoji=False)  # values print as typed
-    session = result["session"]
-    console.print(
-        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  project {_e(session['project'])}, "
-        f"{session['turn_count']} turns, {session['message_count']} messages; {_e(session['model'] or 'no model')}: "
-        f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
-    )
-    if session["held_at"]:
-        console.print(
-            f"[red]held[/]: {_e(session['held_reason'])}; `rem resume {_e(session['id'])}` once fixed"
-        )
-    if session["model_error"]:
-        error = session["model_error"]
-        console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
-    for message in result["messages"]:
-        _print_message(console, message)
-    for waiting in result["waiting"]:
-        asleep = " (asleep: session held)" if waiting["asleep"] else ""
-        console.print(
-            f"[dim]waiting[/] {_e(waiting['id'])} {_e(waiting['delivery'])}{asleep}: {_e(waiting['text'])}"
-        )
-    if result["execution"]:
-        ex = result["execution"]
-        console.print(
-            f"[yellow]running[/] {_e(ex['id'])} owner {_e(ex['owner_id'])} epoch {ex['epoch']} "
-            f"phase {_e(ex['phase'])}"
-        )
-
-
-def _print_message(console: Console, message: dict[str, Any]) -> None:
-    role = message["type"]
-    marker = f" [yellow]\\[{_e(message['marker'])}][/]" if message.get("marker") else ""
-    head = f"[bold]#{message['seq']} {_e(role)}[/] {_e(message['id'])}{marker}"
-    extra = []
-    if message.get("usage"):
-        extra.append(_tokens(message["usage"]))
-    if "cost" in message:
-        extra.append(_money(message["cost"]))
-    if message.get("ttft_ms") is not None:
-        extra.append(f"first token {message['ttft_ms']:.0f} ms")
-    if message.get("reask"):
-        extra.append(f"re-asked after {_e(message['reask'])}")
-    if role == "assistant" and message["parts"]:
-        extra.append(f"{len(message['parts'])} parts")
-    console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
-    console.print(f"  {visible(message['text'], multiline=True)}", markup=False)
-    error = message.get("error")
-    if isinstance(error, dict):
-        console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
-    memory = message.get("memory") or {}
-    reused = " (reused after recovery)" if memory.get("reused") else ""
-    for item in memory.get("items") or []:
-        console.print(
-            f"  [cyan]memory[/] {_e(item['kind'])} {_e(item['id'])} ({_e(item['session_id'])}, {item['score']:.2f})"
-            f"{reused}: {_e(str(item['text'])[:120])}"
-        )
-
-
 def print_check(result: dict[str, Any]) -> None:
     console = _console()
     verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
@@ -393,16 +337,20 @@ def drill_round_printer() -> Any:
 
 def print_drill(report: dict[str, Any]) -> None:
     console = _console()
-    table = Table(
-        "round",
-        "killed",
-        "pid",
-        "at (s)",
-        "recovered",
-        "recovery (s)",
-        "released",
-        title=f"rem drill sigkill ({_e(report['data_dir'])})",
-    )
+    console.print(_drill_table(report))
+    check = report["check"]
+    for finding in check.get("violations", []):
+        console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
+    verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
+    console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
+
+
+DRILL_COLUMNS = ("round", "killed", "pid", "at (s)", "recovered", "recovery (s)", "released")
+
+
+def _drill_table(report: dict[str, Any]) -> Table:
+    """One row a round: who was killed when, and how it recovered."""
+    table = Table(*DRILL_COLUMNS, title=f"rem drill sigkill ({_e(report['data_dir'])})")
     for rnd in report["rounds"]:
         table.add_row(
             _cell(rnd["number"]),
@@ -413,12 +361,7 @@ def print_drill(report: dict[str, Any]) -> None:
             "-" if rnd["recovery_s"] is None else f"{rnd['recovery_s']:.2f}",
             _cell(rnd["released"]),
         )
-    console.print(table)
-    check = report["check"]
-    for finding in check.get("violations", []):
-        console.print(f"[red]violation[/] {_e(finding['what'])}: {finding['count']}")
-    verdict = "[green]PASS[/]" if report["ok"] else "[red]FAIL[/]"
-    console.print(f"verdict: {verdict} in {report['duration_s']} s (settled in {report['settle_s']} s)")
+    return table
 
 
 def print_bench(report: dict[str, Any]) -> None:
@@ -589,16 +532,21 @@ def print_import(result: dict[str, Any]) -> None:
         shown = ", ".join(result["sessions_skipped"][:10])
         console.print(f"  sessions left out whole: {visible(shown)}", markup=False)
     if result.get("interrupted") or result.get("failure"):
-        why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
-        if result["stopped_while"] == "validating":
-            done = f" while validating, after line {result['lines']}: nothing written"
-        else:
-            done = (
-                f": {result['sessions_written']} session(s) written whole, "
-                f"{result['sessions_not_written']} not written (none in part)"
-            )
-        console.print(visible(f"  {why}{done}"), markup=False)
-        if result["not_written"]:
-            more = result["sessions_not_written"] - len(result["not_written"])
-            tail = f" and {more} more" if more > 0 else ""
-            console.print(visible(f"  not written: {', '.join(result['not_written'])}{tail}"), markup=False)
+        _print_import_stop(console, result)
+
+
+def _print_import_stop(console: Console, result: dict[str, Any]) -> None:
+    """Why an import stopped early, and which sessions it wrote whole and which not at all."""
+    why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
+    if result["stopped_while"] == "validating":
+        done = f" while validating, after line {result['lines']}: nothing written"
+    else:
+        done = (
+            f": {result['sessions_written']} session(s) written whole, "
+            f"{result['sessions_not_written']} not written (none in part)"
+        )
+    console.print(visible(f"  {why}{done}"), markup=False)
+    if result["not_written"]:
+        more = result["sessions_not_written"] - len(result["not_written"])
+        tail = f" and {more} more" if more > 0 else ""
+        console.print(visible(f"  not written: {', '.join(result['not_written'])}{tail}"), markup=False)
