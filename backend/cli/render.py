@@ -284,40 +284,31 @@ def print_check(result: dict[str, Any]) -> None:
                 console.print(f"    {row}", markup=False)
 
 
-def check_progress_bar() -> Any:
-    """A progress bar on stderr for `rem check` (a context manager yielding the callback)."""
+CHECK_PHASES = {
+    "structure": "structure (quick_check, foreign keys)",
+    "sessions": "sessions",
+    "counters": "status counters",
+    "chroma": "Chroma",
+}
+
+
+@contextmanager
+def check_progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr for `rem check`, yielding the callback (shown only on a terminal)."""
     # import time: rich.progress, only for a progress bar
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    labels = {
-        "structure": "structure (quick_check, foreign keys)",
-        "sessions": "sessions",
-        "counters": "status counters",
-        "chroma": "Chroma",
-    }
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as shown:
+        tasks: dict[str, Any] = {}
 
-    @contextmanager
-    def bar() -> Any:
-        console = Console(stderr=True)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-            disable=not console.is_terminal,
-        ) as shown:
-            tasks: dict[str, Any] = {}
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = shown.add_task(CHECK_PHASES.get(phase, phase), total=total)
+            shown.update(tasks[phase], completed=done, total=total)
 
-            def update(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = shown.add_task(labels.get(phase, phase), total=total)
-                shown.update(tasks[phase], completed=done, total=total)
-
-            yield update
-
-    return bar()
+        yield update
 
 
 def drill_round_printer() -> Any:
@@ -464,20 +455,25 @@ def print_recall(result: dict[str, Any]) -> None:
             "summarizer --once`, then `--role dream --once`)"
         )
     for rank, item in enumerate(result["items"], 1):
-        who = item.get("speaker") or item.get("title") or ""
-        head = Text.assemble(
-            (f"{rank:>2} ", "bold"),
-            (f"{visible(item['kind']):<7} ", "cyan"),
-            f"{item['score']:.3f}  ",
-            visible(item["session_id"]),
-            ("  " + visible(f"{who} {_when(item.get('time'))}".strip()), "dim"),
-            ("  " + visible(",".join(item["provenance"]["found_by"])), "dim"),
-        )
-        console.print(head, no_wrap=True, overflow="ellipsis")
-        text = Text(visible(" ".join(str(item["text"]).split())[:160]))
-        for line in text.wrap(console, max(20, console.width - 3)):
-            line.rstrip()  # in place
-            console.print(Text("   ").append_text(line), no_wrap=True, overflow="ellipsis")
+        _print_recall_item(console, rank, item)
+
+
+def _print_recall_item(console: Console, rank: int, item: dict[str, Any]) -> None:
+    """The item's line (rank, kind, score, session, who and when, found by), its text wrapped under it."""
+    who = item.get("speaker") or item.get("title") or ""
+    head = Text.assemble(
+        (f"{rank:>2} ", "bold"),
+        (f"{visible(item['kind']):<7} ", "cyan"),
+        f"{item['score']:.3f}  ",
+        visible(item["session_id"]),
+        ("  " + visible(f"{who} {_when(item.get('time'))}".strip()), "dim"),
+        ("  " + visible(",".join(item["provenance"]["found_by"])), "dim"),
+    )
+    console.print(head, no_wrap=True, overflow="ellipsis")
+    text = Text(visible(" ".join(str(item["text"]).split())[:160]))
+    for line in text.wrap(console, max(20, console.width - 3)):
+        line.rstrip()  # in place
+        console.print(Text("   ").append_text(line), no_wrap=True, overflow="ellipsis")
 
 
 def _degraded_lines(notes: list[str]) -> list[str]:
@@ -499,15 +495,10 @@ def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True)
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    description = "[progress.description]{task.description}"
     with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
+        description, *columns, console=console, transient=True, disable=not console.is_terminal
     ) as bar:
         task = bar.add_task(label, total=None)
 
