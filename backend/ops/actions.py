@@ -98,7 +98,13 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         health["pid"] = cast(int | None, pid)  # as the lock file says
     if url is None:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
-        return health
+    else:
+        _heartbeat(url, is_external, health)
+    return health
+
+
+def _heartbeat(url: str, is_external: bool, health: ChromaHealth) -> None:
+    """Whether Chroma at `url` answers, into `health` (a named URL that is not Chroma's raises)."""
     try:
         if not is_external:
             # another uid on the recorded port is not this data dir's server: checked before
@@ -115,7 +121,6 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         health["refused"] = _refused(exc, None)
     except ChromaUnreachable as exc:
         health["error"] = str(exc)
-    return health
 
 
 def _refused(exc: ChromaUntrusted, row: Any) -> RefusedListener:
@@ -300,11 +305,10 @@ async def check(
     recorded = read_heads(ctx.data).get(ctx.store_name)
     report = await check_database_in_batches(db, progress=progress, recorded=recorded)
     if verify_chroma:
-        if progress is not None:
-            progress("chroma", 0, 1)
+        tell = progress or (lambda phase, done, total: None)
+        tell("chroma", 0, 1)
         await check_chroma(ctx, db, report)
-        if progress is not None:
-            progress("chroma", 1, 1)
+        tell("chroma", 1, 1)
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result
