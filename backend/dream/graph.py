@@ -139,9 +139,8 @@ def plan_nodes(
     return nodes, shared
 
 
-def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction) -> list[Edge]:
-    """Every edge of the session's graph, in a stable order."""
-    sid = session_node_id(session_id)
+def _turn_chain(sid: str, turns: Sequence[Mapping[str, Any]]) -> list[Edge]:
+    """The session has each turn; each turn follows the one before it."""
     edges: list[Edge] = []
     previous: str | None = None
     for turn in turns:
@@ -150,6 +149,13 @@ def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: 
         if previous is not None:
             edges.append(Edge(node, previous, "follows"))
         previous = node
+    return edges
+
+
+def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction) -> list[Edge]:
+    """Every edge of the session's graph, in a stable order."""
+    sid = session_node_id(session_id)
+    edges = _turn_chain(sid, turns)
     for te in extraction.turns:
         for term, count in sorted(te.mentions.items(), key=lambda item: item[0].node_id):
             edges.append(Edge(turn_node_id(te.turn_id), term.node_id, "mentions", float(count)))

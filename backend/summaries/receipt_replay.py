@@ -26,6 +26,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import aiosqlite
+
 from backend.chroma.collection import ChromaStore
 from backend.core import clock, faults
 from backend.core.errors import ReceiptCorrupt
@@ -249,17 +251,21 @@ class Recovery(Finalization):
                 else:
                     await self._lost(conn, c.job, now)
             if leased:
-                await append_event(
-                    conn,
-                    kind=EventKind.RECEIPT_REPLAYING,
-                    actor=self.actor,
-                    data={
-                        "summary_ids": [c.job.summary_id for c in leased],
-                        "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
-                    },
-                    now=now,
-                )
+                await self._journal_replaying(conn, leased, now)
         return leased
+
+    async def _journal_replaying(self, conn: aiosqlite.Connection, leased: list[Checked], now: int) -> None:
+        """`receipt.replaying`: the rows about to be written, each with the verdict that sent it."""
+        await append_event(
+            conn,
+            kind=EventKind.RECEIPT_REPLAYING,
+            actor=self.actor,
+            data={
+                "summary_ids": [c.job.summary_id for c in leased],
+                "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
+            },
+            now=now,
+        )
 
     async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
         """One upsert of the leased rows and one strict read-back; releases the leases on failure.

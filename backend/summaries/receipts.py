@@ -249,9 +249,13 @@ def issue(document: str, metadata: Mapping[str, Any], *, embedding: Sequence[flo
         raise ReceiptIncomplete(
             "a receipt needs the embedding written with its document; got an empty vector"
         )
-    receipt = Receipt(
-        document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding)
+    return _encodable(
+        Receipt(document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding))
     )
+
+
+def _encodable(receipt: Receipt) -> Receipt:
+    """`receipt`, once it is known to encode (ReceiptIncomplete if its text is not valid Unicode)."""
     try:
         encode(receipt)
     except UnicodeEncodeError as exc:  # e.g. a lone surrogate: not storable as UTF-8

@@ -48,6 +48,12 @@ _ACK_SET = (
     "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
 )
 _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+# quarantine the job's receipt, if the job still holds the receipt the pass read
+_QUARANTINE_SQL = (
+    "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
+    "verdict_detail = :detail, verdict_checked_at = :now "
+    "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged"
+)
 # the job still holds the receipt the pass read, and no one holds its lease
 _UNCHANGED_UNLEASED = (
     f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}"
@@ -122,25 +128,18 @@ class Finalization:
         if job.quarantined_at is not None:
             return
         detail = json.dumps({"verdict": ReceiptVerdict.QUARANTINED, "reason": reason, "keys": []})
-        changed = await execute(
-            conn,
-            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
-            "verdict_detail = :detail, verdict_checked_at = :now "
-            "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
-            {
-                **job.cas(),
-                "now": now,
-                "reason": reason,
-                "detail": detail,
-                "verdict": ReceiptVerdict.QUARANTINED,
-            },
-        )
+        quarantined = {"now": now, "reason": reason, "detail": detail, "verdict": ReceiptVerdict.QUARANTINED}
+        changed = await execute(conn, _QUARANTINE_SQL, {**job.cas(), **quarantined})
         if not changed:
             self.counters.quarantined -= 1
             self.counters.superseded += 1
             return
         self.report.rows_written += 1
         log.warning("receipt %s quarantined: %s", job.summary_id, reason)
+        await self._journal_quarantined(conn, job, reason, now)
+
+    async def _journal_quarantined(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
+        """`receipt.quarantined`, with the evidence of the envelope that could not be read."""
         await append_event(
             conn,
             kind=EventKind.RECEIPT_QUARANTINED,
