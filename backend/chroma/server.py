@@ -77,9 +77,13 @@ def heartbeat(url: str, timeout: float = 2.0) -> int:
         raise ChromaUnreachable(
             f"Chroma at {url} is unreachable ({reason}); start it with `rem up` or check --chroma-url"
         ) from exc
+    return _heartbeat_ns(url, body)
+
+
+def _heartbeat_ns(url: str, body: bytes) -> int:
+    """The nanoseconds in a heartbeat reply; NotChroma when the reply is not Chroma's."""
     try:
-        payload = json.loads(body)
-        return int(payload["nanosecond heartbeat"])
+        return int(json.loads(body)["nanosecond heartbeat"])
     except (ValueError, KeyError, TypeError) as exc:
         raise NotChroma(
             f"{url} is not a Chroma server (its heartbeat reply is not Chroma's); check --chroma-url"

@@ -281,18 +281,8 @@ def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> C
     )
 
 
-def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
-    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
-
-    `absent_ok`: nothing listening at all is not refused but answered False (the server is
-    down, which the caller reports in its own words); True otherwise.
-    """
-    host, port = _loopback_port(url, source)
-    found = proc_listeners(port)
-    if found is None:
-        found = psutil_listeners(port)
-    if absent_ok and found == []:
-        return False
+def _reaching_listeners(url: str, host: str, found: list[Listener] | None, source: str) -> list[Listener]:
+    """The listeners `found` that a connection to `host` reaches; ChromaUntrusted when none can be seen."""
     if found is None:
         raise ChromaUntrusted(
             f"cannot verify who listens on {url} (no /proc/net/tcp, and psutil may not see it); "
@@ -306,6 +296,22 @@ def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = Fa
             "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly",
             url=url,
         )
+    return reaching
+
+
+def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
+    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
+
+    `absent_ok`: nothing listening at all is not refused but answered False (the server is
+    down, which the caller reports in its own words); True otherwise.
+    """
+    host, port = _loopback_port(url, source)
+    found = proc_listeners(port)
+    if found is None:
+        found = psutil_listeners(port)
+    if absent_ok and found == []:
+        return False
+    reaching = _reaching_listeners(url, host, found, source)
     strangers = sorted({listener.uid for listener in reaching if listener.uid != os.geteuid()})
     if strangers:
         raise refuse_stranger(url, port, strangers, source)
