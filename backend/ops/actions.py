@@ -86,11 +86,8 @@ def chroma_health(ctx: Context) -> ChromaHealth:
     is not Chroma at all is a usage error and raises.
     """
     external = chroma_server.external_url(ctx.chroma_url)
-    url: str | None
-    if external is not None:
-        url, is_external = external, True
-    else:
-        url, is_external = chroma_server.recorded_url(ctx.data), False
+    is_external = external is not None
+    url = external if is_external else chroma_server.recorded_url(ctx.data)
     health = ChromaHealth(url=url, external=is_external, healthy=False, error=None, refused=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
