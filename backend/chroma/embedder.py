@@ -28,7 +28,7 @@ import itertools
 import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,18 +110,10 @@ class WordLlamaEmbedder:
             return self._model
 
     def _load(self) -> Any:
-        try:
-            # import time: WordLlama and its weights, only when something is embedded
-            import wordllama
-            from wordllama import WordLlama
-        except ImportError as exc:
-            raise EmbedderUnavailable(
-                f"REM_EMBEDDER=wordllama needs the wordllama package ({exc}); "
-                "reinstall rem (`pip install -e .`) or set REM_EMBEDDER=hashing"
-            ) from None
+        wordllama = _import_wordllama()
         package_dir = Path(wordllama.__file__).parent  # holds weights/ and tokenizers/
         try:
-            model = WordLlama.load(
+            model = wordllama.WordLlama.load(
                 config=self.config, dim=self.dim, cache_dir=package_dir, disable_download=True
             )
         except Exception as exc:  # a wheel without its weights: say so, never download
@@ -169,15 +161,8 @@ class WordLlamaEmbedder:
 
         rows = self.token_ids(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        start = 0
-        while start < len(order):
-            stop = start + 1
-            while stop < len(order) and (stop - start + 1) * len(rows[order[stop]]) <= POOL_BLOCK_TOKENS:
-                stop += 1
-            group = order[start:stop]
+        for group in _length_groups(rows):
             out[group] = self._pool(np, [rows[i] for i in group])
-            start = stop
         return out
 
     def _pool(self, np: Any, rows: list[list[int]]) -> Any:
@@ -202,3 +187,28 @@ def load_embedder() -> Embedder:
     """The configured embedder (`REM_EMBEDDER`: a `rem.embedders` name or module:factory)."""
     embedder: Embedder = load_plugin("rem.embedders", settings.embedder, "REM_EMBEDDER", Embedder)
     return embedder
+
+
+def _length_groups(rows: list[list[int]]) -> Iterator[list[int]]:
+    """The indexes of `rows`, shortest first, in groups padding at most `POOL_BLOCK_TOKENS` tokens."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and (stop - start + 1) * len(rows[order[stop]]) <= POOL_BLOCK_TOKENS:
+            stop += 1
+        yield order[start:stop]
+        start = stop
+
+
+def _import_wordllama() -> Any:
+    """The wordllama module, or EmbedderUnavailable saying how to get it."""
+    try:
+        # import time: WordLlama and its weights, only when something is embedded
+        import wordllama
+    except ImportError as exc:
+        raise EmbedderUnavailable(
+            f"REM_EMBEDDER=wordllama needs the wordllama package ({exc}); "
+            "reinstall rem (`pip install -e .`) or set REM_EMBEDDER=hashing"
+        ) from None
+    return wordllama

@@ -77,9 +77,13 @@ def heartbeat(url: str, timeout: float = 2.0) -> int:
         raise ChromaUnreachable(
             f"Chroma at {url} is unreachable ({reason}); start it with `rem up` or check --chroma-url"
         ) from exc
+    return _heartbeat_ns(url, body)
+
+
+def _heartbeat_ns(url: str, body: bytes) -> int:
+    """The nanoseconds in a heartbeat reply; NotChroma when the reply is not Chroma's."""
     try:
-        payload = json.loads(body)
-        return int(payload["nanosecond heartbeat"])
+        return int(json.loads(body)["nanosecond heartbeat"])
     except (ValueError, KeyError, TypeError) as exc:
         raise NotChroma(
             f"{url} is not a Chroma server (its heartbeat reply is not Chroma's); check --chroma-url"
@@ -312,11 +316,15 @@ def resolve(
             return started
         # Another process holds the lock: its server is starting (or dying). Wait for it.
         if time.monotonic() > deadline:
-            raise ChromaStartFailed(
-                f"{data.chroma_lock} is held but no Chroma answers at {recorded_url(data)}; "
-                "stop the process holding it (`fuser` the lock file) and retry"
-            )
+            raise _lock_held_without_server(data)
         time.sleep(0.1)
+
+
+def _lock_held_without_server(data: DataDir) -> ChromaStartFailed:
+    return ChromaStartFailed(
+        f"{data.chroma_lock} is held but no Chroma answers at {recorded_url(data)}; "
+        "stop the process holding it (`fuser` the lock file) and retry"
+    )
 
 
 def try_start(data: DataDir, *, die_with_parent: bool = True) -> ChromaServer | None:
@@ -423,12 +431,10 @@ def warm_collections(url: str) -> int:
     from chromadb.config import Settings
 
     parsed = urlparse(url)
+    client_settings = Settings(anonymized_telemetry=False, **auth.client_settings())
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     try:
-        client = chromadb.HttpClient(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or 80,
-            settings=Settings(anonymized_telemetry=False, **auth.client_settings()),
-        )
+        client = chromadb.HttpClient(host=host, port=port, settings=client_settings)
         collections = client.list_collections()
         for collection in collections:
             collection.get(limit=1, include=[])

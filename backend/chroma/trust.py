@@ -107,11 +107,13 @@ def held_by(port: int, pid: int, tables: tuple[Path, ...] = PROC_TABLES) -> bool
         for fields in rows
         if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].partition(":")[2], 16) == port
     }
-    if not inodes:
-        return False
-    fd_dir = Path(f"/proc/{pid}/fd")
+    return _holds_any(pid, inodes) if inodes else False
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool | None:
+    """Whether process `pid` has one of `inodes` (`socket:[N]`) open (None: its fds cannot be read)."""
     try:
-        names = list(fd_dir.iterdir())
+        names = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return None
     for name in names:
@@ -140,6 +142,18 @@ def _diag_address(family: int, host: str) -> bytes:
     return raw.ljust(16, b"\0")
 
 
+def _diag_message(family: int, local: tuple[str, int], remote: tuple[str, int]) -> bytes:
+    """The netlink message asking sock_diag for the TCP socket between `local` and `remote`."""
+    sockid = (
+        struct.pack("!HH", local[1], remote[1])
+        + _diag_address(family, local[0])
+        + _diag_address(family, remote[0])
+        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)
+    )
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    return struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
+
+
 def diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The uid owning the TCP socket that holds `local` and talks to `remote` (None: not found).
 
@@ -148,18 +162,10 @@ def diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> in
     packet from `remote` to `local` would reach: the connection's own end, or the
     listener on `local` itself when no connection matches.
     """
-    sockid = (
-        struct.pack("!HH", local[1], remote[1])
-        + _diag_address(family, local[0])
-        + _diag_address(family, remote[0])
-        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)
-    )
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
-    message = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as link:
             link.settimeout(1.0)
-            link.sendto(message, (0, 0))
+            link.sendto(_diag_message(family, local, remote), (0, 0))
             reply = link.recv(65536)
     except (OSError, AttributeError):  # no netlink here (not Linux, or a sandbox): /proc decides
         return None
@@ -275,18 +281,8 @@ def refuse_stranger(url: str, port: int, strangers: list[int], source: str) -> C
     )
 
 
-def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
-    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
-
-    `absent_ok`: nothing listening at all is not refused but answered False (the server is
-    down, which the caller reports in its own words); True otherwise.
-    """
-    host, port = _loopback_port(url, source)
-    found = proc_listeners(port)
-    if found is None:
-        found = psutil_listeners(port)
-    if absent_ok and found == []:
-        return False
+def _reaching_listeners(url: str, host: str, found: list[Listener] | None, source: str) -> list[Listener]:
+    """The listeners `found` that a connection to `host` reaches; ChromaUntrusted when none can be seen."""
     if found is None:
         raise ChromaUntrusted(
             f"cannot verify who listens on {url} (no /proc/net/tcp, and psutil may not see it); "
@@ -300,6 +296,22 @@ def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = Fa
             "(another network namespace?); rem will not trust it: pass --chroma-url to use it knowingly",
             url=url,
         )
+    return reaching
+
+
+def check_listener(url: str, *, source: str = "chroma.url", absent_ok: bool = False) -> bool:
+    """Refuse `url` unless the socket listening on its loopback port belongs to this user (uid).
+
+    `absent_ok`: nothing listening at all is not refused but answered False (the server is
+    down, which the caller reports in its own words); True otherwise.
+    """
+    host, port = _loopback_port(url, source)
+    found = proc_listeners(port)
+    if found is None:
+        found = psutil_listeners(port)
+    if absent_ok and found == []:
+        return False
+    reaching = _reaching_listeners(url, host, found, source)
     strangers = sorted({listener.uid for listener in reaching if listener.uid != os.geteuid()})
     if strangers:
         raise refuse_stranger(url, port, strangers, source)

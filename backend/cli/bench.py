@@ -6,22 +6,26 @@ from typing import Annotated
 
 import typer
 
-from backend.cli import common
+from backend.cli import common, output
 
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
 
 
+BenchNamesArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
+        "console-scale, check-cold); default all."
+    ),
+]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")]
+
+
 def bench(
-    only: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
-            "console-scale, check-cold); default all."
-        ),
-    ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
+    only: BenchNamesArg = None,
+    quick: QuickOpt = False,
     json: common.JsonOpt = False,
 ) -> None:
     """Run the benchmarks of benchmarks/ and print their headline figures as a table.
@@ -33,7 +37,4 @@ def bench(
     from backend.programs import bench as benches
 
     report = benches.run(only, quick, progress=common.note)
-    if json:
-        common.emit_json(report)
-    else:
-        print_bench(report)
+    output.show(report, json, print_bench)

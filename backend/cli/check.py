@@ -7,20 +7,23 @@ from typing import Annotated
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
 
 
 def register(app: typer.Typer) -> None:
     app.command("check")(check)
 
 
+SettledOpt = Annotated[
+    bool, typer.Option("--settled", help="Also fail on work still in flight (use once load has stopped).")
+]
+
+
 def check(
     cli: typer.Context,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
-    settled: Annotated[
-        bool, typer.Option("--settled", help="Also fail on work still in flight (use once load has stopped).")
-    ] = False,
+    settled: SettledOpt = False,
     json: common.JsonOpt = False,
 ) -> int:
     """Verify the invariants on the live data dir (docs/architecture.md); exit 1 on any violation.
@@ -35,8 +38,5 @@ def check(
         result = common.run(
             lambda: common.with_context(ctx, lambda c: ops.check(c, settled=settled, progress=progress))
         )
-    if json:
-        common.emit_json(result)
-    else:
-        print_check(result)
+    output.show(result, json, print_check)
     return 0 if result["ok"] else 1

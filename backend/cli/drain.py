@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
+
+if TYPE_CHECKING:
+    from backend.ops.results import DrainReport
 
 
 def register(app: typer.Typer) -> None:
     app.command("drain")(drain)
 
 
+OwnerIdArg = Annotated[str, typer.Argument(help="The worker's owner id (see `rem status`).")]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Block until the worker has stopped.")]
+TimeoutOpt = Annotated[float, typer.Option(min=1, help="Seconds --wait waits at most.")]
+
+
+def _progress_printer() -> Callable[[DrainReport], None]:
+    from backend.cli.render import drain_progress_printer  # import time: rich, only for --wait's progress
+
+    return drain_progress_printer()
+
+
 def drain(
     cli: typer.Context,
-    owner_id: Annotated[str, typer.Argument(help="The worker's owner id (see `rem status`).")],
-    wait: Annotated[bool, typer.Option("--wait", help="Block until the worker has stopped.")] = False,
-    timeout: Annotated[float, typer.Option(min=1, help="Seconds --wait waits at most.")] = 60.0,
+    owner_id: OwnerIdArg,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = 60.0,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -27,17 +42,10 @@ def drain(
     Example: rem drain executor-host-1234-ab12cd --wait
     """
     ctx = common.make_context(cli, data, None)
-    show = None
-    if wait and not json:
-        from backend.cli.render import drain_progress_printer  # import time: rich, only for --wait's progress
-
-        show = drain_progress_printer()
+    show = _progress_printer() if wait and not json else None
     result = common.run(
         lambda: common.with_context(
             ctx, lambda c: ops.drain(c, owner_id, wait=wait, timeout_s=timeout, progress=show)
         )
     )
-    if json:
-        common.emit_json(result)
-    else:
-        common.note(f"rem: {owner_id} is {result['state']}")
+    output.show(result, json, lambda r: common.note(f"rem: {owner_id} is {r['state']}"))

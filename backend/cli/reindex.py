@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +32,4 @@ def reindex(
     result = common.run(
         lambda: common.with_context(ctx, lambda c: ops.reindex(c, progress=progress_printer()))
     )
-    if json:
-        common.emit_json(result)
-    else:
-        print_reindex(result)
+    output.show(result, json, print_reindex)

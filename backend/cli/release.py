@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
+
+if TYPE_CHECKING:
+    from backend.ops.results import LeaseReleased
 
 
 def register(app: typer.Typer) -> None:
     app.command("release")(release)
 
 
+LeaseIdArg = Annotated[
+    str, typer.Argument(help="An execution id, or a session id for its summary-job or Dream lease.")
+]
+KindOpt = Annotated[
+    str | None, typer.Option(help="execution, summary_job or dream (default: whichever the id names).")
+]
+EpochOpt = Annotated[
+    int | None, typer.Option(help="The epoch you saw; refused if the lease moved since (unless --force).")
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Release even if renewed since.")]
+
+
 def release(
     cli: typer.Context,
-    lease_id: Annotated[
-        str, typer.Argument(help="An execution id, or a session id for its summary-job or Dream lease.")
-    ],
-    kind: Annotated[
-        str | None, typer.Option(help="execution, summary_job or dream (default: whichever the id names).")
-    ] = None,
-    expected_epoch: Annotated[
-        int | None, typer.Option(help="The epoch you saw; refused if the lease moved since (unless --force).")
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Release even if renewed since.")] = False,
+    lease_id: LeaseIdArg,
+    kind: KindOpt = None,
+    expected_epoch: EpochOpt = None,
+    force: ForceOpt = False,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -39,10 +48,11 @@ def release(
             ctx, lambda c: ops.release(c, lease_id, kind=kind, expected_epoch=expected_epoch, force=force)
         )
     )
-    if json:
-        common.emit_json(result)
-    else:
-        common.note(
-            f"rem: released {result['kind']} lease {lease_id} of {result['owner_id']} "
-            f"(epoch {result['old_epoch']} -> {result['new_epoch']})"
-        )
+    output.show(result, json, _note_released)
+
+
+def _note_released(result: LeaseReleased) -> None:
+    common.note(
+        f"rem: released {result['kind']} lease {result['id']} of {result['owner_id']} "
+        f"(epoch {result['old_epoch']} -> {result['new_epoch']})"
+    )

@@ -21,8 +21,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from backend.cli.render_tools import print_session_calls, print_waiting_calls
+from backend.cli.render_tools import print_waiting_calls
 from backend.core.inert import visible
+from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.ops.results import DrainReport
@@ -77,22 +78,26 @@ def model_lines(model: ModelHealth) -> list[str]:
     )
     if state == ModelState.IDLE:
         return [head + f": no request in the last {model['window_ms'] // 60_000} min"]
+    lines = [head, _model_traffic_line(model)]
+    last = model["last_error"]
+    if last:
+        lines.append(f"  last error: {_e(last['error_class'])} {_e(last['message'] or '')}".rstrip())
+    return lines
+
+
+def _model_traffic_line(model: ModelHealth) -> str:
+    """Requests, errors by class, retries and time to first token over the window."""
     errors = _e(", ".join(f"{name} {count}" for name, count in sorted(model["errors_by_class"].items())))
     ttft = (
         f"p50 {model['ttft_ms_p50']:.0f} ms, p95 {model['ttft_ms_p95']:.0f} ms"
         if model["ttft_ms_p50"] is not None
         else "-"
     )
-    lines = [
-        head,
+    return (
         f"  last {model['window_ms'] // 60_000} min: {model['requests']} requests, {model['errors']} errors "
         f"({model['error_rate']:.1%}){': ' + errors if errors else ''}, {model['retries']} retries; "
-        f"time to first token {ttft}",
-    ]
-    last = model["last_error"]
-    if last:
-        lines.append(f"  last error: {_e(last['error_class'])} {_e(last['message'] or '')}".rstrip())
-    return lines
+        f"time to first token {ttft}"
+    )
 
 
 STATUS_ROWS = 20  # rows per list; `--json` has them all
@@ -125,7 +130,11 @@ def _print_headline(console: Console, result: Status) -> None:
         f"workers alive {counts['workers_alive']}"
     )
     _print_totals(console, result)
-    index = result["backlog"]["index"]
+    _print_recall_index(console, result["backlog"]["index"])
+
+
+def _print_recall_index(console: Console, index: IndexLag) -> None:
+    """How far the recall index is behind the turns, in one line."""
     console.print(
         f"recall index: {index['sessions_behind']} session(s) behind"
         + (f" (oldest {index['oldest_ms'] / 1000:.1f} s)" if index["sessions_behind"] else "")
@@ -255,67 +264,6 @@ def _print_usage(console: Console, result: Status) -> None:
     console.print(table)
 
 
-def print_transcript(result: dict[str, Any]) -> None:
-    """`rem show`: the session's header, then each message with its markers and usage."""
-    console = Console(highlight=False, emoji=False)  # values print as typed
-    session = result["session"]
-    console.print(
-        f"[bold]{_e(session['id'])}[/] {_e(session['title'] or '')}  project {_e(session['project'])}, "
-        f"{session['turn_count']} turns, {session['message_count']} messages; {_e(session['model'] or 'no model')}: "
-        f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
-    )
-    if session["held_at"]:
-        console.print(
-            f"[red]held[/]: {_e(session['held_reason'])}; `rem resume {_e(session['id'])}` once fixed"
-        )
-    if session["model_error"]:
-        error = session["model_error"]
-        console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
-    for message in result["messages"]:
-        _print_message(console, message)
-    print_session_calls(console, result.get("tool_calls", []))
-    for waiting in result["waiting"]:
-        asleep = " (asleep: session held)" if waiting["asleep"] else ""
-        console.print(
-            f"[dim]waiting[/] {_e(waiting['id'])} {_e(waiting['delivery'])}{asleep}: {_e(waiting['text'])}"
-        )
-    if result["execution"]:
-        ex = result["execution"]
-        console.print(
-            f"[yellow]running[/] {_e(ex['id'])} owner {_e(ex['owner_id'])} epoch {ex['epoch']} "
-            f"phase {_e(ex['phase'])}"
-        )
-
-
-def _print_message(console: Console, message: dict[str, Any]) -> None:
-    role = message["type"]
-    marker = f" [yellow]\\[{_e(message['marker'])}][/]" if message.get("marker") else ""
-    head = f"[bold]#{message['seq']} {_e(role)}[/] {_e(message['id'])}{marker}"
-    extra = []
-    if message.get("usage"):
-        extra.append(_tokens(message["usage"]))
-    if "cost" in message:
-        extra.append(_money(message["cost"]))
-    if message.get("ttft_ms") is not None:
-        extra.append(f"first token {message['ttft_ms']:.0f} ms")
-    if message.get("reask"):
-        extra.append(f"re-asked after {_e(message['reask'])}")
-    if role == "assistant" and message["parts"]:
-        extra.append(f"{len(message['parts'])} parts")
-    console.print(head + (f"  [dim]{'; '.join(extra)}[/]" if extra else ""))
-    console.print(f"  {visible(message['text'], multiline=True)}", markup=False)
-    error = message.get("error")
-    if isinstance(error, dict):
-        console.print(f"  [red]{_e(error.get('class'))}[/]: {_e(error.get('message'))}")
-    memory = message.get("memory") or {}
-    reused = " (reused after recovery)" if memory.get("reused") else ""
-    for item in memory.get("items") or []:
-        console.print(
-            f"  [cyan]memory[/] {_e(item['kind'])} {_e(item['id'])} ({_e(item['session_id'])}, {item['score']:.2f})"
-            f"{reused}: {_e(str(item['text'])[:120])}"
-        )
-
-
 def print_check(result: dict[str, Any]) -> None:
     console = _console()
     verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
@@ -338,40 +286,31 @@ def print_check(result: dict[str, Any]) -> None:
                 console.print(f"    {row}", markup=False)
 
 
-def check_progress_bar() -> Any:
-    """A progress bar on stderr for `rem check` (a context manager yielding the callback)."""
+CHECK_PHASES = {
+    "structure": "structure (quick_check, foreign keys)",
+    "sessions": "sessions",
+    "counters": "status counters",
+    "chroma": "Chroma",
+}
+
+
+@contextmanager
+def check_progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr for `rem check`, yielding the callback (shown only on a terminal)."""
     # import time: rich.progress, only for a progress bar
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    labels = {
-        "structure": "structure (quick_check, foreign keys)",
-        "sessions": "sessions",
-        "counters": "status counters",
-        "chroma": "Chroma",
-    }
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as shown:
+        tasks: dict[str, Any] = {}
 
-    @contextmanager
-    def bar() -> Any:
-        console = Console(stderr=True)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-            disable=not console.is_terminal,
-        ) as shown:
-            tasks: dict[str, Any] = {}
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = shown.add_task(CHECK_PHASES.get(phase, phase), total=total)
+            shown.update(tasks[phase], completed=done, total=total)
 
-            def update(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = shown.add_task(labels.get(phase, phase), total=total)
-                shown.update(tasks[phase], completed=done, total=total)
-
-            yield update
-
-    return bar()
+        yield update
 
 
 def print_bench(report: dict[str, Any]) -> None:
@@ -474,20 +413,25 @@ def print_recall(result: dict[str, Any]) -> None:
             "summarizer --once`, then `--role dream --once`)"
         )
     for rank, item in enumerate(result["items"], 1):
-        who = item.get("speaker") or item.get("title") or ""
-        head = Text.assemble(
-            (f"{rank:>2} ", "bold"),
-            (f"{visible(item['kind']):<7} ", "cyan"),
-            f"{item['score']:.3f}  ",
-            visible(item["session_id"]),
-            ("  " + visible(f"{who} {_when(item.get('time'))}".strip()), "dim"),
-            ("  " + visible(",".join(item["provenance"]["found_by"])), "dim"),
-        )
-        console.print(head, no_wrap=True, overflow="ellipsis")
-        text = Text(visible(" ".join(str(item["text"]).split())[:160]))
-        for line in text.wrap(console, max(20, console.width - 3)):
-            line.rstrip()  # in place
-            console.print(Text("   ").append_text(line), no_wrap=True, overflow="ellipsis")
+        _print_recall_item(console, rank, item)
+
+
+def _print_recall_item(console: Console, rank: int, item: dict[str, Any]) -> None:
+    """The item's line (rank, kind, score, session, who and when, found by), its text wrapped under it."""
+    who = item.get("speaker") or item.get("title") or ""
+    head = Text.assemble(
+        (f"{rank:>2} ", "bold"),
+        (f"{visible(item['kind']):<7} ", "cyan"),
+        f"{item['score']:.3f}  ",
+        visible(item["session_id"]),
+        ("  " + visible(f"{who} {_when(item.get('time'))}".strip()), "dim"),
+        ("  " + visible(",".join(item["provenance"]["found_by"])), "dim"),
+    )
+    console.print(head, no_wrap=True, overflow="ellipsis")
+    text = Text(visible(" ".join(str(item["text"]).split())[:160]))
+    for line in text.wrap(console, max(20, console.width - 3)):
+        line.rstrip()  # in place
+        console.print(Text("   ").append_text(line), no_wrap=True, overflow="ellipsis")
 
 
 def _degraded_lines(notes: list[str]) -> list[str]:
@@ -509,15 +453,10 @@ def byte_progress(label: str) -> Iterator[Callable[[int, int], None]]:
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True)
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    description = "[progress.description]{task.description}"
     with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
+        description, *columns, console=console, transient=True, disable=not console.is_terminal
     ) as bar:
         task = bar.add_task(label, total=None)
 
@@ -542,16 +481,21 @@ def print_import(result: dict[str, Any]) -> None:
         shown = ", ".join(result["sessions_skipped"][:10])
         console.print(f"  sessions left out whole: {visible(shown)}", markup=False)
     if result.get("interrupted") or result.get("failure"):
-        why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
-        if result["stopped_while"] == "validating":
-            done = f" while validating, after line {result['lines']}: nothing written"
-        else:
-            done = (
-                f": {result['sessions_written']} session(s) written whole, "
-                f"{result['sessions_not_written']} not written (none in part)"
-            )
-        console.print(visible(f"  {why}{done}"), markup=False)
-        if result["not_written"]:
-            more = result["sessions_not_written"] - len(result["not_written"])
-            tail = f" and {more} more" if more > 0 else ""
-            console.print(visible(f"  not written: {', '.join(result['not_written'])}{tail}"), markup=False)
+        _print_import_stop(console, result)
+
+
+def _print_import_stop(console: Console, result: dict[str, Any]) -> None:
+    """Why an import stopped early, and which sessions it wrote whole and which not at all."""
+    why = "interrupted" if result.get("interrupted") else f"stopped by an error: {result['failure']}"
+    if result["stopped_while"] == "validating":
+        done = f" while validating, after line {result['lines']}: nothing written"
+    else:
+        done = (
+            f": {result['sessions_written']} session(s) written whole, "
+            f"{result['sessions_not_written']} not written (none in part)"
+        )
+    console.print(visible(f"  {why}{done}"), markup=False)
+    if result["not_written"]:
+        more = result["sessions_not_written"] - len(result["not_written"])
+        tail = f" and {more} more" if more > 0 else ""
+        console.print(visible(f"  not written: {', '.join(result['not_written'])}{tail}"), markup=False)

@@ -32,13 +32,10 @@ def print_tools(report: ToolsReport) -> None:
         console.print(
             Text("* timeout from the config; a tool that is not up has its server's error above", style="dim")
         )
-    for server in report["servers"]:
-        for refused in server.get("refused", []):
-            console.print(
-                Text(
-                    f"refused: {refused['server']}.{refused['tool']}: it {refused['reason']}", style="yellow"
-                )
-            )
+    for refused in (r for server in report["servers"] for r in server.get("refused", [])):
+        console.print(
+            Text(f"refused: {refused['server']}.{refused['tool']}: it {refused['reason']}", style="yellow")
+        )
     for warning in report["warnings"]:
         console.print(Text(f"warning: {warning}", style="yellow"))
 

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
+
+if TYPE_CHECKING:
+    from backend.ops.records import ReplayReport
 
 
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
 
 
+SummaryIdsArg = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False),
+]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every receipt whose Chroma row does not match.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show which owned keys differ; write nothing.")]
+
+
 def replay(
     cli: typer.Context,
-    summary_ids: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="SUMMARY_ID", help="Receipts to replay, e.g. summary_s1.", show_default=False),
-    ] = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Every receipt whose Chroma row does not match.")
-    ] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show which owned keys differ; write nothing.")
-    ] = False,
+    summary_ids: SummaryIdsArg = None,
+    all_: AllOpt = False,
+    dry_run: DryRunOpt = False,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     json: common.JsonOpt = False,
@@ -42,10 +46,11 @@ def replay(
             ctx, lambda c: ops.replay(c, summary_ids, all_mismatched=all_, dry_run=dry_run)
         )
     )
-    if json:
-        common.emit_json(result)
-    else:
-        from backend.cli.render import print_replay  # import time: rich, only for the human view
-
-        print_replay(result)
+    output.show(result, json, _print_replay)
     return 0 if result["ok"] else 1
+
+
+def _print_replay(result: ReplayReport) -> None:
+    from backend.cli.render import print_replay  # import time: rich, only for the human view
+
+    print_replay(result)

@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from backend import ops
-from backend.cli import common
+from backend.cli import common, output
+
+if TYPE_CHECKING:
+    from backend.ops.results import ResumeReport
 
 
 def register(app: typer.Typer) -> None:
     app.command("resume")(resume)
 
 
+SessionsArg = Annotated[
+    list[str] | None, typer.Argument(metavar="SESSION", help="Held sessions to resume.", show_default=False)
+]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every held session.")]
+ReaskOpt = Annotated[
+    bool, typer.Option("--reask/--no-reask", help="Ask the prompt that got the error reply again (default).")
+]
+
+
 def resume(
     cli: typer.Context,
-    session_ids: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="SESSION", help="Held sessions to resume.", show_default=False),
-    ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every held session.")] = False,
-    reask: Annotated[
-        bool,
-        typer.Option("--reask/--no-reask", help="Ask the prompt that got the error reply again (default)."),
-    ] = True,
+    session_ids: SessionsArg = None,
+    all_: AllOpt = False,
+    reask: ReaskOpt = True,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -39,9 +45,11 @@ def resume(
     result = common.run(
         lambda: common.with_context(ctx, lambda c: ops.resume(c, session_ids, all_held=all_, reask=reask))
     )
-    if json:
-        common.emit_json(result)
-        return
+    output.show(result, json, _note_resumed)
+
+
+def _note_resumed(result: ResumeReport) -> None:
+    """One line a resumed session (or that none was held)."""
     if not result["resumed"]:
         common.note("rem: no session is held; nothing to resume")
     for item in result["resumed"]:

@@ -30,6 +30,8 @@ def show(
     if json:
         common.emit_json(result)
     else:
-        from backend.cli.render import print_transcript  # import time: rich, only for the human view
+        from backend.cli.render_transcript import (
+            print_transcript,
+        )  # import time: rich, only for the human view
 
         print_transcript(result)

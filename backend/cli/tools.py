@@ -16,13 +16,16 @@ def register(app: typer.Typer) -> None:
     app.command("tools")(tools)
 
 
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="Check this MCP config file instead of $REM_MCP_CONFIG.", show_default=False
+    ),
+]
+
+
 def tools(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", help="Check this MCP config file instead of $REM_MCP_CONFIG.", show_default=False
-        ),
-    ] = None,
+    config: ConfigOpt = None,
     json: common.JsonOpt = False,
 ) -> int:
     """List every configured tool: server, effect class and its source, permission, timeout, server health.

@@ -45,17 +45,30 @@ def installed(group: str) -> list[str]:
     return sorted({ep.name for ep in entry_points(group=group)})
 
 
+def _load_attribute(spec: str, variable: str) -> Any:
+    """The attribute a `module:attribute` spec names, imported now."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(
+            f"{variable}={spec!r} cannot be loaded ({type(exc).__name__}: {exc}); "
+            "check the module:factory name and that its package is installed"
+        ) from None
+
+
+def _ambiguous(group: str, spec: str, variable: str, found: list[EntryPoint]) -> PluginError:
+    shown = " and ".join(_provider(ep) for ep in found)
+    return PluginError(
+        f"{variable}={spec!r} is ambiguous: {len(found)} installed packages register {spec!r} in "
+        f"{group}: {shown}; uninstall one of them, or name the factory itself (module:factory)"
+    )
+
+
 def load_factory(group: str, spec: str, variable: str) -> Any:
     """The factory `spec` names: an entry point in `group`, or `module:attribute`."""
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise PluginError(
-                f"{variable}={spec!r} cannot be loaded ({type(exc).__name__}: {exc}); "
-                "check the module:factory name and that its package is installed"
-            ) from None
+        return _load_attribute(spec, variable)
     found = [ep for ep in entry_points(group=group) if ep.name == spec]
     if not found:
         names = ", ".join(installed(group)) or "none"
@@ -64,11 +77,7 @@ def load_factory(group: str, spec: str, variable: str) -> Any:
             f"(installed: {names}); use one of those, or module:factory"
         )
     if len(found) > 1:
-        shown = " and ".join(_provider(ep) for ep in found)
-        raise PluginError(
-            f"{variable}={spec!r} is ambiguous: {len(found)} installed packages register {spec!r} in "
-            f"{group}: {shown}; uninstall one of them, or name the factory itself (module:factory)"
-        )
+        raise _ambiguous(group, spec, variable, found)
     try:
         return found[0].load()
     except (ImportError, AttributeError) as exc:

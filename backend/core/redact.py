@@ -38,6 +38,11 @@ def _secret_spans(url: str) -> list[tuple[int, int]]:
         if eq and value and unquote(key).strip().lower() == "password":
             spans.append((pos + len(key) + 1, pos + len(pair)))
         pos += len(pair) + 1
+    return _merged(spans)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` sorted, with overlapping ones joined into one."""
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):
         if merged and start <= merged[-1][1]:

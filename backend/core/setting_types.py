@@ -165,6 +165,14 @@ PRICE_KEYS = frozenset({"input", "output", "reasoning", "cache_read", "cache_wri
 Prices = dict[str, dict[str, float]]
 
 
+def _check_price_row(model: str, row: object) -> None:
+    """Raise ValueError(model) unless `row` maps known price keys to non-negative numbers."""
+    if not isinstance(row, dict) or not set(row) <= PRICE_KEYS:
+        raise ValueError(model)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row.values()):
+        raise ValueError(model)
+
+
 def prices() -> Parser[Prices]:
     """A price table: inline JSON, or the path of a JSON file, `{model: {input: $/Mtok, ...}}`."""
 
@@ -177,12 +185,7 @@ def prices() -> Parser[Prices]:
         if not isinstance(table, dict):
             raise ValueError(raw)
         for model, row in table.items():
-            if not isinstance(row, dict) or not set(row) <= PRICE_KEYS:
-                raise ValueError(model)
-            if not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row.values()
-            ):
-                raise ValueError(model)
+            _check_price_row(model, row)
         return {str(m): {k: float(v) for k, v in row.items()} for m, row in table.items()}
 
     return Parser(

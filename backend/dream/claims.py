@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import aiosqlite
+
 from backend.core import clock
 from backend.core.errors import LeaseLost
 from backend.core.settings import Settings
@@ -188,6 +190,17 @@ async def release_claim(
         return await fencing.write_if_held(conn, claim.lease, RELEASE_SETS, params)
 
 
+async def _journal_stale(conn: aiosqlite.Connection, claim: Claim, raw: str, now: int) -> None:
+    await append_event(
+        conn,
+        kind=EventKind.DREAM_STALE,
+        actor=claim.owner_id,
+        session_id=claim.session_id,
+        data={"published": claim.revision, "raw": raw},
+        now=now,
+    )
+
+
 async def release_stale(db: Database, claim: Claim, raw: str) -> None:
     """Write nothing for a revision the raw turns no longer match; stay pending."""
     now = clock.now_ms()
@@ -204,15 +217,8 @@ async def release_stale(db: Database, claim: Claim, raw: str) -> None:
             "now": now,
         }
         await fencing.write(conn, claim.lease, RELEASE_SETS, params)
-        if row["defer_reason"] != reason:
-            await append_event(
-                conn,
-                kind=EventKind.DREAM_STALE,
-                actor=claim.owner_id,
-                session_id=claim.session_id,
-                data={"published": claim.revision, "raw": raw},
-                now=now,
-            )
+        if row["defer_reason"] != reason:  # journaled once a stale revision, not at each recheck
+            await _journal_stale(conn, claim, raw, now)
     log.info("dream %s stale: published %s, raw %s", claim.session_id, claim.revision, raw)
 
 

@@ -223,18 +223,25 @@ class KeywordExtractor:
             text = str(text)
         for sentence in _SENTENCE.split(normalise(text)):
             tokens = list(_TOKEN.finditer(sentence))
-            located: list[tuple[int, int, Term]] = []
-            covered: set[int] = set()
-            for start, end in _entity_spans(tokens):
-                term = _entity_term([t.group() for t in tokens[start:end]], start == 0, known)
-                if term is None:
-                    continue
-                covered.update(range(start, end))
-                located.append((tokens[start].start(), tokens[end - 1].end(), term))
-                found[term] += 1
+            located, covered = _located_entities(tokens, known)
+            found.update(term for _, _, term in located)
             for index, token in enumerate(tokens):
                 concept = None if index in covered else _concept_term(token.group())
                 if concept is not None:
                     found[concept] += 1
             relations.extend(_sentence_relations(sentence, located))
         return found, relations
+
+
+def _located_entities(
+    tokens: list[re.Match[str]], known: frozenset[str]
+) -> tuple[list[tuple[int, int, Term]], set[int]]:
+    """A sentence's entities with their character spans, and the token indexes they cover."""
+    located: list[tuple[int, int, Term]] = []
+    covered: set[int] = set()
+    for start, end in _entity_spans(tokens):
+        term = _entity_term([t.group() for t in tokens[start:end]], start == 0, known)
+        if term is not None:
+            covered.update(range(start, end))
+            located.append((tokens[start].start(), tokens[end - 1].end(), term))
+    return located, covered

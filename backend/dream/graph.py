@@ -108,30 +108,29 @@ def _shared(term: Term) -> Node:
     return Node(term.node_id, term.kind, term.label)
 
 
+def _turn_node(session_id: str, turn: Mapping[str, Any]) -> Node:
+    data = {"role": turn["role"], "time": turn["time"], "chars": len(str(turn.get("text") or ""))}
+    return Node(
+        turn_node_id(turn["id"]),
+        "turn",
+        _turn_label(turn.get("text")),
+        session_id,
+        json.dumps(data, sort_keys=True, ensure_ascii=False),
+    )
+
+
 def plan_nodes(
     session_id: str, title: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction
 ) -> tuple[list[Node], dict[str, Node]]:
     """The session's own nodes (session, then turns) and the shared nodes by id."""
-    nodes = [
-        Node(
-            session_node_id(session_id),
-            "session",
-            title or session_id,
-            session_id,
-            json.dumps({"turns": len(turns)}),
-        )
-    ]
-    for turn in turns:
-        data = {"role": turn["role"], "time": turn["time"], "chars": len(str(turn.get("text") or ""))}
-        nodes.append(
-            Node(
-                turn_node_id(turn["id"]),
-                "turn",
-                _turn_label(turn.get("text")),
-                session_id,
-                json.dumps(data, sort_keys=True, ensure_ascii=False),
-            )
-        )
+    session = Node(
+        session_node_id(session_id),
+        "session",
+        title or session_id,
+        session_id,
+        json.dumps({"turns": len(turns)}),
+    )
+    nodes = [session] + [_turn_node(session_id, turn) for turn in turns]
     shared: dict[str, Node] = {}
     terms = [t for te in extraction.turns for t in te.mentions] + list(extraction.topics)
     terms += [t for r in extraction.relations for t in (r.src, r.dst)]
@@ -140,9 +139,8 @@ def plan_nodes(
     return nodes, shared
 
 
-def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction) -> list[Edge]:
-    """Every edge of the session's graph, in a stable order."""
-    sid = session_node_id(session_id)
+def _turn_chain(sid: str, turns: Sequence[Mapping[str, Any]]) -> list[Edge]:
+    """The session has each turn; each turn follows the one before it."""
     edges: list[Edge] = []
     previous: str | None = None
     for turn in turns:
@@ -151,6 +149,13 @@ def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: 
         if previous is not None:
             edges.append(Edge(node, previous, "follows"))
         previous = node
+    return edges
+
+
+def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: Extraction) -> list[Edge]:
+    """Every edge of the session's graph, in a stable order."""
+    sid = session_node_id(session_id)
+    edges = _turn_chain(sid, turns)
     for te in extraction.turns:
         for term, count in sorted(te.mentions.items(), key=lambda item: item[0].node_id):
             edges.append(Edge(turn_node_id(te.turn_id), term.node_id, "mentions", float(count)))

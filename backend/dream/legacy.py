@@ -20,6 +20,7 @@ from backend.dream.drift import DigestState
 from backend.runtime.context import Context
 from backend.store.db import Database, execute, fetchone
 from backend.store.events import EventKind, append_event
+from backend.store.handoffs import DREAM_STATE_ROW_SQL
 
 # the journal's retention window; legacy retires after one full window with zero legacy rows
 LEGACY_RETIREMENT_WINDOW_MS = 30 * 24 * 3600 * 1000
@@ -80,6 +81,14 @@ async def import_legacy(ctx: Context, *, actor: str = "dream", page: int = 500) 
     return {"scanned": scanned, "marked": marked}
 
 
+# only rows synthesis never published a revision for: a revision always wins
+MARK_LEGACY_SQL = (
+    "UPDATE dream_state SET digest_state = 'legacy', legacy_digested = 1, "
+    "time_updated = ? WHERE session_id = ? AND input_revision IS NULL "
+    "AND completed_revision IS NULL AND digest_state != 'legacy'"
+)
+
+
 async def _mark_legacy(db: Database, session_ids: Sequence[str]) -> int:
     now = clock.now_ms()
     marked = 0
@@ -87,18 +96,6 @@ async def _mark_legacy(db: Database, session_ids: Sequence[str]) -> int:
         for sid in session_ids:
             if await fetchone(conn, "SELECT 1 FROM session WHERE id = ?", (sid,)) is None:
                 continue  # a summary row for a session state.db does not know: nothing to honour
-            await execute(
-                conn,
-                "INSERT INTO dream_state (session_id, time_updated) VALUES (?, ?) "
-                "ON CONFLICT (session_id) DO NOTHING",
-                (sid, now),
-            )
-            # only rows synthesis never published a revision for: a revision always wins
-            marked += await execute(
-                conn,
-                "UPDATE dream_state SET digest_state = 'legacy', legacy_digested = 1, "
-                "time_updated = ? WHERE session_id = ? AND input_revision IS NULL "
-                "AND completed_revision IS NULL AND digest_state != 'legacy'",
-                (now, sid),
-            )
+            await execute(conn, DREAM_STATE_ROW_SQL, (sid, now))
+            marked += await execute(conn, MARK_LEGACY_SQL, (now, sid))
     return marked

@@ -42,6 +42,7 @@ from backend.models.tool_deltas import ModelToolCall
 from backend.store.db import Conn, Database, Row
 from backend.store.fencing import guard_sync
 from backend.store.states import ToolCallState
+from backend.tools.errors import ToolError
 
 if TYPE_CHECKING:  # the MCP SDK loads only when tools are configured
     from backend.tools.registry import ToolRegistry
@@ -197,8 +198,6 @@ class ToolRunner:
 
     async def _call(self, row: Row) -> Outcome:
         """One request to the tool, and what its ending means for the row."""
-        from backend.tools.errors import ToolError
-
         registry = await self.registry()
         try:
             result = await registry.call(

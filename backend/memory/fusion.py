@@ -38,30 +38,36 @@ def turn_items(
     """Fuse the turn lists, boost the named speaker, and build the best `k` turn items."""
     candidates: dict[str, Candidate] = {c.message_id: c for c in lexical["fts"].values()}
     rows = _index_rows(conn, [m for m, _ in dense_hits] + list(lexical["graph"]))
-    _add_dense_and_graph(candidates, rows, dense_hits, lexical["graph"], scope)
+    _add_dense(candidates, rows, dense_hits, scope)
+    _add_graph(candidates, rows, lexical["graph"])
     if not candidates:
         return []
     fused = fuse(candidates, config)
     _boost_named_speaker(fused, candidates, query, config)
+    return _best_items(conn, candidates, fused, k)
+
+
+def _best_items(
+    conn: Conn, candidates: dict[str, Candidate], fused: dict[str, float], k: int
+) -> list[dict[str, Any]]:
+    """The `k` best fused turns as items, scored relative to the best (a turn gone since is left out)."""
     top = sorted(fused, key=lambda m: (-fused[m], m))[:k]
     details = _turn_details(conn, top)
     top_score = max(fused.values()) or 1.0
-    items = []
-    for mid in top:
-        detail = details.get(mid)
-        if detail is not None:
-            items.append(_turn_item(candidates[mid], detail, round(fused[mid] / top_score, 6)))
-    return items
+    return [
+        _turn_item(candidates[mid], detail, round(fused[mid] / top_score, 6))
+        for mid in top
+        if (detail := details.get(mid)) is not None
+    ]
 
 
-def _add_dense_and_graph(
+def _add_dense(
     candidates: dict[str, Candidate],
     rows: Mapping[str, dict[str, Any]],
     dense_hits: list[tuple[str, float]],
-    graph: Mapping[str, float],
     scope: Scope,
 ) -> None:
-    """The dense and graph retrievers' turns among the candidates, with their ranks and scores."""
+    """The dense retriever's turns among the candidates, with their ranks and similarities."""
     for rank, (mid, sim) in enumerate(dense_hits):
         row = rows.get(mid)
         if (
@@ -72,6 +78,12 @@ def _add_dense_and_graph(
             continue  # an orphan or stale vector: its turn was re-indexed or removed since
         cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
         cand.ranks["dense"], cand.scores["dense"] = rank, sim
+
+
+def _add_graph(
+    candidates: dict[str, Candidate], rows: Mapping[str, dict[str, Any]], graph: Mapping[str, float]
+) -> None:
+    """The graph retriever's turns among the candidates, with their ranks and scores."""
     for rank, (mid, score) in enumerate(sorted(graph.items(), key=lambda kv: -kv[1])):
         row = rows.get(mid)
         if row is None:

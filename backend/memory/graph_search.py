@@ -24,6 +24,16 @@ RELATION_WORDS = {
     "replaces": "replaces",
     "co_occurs": "goes with",
 }
+# how many turns mention each node
+MENTION_COUNTS_SQL = (
+    "SELECT dst, count(*) FROM graph_edge WHERE dst IN ({nodes}) AND kind = 'mentions' GROUP BY dst"
+)
+# the turns (in scope: `filters` on `t`) that mention each node
+MENTIONING_TURNS_SQL = (
+    "SELECT t.message_id, t.session_id, t.ord, e.dst FROM graph_edge AS e "
+    "JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
+    "WHERE e.dst IN ({nodes}) AND e.kind = 'mentions'{filters}"
+)
 
 
 def graph_node_ids(query: str) -> list[str]:
@@ -41,26 +51,13 @@ def graph_turns(nodes: list[str], scope: Scope) -> Reader[dict[str, float]]:
     """message id -> graph score: the query's concepts and entities, weighted by rarity."""
     if not nodes:
         return {}
-    [counted] = yield [
-        (
-            f"SELECT dst, count(*) FROM graph_edge WHERE dst IN ({in_list(nodes)}) AND kind = 'mentions' "
-            "GROUP BY dst",
-            nodes,
-        )
-    ]
+    [counted] = yield [(MENTION_COUNTS_SQL.format(nodes=in_list(nodes)), nodes)]
     df = dict(counted)
     useful = [n for n, count in df.items() if count <= GRAPH_MAX_DF]
     if not useful:
         return {}
     filters, params = _scope_sql(scope, "t")
-    [rows] = yield [
-        (
-            f"SELECT t.message_id, t.session_id, t.ord, e.dst FROM graph_edge AS e "
-            f"JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
-            f"WHERE e.dst IN ({in_list(useful)}) AND e.kind = 'mentions'{filters}",
-            [*useful, *params],
-        )
-    ]
+    [rows] = yield [(MENTIONING_TURNS_SQL.format(nodes=in_list(useful), filters=filters), [*useful, *params])]
     scores: dict[str, float] = {}
     for mid, sid, ord_, dst in rows:
         if not excluded(scope, sid, ord_):

@@ -406,15 +406,19 @@ async def _write_pending_vectors(db: Database, turn_stores: TurnStores, session_
     ]
     store = turn_stores(project)
     for start in range(0, len(pending), VECTOR_BATCH):
-        batch = pending[start : start + VECTOR_BATCH]
-        vectors = await store.embed([r.dense_text for r in batch])
-        await store.upsert(
-            [r.message_id for r in batch],
-            [r.text for r in batch],
-            [r.chroma_metadata() for r in batch],
-            embeddings=vectors,
-        )
-        faults.point("index.after_vectors")
-        async with db.tx() as conn:
-            await mark_vectors(conn, batch, [sketch(r.text, v) for r, v in zip(batch, vectors, strict=True)])
+        await _write_vector_batch(db, store, pending[start : start + VECTOR_BATCH])
     return len(pending)
+
+
+async def _write_vector_batch(db: Database, store: ChromaStore, batch: list[IndexedTurn]) -> None:
+    """Embed and upsert one batch of turns into Chroma, then mark their vectors written in state.db."""
+    vectors = await store.embed([r.dense_text for r in batch])
+    await store.upsert(
+        [r.message_id for r in batch],
+        [r.text for r in batch],
+        [r.chroma_metadata() for r in batch],
+        embeddings=vectors,
+    )
+    faults.point("index.after_vectors")
+    async with db.tx() as conn:
+        await mark_vectors(conn, batch, [sketch(r.text, v) for r, v in zip(batch, vectors, strict=True)])

@@ -216,19 +216,17 @@ class VectorSweep:
         """Sweep from the first row now."""
         self.cursor = 0
 
-    async def step(self, db: Database, turn_stores: TurnStores, actor: str, generation: int = 0) -> int:
-        """Check the next batch if a sweep is due or under way; how many rows were un-marked."""
-        now = clock.now_ms()
+    def _follow_generation(self, generation: int, actor: str) -> None:
+        """A restarted Chroma (a new `generation`) may have lost vectors: sweep again from the start."""
         if self.generation is not None and generation != self.generation:
             log.info("%s: Chroma restarted; checking every turn vector again", actor)
             self.restart()
         self.generation = generation
-        if now < self._retry_at or (self.cursor is None and now < self.next_at):
-            return 0
-        rows = await marked_batch(db, self.cursor or 0, self.batch)
-        if not rows:
-            self.cursor, self.next_at = None, now + self.interval_ms
-            return 0
+
+    async def _compare(
+        self, rows: list[MarkedTurn], turn_stores: TurnStores, now: int
+    ) -> list[tuple[MarkedTurn, str]]:
+        """`compare(rows)`, backing off (doubling, up to `MAX_BACKOFF_MS`) while Chroma cannot be reached."""
         try:
             found = await compare(rows, turn_stores)
         except ChromaUnreachable:
@@ -236,6 +234,19 @@ class VectorSweep:
             self._backoff_ms = min(self._backoff_ms * 2, MAX_BACKOFF_MS)
             raise
         self._backoff_ms = 500
+        return found
+
+    async def step(self, db: Database, turn_stores: TurnStores, actor: str, generation: int = 0) -> int:
+        """Check the next batch if a sweep is due or under way; how many rows were un-marked."""
+        now = clock.now_ms()
+        self._follow_generation(generation, actor)
+        if now < self._retry_at or (self.cursor is None and now < self.next_at):
+            return 0
+        rows = await marked_batch(db, self.cursor or 0, self.batch)
+        if not rows:
+            self.cursor, self.next_at = None, now + self.interval_ms
+            return 0
+        found = await self._compare(rows, turn_stores, now)
         unmarked = await unmark(db, found, actor)
         self.cursor = rows[-1].id
         if unmarked:

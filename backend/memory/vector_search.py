@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from backend.chroma.collection import ChromaStore
 from backend.core.errors import ChromaUnreachable
 from backend.memory.config import RecallConfig
 from backend.memory.scope import Scope
@@ -51,6 +52,7 @@ def _where(
 # (p50 / p95) vs filtered 81 / 117; a 2 000-turn one 272 / 350 vs 67 / 99; at 3 500 turns a
 # 200-turn session 34 / 43 vs 16 / 21 (a small collection's filtered search is cheap anyway).
 SESSION_BY_ID_MAX = 300
+SESSION_TURN_IDS_SQL = "SELECT message_id FROM memory_turn WHERE session_id = ? LIMIT ?"
 
 
 async def dense(
@@ -66,22 +68,25 @@ async def dense(
     store = ctx.turn_store(scope.project)
     if scope.session_id is None:
         hits = await store.nearest(vector, config.dense_candidates)
-        return [(i, 1.0 - distance) for i, distance in hits]
-    # one session: its turns' vectors by id, ranked here (Chroma's `where`-filtered search walks
-    # most of the collection's graph whatever the filter keeps: see `ChromaStore.nearest_among`)
-    db = await ctx.db()
-    ids = [
-        str(r[0])
-        for r in await db.fetchall(
-            "SELECT message_id FROM memory_turn WHERE session_id = ? LIMIT ?",
-            (scope.session_id, SESSION_BY_ID_MAX + 1),
-        )
-    ]
-    if len(ids) <= SESSION_BY_ID_MAX:
-        hits = await store.nearest_by_id(ids, vector, config.dense_candidates)
     else:
-        hits = await store.nearest(vector, config.dense_candidates, {"sessionId": scope.session_id})
+        hits = await _nearest_in_session(ctx, store, vector, scope.session_id, config.dense_candidates)
     return [(i, 1.0 - distance) for i, distance in hits]
+
+
+async def _nearest_in_session(
+    ctx: Context, store: ChromaStore, vector: list[float], session_id: str, n: int
+) -> list[tuple[str, float]]:
+    """(message id, distance) of one session's `n` nearest turn vectors in its project's `store`.
+
+    Its turns' vectors by id, ranked here (Chroma's `where`-filtered search walks most of
+    the collection's graph whatever the filter keeps: see `ChromaStore.nearest_among`).
+    """
+    db = await ctx.db()
+    rows = await db.fetchall(SESSION_TURN_IDS_SQL, (session_id, SESSION_BY_ID_MAX + 1))
+    ids = [str(r[0]) for r in rows]
+    if len(ids) <= SESSION_BY_ID_MAX:
+        return await store.nearest_by_id(ids, vector, n)
+    return await store.nearest(vector, n, {"sessionId": session_id})
 
 
 async def summary_hits(
@@ -162,25 +167,30 @@ async def summaries(
     items = []
     for rank, (row_id, distance, document, meta) in enumerate(hits):
         sid = str(meta.get("sessionId") or row_id.removeprefix("summary_"))
-        if scope.exclude_session == sid and scope.exclude_from_ord == 0:
-            continue
-        items.append(
-            {
-                "kind": "summary",
-                "id": row_id,
-                "session_id": sid,
-                "project": meta.get("project"),
-                "message_id": None,
-                "time": meta.get("timestamp"),
-                "score": round(config.summary_weight * max(0.0, 1.0 - distance) / best, 6),
-                "text": document or "",
-                "title": meta.get("title"),
-                "provenance": {
-                    "revision": meta.get("dreamInputRevision"),
-                    "found_by": ["dense"],
-                    "ranks": {"dense": rank},
-                    "cites": [],
-                },
-            }
-        )
+        if not (scope.exclude_session == sid and scope.exclude_from_ord == 0):
+            score = round(config.summary_weight * max(0.0, 1.0 - distance) / best, 6)
+            items.append(_summary_item(row_id, sid, document, meta, rank, score))
     return items
+
+
+def _summary_item(
+    row_id: str, session_id: str, document: str | None, meta: dict[str, Any], rank: int, score: float
+) -> dict[str, Any]:
+    """One summary hit as a recall item (found by the dense retriever alone, citing nothing)."""
+    return {
+        "kind": "summary",
+        "id": row_id,
+        "session_id": session_id,
+        "project": meta.get("project"),
+        "message_id": None,
+        "time": meta.get("timestamp"),
+        "score": score,
+        "text": document or "",
+        "title": meta.get("title"),
+        "provenance": {
+            "revision": meta.get("dreamInputRevision"),
+            "found_by": ["dense"],
+            "ranks": {"dense": rank},
+            "cites": [],
+        },
+    }

@@ -46,6 +46,11 @@ def classify(exc: BaseException, *, mid_stream: bool) -> ModelError:
             ModelErrorClass.STREAM_MALFORMED if mid_stream else ModelErrorClass.BAD_RESPONSE,
             f"unparseable data from the endpoint: {exc}",
         )
+    return _transport_error(exc, mid_stream)
+
+
+def _transport_error(exc: BaseException, mid_stream: bool) -> ModelError:
+    """The `ModelError` for a failure to reach, or keep hearing from, the endpoint."""
     # the aiohttp transport reports a refused connection as a connect *timeout*: trust the root cause
     root = _root(exc)
     refused = isinstance(root, OSError) and not isinstance(root, TimeoutError)

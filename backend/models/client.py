@@ -356,9 +356,7 @@ class ModelClient:
         if not isinstance(chunk, dict):
             raise json.JSONDecodeError("a chunk that is not a JSON object", str(chunk)[:80], 0)
         if "error" in chunk:
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            raise ModelError(ModelErrorClass.SERVER_ERROR, f"error event in the stream: {message}")
+            raise _stream_error(chunk["error"])
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             reply.raw_usage, reply.usage = usage, Usage.from_openai(usage)
@@ -442,3 +440,9 @@ class ModelClient:
 def _truncate(reply: ChatReply) -> None:
     reply.truncated = True
     reply.finish_reason = TRUNCATED
+
+
+def _stream_error(error: Any) -> ModelError:
+    """The error event an endpoint sent mid-stream, as a server error."""
+    message = error.get("message") if isinstance(error, dict) else str(error)
+    return ModelError(ModelErrorClass.SERVER_ERROR, f"error event in the stream: {message}")

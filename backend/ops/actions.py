@@ -86,11 +86,8 @@ def chroma_health(ctx: Context) -> ChromaHealth:
     is not Chroma at all is a usage error and raises.
     """
     external = chroma_server.external_url(ctx.chroma_url)
-    url: str | None
-    if external is not None:
-        url, is_external = external, True
-    else:
-        url, is_external = chroma_server.recorded_url(ctx.data), False
+    is_external = external is not None
+    url = external if is_external else chroma_server.recorded_url(ctx.data)
     health = ChromaHealth(url=url, external=is_external, healthy=False, error=None, refused=None)
     if not is_external:
         health["lock_held"] = chroma_server.lock_is_held(ctx.data)
@@ -98,7 +95,13 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         health["pid"] = cast(int | None, pid)  # as the lock file says
     if url is None:
         health["error"] = "no Chroma server recorded for this data dir; `rem up` starts one"
-        return health
+    else:
+        _heartbeat(url, is_external, health)
+    return health
+
+
+def _heartbeat(url: str, is_external: bool, health: ChromaHealth) -> None:
+    """Whether Chroma at `url` answers, into `health` (a named URL that is not Chroma's raises)."""
     try:
         if not is_external:
             # another uid on the recorded port is not this data dir's server: checked before
@@ -115,7 +118,6 @@ def chroma_health(ctx: Context) -> ChromaHealth:
         health["refused"] = _refused(exc, None)
     except ChromaUnreachable as exc:
         health["error"] = str(exc)
-    return health
 
 
 def _refused(exc: ChromaUntrusted, row: Any) -> RefusedListener:
@@ -204,21 +206,25 @@ async def refusals_journaled(ctx: Context, action: str, target: str | None) -> A
     try:
         yield
     except (Refused, NotFound) as exc:
-        if ctx.read_only or isinstance(exc, ReadOnly):
-            raise
-        try:
-            db = await ctx.db()
-            async with db.tx() as conn:
-                await append_event(
-                    conn,
-                    kind=EventKind.OPERATOR_REFUSED,
-                    actor=ctx.operator,
-                    target=target,
-                    data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
-                )
-        except RemError:
-            log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
+        if not (ctx.read_only or isinstance(exc, ReadOnly)):
+            await _journal_refusal(ctx, action, target, exc)
         raise
+
+
+async def _journal_refusal(ctx: Context, action: str, target: str | None, exc: RemError) -> None:
+    """Append `operator.refused` for `exc`; a journal that cannot be written is only logged."""
+    try:
+        db = await ctx.db()
+        async with db.tx() as conn:
+            await append_event(
+                conn,
+                kind=EventKind.OPERATOR_REFUSED,
+                actor=ctx.operator,
+                target=target,
+                data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
+            )
+    except RemError:
+        log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
 
 
 async def drain(
@@ -296,11 +302,10 @@ async def check(
     recorded = read_heads(ctx.data).get(ctx.store_name)
     report = await check_database_in_batches(db, progress=progress, recorded=recorded)
     if verify_chroma:
-        if progress is not None:
-            progress("chroma", 0, 1)
+        tell = progress or (lambda phase, done, total: None)
+        tell("chroma", 0, 1)
         await check_chroma(ctx, db, report)
-        if progress is not None:
-            progress("chroma", 1, 1)
+        tell("chroma", 1, 1)
     result = summarize(report, settled=settled)
     result["data_dir"] = str(ctx.data.root)
     return result

@@ -18,11 +18,12 @@ Both are typed records (`backend.ops.records`): a metrics exporter reads the sam
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from backend.models.errors import NEEDS_OPERATOR
 from backend.models.health import OK, CallKind, ModelState
-from backend.ops.records import HeldSession, ModelHealth, SessionUsage, Usage
+from backend.ops.records import HeldSession, LastModelError, ModelHealth, SessionUsage, Usage
 from backend.store import counters
 from backend.store.counters import USAGE_TOKENS as TOKENS
 from backend.store.counters import USAGE_WHERE
@@ -76,14 +77,7 @@ def model_health_sync(conn: Conn, now: int) -> ModelHealth:
     rows = conn.execute(CALLS_SQL, {"since": now - WINDOW_MS, "cap": WINDOW_ROWS}).fetchall()
     last_call_at = conn.execute(LAST_CALL_SQL).fetchone()[0]
     failed = [r for r in rows if r["outcome"] != OK]
-    by_class: dict[str, int] = {}
-    for r in failed:
-        by_class[r["outcome"]] = by_class.get(r["outcome"], 0) + 1
-    by_kind: dict[str, int] = {}
-    for r in rows:
-        by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1
     ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None and r["kind"] == CallKind.CHAT)
-    last = failed[0] if failed else None
     return {
         "state": _state(rows, len(failed), last_call_at),
         "window_ms": WINDOW_MS,
@@ -92,22 +86,25 @@ def model_health_sync(conn: Conn, now: int) -> ModelHealth:
         "requests": len(rows),
         "errors": len(failed),
         "error_rate": round(len(failed) / len(rows), 4) if rows else 0.0,
-        "errors_by_class": by_class,
+        "errors_by_class": dict(Counter(r["outcome"] for r in failed)),
         "retries": sum(1 for r in rows if r["attempt"] > 1),
-        "requests_by_kind": by_kind,
+        "requests_by_kind": dict(Counter(r["kind"] for r in rows)),
         "ttft_ms_p50": _percentile(ttft, 0.5),
         "ttft_ms_p95": _percentile(ttft, 0.95),
-        "last_error": None
-        if last is None
-        else {
-            "time": last["time"],
-            "error_class": last["outcome"],
-            "status": last["status"],
-            "message": last["error"],
-            "kind": last["kind"],
-            "session_id": last["session_id"],
-        },
+        "last_error": _error_record(failed[0]) if failed else None,
         "last_call_at": last_call_at,
+    }
+
+
+def _error_record(call: Row) -> LastModelError:
+    """A failed call as `last_error` shows it."""
+    return {
+        "time": call["time"],
+        "error_class": call["outcome"],
+        "status": call["status"],
+        "message": call["error"],
+        "kind": call["kind"],
+        "session_id": call["session_id"],
     }
 
 
@@ -119,26 +116,27 @@ def _last_error(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _session_usage(r: Row) -> SessionUsage:
+    """One session's row of `USAGE_SESSIONS_SQL` as `rem status` lists it."""
+    tokens = {name: int(r[f"tokens_{name}"]) for name in TOKENS}
+    return {
+        "session_id": r["session_id"],
+        "title": r["title"],
+        "model": r["model"],
+        "turns": r["turn_count"],
+        "tokens": tokens,
+        "tokens_total": sum(tokens.values()),
+        "cost": float(r["cost"]),
+        "last_error": _last_error(r["model_error"]),
+        "held": r["held_at"] is not None,
+        "time_updated": r["time_updated"],
+    }
+
+
 def usage_sync(conn: Conn, counts: dict[str, Any] | None = None) -> Usage:
     """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total
     (from the status counters: `counts`, as `counters.counts_sync` read them, or read here)."""
-    sessions: list[SessionUsage] = []
-    for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP}):
-        tokens = {name: int(r[f"tokens_{name}"]) for name in TOKENS}
-        sessions.append(
-            {
-                "session_id": r["session_id"],
-                "title": r["title"],
-                "model": r["model"],
-                "turns": r["turn_count"],
-                "tokens": tokens,
-                "tokens_total": sum(tokens.values()),
-                "cost": float(r["cost"]),
-                "last_error": _last_error(r["model_error"]),
-                "held": r["held_at"] is not None,
-                "time_updated": r["time_updated"],
-            }
-        )
+    sessions = [_session_usage(r) for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP})]
     if counts is None:
         counts, _ = counters.counts_sync(conn)
     return {

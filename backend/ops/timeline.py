@@ -153,6 +153,16 @@ async def moment(ctx: Context, entry: Entry) -> Moment:
     )
 
 
+def _clock_time(raw: str, now: int) -> int:
+    """`HH:MM[:SS]` as the last such moment (today, or yesterday if that is later than `now`), in ms."""
+    today = datetime.fromtimestamp(now / 1000).astimezone()
+    parsed = datetime.strptime(raw, "%H:%M:%S" if raw.count(":") == 2 else "%H:%M")
+    moment_today = today.replace(hour=parsed.hour, minute=parsed.minute, second=parsed.second, microsecond=0)
+    if moment_today.timestamp() * 1000 > now:  # a time later than now means yesterday
+        moment_today -= timedelta(days=1)
+    return int(moment_today.timestamp() * 1000)
+
+
 def parse_time(text: str, now: int | None = None) -> int:
     """`--at`: ISO 8601 (`2026-11-30T03:12`, `...Z`, an offset), `HH:MM[:SS]` today, `-15m`, or Unix time in ms."""
     now = clock.now_ms() if now is None else now
@@ -164,14 +174,7 @@ def parse_time(text: str, now: int | None = None) -> int:
         return int(raw)
     try:
         if len(raw) <= 8 and raw.count(":") in (1, 2):
-            today = datetime.fromtimestamp(now / 1000).astimezone()
-            parsed = datetime.strptime(raw, "%H:%M:%S" if raw.count(":") == 2 else "%H:%M")
-            moment_today = today.replace(
-                hour=parsed.hour, minute=parsed.minute, second=parsed.second, microsecond=0
-            )
-            if moment_today.timestamp() * 1000 > now:  # a time later than now means yesterday
-                moment_today -= timedelta(days=1)
-            return int(moment_today.timestamp() * 1000)
+            return _clock_time(raw, now)
         parsed_full = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         raise UsageError(

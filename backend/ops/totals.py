@@ -108,15 +108,21 @@ def lease_totals_sync(conn: Conn, now: int, execution_held: dict[str, int]) -> d
         expired_max_ms=_age(now, oldest),
     )
     for kind, query in (("summary_job", "summary_job_by_owner"), ("dream", "dream_by_owner")):
-        rows = conn.execute(TOTALS_QUERIES[query], {"now": now}).fetchall()
-        expired_at = [r[3] for r in rows if r[2]]
-        out[kind] = LeaseTotals(
-            held=sum(r[1] for r in rows),
-            expired=sum(int(r[2] or 0) for r in rows),
-            dead_owner=sum(r[1] for r in rows if r[0] not in alive),
-            expired_max_ms=_age(now, min(expired_at)) if expired_at else 0,
+        out[kind] = _job_lease_totals(
+            conn.execute(TOTALS_QUERIES[query], {"now": now}).fetchall(), now, alive
         )
     return out
+
+
+def _job_lease_totals(rows: list[Any], now: int, alive: set[str]) -> LeaseTotals:
+    """One job kind's totals from its rows per owner: (owner, held, expired, oldest expiry)."""
+    expired_at = [r[3] for r in rows if r[2]]
+    return LeaseTotals(
+        held=sum(r[1] for r in rows),
+        expired=sum(int(r[2] or 0) for r in rows),
+        dead_owner=sum(r[1] for r in rows if r[0] not in alive),
+        expired_max_ms=_age(now, min(expired_at)) if expired_at else 0,
+    )
 
 
 def totals_sync(

@@ -49,6 +49,27 @@ def _session_sync(conn: Conn, session_id: str) -> dict[str, Any]:
     return out
 
 
+# what a message's data may hold, shown as it is stored
+MESSAGE_KEYS = (
+    "answers",
+    "execution_id",
+    "step",
+    "model",
+    "usage",
+    "cost",
+    "finish_reason",
+    "truncated",
+    "attempts",
+    "ttft_ms",
+    "error",
+    "reask",
+    "superseded_by",
+    "interrupted_phase",
+    "speaker",
+    "memory",
+)
+
+
 def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
     data = _json(row["data"]) or {}
     status = data.get("status")
@@ -64,28 +85,7 @@ def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
         "marker": marker,
         "text": data.get("text", ""),
         "parts": parts,
-        **{
-            key: data[key]
-            for key in (
-                "answers",
-                "execution_id",
-                "step",
-                "model",
-                "usage",
-                "cost",
-                "finish_reason",
-                "truncated",
-                "attempts",
-                "ttft_ms",
-                "error",
-                "reask",
-                "superseded_by",
-                "interrupted_phase",
-                "speaker",
-                "memory",
-            )
-            if key in data
-        },
+        **{key: data[key] for key in MESSAGE_KEYS if key in data},
     }
 
 

@@ -62,6 +62,17 @@ def fresh_data_dir(data: str | os.PathLike[str] | None) -> tuple[Path, bool]:
     return root, False
 
 
+def _parsed_model_url(model_url: str) -> str:
+    """`--model-url` as REM_MODEL_BASE_URL parses it, or a UsageError with an example."""
+    parser = Settings.model_base_url.parser
+    try:
+        return str(parser.parse(model_url.strip()))
+    except ValueError:
+        raise UsageError(
+            f"--model-url {model_url!r} is not {parser.expects}, e.g. http://127.0.0.1:11434/v1"
+        ) from None
+
+
 def model_env(model_url: str | None, model: str | None, embedding_model: str | None = None) -> dict[str, str]:
     """The settings that make the demo's daemons answer with a real model endpoint (none: offline)."""
     if (model_url is None) != (model is None):
@@ -70,17 +81,10 @@ def model_env(model_url: str | None, model: str | None, embedding_model: str | N
         raise UsageError("--embedding-model needs --model-url and --model")
     if model_url is None or model is None:
         return {}
-    url_setting = Settings.model_base_url
-    try:
-        url = url_setting.parser.parse(model_url.strip())
-    except ValueError:
-        raise UsageError(
-            f"--model-url {model_url!r} is not {url_setting.parser.expects}, e.g. http://127.0.0.1:11434/v1"
-        ) from None
     env = {
         "REM_AGENT": "openai",
         "REM_SYNTHESIZER": "openai",
-        url_setting.env: url,
+        Settings.model_base_url.env: _parsed_model_url(model_url),
         Settings.model.env: model,
     }
     if embedding_model is not None:
@@ -103,7 +107,7 @@ def write_tools_config(
     `kill -9` its executor during the send's delay to get an unknown outcome to resolve. The drill
     passes `effect_permission="allow"` (nobody approves there).
     """
-    from backend.programs.demo_tools import server_config  # the server's command line only
+    from backend.programs.demo_tools import server_config  # import time: the MCP SDK, only with tools
 
     config = {
         "mcpServers": {"demo": server_config(root, effect_delay_ms=effect_delay_ms)},

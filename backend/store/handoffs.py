@@ -59,6 +59,21 @@ async def mark_turns_changed(conn: aiosqlite.Connection, session_id: str, now: i
     await in_thread(conn, mark_turns_changed_sync, session_id, now)
 
 
+DREAM_STATE_ROW_SQL = (
+    "INSERT INTO dream_state (session_id, time_updated) VALUES (?, ?) ON CONFLICT (session_id) DO NOTHING"
+)
+PUBLISH_REVISION_SQL = (
+    "UPDATE dream_state SET input_revision = :rev, time_published = :now, time_updated = :now, "
+    "state_revision = state_revision + 1, "
+    # a live Dream claim keeps 'in_progress' so its lease stays visible; Dream's own
+    # attest/release sets the state from the revisions when the claim ends
+    "digest_state = CASE WHEN digest_state = 'in_progress' THEN 'in_progress' "
+    "WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
+    "digest_attempts = 0, attempts_revision = NULL, defer_reason = NULL, next_attempt_at = 0 "
+    "WHERE session_id = :sid AND input_revision IS NOT :rev"
+)
+
+
 async def publish_input_revision(
     conn: aiosqlite.Connection, session_id: str, revision: str, now: int
 ) -> bool:
@@ -69,22 +84,6 @@ async def publish_input_revision(
     resets the per-revision attempt budget and makes the session pending
     (unless Dream already completed exactly this revision).
     """
-    await execute(
-        conn,
-        "INSERT INTO dream_state (session_id, time_updated) VALUES (?, ?) "
-        "ON CONFLICT (session_id) DO NOTHING",
-        (session_id, now),
-    )
-    changed = await execute(
-        conn,
-        "UPDATE dream_state SET input_revision = :rev, time_published = :now, time_updated = :now, "
-        "state_revision = state_revision + 1, "
-        # a live Dream claim keeps 'in_progress' so its lease stays visible; Dream's own
-        # attest/release sets the state from the revisions when the claim ends
-        "digest_state = CASE WHEN digest_state = 'in_progress' THEN 'in_progress' "
-        "WHEN completed_revision IS :rev THEN 'digested' ELSE 'pending' END, "
-        "digest_attempts = 0, attempts_revision = NULL, defer_reason = NULL, next_attempt_at = 0 "
-        "WHERE session_id = :sid AND input_revision IS NOT :rev",
-        {"rev": revision, "now": now, "sid": session_id},
-    )
+    await execute(conn, DREAM_STATE_ROW_SQL, (session_id, now))
+    changed = await execute(conn, PUBLISH_REVISION_SQL, {"rev": revision, "now": now, "sid": session_id})
     return changed > 0

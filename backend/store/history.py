@@ -39,6 +39,21 @@ DAY_MS = 86_400_000
 THIN_AFTER_MS = DAY_MS
 THIN_TO_MS = 60_000
 PRUNE_CHUNK = 500
+# the alerts of the newest snapshot: a new one among the next snapshot's begins an incident
+LAST_ALERTS_SQL = "SELECT alerts FROM snapshot ORDER BY time DESC, id DESC LIMIT 1"
+INSERT_SNAPSHOT_SQL = "INSERT INTO snapshot (time, reason, last_event_id, alerts, incident, size, data) VALUES (?, ?, ?, ?, ?, ?, ?)"
+SAVE_TALLY_SQL = (
+    "INSERT INTO meta (key, value) VALUES ('tally', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+# retention: the oldest rows past the cutoff
+EXPIRED_SQL = (
+    "DELETE FROM snapshot WHERE id IN (SELECT id FROM snapshot WHERE time < :cutoff ORDER BY time LIMIT :n)"
+)
+# thinning: of the ordinary rows older than the edge, one a step is kept
+THIN_SQL = (
+    "DELETE FROM snapshot WHERE time < :edge AND reason = 'interval' AND incident = 0 "
+    "AND id NOT IN (SELECT min(id) FROM snapshot WHERE time < :edge GROUP BY time / :step)"
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
@@ -110,21 +125,7 @@ class HistoryStore:
                 "REM_HISTORY_INTERVAL_MS, 5 s by default) while it runs"
             )
         try:
-            if read_only:
-                conn = sqlite3.connect(
-                    f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False
-                )
-            else:
-                if not path.exists():
-                    path.touch(mode=0o600)  # private like the rest of the data dir
-                conn = sqlite3.connect(str(path), check_same_thread=False)
-            conn.isolation_level = None
-            conn.execute("PRAGMA busy_timeout = 5000")
-            if not read_only:
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.executescript(SCHEMA)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn = _connect(path, read_only)
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error as exc:
             raise translate_sqlite_error(exc, path) or DataDirError(f"{path}: {exc}") from exc
@@ -163,22 +164,15 @@ class HistoryStore:
         with self._lock:
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
-                previous = self.conn.execute(
-                    "SELECT alerts FROM snapshot ORDER BY time DESC, id DESC LIMIT 1"
-                ).fetchone()
+                previous = self.conn.execute(LAST_ALERTS_SQL).fetchone()
                 before = set(previous[0].split(",")) - {""} if previous else set()
                 incident = bool(set(alerts) - before) or reason.startswith("operator.")
                 cursor = self.conn.execute(
-                    "INSERT INTO snapshot (time, reason, last_event_id, alerts, incident, size, data) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    INSERT_SNAPSHOT_SQL,
                     (time, reason, last_event_id, ",".join(sorted(alerts)), int(incident), len(blob), blob),
                 )
                 if tally is not None:
-                    self.conn.execute(
-                        "INSERT INTO meta (key, value) VALUES ('tally', ?) "
-                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                        (json.dumps(tally, separators=(",", ":")),),
-                    )
+                    self.conn.execute(SAVE_TALLY_SQL, (json.dumps(tally, separators=(",", ":")),))
                 self.conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if self.conn.in_transaction:
@@ -205,29 +199,17 @@ class HistoryStore:
 
     def prune(self, *, now: int, retention_ms: int, max_bytes: int) -> dict[str, int]:
         """Apply retention, thin rows older than a day to one a minute, then the size bound."""
-        expired = self._delete(
-            "DELETE FROM snapshot WHERE id IN "
-            "(SELECT id FROM snapshot WHERE time < :cutoff ORDER BY time LIMIT :n)",
-            {"cutoff": now - retention_ms, "n": 1_000_000},
-        )
-        thinned = self._delete(
-            "DELETE FROM snapshot WHERE time < :edge AND reason = 'interval' AND incident = 0 "
-            "AND id NOT IN (SELECT min(id) FROM snapshot WHERE time < :edge GROUP BY time / :step)",
-            {"edge": now - THIN_AFTER_MS, "step": THIN_TO_MS},
-        )
+        expired = self._delete(EXPIRED_SQL, {"cutoff": now - retention_ms, "n": 1_000_000})
+        thinned = self._delete(THIN_SQL, {"edge": now - THIN_AFTER_MS, "step": THIN_TO_MS})
         over = 0
         while (excess := self.used_bytes() - max_bytes) > 0:
             # the oldest rows whose compressed sizes add up to the excess (page overhead: loop again)
             oldest = self._query("SELECT time, size FROM snapshot ORDER BY time LIMIT ?", (PRUNE_CHUNK,))
             if not oldest:
                 break
-            freed, cutoff = 0, oldest[-1][0]
-            for time, size in oldest:
-                freed += int(size)
-                if freed >= excess:
-                    cutoff = time
-                    break
-            over += self._delete("DELETE FROM snapshot WHERE time <= :cutoff", {"cutoff": cutoff})
+            over += self._delete(
+                "DELETE FROM snapshot WHERE time <= :cutoff", {"cutoff": _cutoff(oldest, excess)}
+            )
         return {"expired": expired, "thinned": thinned, "over_size": over}
 
     # -- reading (the console, rem console --at) -----------------------------------
@@ -302,3 +284,31 @@ class HistoryStore:
             "SELECT count(*) FROM snapshot INDEXED BY snapshot_incident_idx WHERE incident = 1"
         )[0][0]
         return {"first": first, "last": last, "count": int(count), "incidents": int(incidents)}
+
+
+def _cutoff(oldest: list[Any], excess: int) -> int:
+    """The time up to which the rows `oldest` (time, size; oldest first) free `excess` bytes (all: the last)."""
+    freed = 0
+    for time, size in oldest:
+        freed += int(size)
+        if freed >= excess:
+            return int(time)
+    return int(oldest[-1][0])
+
+
+def _connect(path: Path, read_only: bool) -> sqlite3.Connection:
+    """A connection to `history.db`: read-only (`mode=ro`), or a writer's, which creates its schema."""
+    if read_only:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        if not path.exists():
+            path.touch(mode=0o600)  # private like the rest of the data dir
+        conn = sqlite3.connect(str(path), check_same_thread=False)
+    conn.isolation_level = None
+    conn.execute("PRAGMA busy_timeout = 5000")
+    if not read_only:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return conn

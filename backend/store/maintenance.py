@@ -118,25 +118,29 @@ def retention_ms() -> int:
     return settings.event_retention_days * DAY_MS
 
 
+def _passive_checkpoint(conn: sqlite3.Connection, path: Path) -> dict[str, Any]:
+    """A PASSIVE checkpoint, and the WAL's size after it."""
+    busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    wal = Path(f"{path}-wal")
+    return {
+        "mode": "passive",
+        "busy": bool(busy),
+        "frames": frames,
+        "checkpointed": done,
+        "wal_bytes": wal.stat().st_size if wal.exists() else 0,
+        "truncated": False,
+        "busy_timeout_ms": int(conn.execute("PRAGMA busy_timeout").fetchone()[0]),
+    }
+
+
 def checkpoint_sync(path: Path, truncate_above: int | None = None) -> dict[str, Any]:
     """PASSIVE, then TRUNCATE if the WAL is over `truncate_above` bytes, on a short-timeout connection."""
     limit = TRUNCATE_ABOVE_BYTES if truncate_above is None else truncate_above
     conn = sqlite3.connect(str(path), isolation_level=None, timeout=CHECKPOINT_BUSY_TIMEOUT_MS / 1000)
     try:
         conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_TIMEOUT_MS}")
-        busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        wal = Path(f"{path}-wal")
-        size = wal.stat().st_size if wal.exists() else 0
-        result: dict[str, Any] = {
-            "mode": "passive",
-            "busy": bool(busy),
-            "frames": frames,
-            "checkpointed": done,
-            "wal_bytes": size,
-            "truncated": False,
-            "busy_timeout_ms": int(conn.execute("PRAGMA busy_timeout").fetchone()[0]),
-        }
-        if size > limit:
+        result = _passive_checkpoint(conn, path)
+        if result["wal_bytes"] > limit:
             busy, frames, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             result.update(
                 mode="truncate", busy=bool(busy), frames=frames, checkpointed=done, truncated=not busy

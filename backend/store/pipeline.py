@@ -4,7 +4,7 @@ save, runs each one at once."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +47,11 @@ def fenced_write(conn: Conn, sql: str, params: Params, lost: str, *, unread: boo
         if not conn.execute(sql, params).rowcount:
             raise LeaseLost(lost)
         return
+    _queue_fenced(queue, sql, params, lost)
+
+
+def _queue_fenced(queue: Callable[[str, Params], None], sql: str, params: Params, lost: str) -> None:
+    """Queue `sql` unread, wrapped so that PostgreSQL fails it with `lost` when it changes no row."""
     args: Params
     if isinstance(params, Mapping):
         marker, args = ":rem_fence_lost", {**params, "rem_fence_lost": lost}

@@ -90,6 +90,13 @@ async def load_raw_turns(conn: aiosqlite.Connection, session_id: str) -> list[di
     return (await raw_revision(conn, session_id))[1]
 
 
+def _short_turn_record(row: Any) -> dict[str, Any] | None:
+    """The record of a turn read whole (its text within the cap)."""
+    data = json.loads(row["data"])
+    # data is json_valid but not necessarily an object; a non-object carries no text
+    return turn_record(row["id"], row["type"], row["time_created"], data if isinstance(data, Mapping) else {})
+
+
 async def raw_revision(conn: aiosqlite.Connection, session_id: str) -> tuple[str, list[dict[str, Any]]]:
     """The current revision of a session's raw turns, with the turns it covers.
 
@@ -101,14 +108,9 @@ async def raw_revision(conn: aiosqlite.Connection, session_id: str) -> tuple[str
     records: list[dict[str, Any]] = []
     long: dict[str, _LongText] = {}
     for row in rows:
-        if row["data"] is None:
-            record = await _long_turn_record(conn, row, cap, long)
-        else:
-            data = json.loads(row["data"])
-            # data is json_valid but not necessarily an object; a non-object carries no text
-            record = turn_record(
-                row["id"], row["type"], row["time_created"], data if isinstance(data, Mapping) else {}
-            )
+        record = (
+            await _long_turn_record(conn, row, cap, long) if row["data"] is None else _short_turn_record(row)
+        )
         if record is not None:
             records.append(record)
     records = canonical_turns(records)

@@ -125,6 +125,13 @@ async def state_of(db: Database, owner_id: str) -> WorkerState | None:
     return None if state is None else WorkerState(state)
 
 
+# `reaped` sets the state too (`rem up` reaps); the exit alone otherwise
+MARK_EXITED_SQL = (
+    "UPDATE worker SET {reaped}exited_at = ? "
+    "WHERE pid = ? AND host = ? AND state != 'stopped' AND exited_at IS NULL RETURNING owner_id"
+)
+
+
 async def mark_exited(db: Database, pid: int, host: str, reason: str, *, reap: bool = True) -> list[str]:
     """Record the worker rows of a process that died (its supervisor saw it exit) as dead, now.
 
@@ -134,15 +141,9 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str, *, reap: b
     """
     now = clock.now_ms()
     reaped = "state = 'stopped', stopped_at = ?, " if reap else ""
+    params = ((now,) if reap else ()) + (now, pid, host)
     async with db.tx() as conn:
-        rows = list(
-            await conn.execute_fetchall(
-                f"UPDATE worker SET {reaped}exited_at = ? "
-                "WHERE pid = ? AND host = ? AND state != 'stopped' AND exited_at IS NULL "
-                "RETURNING owner_id",
-                ((now,) if reap else ()) + (now, pid, host),
-            )
-        )
+        rows = list(await conn.execute_fetchall(MARK_EXITED_SQL.format(reaped=reaped), params))
         for row in rows:
             await append_event(
                 conn,

@@ -48,9 +48,8 @@ def _transcript(turns: Sequence[Turn]) -> str:
     return text if len(text) <= MAX_TRANSCRIPT_CHARS else text[-MAX_TRANSCRIPT_CHARS:]
 
 
-def parse_synthesis(text: str, turns: int) -> Synthesis:
-    """The `Synthesis` in a model's reply, or a `bad_output` ModelError saying what is wrong."""
-    body = text.strip()
+def _json_object(body: str) -> dict[str, Any]:
+    """The JSON object a reply holds (bare, or in one fenced block), or a `bad_output` ModelError."""
     fenced = FENCED.match(body)  # a fenced block is the one lenience: models add them unasked
     try:
         value: Any = json.loads(fenced.group(1) if fenced else body)
@@ -58,6 +57,12 @@ def parse_synthesis(text: str, turns: int) -> Synthesis:
         raise ModelError(ModelErrorClass.BAD_OUTPUT, f"the summary is not JSON: {body[:120]!r}") from None
     if not isinstance(value, dict):
         raise ModelError(ModelErrorClass.BAD_OUTPUT, f"the summary is JSON but not an object: {body[:120]!r}")
+    return value
+
+
+def parse_synthesis(text: str, turns: int) -> Synthesis:
+    """The `Synthesis` in a model's reply, or a `bad_output` ModelError saying what is wrong."""
+    value = _json_object(text.strip())
     title, summary, category, keywords = (value.get(k) for k in ("title", "summary", "category", "keywords"))
     if not isinstance(title, str) or not title.strip() or not isinstance(summary, str) or not summary.strip():
         raise ModelError(

@@ -26,6 +26,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import aiosqlite
+
 from backend.chroma.collection import ChromaStore
 from backend.core import clock, faults
 from backend.core.errors import ReceiptCorrupt
@@ -156,6 +158,17 @@ class Recovery(Finalization):
         if replayed:
             faults.point("replay.after_rewrite")
         last = self.final_event is not None and await following is None
+        await self._write_outcomes(corrupt, present, replayed, last)
+
+    async def _write_outcomes(
+        self,
+        corrupt: list[tuple[Job, str]],
+        present: list[Checked],
+        replayed: list[tuple[Checked, Verdict]],
+        last: bool,
+    ) -> None:
+        """The batch's outcomes in one transaction (with the final event after the `last` batch);
+        a batch with nothing to write is only counted."""
         if corrupt or replayed or last or any(needs_write(c) for c in present):
             async with self.db.tx() as conn:
                 await self._finalize(conn, corrupt, present, replayed, clock.now_ms())
@@ -165,8 +178,8 @@ class Recovery(Finalization):
             for c in present:
                 self._count_completed(c, ReplayOutcome.PRESENT)
 
-    async def _check(self, batch: list[Job], now: int) -> tuple[list[Checked], list[tuple[Job, str]]]:
-        """Decode every envelope and judge it against its live row (one Chroma get)."""
+    def _unleased(self, batch: list[Job], now: int) -> list[Job]:
+        """The jobs no one holds a lease on; each leased one is counted and noted as skipped."""
         eligible = []
         for job in batch:
             if job.leased(now):
@@ -174,6 +187,11 @@ class Recovery(Finalization):
                 self._note(job, ReplayOutcome.SKIPPED_ACTIVE, reason=f"leased by {job.owner_id}")
             else:
                 eligible.append(job)
+        return eligible
+
+    async def _check(self, batch: list[Job], now: int) -> tuple[list[Checked], list[tuple[Job, str]]]:
+        """Decode every envelope and judge it against its live row (one Chroma get)."""
+        eligible = self._unleased(batch, now)
         # decode while Chroma answers: the get runs in a thread
         fetch = asyncio.ensure_future(self.store.rows([job.summary_id for job in eligible]))
         decoded: list[tuple[Job, Receipt]] = []
@@ -233,17 +251,21 @@ class Recovery(Finalization):
                 else:
                     await self._lost(conn, c.job, now)
             if leased:
-                await append_event(
-                    conn,
-                    kind=EventKind.RECEIPT_REPLAYING,
-                    actor=self.actor,
-                    data={
-                        "summary_ids": [c.job.summary_id for c in leased],
-                        "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
-                    },
-                    now=now,
-                )
+                await self._journal_replaying(conn, leased, now)
         return leased
+
+    async def _journal_replaying(self, conn: aiosqlite.Connection, leased: list[Checked], now: int) -> None:
+        """`receipt.replaying`: the rows about to be written, each with the verdict that sent it."""
+        await append_event(
+            conn,
+            kind=EventKind.RECEIPT_REPLAYING,
+            actor=self.actor,
+            data={
+                "summary_ids": [c.job.summary_id for c in leased],
+                "verdicts": {c.job.summary_id: c.verdict.verdict for c in leased},
+            },
+            now=now,
+        )
 
     async def _rewrite(self, leased: list[Checked]) -> list[tuple[Checked, Verdict]]:
         """One upsert of the leased rows and one strict read-back; releases the leases on failure.
@@ -290,20 +312,21 @@ async def replay_receipts(
     jobs = await named_jobs(db, summary_ids) if summary_ids else None
     batches = in_batches(jobs) if jobs is not None else all_batches(db)
     targets: list[str] | str = list(dict.fromkeys(summary_ids)) if summary_ids else "all"
-    final = (
-        None
-        if dry_run
-        else {"kind": EventKind.OPERATOR_REPLAY, "data": {"operator": actor, "targets": targets}}
-    )
+    outcome = {"kind": EventKind.OPERATOR_REPLAY, "data": {"operator": actor, "targets": targets}}
+    final = None if dry_run else outcome
     recovery = Recovery(
         db, store, actor=actor, dry_run=dry_run, report_present=jobs is not None, final_event=final
     )
     if not dry_run:  # the operator's intent is on record before the first Chroma write
-        async with db.tx() as conn:
-            await append_event(
-                conn,
-                kind=EventKind.OPERATOR_REPLAY_INTENT,
-                actor=actor,
-                data={"operator": actor, "targets": targets},
-            )
+        await _journal_intent(db, actor, targets)
     return await recovery.run(batches)
+
+
+async def _journal_intent(db: Database, actor: str, targets: list[str] | str) -> None:
+    async with db.tx() as conn:
+        await append_event(
+            conn,
+            kind=EventKind.OPERATOR_REPLAY_INTENT,
+            actor=actor,
+            data={"operator": actor, "targets": targets},
+        )

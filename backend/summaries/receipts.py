@@ -212,6 +212,12 @@ def _metadata_problem(
             f"a receipt must carry every required synthesis-owned key {list(required)}; missing {missing} "
             "(the synthesizer left them out)"
         )
+    problem = _first_value_problem(metadata)
+    return None if problem is None else (ReceiptIncomplete, problem)
+
+
+def _first_value_problem(metadata: Mapping[str, Any]) -> str | None:
+    """What is wrong with the first value Chroma cannot store (None: every value can be stored)."""
     for key, value in metadata.items():
         # scalars are settled inline: decoding runs this for every receipt of a sweep
         kind = type(value)
@@ -224,7 +230,7 @@ def _metadata_problem(
             continue
         problem = _value_problem(value)
         if problem:
-            return ReceiptIncomplete, f"receipt key {key!r} is {problem}"
+            return f"receipt key {key!r} is {problem}"
     return None
 
 
@@ -243,9 +249,13 @@ def issue(document: str, metadata: Mapping[str, Any], *, embedding: Sequence[flo
         raise ReceiptIncomplete(
             "a receipt needs the embedding written with its document; got an empty vector"
         )
-    receipt = Receipt(
-        document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding)
+    return _encodable(
+        Receipt(document=document, metadata=_copy(dict(metadata)), embedding=embedding_digest(embedding))
     )
+
+
+def _encodable(receipt: Receipt) -> Receipt:
+    """`receipt`, once it is known to encode (ReceiptIncomplete if its text is not valid Unicode)."""
     try:
         encode(receipt)
     except UnicodeEncodeError as exc:  # e.g. a lone surrogate: not storable as UTF-8

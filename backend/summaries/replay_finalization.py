@@ -48,6 +48,16 @@ _ACK_SET = (
     "lease_expires_at = NULL, attempts = 0, last_error = NULL, time_updated = :now, "
 )
 _VERDICT_SET = "verdict = :verdict, verdict_detail = :detail, verdict_checked_at = :now "
+# quarantine the job's receipt, if the job still holds the receipt the pass read
+_QUARANTINE_SQL = (
+    "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
+    "verdict_detail = :detail, verdict_checked_at = :now "
+    "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged"
+)
+# the job still holds the receipt the pass read, and no one holds its lease
+_UNCHANGED_UNLEASED = (
+    f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}"
+)
 
 
 def _unverified_reason(after: Verdict) -> str:
@@ -118,25 +128,18 @@ class Finalization:
         if job.quarantined_at is not None:
             return
         detail = json.dumps({"verdict": ReceiptVerdict.QUARANTINED, "reason": reason, "keys": []})
-        changed = await execute(
-            conn,
-            "UPDATE summary_job SET quarantined_at = :now, quarantine_reason = :reason, verdict = :verdict, "
-            "verdict_detail = :detail, verdict_checked_at = :now "
-            "WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged",
-            {
-                **job.cas(),
-                "now": now,
-                "reason": reason,
-                "detail": detail,
-                "verdict": ReceiptVerdict.QUARANTINED,
-            },
-        )
+        quarantined = {"now": now, "reason": reason, "detail": detail, "verdict": ReceiptVerdict.QUARANTINED}
+        changed = await execute(conn, _QUARANTINE_SQL, {**job.cas(), **quarantined})
         if not changed:
             self.counters.quarantined -= 1
             self.counters.superseded += 1
             return
         self.report.rows_written += 1
         log.warning("receipt %s quarantined: %s", job.summary_id, reason)
+        await self._journal_quarantined(conn, job, reason, now)
+
+    async def _journal_quarantined(self, conn: aiosqlite.Connection, job: Job, reason: str, now: int) -> None:
+        """`receipt.quarantined`, with the evidence of the envelope that could not be read."""
         await append_event(
             conn,
             kind=EventKind.RECEIPT_QUARANTINED,
@@ -153,19 +156,11 @@ class Finalization:
             self._count_completed(c, ReplayOutcome.PRESENT)
             return
         ack = c.job.acknowledged_at is None
+        present = {"now": now, "rev": c.receipt.revision, "verdict": ReceiptVerdict.PRESENT, "detail": None}
         changed = await execute(
             conn,
-            "UPDATE summary_job SET "
-            + _ACK_SET * ack
-            + _VERDICT_SET
-            + f"WHERE session_id = :sid AND result_envelope IS :env AND result_staged_at IS :staged AND {NOT_LEASED}",
-            {
-                **c.job.cas(),
-                "now": now,
-                "rev": c.receipt.revision,
-                "verdict": ReceiptVerdict.PRESENT,
-                "detail": None,
-            },
+            "UPDATE summary_job SET " + _ACK_SET * ack + _VERDICT_SET + _UNCHANGED_UNLEASED,
+            {**c.job.cas(), **present},
         )
         if not changed:
             await self._lost(conn, c.job, now)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from backend.chroma.collection import LiveRow
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable, LeaseLost, ReceiptCorrupt
@@ -164,6 +165,11 @@ class Summarizer(Daemon):
         report = await recovery.run(batches)
         if sweep:
             self._last_sweep = now
+        self._log_recovery(report, sweep)
+        return report.rows_written
+
+    def _log_recovery(self, report: receipt_replay.Report, sweep: bool) -> None:
+        """One line for a recovery pass that wrote, quarantined or could not verify anything."""
         c = report.counters
         if report.rows_written or c.quarantined or c.unverified:
             self.log.info(
@@ -179,7 +185,6 @@ class Summarizer(Daemon):
                 c.unverified,
                 c.superseded,
             )
-        return report.rows_written
 
     # -- drift and synthesis ----------------------------------------------------
 
@@ -265,6 +270,26 @@ class Summarizer(Daemon):
             project=project[0] if project else "default",
         )
 
+    async def _write_and_read_back(
+        self, claim: Claim, receipt: receipts.Receipt, vector: list[float]
+    ) -> LiveRow | None:
+        """Upsert the staged receipt's row into Chroma and read it back (None: not there)."""
+        try:
+            faults.point("summarizer.before_chroma_write")
+            store = self.ctx.store()
+            await store.upsert(
+                [claim.summary_id],
+                [receipt.document],
+                [receipts.chroma_metadata(receipt)],
+                embeddings=[vector],
+            )
+            faults.point("summarizer.after_chroma_write")
+            return (await store.rows([claim.summary_id])).get(claim.summary_id)
+        except ChromaUnreachable:
+            # the receipt is staged: hand the row to recovery instead of holding the lease
+            await self._release(claim, "chroma unreachable; recovery replays the staged receipt")
+            raise
+
     async def _synthesize_and_write(self, claim: Claim) -> None:
         try:
             synthesis = await self.synthesizer.synthesize(claim.session_id, claim.turns)
@@ -277,21 +302,7 @@ class Summarizer(Daemon):
         faults.point("summarizer.after_synthesis")
         await self._stage(claim, receipt)
         faults.point("summarizer.after_receipt")
-        try:
-            faults.point("summarizer.before_chroma_write")
-            store = self.ctx.store()
-            await store.upsert(
-                [claim.summary_id],
-                [receipt.document],
-                [receipts.chroma_metadata(receipt)],
-                embeddings=[vector],
-            )
-            faults.point("summarizer.after_chroma_write")
-            row = (await store.rows([claim.summary_id])).get(claim.summary_id)
-        except ChromaUnreachable:
-            # the receipt is staged: hand the row to recovery instead of holding the lease
-            await self._release(claim, "chroma unreachable; recovery replays the staged receipt")
-            raise
+        row = await self._write_and_read_back(claim, receipt, vector)
         verdict = receipts.verify(receipt, row)
         faults.point("summarizer.before_acknowledge")
         if verdict.present:
@@ -364,20 +375,11 @@ class Summarizer(Daemon):
 
     async def _release(self, claim: Claim, reason: str, verdict: receipts.Verdict | None = None) -> None:
         """Give the lease back, keeping the staged receipt for recovery."""
-        detail = verdict.detail() if verdict is not None else None
         async with self.db.tx() as conn:
             now = clock.now_ms()
-            changed = await fencing.write_if_held(
-                conn,
-                claim.lease,
-                RELEASE_SETS + (VERDICT_SETS if verdict else ""),
-                {
-                    "now": now,
-                    "reason": reason,
-                    "verdict": verdict.verdict if verdict else None,
-                    "detail": json.dumps(detail) if detail else None,
-                },
-            )
+            params = _release_params(now, reason, verdict)
+            sets = RELEASE_SETS + (VERDICT_SETS if verdict else "")
+            changed = await fencing.write_if_held(conn, claim.lease, sets, params)
             if changed:
                 await append_event(
                     conn,
@@ -452,3 +454,14 @@ def _needs_synthesis(row: Any, revision: str, turns: list[dict[str, Any]]) -> bo
         if staged is not None and staged.revision == revision:
             return False  # durable but unacknowledged: recovery completes it without the model
     return bool(row["summarized_revision"] != revision)
+
+
+def _release_params(now: int, reason: str, verdict: receipts.Verdict | None) -> dict[str, Any]:
+    """The release's parameters: why, and the verdict on the staged receipt when there is one."""
+    detail = verdict.detail() if verdict is not None else None
+    return {
+        "now": now,
+        "reason": reason,
+        "verdict": verdict.verdict if verdict else None,
+        "detail": json.dumps(detail) if detail else None,
+    }

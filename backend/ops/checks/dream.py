@@ -29,6 +29,24 @@ WHERE completed_revision IS NOT NULL AND session_id > :sid ORDER BY session_id L
 """
 
 
+def _dream_keys_lost(settled: list[Any], live: dict[str, Any]) -> list[dict[str, Any]]:
+    """The settled sessions whose Chroma summary row has a `dreamCompletedRevision` other than state.db's."""
+    lost = []
+    for r in settled:
+        row = live.get(summary_row_id(r["session_id"]))
+        stored = row.metadata.get("dreamCompletedRevision") if row else None
+        if row is not None and stored != r["completed_revision"]:
+            lost.append(
+                {
+                    "session_id": r["session_id"],
+                    "expected": r["completed_revision"],
+                    "chroma": stored,
+                    "graphDigested": row.metadata.get("graphDigested"),
+                }
+            )
+    return lost
+
+
 async def check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 500) -> None:
     """Invariant 4 against Chroma: `dreamCompletedRevision` on each summary row equals state.db's,
     wherever no overlay write is pending."""
@@ -38,18 +56,7 @@ async def check_dream_overlay(ctx: Any, db: Any, report: Report, batch: int = 50
         settled = [r for r in rows if not r["overlay_pending"]]
         pending += [{"session_id": r["session_id"]} for r in rows if r["overlay_pending"]]
         live = await ctx.store().get([summary_row_id(r["session_id"]) for r in settled])
-        for r in settled:
-            row = live.get(summary_row_id(r["session_id"]))
-            stored = row.metadata.get("dreamCompletedRevision") if row else None
-            if row is not None and stored != r["completed_revision"]:
-                lost.append(
-                    {
-                        "session_id": r["session_id"],
-                        "expected": r["completed_revision"],
-                        "chroma": stored,
-                        "graphDigested": row.metadata.get("graphDigested"),
-                    }
-                )
+        lost += _dream_keys_lost(settled, live)
     report.add(report.violations, "4", "Dream-owned keys lost or stale on the Chroma row", lost)
     report.add(report.unsettled, "4", "Dream overlays not written to Chroma yet", pending)
 

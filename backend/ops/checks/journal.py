@@ -3,6 +3,8 @@ the head `rem up` recorded for this store."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from backend.ops.checks.family import Family, Moment
 from backend.ops.checks.report import Report
 from backend.store.db import Conn
@@ -25,8 +27,14 @@ def check_audit_sync(conn: Conn, report: Report, recorded: Head | None = None) -
             [broken],
         )
         return
+    if recorded is not None:
+        _check_extends_recorded(report, result, recorded)
+
+
+def _check_extends_recorded(report: Report, result: dict[str, Any], recorded: Head) -> None:
+    """A journal shorter than, or not extending, the head `rem up` recorded is a violation."""
     problem = extends(result, recorded)
-    if problem is not None and recorded is not None:
+    if problem is not None:
         report.add(
             report.violations,
             "8",

@@ -32,22 +32,31 @@ SELECT session_id, input_revision, indexed_revision FROM dream_state WHERE sessi
 """
 
 
+# the rowids of a project's FTS5 table among a JSON list of them
+FTS_ROWIDS_IN_SQL = "SELECT rowid FROM {table} WHERE rowid IN (SELECT value FROM json_each(?))"
+
+
+def _pg_fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[tuple[str, int]]:
+    """`_fts_rowids_sync` on PostgreSQL: one `memory_fts` for every project."""
+    wanted = sorted(set().union(*ids_by_project.values())) if ids_by_project else []
+    if not wanted:
+        return set()
+    if wanted[-1] - wanted[0] < 4 * len(wanted):  # close together: one range of ids
+        found = conn.execute(
+            "SELECT project, id FROM memory_fts WHERE id BETWEEN ? AND ?", (wanted[0], wanted[-1])
+        )
+    else:
+        found = conn.execute("SELECT project, id FROM memory_fts WHERE id = ANY(?)", (wanted,))
+    return {(r[0], r[1]) for r in found if r[1] in ids_by_project.get(r[0], ())}
+
+
 def _fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[tuple[str, int]]:
     """(project, rowid) of the given index rows that have their row in the project's FTS5 table.
 
     PostgreSQL: their `memory_fts` row, under the same project.
     """
     if engine_of(conn) == "postgresql":
-        wanted = sorted(set().union(*ids_by_project.values())) if ids_by_project else []
-        if not wanted:
-            return set()
-        if wanted[-1] - wanted[0] < 4 * len(wanted):
-            found = conn.execute(
-                "SELECT project, id FROM memory_fts WHERE id BETWEEN ? AND ?", (wanted[0], wanted[-1])
-            )
-        else:
-            found = conn.execute("SELECT project, id FROM memory_fts WHERE id = ANY(?)", (wanted,))
-        return {(r[0], r[1]) for r in found if r[1] in ids_by_project.get(r[0], ())}
+        return _pg_fts_rowids_sync(conn, ids_by_project)
     tables = {r[0] for r in conn.execute(FTS_TABLES_SQL)}
     held: set[tuple[str, int]] = set()
     for project, ids in sorted(ids_by_project.items()):
@@ -58,10 +67,7 @@ def _fts_rowids_sync(conn: Conn, ids_by_project: Mapping[str, set[int]]) -> set[
         if hi - lo < 4 * len(ids):  # the batch's rows are close together: one range of rowids
             found = conn.execute(f"SELECT rowid FROM {table} WHERE rowid BETWEEN ? AND ?", (lo, hi))
         else:  # spread out: one rowid lookup each
-            found = conn.execute(
-                f"SELECT rowid FROM {table} WHERE rowid IN (SELECT value FROM json_each(?))",
-                (json.dumps(sorted(ids)),),
-            )
+            found = conn.execute(FTS_ROWIDS_IN_SQL.format(table=table), (json.dumps(sorted(ids)),))
         held.update((project, r[0]) for r in found if r[0] in ids)
     return held
 

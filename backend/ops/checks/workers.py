@@ -13,9 +13,9 @@ import logging
 import os
 import pickle
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.core import processes
 from backend.core.errors import RemError
@@ -24,6 +24,8 @@ from backend.ops.checks.report import Progress, Report
 from backend.ops.checks.sessions import check_sessions_sync
 from backend.store.db import BUSY_TIMEOUT_MS, Conn, sqlite_errors, sqlite_target
 
+T = TypeVar("T")
+
 log = logging.getLogger("rem.checks")
 
 # the sessions phase runs in processes from this many sessions on (below, starting one, ~0.5 s
@@ -31,6 +33,18 @@ log = logging.getLogger("rem.checks")
 # each over one range of ids
 PARALLEL_MIN_SESSIONS = Settings.check_parallel_sessions.default
 CHECK_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+async def _all_or_none(parts: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every part's result, in order; when one fails (or on Ctrl-C) the others are cancelled too."""
+    tasks = [asyncio.ensure_future(part) for part in parts]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:  # stop the others' processes too, then say why
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def check_sessions_in_processes(
@@ -49,39 +63,36 @@ async def check_sessions_in_processes(
         done += n
         tell("sessions", done, max(done, total))
 
-    tasks = [
-        asyncio.ensure_future(_check_range_in_worker(str(db.path), lo, hi, batch, checked))
-        for lo, hi in ranges
-    ]
-    try:
-        results = await asyncio.gather(*tasks)
-    except BaseException:  # one failed (or Ctrl-C): stop the others' processes too, then say why
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    results = await _all_or_none(
+        [_check_range_in_worker(str(db.path), lo, hi, batch, checked) for lo, hi in ranges]
+    )
     for part, _ in results:  # merged in id order: the same rows as one process lists
         report.merge(part)
     return sum(n for _, n in results)
 
 
+async def _progress_and_errors(stderr: asyncio.StreamReader, checked: Callable[[int], None]) -> list[str]:
+    """A worker's stderr to its end: each `checked N` line to `checked`, the other lines returned."""
+    errors: list[str] = []
+    async for raw in stderr:
+        line = raw.decode(errors="replace").strip()
+        if line.startswith("checked "):
+            checked(int(line.split()[1]))
+        elif line:
+            errors.append(line)
+    return errors
+
+
 async def _check_range_in_worker(
     path: str, lo: str, hi: str | None, batch: int, checked: Callable[[int], None]
 ) -> tuple[Report, int]:
-    worker = processes.python_child(
-        "backend.ops.check_worker", path, lo, hi or "", str(batch), cwd=Path(path).parent
-    )
+    args = (path, lo, hi or "", str(batch))
+    worker = processes.python_child("backend.ops.check_worker", *args, cwd=Path(path).parent)
     proc = await worker.spawn(stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     try:
         out = asyncio.ensure_future(proc.stdout.read())  # read alongside stderr: neither pipe fills
-        errors: list[str] = []
-        async for raw in proc.stderr:
-            line = raw.decode(errors="replace").strip()
-            if line.startswith("checked "):
-                checked(int(line.split()[1]))
-            elif line:
-                errors.append(line)
+        errors = await _progress_and_errors(proc.stderr, checked)
         result, code = await out, await proc.wait()
     except BaseException:
         if proc.returncode is None:
@@ -115,20 +126,33 @@ def check_range_in_process(
     with sqlite_errors(path):
         conn = sqlite3.connect(database, uri=uri, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        report, done, after = Report(), 0, lo
+        report = Report()
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA query_only = ON")
-            while True:
-                conn.execute("BEGIN")
-                try:
-                    last, n = check_sessions_sync(conn, report, after, batch, until=hi)
-                finally:
-                    conn.execute("ROLLBACK")
-                done += n
-                if last is None:
-                    return report, done
-                checked(n)
-                after = last
+            return report, _check_batches(conn, report, lo, hi, batch, checked)
         finally:
             conn.close()
+
+
+def _check_batches(
+    conn: sqlite3.Connection,
+    report: Report,
+    lo: str,
+    hi: str | None,
+    batch: int,
+    checked: Callable[[int], None],
+) -> int:
+    """Check sessions `lo` < id <= `hi` in batches, each in a read transaction of its own; how many."""
+    done, after = 0, lo
+    while True:
+        conn.execute("BEGIN")
+        try:
+            last, n = check_sessions_sync(conn, report, after, batch, until=hi)
+        finally:
+            conn.execute("ROLLBACK")
+        done += n
+        if last is None:
+            return done
+        checked(n)
+        after = last
