@@ -18,7 +18,7 @@ def bench(
         list[str] | None,
         typer.Argument(
             help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
-            "console-scale, check-cold); default all."
+            "console-scale, check-cold, idle); default all."
         ),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")] = False,
