@@ -40,6 +40,7 @@ from pydantic import Field, ValidationError
 
 from backend import ops
 from backend.core.errors import BadInput, NotFound, RemError, SessionNotFound
+from backend.memory.warm import warm_recall
 from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
 
@@ -129,6 +130,8 @@ def build_server(
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
         try:
+            # before the server answers `initialize`: the first query must not load the embedder
+            await warm_recall(ctx, scope.projects)
             yield None
         finally:
             await ctx.close()
