@@ -27,6 +27,14 @@ Retrievers, all in the same run, on the same data dir:
 
 Latency is that of the library call `backend.memory.recall.recall` (the
 default pipeline, k=10, all kinds) on a warm process: p50 and p95.
+
+`--up` settles the data dir with `rem up` (its defaults: 2 executors, a
+summarizer, Dream, the supervisor) instead of in-process, and measures with
+that fleet still running beside the benchmark, idle; `--up-inputs N` first
+has it answer N new inputs and settle again. `--mcp` also measures recall
+through `rem mcp` with the official MCP client (the same questions, k=10):
+the time to `initialize` (the server says it is ready), the first call after
+it, then p50 / p95 of the rest.
 """
 
 from __future__ import annotations
@@ -34,10 +42,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +56,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from backend import ops
 from backend.core.datadir import DataDir
@@ -54,6 +66,7 @@ from backend.memory import recall as memory_recall
 from backend.memory.text import query_terms
 from backend.runtime.context import Context
 from backend.summaries.summarizer import Summarizer
+from benchmarks import idle
 
 KS = (5, 10, 25, 50)
 DRAGON = {"R@5": 0.567, "R@10": 0.662, "R@25": 0.767, "R@50": 0.827}
@@ -212,23 +225,25 @@ async def evaluate(ctx: Context, convs: dict[str, Any], quick: bool) -> dict[str
             rows["BM25 over turns"].append((*item, bm25(baseline[cid], q["question"])))
             assert not mixed["degraded"], mixed["degraded"]
     results = {name: score(r) for name, r in rows.items()}
-    latencies.sort()
-    return {
-        "retrievers": results,
-        "latency_ms": {
-            "p50": round(statistics.median(latencies), 2),
-            "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
-            "max": round(latencies[-1], 2),
-            "n": len(latencies),
-        },
-    }
+    return {"retrievers": results, "latency_ms": percentiles(latencies)}
 
 
-async def run(data: Path, root: Path, quick: bool, db_url: str | None = None) -> dict[str, Any]:
+async def run(
+    data: Path,
+    root: Path,
+    quick: bool,
+    db_url: str | None = None,
+    *,
+    up: bool = False,
+    up_inputs: int = 0,
+    mcp: bool = False,
+) -> dict[str, Any]:
     convs = dict(load(p) for p in sorted(data.glob("*.json")))
     if not convs:
         raise SystemExit(f"no LoCoMo conversations (*.json) in {data}")
-    ctx = Context(DataDir(root / "data"), db_url=db_url)
+    ctx = Context(DataDir(root / "data"), db_url=db_url, start_chroma=not up)
+    fleet = None
+    load_before = os.getloadavg()[0]
     try:
         jsonl = root / "locomo.jsonl"
         with jsonl.open("w") as handle:
@@ -238,14 +253,25 @@ async def run(data: Path, root: Path, quick: bool, db_url: str | None = None) ->
         started = time.monotonic()
         imported = await ops.import_file(ctx, jsonl)
         import_s = time.monotonic() - started
-        settle_s = await settle(ctx)
+        if up:
+            fleet = idle.start_up(root / "data", db_url)
+            settle_s = await idle.wait_settled(ctx, fleet, 1800)
+            await beside_inputs(ctx, fleet, up_inputs)
+        else:
+            settle_s = await settle(ctx)
         evaluation = await evaluate(ctx, convs, quick)
+        if mcp:
+            evaluation["mcp"] = await mcp_latency(root / "data", db_url, convs, quick)
     finally:
         await ctx.close()
+        if fleet is not None:
+            stop(fleet)
     turns = evaluation["retrievers"]["rem recall (turns)"]
     bm25_r10 = evaluation["retrievers"]["BM25 over turns"]["c1-4"]["R@10"]
     return {
         "store": "postgresql" if db_url else "sqlite",
+        "beside": f"rem up (idle, after {up_inputs} new inputs)" if up else "nothing",
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "conversations": sorted(convs),
         "messages": imported["written"],
         "import_s": round(import_s, 2),
@@ -257,6 +283,71 @@ async def run(data: Path, root: Path, quick: bool, db_url: str | None = None) ->
             "all-category R@10 vs DRAGON 0.662": turns["all"]["R@10"],
         },
         "dragon_all_categories": DRAGON,
+    }
+
+
+async def beside_inputs(ctx: Context, fleet: subprocess.Popen[bytes], inputs: int) -> None:
+    """Have the fleet answer `inputs` new inputs (over 4 sessions), then settle again."""
+    if not inputs:
+        return
+    for i in range(inputs):
+        await ops.send(ctx, f"beside-{i % 4}", f"a new question number {i} about the trip", project="beside")
+    await idle.wait_settled(ctx, fleet, 1800)
+
+
+def stop(fleet: subprocess.Popen[bytes]) -> None:
+    fleet.send_signal(signal.SIGTERM)
+    try:
+        fleet.wait(60)
+    except subprocess.TimeoutExpired:
+        fleet.kill()
+        fleet.wait()
+
+
+def percentiles(ms: list[float]) -> dict[str, Any]:
+    ms = sorted(ms)
+    return {
+        "p50": round(statistics.median(ms), 2),
+        "p95": round(ms[int(0.95 * (len(ms) - 1))], 2),
+        "max": round(ms[-1], 2),
+        "n": len(ms),
+    }
+
+
+async def mcp_latency(
+    data_dir: Path, db_url: str | None, convs: dict[str, Any], quick: bool
+) -> dict[str, Any]:
+    """Recall through `rem mcp` (official client, stdio): ready time, the first call, then the rest."""
+    # import time: the MCP client, only for --mcp
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    env = dict(os.environ, REM_DB_URL=db_url or "")
+    args = ["-m", "backend.cli.app", "mcp", "--all-projects", "--data", str(data_dir)]
+    params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(ROOT))
+    latencies: list[float] = []
+    first_ms = None
+    started = time.perf_counter()
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        ready_s = time.perf_counter() - started
+        for cid, conv in convs.items():
+            for q in questions(cid, conv)[: 40 if quick else None]:
+                call = time.perf_counter()
+                result = await session.call_tool(
+                    "recall", {"query": q["question"], "project": f"c{cid}", "k": 10}
+                )
+                ms = (time.perf_counter() - call) * 1000
+                if result.is_error:
+                    raise SystemExit(f"rem mcp recall failed: {result.content}")
+                if first_ms is None:
+                    first_ms = ms
+                else:
+                    latencies.append(ms)
+    return {
+        "ready_s": round(ready_s, 2),
+        "first_call_ms": round(first_ms or 0.0, 2),
+        **percentiles(latencies),
     }
 
 
@@ -275,8 +366,15 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"| {name} | " + " | ".join(cells) + f" | {cats} |")
     lat = result["latency_ms"]
     print(
-        f"recall latency (k=10, all kinds, {lat['n']} queries): p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms"
+        f"recall latency (k=10, all kinds, {lat['n']} queries; beside: {result['beside']}; load "
+        f"{result['load_average_1m']}): p50 {lat['p50']} ms, p95 {lat['p95']} ms, max {lat['max']} ms"
     )
+    if "mcp" in result:
+        m = result["mcp"]
+        print(
+            f"through rem mcp: ready in {m['ready_s']} s, first call {m['first_call_ms']} ms, then "
+            f"p50 {m['p50']} ms, p95 {m['p95']} ms, max {m['max']} ms ({m['n']} calls)"
+        )
     n = result["retrievers"]["rem recall (turns)"]
     print(f"questions: {n['c1-4']['n']} of categories 1-4, {n['all']['n']} in all")
 
@@ -294,6 +392,13 @@ def main() -> None:
         action="store_true",
         help="the state store on a throw-away PostgreSQL server (its lexical side: tsvector + ts_rank)",
     )
+    parser.add_argument(
+        "--up", action="store_true", help="settle with rem up and measure with it running beside"
+    )
+    parser.add_argument(
+        "--up-inputs", type=int, default=0, help="with --up: new inputs answered before measuring"
+    )
+    parser.add_argument("--mcp", action="store_true", help="also measure recall through rem mcp (MCP client)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rem-locomo-"))
     server = None
@@ -304,7 +409,9 @@ def main() -> None:
 
             server = postgres_server.start(root / "pg")
             db_url = server.url()
-        result = asyncio.run(run(args.data, root, args.quick, db_url))
+        result = asyncio.run(
+            run(args.data, root, args.quick, db_url, up=args.up, up_inputs=args.up_inputs, mcp=args.mcp)
+        )
     finally:
         if server is not None:
             server.stop(remove=True)

@@ -192,6 +192,9 @@ async def measure(
         "concurrency": concurrency,
         "slices": slices,
         "turns_per_s": round(done / elapsed, 1),
+        # the turn's own cost, immune to how many transactions it is cut into (the ratio counts
+        # transactions: folding one into another makes turns cheaper and the ratio lower)
+        "turns_per_cpu_s": round(done / _total(runs, "cpu"), 1),
         "turn_path_tx": int(tx),
         "tx_per_turn": round(tx / max(done, 1), 2),
         "turn_path_tx_per_s": round(turn_tps, 1),
@@ -219,6 +222,7 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     result["ratio_cpu_median"] = round(statistics.median(cpu), 3)
     result["ratio_cpu_min"], result["ratio_cpu_max"] = cpu[0], cpu[-1]
     result["turns_per_s_median"] = round(statistics.median(r["turns_per_s"] for r in rounds), 1)
+    result["turns_per_cpu_s_median"] = round(statistics.median(r["turns_per_cpu_s"] for r in rounds), 1)
     result["per_round"] = [
         {k: r[k] for k in ("turns_per_s", "turn_path_tx_per_s", "bare_tx_per_s", "ratio", "ratio_cpu")}
         for r in rounds

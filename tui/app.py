@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -35,6 +34,7 @@ from tui.exports import CsvExport
 from tui.format import home_short, one_line_error, palette_from, visible
 from tui.gc_policy import FULL_GC_EVERY_S, FullCollections
 from tui.gc_policy import NO_AUTOMATIC_FULL_GC as NO_AUTOMATIC_FULL_GC  # tests name it here
+from tui.keys import BINDINGS
 from tui.live import LiveView
 from tui.panel_controls import PanelControls
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
@@ -98,40 +98,7 @@ class ConsoleApp(App[None]):
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
-    # the order is the key bar's: what an incident needs first
-    BINDINGS: ClassVar = [
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("p", "toggle_pause", "Pause"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("t", "timeline", "Timeline"),
-        Binding("l", "release", "Release"),
-        Binding("d", "drain", "Drain"),
-        Binding("r", "replay_selected", "Replay"),
-        Binding("R", "replay_all", "Replay all"),
-        Binding("u", "resume", "Resume"),
-        Binding("a", "approve", "Approve"),
-        Binding("n", "deny", "Deny"),
-        Binding("o", "resolve", "Resolve"),
-        Binding("s", "sort", "Sort"),
-        Binding("S", "reverse_sort", "Reverse sort", show=False),
-        Binding("e", "export_csv", "Export CSV"),
-        Binding("c", "copy_csv", "Copy CSV", show=False),
-        Binding("z", "toggle_maximize", "Zoom"),
-        Binding("left_square_bracket", "timeline_seek('back')", "Timeline: step back", show=False),
-        Binding("right_square_bracket", "timeline_seek('forward')", "Timeline: step forward", show=False),
-        Binding(
-            "left_curly_bracket", "timeline_seek('incident_back')", "Timeline: previous incident", show=False
-        ),
-        Binding(
-            "right_curly_bracket", "timeline_seek('incident_forward')", "Timeline: next incident", show=False
-        ),
-        Binding("ctrl+r", "refresh_now", "Refresh now", show=False),
-        *(
-            Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
-            for i, (name, _) in enumerate(PANELS, start=1)
-        ),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS: ClassVar = BINDINGS
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ BenchNamesArg = Annotated[
     list[str] | None,
     typer.Argument(
         help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
-        "console-scale, check-cold); default all."
+        "console-scale, check-cold, idle); default all."
     ),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")]

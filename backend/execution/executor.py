@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Coroutine
 from functools import partial
 from typing import Any
@@ -39,7 +40,7 @@ from backend.core.settings import settings
 from backend.execution import leases, recovery, sessions
 from backend.execution.agent import Agent, load_agent
 from backend.execution.leases import Lease
-from backend.execution.steps import Step, StepTransactions, TurnState
+from backend.execution.steps import EarlyMemory, Step, StepTransactions, TurnState, expected_inputs_sync
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.execution.tool_runner import ToolRunner
 from backend.memory.context import memory_for_step
@@ -245,9 +246,12 @@ class Executor(Daemon):
         while True:
             if await self.tools.advance(state):
                 return  # parked: it waits for a person (backend.execution.parking)
-            step = await self.db.write_in_thread(
-                lambda conn: self.steps.begin_step_sync(conn, state, clock.now_ms())
-            )
+            early = await self._recall_ahead(state)
+
+            def begin(conn: Conn, early: EarlyMemory | None = early) -> Step | None:
+                return self.steps.begin_step_sync(conn, state, clock.now_ms(), early)
+
+            step = await self.db.write_in_thread(begin)
             if step is None:
                 return
             faults.point("executor.after_promote")
@@ -293,10 +297,22 @@ class Executor(Daemon):
             health.give_back(calls)
             raise
 
+    async def _recall_ahead(self, state: TurnState) -> EarlyMemory | None:
+        """The next step's memory, recalled for the inputs it is expected to promote, so the
+        transaction that opens the step records it too (one write transaction fewer a step)."""
+        rows = await self.db.read_beside(
+            partial(expected_inputs_sync, state=state, draining=self.draining.is_set())
+        )
+        if not rows:
+            return None
+        prompts = [str(json.loads(row["prompt"]).get("text", "")) for row in rows]
+        memory = await memory_for_step(self.ctx, state.lease.session_id, prompts)
+        return None if memory is None else EarlyMemory(tuple(row["id"] for row in rows), memory)
+
     async def _give_memory(self, state: TurnState, step: Step) -> None:
         """Recall the step's memory and record it with the step before the agent sees it."""
         if "memory" in step.data:
-            return  # reused from the interrupted step
+            return  # reused from the interrupted step, or recalled ahead and recorded with it
         memory = await memory_for_step(self.ctx, state.lease.session_id, step.request.prompts)
         if memory is None:
             return

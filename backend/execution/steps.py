@@ -74,6 +74,22 @@ class Step:
     truncated: bool = False
 
 
+@dataclass(frozen=True)
+class EarlyMemory:
+    """A step's memory recalled before it opened, for the inputs it expected to promote."""
+
+    input_ids: tuple[str, ...]
+    memory: dict[str, Any]
+
+
+def expected_inputs_sync(conn: Conn, state: TurnState, draining: bool) -> list[Any]:
+    """The inputs the next `begin_step_sync` would promote, read ahead (none: a step that
+    recovers or re-asks answers more than its inputs, and a draining one promotes none)."""
+    if state.recovering or state.reask is not None or draining:
+        return []
+    return sessions.pending_inputs_sync(conn, state.lease.session_id, turn_start=not state.turn_started)
+
+
 @dataclass(kw_only=True)
 class Opened:
     """What opening a step read and wrote: the prompts it answers and what it superseded."""
@@ -83,6 +99,8 @@ class Opened:
     first_seq: int
     superseded: list[str]
     reused_memory: dict[str, Any] | None
+    # recalled before the step opened, for exactly these prompts (`EarlyMemory`)
+    memory: dict[str, Any] | None = None
 
 
 class StepTransactions:
@@ -110,8 +128,14 @@ class StepTransactions:
         self.max_steps = max_steps
 
     # -- opening a step ------------------------------------------------------------
-    def begin_step_sync(self, conn: Conn, state: TurnState, now: int) -> Step | None:
-        """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn."""
+    def begin_step_sync(
+        self, conn: Conn, state: TurnState, now: int, early: EarlyMemory | None = None
+    ) -> Step | None:
+        """Promote inputs and open the step's assistant row (phase `unknown`), or end the turn.
+
+        `early`: memory recalled for the inputs this step was expected to promote; recorded
+        with the row when those are exactly what it promotes (else the executor recalls again).
+        """
         lease = state.lease
         number = state.step + 1
         aid = projection.assistant_id(lease.execution_id, number)
@@ -134,6 +158,8 @@ class StepTransactions:
             self.end_sync(conn, state, now)
             return None
         opened = self._promote_sync(conn, state, aid, unanswered, inputs, now)
+        if early is not None and early.input_ids == tuple(p["id"] for p in opened.prompts):
+            opened.memory = early.memory
         step = self._open_assistant_sync(conn, state, number, aid, opened, now)
         # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
@@ -211,6 +237,8 @@ class StepTransactions:
         }
         if opened.reused_memory is not None:
             data["memory"] = {**opened.reused_memory, "reused": True}
+        elif opened.memory is not None:
+            data["memory"] = opened.memory  # in the row from its first commit: no write of its own
         seq = opened.first_seq + len(opened.promoted)
         sessions.insert_message_sync(conn, aid, sid, "assistant", seq, data, now)
         handoffs.mark_turns_changed_sync(conn, sid, now)
@@ -246,7 +274,7 @@ class StepTransactions:
             prompts=[p["text"] for p in prompts],
             step=number,
             resumed_from=state.lease.execution_id if state.recovering else None,
-            memory=list(reused.get("items") or []) if reused else [],
+            memory=list((reused or opened.memory or {}).get("items") or []),
         )
         if state.reask is not None:
             data["reask"] = state.reask.reason

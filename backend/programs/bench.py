@@ -183,6 +183,29 @@ def _check_cold(r: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _idle(r: dict[str, Any]) -> list[tuple[str, str]]:
+    # one store's result, or (`--store both`) one per store
+    per_store: dict[str, Any] = {name: r[name] for name in ("sqlite", "postgresql") if name in r} or {"": r}
+    rows = []
+    for one in per_store.values():
+        cpu, wake = one["idle_cpu"], one["wake_latency"]
+        rows.append(
+            (
+                f"idle fleet on {one['store']}: CPU per daemon over {cpu['window_s']:g} s "
+                f"({one['turns']:,} turns settled; target <= 0.2 % of a core)",
+                f"max {cpu['daemon_pct_max']} %, mean {cpu['daemon_pct_mean']} %; supervisor "
+                f"{cpu['pct_of_a_core'].get('supervisor')} % (load {cpu['load_average_1m']})",
+            )
+        )
+        rows.append(
+            (
+                f"wake on {one['store']}: input durable -> claimed ({wake['n']} inputs; target median <= 500 ms)",
+                f"median {wake['median_ms']} ms, p90 {wake['p90_ms']} ms, max {wake['max_ms']} ms",
+            )
+        )
+    return rows
+
+
 BENCHES = {
     "turns": Bench(
         "turns",
@@ -223,6 +246,27 @@ BENCHES = {
         ("--scale", "10", "--rounds", "1"),
         ("--scale", "1", "--rounds", "1"),
         _check_cold,
+    ),
+    "idle": Bench(
+        "idle",
+        "idle.py",
+        ("--json",),
+        (
+            "--json",
+            "--turns",
+            "600",
+            "--sessions",
+            "30",
+            "--window-s",
+            "10",
+            "--quiet-s",
+            "3",
+            "--wakes",
+            "5",
+            "--settle-timeout-s",
+            "600",
+        ),
+        _idle,
     ),
     "console-scale": Bench(
         "console-scale",

@@ -40,6 +40,7 @@ from pydantic import Field, ValidationError
 
 from backend import ops
 from backend.core.errors import BadInput, NotFound, RemError, SessionNotFound
+from backend.memory.warm import warm_recall
 from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
 
@@ -129,12 +130,14 @@ def _instructions(scope: Scope, allow_writes: bool) -> str:
     )
 
 
-def _closing(ctx: Context) -> Callable[[MCPServer[None]], AbstractAsyncContextManager[None]]:
-    """The server's lifespan: closes `ctx` when the server stops."""
+def _closing(ctx: Context, scope: Scope) -> Callable[[MCPServer[None]], AbstractAsyncContextManager[None]]:
+    """The server's lifespan: warms recall over `scope` before it answers, closes `ctx` when it stops."""
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
         try:
+            # before the server answers `initialize`: the first query must not load the embedder
+            await warm_recall(ctx, scope.projects)
             yield None
         finally:
             await ctx.close()
@@ -150,7 +153,7 @@ def build_server(
     server = RemMCPServer(
         name="rem",
         instructions=_instructions(scope, allow_writes),
-        lifespan=_closing(ctx),
+        lifespan=_closing(ctx, scope),
         log_level="WARNING",
     )
     server.debug = debug

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from benchmarks.code_shape import FUNCTION_LIMIT, MODULE_LIMIT, functions_of, measure, percentile
 
-P90_LIMIT = 22  # lines: the long tail of functions, held where issue 31 brought it
+P90_LIMIT = 22  # lines: the long tail of functions, held where the code-health work brought it
 
 # Still being split (the executor, Dream's digester, the leases, when they were);
 # the lead empties these as those branches merge. Nothing else may join them.

@@ -172,3 +172,36 @@ async def test_an_unknown_error_in_recall_is_recorded_with_the_step_not_made_the
         "items": [],
         "error": "InternalError: something Chroma said that rem does not know",
     }
+
+
+async def test_a_steps_memory_costs_no_write_transaction_of_its_own(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recalled ahead for the inputs the step promotes, the memory is written by the transaction
+    that opens the step: a turn with memory takes as many write transactions as one without."""
+    await _ready(ctx, tmp_path)
+    db = await ctx.db()
+    writes: list[object] = []
+    original = db.write_in_thread
+
+    async def counted(fn: Any) -> Any:
+        writes.append(fn)
+        return await original(fn)
+
+    monkeypatch.setattr(db, "write_in_thread", counted)
+
+    async def turn_writes(session_id: str) -> int:
+        writes.clear()
+        await sessions.admit(db, session_id, "How is the dog doing on the beach?", project="ops")
+        await Executor(ctx, once=True, agent=OfflineResponder(delay_ms=0), lease_ms=LEASE).run()
+        return len(writes)
+
+    monkeypatch.setenv("REM_MEMORY_CONTEXT_ITEMS", "0")
+    without = await turn_writes("plain")
+    [plain] = await _assistants(ctx, "plain")
+    assert "memory" not in plain
+    monkeypatch.delenv("REM_MEMORY_CONTEXT_ITEMS")
+    with_memory = await turn_writes("remembers")
+    [reply] = await _assistants(ctx, "remembers")
+    assert reply["memory"]["items"][0]["id"] == "p-1"
+    assert with_memory == without, (with_memory, without)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from backend import ops
+from backend.core.datadir import DataDir
 from backend.core.errors import BadInput, SessionNotFound
 from backend.dream.digester import Dreamer
 from backend.runtime.context import Context
@@ -320,3 +321,40 @@ async def test_a_session_scoped_dense_search_by_id_equals_chromas_filtered_searc
         monkeypatch.setattr(vector_search, "SESSION_BY_ID_MAX", 300)
     assert await store.nearest_by_id([], vector, 5) == []
     assert await store.nearest_by_id(["nope"], vector, 5) == []
+
+
+async def test_warming_a_recall_caller_loads_its_embedder_and_opens_its_store(imported: Context) -> None:
+    """`rem mcp` warms before it answers `initialize`: after `warm_recall` the embedder's model is
+    loaded and the store open, so the first query pays for neither; a failure is not fatal."""
+    from backend.chroma.embedder import WordLlamaEmbedder
+    from backend.memory.warm import warm_recall
+
+    fresh = Context(
+        imported.data, chroma_url=imported.chroma_url, collection=imported.collection, db_url=imported.db_url
+    )
+    try:
+        assert fresh._embedder is None and fresh._db is None
+        await warm_recall(fresh, {"ops", "home"})
+        embedder = fresh._embedder
+        assert embedder is not None and fresh._db is not None
+        if isinstance(embedder, WordLlamaEmbedder):
+            assert embedder._model is not None
+        assert set(fresh._turn_stores) == {"ops", "home"}
+        found = await ops.recall(fresh, "puppy at the seaside", project="ops", k=3)
+        assert _turns(found)[0] == "p-1"
+    finally:
+        await fresh.close()
+    everywhere = Context(
+        imported.data, chroma_url=imported.chroma_url, collection=imported.collection, db_url=imported.db_url
+    )
+    try:
+        await warm_recall(everywhere, None)  # --all-projects: the most recently active projects
+        assert set(everywhere._turn_stores) == {"ops", "home"}
+    finally:
+        await everywhere.close()
+    nowhere = DataDir(imported.data.root.parent / "nowhere")
+    gone = Context(nowhere, read_only=True, start_chroma=False, db_url=None)
+    try:
+        assert await warm_recall(gone, None) >= 0  # no data dir: logged, not raised
+    finally:
+        await gone.close()

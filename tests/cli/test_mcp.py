@@ -179,8 +179,12 @@ def test_every_request_is_answered_and_bad_text_refused_in_one_line(tmp_path: Pa
             "capabilities": {},
             "clientInfo": {"name": "raw", "version": "1"},
         }
+        # the server warms recall (imports, the embedder) before it answers initialize: seconds
+        # on a loaded machine
         started = _rpc(
-            proc, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}).encode()
+            proc,
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}).encode(),
+            timeout=180,
         )
         assert started["id"] == 1 and "result" in started
         assert proc.stdin is not None

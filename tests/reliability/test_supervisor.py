@@ -16,8 +16,11 @@ from backend import ops
 from backend.chroma import server as chroma_server
 from backend.chroma.server import ChromaServer
 from backend.core.datadir import DataDir
+from backend.ops.console import now_ms
 from backend.runtime.context import Context
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
+from tui.widgets.leases import LeaseTable, lease_key
+from tui.widgets.leases import owner_alive as console_owner_alive
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +68,10 @@ async def test_no_reap_kill_is_news_at_once_then_release_hands_over_within_a_sec
         await await_until(owner_dead, timeout=30, interval=0.01, message="the lease's owner to show dead")
         delay_s = time.time() - killed_at
         assert delay_s < 1.0, f"a death its supervisor saw took {delay_s:.2f} s to show"
+        # the console's rule on the console's snapshot: the owner cell is ✗, its heartbeat still fresh
+        records = dict(LeaseTable().records(await ops.status(ctx)))
+        record = records[lease_key(held)]
+        assert record["owner_exited_at"] is not None and not console_owner_alive(record, now_ms())
         shown = json.loads(run_rem("status", "--json", "--data", str(root)).stdout)
         (dead,) = [w for w in shown["workers"] if w["pid"] == first]
         assert dead["alive"] is False and dead["exited_at"] - killed_at * 1000 < 1000
