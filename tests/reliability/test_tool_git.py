@@ -82,11 +82,13 @@ async def test_an_agent_commits_once_through_approval_a_sigkill_and_a_resolve(
         assert len(_git(repo, "rev-list", "--all").split()) == 1  # it landed; rem never heard
         rescuer = spawn_rem("daemon", "--role", "executor", *data, env=env, log=tmp_path / "r.log")
 
-        async def unknown() -> bool:
-            return await _state(db) == "unknown"
+        async def held_unknown() -> bool:
+            # the takeover marks the call unknown, then parks the turn (the session held) in its next
+            # transaction of the same pass
+            held = await db.scalar("SELECT held_reason FROM session WHERE id = 's1'")
+            return await _state(db) == "unknown" and held == "tool_outcome_unknown"
 
-        await await_until(unknown, timeout=120, message="the takeover to find the outcome unknown")
-        assert await db.scalar("SELECT held_reason FROM session WHERE id = 's1'") == "tool_outcome_unknown"
+        await await_until(held_unknown, timeout=120, message="the takeover to find the outcome unknown, held")
         head = _git(repo, "rev-parse", "HEAD").strip()
         resolved = run_rem("resolve", call_id, "--done", "--result", f"committed {head}", *data, env=env)
         assert resolved.returncode == 0, resolved.stderr

@@ -182,8 +182,8 @@ async def test_unknown_lease_by_the_time_of_release_is_a_notification_not_a_cras
 async def test_resuming_a_held_session_wakes_its_inputs_and_is_journaled(incident_dir: Any) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
-        await pilot.press("1")  # the held session is the backlog's first row
-        assert table(app, "backlog").selected_key() == "held:s-tango"
+        await pilot.press("1")  # the held session is in the backlog, after the waiting tool calls
+        await select(pilot, table(app, "backlog"), "held:s-tango")
         await pilot.press("u")
         modal = await confirm_modal(pilot)
         assert modal.plan.params == {"session_id": "s-tango"}
