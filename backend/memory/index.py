@@ -422,3 +422,16 @@ async def _write_vector_batch(db: Database, store: ChromaStore, batch: list[Inde
     faults.point("index.after_vectors")
     async with db.tx() as conn:
         await mark_vectors(conn, batch, [sketch(r.text, v) for r, v in zip(batch, vectors, strict=True)])
+        await unmark_overwritten(conn, batch)
+
+
+async def unmark_overwritten(conn: aiosqlite.Connection, rows: Sequence[IndexedTurn]) -> None:
+    """Rows re-indexed since this flush embedded them: what it just upserted is older than their
+    digest, and may have overwritten a newer vector another flusher wrote and marked. They go back
+    to pending (`rem check`: not written yet, not a changed row), and the next flush writes them."""
+    await executemany(
+        conn,
+        "UPDATE memory_turn SET vector_digest = NULL, vector_sketch = NULL "
+        "WHERE message_id = ? AND digest != ? AND vector_digest IS NOT NULL",
+        [(r.message_id, r.digest) for r in rows],
+    )

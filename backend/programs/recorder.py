@@ -19,6 +19,7 @@ never takes `rem up` down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
@@ -39,6 +40,8 @@ log = logging.getLogger("rem.recorder")
 
 ACTION_GAP_S = 0.5
 PRUNE_EVERY_S = 60.0
+# a store that cannot be read (a PostgreSQL restart) is tried again this often
+STORE_RETRY_S = 1.0
 # the same IN list as the snapshot's action log, so the planner uses the partial event_operator_idx
 LATEST_ACTION_SQL = (
     "SELECT id, kind FROM event INDEXED BY event_operator_idx WHERE kind IN ("
@@ -76,7 +79,8 @@ class HistoryRecorder:
         reason, never = "start", asyncio.Event()
         try:
             while not stopping.is_set():
-                await idle.before_pass()
+                if not await self._before_pass(idle, stopping):
+                    continue
                 action = await self._new_action()
                 now = time.monotonic()
                 if action is not None or now >= next_record:
@@ -92,6 +96,18 @@ class HistoryRecorder:
             await self.ctx.close()
             await asyncio.to_thread(self.history.close)
             log.info("history: %d snapshots recorded, %d equal ones skipped", self.recorded, self.skipped)
+
+    async def _before_pass(self, idle: IdleWait, stopping: asyncio.Event) -> bool:
+        """The idle wait's marks before a pass; False (after a pause) while the store cannot be
+        read: a restarting store stops no history, it only pauses it."""
+        try:
+            await idle.before_pass()
+        except (RemError, sqlite3.Error) as exc:
+            log.warning("history: cannot read the store: %s; trying again in %.0f s", exc, STORE_RETRY_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), STORE_RETRY_S)
+            return False
+        return True
 
     async def _new_action(self) -> str | None:
         """The kind of the newest operator event if it is newer than the last one seen."""

@@ -52,6 +52,8 @@ log = logging.getLogger("rem.supervisor")
 DRAIN_TIMEOUT_S = 20.0
 # the operator journal's head is recorded at most this often while commits keep coming
 JOURNAL_HEAD_GAP_S = 0.2
+# a store that cannot be read (a PostgreSQL restart) is looked at again this often
+STORE_RETRY_S = 1.0
 MAX_RESTART_BACKOFF_S = 5.0
 # the share of the synthetic load's inputs that ask for a tool when REM_MCP_CONFIG is set
 LOAD_TOOL_RATIO = 0.3
@@ -149,14 +151,17 @@ class Supervisor:
         try:
             why = "start"
             while not self.stopping.is_set():
-                await idle.before_pass()
-                await self._monitor(db, journal=why in ("start", "changed", "poll"))
-                if time.monotonic() >= next_housekeeping:
-                    next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
-                    await self._housekeeping(db)
-                why = await idle.wait(
-                    self.child_exited, self.stopping, within_s=self._next_due_s(next_housekeeping)
-                )
+                try:
+                    await idle.before_pass()
+                    await self._monitor(db, journal=why in ("start", "changed", "poll"))
+                    if time.monotonic() >= next_housekeeping:
+                        next_housekeeping = time.monotonic() + maintenance.CHECKPOINT_EVERY_S
+                        await self._housekeeping(db)
+                    why = await idle.wait(
+                        self.child_exited, self.stopping, within_s=self._next_due_s(next_housekeeping)
+                    )
+                except RemError as exc:  # a store restarting: the fleet stays up, the supervisor looks again
+                    why = await self._store_unreadable(exc)
         finally:
             await idle.close()
             if load_task is not None:
@@ -172,6 +177,14 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 self.manifest_path.unlink()
         return 0
+
+    async def _store_unreadable(self, exc: RemError) -> str:
+        """Wait a moment after the store could not be read (a PostgreSQL restart, a locked state.db),
+        restarting any child that exited meanwhile; rem up never stops over it."""
+        log.warning("supervisor: cannot read the store: %s; looking again in %.0f s", exc, STORE_RETRY_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), STORE_RETRY_S)
+        return "poll"
 
     def request_stop(self) -> None:
         self.stopping.set()
