@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from backend.chroma.collection import ChromaStore
 from backend.chroma.embedder import HashingEmbedder, WordLlamaEmbedder
 from backend.core.errors import EmbedderMismatch
 from backend.dream.digester import Dreamer
+from backend.memory.index import load_raw_turns, load_session_meta, plan_session, unmark_overwritten
 from backend.memory.text import fts_table
 from backend.runtime.context import Context
 from backend.store.revision import raw_revision
@@ -257,3 +259,25 @@ async def test_a_postgresql_index_from_before_v7_gets_its_lexical_rows_from_drea
     finally:
         await ctx.close()
         pg.drop_database(pg_server, name)  # type: ignore[arg-type]
+
+
+async def test_a_flush_that_embedded_an_older_digest_puts_its_rows_back_to_pending(db_ctx: Context) -> None:
+    # Two Dream processes: flusher A embedded a row at its old digest; the row was re-indexed and
+    # flusher B wrote and marked the new vector; A's upsert then landed last in Chroma. A's marking
+    # transaction must not leave B's mark standing over A's older vector.
+    db = await db_ctx.db()
+    await add_session_with_turns(db, "s1", TEXTS)
+    await publish(db, "s1")
+    await Dreamer(db_ctx, once=True).run()
+    async with db.snapshot() as conn:
+        project, speakers = await load_session_meta(conn, "s1")
+        planned = plan_session("s1", project, await load_raw_turns(conn, "s1"), speakers)
+    current, other = planned[0], planned[1]
+    async with db.tx() as conn:  # B marked both rows current
+        await conn.execute("UPDATE memory_turn SET vector_digest = digest WHERE session_id = 's1'")
+    stale = dataclasses.replace(current, digest="sha256:older")  # what A embedded
+    async with db.tx() as conn:
+        await unmark_overwritten(conn, [stale, other])
+    rows = {r["message_id"]: r for r in await _index_rows(db_ctx, "s1")}
+    assert rows[current.message_id]["vector_digest"] is None  # pending again: the next flush rewrites it
+    assert rows[other.message_id]["vector_digest"] == rows[other.message_id]["digest"]  # A's was current
