@@ -28,7 +28,7 @@ from backend.core.errors import Refused, SessionNotFound
 from backend.core.settings import Settings
 from backend.execution.leases import Lease
 from backend.execution.parking import TOOL_HOLDS
-from backend.execution.sessions import admit_sync, dumps
+from backend.execution.sessions import admit_sync, dumps, sleep_inputs_sync
 from backend.models.errors import TRUNCATED, ModelError
 from backend.models.health import CallRecord
 from backend.models.usage import Usage, cost_of
@@ -149,10 +149,7 @@ def hold_session_sync(conn: Conn, session_id: str, exc: ModelError, actor: str, 
         "UPDATE session SET held_at = ?, held_reason = ? WHERE id = ? AND held_at IS NULL",
         (now, reason, session_id),
     ).rowcount
-    waiting = conn.execute(
-        "UPDATE session_input SET wake_pending = 0 WHERE session_id = ? AND promoted_seq IS NULL",
-        (session_id,),
-    ).rowcount
+    waiting = sleep_inputs_sync(conn, session_id)
     if held:
         append_event_sync(
             conn,

@@ -22,6 +22,7 @@ before the park); it is journaled `execution.taken_over` with reason `unparked`.
 from __future__ import annotations
 
 from backend.execution.leases import ExecutionPhase, Lease
+from backend.execution.sessions import sleep_inputs_sync
 from backend.store import fencing
 from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
@@ -81,10 +82,7 @@ def hold_sync(conn: Conn, session_id: str, reason: str, actor: str, now: int) ->
         "WHERE id = ? AND (held_at IS NULL OR held_reason IN (?, ?))",
         (now, reason, session_id, *TOOL_HOLDS),
     ).rowcount
-    conn.execute(
-        "UPDATE session_input SET wake_pending = 0 WHERE session_id = ? AND promoted_seq IS NULL",
-        (session_id,),
-    )
+    sleep_inputs_sync(conn, session_id)
     if held:
         append_event_sync(
             conn,

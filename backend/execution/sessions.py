@@ -376,3 +376,13 @@ def insert_message_sync(
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (message_id, session_id, kind, seq, now, now, dumps(data)),
     )
+
+
+def sleep_inputs_sync(conn: Conn, session_id: str) -> int:
+    """A held session's waiting inputs sleep (no wake is due) until the hold is lifted; how many."""
+    return int(
+        conn.execute(
+            "UPDATE session_input SET wake_pending = 0 WHERE session_id = ? AND promoted_seq IS NULL",
+            (session_id,),
+        ).rowcount
+    )

@@ -312,12 +312,7 @@ class StepTransactions:
         calls: Sequence[CallRecord] = (),
     ) -> bool:
         """Close the step (`safe`, assistant completed, usage counted); end the turn unless a steer waits."""
-        lease, now = state.lease, clock.now_ms()
-        guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
-        if tail:
-            projection.write_parts_sync(
-                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
-            )
+        lease, now = state.lease, self._close_sync(conn, state, step, tail)
         step.data.update(status="completed", text="".join(step.parts), time_completed=now)
         model_turns.record_reply_sync(
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
@@ -326,6 +321,29 @@ class StepTransactions:
             model_turns.record_truncation_sync(
                 conn, lease, step.assistant_id, step.number, step.data, self.reply_max_chars, now
             )
+        self._publish_sync(conn, lease, step, now, parts=len(step.parts))
+        more = (
+            not self.draining.is_set()
+            and conn.execute(STEER_WAITING_SQL, (lease.session_id,)).fetchone() is not None
+        )
+        if not more:
+            self.end_sync(conn, state, now)
+        return more
+
+    def _close_sync(self, conn: Conn, state: TurnState, step: Step, tail: list[str]) -> int:
+        """The start of closing a step, either way: the lease checked (phase `safe`), the tail's parts
+        written; returns the closing's time."""
+        now = clock.now_ms()
+        guard_sync(conn, state.lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
+        if tail:
+            projection.write_parts_sync(
+                conn, step.assistant_id, state.lease.session_id, step.written, ["".join(tail)], now
+            )
+        return now
+
+    def _publish_sync(self, conn: Conn, lease: Lease, step: Step, now: int, **event: Any) -> None:
+        """The end of closing a step, either way: the assistant row written, the turns marked changed
+        for the index, the step journaled (`event`: what the step made)."""
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
@@ -335,15 +353,8 @@ class StepTransactions:
             session_id=lease.session_id,
             target=lease.execution_id,
             now=now,
-            data={"step": step.number, "assistant_id": step.assistant_id, "parts": len(step.parts)},
+            data={"step": step.number, "assistant_id": step.assistant_id, **event},
         )
-        more = (
-            not self.draining.is_set()
-            and conn.execute(STEER_WAITING_SQL, (lease.session_id,)).fetchone() is not None
-        )
-        if not more:
-            self.end_sync(conn, state, now)
-        return more
 
     def finish_tool_step_sync(
         self,
@@ -361,28 +372,13 @@ class StepTransactions:
         """
         if state.tool_steps + 1 >= self.max_steps:
             return self._stop_at_max_steps_sync(conn, state, step, tail, calls)
-        lease, now = state.lease, clock.now_ms()
-        guard_sync(conn, lease, now=now, unread=True, phase=ExecutionPhase.SAFE)
-        if tail:
-            projection.write_parts_sync(
-                conn, step.assistant_id, lease.session_id, step.written, ["".join(tail)], now
-            )
+        lease, now = state.lease, self._close_sync(conn, state, step, tail)
         ids = tool_calls.insert_sync(conn, lease, step.number, step.assistant_id, planned, now)
         step.data.update(status="tool_calls", text="".join(step.parts), tool_calls=ids, time_completed=now)
         model_turns.record_reply_sync(
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
         )
-        projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
-        handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
-        append_event_sync(
-            conn,
-            kind=EventKind.EXECUTION_STEP,
-            actor=self.owner_id,
-            session_id=lease.session_id,
-            target=lease.execution_id,
-            now=now,
-            data={"step": step.number, "assistant_id": step.assistant_id, "tool_calls": ids},
-        )
+        self._publish_sync(conn, lease, step, now, tool_calls=ids)
         state.calls_open = state.tool_round = True
         state.tool_steps += 1
         return True
