@@ -76,6 +76,8 @@ class DrillConfig:
     hosts: tuple[str, ...] = ()
     # a tool-using load on rem's demo tools server (`backend.programs.drill_tools`)
     tools: bool = False
+    # stop the rounds after the first one that leaves a violation (a build expected to fail)
+    until_violation: bool = False
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -409,8 +411,9 @@ class Drill:
         )
 
     # -- the whole drill --------------------------------------------------------
-    async def settle(self) -> float:
-        """Stop the load, then wait until nothing is in flight."""
+    async def settle(self) -> float | None:
+        """Stop the load, then wait until nothing is in flight; None when a violation ends the wait
+        first (wrong whatever the timing: waiting longer cannot make the drill pass)."""
         started = time.monotonic()
         for host in self.hosts:
             manifest = self.manifest(host)  # None unless its pid is still that `rem up`
@@ -418,13 +421,18 @@ class Drill:
                 # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
                 processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
 
-        async def quiet() -> bool:
+        async def quiet() -> str:
             if self.config.tools:  # the operator of the unknown outcomes the kills left
                 self.resolved += await drill_tools.resolve_unknown(self.ctx, self.ctx.data.root)
             result = await ops.check(self.ctx)
-            return bool(result["ok"]) and result["counts"]["unsettled"] == 0
+            if result["ok"]:
+                return "settled" if result["counts"]["unsettled"] == 0 else ""
+            # not Chroma being unreachable (a chroma round's restart): the state store's own findings
+            return "violated" if await self._violated() else ""
 
-        await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle")
+        if await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle") == "violated":
+            log.warning("stopped waiting for the system to settle: rem check found a violation")
+            return None
         return round(time.monotonic() - started, 2)
 
     async def _run_rounds(self, result: DrillResult) -> None:
@@ -434,6 +442,14 @@ class Drill:
             result.rounds.append(rnd)
             if self.on_round is not None:
                 self.on_round(rnd)
+            if self.config.until_violation and await self._violated():
+                return
+
+    async def _violated(self) -> bool:
+        """A violation in the state store (not work in flight, not Chroma unreachable): wrong whatever
+        the timing, so neither more rounds nor a longer wait could make the drill pass."""
+        found = await ops.check(self.ctx, verify_chroma=False)
+        return bool(found["violations"])
 
     async def run(self) -> DrillResult:
         result = DrillResult(
