@@ -45,13 +45,6 @@ ToolsOpt = Annotated[
         help="A tool-using load on rem's demo tools server; the report counts sends done twice (0).",
     ),
 ]
-UntilViolationOpt = Annotated[
-    bool,
-    typer.Option(
-        "--until-violation",
-        help="Stop the rounds after the first that leaves a violation (proving a broken build fails).",
-    ),
-]
 
 
 @drill_app.command("sigkill")
@@ -65,7 +58,6 @@ def sigkill(
     settle_timeout: SettleOpt = 180.0,
     pause: PauseOpt = False,
     tools: ToolsOpt = False,
-    until_violation: UntilViolationOpt = False,
     data: common.DataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
@@ -99,7 +91,6 @@ def sigkill(
         settle_timeout_s=settle_timeout,
         hosts=PG_HOSTS if db_url else (),
         tools=tools,
-        until_violation=until_violation,
     )
     config.victims()
     # the drill's own --data only (never the global one): a drill kills what runs on its data dir

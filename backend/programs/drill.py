@@ -76,8 +76,6 @@ class DrillConfig:
     hosts: tuple[str, ...] = ()
     # a tool-using load on rem's demo tools server (`backend.programs.drill_tools`)
     tools: bool = False
-    # stop the rounds after the first one that leaves a violation (a build expected to fail)
-    until_violation: bool = False
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -413,7 +411,7 @@ class Drill:
     # -- the whole drill --------------------------------------------------------
     async def settle(self) -> float | None:
         """Stop the load, then wait until nothing is in flight; None when a violation ends the wait
-        first (wrong whatever the timing: waiting longer cannot make the drill pass)."""
+        first (`_violated`: the drill has failed, its settled check says how)."""
         started = time.monotonic()
         for host in self.hosts:
             manifest = self.manifest(host)  # None unless its pid is still that `rem up`
@@ -442,12 +440,10 @@ class Drill:
             result.rounds.append(rnd)
             if self.on_round is not None:
                 self.on_round(rnd)
-            if self.config.until_violation and await self._violated():
-                return
 
     async def _violated(self) -> bool:
-        """A violation in the state store (not work in flight, not Chroma unreachable): wrong whatever
-        the timing, so neither more rounds nor a longer wait could make the drill pass."""
+        """A violation in the state store (not work in flight, not Chroma unreachable): a correct build
+        has none whatever the timing, so a longer wait cannot make the drill pass."""
         found = await ops.check(self.ctx, verify_chroma=False)
         return bool(found["violations"])
 

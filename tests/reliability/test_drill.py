@@ -32,12 +32,12 @@ def test_drill_all_roles_passes_and_reports_recovery(tmp_path: Path) -> None:
 
 
 def test_drill_fails_when_fencing_is_disabled(tmp_path: Path) -> None:
-    # --until-violation: no round after the one that left a violation (its late write landed); the
-    # settle wait ends at the first violation too (the drill's own rule): the proof needs no more
+    # the settle wait ends at the first violation in the store (the drill's own rule, a correct build has
+    # none): before, a broken build that never settles waited out the whole --settle-timeout
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
-    args = ("--role", "zombie", "--rounds", "2", "--seed", "1", "--until-violation", "--settle-timeout", "30")
+    args = ("--role", "zombie", "--rounds", "2", "--seed", "1", "--settle-timeout", "30")
     code, report = drill(tmp_path, *args, env=env, private=True)
-    assert code == 1
+    assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
     assert report["verdict"] == "FAIL"
     assert report["check"]["violations"], "the broken build went unnoticed"
     kept = Path(report["data_dir"])  # a failed drill's private dir stays for the post-mortem

@@ -67,12 +67,11 @@ def test_drill_on_postgresql_with_two_hosts_passes(tmp_path: Path, drill_db: str
 def test_drill_on_postgresql_fails_when_fencing_is_disabled(tmp_path: Path, drill_db: str) -> None:
     # up to 4 zombie rounds, not 2: a zombie paused inside a transaction can be cut off by PostgreSQL
     # itself (idle_in_transaction_session_timeout), so its late write never lands; 2 rounds missed once
-    # in 4 runs. --until-violation stops at the first round that left a violation (see test_drill.py's
-    # SQLite twin)
+    # in 4 runs. The settle wait ends at the first violation (see test_drill.py's SQLite twin)
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
-    args = ("--role", "zombie", "--rounds", "4", "--seed", "1", "--until-violation", "--settle-timeout", "30")
+    args = ("--role", "zombie", "--rounds", "4", "--seed", "1", "--settle-timeout", "30")
     code, report = drill(tmp_path, "--db", drill_db, *args, env=env, private=True)
-    assert code == 1
+    assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
     assert report["verdict"] == "FAIL" and report["store"] == "postgresql"
     assert report["check"]["violations"], "the broken build went unnoticed on PostgreSQL"
     kept = Path(report["data_dir"])  # a failed drill's private dir (logs of both hosts) stays
