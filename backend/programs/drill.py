@@ -56,6 +56,7 @@ ZOMBIE = "zombie"
 ZOMBIE_PATIENCE_S = 20.0
 # the host identities of a drill on PostgreSQL (`--db`): two hosts, one store
 PG_HOSTS = ("host-a", "host-b")
+VIOLATED_POLLS = 3  # the settle wait ends early after this many checks in a row found a violation
 
 
 @dataclass
@@ -419,14 +420,18 @@ class Drill:
                 # the load runs inside `rem up`: SIGUSR1 asks it to stop the load only
                 processes.signal_if_same(manifest["pid"], manifest.get("started_at"), signal.SIGUSR1)
 
+        seen = {"violated": 0}
+
         async def quiet() -> str:
             if self.config.tools:  # the operator of the unknown outcomes the kills left
                 self.resolved += await drill_tools.resolve_unknown(self.ctx, self.ctx.data.root)
             result = await ops.check(self.ctx)
             if result["ok"]:
                 return "settled" if result["counts"]["unsettled"] == 0 else ""
-            # not Chroma being unreachable (a chroma round's restart): the state store's own findings
-            return "violated" if await self._violated() else ""
+            # not Chroma being unreachable (a chroma round's restart): the state store's own findings,
+            # in VIOLATED_POLLS checks in a row (a check that read mid-write is not the drill's verdict)
+            seen["violated"] = seen["violated"] + 1 if await self._violated() else 0
+            return "violated" if seen["violated"] >= VIOLATED_POLLS else ""
 
         if await self.wait_for(quiet, self.config.settle_timeout_s, "the system to settle") == "violated":
             log.warning("stopped waiting for the system to settle: rem check found a violation")
