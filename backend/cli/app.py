@@ -10,32 +10,7 @@ from typing import Annotated
 import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
-from backend.cli import (
-    bench,
-    check,
-    common,
-    console,
-    daemon,
-    decisions,
-    demo,
-    drain,
-    drill,
-    import_,
-    init,
-    mcp,
-    metrics,
-    params,
-    recall,
-    reindex,
-    release,
-    replay,
-    resume,
-    send,
-    show,
-    status,
-    tools,
-    up,
-)
+from backend.cli import common, lazy, params, rich_help
 from backend.core import private
 from backend.core.errors import ExitCode, RemError
 from backend.core.inert import visible
@@ -66,8 +41,38 @@ EXAMPLES = """Examples:
 
 Every command: rem COMMAND --help. The docs: docs/index.md."""
 
+# every command, in the order `rem --help` lists them (set up, run, operate, inspect, prove), and
+# the module in backend/cli that registers it: only the invoked command's module is imported
+COMMANDS = {
+    "init": "init",
+    "up": "up",
+    "daemon": "daemon",
+    "send": "send",
+    "import": "import_",
+    "status": "status",
+    "metrics": "metrics",
+    "show": "show",
+    "replay": "replay",
+    "drain": "drain",
+    "release": "release",
+    "resume": "resume",
+    "approve": "decisions",
+    "deny": "decisions",
+    "resolve": "decisions",
+    "check": "check",
+    "recall": "recall",
+    "reindex": "reindex",
+    "mcp": "mcp",
+    "tools": "tools",
+    "console": "console",
+    "demo": "demo",
+    "bench": "bench",
+    "drill": "drill",
+}
+
 app = typer.Typer(
     name="rem",
+    cls=lazy.lazy_group(COMMANDS),
     help="rem: a durable runtime for agent sessions and their memory, and its on-call console.",
     epilog=EXAMPLES,
     no_args_is_help=True,
@@ -103,33 +108,7 @@ def _globals(
 
 
 params.install()  # plain option values without pydantic's import (backend/cli/params.py)
-
-# in the order `rem --help` lists them: set up, run, operate, inspect, prove
-for command in (
-    init,
-    up,
-    daemon,
-    send,
-    import_,
-    status,
-    metrics,
-    show,
-    replay,
-    drain,
-    release,
-    resume,
-    decisions,
-    check,
-    recall,
-    reindex,
-    mcp,
-    tools,
-    console,
-    demo,
-    drill,
-    bench,
-):
-    command.register(app)
+rich_help.install()  # typer's help panels without rich.markdown's import (backend/cli/rich_help.py)
 
 
 def main(argv: list[str] | None = None) -> int:
