@@ -19,7 +19,20 @@ from tests.helpers import rem_env, run_rem
 # the console, and the validation library typer would load for plain option values
 NEVER = ("psycopg", "chromadb", "openai", "mcp", "numpy", "wordllama", "textual", "pydantic", "click")
 # rem's own modules that only other commands need
-NOT_FOR_STATUS = ("backend.dream", "backend.ops.checks", "backend.programs", "backend.memory.recall")
+NOT_FOR_STATUS = (
+    "backend.dream",
+    "backend.ops.checks",
+    "backend.programs",
+    "backend.memory.recall",
+    # the other operations and the daemons' modules (the snapshot reads their vocabularies only)
+    "backend.ops.draining",
+    "backend.ops.lease_release",
+    "backend.ops.transcript",
+    "backend.execution.model_turns",
+    "backend.summaries.summarizer",
+    "backend.summaries.receipt_replay",
+    "backend.runtime.daemon",
+)
 # what typer's help formatter imports and rem's help never uses (backend/cli/rich_help.py)
 NOT_FOR_HELP = ("rich.markdown", "markdown_it", "rich.traceback", "rich.syntax", "rich.pretty", "pygments")
 # the entry point's own modules: a command loads these and its own module, no other command's
