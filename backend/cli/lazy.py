@@ -10,17 +10,18 @@ builds that command with typer's own functions (`get_command_from_info`,
 `get_group_from_info`), so it parses, validates and helps exactly as typer
 would. `rem status` imports `backend.cli.status` and builds one command.
 
-`rem --help` lists every command, with the first paragraph of its docstring:
+`rem --help` lists every command with the first paragraph of its docstring:
 for the listing, the group hands typer's help formatter a summary of each
-command (its name, help text and flags, from the module's registration,
-without inspecting its parameters). Anything that walks `commands` (docs/gen.py,
-the docs tests, shell completion) gets the fully built commands.
+command, its name and that paragraph as the table in `backend.cli.app` holds
+it, so the listing imports no command module (importing all 22 cost ~0.03 s;
+tests/cli/test_lazy_commands.py keeps the table equal to the docstrings, and
+the listing equal to typer's own). Anything that walks `commands`
+(docs/gen.py, the docs tests, shell completion) gets the fully built commands.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -36,8 +37,10 @@ PACKAGE = "backend.cli"
 class CommandTable(MutableMapping[str, Command]):
     """Command name -> click command, each module imported and each command built on first use."""
 
-    def __init__(self, modules: Mapping[str, str], group: TyperGroup) -> None:
-        self.modules = dict(modules)  # command name -> module in backend.cli, in listing order
+    def __init__(self, commands: Mapping[str, tuple[str, str]], group: TyperGroup) -> None:
+        # command name -> its module in backend.cli, and the help `rem --help` lists, in its order
+        self.modules = {name: module for name, (module, _) in commands.items()}
+        self.listed = {name: listed for name, (_, listed) in commands.items()}
         self.group = group
         self._registered: dict[str, typer.Typer] = {}
         self._built: dict[str, Command] = {}
@@ -49,10 +52,11 @@ class CommandTable(MutableMapping[str, Command]):
 
     def __setitem__(self, name: str, command: Command) -> None:  # click's add_command
         self.modules.setdefault(name, "")
+        self.listed.setdefault(name, command.help or "")
         self._built[name] = command
 
     def __delitem__(self, name: str) -> None:
-        del self.modules[name]
+        del self.modules[name], self.listed[name]
         self._built.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
@@ -81,31 +85,10 @@ class CommandTable(MutableMapping[str, Command]):
         raise LookupError(f"backend.cli.{module} registers no command {name!r}")
 
     def summary(self, name: str) -> Command:
-        """`name` as the group's help lists it: its name, help and flags, no parameters built."""
+        """`name` as the group's help lists it: its name and listed help, nothing imported or built."""
         if name in self._built:
             return self._built[name]
-        info = self.registration(name)
-        markup = self.group.rich_markup_mode
-        if isinstance(info, CommandInfo):
-            return TyperCommand(
-                name=name,
-                help=inspect.getdoc(info.callback) if info.help is None else inspect.cleandoc(info.help),
-                short_help=info.short_help,
-                hidden=info.hidden,
-                deprecated=info.deprecated,
-                rich_markup_mode=markup,
-                rich_help_panel=info.rich_help_panel,
-            )
-        solved = typer_main.solve_typer_info_defaults(info)  # a sub-app (drill): its help as typer finds it
-        return TyperGroup(
-            name=name,
-            help=solved.help,
-            short_help=solved.short_help,
-            hidden=solved.hidden,
-            deprecated=solved.deprecated,
-            rich_markup_mode=markup,
-            rich_help_panel=solved.rich_help_panel,
-        )
+        return TyperCommand(name=name, help=self.listed[name], rich_markup_mode=self.group.rich_markup_mode)
 
     def _build(self, name: str) -> Command:
         info = self.registration(name)
@@ -122,13 +105,14 @@ class CommandTable(MutableMapping[str, Command]):
         )
 
 
-def lazy_group(modules: Mapping[str, str]) -> type[TyperGroup]:
-    """A TyperGroup class whose commands are `modules` (name -> module in backend.cli), built lazily."""
+def lazy_group(commands: Mapping[str, tuple[str, str]]) -> type[TyperGroup]:
+    """A TyperGroup class whose commands are `commands` (name -> (module in backend.cli, listed
+    help)), each built when first asked for."""
 
     class LazyGroup(TyperGroup):
         def __init__(self, **attrs: Any) -> None:
             super().__init__(**attrs)
-            self.commands = CommandTable(modules, self)
+            self.commands = CommandTable(commands, self)
             self._listing = False
 
         def list_commands(self, ctx: Context) -> list[str]:

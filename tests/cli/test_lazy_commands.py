@@ -4,6 +4,7 @@ without Markdown (backend/cli/rich_help.py): neither changes a word of what an o
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import subprocess
 import sys
@@ -26,7 +27,17 @@ def test_the_table_names_every_command_a_module_registers_and_no_other() -> None
         module.register(probe)
         names = [c.name for c in probe.registered_commands] + [g.name for g in probe.registered_groups]
         registered.update({name: info.name for name in names})
-    assert registered == COMMANDS
+    assert registered == {name: module for name, (module, _) in COMMANDS.items()}
+
+
+def test_the_help_listed_for_each_command_is_the_first_paragraph_of_its_own() -> None:
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    for name, (_, listed) in COMMANDS.items():
+        command = group.commands[name]
+        first = inspect.cleandoc(command.help or "").partition("\n\n")[0]
+        assert listed == first, f"backend/cli/app.py COMMANDS[{name!r}]: put {first!r}"
+        assert (command.short_help, command.hidden, command.deprecated) == (None, False, False), name
 
 
 def _eager(lazy: TyperGroup) -> TyperGroup:
@@ -54,8 +65,10 @@ def test_the_help_lists_what_typers_eager_group_lists_while_building_no_command(
 ) -> None:
     lazy = typer.main.get_command(app)
     assert isinstance(lazy, TyperGroup)
+    before = set(sys.modules)
     listed = _help(lazy, capsys)
     assert lazy.commands._built == {}  # type: ignore[attr-defined]  # the listing built nothing
+    assert {m for m in sys.modules if m.startswith("backend.cli.")} <= before  # nor imported a module
     for name in COMMANDS:
         assert f" {name} " in listed
     assert listed == _help(_eager(lazy), capsys)
