@@ -366,15 +366,6 @@ async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
     return exposition(await status(ctx), openmetrics=openmetrics).decode()
 
 
-def metric_rules(runbook_page: str | None = None) -> str:
-    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press
-    and linking its runbook (`runbook_page`: where the operators' guide is served)."""
-    # import time: PyYAML, only for the alert rules
-    from backend.ops.alert_rules import RULES, RUNBOOK_PAGE, rules_yaml
-
-    return rules_yaml(RULES, runbook_page or RUNBOOK_PAGE)
-
-
 async def resume(
     ctx: Context, session_ids: list[str] | None = None, *, all_held: bool = False, reask: bool = True
 ) -> ResumeReport:

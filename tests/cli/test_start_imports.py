@@ -103,6 +103,13 @@ def test_status_json_loads_the_snapshot_and_nothing_of_other_commands(tmp_path: 
     assert set(loaded(modules, "backend.cli")) <= ENTRY | {"backend.cli.rich_help", "backend.cli.status"}
 
 
+def test_the_alert_rules_load_no_store_or_chroma_client(tmp_path: Path) -> None:
+    modules = modules_after(tmp_path, "metrics", "--rules")
+    assert "backend.ops.alert_rules" in modules
+    assert loaded(modules, *NEVER) == []
+    assert loaded(modules, "backend.ops.actions", "backend.runtime", "backend.store.db", "asyncio") == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [("show", "s1", "--json"), ("send", "s1", "again", "--json"), ("status",)],
