@@ -10,32 +10,7 @@ from typing import Annotated
 import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
-from backend.cli import (
-    bench,
-    check,
-    common,
-    console,
-    daemon,
-    decisions,
-    demo,
-    drain,
-    drill,
-    import_,
-    init,
-    mcp,
-    metrics,
-    params,
-    recall,
-    reindex,
-    release,
-    replay,
-    resume,
-    send,
-    show,
-    status,
-    tools,
-    up,
-)
+from backend.cli import common, lazy, params, rich_help
 from backend.core import private
 from backend.core.errors import ExitCode, RemError
 from backend.core.inert import visible
@@ -66,8 +41,91 @@ EXAMPLES = """Examples:
 
 Every command: rem COMMAND --help. The docs: docs/index.md."""
 
+# every command, in the order `rem --help` lists them (set up, run, operate, inspect, prove): the
+# module in backend/cli that registers it, which only the invoked command imports, and the first
+# paragraph of its help as `rem --help` lists it without importing any (tests/cli/test_lazy_commands.py
+# keeps each equal to the command's own docstring)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("init", "Create the data dir and migrate the state store (state.db, or PostgreSQL with --db)."),
+    "up": (
+        "up",
+        "Start the Chroma server and the daemons, restart any that die; Ctrl-C drains and stops them.",
+    ),
+    "daemon": (
+        "daemon",
+        "Run one daemon until drained (SIGTERM, Ctrl-C or `rem drain`); `--once` does one pass.",
+    ),
+    "send": ("send", "Admit an input into a session (idempotent on --id)."),
+    "import": (
+        "import_",
+        "Import conversations: one JSON object per line with project, session, id, role, speaker, text, time.",
+    ),
+    "status": (
+        "status",
+        "Show the snapshot the console shows: backlog, leases, receipts, Dream drift, workers.",
+    ),
+    "metrics": (
+        "metrics",
+        "Serve Prometheus metrics (OpenMetrics) from the snapshot the console shows; read-only.",
+    ),
+    "show": (
+        "show",
+        "Show a session's transcript: messages, parts, usage, cost, model errors, recovery markers, tool calls.",
+    ),
+    "replay": (
+        "replay",
+        "Replay summary receipts into Chroma with no model call; `--dry-run` shows the diff.",
+    ),
+    "drain": (
+        "drain",
+        "Drain a worker: it stops claiming, finishes or hands back its work, releases its leases and exits.",
+    ),
+    "release": (
+        "release",
+        "Release a lease now (fenced on the epoch you saw) so another worker takes over at once.",
+    ),
+    "resume": (
+        "resume",
+        "Resume sessions held after a model error an operator had to fix (a bad key, an unknown model).",
+    ),
+    "approve": ("decisions", "Approve a tool call awaiting approval: it runs when its turn resumes."),
+    "deny": ("decisions", "Deny a tool call awaiting approval: it never runs, and the model is told so."),
+    "resolve": (
+        "decisions",
+        "Decide a tool call whose outcome is unknown (an effect in flight when its executor died).",
+    ),
+    "check": (
+        "check",
+        "Verify the invariants on the live data dir (docs/architecture.md); exit 1 on any violation.",
+    ),
+    "recall": (
+        "recall",
+        "Recall memory: hybrid dense + FTS5 over turns, session summaries and Dream's graph facts.",
+    ),
+    "reindex": (
+        "reindex",
+        "Rebuild the Chroma collections with the configured embedder (REM_EMBEDDER); no model call.",
+    ),
+    "mcp": (
+        "mcp",
+        "Serve rem's memory over MCP on stdio: recall, get_session, graph_neighbors, list_projects.",
+    ),
+    "tools": (
+        "tools",
+        "List every configured tool: server, effect class and its source, permission, timeout, server health.",
+    ),
+    "console": ("console", "Open the live on-call console over a data dir (press ? inside for every key)."),
+    "demo": (
+        "demo",
+        "A fresh demo data dir, `rem up --load` (Chroma, daemons, synthetic load) and the console.",
+    ),
+    "bench": ("bench", "Run the benchmarks of benchmarks/ and print their headline figures as a table."),
+    "drill": ("drill", "Chaos drills: kill real processes and prove nothing is lost."),
+}
+
 app = typer.Typer(
     name="rem",
+    cls=lazy.lazy_group(COMMANDS),
     help="rem: a durable runtime for agent sessions and their memory, and its on-call console.",
     epilog=EXAMPLES,
     no_args_is_help=True,
@@ -103,33 +161,7 @@ def _globals(
 
 
 params.install()  # plain option values without pydantic's import (backend/cli/params.py)
-
-# in the order `rem --help` lists them: set up, run, operate, inspect, prove
-for command in (
-    init,
-    up,
-    daemon,
-    send,
-    import_,
-    status,
-    metrics,
-    show,
-    replay,
-    drain,
-    release,
-    resume,
-    decisions,
-    check,
-    recall,
-    reindex,
-    mcp,
-    tools,
-    console,
-    demo,
-    drill,
-    bench,
-):
-    command.register(app)
+rich_help.install()  # typer's help panels without rich.markdown's import (backend/cli/rich_help.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
         chroma_health,
         drain,
         init,
-        metric_rules,
         metrics,
         release,
         replay,
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
         show,
         status,
     )
+    from backend.ops.alert_rules import metric_rules
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
     from backend.ops.tool_decisions import approve, deny, resolve
@@ -76,7 +76,7 @@ _HOMES = {
     "chroma_health": "backend.ops.actions",
     "drain": "backend.ops.actions",
     "init": "backend.ops.actions",
-    "metric_rules": "backend.ops.actions",
+    "metric_rules": "backend.ops.alert_rules",
     "metrics": "backend.ops.actions",
     "release": "backend.ops.actions",
     "replay": "backend.ops.actions",

@@ -34,22 +34,17 @@ from backend.core.errors import (
     UsageError,
 )
 from backend.execution import sessions
-from backend.execution.model_turns import resume_sync
 from backend.execution.sessions import Delivery
-from backend.ops.draining import request_drain, wait_drained
-from backend.ops.lease_release import lease_kind_sync, release_lease_sync
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
-from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
-from backend.ops.transcript import transcript_sync
 from backend.runtime import refusals
 from backend.runtime.context import Context
 from backend.store.db import Conn, Database
 from backend.store.events import EventKind, append_event, append_event_sync
 from backend.store.schema import schema_version, supported_version
 from backend.store.workers import LeaseKind
-from backend.summaries import receipt_replay
 
 if TYPE_CHECKING:
+    from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
     from backend.ops.snapshot import SnapshotCache
 
 log = logging.getLogger("rem.ops")
@@ -240,6 +235,9 @@ async def drain(
     With `wait`, block until the worker has marked itself stopped (or the
     timeout passes), calling `progress` with its state and leases held.
     """
+    # import time: the drain protocol, only for rem drain
+    from backend.ops.draining import request_drain, wait_drained
+
     ctx.require_writable(f"drain {owner_id}")
     db = await ctx.db()
     async with refusals_journaled(ctx, "drain", owner_id):
@@ -264,6 +262,9 @@ async def release(
     late writes are fenced by the new epoch; the takeover follows the normal
     recovery path. `kind` defaults to whichever lease `lease_id` names.
     """
+    # import time: the lease release, only for rem release
+    from backend.ops.lease_release import lease_kind_sync, release_lease_sync
+
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
         raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
@@ -315,6 +316,9 @@ async def replay(
     ctx: Context, summary_ids: list[str] | None = None, *, all_mismatched: bool = False, dry_run: bool = False
 ) -> ReplayReport:
     """Replay summary receipts into Chroma with no model call; `dry_run` only reports the diff."""
+    # import time: the receipt replay, only for rem replay
+    from backend.summaries import receipt_replay
+
     if bool(summary_ids) == all_mismatched:
         raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
     if not dry_run:
@@ -362,15 +366,6 @@ async def metrics(ctx: Context, *, openmetrics: bool = True) -> str:
     return exposition(await status(ctx), openmetrics=openmetrics).decode()
 
 
-def metric_rules(runbook_page: str | None = None) -> str:
-    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press
-    and linking its runbook (`runbook_page`: where the operators' guide is served)."""
-    # import time: PyYAML, only for the alert rules
-    from backend.ops.alert_rules import RULES, RUNBOOK_PAGE, rules_yaml
-
-    return rules_yaml(RULES, runbook_page or RUNBOOK_PAGE)
-
-
 async def resume(
     ctx: Context, session_ids: list[str] | None = None, *, all_held: bool = False, reask: bool = True
 ) -> ResumeReport:
@@ -380,6 +375,10 @@ async def resume(
     answered with an error is asked again as a new input. Refused when a
     named session is not held.
     """
+    # import time: the model turns, only for rem resume
+    from backend.execution.model_turns import resume_sync
+    from backend.ops.results import ResumeReport
+
     if bool(session_ids) == all_held:
         raise BadInput(
             "name the held sessions to resume (SESSION ...) or pass --all, not both and not neither"
@@ -409,5 +408,8 @@ async def resume(
 
 async def show(ctx: Context, session_id: str, *, last: int = 0) -> dict[str, Any]:
     """One session's transcript: messages, parts, usage, cost, model errors, recovery markers."""
+    # import time: the transcript, only for rem show
+    from backend.ops.transcript import transcript_sync
+
     db = await ctx.db()
     return await db.read_in_thread(lambda conn: transcript_sync(conn, session_id, last))

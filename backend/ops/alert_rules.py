@@ -288,3 +288,9 @@ def firing(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> dict[str,
         if series:
             out[rule.name] = series
     return out
+
+
+def metric_rules(runbook_page: str | None = None) -> str:
+    """The Prometheus alerting rules over `rem metrics` (YAML), each naming the console key to press
+    and linking its runbook (`runbook_page`: where the operators' guide is served)."""
+    return rules_yaml(RULES, runbook_page or RUNBOOK_PAGE)

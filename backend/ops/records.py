@@ -15,8 +15,8 @@ from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.store.states import DigestState, DriftClass
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
-from backend.summaries.receipt_replay import ReplayReport, ReplayRow
 from backend.summaries.receipts import ReceiptVerdict
+from backend.summaries.replay_report import ReplayReport, ReplayRow
 
 # the replay report is built in the summaries layer, the drift classes in the store's vocabulary;
 # named here too, so the console imports every record it reads from one module

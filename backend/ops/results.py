@@ -17,7 +17,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from backend.execution.model_turns import ResumedSession
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
-from backend.summaries.receipt_replay import ReplayReport
+from backend.summaries.replay_report import ReplayReport
 
 __all__ = [
     "ActionResult",

@@ -55,10 +55,9 @@ from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
-from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, classify_drift
+from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
-from backend.summaries.summarizer import JobStatus
 
 # rows listed per panel: a maximized panel on a 60-line terminal shows ~55, so this is
 # three to four pages of scrolling; the panel's filter and sort work on these rows, its

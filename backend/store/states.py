@@ -1,7 +1,8 @@
 """What rem's state columns hold: the vocabularies of stored values, with no database code.
 
 Workers' roles and states and the lease kinds (`worker`, kept by `backend.store.workers`), an
-input's delivery (`session_input.delivery`, `backend.execution.sessions`), a Dream row's
+input's delivery (`session_input.delivery`, `backend.execution.sessions`), a summary job's
+status (`backend.summaries.summarizer`), a Dream row's
 `digest_state` and, read beside what synthesis published, why it drifts (the Drift panel's
 classes; Dream itself, `backend.dream.digester`, writes the states). The modules that write them
 re-export them; readers (`rem status`, the console, `rem check`, the CLI's option types) import
@@ -66,6 +67,15 @@ class Delivery(StrEnum):
 
     QUEUE = "queue"  # starts the next turn when the session is idle
     STEER = "steer"  # joins the running turn at its next step boundary
+
+
+class JobStatus(StrEnum):
+    """`summary_job.status` (`backend.summaries.summarizer` writes it)."""
+
+    PENDING = "pending"  # drifted, waiting for a summarizer (or its retry time)
+    IN_PROGRESS = "in_progress"  # claimed: a summarizer holds its lease
+    COMPLETED = "completed"  # the receipt is acknowledged
+    FAILED = "failed"  # out of attempts for this revision: shown to the operator
 
 
 class DigestState(StrEnum):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from backend.chroma.collection import LiveRow
@@ -41,6 +40,7 @@ from backend.store.events import EventKind, append_event
 from backend.store.fencing import Lease
 from backend.store.handoffs import publish_input_revision
 from backend.store.revision import raw_revision
+from backend.store.states import JobStatus
 from backend.store.workers import WorkerRole
 from backend.summaries import receipt_replay, receipts
 from backend.summaries.synthesizer import Synthesis, Synthesizer, load_synthesizer
@@ -80,15 +80,6 @@ FAIL_SETS = (
     "status = :status, owner_id = NULL, last_error = :error, time_updated = :now, lease_expires_at = :retry, "
     "clean_seq = CASE WHEN :final = 1 THEN MAX(clean_seq, :dirty) ELSE clean_seq END"
 )
-
-
-class JobStatus(StrEnum):
-    """`summary_job.status`."""
-
-    PENDING = "pending"  # drifted, waiting for a summarizer (or its retry time)
-    IN_PROGRESS = "in_progress"  # claimed: a summarizer holds its lease
-    COMPLETED = "completed"  # the receipt is acknowledged
-    FAILED = "failed"  # out of attempts for this revision: shown to the operator
 
 
 @dataclass(kw_only=True)

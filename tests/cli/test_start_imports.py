@@ -19,7 +19,24 @@ from tests.helpers import rem_env, run_rem
 # the console, and the validation library typer would load for plain option values
 NEVER = ("psycopg", "chromadb", "openai", "mcp", "numpy", "wordllama", "textual", "pydantic", "click")
 # rem's own modules that only other commands need
-NOT_FOR_STATUS = ("backend.dream", "backend.ops.checks", "backend.programs", "backend.memory.recall")
+NOT_FOR_STATUS = (
+    "backend.dream",
+    "backend.ops.checks",
+    "backend.programs",
+    "backend.memory.recall",
+    # the other operations and the daemons' modules (the snapshot reads their vocabularies only)
+    "backend.ops.draining",
+    "backend.ops.lease_release",
+    "backend.ops.transcript",
+    "backend.execution.model_turns",
+    "backend.summaries.summarizer",
+    "backend.summaries.receipt_replay",
+    "backend.runtime.daemon",
+)
+# what typer's help formatter imports and rem's help never uses (backend/cli/rich_help.py)
+NOT_FOR_HELP = ("rich.markdown", "markdown_it", "rich.traceback", "rich.syntax", "rich.pretty", "pygments")
+# the entry point's own modules: a command loads these and its own module, no other command's
+ENTRY = {"backend.cli", "backend.cli.app", "backend.cli.common", "backend.cli.lazy", "backend.cli.params"}
 
 RUN_ONE = """
 import json, sys
@@ -59,9 +76,22 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_help_loads_no_library_database_or_sdk(tmp_path: Path) -> None:
     modules = modules_after(tmp_path, "--help")
-    assert "backend.cli.status" in modules  # every command registered, with its help
+    assert loaded(modules, "backend.cli") == sorted(ENTRY | {"backend.cli.rich_help"})  # no command's module
+    assert "rich.panel" in modules  # the help is rich's panels
     assert loaded(modules, *NEVER) == []
+    assert loaded(modules, *NOT_FOR_HELP) == []
     assert loaded(modules, "backend.ops.actions", "backend.store.db", "backend.runtime", "asyncio") == []
+
+
+def test_a_commands_help_and_a_usage_error_load_only_that_command(tmp_path: Path) -> None:
+    for argv in (("send", "--help"), ("drill", "sigkill", "--help")):
+        modules = modules_after(tmp_path, *argv)
+        assert loaded(modules, "backend.cli") == sorted(
+            ENTRY | {"backend.cli.rich_help", f"backend.cli.{argv[0]}"}
+        )
+        assert loaded(modules, *NEVER, *NOT_FOR_HELP) == []
+    proc = run_rem("status", "--bogus")
+    assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr, proc.stderr
 
 
 def test_status_json_loads_the_snapshot_and_nothing_of_other_commands(tmp_path: Path, data: str) -> None:
@@ -70,6 +100,14 @@ def test_status_json_loads_the_snapshot_and_nothing_of_other_commands(tmp_path: 
     assert loaded(modules, *NEVER) == []
     assert loaded(modules, *NOT_FOR_STATUS) == []
     assert loaded(modules, "rich") == []  # --json prints no table
+    assert set(loaded(modules, "backend.cli")) <= ENTRY | {"backend.cli.rich_help", "backend.cli.status"}
+
+
+def test_the_alert_rules_load_no_store_or_chroma_client(tmp_path: Path) -> None:
+    modules = modules_after(tmp_path, "metrics", "--rules")
+    assert "backend.ops.alert_rules" in modules
+    assert loaded(modules, *NEVER) == []
+    assert loaded(modules, "backend.ops.actions", "backend.runtime", "backend.store.db", "asyncio") == []
 
 
 @pytest.mark.parametrize(
