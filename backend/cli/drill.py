@@ -46,6 +46,14 @@ ToolsOpt = Annotated[
     ),
 ]
 
+MidSendOpt = Annotated[
+    bool,
+    typer.Option(
+        "--mid-send",
+        help="With --tools: kill each executor while it holds a send in flight, so its outcome is unknown.",
+    ),
+]
+
 
 @drill_app.command("sigkill")
 def sigkill(
@@ -58,6 +66,7 @@ def sigkill(
     settle_timeout: SettleOpt = 180.0,
     pause: PauseOpt = False,
     tools: ToolsOpt = False,
+    mid_send: MidSendOpt = False,
     data: common.DataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
@@ -90,7 +99,8 @@ def sigkill(
         pause=pause,
         settle_timeout_s=settle_timeout,
         hosts=PG_HOSTS if db_url else (),
-        tools=tools,
+        tools=tools or mid_send,
+        mid_send=mid_send,
     )
     config.victims()
     # the drill's own --data only (never the global one): a drill kills what runs on its data dir
