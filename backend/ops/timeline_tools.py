@@ -96,6 +96,10 @@ def tool_lines_sync(
     journaled: dict[str, set[str]] = {}
     for event in about:
         journaled.setdefault(str(event["target"]), set()).add(_journaled_state(event))
+    for event in about:  # the row names its taker now; the journal, the owner that ran the call
+        ran_by = (event.get("data") or {}).get("ran_by")
+        if ran_by and event["kind"] == "tool.outcome_unknown":
+            calls[str(event["target"])]["owner_id"] = ran_by
     lines = [line for cid, call in calls.items() for line in _row_lines(call, journaled.get(cid, set()))]
     lines.extend(_event_line(event, calls[str(event["target"])]) for event in about)
     return sorted(lines, key=lambda line: (-line["time"], -int(line.get("event_id") or 0), line["key"]))
