@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -113,8 +114,13 @@ def sigkill(
     else:
         print_drill(report)
     if data is None:
-        if report["ok"]:
-            shutil.rmtree(ctx.data.root.parent, ignore_errors=True)
-        else:
-            common.note(f"rem drill: kept {ctx.data.root} (state.db, logs/) for inspection")
+        _private_dir_done(ctx.data.root, bool(report["ok"]))
     return 0 if report["ok"] else 1
+
+
+def _private_dir_done(root: Path, ok: bool) -> None:
+    """The drill's private data dir: removed when it passed, kept (and named) when it failed."""
+    if ok:
+        shutil.rmtree(root.parent, ignore_errors=True)
+    else:
+        common.note(f"rem drill: kept {root} (state.db, logs/) for inspection")
