@@ -61,18 +61,17 @@ def tool_data(line: Mapping[str, Any]) -> str:
 
 
 def _merged(snapshot: Status, recorded: Mapping[str, Any]) -> Iterable[tuple[str, Record]]:
-    """The journal around a moment with its tool calls' lines, newest first; an event drawn as a
-    call's line (a decision, an unknown outcome) is not drawn twice."""
-    lines = list(cast(Mapping[str, Any], snapshot).get("tool_lines") or [])
+    """The journal around a moment in its own order, each tool call's line put in by time above the
+    first older event; an event drawn as a call's line (a decision, an unknown outcome) is not
+    drawn twice."""
+    lines = sorted(cast(Mapping[str, Any], snapshot).get("tool_lines") or [], key=lambda line: -line["time"])
     drawn = {line["event_id"] for line in lines if "event_id" in line}
     rows: list[tuple[str, Record]] = []
-    for event in snapshot["events"]:
-        if event["id"] not in drawn:
-            rows.append((str(event["id"]), dict(event)))
-    for line in lines:
-        record: Record = {**line, "id": line.get("event_id"), "data": tool_data(line)}
-        rows.append((f"tool:{line['key']}", record))
-    rows.sort(key=lambda row: (-int(row[1]["time"]), -int(row[1].get("id") or 0)))
+    for event in (e for e in snapshot["events"] if e["id"] not in drawn):
+        while lines and lines[0]["time"] > event["time"]:
+            rows.append(_line_row(lines.pop(0)))
+        rows.append((str(event["id"]), dict(event)))
+    rows.extend(_line_row(line) for line in lines)
     for key, record in rows:
         event_id = record.get("id")
         later = int(event_id) > recorded["last_event_id"] if event_id else record["time"] > recorded["time"]
@@ -81,15 +80,20 @@ def _merged(snapshot: Status, recorded: Mapping[str, Any]) -> Iterable[tuple[str
         yield key, record
 
 
+def _line_row(line: Mapping[str, Any]) -> tuple[str, Record]:
+    return f"tool:{line['key']}", {**line, "id": line.get("event_id"), "data": tool_data(line)}
+
+
 def _recorded(snapshot: Status) -> Mapping[str, Any] | None:
     """The recorded moment a timeline snapshot carries (`backend.ops.records.Moment`); None when live."""
     recorded = cast(Mapping[str, Any], snapshot).get("recorded")
     return recorded if isinstance(recorded, Mapping) else None
 
 
-def _data(record: Record) -> str:
+def _data(record: Record, limit: int) -> str:
+    """A journal event's data as `k=v`, cut to `limit`; a tool call's line as it is (cut by the backend)."""
     data = record.get("data")
-    return data if record.get("call_id") and isinstance(data, str) else compact_json(data, 200)
+    return data if record.get("call_id") and isinstance(data, str) else compact_json(data, limit)
 
 
 class EventTable(SnapshotTable):
@@ -126,8 +130,8 @@ class EventTable(SnapshotTable):
             "data",
             "data",
             None,
-            lambda r, n, p: cell(_data(r)),
-            sort=lambda r: _data(r),
+            lambda r, n, p: cell(_data(r, 70)),
+            sort=lambda r: _data(r, 200),
         ),
     )
 
