@@ -11,7 +11,8 @@ replays three minutes of an incident step by step through the console, so
 its sparklines are the history the console itself recorded. The same replay is
 recorded into the data dir's status history, as `rem up` would, and
 `post-mortem.svg` is the console opened on it with `--at`, two steps after the
-kill.
+kill; `post-mortem-tools.svg` the same moment with its Events panel filtered to the tool calls
+(the send executor B had in flight, unknown after the takeover, the operator's resolve after).
 In the replay's last
 steps the model endpoint starts rate-limiting and one session is held after
 a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`). The agent tool calls
@@ -135,6 +136,7 @@ def timeline_step(scene: scenes.Scene, k: int) -> None:
         "ORDER BY time_created LIMIT ?)",
         2,
     )
+    timeline_tool_calls(scene, k, killed)
     if k == 12:
         scenes.receipt_mismatches(scene)
     if k == 14:
@@ -150,6 +152,43 @@ def timeline_step(scene: scenes.Scene, k: int) -> None:
         step=k,
         phase="unknown",
     )
+
+
+def timeline_tool_calls(scene: scenes.Scene, k: int, killed: int) -> None:
+    """The post-mortem's tool calls: a find that completed; a send executor B had in flight when it
+    was killed, made unknown by A's takeover, and resolved by an operator two steps later."""
+    if k == killed - 3:
+        scene.tool_call(
+            "call_t1", "exe_0002", "s-bravo", "demo.notes_search", {"query": "invoice 2291"},
+            state="completed", owner=scenes.EXEC_B, epoch=1, ago_ms=2_000, effect="read",
+            permission="allow", result="1 note: invoice 2291 approved by finance", starts=1,
+        )  # fmt: skip
+    if k == killed - 1:
+        scene.tool_call(
+            "call_t2", "exe_0002", "s-bravo", "demo.outbox_send",
+            {"to": "finance@example.com", "subject": "pay invoice 2291", "amount": 1250},
+            state="running", owner=scenes.EXEC_B, epoch=1, ago_ms=3_000, step=2, permission="allow",
+            starts=1,
+        )  # fmt: skip
+    if k == killed + 1:
+        why = f"in flight when its executor {scenes.EXEC_B} (epoch 1) stopped; check the tool's own records"
+        scene.x(
+            "UPDATE tool_call SET state = 'unknown', reason = ?, owner_id = ?, epoch = 2, time_updated = ? "
+            "WHERE id = 'call_t2'",
+            why, scenes.EXEC_A, scene.now,
+        )  # fmt: skip
+        scene.event("tool.outcome_unknown", scenes.EXEC_A, ago_ms=0, session_id="s-bravo",
+                    target="call_t2", execution_id="exe_0002", epoch=2, reason=why,
+                    ran_by=scenes.EXEC_B, ran_epoch=1)  # fmt: skip
+    if k == killed + 3:
+        done = "sent: the outbox shows invoice 2291 once"
+        scene.x(
+            "UPDATE tool_call SET state = 'completed', result = ?, decided_by = 'alice', decided_at = ?, "
+            "time_finished = ?, time_updated = ? WHERE id = 'call_t2'",
+            done, scene.now, scene.now, scene.now,
+        )  # fmt: skip
+        scene.event("operator.resolve", "alice", ago_ms=0, session_id="s-bravo", target="call_t2",
+                    decision="done", state="completed", decided_by="alice", text=done)  # fmt: skip
 
 
 async def capture_timeline(out: Path, work: Path) -> None:
@@ -190,6 +229,9 @@ async def capture_timeline(out: Path, work: Path) -> None:
                     await asyncio.sleep(0.025)
                 await settle(pilot)
                 post_mortem.save_screenshot("post-mortem.svg", str(out))
+                await pilot.press("6", "slash", *"tool.", "enter")  # the Events panel: the tool calls
+                await settle(pilot)
+                post_mortem.save_screenshot("post-mortem-tools.svg", str(out))
         finally:
             server.stop()
 

@@ -31,9 +31,10 @@ FILE_SECONDS = {
     # out (the private-dir drill, 52 s; a fencing-off drill's settle wait, about 20 s each)
     "tests/reliability/test_drill_pg.py": 265,
     "tests/reliability/test_drill.py": 200,
-    # estimated from their cases (about 25 s each under load): not yet measured in a whole run
-    "tests/reliability/test_tool_sigkill_effect.py": 400,
-    "tests/reliability/test_tool_sigkill.py": 350,
+    # the tool-call SIGKILL matrix, a column a test: measured alone with 2 workers at load 6-12
+    "tests/reliability/test_tool_sigkill.py": 200,
+    "tests/reliability/test_tool_sigkill_effect.py": 190,
+    "tests/reliability/test_tool_sigkill_pg.py": 105,
     "tests/reliability/test_two_hosts.py": 415,
     "tests/reliability/test_fault_matrix_pg.py": 391,
     "tests/reliability/test_bad_input.py": 371,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -46,6 +47,14 @@ ToolsOpt = Annotated[
     ),
 ]
 
+MidSendOpt = Annotated[
+    bool,
+    typer.Option(
+        "--mid-send",
+        help="With --tools: kill each executor while it holds a send in flight, so its outcome is unknown.",
+    ),
+]
+
 
 @drill_app.command("sigkill")
 def sigkill(
@@ -58,6 +67,7 @@ def sigkill(
     settle_timeout: SettleOpt = 180.0,
     pause: PauseOpt = False,
     tools: ToolsOpt = False,
+    mid_send: MidSendOpt = False,
     data: common.DataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
@@ -90,7 +100,8 @@ def sigkill(
         pause=pause,
         settle_timeout_s=settle_timeout,
         hosts=PG_HOSTS if db_url else (),
-        tools=tools,
+        tools=tools or mid_send,
+        mid_send=mid_send,
     )
     config.victims()
     # the drill's own --data only (never the global one): a drill kills what runs on its data dir
@@ -103,8 +114,13 @@ def sigkill(
     else:
         print_drill(report)
     if data is None:
-        if report["ok"]:
-            shutil.rmtree(ctx.data.root.parent, ignore_errors=True)
-        else:
-            common.note(f"rem drill: kept {ctx.data.root} (state.db, logs/) for inspection")
+        _private_dir_done(ctx.data.root, bool(report["ok"]))
     return 0 if report["ok"] else 1
+
+
+def _private_dir_done(root: Path, ok: bool) -> None:
+    """The drill's private data dir: removed when it passed, kept (and named) when it failed."""
+    if ok:
+        shutil.rmtree(root.parent, ignore_errors=True)
+    else:
+        common.note(f"rem drill: kept {root} (state.db, logs/) for inspection")

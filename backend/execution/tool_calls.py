@@ -175,7 +175,14 @@ def finish_sync(conn: Conn, lease: Lease, cid: str, outcome: Outcome, now: int) 
         journal_unknown_sync(conn, lease, cid, outcome.reason or "", now)
 
 
-def journal_unknown_sync(conn: Conn, lease: Lease, cid: str, reason: str, now: int) -> None:
+def journal_unknown_sync(
+    conn: Conn, lease: Lease, cid: str, reason: str, now: int, ran_by: Any = None, ran_epoch: Any = None
+) -> None:
+    """The journal's record of an outcome now unknown; after a takeover it names the dead owner
+    that had the call in flight (`ran_by`, `ran_epoch`), which the row's owner no longer says."""
+    data = {"execution_id": lease.execution_id, "epoch": lease.epoch, "reason": reason}
+    if ran_by is not None:
+        data.update(ran_by=ran_by, ran_epoch=ran_epoch)
     append_event_sync(
         conn,
         kind=EventKind.TOOL_OUTCOME_UNKNOWN,
@@ -183,7 +190,7 @@ def journal_unknown_sync(conn: Conn, lease: Lease, cid: str, reason: str, now: i
         session_id=lease.session_id,
         target=cid,
         now=now,
-        data={"execution_id": lease.execution_id, "epoch": lease.epoch, "reason": reason},
+        data=data,
     )
 
 
@@ -214,7 +221,7 @@ def settle_takeover_sync(conn: Conn, lease: Lease, now: int) -> dict[str, list[s
             ),
         )
         if unknown:
-            journal_unknown_sync(conn, lease, row["id"], reason, now)
+            journal_unknown_sync(conn, lease, row["id"], reason, now, row["owner_id"], row["epoch"])
         moved["unknown" if unknown else "rerun"].append(row["id"])
     return moved
 

@@ -435,3 +435,4 @@ class Moment(Status):
     """A recorded moment of the timeline (`ops.timeline.moment`): a status as it was, not live state."""
 
     recorded: RecordedMoment
+    tool_lines: list[dict[str, Any]]  # each tool call's life around the moment (`ops.timeline_tools`)

@@ -23,6 +23,7 @@ from backend.ops.actions import status
 from backend.ops.alert_rules import firing
 from backend.ops.prometheus import samples
 from backend.ops.records import Moment, Status
+from backend.ops.timeline_tools import tool_lines_sync
 from backend.runtime.context import Context
 from backend.store.db import Conn
 from backend.store.history import Entry, HistoryStore
@@ -133,12 +134,18 @@ def events_around_sync(conn: Conn, last_id: int) -> list[dict[str, Any]]:
 async def moment(ctx: Context, entry: Entry) -> Moment:
     """A recorded snapshot as the console shows it: its panels plus the journal around it."""
     db = await ctx.db()
-    events = await db.run_in_thread(lambda conn: events_around_sync(conn, entry.last_event_id))
+
+    def read(conn: Conn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        events = events_around_sync(conn, entry.last_event_id)
+        return events, tool_lines_sync(conn, events, entry.time)
+
+    events, tool_lines = await db.run_in_thread(read)
     return cast(
         Moment,
         {
             **entry.snapshot,
             "events": events,
+            "tool_lines": tool_lines,
             "data_dir": str(ctx.data.root),
             "read_only": True,
             "recorded": {

@@ -54,6 +54,9 @@ ROLES = ("executor", "summarizer", "dream", "chroma")
 # its late writes from landing, so this is the round that proves fencing.
 ZOMBIE = "zombie"
 ZOMBIE_PATIENCE_S = 20.0
+# --mid-send: how long an executor round waits for a send in flight (the load makes one every few s)
+MID_SEND_PATIENCE_S = 60.0
+WORKER_PID_SQL = "SELECT pid FROM worker WHERE owner_id = ? ORDER BY started_at DESC LIMIT 1"
 # the host identities of a drill on PostgreSQL (`--db`): two hosts, one store
 PG_HOSTS = ("host-a", "host-b")
 VIOLATED_POLLS = 3  # the settle wait ends early after this many checks in a row found a violation
@@ -77,6 +80,8 @@ class DrillConfig:
     hosts: tuple[str, ...] = ()
     # a tool-using load on rem's demo tools server (`backend.programs.drill_tools`)
     tools: bool = False
+    # with tools: each executor round kills the owner of a send in flight on the tool server
+    mid_send: bool = False
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -300,6 +305,33 @@ class Drill:
                 return name, pid, started, owner, held
             await asyncio.sleep(self.rng.uniform(0.02, 0.15))
 
+    async def _mid_send_victim(
+        self, patience_s: float
+    ) -> tuple[str, int, float, str | None, list[LeaseRecord]] | None:
+        """The executor holding a send in flight on the tool server (its start logged, its finish
+        not): the kill that leaves an unknown outcome for the drill to resolve. None past patience."""
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            owner = await drill_tools.in_flight_owner(self.ctx, self.ctx.data.root)
+            pid = None if owner is None else await self.ctx_scalar(WORKER_PID_SQL, owner)
+            child = None if pid is None else self._child_with_pid(int(pid))
+            if child is not None:
+                return child[0], child[1], child[2], owner, await self._leases_of(owner)
+            await asyncio.sleep(0.02)
+        return None
+
+    def _child_with_pid(self, pid: int) -> tuple[str, int, float] | None:
+        """(name, pid, start time) of the live executor `pid`, as `up.json` records it."""
+        for host in self.hosts:
+            for c in (self.manifest(host) or {}).get("children", []):
+                if c["pid"] == pid and processes.same_process(pid, c.get("started_at")):
+                    return self._victim_name(host, c["name"]), pid, c.get("started_at")
+        return None
+
+    async def ctx_scalar(self, sql: str, *params: Any) -> Any:
+        db = await self.ctx.db()
+        return await db.scalar(sql, params)
+
     async def _owner_of(self, pid: int) -> str | None:
         db = await self.ctx.db()
         owner = await db.scalar(
@@ -321,7 +353,10 @@ class Drill:
         # missing fence: wait longer for one caught mid-turn (early in a drill the load is still
         # ramping up, and 5 s often found none: the fencing-off drill then passed a broken build)
         patience = ZOMBIE_PATIENCE_S if role == ZOMBIE else 5.0
-        victim = await self._busy_victim("executor" if role == ZOMBIE else role, patience)
+        if self.config.mid_send and role == "executor":
+            victim = await self._mid_send_victim(MID_SEND_PATIENCE_S)
+        else:
+            victim = await self._busy_victim("executor" if role == ZOMBIE else role, patience)
         if victim is None:
             rnd.error = f"no live {role} to kill"
             return rnd

@@ -66,6 +66,27 @@ def effects(root: Path) -> dict[str, int]:
     }
 
 
+IN_FLIGHT_SQL = """
+SELECT owner_id, idempotency_key FROM tool_call
+WHERE state = 'running' AND tool = :tool AND owner_id IS NOT NULL ORDER BY time_started"""
+
+
+async def in_flight_owner(ctx: Context, root: Path) -> str | None:
+    """The owner of a send in flight on the tool server (`--mid-send`): its call `running` in rem,
+    its start in the server's log and not its end; None while there is none."""
+    db = await ctx.db()
+    rows = await db.fetchall(IN_FLIGHT_SQL, {"tool": f"demo.{EFFECT_TOOL}"})
+    if not rows:
+        return None
+    phases: dict[Any, set[str]] = {}
+    for record in _lines(root / "tools.log.jsonl"):
+        phases.setdefault(record.get("key"), set()).add(str(record.get("phase")))
+    for owner, key in rows:
+        if phases.get(key) == {"start"}:
+            return str(owner)
+    return None
+
+
 async def resolve_unknown(ctx: Context, root: Path) -> int:
     """Resolve each unknown outcome the server's files decide (done / retry); how many were."""
     status = await ops.status(ctx)

@@ -1,9 +1,11 @@
 """The SIGKILL matrix of a tool call's life: real executors, rem's demo MCP server over stdio.
 
-Each case admits one prompt the offline agent answers with one call of an effect class (a
-find: `read`; a note: `idempotent`; a send: `effect`, allowed here so it runs without an
-approval), kills the executor with SIGKILL at one point of the call's life, and lets a second
-executor take the turn over:
+A column is one effect class (a find: `read`; a note: `idempotent`; a send: `effect`, allowed
+here so it runs without an approval), driven in one data dir against one tool server's files:
+one session per point, each admitted with a prompt the offline agent answers with one call of
+that class, taken by its own executor (on a long lease, so the next victim never takes it) and
+killed by SIGKILL at its point, in turn; then the dead owners' leases are released, as an
+operator would, and one rescuer executor takes all five turns over:
 
 * `arguments`: the call is durable (`pending`), nothing started (`tools.after_insert`);
 * `running`: `running` and the key committed, the request not sent (`tools.after_start`);
@@ -13,11 +15,12 @@ executor take the turn over:
 
 What must hold, counted from the tool server's own log, not rem's rows: an effect is never
 started twice unless an operator's retry is journaled (a `running` or later effect becomes
-`unknown`, the session held, and the operator resolves it with the real `rem resolve`); a read
-or idempotent call is re-run with the same key and completes; exactly one completed reply
-answers the input; `rem check --settled` (its library call) is clean. SQLite runs the whole
-matrix; PostgreSQL runs the effect column (the class whose duplicate would be a real harm).
-The effect column is in test_tool_sigkill_effect.py, so the cases spread over the test workers.
+`unknown`, the session held, and `rem drill sigkill --tools`'s operator resolves it from the
+server's files: retry what never started, done what the outbox holds); a read or idempotent
+call is re-run with the same key and completes; exactly one completed reply answers each input;
+`rem check --settled` (its library call) is clean. Every column runs on SQLite and PostgreSQL;
+the effect column is in test_tool_sigkill_effect.py and the others on PostgreSQL in
+test_tool_sigkill_pg.py, so the columns spread over the test workers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ import pytest
 from backend import ops
 from backend.dream.digester import Dreamer
 from backend.execution import sessions
+from backend.programs import drill_tools
 from backend.programs.demo_tools import server_config
 from backend.runtime.context import Context
 from backend.store.db import Database
@@ -64,6 +69,9 @@ RESOLUTION = {
     "committed": None,
 }
 DELAY_MS = 1500
+# the victims' lease: long, so a later victim never takes an earlier one's session over (the rescuer
+# gets them all, their leases released); the rescuer's is the case's short one
+VICTIM_LEASE_MS = "600000"
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Case:
     root: Path
     tools: Path
     env: dict[str, str]
+    effect: str = "effect"
 
     def log(self) -> list[dict[str, Any]]:
         path = self.tools / "tools.log.jsonl"
@@ -127,94 +136,165 @@ async def _settled(db: Database) -> bool:
         "SELECT count(*) FROM session_execution WHERE parked IS NULL OR parked = 'decided'"
     )
     waiting = await db.scalar("SELECT count(*) FROM session_input WHERE promoted_seq IS NULL")
-    return running == 0 and waiting == 0
+    return bool(running == 0 and waiting == 0)
 
 
 async def _wait_settled(db: Database, what: str) -> None:
     await await_until(lambda: _settled(db), timeout=120, interval=0.2, message=what)
 
 
-def _kill_victim(case: Case, point: str, tool: str) -> None:
+def _victim(case: Case, point: str) -> subprocess.Popen[bytes]:
+    """An executor with the point's fault (`sent`: none, the test kills it), on a long lease."""
     fault = POINTS[point]
-    victim = case.spawn("victim", **({"REM_FAULTS": fault} if fault else {}))
+    extra = {"REM_EXECUTION_LEASE_MS": VICTIM_LEASE_MS, **({"REM_FAULTS": fault} if fault else {})}
+    return case.spawn(f"victim-{point}", **extra)
+
+
+async def _killed(ctx: Context, case: Case, victim: subprocess.Popen[bytes], point: str, before: int) -> None:
+    """The victim dies at its point by SIGKILL; `sent`: killed once the server logs a new start (a
+    send: once `rem drill sigkill --mid-send`'s own look finds it in flight, held by this victim)."""
+    tool = TOOLS[case.effect]
+    if POINTS[point] is None and tool == drill_tools.EFFECT_TOOL:
+        in_flight = partial(drill_tools.in_flight_owner, ctx, case.tools)
+        owner = await await_until(in_flight, timeout=120, message="the drill to find a send in flight")
+        assert f"-{victim.pid}-" in owner, (owner, victim.pid)
+    elif POINTS[point] is None:
+        started = lambda: len(case.starts(tool)) > before  # noqa: E731
+        wait_until(started, timeout=120, message=f"{tool} started at the server")
+    if POINTS[point] is None:
+        os.kill(victim.pid, signal.SIGKILL)
+    code = victim.wait(timeout=120)
+    assert code == -signal.SIGKILL, (case.root / f"victim-{point}.log").read_text()[-3000:]
+
+
+async def _kill_at_each_point(ctx: Context, case: Case) -> subprocess.Popen[bytes]:
+    """One session per point, each taken by its own victim and killed there, in turn; the next
+    process starts while one works (it waits idle: the only session is leased, for long). Returns
+    the rescuer, started beside the last victim."""
+    db, effect = await ctx.db(), case.effect
+    tool, points = TOOLS[effect], list(POINTS)
+    spawned = [_victim(case, points[0])]
     try:
-        if fault is None:
-            wait_until(lambda: case.starts(tool), timeout=120, message=f"{tool} started at the server")
-            os.kill(victim.pid, signal.SIGKILL)
-        assert victim.wait(timeout=120) == -signal.SIGKILL, (case.root / "victim.log").read_text()[-3000:]
-    finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
+        for i, point in enumerate(points):
+            before = len(case.starts(tool))
+            await sessions.admit(db, f"s-{point}", PROMPTS[effect], input_id=f"in-{point}")
+            claimed = partial(
+                db.scalar, "SELECT 1 FROM session_execution WHERE session_id = ?", (f"s-{point}",)
+            )
+            await await_until(claimed, timeout=120, message=f"the victim to claim s-{point}")
+            last = i + 1 == len(points)
+            spawned.append(case.spawn("rescuer") if last else _victim(case, points[i + 1]))
+            await _killed(ctx, case, spawned[i], point, before)
+    except BaseException:
+        for proc in spawned:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        raise
+    return spawned[-1]
 
 
-async def sigkill_a_call(ctx: Context, tmp_path: Path, point: str, effect: str) -> None:
+async def sigkill_a_column(ctx: Context, tmp_path: Path, effect: str) -> None:
+    """Every point of one effect class's column in one data dir, against one tool server's files:
+    one session per point, each killed at its point in turn by its own executor, then one rescuer
+    takes all five over (the dead owners' leases released, as an operator would)."""
     db = await ctx.db()
     case = _case(ctx, tmp_path)
-    tool = TOOLS[effect]
+    case.effect, tool = effect, TOOLS[effect]
     if effect == "read":  # something for the search to find
         (case.tools).mkdir(parents=True, exist_ok=True)
         (case.tools / "notes.jsonl").write_text(
             json.dumps({"id": "n0", "key": None, "text": "standup at 10"}) + "\n"
         )
-    await sessions.admit(db, "s1", PROMPTS[effect], input_id="in-1")
-    _kill_victim(case, point, tool)
-    rescuer = case.spawn("rescuer")
+    rescuer = await _kill_at_each_point(ctx, case)
     try:
-        await _wait_settled(db, "the takeover to finish or park")
-        call = await db.fetchone("SELECT * FROM tool_call")
-        assert call is not None and call["tool"] == f"demo.{tool}"
-        resolution = RESOLUTION[point] if effect == "effect" else None
-        if resolution is not None:
-            await _resolve(db, case, call, resolution)
+        for row in await db.fetchall("SELECT id FROM session_execution"):
+            await ops.release(ctx, row[0], force=True)
+        await _wait_settled(db, "the takeovers to finish or park")
+        calls = {r["session_id"][2:]: dict(r) for r in await db.fetchall("SELECT * FROM tool_call")}
+        assert set(calls) == set(POINTS) and {c["tool"] for c in calls.values()} == {f"demo.{tool}"}
+        if effect == "effect":
+            await _resolve_as_the_drill(ctx, case, calls)
     finally:
         _stop(rescuer)
-    await _verify(db, case, call, point, effect)
-    # the summary and Dream of the turn, so nothing is in flight for the settled check
+    for point, call in calls.items():
+        await _verify(db, case, call, f"in-{point}", effect)
+    # the summaries and Dream of the turns, so nothing is in flight for the settled check
     await Summarizer(ctx, once=True, synthesizer=CountingSynthesizer()).run()
     await Dreamer(ctx, once=True).run()
     report = await ops.check(ctx, settled=True)
     assert report["ok"], json.dumps(report["violations"], indent=1)[:4000]
 
 
-async def _resolve(db: Database, case: Case, call: Any, flag: str) -> None:
-    """The effect's outcome is unknown: the session is held, and an operator decides (the real CLI)."""
-    assert call["state"] == "unknown" and call["effect"] == "effect"
-    assert await db.scalar("SELECT held_reason FROM session WHERE id = 's1'") == "tool_outcome_unknown"
-    args = ["resolve", call["id"], flag, "--data", str(case.root)]
-    if flag == "--done":
-        args += ["--result", "the outbox shows it sent"]
-    proc = run_rem(*args, env=case.env)
-    assert proc.returncode == 0, proc.stderr
-    await _wait_settled(db, "the resolved turn to finish")
+async def _resolve_as_the_drill(ctx: Context, case: Case, calls: dict[str, Any]) -> None:
+    """The unknown outcomes the kills left (`running`, `sent`, `result`) hold their sessions; the
+    drill's operator (`rem drill sigkill --tools`) decides each from the server's own files: retry
+    what never started, done what the outbox holds. Its decisions are the ones the matrix expects,
+    journaled, and the server never did a send twice."""
+    db = await ctx.db()
+    unknown = {p for p, c in calls.items() if c["state"] == "unknown"}
+    assert unknown == {p for p, flag in RESOLUTION.items() if flag}, calls
+    for point in unknown:
+        held = await db.scalar("SELECT held_reason FROM session WHERE id = ?", (f"s-{point}",))
+        assert held == "tool_outcome_unknown"
+    # the takeover's journal names the dead owner that had each call in flight (the timeline's "who")
+    marked = await db.fetchall("SELECT target, actor, data FROM event WHERE kind = 'tool.outcome_unknown'")
+    ran_by = {row[0]: (row[1], json.loads(row[2]).get("ran_by")) for row in marked}
+    for point in unknown:
+        taker, dead = ran_by[calls[point]["id"]]
+        assert dead and dead.startswith("executor-") and dead != taker, (point, taker, dead)
+    decided = [0]
 
+    async def all_decided() -> bool:
+        decided[0] += await drill_tools.resolve_unknown(ctx, case.tools)
+        return decided[0] >= len(unknown)
 
-async def _verify(db: Database, case: Case, call: Any, point: str, effect: str) -> None:
-    final = await db.fetchone("SELECT * FROM tool_call WHERE id = ?", (call["id"],))
-    assert final is not None and final["state"] == "completed", dict(final or {})
-    starts = case.starts(TOOLS[effect])
-    assert {s["key"] for s in starts} == {final["idempotency_key"]}  # every run, one key
-    if effect == "effect":
-        retried = final["retries"]
-        assert len(starts) <= 1 + retried, starts  # never started twice without a journaled retry
-        assert len(starts) == 1
-        assert len((case.tools / "outbox.jsonl").read_text().splitlines()) == 1
-    if effect == "idempotent":
-        assert len((case.tools / "notes.jsonl").read_text().splitlines()) == 1
-    replies = await db.fetchall(
-        "SELECT data FROM session_message WHERE session_id = 's1' AND type = 'assistant' "
-        "AND json_extract(data, '$.status') = 'completed'"
+    await await_until(
+        all_decided, timeout=60, interval=0.2, message="the drill to resolve each unknown outcome"
     )
-    assert len(replies) == 1 and json.loads(replies[0][0])["answers"] == ["in-1"]
-    assert await db.scalar("SELECT held_at FROM session WHERE id = 's1'") is None
+    assert decided[0] == len(unknown)
+    journal = await db.fetchall("SELECT target, data FROM event WHERE kind = 'operator.resolve'")
+    by_call = {row[0]: json.loads(row[1]) for row in journal}
+    for point in unknown:
+        data = by_call[calls[point]["id"]]
+        assert "--" + data["decision"] == RESOLUTION[point] and data["decided_by"] == ctx.operator, data
+    assert drill_tools.effects(case.tools)["duplicated"] == 0
+    await _wait_settled(db, "the resolved turns to finish")
 
 
-# the effect column runs in tests/reliability/test_tool_sigkill_effect.py (SQLite and PostgreSQL), so
-# the matrix spreads over the test workers (a file runs whole on one)
+async def _verify(db: Database, case: Case, call: Any, input_id: str, effect: str) -> None:
+    """The call completed, run under one key, its effect done once; one reply answers `input_id`."""
+    final = await db.fetchone("SELECT * FROM tool_call WHERE id = ?", (call["id"],))
+    assert final is not None and final["state"] == "completed", (input_id, dict(final or {}))
+    key = final["idempotency_key"]
+    starts = [s for s in case.log() if s["phase"] == "start" and s["key"] == key]
+    assert starts and {s["tool"] for s in starts} == {TOOLS[effect]}  # every run, one key
+    if effect == "effect":
+        assert len(starts) <= 1 + final["retries"], starts  # never started twice without a journaled retry
+        assert len(starts) == 1, (input_id, starts)
+        assert [r["key"] for r in _records(case.tools / "outbox.jsonl")].count(key) == 1
+    if effect == "idempotent":
+        assert [r["key"] for r in _records(case.tools / "notes.jsonl")].count(key) == 1
+    sid = final["session_id"]
+    replies = await db.fetchall(
+        "SELECT data FROM session_message WHERE session_id = ? AND type = 'assistant' "
+        "AND json_extract(data, '$.status') = 'completed'",
+        (sid,),
+    )
+    assert len(replies) == 1 and json.loads(replies[0][0])["answers"] == [input_id], (input_id, replies)
+    assert await db.scalar("SELECT held_at FROM session WHERE id = ?", (sid,)) is None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# the effect column runs in test_tool_sigkill_effect.py (SQLite and PostgreSQL), the read and
+# idempotent columns on PostgreSQL in test_tool_sigkill_pg.py, so the columns spread over the test
+# workers (a file runs whole on one)
 @pytest.mark.parametrize("effect", ["read", "idempotent"])
-@pytest.mark.parametrize("point", list(POINTS))
-async def test_sigkill_at_each_point_of_a_call(ctx: Context, tmp_path: Path, point: str, effect: str) -> None:
-    await sigkill_a_call(ctx, tmp_path, point, effect)
+async def test_sigkill_at_each_point_of_a_call(ctx: Context, tmp_path: Path, effect: str) -> None:
+    await sigkill_a_column(ctx, tmp_path, effect)
 
 
 async def test_an_approval_request_survives_sigkills_and_runs_once_approved(
@@ -249,4 +329,4 @@ async def test_an_approval_request_survives_sigkills_and_runs_once_approved(
     assert run_rem("approve", call_id, "--data", str(case.root), env=case.env).returncode == 0
     done = run_rem("daemon", "--role", "executor", "--once", "--data", str(case.root), env=case.env)
     assert done.returncode == 0, done.stderr[-2000:]
-    await _verify(db, case, await db.fetchone("SELECT * FROM tool_call"), "arguments", "effect")
+    await _verify(db, case, await db.fetchone("SELECT * FROM tool_call"), "in-1", "effect")

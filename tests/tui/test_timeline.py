@@ -23,9 +23,19 @@ from typing import Any
 import pytest
 
 from backend.cli.console import recorded_time
+from backend.core import clock
 from backend.core.datadir import DataDir
+from backend.execution import leases, parking, tool_calls
+from backend.execution.tool_calls import PlannedCall
+from backend.ops import timeline, timeline_tools, tool_decisions
+from backend.ops.actions import status
+from backend.runtime.context import Context
+from backend.store.fencing import guard_sync
+from backend.store.history import HistoryStore
+from backend.store.states import ToolCallState
 from tests.helpers import data_fingerprint, rem_env, run_rem, spawn_rem, wait_until
 from tests.tui.test_console import SIZE, console, table, until
+from tests.tui.test_tool_calls_console import UNKNOWN
 from tui.app import ConsoleApp
 from tui.widgets.leases import left_ms, owner_alive
 
@@ -210,3 +220,134 @@ def test_at_without_a_history_is_one_line_naming_the_fix(tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr
     bad = run_rem("console", "--at", "teatime", "--data", str(root))
     assert bad.returncode == 2 and "is not a time" in bad.stderr
+
+
+# -- tool calls on the timeline ---------------------------------------------------------------
+
+HOSTILE = (
+    "[bold red]boss[/] \u202eevil \x1b[2J" + "x" * 20_000
+)  # markup, a bidi override, an escape, too long
+
+
+def _call(idx: int, permission: str, to: str) -> PlannedCall:
+    return PlannedCall(
+        idx=idx,
+        model_call_id=f"m{idx}",
+        tool="demo.outbox_send",
+        arguments=json.dumps({"to": to, "subject": "rollback"}, ensure_ascii=False),  # as a model may send it
+        effect="effect",
+        effect_source="annotation",
+        permission=permission,
+        state=ToolCallState.AWAITING_APPROVAL if permission == "ask" else ToolCallState.PENDING,
+    )
+
+
+async def _turn(ctx: Context, sid: str, calls: list[PlannedCall], lost: bool) -> list[str]:
+    """A turn of `sid` asking for `calls` through the executor's own functions; `lost`: they were
+    started and their executor died mid-call (an unknown outcome); parked either way."""
+    db = await ctx.db()
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?)", (sid, now, now)
+        )
+    lease = await leases.claim(db, sid, "executor-tl-1", length_ms=60_000)
+    assert lease is not None
+
+    def write(conn: Any) -> list[str]:
+        guard_sync(conn, lease, now=now)
+        ids = tool_calls.insert_sync(conn, lease, 1, f"{lease.execution_id}:1", calls, now)
+        if lost:
+            tool_calls.start_sync(conn, lease, ids, now)
+            for cid in ids:
+                tool_calls.finish_sync(conn, lease, cid, UNKNOWN, now)
+        assert parking.park_sync(conn, lease, now=now) is not None
+        return ids
+
+    return await db.write_in_thread(write)
+
+
+async def _record(ctx: Context, history: HistoryStore, reason: str) -> int:
+    """Record a snapshot as `rem up`'s recorder does, once the clock has moved past the last write."""
+    start = clock.now_ms()
+    wait_until(lambda: clock.now_ms() > start, timeout=5, message="the clock to move")
+    shown = await status(ctx)
+    await timeline.record(ctx, history, reason, shown)
+    return int(shown["generated_at"])
+
+
+@pytest.fixture
+async def decided(tmp_path: Path) -> dict[str, Any]:
+    """Two sends awaiting approval and one whose outcome is unknown, recorded; then an operator
+    approves one, denies the other and resolves the unknown one as done, recorded again."""
+    data = DataDir(tmp_path / "data")
+    ctx = Context(data, start_chroma=False)
+    await ctx.db()  # the data dir, created
+    history = HistoryStore.open(data.root)
+    try:
+        asks = await _turn(
+            ctx, "s-ask", [_call(0, "ask", "ops@example.com"), _call(1, "ask", HOSTILE)], False
+        )
+        (lost,) = await _turn(ctx, "s-lost", [_call(0, "allow", "cfo@example.com")], True)
+        before = await _record(ctx, history, "interval")
+        await tool_decisions.approve(ctx, asks[0])
+        await tool_decisions.deny(ctx, asks[1], reason="not to \x1b[31mthat\x1b[0m address")
+        await tool_decisions.resolve(ctx, lost, "done", text="sent once, seen in the outbox")
+        after = await _record(ctx, history, "operator.resolve")
+    finally:
+        history.close()
+        await ctx.close()
+    return {
+        "data": data,
+        "asks": asks,
+        "lost": lost,
+        "before": before,
+        "after": after,
+        "operator": ctx.operator,
+    }
+
+
+def _lines(app: ConsoleApp, call_id: str) -> dict[str, dict[str, Any]]:
+    """The Events panel's lines of one call, by kind."""
+    return {r["kind"]: r for r in table(app, "events").all_records() if r.get("call_id") == call_id}
+
+
+async def test_the_timeline_shows_tool_calls_as_tool_calls(decided: dict[str, Any]) -> None:
+    asks, lost, operator = decided["asks"], decided["lost"], decided["operator"]
+    async with console(decided["data"], read_only=True, watch=False, at=decided["before"]).run_test(
+        size=SIZE
+    ) as pilot:
+        app = await until(pilot, lambda: app_if_moment(pilot.app), "the recorded moment to show")
+        events = table(app, "events")
+        assert "3 tool calls" in str(events.border_title)
+        # before the moment: asked, started, outcome unknown; after it (dimmed): who decided what
+        unknown = _lines(app, lost)
+        assert set(unknown) == {"tool.requested", "tool.running", "tool.unknown", "tool.resolved"}, unknown
+        assert [unknown[k].get("after", False) for k in ("tool.running", "tool.unknown")] == [False, False]
+        resolved = unknown["tool.resolved"]
+        assert resolved["after"] and resolved["actor"] == operator
+        assert resolved["detail"].startswith("done") and "sent once" in resolved["detail"]
+        assert unknown["tool.unknown"]["actor"] == "executor-tl-1"
+        text = events.cell_text(f"tool:{resolved['key']}", "data")
+        assert text.startswith(f"demo.outbox_send effect call={lost} done") and "cfo@example.com" in text
+        approved, denied = _lines(app, asks[0]), _lines(app, asks[1])
+        assert not approved["tool.awaiting_approval"].get("after") and approved["tool.approved"]["after"]
+        assert denied["tool.denied"]["actor"] == operator and "tool.running" not in denied
+        # a decision is drawn once, as the call's line, not again as a bare journal row
+        assert not [
+            r for r in events.all_records() if r["kind"].startswith("operator.") and r.get("target") in asks
+        ]
+        # the hostile arguments: markup shown as text, escapes as escapes, the size bounded
+        hostile = events.cell_text(f"tool:{denied['tool.denied']['key']}", "data")
+        assert "[bold red]boss[/]" in hostile and "\\u202eevil" in hostile and "\u202e" not in hostile
+        assert (
+            "\\x1b[31mthat" in hostile
+            and "\x1b" not in hostile
+            and len(hostile) < timeline_tools.ARGUMENTS_SHOWN + 250
+        )
+        # one step forward: the decisions are the past now
+        await pilot.press("right_square_bracket")
+        await until(
+            pilot, lambda: _recorded(app)["time"] == decided["after"], "the moment after the decisions"
+        )
+        assert not _lines(app, lost)["tool.resolved"].get("after")
