@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -105,6 +106,49 @@ async def test_the_listener_reports_a_lost_connection_and_listens_again(db_url: 
         await collect(events, ["changed"])
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+
+
+class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The event loop's selector, counting how often the loop woke up."""
+
+    wakeups = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.wakeups += 1
+        return super().select(timeout)
+
+
+def test_an_idle_listener_sleeps_until_the_server_sends_something(db_url: str) -> None:
+    """Listening wakes the loop for a notification or the keepalive, not ten times a second.
+
+    psycopg's `notifies(timeout=...)` wakes every 0.1 s (its `_WAIT_INTERVAL`): an idle daemon
+    on PostgreSQL paid ten loop turns a second for nothing. A loop under load wakes less, never more.
+    """
+    selector = CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+
+    async def listen_a_while() -> tuple[int, list[StoreEvent]]:
+        events = listen_changes(db_url, keepalive_s=30)
+        try:
+            await collect(events, ["listening"])
+            pending = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0.2)  # the listener is waiting now
+            before = selector.wakeups
+            await asyncio.sleep(2.0)
+            idle_wakeups = selector.wakeups - before
+            await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+            async with asyncio.timeout(10):
+                heard = [await pending]
+            return idle_wakeups, heard
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    try:
+        idle_wakeups, heard = loop.run_until_complete(listen_a_while())
+    finally:
+        loop.close()
+    assert [e.kind for e in heard] == ["changed"] and heard[0].notifications == 1
+    assert idle_wakeups <= 3, idle_wakeups  # the test's own sleep: one; psycopg's wait: twenty
 
 
 async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_server: LocalPostgres) -> None:
