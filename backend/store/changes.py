@@ -27,7 +27,7 @@ import psycopg
 
 from backend.core.redact import redact_text
 from backend.store.postgres import display_url
-from backend.store.schema_pg import CHANGE_CHANNEL
+from backend.store.schema_pg import CHANGE_CHANNEL, JOURNALED
 
 log = logging.getLogger("rem.changes")
 
@@ -44,7 +44,8 @@ class StoreEvent:
     kind: Literal["listening", "changed", "lost"]
     error: str = ""
     retry_in_s: float = 0.0
-    notifications: int = 0  # how many notifications this `changed` stands for
+    notifications: int = 0  # how many committed transactions this `changed` stands for
+    journaled: int = 0  # how many of them wrote the journal (`event`): the rest were upkeep
 
 
 async def listen_changes(
@@ -91,12 +92,16 @@ async def _notifications(
         # every notification already here (the backlog a query left, bytes on the socket): one event
         # for a burst. psycopg 3's `notifies()` never ends early (never `break` out of it: it holds
         # the connection's lock until it ends)
-        heard = count = 0
+        heard, xacts, journaled = 0, set[str](), set[str]()
         async for notify in conn.notifies(timeout=0.0):
             heard += 1
-            count += notify.pid not in ignore_pids()
-        if count:
-            yield StoreEvent("changed", notifications=count)
+            if notify.pid not in ignore_pids():
+                xact = notify.payload.removeprefix(JOURNALED)
+                xacts.add(xact)
+                if xact != notify.payload:
+                    journaled.add(xact)
+        if xacts:
+            yield StoreEvent("changed", notifications=len(xacts), journaled=len(journaled))
         if heard:
             continue
         if not await _readable(conn.fileno(), keepalive_s):
