@@ -8,7 +8,8 @@ A daemon with nothing to do must cost nothing. It sleeps until one of:
   connection of its own (`MarksProbe`), tells a commit from a checkpoint.
   PostgreSQL: the store's change feed (LISTEN/NOTIFY,
   `backend.store.changes`), which sets the daemon's own commits aside by
-  their server backend. Then the journal's head tells news from upkeep: every lifecycle transition and operator action appends to
+  their server backend, and whose notification says whether the commit
+  wrote the journal: upkeep is known unasked. Then the journal's head tells news from upkeep: every lifecycle transition and operator action appends to
   `event` in the transaction that makes it (the design's rule), so a commit
   that moved no journal row (another worker's heartbeat, a lease renewal,
   streamed parts, model-call records) made no work for anyone, and the
@@ -136,7 +137,9 @@ class IdleWait:
         try:
             async for event in listen_changes(url, ignore_pids=ignore_pids):
                 self.live = event.kind != "lost"  # lost: the idle wait polls until it is back
-                if self.live:
+                if event.kind == "changed" and not event.journaled:
+                    self.stats.upkeep += 1  # another worker's heartbeat, a renewal: no journal row
+                elif self.live:
                     self.changed.set()  # `listening`: anything may have committed while it was not
         except Exception as exc:  # not a lost connection (those are retried inside): poll from now on
             self.log.warning("change feed stopped (%s); idle waits poll the store", exc)

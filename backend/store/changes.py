@@ -27,7 +27,7 @@ import psycopg
 
 from backend.core.redact import redact_text
 from backend.store.postgres import display_url
-from backend.store.schema_pg import CHANGE_CHANNEL
+from backend.store.schema_pg import CHANGE_CHANNEL, JOURNALED
 
 log = logging.getLogger("rem.changes")
 
@@ -44,7 +44,8 @@ class StoreEvent:
     kind: Literal["listening", "changed", "lost"]
     error: str = ""
     retry_in_s: float = 0.0
-    notifications: int = 0  # how many notifications this `changed` stands for
+    notifications: int = 0  # how many committed transactions this `changed` stands for
+    journaled: int = 0  # how many of them wrote the journal (`event`): the rest were upkeep
 
 
 async def listen_changes(
@@ -88,18 +89,44 @@ async def _notifications(
     conn: psycopg.AsyncConnection[object], keepalive_s: float, ignore_pids: Callable[[], Collection[int]]
 ) -> AsyncIterator[StoreEvent]:
     while True:
-        heard = count = 0
-        # psycopg 3's AsyncConnection.notifies(): an async generator of the notifications as
-        # they arrive, ending after `timeout` s or `stop_after` notifications (never `break`
-        # out of it: it holds the connection's lock until it ends)
-        async for notify in conn.notifies(timeout=keepalive_s, stop_after=1):
-            heard += 1
-            count += notify.pid not in ignore_pids()
-        if heard == 0:
-            await conn.execute("SELECT 1")  # quiet: is the server still there?
-            continue
-        # take every notification already queued with the first: one event for a burst
+        # every notification already here (the backlog a query left, bytes on the socket): one event
+        # for a burst. psycopg 3's `notifies()` never ends early (never `break` out of it: it holds
+        # the connection's lock until it ends)
+        heard, xacts, journaled = 0, set[str](), set[str]()
         async for notify in conn.notifies(timeout=0.0):
-            count += notify.pid not in ignore_pids()
-        if count:
-            yield StoreEvent("changed", notifications=count)
+            heard += 1
+            if notify.pid not in ignore_pids():
+                xact = notify.payload.removeprefix(JOURNALED)
+                xacts.add(xact)
+                if xact != notify.payload:
+                    journaled.add(xact)
+        if xacts:
+            yield StoreEvent("changed", notifications=len(xacts), journaled=len(journaled))
+        if heard:
+            continue
+        if not await _readable(conn.fileno(), keepalive_s):
+            await conn.execute("SELECT 1")  # quiet: is the server still there?
+
+
+async def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether socket `fd` turns readable within `timeout_s`, waited on by the loop alone.
+
+    Not `notifies(timeout=...)`: psycopg's wait wakes every 0.1 s to look for a signal
+    (its `_WAIT_INTERVAL`), ten wake-ups a second for every idle listener; here the
+    loop sleeps in epoll until the server sends a byte or the keepalive falls due.
+    """
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await asyncio.wait_for(ready, timeout_s)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True

@@ -32,7 +32,9 @@ PostgreSQL delivers one per transaction and payload however many statements
 fired it. NOTIFY is scoped to one database, so the console's LISTEN (instead
 of watchfiles on state.db's WAL) hears this store's commits and no other's.
 A statement that wrote nothing in a transaction that wrote nothing (a fenced
-UPDATE matching no row) sends none: the transaction has no id yet.
+UPDATE matching no row) sends none: the transaction has no id yet. Since
+PostgreSQL 15 a write to the journal (`event`) notifies `j<transaction id>`
+instead, so a listener knows a journaled commit (news) from upkeep unasked.
 
 Lexical recall: SQLite's per-project FTS5 tables (created by `backend.memory`
 at run time) have one twin here, created by migration 7 (`LEXICAL`): the
@@ -245,8 +247,24 @@ BEGIN
     END IF;
 END $$
 """
+# PostgreSQL 15: a commit that wrote the journal (`event`) says so in its notification ('j' before
+# the transaction id), so an idle daemon tells news from upkeep (another worker's heartbeat, a lease
+# renewal) without asking the server: before, every heartbeat woke every other daemon for a read
+JOURNALED = "j"
+CHANGE_FEED_JOURNALED = f"""
+CREATE OR REPLACE FUNCTION rem_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    xact xid8 := pg_current_xact_id_if_assigned();
+BEGIN
+    IF xact IS NOT NULL THEN  -- the transaction has written: it will notify once a payload, at COMMIT
+        PERFORM pg_notify('{CHANGE_CHANNEL}',
+                          CASE WHEN TG_TABLE_NAME = 'event' THEN '{JOURNALED}' ELSE '' END || xact::text);
+    END IF;
+    RETURN NULL;
+END $$
+"""
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
-PG_ONLY: dict[int, str] = {8: CHANGE_FEED, 10: FENCED}
+PG_ONLY: dict[int, str] = {8: CHANGE_FEED, 10: FENCED, 15: CHANGE_FEED_JOURNALED}
 # SQLite migrations with nothing to do here (by SQLite's number): 8 and 12 add status counters,
 # which PostgreSQL does not keep (it counts on each read; backend/store/counters.py says why).
 # The version still moves, so both engines' numbering stays in step.

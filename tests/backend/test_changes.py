@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,12 +26,15 @@ def store() -> str:
 
 
 async def payloads_until(listener: psycopg.AsyncConnection[object], last: str) -> list[str]:
-    """Every payload heard, in commit order, up to and including `last` (fails after 10 s)."""
+    """Every transaction id heard, in commit order, up to and including `last`, each once (a
+    transaction that wrote the journal also notifies `j<id>`, first) (fails after 10 s)."""
     heard: list[str] = []
     async with asyncio.timeout(10):
         while last not in heard:
             async for notify in listener.notifies(timeout=1.0, stop_after=1):
-                heard.append(notify.payload)
+                xact = notify.payload.removeprefix(schema_pg.JOURNALED)
+                if xact not in heard:
+                    heard.append(xact)
     return heard
 
 
@@ -93,7 +98,13 @@ async def test_the_listener_reports_a_lost_connection_and_listens_again(db_url: 
         await collect(events, ["listening"])
         await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
         changed = await collect(events, ["changed"])
-        assert changed[0].notifications == 1  # three statements, one transaction: one notification
+        # three statements on two tables, one transaction: one change, which wrote the journal
+        assert (changed[0].notifications, changed[0].journaled) == (1, 1)
+        with psycopg.connect(db_url) as conn:  # upkeep (a heartbeat): a write, but no journal row
+            conn.execute("SELECT pg_current_xact_id()")  # the transaction has an id: it notifies
+            conn.execute("UPDATE worker SET heartbeat_at = 2")
+        upkeep = await collect(events, ["changed"])
+        assert (upkeep[0].notifications, upkeep[0].journaled) == (1, 0)
         with psycopg.connect(db_url, autocommit=True) as killer:
             killer.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -105,6 +116,49 @@ async def test_the_listener_reports_a_lost_connection_and_listens_again(db_url: 
         await collect(events, ["changed"])
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+
+
+class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The event loop's selector, counting how often the loop woke up."""
+
+    wakeups = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.wakeups += 1
+        return super().select(timeout)
+
+
+def test_an_idle_listener_sleeps_until_the_server_sends_something(db_url: str) -> None:
+    """Listening wakes the loop for a notification or the keepalive, not ten times a second.
+
+    psycopg's `notifies(timeout=...)` wakes every 0.1 s (its `_WAIT_INTERVAL`): an idle daemon
+    on PostgreSQL paid ten loop turns a second for nothing. A loop under load wakes less, never more.
+    """
+    selector = CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+
+    async def listen_a_while() -> tuple[int, list[StoreEvent]]:
+        events = listen_changes(db_url, keepalive_s=30)
+        try:
+            await collect(events, ["listening"])
+            pending = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0.2)  # the listener is waiting now
+            before = selector.wakeups
+            await asyncio.sleep(2.0)
+            idle_wakeups = selector.wakeups - before
+            await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+            async with asyncio.timeout(10):
+                heard = [await pending]
+            return idle_wakeups, heard
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    try:
+        idle_wakeups, heard = loop.run_until_complete(listen_a_while())
+    finally:
+        loop.close()
+    assert [e.kind for e in heard] == ["changed"] and heard[0].notifications == 1
+    assert idle_wakeups <= 3, idle_wakeups  # the test's own sleep: one; psycopg's wait: twenty
 
 
 async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_server: LocalPostgres) -> None:
@@ -146,6 +200,7 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
     it. The slow poll is raised so that only the feed can end an idle wait.
     """
     from backend.runtime.daemon import Daemon
+    from backend.runtime.idle import IdleWait
     from backend.store.db import Database
 
     monkeypatch.setenv("REM_DAEMON_IDLE_POLL_MS", "60000")
@@ -189,6 +244,24 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
             while own_heard == heard:
                 await asyncio.sleep(0.01)
         assert daemon.passes == settled and polls == 0, (daemon.passes, settled, polls)
+        # another worker's heartbeat (a write, no journal row): its notification says so, and the
+        # daemon sleeps on without asking the server anything (before, every beat cost each a read)
+        reads, upkeep = 0, daemon.idle.stats.upkeep
+        read_marks = IdleWait._read_marks
+
+        async def counted_reads(self: IdleWait, *args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await read_marks(self, *args, **kwargs)
+
+        monkeypatch.setattr(IdleWait, "_read_marks", counted_reads)
+        with psycopg.connect(db_url) as other:
+            other.execute("SELECT pg_current_xact_id()")
+            other.execute("UPDATE worker SET heartbeat_at = heartbeat_at")
+        async with asyncio.timeout(10):
+            while daemon.idle.stats.upkeep == upkeep:
+                await asyncio.sleep(0.01)
+        assert reads == 0 and daemon.passes == settled, (reads, daemon.passes, settled)
         with psycopg.connect(db_url) as other:  # news: a commit that journaled something
             other.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'x', 'test', '{}')")
         async with asyncio.timeout(5):
