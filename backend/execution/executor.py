@@ -43,13 +43,13 @@ from backend.execution.leases import Lease
 from backend.execution.steps import EarlyMemory, Step, StepTransactions, TurnState, expected_inputs_sync
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.execution.tool_runner import ToolRunner
-from backend.memory.context import memory_for_step
+from backend.memory.context import memory_for_step, scope_row_sync
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
 from backend.store import fencing
-from backend.store.db import Conn
+from backend.store.db import Conn, Row
 from backend.store.events import EventKind, append_event_sync
 from backend.store.workers import WorkerRole
 
@@ -300,13 +300,13 @@ class Executor(Daemon):
     async def _recall_ahead(self, state: TurnState) -> EarlyMemory | None:
         """The next step's memory, recalled for the inputs it is expected to promote, so the
         transaction that opens the step records it too (one write transaction fewer a step)."""
-        rows = await self.db.read_beside(
-            partial(expected_inputs_sync, state=state, draining=self.draining.is_set())
+        rows, scope = await self.db.read_beside(
+            partial(_expected_and_scope_sync, state=state, draining=self.draining.is_set())
         )
         if not rows:
             return None
         prompts = [str(json.loads(row["prompt"]).get("text", "")) for row in rows]
-        memory = await memory_for_step(self.ctx, state.lease.session_id, prompts)
+        memory = await memory_for_step(self.ctx, state.lease.session_id, prompts, scope)
         return None if memory is None else EarlyMemory(tuple(row["id"] for row in rows), memory)
 
     async def _give_memory(self, state: TurnState, step: Step) -> None:
@@ -408,3 +408,11 @@ class Executor(Daemon):
             )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.key, exc)
+
+
+def _expected_and_scope_sync(
+    conn: Conn, state: TurnState, draining: bool
+) -> tuple[list[Any], tuple[Row | None]]:
+    """The next step's expected inputs and, if any, its memory's scope row: one thread hop."""
+    rows = expected_inputs_sync(conn, state, draining)
+    return rows, (scope_row_sync(conn, state.lease.session_id) if rows else None,)

@@ -22,6 +22,7 @@ from backend.core.settings import settings
 from backend.memory import recall as memory_recall
 from backend.memory.text import clip
 from backend.runtime.context import Context
+from backend.store.db import Conn, Row
 
 log = logging.getLogger("rem.memory")
 ITEM_CHARS = 400
@@ -36,19 +37,30 @@ def chroma_running(ctx: Context) -> bool:
     return True
 
 
-async def memory_for_step(ctx: Context, session_id: str, prompts: list[str]) -> dict[str, Any] | None:
-    """The recalled items for a step (None when memory in context is off or the query is empty)."""
+# the session's project and its newest turn in one read (recall would read the latter again)
+SCOPE_SQL = f"SELECT project, ({memory_recall.TOP_ORD_SQL}) AS top FROM session WHERE id = ?"
+
+
+def scope_row_sync(conn: Conn, session_id: str) -> Row | None:
+    """The session's `SCOPE_SQL` row (None: no such session), for `memory_for_step`'s `scope`."""
+    rows = conn.execute(SCOPE_SQL, (session_id, session_id)).fetchall()
+    return rows[0] if rows else None
+
+
+async def memory_for_step(
+    ctx: Context, session_id: str, prompts: list[str], scope: tuple[Row | None] | None = None
+) -> dict[str, Any] | None:
+    """The recalled items for a step (None when memory in context is off or the query is empty).
+
+    `scope`: the session's `scope_row_sync` row as the caller already read it
+    (in a 1-tuple), saving that read.
+    """
     items_wanted = settings.memory_context_items
     query = " ".join(p for p in prompts if p.strip())[: memory_recall.MAX_QUERY_CHARS]
     if items_wanted <= 0 or not query.strip():
         return None
     db = await ctx.db()
-    # the project and the session's newest turn in one read (recall would read the latter again)
-    rows = await db.fetchall_beside(
-        f"SELECT project, ({memory_recall.TOP_ORD_SQL}) AS top FROM session WHERE id = ?",
-        (session_id, session_id),
-    )
-    row = rows[0] if rows else None
+    row = scope[0] if scope is not None else await db.read_beside(lambda c: scope_row_sync(c, session_id))
     project = (row["project"] if row else None) or "default"
     retrievers = memory_recall.RETRIEVERS if chroma_running(ctx) else ("fts", "graph", "facts")
     try:

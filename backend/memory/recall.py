@@ -83,15 +83,22 @@ async def recall(
     scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent, top_ord)
     terms = query_terms(query)
     degraded: list[str] = []
-    # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
-    # beside the writes) while the vector side waits on Chroma
-    lexical, (dense_hits, summaries) = await asyncio.gather(
-        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
-        _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
-    )
-    turns = await db.read_beside(
-        lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
-    )
+    dense_hits = summaries = None
+    if not _wants_vectors(retrievers, kinds):
+        # no vector side to wait for: the lexical reads and the fusion's in one thread hop
+        lexical, turns = await db.read_beside(
+            lambda c: _lexical_turns(c, terms, scope, config, retrievers, kinds, query, k)
+        )
+    else:
+        # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
+        # beside the writes) while the vector side waits on Chroma
+        lexical, (dense_hits, summaries) = await asyncio.gather(
+            db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
+            _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
+        )
+        turns = await db.read_beside(
+            lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
+        )
     items = turns + (summaries or []) + lexical["facts"]
     items.sort(key=lambda item: (-item["score"], item["id"]))
     items = [i for i in items if i["kind"] in kinds][:k]
@@ -108,6 +115,11 @@ async def recall(
     }
 
 
+def _wants_vectors(retrievers: Collection[str], kinds: Collection[str]) -> bool:
+    """Whether recall asks Chroma anything: dense turns or summaries."""
+    return ("dense" in retrievers and "turn" in kinds) or ("summaries" in retrievers and "summary" in kinds)
+
+
 async def _vector_side(
     ctx: Context,
     query: str,
@@ -120,8 +132,6 @@ async def _vector_side(
     """The query vector, then the turn and summary searches at once (threads, HTTP)."""
     want_dense = "dense" in retrievers and "turn" in kinds
     want_summaries = "summaries" in retrievers and "summary" in kinds
-    if not (want_dense or want_summaries):
-        return None, None
     vector = await _settle(_query_vector(ctx, query), degraded)
     if vector is None:
         return None, None
@@ -226,6 +236,21 @@ def _lexical(
             ],
         )
     return {"fts": fts, "graph": graph, "facts": facts}
+
+
+def _lexical_turns(
+    conn: Conn,
+    terms: list[str],
+    scope: Scope,
+    config: RecallConfig,
+    retrievers: Collection[str],
+    kinds: Collection[str],
+    query: str,
+    k: int,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`_lexical`, then the turn items fused from it alone (recall with no vector side)."""
+    lexical = _lexical(conn, terms, scope, config, retrievers, kinds, query)
+    return lexical, fusion.turn_items(conn, lexical, [], scope, config, query, k)
 
 
 _T = TypeVar("_T")
