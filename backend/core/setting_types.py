@@ -195,30 +195,6 @@ def prices() -> Parser[Prices]:
     )
 
 
-def environ_get(name: str) -> str | None:
-    """`os.environ.get(name)`, without its cost on the hot paths that read settings per turn.
-
-    `os.environ.get` of an unset name raises and catches a KeyError inside
-    (~5 us; a turn reads some 20 settings, most of them unset): this looks the
-    name up in the mapping `os.environ` keeps in step with every change made
-    through it (`_Environ._data`, the OS encoding's bytes on POSIX), and falls
-    back to `os.environ.get` where that mapping is not there.
-    """
-    environ: Any = os.environ
-    data = getattr(environ, "_data", None)
-    if data is None:
-        return os.environ.get(name)
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = environ.encodekey(name)
-    raw = data.get(key)
-    return None if raw is None else str(environ.decodevalue(raw))
-
-
-# each setting's name as `os.environ` keys its mapping (encoded once)
-_ENV_KEYS: dict[str, Any] = {}
-
-
 class Setting(Generic[T]):
     """One `REM_*` variable: read through the `settings` object, declared in `Settings`."""
 
@@ -242,7 +218,7 @@ class Setting(Generic[T]):
     def __get__(self, obj: object | None, owner: type) -> Setting[T] | T:
         if obj is None:
             return self
-        return self.read(environ_get(self.env))
+        return self.read(os.environ.get(self.env))
 
     def read(self, raw: str | None) -> T:
         """The value for a raw environment string (unset or blank: the default)."""
