@@ -133,6 +133,22 @@ async def settled(ctx: Context) -> bool:
     return not (status["counts"]["backlog"] or index["sessions_behind"] or index["vectors_pending"] or leases)
 
 
+async def wait_quiet(pid: int, timeout_s: float = 300.0, pct: float = 2.0, windows: int = 3) -> float:
+    """Seconds until `pid`'s whole process tree (a `rem up`: its daemons and Chroma) used at most
+    `pct` % of a core in `windows` one-second windows in a row: settled is not idle (a pass
+    finishing its tail, a sweep); raises after `timeout_s`."""
+    started, calm = time.monotonic(), 0
+    while time.monotonic() - started < timeout_s:
+        pids = tree_pids(pid)
+        before = sum(proc_ticks(p) or 0 for p in pids)
+        await asyncio.sleep(1.0)
+        used = sum(proc_ticks(p) or 0 for p in pids) - before
+        calm = calm + 1 if used / TICKS_PER_S * 100 <= pct else 0
+        if calm >= windows:
+            return round(time.monotonic() - started - windows, 1)
+    raise SystemExit(f"rem up did not go quiet in {timeout_s:.0f} s")
+
+
 async def wait_settled(ctx: Context, up: subprocess.Popen[bytes], timeout_s: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:

@@ -31,7 +31,10 @@ default pipeline, k=10, all kinds) on a warm process: p50 and p95.
 `--up` settles the data dir with `rem up` (its defaults: 2 executors, a
 summarizer, Dream, the supervisor) instead of in-process, and measures with
 that fleet still running beside the benchmark, idle; `--up-inputs N` first
-has it answer N new inputs and settle again. `--mcp` also measures recall
+has it answer N new inputs and settle again. Settled is not yet idle (a pass's
+tail, Dream's sweep): the measurement starts once the fleet's process tree
+used at most 2 % of a core for 3 s in a row (`busy_after_settle_s`: how long
+that took). `--mcp` also measures recall
 through `rem mcp` with the official MCP client (the same questions, k=10):
 the time to `initialize` (the server says it is ready), the first call after
 it, then p50 / p95 of the rest.
@@ -242,7 +245,7 @@ async def run(
     if not convs:
         raise SystemExit(f"no LoCoMo conversations (*.json) in {data}")
     ctx = Context(DataDir(root / "data"), db_url=db_url, start_chroma=not up)
-    fleet = None
+    fleet, busy_s = None, None
     load_before = os.getloadavg()[0]
     try:
         jsonl = root / "locomo.jsonl"
@@ -257,6 +260,7 @@ async def run(
             fleet = idle.start_up(root / "data", db_url)
             settle_s = await idle.wait_settled(ctx, fleet, 1800)
             await beside_inputs(ctx, fleet, up_inputs)
+            busy_s = await idle.wait_quiet(fleet.pid)  # settled is not yet idle: measure beside an idle fleet
         else:
             settle_s = await settle(ctx)
         evaluation = await evaluate(ctx, convs, quick)
@@ -276,6 +280,7 @@ async def run(
         "messages": imported["written"],
         "import_s": round(import_s, 2),
         "settle_s": round(settle_s, 1),
+        "busy_after_settle_s": busy_s,
         **evaluation,
         "targets": {
             "R@10 c1-4 vs 1.2 x BM25": [turns["c1-4"]["R@10"], round(1.2 * bm25_r10, 3)],
@@ -356,6 +361,11 @@ def print_table(result: dict[str, Any]) -> None:
         f"LoCoMo conversations {', '.join(result['conversations'])} ({result['store']}): "
         f"{result['messages']} turns; "
         f"import {result['import_s']} s, summaries + Dream + index {result['settle_s']} s"
+        + (
+            f"; the fleet busy {result['busy_after_settle_s']} s after"
+            if result["busy_after_settle_s"]
+            else ""
+        )
     )
     header = "| retriever | c1-4 R@5 | R@10 | R@25 | R@50 | all R@5 | R@10 | R@25 | R@50 | R@10 by category 1/2/3/4/5 |"
     print(header)
