@@ -17,6 +17,7 @@ import json
 import signal
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,32 @@ WORK = [
     ("s1", "Summarise what Maria said about the nightly ledger export.", "queue"),
     ("s2", "What should Ken check first if the synonym dictionary is late?", "queue"),
 ]
+
+
+async def await_settled(
+    ctx: Context,
+    timeout: float,
+    *,
+    interval: float = 0.5,
+    tail: Callable[[], str] = lambda: "",
+    what: str = "the system",
+) -> dict[str, Any]:
+    """Poll `ops.check` in process (cheap) until it finds no violation and nothing in flight; its
+    last report. On the deadline: an AssertionError with that report and `tail()` (the logs)."""
+    last: dict[str, Any] = {}
+
+    async def quiet() -> bool:
+        last.clear()
+        last.update(await ops.check(ctx))
+        return bool(last["ok"] and last["counts"]["unsettled"] == 0)
+
+    try:
+        await await_until(quiet, timeout=timeout, interval=interval, message=f"{what} to settle")
+    except AssertionError:
+        raise AssertionError(
+            f"not settled after {timeout} s: {json.dumps(last, indent=1)[:4000]}\n" + tail()
+        ) from None
+    return last
 
 
 @dataclass
@@ -111,20 +138,8 @@ class Rig:
 
     async def settle(self, timeout: float = 60) -> dict[str, Any]:
         """Wait until `ops.check` finds no violation and nothing in flight."""
-        last: dict[str, Any] = {}
-
-        async def quiet() -> bool:
-            last.clear()
-            last.update(await ops.check(self.ctx))
-            return bool(last["ok"] and last["counts"]["unsettled"] == 0)
-
-        try:
-            await await_until(quiet, timeout=timeout, interval=0.25, message="the system to settle")
-        except AssertionError:
-            raise AssertionError(
-                f"not settled after {timeout} s: {json.dumps(last, indent=1)[:4000]}\n" + self.tail_logs()
-            ) from None
-        return last
+        report: dict[str, Any] = await await_settled(self.ctx, timeout, interval=0.25, tail=self.tail_logs)
+        return report
 
     async def stop(self) -> None:
         """SIGTERM every live daemon; each must drain and exit 0."""

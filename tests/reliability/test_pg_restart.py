@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from backend import ops
 from backend.core.datadir import DataDir
 from backend.execution import sessions
 from backend.programs import postgres_server
@@ -34,6 +33,7 @@ from backend.store import schema_pg
 from backend.store.postgres import PgConnection
 from tests import pg
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem, wait_until
+from tests.reliability.rig import await_settled
 
 pytestmark = pytest.mark.slow
 
@@ -145,16 +145,8 @@ async def test_daemons_reconnect_after_a_postgresql_restart_and_lose_nothing(
         check_ctx = Context(
             DataDir(root), chroma_url=chroma_url, start_chroma=False, db_url=url, collection=collection
         )
-        last: dict[str, Any] = {}
-
-        async def settled() -> bool:  # in-process (cheap to poll); the verdict below is the real command
-            last.update(await ops.check(check_ctx))
-            return bool(last["ok"] and last["counts"]["unsettled"] == 0)
-
-        try:
-            await await_until(settled, timeout=120, interval=0.5, message="the store to settle")
-        except AssertionError:
-            raise AssertionError(f"{json.dumps(last)[:3000]}\n{tail()}") from None
+        try:  # polled in process (cheap); the verdict below is the real command
+            await await_settled(check_ctx, 120, tail=tail, what="the store")
         finally:
             await check_ctx.close()
         proc = run_rem(

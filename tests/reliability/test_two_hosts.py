@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
-from backend import ops
 from backend.core import clock
 from backend.execution import sessions
 from backend.runtime.context import Context
 from backend.store.postgres import PgConnection
 from tests.helpers import await_until, rem_env, rem_json, run_rem, spawn_rem
+from tests.reliability.rig import await_settled
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store", ["postgres"], indirect=True)]
 
@@ -265,16 +265,8 @@ async def _run(ctx: Context, chroma_url: str, tmp_path: Path, *, release: bool) 
                 assert event["reason"] == "expired" and event["time"] >= lease["expires_at"], event
                 assert lease["expires_at"] > killed_at, "the lease had expired before the kill"
 
-        last: dict[str, Any] = {}
-
-        async def settled() -> bool:  # in-process (cheap to poll); the verdict below is the real command
-            last.update(await ops.check(ctx))
-            return bool(last["ok"] and last["counts"]["unsettled"] == 0)
-
-        try:
-            await await_until(settled, timeout=90, interval=0.5, message="the store to settle on host-b")
-        except AssertionError:
-            raise AssertionError(f"{json.dumps(last)[:3000]}\n{rig.tail(rig.hosts['host-b'])}") from None
+        # polled in process (cheap); the verdict below is the real command
+        await await_settled(ctx, 90, tail=lambda: rig.tail(rig.hosts["host-b"]), what="the store on host-b")
         assert not rig.jobs_held_by("host-a") and not rig.held_by("host-a")
         rig.stop()
         assert rig.hosts["host-b"].proc.returncode == 0, rig.tail(rig.hosts["host-b"])  # type: ignore[union-attr]

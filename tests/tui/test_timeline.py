@@ -25,17 +25,15 @@ import pytest
 from backend.cli.console import recorded_time
 from backend.core import clock
 from backend.core.datadir import DataDir
-from backend.execution import leases, parking, tool_calls
 from backend.execution.tool_calls import PlannedCall
 from backend.ops import timeline, timeline_tools, tool_decisions
 from backend.ops.actions import status
 from backend.runtime.context import Context
-from backend.store.fencing import guard_sync
 from backend.store.history import HistoryStore
 from backend.store.states import ToolCallState
 from tests.helpers import data_fingerprint, rem_env, run_rem, spawn_rem, wait_until
 from tests.tui.test_console import SIZE, console, table, until
-from tests.tui.test_tool_calls_console import UNKNOWN
+from tests.tui.tool_turns import parked_turn
 from tui.app import ConsoleApp
 from tui.widgets.leases import left_ms, owner_alive
 
@@ -224,6 +222,7 @@ def test_at_without_a_history_is_one_line_naming_the_fix(tmp_path: Path) -> None
 
 # -- tool calls on the timeline ---------------------------------------------------------------
 
+OWNER = "executor-tl-1"
 HOSTILE = (
     "[bold red]boss[/] \u202eevil \x1b[2J" + "x" * 20_000
 )  # markup, a bidi override, an escape, too long
@@ -240,31 +239,6 @@ def _call(idx: int, permission: str, to: str) -> PlannedCall:
         permission=permission,
         state=ToolCallState.AWAITING_APPROVAL if permission == "ask" else ToolCallState.PENDING,
     )
-
-
-async def _turn(ctx: Context, sid: str, calls: list[PlannedCall], lost: bool) -> list[str]:
-    """A turn of `sid` asking for `calls` through the executor's own functions; `lost`: they were
-    started and their executor died mid-call (an unknown outcome); parked either way."""
-    db = await ctx.db()
-    now = clock.now_ms()
-    async with db.tx() as conn:
-        await conn.execute(
-            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?)", (sid, now, now)
-        )
-    lease = await leases.claim(db, sid, "executor-tl-1", length_ms=60_000)
-    assert lease is not None
-
-    def write(conn: Any) -> list[str]:
-        guard_sync(conn, lease, now=now)
-        ids = tool_calls.insert_sync(conn, lease, 1, f"{lease.execution_id}:1", calls, now)
-        if lost:
-            tool_calls.start_sync(conn, lease, ids, now)
-            for cid in ids:
-                tool_calls.finish_sync(conn, lease, cid, UNKNOWN, now)
-        assert parking.park_sync(conn, lease, now=now) is not None
-        return ids
-
-    return await db.write_in_thread(write)
 
 
 async def _record(ctx: Context, history: HistoryStore, reason: str) -> int:
@@ -285,10 +259,12 @@ async def decided(tmp_path: Path) -> dict[str, Any]:
     await ctx.db()  # the data dir, created
     history = HistoryStore.open(data.root)
     try:
-        asks = await _turn(
-            ctx, "s-ask", [_call(0, "ask", "ops@example.com"), _call(1, "ask", HOSTILE)], False
+        asks = await parked_turn(
+            ctx, "s-ask", [_call(0, "ask", "ops@example.com"), _call(1, "ask", HOSTILE)], owner=OWNER
         )
-        (lost,) = await _turn(ctx, "s-lost", [_call(0, "allow", "cfo@example.com")], True)
+        (lost,) = await parked_turn(
+            ctx, "s-lost", [_call(0, "allow", "cfo@example.com")], lost=[0], owner=OWNER
+        )
         before = await _record(ctx, history, "interval")
         await tool_decisions.approve(ctx, asks[0])
         await tool_decisions.deny(ctx, asks[1], reason="not to \x1b[31mthat\x1b[0m address")

@@ -11,18 +11,14 @@ from typing import Any
 
 import pytest
 
-from backend.core import clock
 from backend.core.datadir import DataDir
-from backend.execution import leases, parking, tool_calls
-from backend.execution.tool_calls import Outcome, PlannedCall
+from backend.execution.tool_calls import PlannedCall
 from backend.runtime.context import Context
-from backend.store.fencing import guard_sync
 from backend.store.states import ToolCallState
 from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, select, table, until
+from tests.tui.tool_turns import parked_turn
 from tui.screens.detail import DetailScreen
 from tui.screens.resolve import ResolveScreen
-
-UNKNOWN = Outcome(state=ToolCallState.UNKNOWN, result=None, is_error=False, reason="executor killed")
 
 
 def _planned(idx: int, state: ToolCallState) -> PlannedCall:
@@ -42,28 +38,9 @@ def _planned(idx: int, state: ToolCallState) -> PlannedCall:
 
 async def _parked(ctx: Context, sid: str, states: list[ToolCallState]) -> list[str]:
     """A turn of `sid` that asked for calls in `states` (running ones end unknown), parked."""
-    db = await ctx.db()
-    now = clock.now_ms()
-    async with db.tx() as conn:
-        await conn.execute(
-            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?)", (sid, now, now)
-        )
-    lease = await leases.claim(db, sid, "executor-test-1", length_ms=60_000)
-    assert lease is not None
-
-    def write(conn: Any) -> list[str]:
-        guard_sync(conn, lease, now=now)
-        ids = tool_calls.insert_sync(
-            conn, lease, 1, f"{lease.execution_id}:1", [_planned(i, s) for i, s in enumerate(states)], now
-        )
-        running = [cid for cid, s in zip(ids, states, strict=True) if s == ToolCallState.RUNNING]
-        tool_calls.start_sync(conn, lease, running, now)  # (inserted pending: started, then lost)
-        for cid in running:
-            tool_calls.finish_sync(conn, lease, cid, UNKNOWN, now)
-        assert parking.park_sync(conn, lease, now=now) is not None
-        return ids
-
-    return await db.write_in_thread(write)
+    calls = [_planned(i, s) for i, s in enumerate(states)]
+    lost = [i for i, s in enumerate(states) if s == ToolCallState.RUNNING]
+    return await parked_turn(ctx, sid, calls, lost=lost, owner="executor-test-1")
 
 
 @pytest.fixture
