@@ -43,7 +43,14 @@ from backend.execution.leases import Lease
 from backend.execution.steps import EarlyMemory, Step, StepTransactions, TurnState, expected_inputs_sync
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.execution.tool_runner import ToolRunner
-from backend.memory.context import memory_for_step, scope_row_sync
+from backend.memory.context import (
+    chroma_running,
+    lexical_memory_sync,
+    memory_for_step,
+    scope_row_sync,
+    step_query,
+    unavailable,
+)
 from backend.models import health
 from backend.models.errors import ModelError, StreamInterrupted
 from backend.runtime.context import Context
@@ -299,14 +306,18 @@ class Executor(Daemon):
 
     async def _recall_ahead(self, state: TurnState) -> EarlyMemory | None:
         """The next step's memory, recalled for the inputs it is expected to promote, so the
-        transaction that opens the step records it too (one write transaction fewer a step)."""
-        rows, scope = await self.db.read_beside(
-            partial(_expected_and_scope_sync, state=state, draining=self.draining.is_set())
+        transaction that opens the step records it too (one write transaction fewer a step).
+        With no Chroma to ask, the inputs, the scope and the memory are one read."""
+        here = not chroma_running(self.ctx)
+        rows, scope, memory = await self.db.read_beside(
+            partial(_expected_sync, state=state, draining=self.draining.is_set(), memory_here=here)
         )
         if not rows:
             return None
-        prompts = [str(json.loads(row["prompt"]).get("text", "")) for row in rows]
-        memory = await memory_for_step(self.ctx, state.lease.session_id, prompts, scope)
+        if isinstance(memory, BaseException):
+            memory = unavailable(state.lease.session_id, self.db.translate(memory))
+        elif not here:
+            memory = await memory_for_step(self.ctx, state.lease.session_id, _prompts(rows), scope)
         return None if memory is None else EarlyMemory(tuple(row["id"] for row in rows), memory)
 
     async def _give_memory(self, state: TurnState, step: Step) -> None:
@@ -410,9 +421,21 @@ class Executor(Daemon):
             self.log.warning("could not hand back %s: %s", lease.key, exc)
 
 
-def _expected_and_scope_sync(
-    conn: Conn, state: TurnState, draining: bool
-) -> tuple[list[Any], tuple[Row | None]]:
-    """The next step's expected inputs and, if any, its memory's scope row: one thread hop."""
+def _prompts(rows: list[Any]) -> list[str]:
+    return [str(json.loads(row["prompt"]).get("text", "")) for row in rows]
+
+
+def _expected_sync(
+    conn: Conn, state: TurnState, draining: bool, memory_here: bool
+) -> tuple[list[Any], tuple[Row | None], dict[str, Any] | BaseException | None]:
+    """The next step's expected inputs and, if any, its memory's scope row, and (`memory_here`:
+    no Chroma to ask) its memory or the error recalling it met: one thread hop."""
     rows = expected_inputs_sync(conn, state, draining)
-    return rows, (scope_row_sync(conn, state.lease.session_id) if rows else None,)
+    scope = (scope_row_sync(conn, state.lease.session_id) if rows else None,)
+    query = step_query(_prompts(rows)) if rows and memory_here else None
+    if query is None:
+        return rows, scope, None
+    try:
+        return rows, scope, lexical_memory_sync(conn, state.lease.session_id, query, scope[0])
+    except Exception as exc:  # memory is a help: the inputs read stands (`unavailable` names it)
+        return rows, scope, exc

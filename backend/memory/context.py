@@ -47,6 +47,32 @@ def scope_row_sync(conn: Conn, session_id: str) -> Row | None:
     return rows[0] if rows else None
 
 
+def step_query(prompts: list[str]) -> str | None:
+    """The recall query for a step's prompts (None: memory in context is off, or nothing to ask)."""
+    query = " ".join(p for p in prompts if p.strip())[: memory_recall.MAX_QUERY_CHARS]
+    if settings.memory_context_items <= 0 or not query.strip():
+        return None
+    return query
+
+
+def lexical_memory_sync(conn: Conn, session_id: str, query: str, row: Row | None) -> dict[str, Any]:
+    """The step's memory with no Chroma to ask, in the caller's read on the database thread.
+
+    `row`: the session's `scope_row_sync` row. Raises what recall meets (see `unavailable`).
+    """
+    project = (row["project"] if row else None) or "default"
+    result = memory_recall.recall_lexical_sync(
+        conn,
+        query,
+        project=project,
+        k=settings.memory_context_items,
+        exclude_session=session_id,
+        exclude_recent=settings.memory_recent_turns,
+        top_ord=row["top"] if row else None,
+    )
+    return _kept(result, project)
+
+
 async def memory_for_step(
     ctx: Context, session_id: str, prompts: list[str], scope: tuple[Row | None] | None = None
 ) -> dict[str, Any] | None:
@@ -55,31 +81,45 @@ async def memory_for_step(
     `scope`: the session's `scope_row_sync` row as the caller already read it
     (in a 1-tuple), saving that read.
     """
-    items_wanted = settings.memory_context_items
-    query = " ".join(p for p in prompts if p.strip())[: memory_recall.MAX_QUERY_CHARS]
-    if items_wanted <= 0 or not query.strip():
+    query = step_query(prompts)
+    if query is None:
         return None
     db = await ctx.db()
-    row = scope[0] if scope is not None else await db.read_beside(lambda c: scope_row_sync(c, session_id))
-    project = (row["project"] if row else None) or "default"
-    retrievers = memory_recall.RETRIEVERS if chroma_running(ctx) else ("fts", "graph", "facts")
     try:
+        if not chroma_running(ctx):  # the scope and the lexical side in one read
+            return await db.read_beside(
+                lambda c: lexical_memory_sync(
+                    c, session_id, query, scope[0] if scope is not None else scope_row_sync(c, session_id)
+                )
+            )
+        row = scope[0] if scope is not None else await db.read_beside(lambda c: scope_row_sync(c, session_id))
+        project = (row["project"] if row else None) or "default"
         result = await memory_recall.recall(
             ctx,
             query,
             project=project,
-            k=items_wanted,
-            retrievers=retrievers,
+            k=settings.memory_context_items,
             exclude_session=session_id,
             exclude_recent=settings.memory_recent_turns,
             top_ord=(row["top"] if row else None,),
         )
     except Exception as exc:  # memory is a help, not a dependency: the step runs without it
-        # (any error: a Chroma answer rem does not know must not fail the user's turn)
-        known = isinstance(exc, RemError)
-        error = str(exc) if known else f"{type(exc).__name__}: {exc}"
-        log.warning("memory for %s unavailable: %s", session_id, error, exc_info=not known)
-        return {"items": [], "error": error}
+        return unavailable(session_id, exc)
+    return _kept(result, project)
+
+
+def unavailable(session_id: str, exc: BaseException) -> dict[str, Any]:
+    """The memory of a step whose recall failed with `exc`: no items, the error named (and logged).
+
+    Any error: a Chroma answer rem does not know must not fail the user's turn.
+    """
+    known = isinstance(exc, RemError)
+    error = str(exc) if known else f"{type(exc).__name__}: {exc}"
+    log.warning("memory for %s unavailable: %s", session_id, error, exc_info=not known)
+    return {"items": [], "error": error}
+
+
+def _kept(result: dict[str, Any], project: str) -> dict[str, Any]:
     return {"items": within_budget(result["items"], settings.memory_context_chars), "project": project}
 
 

@@ -36,11 +36,14 @@ MENTIONING_TURNS_SQL = (
 )
 
 
-def graph_node_ids(query: str) -> list[str]:
-    """Dream's concept and entity node ids the query names (single words and runs of up to 3)."""
+def graph_node_ids(query: str, terms: list[str] | None = None) -> list[str]:
+    """Dream's concept and entity node ids the query names (single words and runs of up to 3).
+
+    `terms`: the query's `query_terms` as the caller already has them.
+    """
     raw = [unicodedata.normalize("NFC", w).casefold().strip("'’.-") for w in words(query)]
     ids: list[str] = []
-    for term in query_terms(query):
+    for term in query_terms(query) if terms is None else terms:
         ids += [f"concept:{term}", f"entity:{term}"]
     for size in (2, 3):
         ids += [f"entity:{' '.join(raw[i : i + size])}" for i in range(len(raw) - size + 1)]
@@ -78,8 +81,14 @@ def _scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> 
 
 def facts(nodes: list[str], scope: Scope, config: RecallConfig) -> Reader[list[dict[str, Any]]]:
     """Typed relations that touch an entity the query names, in scope, as fact items."""
-    entities = [n for n in nodes if n.startswith("entity:")]
-    if not entities or config.facts <= 0:
+    candidates = [n for n in nodes if n.startswith("entity:")]
+    if not candidates or config.facts <= 0:
+        return []
+    # most of a query's words and word runs name no entity: probe the nodes first (one key
+    # lookup each), so the edge search below looks up only the few that exist
+    [found] = yield [(f"SELECT id FROM graph_node WHERE id IN ({in_list(candidates)})", candidates)]
+    entities = [row[0] for row in found]
+    if not entities:
         return []
     marks = in_list(entities)
     filters, params = _scope_sql(scope, "s", "id")

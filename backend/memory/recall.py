@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from backend.core.errors import BadInput, ChromaUnreachable
@@ -81,25 +82,85 @@ async def recall(
     config = config or recall_config()
     db = await ctx.db()
     scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent, top_ord)
+    if not _wants_vectors(retrievers, kinds):
+        # no vector side to wait for: the whole of recall in one thread hop
+        return await db.read_beside(
+            lambda c: _recall_lexical_sync(c, query, scope, config, retrievers, kinds, k, started)
+        )
     terms = query_terms(query)
     degraded: list[str] = []
-    dense_hits = summaries = None
-    if not _wants_vectors(retrievers, kinds):
-        # no vector side to wait for: the lexical reads and the fusion's in one thread hop
-        lexical, turns = await db.read_beside(
-            lambda c: _lexical_turns(c, terms, scope, config, retrievers, kinds, query, k)
-        )
-    else:
-        # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
-        # beside the writes) while the vector side waits on Chroma
-        lexical, (dense_hits, summaries) = await asyncio.gather(
-            db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
-            _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
-        )
-        turns = await db.read_beside(
-            lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
-        )
-    items = turns + (summaries or []) + lexical["facts"]
+    # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
+    # beside the writes) while the vector side waits on Chroma
+    lexical, (dense_hits, summaries) = await asyncio.gather(
+        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
+        _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
+    )
+    turns = await db.read_beside(
+        lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
+    )
+    found = Found(lexical, turns, dense_hits, summaries, degraded)
+    return _result(query, scope, k, kinds, terms, found, started)
+
+
+def recall_lexical_sync(
+    conn: Conn,
+    query: str,
+    *,
+    project: str | None,
+    k: int,
+    exclude_session: str,
+    exclude_recent: int,
+    top_ord: int | None,
+) -> dict[str, Any]:
+    """`recall` with no vector side (no Chroma to ask), for a caller on the database thread:
+    the turns and facts of `project`, leaving out `exclude_session`'s `exclude_recent` newest
+    turns (its newest being `top_ord`), in the caller's read. Same result shape as `recall`."""
+    validate(query, k, KINDS)
+    started = time.perf_counter()
+    scope = Scope(project, None, exclude_session)
+    scope.exclude_from_ord = first_excluded_ord(top_ord, exclude_recent)
+    retrievers = ("fts", "graph", "facts")
+    return _recall_lexical_sync(conn, query, scope, recall_config(), retrievers, KINDS, k, started)
+
+
+def _recall_lexical_sync(
+    conn: Conn,
+    query: str,
+    scope: Scope,
+    config: RecallConfig,
+    retrievers: Collection[str],
+    kinds: Collection[str],
+    k: int,
+    started: float,
+) -> dict[str, Any]:
+    terms = query_terms(query)
+    lexical = _lexical(conn, terms, scope, config, retrievers, kinds, query)
+    turns = fusion.turn_items(conn, lexical, [], scope, config, query, k)
+    return _result(query, scope, k, kinds, terms, Found(lexical, turns, None, None, []), started)
+
+
+@dataclass
+class Found:
+    """What the retrievers found: the lexical side's, the fused turns, the vector side's."""
+
+    lexical: dict[str, Any]
+    turns: list[dict[str, Any]]
+    dense_hits: Any
+    summaries: Any
+    degraded: list[str]
+
+
+def _result(
+    query: str,
+    scope: Scope,
+    k: int,
+    kinds: Collection[str],
+    terms: list[str],
+    found: Found,
+    started: float,
+) -> dict[str, Any]:
+    """Recall's answer: the `k` best items of every kind asked for, and how they were found."""
+    items = found.turns + (found.summaries or []) + found.lexical["facts"]
     items.sort(key=lambda item: (-item["score"], item["id"]))
     items = [i for i in items if i["kind"] in kinds][:k]
     return {
@@ -109,8 +170,8 @@ async def recall(
         "k": k,
         "terms": terms,
         "items": items,
-        "candidates": _candidate_counts(lexical, dense_hits, summaries),
-        "degraded": degraded,
+        "candidates": _candidate_counts(found.lexical, found.dense_hits, found.summaries),
+        "degraded": found.degraded,
         "took_ms": round((time.perf_counter() - started) * 1000, 2),
     }
 
@@ -219,7 +280,7 @@ def _lexical(
 ) -> dict[str, Any]:
     # three retrievers, each ranking on its own: they need not see one state, and each
     # round of their reads goes to the server together (PostgreSQL: one round trip a round)
-    nodes = graph_search.graph_node_ids(query)
+    nodes = graph_search.graph_node_ids(query, terms)
     with independent_reads_sync(conn):
         fts, graph, facts = read_together_sync(
             conn,
@@ -236,21 +297,6 @@ def _lexical(
             ],
         )
     return {"fts": fts, "graph": graph, "facts": facts}
-
-
-def _lexical_turns(
-    conn: Conn,
-    terms: list[str],
-    scope: Scope,
-    config: RecallConfig,
-    retrievers: Collection[str],
-    kinds: Collection[str],
-    query: str,
-    k: int,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`_lexical`, then the turn items fused from it alone (recall with no vector side)."""
-    lexical = _lexical(conn, terms, scope, config, retrievers, kinds, query)
-    return lexical, fusion.turn_items(conn, lexical, [], scope, config, query, k)
 
 
 _T = TypeVar("_T")
