@@ -40,7 +40,14 @@ from backend.core.settings import settings
 from backend.execution import leases, recovery, sessions
 from backend.execution.agent import Agent, load_agent
 from backend.execution.leases import Lease
-from backend.execution.steps import EarlyMemory, Step, StepTransactions, TurnState, expected_inputs_sync
+from backend.execution.steps import (
+    EarlyMemory,
+    Step,
+    StepTransactions,
+    TurnState,
+    expected_inputs_sync,
+    remember_memory,
+)
 from backend.execution.streaming import PartSink, PartWriter, StreamStats
 from backend.execution.tool_runner import ToolRunner
 from backend.memory.context import (
@@ -330,6 +337,7 @@ class Executor(Daemon):
         step.data["memory"] = memory
         await self.db.write_in_thread(partial(self.steps.record_memory_sync, state=state, step=step))
         step.request.memory = list(memory["items"])
+        remember_memory(state, tuple(step.data["answers"]), memory)
 
     async def _stream(
         self, state: TurnState, step: Step

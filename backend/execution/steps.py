@@ -56,6 +56,16 @@ class TurnState:
     calls_open: bool = False
     tool_round: bool = False
     tool_steps: int = 0
+    # the prompts (their ids) the last step answered and the memory it was given: a step that
+    # answers the same prompts (a tool round, a re-ask) is given the same memory, not a new recall
+    given_memory: tuple[tuple[str, ...], dict[str, Any]] | None = None
+
+
+def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[str, Any] | None) -> None:
+    """Keep the memory a step answering `prompt_ids` was given, for the next step on the same
+    prompts (none kept when recall failed: the next step tries again)."""
+    if memory is not None and "error" not in memory:
+        state.given_memory = (prompt_ids, memory)
 
 
 @dataclass(kw_only=True)
@@ -158,11 +168,15 @@ class StepTransactions:
             self.end_sync(conn, state, now)
             return None
         opened = self._promote_sync(conn, state, aid, unanswered, inputs, now)
-        if early is not None and early.input_ids == tuple(p["id"] for p in opened.prompts):
+        ids = tuple(p["id"] for p in opened.prompts)
+        if early is not None and early.input_ids == ids:
             opened.memory = early.memory
+        elif state.given_memory is not None and state.given_memory[0] == ids:
+            opened.memory = state.given_memory[1]
         step = self._open_assistant_sync(conn, state, number, aid, opened, now)
         # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
+        remember_memory(state, ids, opened.memory or opened.reused_memory)
         return step
 
     def _recovered_prompts_sync(self, conn: Conn, state: TurnState) -> list[dict[str, Any]]:

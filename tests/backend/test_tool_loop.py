@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from backend import ops
+from backend.execution import executor as executor_module
 from backend.execution import sessions
 from backend.execution.agent import OfflineResponder
 from backend.execution.executor import Executor
@@ -69,6 +70,29 @@ async def test_a_note_runs_at_once_and_the_next_step_answers_with_it(
     starts = [e for e in _log(tools_dir) if e["phase"] == "start"]
     assert [(e["tool"], e["key"]) for e in starts] == [("notes_add", call["idempotency_key"])]
     assert await db.scalar("SELECT count(*) FROM session_execution") == 0
+
+
+async def test_the_step_answering_with_a_tools_result_is_given_the_memory_the_first_was(
+    db_ctx: Context, tools_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second step answers the same prompt: it is given (and records) the first step's memory,
+    recalled once for the turn, not recalled again."""
+    recalls: list[str] = []
+    for name in ("memory_for_step", "lexical_memory_sync"):
+        real = getattr(executor_module, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            recalls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(executor_module, name, counted)
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Please note that the standup moved to 10:30.", input_id="in-1")
+    await _run(db_ctx)
+    asked, answered = await _assistants(db, "s1")
+    assert asked["status"] == "tool_calls" and answered["status"] == "completed"
+    assert "items" in asked["memory"] and answered["memory"] == asked["memory"]
+    assert len(recalls) == 1, recalls
 
 
 async def test_a_send_waits_parked_for_approval_then_runs_once(db_ctx: Context, tools_dir: Path) -> None:
