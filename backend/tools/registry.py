@@ -82,6 +82,9 @@ class ToolRegistry:
         self._specs: dict[str, ToolSpec] = {}
         self._model_names: dict[str, str] = {}
         self._refused: dict[str, list[RefusedTool]] = {name: [] for name in sources}
+        # each MCP source's last listing and the specs built from it: a step lists every source,
+        # and a server that has not changed its tools answers with the same listing object
+        self._built: dict[str, tuple[list[Any], list[ToolSpec]]] = {}
 
     @classmethod
     async def load(
@@ -187,6 +190,8 @@ class ToolRegistry:
     async def _list_source(self, name: str) -> None:
         """List one source again (starting it if needed) and index its specs."""
         specs = await self._source_specs(self._sources[name])
+        if specs is self._by_source.get(name):
+            return  # the same listing as last time: indexed already
         self._by_source[name] = specs
         every = [spec for group in self._by_source.values() for spec in group]
         self._specs = {spec.name: spec for spec in every}
@@ -208,7 +213,12 @@ class ToolRegistry:
             if isinstance(source, PythonToolSource):
                 return self._specs_of(source, [_python_entry(t) for t in source.listing()], available=None)
             tools = await source.listing()
-            return self._specs_of(source, [_mcp_entry(t) for t in tools], available=None)
+            built = self._built.get(source.name)
+            if built is not None and built[0] is tools:
+                return built[1]
+            specs = self._specs_of(source, [_mcp_entry(t) for t in tools], available=None)
+            self._built[source.name] = (tools, specs)
+            return specs
         except ToolUnavailable as exc:
             return self._unavailable_specs(source, str(exc))
 
