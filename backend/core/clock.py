@@ -19,10 +19,15 @@ from collections.abc import Callable
 from backend.core.settings import settings
 
 _source: Callable[[], int] | None = None
+# REM_CLOCK_SKEW_MS, read at the first `now_ms` (a whole process's offset: read once, not per call)
+_skew: int | None = None
 
 
 def _skew_ms() -> int:
-    return settings.clock_skew_ms
+    global _skew
+    if _skew is None:
+        _skew = settings.clock_skew_ms
+    return _skew
 
 
 def now_ms() -> int:
