@@ -138,7 +138,10 @@ class ToolRunner:
             settle = False
             pending = [row for row in rows if row["state"] == OK.PENDING]
             if pending:
-                await self._run_all(state, pending)
+                ended = await self._run_all(state, pending)
+                if ended == len(rows):  # every open call ran to its end: none left to look for
+                    state.calls_open = False
+                    return False
                 continue
             if any(row["state"] in (OK.AWAITING_APPROVAL, OK.UNKNOWN) for row in rows):
                 if await self._db().write_in_thread(partial(self._park_sync, state=state)):
@@ -164,7 +167,8 @@ class ToolRunner:
             self.log.info("parked %s (%s)", state.lease.execution_id, reason)
         return reason is not None
 
-    async def _run_all(self, state: TurnState, rows: list[Row]) -> None:
+    async def _run_all(self, state: TurnState, rows: list[Row]) -> int:
+        """Run the pending calls `rows`; how many of them ended (completed or failed)."""
         slots = asyncio.Semaphore(self.concurrency)
         results = await asyncio.gather(
             *(self._run_one(state, row, slots) for row in rows), return_exceptions=True
@@ -172,12 +176,14 @@ class ToolRunner:
         for failure in results:
             if isinstance(failure, BaseException):
                 raise failure
+        return sum(1 for ended in results if ended is True)
 
-    async def _run_one(self, state: TurnState, row: Row, slots: asyncio.Semaphore) -> None:
+    async def _run_one(self, state: TurnState, row: Row, slots: asyncio.Semaphore) -> bool:
+        """Start, call and finish one call; whether it ended (not moved meanwhile, outcome known)."""
         async with slots:
             started = await self._db().write_in_thread(partial(self._start_sync, state=state, cid=row["id"]))
             if not started:
-                return  # moved meanwhile (another run of the loop started it)
+                return False  # moved meanwhile (another run of the loop started it)
             faults.point("tools.after_start")
             outcome = await self._call(started[0])
             faults.point("tools.after_result")
@@ -185,6 +191,7 @@ class ToolRunner:
                 partial(self._finish_sync, state=state, cid=row["id"], outcome=outcome)
             )
             faults.point("tools.after_finish")
+            return outcome.state in (OK.COMPLETED, OK.ERROR)
 
     def _start_sync(self, conn: Conn, state: TurnState, cid: str) -> list[Row]:
         now = clock.now_ms()
