@@ -24,7 +24,7 @@ from backend.execution.leases import ExecutionPhase, Lease
 from backend.models.errors import ModelError, StreamInterrupted
 from backend.models.health import CallRecord
 from backend.store import handoffs
-from backend.store.db import Conn, execute_unread, read_together_sync
+from backend.store.db import Conn, Row, execute_unread, read_together_sync
 from backend.store.events import EventKind, append_event_sync
 from backend.store.fencing import end_sync, guard_sync
 
@@ -59,6 +59,9 @@ class TurnState:
     # the prompts (their ids) the last step answered and the memory it was given: a step that
     # answers the same prompts (a tool round, a re-ask) is given the same memory, not a new recall
     given_memory: tuple[tuple[str, ...], dict[str, Any]] | None = None
+    # the execution's open calls as the transaction that inserted them read them (the tool
+    # runner's first look, without a transaction of its own); taken once
+    open_calls: list[Row] | None = None
 
 
 def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[str, Any] | None) -> None:
@@ -393,6 +396,7 @@ class StepTransactions:
             conn, lease.session_id, step.data, step.request.reply, calls, self.owner_id, now
         )
         self._publish_sync(conn, lease, step, now, tool_calls=ids)
+        state.open_calls = tool_calls.open_calls_sync(conn, lease.execution_id)
         state.calls_open = state.tool_round = True
         state.tool_steps += 1
         return True

@@ -134,7 +134,9 @@ class ToolRunner:
             return False
         settle = state.recovering
         while True:
-            rows = await self._db().write_in_thread(partial(self._open_sync, state=state, settle=settle))
+            rows, state.open_calls = state.open_calls, None
+            if rows is None or settle:
+                rows = await self._db().write_in_thread(partial(self._open_sync, state=state, settle=settle))
             settle = False
             pending = [row for row in rows if row["state"] == OK.PENDING]
             if pending:
