@@ -314,7 +314,11 @@ class Executor(Daemon):
     async def _recall_ahead(self, state: TurnState) -> EarlyMemory | None:
         """The next step's memory, recalled for the inputs it is expected to promote, so the
         transaction that opens the step records it too (one write transaction fewer a step).
-        With no Chroma to ask, the inputs, the scope and the memory are one read."""
+        With no Chroma to ask, the inputs, the scope and the memory are one read. A tool round
+        answers the prompts the step before answered, with their memory: nothing to read ahead
+        (a steer that arrived meanwhile is recalled for once the step has promoted it)."""
+        if state.tool_round and state.given_memory is not None:
+            return None
         here = not chroma_running(self.ctx)
         rows, scope, memory = await self.db.read_beside(
             partial(_expected_sync, state=state, draining=self.draining.is_set(), memory_here=here)
