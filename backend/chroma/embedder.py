@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import math
 import re
 import threading
@@ -203,6 +204,8 @@ def _length_groups(rows: list[list[int]]) -> Iterator[list[int]]:
 
 def _import_wordllama() -> Any:
     """The wordllama module, or EmbedderUnavailable saying how to get it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     try:
         # import time: WordLlama and its weights, only when something is embedded
         import wordllama
@@ -211,4 +214,9 @@ def _import_wordllama() -> Any:
             f"REM_EMBEDDER=wordllama needs the wordllama package ({exc}); "
             "reinstall rem (`pip install -e .`) or set REM_EMBEDDER=hashing"
         ) from None
+    finally:
+        # its import calls `logging.basicConfig(level=INFO)`: in a program that had not configured
+        # logging (a library caller, a benchmark), every HTTP request to Chroma was then logged
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return wordllama

@@ -90,10 +90,11 @@ async def recall(
     terms = query_terms(query)
     degraded: list[str] = []
     # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
-    # beside the writes) while the vector side waits on Chroma
-    lexical, (dense_hits, summaries) = await asyncio.gather(
-        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
+    # beside the writes) while the vector side waits on Chroma; the vector side first: its one
+    # short read queues ahead of the lexical reads
+    (dense_hits, summaries), lexical = await asyncio.gather(
         _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
+        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
     )
     turns = await db.read_beside(
         lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
@@ -190,14 +191,17 @@ async def _vector_side(
     kinds: Collection[str],
     degraded: list[str],
 ) -> tuple[Any, Any]:
-    """The query vector, then the turn and summary searches at once (threads, HTTP)."""
+    """The scope's summary rows (a state store read), the query vector, then the turn and summary
+    searches at once (threads, HTTP)."""
     want_dense = "dense" in retrievers and "turn" in kinds
     want_summaries = "summaries" in retrievers and "summary" in kinds
+    # read before anything else is awaited: it queues on the store's thread ahead of the lexical reads
+    rows = await vector_search.summary_rows(ctx, scope) if want_summaries else None
     vector = await _settle(_query_vector(ctx, query), degraded)
     if vector is None:
         return None, None
     dense_task = vector_search.dense(ctx, vector, scope, config) if want_dense else None
-    summary_task = vector_search.summaries(ctx, vector, scope, config) if want_summaries else None
+    summary_task = vector_search.summaries(ctx, vector, scope, config, rows) if want_summaries else None
     return await asyncio.gather(
         _guard(dense_task, degraded, "dense"), _guard(summary_task, degraded, "summaries")
     )

@@ -89,26 +89,63 @@ async def _nearest_in_session(
     return await store.nearest(vector, n, {"sessionId": session_id})
 
 
+# A summary row's version: its job's lease epoch and receipt stamps. Every write of the row's
+# document, vector or synthesis keys happens under a summary_job lease (a new epoch), and the job is
+# released (no owner) and acknowledged only once the row reads back as its receipt: a row whose job
+# is so at rest is what its version says until the version moves. Otherwise: no version (the row
+# may be being written; read from Chroma every time). Dream's overlay keys move without a version.
+SUMMARY_ROWS_SQL = (
+    "SELECT s.id, j.epoch, j.owner_id, j.result_staged_at, j.result_acknowledged_at, "
+    "j.result_last_replayed_at FROM session AS s LEFT JOIN summary_job AS j ON j.session_id = s.id "
+    "WHERE s.{column} = ? LIMIT ?"
+)
+SummaryRows = dict[str, tuple[int, int, int, int | None] | None]
+
+
+async def summary_rows(ctx: Context, scope: Scope) -> SummaryRows | None:
+    """The summary rows of the scope's sessions with their versions, when it has few enough to
+    fetch by id (at most SUMMARIES_BY_ID_MAX + 1 of a project's, read); None for everywhere."""
+    if scope.project is None and scope.session_id is None:
+        return None
+    column, key = ("id", scope.session_id) if scope.session_id is not None else ("project", scope.project)
+    db = await ctx.db()
+    rows = await db.fetchall_beside(SUMMARY_ROWS_SQL.format(column=column), (key, SUMMARIES_BY_ID_MAX + 1))
+    return {f"summary_{r[0]}": _version(r) for r in rows}
+
+
+def _version(row: Any) -> tuple[int, int, int, int | None] | None:
+    """A summary row's version from its job (None: no job, leased, or not acknowledged)."""
+    epoch, owner, staged, acknowledged, replayed = (row[i] for i in range(1, 6))
+    if epoch is None or owner is not None or acknowledged is None:
+        return None
+    return int(epoch), int(staged or 0), int(acknowledged), None if replayed is None else int(replayed)
+
+
 async def summary_hits(
-    ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
+    ctx: Context,
+    vector: list[float],
+    scope: Scope,
+    config: RecallConfig,
+    rows: SummaryRows | None = None,
 ) -> list[tuple[str, float, str | None, dict[str, Any]]]:
     """The nearest summary rows in scope: among the scope's own rows by id when it has few, else
-    among the whole collection's nearest when its share holds enough, else Chroma's filtered search."""
-    if scope.session_id is not None:
-        return await ctx.store().nearest_among([f"summary_{scope.session_id}"], vector, config.summaries)
-    if scope.project is None:
-        return await ctx.store().query(vector, config.summaries, None)
-    db = await ctx.db()
+    among the whole collection's nearest when its share holds enough, else Chroma's filtered search.
+
+    `rows`: `summary_rows(ctx, scope)`, when the caller read it already.
+    """
+    rows = rows if rows is not None else await summary_rows(ctx, scope)
     store, want = ctx.store(), config.summaries
-    rows = await db.fetchall(
-        "SELECT id FROM session WHERE project = ? LIMIT ?", (scope.project, SUMMARIES_BY_ID_MAX + 1)
-    )
+    if scope.session_id is not None:
+        return await store.nearest_among([f"summary_{scope.session_id}"], vector, want, rows)
+    if scope.project is None or rows is None:
+        return await store.query(vector, want, None)
+    db = await ctx.db()
     # the project's summary rows, when it has few enough to fetch by id
-    own = [f"summary_{r[0]}" for r in rows] if len(rows) <= SUMMARIES_BY_ID_MAX else None
+    own = list(rows) if len(rows) <= SUMMARIES_BY_ID_MAX else None
     if own is not None:
         width = 0 if len(own) <= SUMMARIES_BY_ID else await _wide_width(db, scope.project, want, len(own))
         if width == 0 or width > SUMMARIES_WIDE_MAX or len(own) * BY_ID_ROW_MS <= width * WIDE_ROW_MS:
-            return await store.nearest_among(own, vector, want)
+            return await store.nearest_among(own, vector, want, rows)
     else:
         # the nearest rows of the whole collection, kept when in scope, ARE the scope's nearest as
         # long as `want` of them are in it (or the collection had no more rows to give)
@@ -125,7 +162,7 @@ async def summary_hits(
             found = await store.get([i for i, _ in kept])
             return [(i, d, found[i].document, found[i].metadata) for i, d in kept if i in found]
     if own is not None:
-        return await store.nearest_among(own, vector, want)
+        return await store.nearest_among(own, vector, want, rows)
     return await store.query(vector, want, _where(scope))
 
 
@@ -158,9 +195,10 @@ async def _rows_in_project(db: Any, project: str, hits: Sequence[tuple[str, floa
 
 
 async def summaries(
-    ctx: Context, vector: list[float], scope: Scope, config: RecallConfig
+    ctx: Context, vector: list[float], scope: Scope, config: RecallConfig, rows: SummaryRows | None = None
 ) -> list[dict[str, Any]]:
-    hits = await summary_hits(ctx, vector, scope, config)
+    """The nearest summaries in scope as recall items (`rows`: as `summary_hits` takes them)."""
+    hits = await summary_hits(ctx, vector, scope, config, rows)
     if not hits:
         return []
     best = max(1.0 - d for _, d, _, _ in hits) or 1.0

@@ -8,7 +8,11 @@ exactly the vectors WordLlama's own `embed` gives for texts within the bound.
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +22,8 @@ from backend.chroma.embedder import HashingEmbedder, WordLlamaEmbedder
 from backend.models.embedder import OpenAIEmbedder
 from backend.models.tokens import clip_to_tokens, tokenizer
 from tests.fake_openai import FakeOpenAIServer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TEXTS = [
     "My dog Biscuit loves the beach.",
@@ -85,3 +91,19 @@ def test_a_remote_embedder_is_sent_each_text_cut_to_the_bound(
     assert sent[1] == "short one" and long.startswith(sent[0])
     assert len(tokenizer().encode(sent[0], add_special_tokens=False).ids) == 100
     assert clip_to_tokens([long]) == [sent[0]]
+
+
+def test_loading_wordllama_leaves_the_callers_logging_as_it_was() -> None:
+    # wordllama's import calls `logging.basicConfig(level=INFO)`: a library caller that had not
+    # configured logging then printed every HTTP request to Chroma on stderr
+    probe = (
+        "import logging\n"
+        "from backend.chroma.embedder import WordLlamaEmbedder\n"
+        "WordLlamaEmbedder().embed(['hello'])\n"
+        "root = logging.getLogger()\n"
+        "print(root.level, len(root.handlers))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == [str(logging.WARNING), "0"]

@@ -358,3 +358,62 @@ async def test_warming_a_recall_caller_loads_its_embedder_and_opens_its_store(im
         assert await warm_recall(gone, None) >= 0  # no data dir: logged, not raised
     finally:
         await gone.close()
+
+
+def _summary_text(result: dict[str, Any], session_id: str) -> str:
+    return str(
+        next(i["text"] for i in result["items"] if i["kind"] == "summary" and i["session_id"] == session_id)
+    )
+
+
+async def test_a_resummarized_session_is_recalled_with_its_new_summary_not_the_kept_one(
+    imported: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # recall keeps the summary rows it fetched under their job's version (`vector_search.summary_rows`):
+    # the next recall fetches nothing, and a session summarized again is fetched again
+    store = imported.store()
+    fetches: list[int] = []
+    run = store._run
+
+    async def counted(fn: Any) -> Any:
+        fetches.append(1)
+        return await run(fn)
+
+    monkeypatch.setattr(store, "_run", counted)
+    first = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    before = _summary_text(first, "pets")
+    assert before == (await store.get(["summary_pets"]))["summary_pets"].document
+    fetches.clear()
+    assert (await ops.recall(imported, "dog on the beach", project="ops", k=10))["items"] == first["items"]
+    assert fetches == []  # every summary row was kept: no request to Chroma's summary collection
+    line = {"project": "ops", "session": "pets", "id": "p-3", "role": "user", "speaker": "Maya"}
+    line.update(text="Biscuit also chases the seagulls along the harbor wall.", time=1_700_000_000_100)
+    assert (await ops.import_file(imported, write_jsonl(tmp_path / "more.jsonl", [line])))["written"] == 1
+    await settle(imported)
+    after = (await store.get(["summary_pets"]))["summary_pets"].document
+    assert after != before and "seagulls" in str(after)
+    again = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    assert _summary_text(again, "pets") == after
+
+
+async def test_a_summary_row_is_fetched_afresh_while_its_job_is_leased(imported: Context) -> None:
+    # a writer rewrites the row under a summary_job lease, and releases it only once the row reads
+    # back: a row read while its job is leased is not kept, so the rewrite shows on the next recall
+    from backend.store.db import execute
+
+    store, db = imported.store(), await imported.db()
+    first = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    async with db.tx() as conn:
+        await execute(
+            conn,
+            "UPDATE summary_job SET owner_id = 'a-writer', epoch = epoch + 1, lease_expires_at = ? "
+            "WHERE session_id = 'pets'",
+            (2**62,),
+        )
+    assert _summary_text(await ops.recall(imported, "dog on the beach", project="ops", k=10), "pets") == (
+        _summary_text(first, "pets")
+    )
+    row = (await store.get(["summary_pets"]))["summary_pets"]
+    await store.upsert(["summary_pets"], ["Biscuit, rewritten: the beach, every morning."], [row.metadata])
+    during = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    assert _summary_text(during, "pets") == "Biscuit, rewritten: the beach, every morning."
