@@ -37,8 +37,15 @@ from urllib.parse import urlparse
 
 from backend.chroma import auth
 from backend.chroma.connections import MALFORMED_REPLY, ChromaTrust, instrument
-from backend.chroma.embedder import Embedder, load_embedder
-from backend.chroma.row_cache import RowCache, cached_rows
+from backend.chroma.embedder import (
+    DIM_KEY,
+    EMBEDDER_KEY,
+    Embedder,
+    embedder_record,
+    load_embedder,
+    recorded_embedder,
+)
+from backend.chroma.row_cache import RowCache, cached_rows, ranked
 from backend.core.errors import (
     ChromaBadReply,
     ChromaNotReady,
@@ -54,23 +61,6 @@ log = logging.getLogger("rem.chroma_store")
 
 COLLECTION = Settings.chroma_collection.default
 Metadata = dict[str, Any]
-EMBEDDER_KEY = "rem:embedder"
-DIM_KEY = "rem:dim"
-# what wrote a collection created before collections recorded their embedder
-LEGACY_EMBEDDER = ("rem-hashing-v1", 256)
-
-
-def embedder_record(embedder: Embedder) -> Metadata:
-    """The collection metadata naming `embedder` (cosine space, its name and dimension)."""
-    return {"hnsw:space": "cosine", EMBEDDER_KEY: embedder.name, DIM_KEY: int(embedder.dim)}
-
-
-def recorded_embedder(metadata: Metadata | None, count: int) -> tuple[str, int] | None:
-    """(name, dim) of the embedder that wrote a collection; None for an empty unrecorded one."""
-    metadata = metadata or {}
-    if EMBEDDER_KEY in metadata:
-        return str(metadata[EMBEDDER_KEY]), int(metadata.get(DIM_KEY) or 0)
-    return LEGACY_EMBEDDER if count else None
 
 
 def _is_missing_collection(exc: BaseException) -> bool:
@@ -494,7 +484,7 @@ class ChromaStore:
                 self.row_cache.put(row_id, versions.get(row_id), row)
             rows.update(fetched)
         found = [i for i in ids if i in rows]
-        order = _ranked(found, [rows[i].embedding for i in found], embedding)[:n]
+        order = ranked(found, [rows[i].embedding for i in found], embedding)[:n]
         return [
             (found[i], distance, rows[found[i]].document, dict(rows[found[i]].metadata))
             for i, distance in order
@@ -511,7 +501,7 @@ class ChromaStore:
             result = c.get(ids=list(ids), include=["embeddings"])
             found = result["ids"]
             return [
-                (found[i], distance) for i, distance in _ranked(found, result["embeddings"], embedding)[:n]
+                (found[i], distance) for i, distance in ranked(found, result["embeddings"], embedding)[:n]
             ]
 
         return cast(list[tuple[str, float]], await self._run(read))
@@ -599,18 +589,3 @@ def _live_rows(result: Any) -> dict[str, LiveRow] | str:
         str(row_id): LiveRow(documents[i], dict(metadatas[i] or {}), vectors[i])
         for i, row_id in enumerate(found)
     }
-
-
-def _ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> list[tuple[int, float]]:
-    """(index, cosine distance) of each fetched row, nearest first (ties by id)."""
-    if not ids:
-        return []
-    # import time: numpy, chromadb's own dependency: every rem command would pay ~0.3 s for it
-    import numpy as np
-
-    query = np.asarray(embedding, dtype=np.float64)
-    matrix = np.asarray(embeddings, dtype=np.float64)
-    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
-    distances = 1.0 - (matrix @ query) / np.where(norms > 0, norms, 1.0)
-    order = sorted(range(len(ids)), key=lambda i: (float(distances[i]), ids[i]))
-    return [(i, float(distances[i])) for i in order]

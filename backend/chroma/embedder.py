@@ -220,3 +220,23 @@ def _import_wordllama() -> Any:
         root.handlers[:] = handlers
         root.setLevel(level)
     return wordllama
+
+
+# the collection metadata that records which embedder wrote a collection
+EMBEDDER_KEY = "rem:embedder"
+DIM_KEY = "rem:dim"
+# what wrote a collection created before collections recorded their embedder
+LEGACY_EMBEDDER = ("rem-hashing-v1", 256)
+
+
+def embedder_record(embedder: Embedder) -> dict[str, Any]:
+    """The collection metadata naming `embedder` (cosine space, its name and dimension)."""
+    return {"hnsw:space": "cosine", EMBEDDER_KEY: embedder.name, DIM_KEY: int(embedder.dim)}
+
+
+def recorded_embedder(metadata: dict[str, Any] | None, count: int) -> tuple[str, int] | None:
+    """(name, dim) of the embedder that wrote a collection; None for an empty unrecorded one."""
+    metadata = metadata or {}
+    if EMBEDDER_KEY in metadata:
+        return str(metadata[EMBEDDER_KEY]), int(metadata.get(DIM_KEY) or 0)
+    return LEGACY_EMBEDDER if count else None

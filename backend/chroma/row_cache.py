@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 # ~1 KB of vector and a few KB of text a summary row: at most some tens of MB a process
@@ -73,3 +73,19 @@ def cached_rows(result: Any) -> dict[str, CachedRow]:
         str(row_id): CachedRow(vectors[i], documents[i], dict(metadatas[i] or {}))
         for i, row_id in enumerate(result["ids"])
     }
+
+
+def ranked(ids: Sequence[str], embeddings: Any, embedding: Sequence[float]) -> list[tuple[int, float]]:
+    """(index, cosine distance) of each fetched row (`ids`, `embeddings` in the same order), nearest first
+    (ties by id)."""
+    if not ids:
+        return []
+    # import time: numpy, chromadb's own dependency: every rem command would pay ~0.3 s for it
+    import numpy as np
+
+    query = np.asarray(embedding, dtype=np.float64)
+    matrix = np.asarray(embeddings, dtype=np.float64)
+    norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
+    distances = 1.0 - (matrix @ query) / np.where(norms > 0, norms, 1.0)
+    order = sorted(range(len(ids)), key=lambda i: (float(distances[i]), ids[i]))
+    return [(i, float(distances[i])) for i in order]
