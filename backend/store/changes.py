@@ -114,19 +114,21 @@ async def _readable(fd: int, timeout_s: float) -> bool:
     Not `notifies(timeout=...)`: psycopg's wait wakes every 0.1 s to look for a signal
     (its `_WAIT_INTERVAL`), ten wake-ups a second for every idle listener; here the
     loop sleeps in epoll until the server sends a byte or the keepalive falls due.
+    Not `asyncio.wait_for` either: on Python 3.11 a cancellation that lands just as
+    the socket turns readable is swallowed (the wait returns its result), and a
+    daemon shutting down then waited for ever on a listener that would not stop.
     """
     loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
+    ready: asyncio.Future[bool] = loop.create_future()
 
-    def readable() -> None:
+    def settle(readable: bool) -> None:
         if not ready.done():
-            ready.set_result(None)
+            ready.set_result(readable)
 
-    loop.add_reader(fd, readable)
+    loop.add_reader(fd, settle, True)
+    keepalive = loop.call_later(timeout_s, settle, False)
     try:
-        await asyncio.wait_for(ready, timeout_s)
-    except TimeoutError:
-        return False
+        return await ready
     finally:
+        keepalive.cancel()
         loop.remove_reader(fd)
-    return True

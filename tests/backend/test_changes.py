@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +273,32 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
         daemon.draining.set()
         await asyncio.wait_for(task, 10)
         await ctx.close()
+
+
+async def test_a_listener_cancelled_as_its_socket_turns_readable_stops() -> None:
+    """A shutdown's cancel that lands in the same loop turns as a notification must stop the wait.
+
+    With `asyncio.wait_for` (Python 3.11) the cancel was swallowed when the socket had just
+    turned readable: the wait returned, the listener went on, and the daemon waiting for it to
+    end never exited. The cancel is tried at each loop turn after the byte arrives.
+    """
+    from backend.store.changes import _readable
+
+    for turns in range(6):
+        ours, theirs = socket.socketpair()
+        try:
+            task = asyncio.create_task(_readable(ours.fileno(), 30.0))
+            await asyncio.sleep(0)  # the wait is set up
+            theirs.send(b"x")
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            requested = task.cancel()  # False: the wait had already returned, nothing to stop
+            async with asyncio.timeout(5):
+                outcome = await asyncio.gather(task, return_exceptions=True)
+            if requested:
+                assert isinstance(outcome[0], asyncio.CancelledError), (turns, outcome)
+            else:
+                assert outcome == [True], (turns, outcome)
+        finally:
+            ours.close()
+            theirs.close()
