@@ -22,7 +22,7 @@ from backend.core.settings import Settings, settings
 from backend.execution import parking, projection, sessions
 from backend.execution.leases import ExecutionPhase, Lease, TakeoverReason, lease_ms, takeover_reason_sync
 from backend.store import fencing, handoffs, workers
-from backend.store.db import Conn, skip_locked_sync
+from backend.store.db import Conn, Reader, Row, read_together_sync, skip_locked_sync
 from backend.store.events import EventKind, append_event_sync
 
 log = logging.getLogger("rem.recovery")
@@ -79,10 +79,18 @@ class Takeover:
 def recoverable_sync(conn: Conn, now: int, limit: int) -> list[tuple[str, str]]:
     """(execution_id, session_id) of executions awaiting takeover, fewest attempts first."""
     params = {"now": now, "limit": limit, "since": now - ORPHAN_WINDOW_MS, "host": workers.host_name()}
-    rows = conn.execute(RECOVERY_WAKE_SQL, params).fetchall()
-    rows += conn.execute(EXPIRED_SQL, params).fetchall()
-    rows += conn.execute(ORPHANED_SQL, params).fetchall()
-    return list(dict.fromkeys((r["execution_id"], r["session_id"]) for r in rows))
+    # the three sent together (PostgreSQL: one round trip, with the caller's BEGIN): every idle pass runs them
+    found = read_together_sync(conn, [_recoverable_reader(params)])[0]
+    return list(dict.fromkeys((r["execution_id"], r["session_id"]) for r in found))
+
+
+def _recoverable_reader(params: dict[str, Any]) -> Reader[list[Row]]:
+    wake, expired, orphaned = yield [
+        (RECOVERY_WAKE_SQL, params),
+        (EXPIRED_SQL, params),
+        (ORPHANED_SQL, params),
+    ]
+    return [*wake, *expired, *orphaned]
 
 
 def take_over_sync(

@@ -2,18 +2,19 @@
 
 A daemon with nothing to do must cost nothing. It sleeps until one of:
 
-* another process commits news to the store. SQLite: a watch on state.db
-  and its WAL (`backend.store.watch`: inotify, no thread, no timer) hears the
-  write, and `PRAGMA data_version`, read on the loop's thread on a small
-  connection of its own (`MarksProbe`), tells a commit from a checkpoint.
-  PostgreSQL: the store's change feed (LISTEN/NOTIFY,
-  `backend.store.changes`), which sets the daemon's own commits aside by
-  their server backend, and whose notification says whether the commit
-  wrote the journal: upkeep is known unasked. Then the journal's head tells news from upkeep: every lifecycle transition and operator action appends to
-  `event` in the transaction that makes it (the design's rule), so a commit
-  that moved no journal row (another worker's heartbeat, a lease renewal,
-  streamed parts, model-call records) made no work for anyone, and the
-  daemon sleeps on after one small read (both marks in one statement);
+* another process commits news to the store. Every lifecycle transition
+  and operator action appends to `event` in the transaction that makes it
+  (the design's rule), so a commit that moved no journal row (another
+  worker's heartbeat, a lease renewal, streamed parts, model-call records)
+  made no work for anyone. SQLite: a watch on state.db and its WAL
+  (`backend.store.watch`: inotify, no thread, no timer) hears the write, and
+  `PRAGMA data_version` with the journal's head, read in one statement on
+  the loop's thread on a small connection of its own (`MarksProbe`), tells a
+  commit from a checkpoint and news from upkeep: the daemon sleeps on after
+  that one small read. PostgreSQL: the store's change feed (LISTEN/NOTIFY,
+  `backend.store.changes`) on its journal channel, which carries only the
+  commits that wrote the journal, the daemon's own set aside by their server
+  backend: upkeep never reaches the process, and what does is news unread;
 * time-based work of its role falls due: a lease expiring, a retry time
   passing (`DUE_SQL`, one indexed read when it goes idle);
 * a wake from inside the process (`wake()`), or a drain;
@@ -75,6 +76,11 @@ DUE_SQL: dict[str, str] = {
 PG_HEAD_SQL = "SELECT count(*), max(id) FROM event WHERE id > :floor"
 # PostgreSQL: a journal row committed late lands within this many ids below the newest
 HEAD_WINDOW = 1000
+# PostgreSQL: after this long without a notification the feed asks the server something, to find a
+# link that died silently (the console's listener asks after 5 s). A daemon's slow poll runs a pass
+# meanwhile, so a dead feed costs it at most the poll's wake latency, never an input; and each ask
+# is a round trip that woke an idle daemon as often as its polls did
+FEED_KEEPALIVE_S = 30.0
 
 Woken = Literal["changed", "wake", "due", "poll", "draining"]
 
@@ -132,10 +138,13 @@ class IdleWait:
             self.live = False
 
     async def _follow_feed(self, url: str, ignore_pids: Callable[[], Collection[int]]) -> None:
-        from backend.store.changes import listen_changes  # import time: psycopg, only for PostgreSQL
+        # import time: psycopg, only for PostgreSQL
+        from backend.store.changes import JOURNAL_CHANNEL, listen_changes
 
-        try:
-            async for event in listen_changes(url, ignore_pids=ignore_pids):
+        try:  # journaled commits only: another worker's heartbeat or renewal never reaches this process
+            async for event in listen_changes(
+                url, ignore_pids=ignore_pids, channel=JOURNAL_CHANNEL, keepalive_s=FEED_KEEPALIVE_S
+            ):
                 self.live = event.kind != "lost"  # lost: the idle wait polls until it is back
                 if event.kind == "changed" and not event.journaled:
                     self.stats.upkeep += 1  # another worker's heartbeat, a renewal: no journal row
@@ -160,7 +169,13 @@ class IdleWait:
         """Mark the store's state the coming pass sees: a commit from here on ends the next wait."""
         self._last_pass = asyncio.get_running_loop().time()
         self.changed.clear()  # before the read below: a commit after it is heard, never lost
-        self._marks = await self._read_marks(self._marks[1], rebase=True)
+        if not self._journal_heard():
+            self._marks = await self._read_marks(self._marks[1], rebase=True)
+
+    def _journal_heard(self) -> bool:
+        """PostgreSQL with its feed up: every change heard is another process's journaled commit
+        (or the feed's `listening`), news by itself: the marks need not be read."""
+        return self.db.postgres and self.live
 
     async def wait(
         self, wake: asyncio.Event, draining: asyncio.Event, *, within_s: float | None = None
@@ -202,9 +217,11 @@ class IdleWait:
     async def _news(self) -> bool:
         """The change heard was another process's commit that journaled something (see the module doc)."""
         self.changed.clear()
+        if self._journal_heard():
+            return True
         (version, head), (seen_version, seen_head) = await self._read_marks(self._marks[1]), self._marks
         self._marks = (version, head)
-        if version == seen_version and not (self.db.postgres and self.live):
+        if version == seen_version:
             self.stats.no_commit += 1  # a checkpoint (the feed sets this process's own commits aside)
             return False
         if head == seen_head:
@@ -213,7 +230,7 @@ class IdleWait:
         return True
 
     async def _read_marks(self, seen_head: object, *, rebase: bool = False) -> tuple[int | None, object]:
-        """(`data_version`, the journal's head) in one read; PostgreSQL with its feed up: the head only.
+        """(`data_version`, the journal's head) in one read (PostgreSQL: only while its feed is down).
 
         SQLite has one writer at a time, so journal ids commit in order and the
         newest id is the head. PostgreSQL's come from a sequence and commit in
@@ -226,7 +243,7 @@ class IdleWait:
                 return self._probe.read()
             except sqlite3.Error:
                 return None, object()  # unreadable for now: taken as news, the pass meets the error
-        version = None if self.live else await self.db.data_version()
+        version = await self.db.data_version()
         floor = seen_head[0] if isinstance(seen_head, tuple) else 0
         if rebase and isinstance(seen_head, tuple) and seen_head[2] is not None:
             floor = max(0, int(seen_head[2]) - HEAD_WINDOW)

@@ -1,5 +1,8 @@
 """The PostgreSQL store's change feed, heard: LISTEN on `rem_change` (schema_pg's CHANGE_FEED).
 
+An idle daemon LISTENs on `rem_journal` instead (PostgreSQL migration 16): only
+the commits that wrote the journal, the ones that can make work for it.
+
 What the console uses on PostgreSQL instead of watchfiles on state.db's WAL.
 `listen_changes(url)` holds one dedicated autocommit connection (never a
 transaction open: a LISTEN-ing session in a transaction would hold back
@@ -29,6 +32,9 @@ from backend.core.redact import redact_text
 from backend.store.postgres import display_url
 from backend.store.schema_pg import CHANGE_CHANNEL, JOURNALED
 
+# the channel an idle daemon LISTENs on (journaled commits only): named here, where it imports the feed
+from backend.store.schema_pg import JOURNAL_CHANNEL as JOURNAL_CHANNEL
+
 log = logging.getLogger("rem.changes")
 
 FIRST_BACKOFF_S = 0.5
@@ -54,11 +60,14 @@ async def listen_changes(
     keepalive_s: float = KEEPALIVE_S,
     first_backoff_s: float = FIRST_BACKOFF_S,
     ignore_pids: Callable[[], Collection[int]] | None = None,
+    channel: str = CHANGE_CHANNEL,
 ) -> AsyncIterator[StoreEvent]:
     """Yield this store's changes as they commit, reconnecting when the server goes away.
 
     `ignore_pids`: server backends whose commits are not news to the listener
-    (a daemon's own connection: its own writes must not wake it).
+    (a daemon's own connection: its own writes must not wake it). `channel`:
+    every commit (`CHANGE_CHANNEL`, the console's), or the journaled ones only
+    (`JOURNAL_CHANNEL`, an idle daemon's: upkeep never reaches it).
     """
     backoff = first_backoff_s
     while True:
@@ -66,7 +75,7 @@ async def listen_changes(
             async with await psycopg.AsyncConnection.connect(
                 url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             ) as conn:
-                await conn.execute(f"LISTEN {CHANGE_CHANNEL}")
+                await conn.execute(f"LISTEN {channel}")
                 log.info("listening for changes on %s", display_url(url))
                 backoff = first_backoff_s
                 yield StoreEvent("listening")

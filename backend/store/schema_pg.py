@@ -34,7 +34,9 @@ of watchfiles on state.db's WAL) hears this store's commits and no other's.
 A statement that wrote nothing in a transaction that wrote nothing (a fenced
 UPDATE matching no row) sends none: the transaction has no id yet. Since
 PostgreSQL 15 a write to the journal (`event`) notifies `j<transaction id>`
-instead, so a listener knows a journaled commit (news) from upkeep unasked.
+instead, so a listener knows a journaled commit (news) from upkeep unasked;
+since 16 it also notifies `rem_journal` (`JOURNAL_CHANNEL`), the channel idle
+daemons LISTEN on, so upkeep reaches no daemon at all.
 
 Lexical recall: SQLite's per-project FTS5 tables (created by `backend.memory`
 at run time) have one twin here, created by migration 7 (`LEXICAL`): the
@@ -263,8 +265,34 @@ BEGIN
     RETURN NULL;
 END $$
 """
+# PostgreSQL 16: a journaled commit also notifies a channel of its own, the one idle daemons LISTEN
+# on: upkeep (every worker's heartbeat, a lease renewal) is delivered to no daemon at all. Before, each
+# heartbeat woke every other daemon's process to be set aside, the larger part of an idle daemon's CPU
+JOURNAL_CHANNEL = "rem_journal"
+CHANGE_FEED_JOURNAL_CHANNEL = f"""
+CREATE OR REPLACE FUNCTION rem_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    xact xid8 := pg_current_xact_id_if_assigned();
+BEGIN
+    IF xact IS NULL THEN  -- the transaction has not written: nothing to say
+        RETURN NULL;
+    END IF;
+    IF TG_TABLE_NAME = 'event' THEN  -- news: on both channels, once a payload each, at COMMIT
+        PERFORM pg_notify('{CHANGE_CHANNEL}', '{JOURNALED}' || xact::text);
+        PERFORM pg_notify('{JOURNAL_CHANNEL}', '{JOURNALED}' || xact::text);
+    ELSE
+        PERFORM pg_notify('{CHANGE_CHANNEL}', xact::text);
+    END IF;
+    RETURN NULL;
+END $$
+"""
 # PostgreSQL-only migrations, by the version they bring this engine to (never renumbered)
-PG_ONLY: dict[int, str] = {8: CHANGE_FEED, 10: FENCED, 15: CHANGE_FEED_JOURNALED}
+PG_ONLY: dict[int, str] = {
+    8: CHANGE_FEED,
+    10: FENCED,
+    15: CHANGE_FEED_JOURNALED,
+    16: CHANGE_FEED_JOURNAL_CHANNEL,
+}
 # SQLite migrations with nothing to do here (by SQLite's number): 8 and 12 add status counters,
 # which PostgreSQL does not keep (it counts on each read; backend/store/counters.py says why).
 # The version still moves, so both engines' numbering stays in step.

@@ -60,6 +60,18 @@ async def test_a_notification_is_sent_by_the_writing_transaction_and_only_if_it_
         assert rolled_back != committed
 
 
+async def test_the_journal_channel_carries_only_commits_that_wrote_the_journal(db_url: str) -> None:
+    """What idle daemons LISTEN on (PostgreSQL 16): upkeep, such as a heartbeat, is not sent there."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {schema_pg.JOURNAL_CHANNEL}")
+        with psycopg.connect(db_url) as conn:  # a heartbeat: a write, no journal row
+            conn.execute("SELECT pg_current_xact_id()")
+            conn.execute("UPDATE worker SET heartbeat_at = 1")
+        journaled = await asyncio.to_thread(write_in_one_transaction, db_url, commit=True)
+        first = [(n.channel, n.payload) async for n in listener.notifies(timeout=10.0, stop_after=1)]
+        assert first == [(schema_pg.JOURNAL_CHANNEL, schema_pg.JOURNALED + journaled)]
+
+
 async def test_a_transaction_that_writes_nothing_sends_nothing(db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
         await listener.execute(f"LISTEN {schema_pg.CHANGE_CHANNEL}")
@@ -192,13 +204,14 @@ async def test_a_database_at_version_7_gets_the_change_feed_by_migrating(
         assert triggers is not None and triggers[0] > 10
 
 
-async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_nor_by_itself(
+async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_nor_by_upkeep(
     tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An idle daemon asks the server nothing until another process commits; then it runs a pass.
+    """An idle daemon asks the server nothing until another process journals something; then it runs a pass.
 
-    Its own commits (registration, heartbeats) come from its own server backend and do not wake
-    it. The slow poll is raised so that only the feed can end an idle wait.
+    It LISTENs on the journal channel: its own heartbeats and another worker's reach the
+    process not at all (no notification to set aside), and a journaled commit wakes it. The
+    slow poll is raised so that only the feed can end an idle wait.
     """
     from backend.runtime.daemon import Daemon
     from backend.runtime.idle import IdleWait
@@ -214,12 +227,12 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
         return await original(self)
 
     monkeypatch.setattr(Database, "data_version", counted)
-    own_heard = 0  # notifications the daemon's feed heard and checked against its own backend
+    heard = 0  # notifications that reached the daemon's feed (each is checked against its own backend)
     own_pids = Database.server_pids
 
     def counted_pids(self: Database) -> frozenset[int]:
-        nonlocal own_heard
-        own_heard += 1
+        nonlocal heard
+        heard += 1
         return own_pids(self)
 
     monkeypatch.setattr(Database, "server_pids", counted_pids)
@@ -232,22 +245,23 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
             self.passes += 1
             return 0
 
+    def heartbeat_at(owner_id: str) -> int:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT heartbeat_at FROM worker WHERE owner_id = %s", (owner_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
     ctx = Context(DataDir(tmp_path / "d"), db_url=db_url, start_chroma=False)
     daemon = Idle(ctx)
     task = asyncio.create_task(daemon.run())
     try:
-        async with asyncio.timeout(10):  # the feed is up and its `listening` event was looked at
-            while not (daemon.idle is not None and daemon.idle.live and daemon.idle.stats.upkeep >= 1):
-                await asyncio.sleep(0.02)
-        settled, polls, heard = daemon.passes, 0, own_heard
-        # its own heartbeat commits, the feed hears it and sets it aside: no pass, no query
+        # the feed is up and its `listening` (anything may have committed before) ran a pass: the
+        # first pass started before the feed could, so `listening` always comes after it
         async with asyncio.timeout(10):
-            while own_heard == heard:
-                await asyncio.sleep(0.01)
-        assert daemon.passes == settled and polls == 0, (daemon.passes, settled, polls)
-        # another worker's heartbeat (a write, no journal row): its notification says so, and the
-        # daemon sleeps on without asking the server anything (before, every beat cost each a read)
-        reads, upkeep = 0, daemon.idle.stats.upkeep
+            while not (daemon.idle is not None and daemon.idle.stats.changed == 1 and daemon.passes == 2):
+                await asyncio.sleep(0.02)
+        assert daemon.idle.live and heard == 0  # its registration committed before it listened
+        reads = polls = 0  # the first pass looked at the store: the feed was not up yet
         read_marks = IdleWait._read_marks
 
         async def counted_reads(self: IdleWait, *args: Any, **kwargs: Any) -> Any:
@@ -256,19 +270,23 @@ async def test_an_idle_daemon_on_postgres_is_woken_by_the_feed_not_by_polling_no
             return await read_marks(self, *args, **kwargs)
 
         monkeypatch.setattr(IdleWait, "_read_marks", counted_reads)
-        with psycopg.connect(db_url) as other:
+        # its own heartbeat commits (a beat is due every third of the liveness window)
+        beat = await asyncio.to_thread(heartbeat_at, daemon.owner_id)
+        async with asyncio.timeout(10):
+            while await asyncio.to_thread(heartbeat_at, daemon.owner_id) == beat:
+                await asyncio.sleep(0.05)
+        with psycopg.connect(db_url) as other:  # another worker's heartbeat: a write, no journal row
             other.execute("SELECT pg_current_xact_id()")
             other.execute("UPDATE worker SET heartbeat_at = heartbeat_at")
-        async with asyncio.timeout(10):
-            while daemon.idle.stats.upkeep == upkeep:
-                await asyncio.sleep(0.01)
-        assert reads == 0 and daemon.passes == settled, (reads, daemon.passes, settled)
         with psycopg.connect(db_url) as other:  # news: a commit that journaled something
             other.execute("INSERT INTO event (time, kind, actor, data) VALUES (1, 'x', 'test', '{}')")
         async with asyncio.timeout(5):
-            while daemon.passes == settled:
+            while daemon.passes == 2:
                 await asyncio.sleep(0.01)
-        assert polls == 0
+        # notifications come in commit order: both heartbeats, had they reached the process, were
+        # looked at before the news. Only the news did, and it is news unread: no look at the store
+        assert (heard, daemon.idle.stats.changed, daemon.idle.stats.upkeep) == (1, 2, 0)
+        assert reads == 0 and polls == 0, (reads, polls)
     finally:
         daemon.draining.set()
         await asyncio.wait_for(task, 10)
