@@ -60,17 +60,20 @@ def lexical_memory_sync(conn: Conn, session_id: str, query: str, row: Row | None
 
     `row`: the session's `scope_row_sync` row. Raises what recall meets (see `unavailable`).
     """
-    project = (row["project"] if row else None) or "default"
-    result = memory_recall.recall_lexical_sync(
-        conn,
-        query,
-        project=project,
-        k=settings.memory_context_items,
-        exclude_session=session_id,
-        exclude_recent=settings.memory_recent_turns,
-        top_ord=row["top"] if row else None,
-    )
+    project, asked = _asked(session_id, row)
+    result = memory_recall.recall_lexical_sync(conn, query, top_ord=row["top"] if row else None, **asked)
     return _kept(result, project)
+
+
+def _asked(session_id: str, row: Row | None) -> tuple[str, dict[str, Any]]:
+    """The session's project, and what a step's recall asks for there (both recall paths)."""
+    project = (row["project"] if row else None) or "default"
+    return project, {
+        "project": project,
+        "k": settings.memory_context_items,
+        "exclude_session": session_id,
+        "exclude_recent": settings.memory_recent_turns,
+    }
 
 
 async def memory_for_step(
@@ -93,16 +96,8 @@ async def memory_for_step(
                 )
             )
         row = scope[0] if scope is not None else await db.read_beside(lambda c: scope_row_sync(c, session_id))
-        project = (row["project"] if row else None) or "default"
-        result = await memory_recall.recall(
-            ctx,
-            query,
-            project=project,
-            k=settings.memory_context_items,
-            exclude_session=session_id,
-            exclude_recent=settings.memory_recent_turns,
-            top_ord=(row["top"] if row else None,),
-        )
+        project, asked = _asked(session_id, row)
+        result = await memory_recall.recall(ctx, query, top_ord=(row["top"] if row else None,), **asked)
     except Exception as exc:  # memory is a help, not a dependency: the step runs without it
         return unavailable(session_id, exc)
     return _kept(result, project)
