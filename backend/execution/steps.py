@@ -12,6 +12,7 @@ are what phase `unknown` says.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,12 @@ class TurnState:
     # the execution's open calls as the transaction that inserted them read them (the tool
     # runner's first look, without a transaction of its own); taken once
     open_calls: list[Row] | None = None
+    # the turn's tool rounds read so far whose calls are all terminal (they change no more): each
+    # step reads only the rounds after them, not every round again (`tool_rounds_sync`)
+    settled_rounds: list[dict[str, Any]] = field(default_factory=list)
+    # the prompts the last step answered ({"id", "seq", "text"}): a tool round answers them again
+    # (only this execution, holding the lease, adds user rows), so it need not look them up
+    answered: list[dict[str, Any]] | None = None
 
 
 def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[str, Any] | None) -> None:
@@ -69,6 +76,14 @@ def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[
     prompts (none kept when recall failed: the next step tries again)."""
     if memory is not None and "error" not in memory:
         state.given_memory = (prompt_ids, memory)
+
+
+def tool_rounds_sync(conn: Conn, state: TurnState) -> list[dict[str, Any]]:
+    """The turn's tool rounds for the next step: the settled ones kept, the rest read now."""
+    kept = state.settled_rounds
+    fresh = tool_calls.rounds_sync(conn, state.lease.execution_id, kept[-1]["step"] if kept else -1)
+    state.settled_rounds = kept + list(itertools.takewhile(tool_calls.settled, fresh))
+    return kept + fresh
 
 
 @dataclass(kw_only=True)
@@ -179,6 +194,7 @@ class StepTransactions:
         step = self._open_assistant_sync(conn, state, number, aid, opened, now)
         # only after the transaction body succeeded (a rollback leaves the state as it was)
         state.step, state.turn_started, state.recovering = number, True, False
+        state.answered = [{"id": p["id"], "seq": p["seq"], "text": p["text"]} for p in opened.prompts]
         remember_memory(state, ids, opened.memory or opened.reused_memory)
         return step
 
@@ -191,6 +207,9 @@ class StepTransactions:
             state.reask = model_turns.interrupted_reply_sync(conn, sid)
         elif state.reask is None and not state.tool_round:
             return []
+        elif state.reask is None and state.answered is not None:
+            state.tool_round = False
+            return [dict(prompt) for prompt in state.answered]
         state.tool_round = False
         return projection.unanswered_prompts_sync(conn, sid)
 
@@ -258,8 +277,8 @@ class StepTransactions:
             data["memory"] = opened.memory  # in the row from its first commit: no write of its own
         seq = opened.first_seq + len(opened.promoted)
         sessions.insert_message_sync(conn, aid, sid, "assistant", seq, data, now)
-        handoffs.mark_turns_changed_sync(conn, sid, now)
-        if opened.promoted or opened.superseded:
+        if opened.promoted or opened.superseded:  # raw turns changed (a streaming row is none yet)
+            handoffs.mark_turns_changed_sync(conn, sid, now)
             append_event_sync(
                 conn,
                 kind=EventKind.INPUT_PROMOTED,
@@ -298,7 +317,7 @@ class StepTransactions:
             request.interrupted, request.interrupted_reason = state.reask.partial, state.reask.reason
             state.reask = None
         if state.tool_steps or state.recovering:
-            request.tool_rounds = tool_calls.rounds_sync(conn, state.lease.execution_id)
+            request.tool_rounds = tool_rounds_sync(conn, state)
             state.tool_steps = len(request.tool_rounds)
         if self.history_messages:
             request.history = model_turns.history_sync(

@@ -35,7 +35,7 @@ from backend.execution.leases import Lease
 from backend.store import fencing
 from backend.store.db import Conn, Row
 from backend.store.events import EventKind, append_event_sync
-from backend.store.states import ToolCallState
+from backend.store.states import TERMINAL_STATES, ToolCallState
 from backend.tools.results import TRUNCATED_NOTE, utf8_prefix
 
 TOOL_CALL = fencing.FencedTable(name="tool_call", key="id")
@@ -226,15 +226,16 @@ def settle_takeover_sync(conn: Conn, lease: Lease, now: int) -> dict[str, list[s
     return moved
 
 
-def rounds_sync(conn: Conn, execution_id: str) -> list[dict[str, Any]]:
-    """The execution's tool exchanges so far, for the model: per step, the assistant's text and
-    each call (its model id, tool, arguments, and the result it is shown), in order."""
+def rounds_sync(conn: Conn, execution_id: str, after_step: int = -1) -> list[dict[str, Any]]:
+    """The execution's tool exchanges so far (those of steps after `after_step`), for the model:
+    per step, the assistant's text and each call (its model id, tool, arguments, and the result
+    it is shown), in order."""
     rows = conn.execute(
         "SELECT c.step, c.model_call_id, c.tool, c.arguments, c.state, c.result, c.is_error, "
         "c.result_bytes, c.result_truncated, m.data AS message FROM tool_call AS c "
         "LEFT JOIN session_message AS m ON m.id = c.message_id "
-        "WHERE c.execution_id = ? ORDER BY c.step, c.idx",
-        (execution_id,),
+        "WHERE c.execution_id = ? AND c.step > ? ORDER BY c.step, c.idx",
+        (execution_id, after_step),
     ).fetchall()
     rounds: dict[int, dict[str, Any]] = {}
     model_bytes = settings.tool_result_model_bytes
@@ -250,6 +251,11 @@ def rounds_sync(conn: Conn, execution_id: str) -> list[dict[str, Any]]:
         )
         rounds[r["step"]]["calls"].append(call)
     return list(rounds.values())
+
+
+def settled(round_: dict[str, Any]) -> bool:
+    """Whether every call of a `rounds_sync` round reached a terminal state (it changes no more)."""
+    return all(call["state"] in TERMINAL_STATES for call in round_["calls"])
 
 
 def for_model(text: str, size: int | None, truncated: bool, max_bytes: int) -> str:

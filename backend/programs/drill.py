@@ -45,6 +45,7 @@ from backend.ops.records import LeaseRecord
 from backend.programs import drill_tools
 from backend.programs.supervisor import read_manifest
 from backend.runtime.context import Context
+from backend.store.events import EventKind
 
 log = logging.getLogger("rem.drill")
 
@@ -54,6 +55,8 @@ ROLES = ("executor", "summarizer", "dream", "chroma")
 # its late writes from landing, so this is the round that proves fencing.
 ZOMBIE = "zombie"
 ZOMBIE_PATIENCE_S = 20.0
+# the journal rows that end a woken zombie's late turn
+ZOMBIE_ENDS = (EventKind.EXECUTION_LEASE_LOST, EventKind.EXECUTION_COMPLETED, EventKind.EXECUTION_FAILED)
 # --mid-send: how long an executor round waits for a send in flight (the load makes one every few s)
 MID_SEND_PATIENCE_S = 60.0
 WORKER_PID_SQL = "SELECT pid FROM worker WHERE owner_id = ? ORDER BY started_at DESC LIMIT 1"
@@ -403,10 +406,14 @@ class Drill:
             return
 
         async def wrote() -> bool:
-            # its next journal row: `execution.lease_lost` when fenced, its late step when not
-            # (REM_UNSAFE_DISABLE_FENCING): either way the late writes were tried before the check
+            # how its late turn ended: `execution.lease_lost` when fenced; when not
+            # (REM_UNSAFE_DISABLE_FENCING), the late turn run to its end. Its first late row alone
+            # (a step) left the duplicate reply unwritten when the check ran: a broken build passed
             return bool(
-                await db.scalar("SELECT 1 FROM event WHERE id > ? AND actor = ? LIMIT 1", (before, owner))
+                await db.scalar(
+                    "SELECT 1 FROM event WHERE id > ? AND actor = ? AND kind IN (?, ?, ?) LIMIT 1",
+                    (before, owner, *ZOMBIE_ENDS),
+                )
             )
 
         with contextlib.suppress(TimeoutError):

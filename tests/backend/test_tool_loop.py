@@ -8,6 +8,7 @@ the executor's end, and runs once after `approve`, taken over without a recovery
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,16 @@ import pytest
 
 from backend import ops
 from backend.execution import executor as executor_module
-from backend.execution import sessions
-from backend.execution.agent import OfflineResponder
+from backend.execution import leases, sessions, tool_calls
+from backend.execution.agent import OfflineResponder, StepRequest
 from backend.execution.executor import Executor
+from backend.execution.steps import TurnState, tool_rounds_sync
+from backend.execution.tool_calls import PlannedCall
+from backend.models.tool_deltas import ModelToolCall
 from backend.programs.demo_tools import server_config
 from backend.runtime.context import Context
 from backend.store.db import Database
+from backend.store.states import ToolCallState
 
 pytestmark = pytest.mark.both_stores
 
@@ -121,3 +126,84 @@ async def test_a_send_waits_parked_for_approval_then_runs_once(db_ctx: Context, 
     assert taken is not None and json.loads(taken[0])["reason"] == "unparked"
     assert await db.fetchone("SELECT 1 FROM session_message WHERE type = 'synthetic'") is None
     assert await db.scalar("SELECT held_at FROM session WHERE id = 's1'") is None
+
+
+class RoundsAgent:
+    """Asks for one `notes_search` a step for `rounds` steps, then answers; keeps what each step was shown."""
+
+    name = "test-rounds-agent"
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.shown: list[list[dict[str, Any]]] = []
+        self.prompts: list[list[str]] = []
+
+    def system_prompt(self) -> str:
+        return "test"
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"agent": self.name}
+
+    async def stream(self, request: StepRequest) -> AsyncIterator[str]:
+        self.shown.append(request.tool_rounds)
+        self.prompts.append(request.prompts)
+        if len(request.tool_rounds) < self.rounds:
+            query = json.dumps({"query": f"standup {len(request.tool_rounds)}"})
+            request.tool_calls = [ModelToolCall(index=0, id="c", name="demo__notes_search", arguments=query)]
+            yield "looking"
+            return
+        yield "done"
+
+
+async def test_each_step_is_shown_every_round_so_far_read_once(db_ctx: Context, tools_dir: Path) -> None:
+    """A step reads only the rounds after the settled ones it kept: what each step is shown is
+    still every round so far, exactly as a full read gives them."""
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "look it up", input_id="in-1")
+    agent = RoundsAgent(4)
+    await Executor(db_ctx, once=True, agent=agent, lease_ms=5_000).run()
+    execution_id = await db.scalar("SELECT DISTINCT execution_id FROM tool_call")
+    full = await db.read_in_thread(lambda conn: tool_calls.rounds_sync(conn, execution_id))
+    assert [len(shown) for shown in agent.shown] == [0, 1, 2, 3, 4]
+    assert agent.prompts == [["look it up"]] * 5  # each tool round answers the turn's prompt again
+    answers = await db.fetchall(
+        "SELECT json_extract(data, '$.answers') FROM session_message WHERE type = 'assistant' ORDER BY seq"
+    )
+    assert [json.loads(a[0]) for a in answers] == [["in-1"]] * 5
+    assert all(shown == full[: len(shown)] for shown in agent.shown)
+    assert [json.loads(r["calls"][0]["arguments"])["query"] for r in full] == [
+        f"standup {n}" for n in range(4)
+    ]
+
+
+async def test_a_round_not_settled_when_read_is_read_again(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "look it up", input_id="in-1")
+    lease = await leases.claim(db, "s1", "test-owner", length_ms=60_000)
+    assert lease is not None
+    for step, state in ((1, ToolCallState.COMPLETED), (2, ToolCallState.PENDING)):
+        planned = PlannedCall(
+            idx=0, model_call_id="c", tool="demo.notes_search", arguments="{}", effect="read",
+            effect_source="annotation", permission="allow", state=state,
+        )  # fmt: skip
+        await db.write_in_thread(
+            lambda conn, step=step, planned=planned: tool_calls.insert_sync(
+                conn, lease, step, f"{lease.execution_id}:{step}", [planned], 1
+            )
+        )
+    turn = TurnState(lease)
+    first = await db.read_in_thread(lambda conn: tool_rounds_sync(conn, turn))
+    assert [r["calls"][0]["state"] for r in first] == ["completed", "pending"]
+    assert [r["step"] for r in turn.settled_rounds] == [1]
+    await db.write_in_thread(
+        lambda conn: conn.execute(
+            "UPDATE tool_call SET state = 'completed', result = 'found it' WHERE step = 2"
+        )
+    )
+    again = await db.read_in_thread(lambda conn: tool_rounds_sync(conn, turn))
+    assert [(r["step"], r["calls"][0]["state"], r["calls"][0]["for_model"]) for r in again][1] == (
+        2,
+        "completed",
+        "found it",
+    )
+    assert again[0] is first[0] and [r["step"] for r in turn.settled_rounds] == [1, 2]

@@ -36,7 +36,8 @@ def test_drill_fails_when_fencing_is_disabled(tmp_path: Path) -> None:
     # none): before, a broken build that never settles waited out the whole --settle-timeout
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
     # four rounds: with two, the drill found no violation in 1 of 3 runs at f9f4957 and 2 of 4 at
-    # 5339da3 (a resumed zombie does not always write late before the check); with four, 0 of 3
+    # 5339da3 (the check ran after the woken zombie's first late row, before its duplicate reply);
+    # since the drill waits for the zombie's late turn to end, two rounds found one in 4 of 4
     args = ("--role", "zombie", "--rounds", "4", "--seed", "1", "--settle-timeout", "30")
     code, report = drill(tmp_path, *args, env=env, private=True)
     assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
