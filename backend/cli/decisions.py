@@ -28,7 +28,7 @@ def approve(
 
     Example: rem approve call_3f9a1c2b7d
     """
-    ctx = common.make_context(cli, data, None)
+    ctx = common.make_context(cli, data, None, existing=True)
     _show(common.run(lambda: common.with_context(ctx, lambda c: ops.approve(c, call_id))), json)
 
 
@@ -43,7 +43,7 @@ def deny(
 
     Example: rem deny call_3f9a1c2b7d --reason "not to that address"
     """
-    ctx = common.make_context(cli, data, None)
+    ctx = common.make_context(cli, data, None, existing=True)
     _show(common.run(lambda: common.with_context(ctx, lambda c: ops.deny(c, call_id, reason))), json)
 
 
@@ -76,7 +76,7 @@ def resolve(
     if reason is not None and choice != "fail":
         raise BadInput("--reason goes with --fail; use --result with --done")
     text = result if choice == "done" else reason
-    ctx = common.make_context(cli, data, None)
+    ctx = common.make_context(cli, data, None, existing=True)
     _show(
         common.run(lambda: common.with_context(ctx, lambda c: ops.resolve(c, call_id, choice, text))),  # type: ignore[arg-type]
         json,

@@ -42,7 +42,7 @@ def release(
 
     Example: rem release exe_01J9Z3 --expected-epoch 3
     """
-    ctx = common.make_context(cli, data, None)
+    ctx = common.make_context(cli, data, None, existing=True)
     result = common.run(
         lambda: common.with_context(
             ctx, lambda c: ops.release(c, lease_id, kind=kind, expected_epoch=expected_epoch, force=force)

@@ -153,11 +153,11 @@ RULES: tuple[AlertRule, ...] = (
         hold="1m",
         severity="critical",
         summary="{{ $value }} effect tool call(s) whose outcome is unknown, their sessions held: "
-        "console key 9 (Tools), enter for the call, o to resolve it done, retry or fail",
+        "console key 1 (Backlog, unknown outcomes first), the call's row, o to resolve it done, retry or fail",
         description="An executor died (or the tool timed out) while an effect tool call was in "
         "flight. rem never repeats it by itself: check the tool's own side (did the mail go?) and "
         "resolve it; the turn waits until then.",
-        console_key="9 then o",
+        console_key="1 then o",
     ),
     AlertRule(
         name="RemToolApprovalWaiting",
@@ -167,11 +167,11 @@ RULES: tuple[AlertRule, ...] = (
         threshold=900,
         hold="0m",
         severity="warning",
-        summary="a tool call has waited {{ $value | humanizeDuration }} for approval: console key 9 "
-        "(Tools), a to approve or n to deny",
+        summary="a tool call has waited {{ $value | humanizeDuration }} for approval: console key 1 "
+        "(Backlog), the call's row, a to approve or n to deny",
         description="An `ask` tool (by default every effect tool) waits for a person; its session's "
         "turn is parked until someone approves or denies it.",
-        console_key="9 then a",
+        console_key="1 then a",
     ),
     AlertRule(
         name="RemDreamStuck",

@@ -140,8 +140,8 @@ def _locked_call_sync(conn: Conn, call_id: str) -> Row:
 def _wrong_state(call: Row, decision: Decision, wanted: str) -> str:
     verb = {"approve": "approved", "deny": "denied"}.get(decision, "resolved")
     hint = {
-        AWAITING: "use `rem resolve` for an unknown outcome",
-        UNKNOWN: "use `rem approve` or `rem deny` for a call awaiting approval",
+        AWAITING: f"it awaits approval: `rem approve {call['id']}` or `rem deny {call['id']}`",
+        UNKNOWN: f"its outcome is unknown: `rem resolve {call['id']} --done|--retry|--fail`",
     }.get(call["state"], "it needs no decision")
     return f"tool call {call['id']} is {call['state']}, not {wanted}, so it cannot be {verb}; {hint}"
 

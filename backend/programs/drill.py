@@ -41,6 +41,7 @@ from backend.chroma import server as chroma_server
 from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError, UsageError
+from backend.execution import parking
 from backend.ops.records import LeaseRecord
 from backend.programs import drill_tools
 from backend.programs.supervisor import read_manifest
@@ -343,10 +344,21 @@ class Drill:
         return None if owner is None else str(owner)
 
     async def _leases_of(self, owner: str | None) -> list[LeaseRecord]:
+        """The leases `owner` holds. A turn parked for a person (`backend.execution.parking`) is
+        held by nobody, whatever owner its row still names: nothing takes it over until a
+        decision (the drill makes them when it settles), so waiting for it would time out."""
         if owner is None:
             return []
         snap = await ops.status(self.ctx)
-        return [lease for lease in snap["leases"] if lease["owner_id"] == owner]
+        db = await self.ctx.db()
+        parked = {
+            row[0]
+            for row in await db.fetchall(
+                "SELECT id FROM session_execution WHERE owner_id = ? AND parked IN (?, ?)",
+                (owner, *parking.TOOL_HOLDS),
+            )
+        }
+        return [lease for lease in snap["leases"] if lease["owner_id"] == owner and lease["id"] not in parked]
 
     async def run_round(self, number: int, role: str) -> Round:
         rnd = Round(number=number, role=role)

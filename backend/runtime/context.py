@@ -48,6 +48,9 @@ class Context:
     data: DataDir
     chroma_url: str | None = None
     read_only: bool = False
+    # an operator's command on data that must already be there: a missing data dir is an error,
+    # not one to create (a decision or a release on a mistyped --data would make an empty one)
+    existing: bool = False
     # the state store on PostgreSQL (`--db` / REM_DB_URL); None: state.db in the data dir
     db_url: str | None = field(default_factory=lambda: settings.db_url)
     operator: str = field(default_factory=operator_name)
@@ -98,15 +101,19 @@ class Context:
             return display_url(self.db_url)
         return str(self.data.state_db)
 
+    def _refuse_missing(self) -> None:
+        self.data.check_usable()
+        if not self.data.exists():
+            raise DataDirError(
+                f"no rem data at {self.data.root} (state.db missing); run `rem init --data {self.data.root}`"
+            )
+
     async def _open_db(self) -> Database:
         if self.db_url:
             return await self._open_postgres(self.db_url)
+        if self.read_only or self.existing:
+            self._refuse_missing()
         if self.read_only:
-            self.data.check_usable()
-            if not self.data.exists():
-                raise DataDirError(
-                    f"no rem data at {self.data.root} (state.db missing); run `rem init --data {self.data.root}`"
-                )
             db = await Database.open(self.data.state_db, read_only=True)
             try:
                 await refuse_unusable(db)

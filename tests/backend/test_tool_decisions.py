@@ -95,6 +95,8 @@ async def test_approve_then_deny_unparks_only_when_nothing_waits(db_ctx: Context
     assert approved["arguments"] == {"to": "ops", "n": 0} and approved["tool"] == "outbox.outbox_send"
     assert (await _execution(db, lease.execution_id))["parked"] == parking.AWAITING_APPROVAL
 
+    with pytest.raises(Refused, match=f"is awaiting_approval, not unknown.*`rem approve {second}`"):
+        await ops.resolve(db_ctx, second, "done")
     denied = await ops.deny(db_ctx, second, "not today")
     assert (denied["state"], denied["unparked"]) == ("denied", True)
     execution = await _execution(db, lease.execution_id)
@@ -110,8 +112,12 @@ async def test_approve_then_deny_unparks_only_when_nothing_waits(db_ctx: Context
     events = await db.fetchall(
         "SELECT kind, target, data FROM event WHERE kind LIKE 'operator.%' ORDER BY id"
     )
-    assert [(e[0], e[1]) for e in events] == [("operator.approve", first), ("operator.deny", second)]
-    assert json.loads(events[1][2])["arguments_sha256"]
+    assert [(e[0], e[1]) for e in events] == [
+        ("operator.approve", first),
+        ("operator.refused", second),  # the resolve of a call awaiting approval
+        ("operator.deny", second),
+    ]
+    assert json.loads(events[2][2])["arguments_sha256"]
     assert (await db.read_in_thread(verify_operator_chain_sync))["broken"] is None
 
     # the un-parked turn is taken over without an attempt counted or a continuation message
@@ -140,7 +146,8 @@ async def test_resolve_each_choice_and_the_refusals(db_ctx: Context) -> None:
     with pytest.raises(Refused, match="held for a tool call .tool_outcome_unknown."):
         await ops.resume(db_ctx, ["s1"])
     assert (await ops.resume(db_ctx, all_held=True))["resumed"] == []
-    with pytest.raises(Refused, match="is unknown, not awaiting_approval"):
+    # the refusal names the decision the call does wait for
+    with pytest.raises(Refused, match=f"is unknown, not awaiting_approval.*`rem resolve {ids[0]} --done"):
         await ops.approve(db_ctx, ids[0])
     with pytest.raises(NotFound, match="no tool call 'call_nope'"):
         await ops.resolve(db_ctx, "call_nope", "done")

@@ -62,3 +62,14 @@ def test_the_decision_commands(tmp_path: Path) -> None:
 
     missing = run_rem("approve", "call_nope", *data, env=env)
     assert missing.returncode != 0 and "no tool call 'call_nope'" in missing.stderr
+
+
+def test_a_decision_or_release_on_a_missing_data_dir_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    for args in (("approve", "call_x"), ("resolve", "call_x", "--done"), ("release", "exe_x")):
+        out = run_rem(*args, "--data", str(missing), env=rem_env())
+        assert out.returncode != 0 and out.stdout == ""
+        assert out.stderr.strip() == f"rem: error: no rem data at {missing} (state.db missing); " + (
+            f"run `rem init --data {missing}`"
+        ), out.stderr
+        assert not missing.exists()

@@ -31,6 +31,20 @@ def test_drill_all_roles_passes_and_reports_recovery(tmp_path: Path) -> None:
     assert again["settle_s"] is not None
 
 
+def test_drill_with_tools_kills_mid_send_and_sends_nothing_twice(tmp_path: Path) -> None:
+    """Each round kills the executor of a send in flight on the demo tools server: the send's
+    outcome is unknown, its turn parks (held by nobody), the drill resolves it when it settles,
+    and the tool server's outbox holds every send once."""
+    code, report = drill(
+        tmp_path, "--role", "executor", "--tools", "--mid-send", "--rounds", "2", "--seed", "5"
+    )
+    assert code == 0, json.dumps([report["rounds"], report["check"]["violations"]], indent=1)[:4000]
+    assert [r["error"] for r in report["rounds"]] == [None, None]
+    effects = report["effects"]
+    assert effects["duplicated"] == 0 and effects["started_more_than_once"] == 0, effects
+    assert effects["resolved_unknown"] >= 1 and effects["sent"] == effects["keys"] > 0, effects
+
+
 def test_drill_fails_when_fencing_is_disabled(tmp_path: Path) -> None:
     # the settle wait ends at the first violation in the store (the drill's own rule, a correct build has
     # none): before, a broken build that never settles waited out the whole --settle-timeout
