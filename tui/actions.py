@@ -185,6 +185,11 @@ def release_plan(lease: Mapping[str, Any], now: int) -> ActionPlan:
     if kind not in RELEASABLE_KINDS:
         raise NotActionable(f"unknown lease kind {kind!r}; select an execution, summary-job or Dream lease")
     lease_id = str(lease.get("id"))
+    if lease.get("parked"):
+        raise NotActionable(
+            f"this turn is parked for a person ({lease.get('parked')}): nobody holds it and a release "
+            "would run nothing; decide its tool calls in Backlog (key 1: a approve, n deny, o resolve)"
+        )
     epoch = lease.get("epoch")
     left = left_ms(dict(lease), now)
     alive = owner_alive(dict(lease), now)

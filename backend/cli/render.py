@@ -155,7 +155,7 @@ def _print_tables(console: Console, result: Status) -> None:
                 lease["id"],
                 lease["owner_id"] or "-",
                 lease["epoch"],
-                f"{lease['time_left_ms'] / 1000:.0f} s",
+                "held" if lease["parked"] else f"{lease['time_left_ms'] / 1000:.0f} s",  # for a decision
             )
             for lease in result["leases"]
         ],

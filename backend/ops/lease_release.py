@@ -14,7 +14,8 @@ import logging
 
 import aiosqlite
 
-from backend.execution import recovery
+from backend.core.errors import Refused
+from backend.execution import parking, recovery
 from backend.ops.results import LeaseReleased, LeaseSeen
 from backend.store import fencing
 from backend.store.db import Conn, in_thread
@@ -58,8 +59,12 @@ def release_lease_sync(
     """Release one lease (fenced on the epoch the operator saw) and journal it, in the caller's tx.
 
     A parked execution (recovery budget spent) is un-parked with a fresh
-    budget: releasing it is the operator's "try again".
+    budget: releasing it is the operator's "try again". A turn parked for a
+    person's decision on its tool calls is refused: nobody holds it, and only
+    the decision moves it on.
     """
+    if kind == LeaseKind.EXECUTION:
+        refuse_tool_parked_sync(conn, lease_id)
     released = fencing.release_sync(conn, kind, lease_id, expected_epoch=expected_epoch, force=force, now=now)
     seen = LeaseSeen(
         owner_id=released.owner_id,
@@ -98,6 +103,20 @@ def release_lease_sync(
         "released %s %s (epoch %s -> %s) by %s", kind, lease_id, released.old_epoch, released.new_epoch, actor
     )
     return result
+
+
+def refuse_tool_parked_sync(conn: Conn, execution_id: str) -> None:
+    """Refuse to release a turn parked for a person (`backend.execution.parking`)."""
+    row = conn.execute(
+        "SELECT parked FROM session_execution WHERE id = ? AND parked IN (?, ?)",
+        (execution_id, *parking.TOOL_HOLDS),
+    ).fetchone()
+    if row is not None:
+        raise Refused(
+            f"execution {execution_id} is parked for a person ({row['parked']}): nobody holds it and a "
+            "release would run nothing; decide its tool calls: `rem status` lists them, then "
+            "`rem approve` / `rem deny` / `rem resolve CALL` (console: Backlog, a / n / o)"
+        )
 
 
 def owner_alive_sync(conn: Conn, owner_id: str, now: int) -> bool:

@@ -144,8 +144,11 @@ class LeaseRecord(TypedDict):
     expires_at: int
     owner_state: WorkerState | None  # None: the owner has no worker row
     time_left_ms: int
-    expired: bool
+    expired: bool  # past its expiry and not parked
     owner_alive: bool
+    # an execution parked for a person (`tool_awaiting_approval`, `tool_outcome_unknown`): held by
+    # nobody and renewed by nobody until a decision, so its expiry says nothing; else None
+    parked: str | None
 
 
 class KeyDiff(TypedDict):

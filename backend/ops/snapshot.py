@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
+from backend.execution.parking import TOOL_HOLDS
 from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health, tool_status
 from backend.ops.records import (
@@ -105,16 +106,16 @@ LIST_QUERIES: dict[str, str] = {
         WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
     "leases": """
         SELECT 'execution' AS kind, e.id AS id, e.session_id, e.owner_id, e.epoch, e.phase,
-               e.expires_at, w.state AS owner_state, w.heartbeat_at, w.exited_at
+               e.expires_at, w.state AS owner_state, w.heartbeat_at, w.exited_at, e.parked
         FROM session_execution AS e LEFT JOIN worker AS w ON w.owner_id = e.owner_id
         UNION ALL
         SELECT 'summary_job', j.session_id, j.session_id, j.owner_id, j.epoch, NULL,
-               j.lease_expires_at, w.state, w.heartbeat_at, w.exited_at
+               j.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
         FROM summary_job AS j LEFT JOIN worker AS w ON w.owner_id = j.owner_id
         WHERE j.lease_expires_at IS NOT NULL AND j.status = 'in_progress'
         UNION ALL
         SELECT 'dream', d.session_id, d.session_id, d.owner_id, d.epoch, NULL,
-               d.lease_expires_at, w.state, w.heartbeat_at, w.exited_at
+               d.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
         FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
         WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
         ORDER BY expires_at LIMIT :cap""",
@@ -309,6 +310,7 @@ def leases_sync(rows: list[dict[str, Any]], now: int) -> list[LeaseRecord]:
     for r in rows:
         expires_at = r["expires_at"]
         owner_state = states(r["owner_state"])
+        parked = r["parked"] if r["parked"] in TOOL_HOLDS else None
         out.append(
             {
                 "kind": kinds[r["kind"]],
@@ -320,8 +322,9 @@ def leases_sync(rows: list[dict[str, Any]], now: int) -> list[LeaseRecord]:
                 "expires_at": expires_at,
                 "owner_state": owner_state,
                 "time_left_ms": expires_at - now,
-                "expired": expires_at <= now,
+                "expired": expires_at <= now and parked is None,
                 "owner_alive": alive(owner_state, r["heartbeat_at"], r["exited_at"], now),
+                "parked": parked,
             }
         )
     return out

@@ -31,9 +31,13 @@ _RECOVERY_IDX = "session_recovery_wake_pending_error_attempts_created_execution_
 TOTALS_QUERIES: dict[str, str] = {
     # two reads of the expiry index: the oldest is its first entry (a seek); together in one
     # aggregate, min() would walk the whole range with the count
+    # a turn parked for a person (an approval, an unknown outcome) is held by nobody and
+    # renewed by nobody: its row expires, but nothing is late (`backend.execution.parking`)
     "execution_expired": """
-        SELECT (SELECT count(*) FROM session_execution WHERE expires_at <= :now) AS expired,
-               (SELECT min(expires_at) FROM session_execution WHERE expires_at <= :now) AS oldest""",
+        SELECT (SELECT count(*) FROM session_execution WHERE expires_at <= :now
+                AND (parked IS NULL OR parked = 'decided')) AS expired,
+               (SELECT min(expires_at) FROM session_execution WHERE expires_at <= :now
+                AND (parked IS NULL OR parked = 'decided')) AS oldest""",
     "summary_job_by_owner": """
         SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
                min(lease_expires_at) AS oldest

@@ -97,6 +97,7 @@ def test_the_checker_finds_a_wrong_shape() -> None:
         "time_left_ms": 0,
         "expired": True,
         "owner_alive": False,
+        "parked": None,
     }
     assert problems(lease, LeaseRecord, "l") == ["l.kind: 'execution' is not a LeaseKind member"]
     assert problems({**lease, "kind": LeaseKind.EXECUTION}, LeaseRecord, "l") == []

@@ -186,3 +186,28 @@ async def test_decisions_refuse_under_read_only(db_ctx: Context) -> None:
         await reader.close()
     row = await db.fetchone("SELECT state FROM tool_call WHERE id = ?", (ids[0],))
     assert row is not None and row[0] == "awaiting_approval"
+
+
+async def test_a_parked_turn_is_no_expired_lease_and_a_release_of_it_is_refused(db_ctx: Context) -> None:
+    """A turn parked for a person is held and renewed by nobody: its row's expiry passes, but
+    nothing is late (no expired lease to alert on, no countdown), and a release would run
+    nothing; the decision un-parks it, and then it is an expired lease for the next executor."""
+    db = await db_ctx.db()
+    lease, [call] = await _parked_turn(db, [ToolCallState.AWAITING_APPROVAL])
+
+    def long_past(conn: Any) -> None:
+        conn.execute("UPDATE session_execution SET expires_at = 1 WHERE id = ?", (lease.execution_id,))
+
+    await db.write_in_thread(long_past)
+    snap = await ops.status(db_ctx)
+    [record] = snap["leases"]
+    assert (record["parked"], record["expired"]) == (parking.AWAITING_APPROVAL, False)
+    assert snap["counts"]["expired_leases"] == 0
+    with pytest.raises(Refused, match="is parked for a person .tool_awaiting_approval.*rem approve"):
+        await ops.release(db_ctx, lease.execution_id, force=True)
+    assert await db.scalar("SELECT epoch FROM session_execution") == lease.epoch  # nothing moved
+
+    await ops.approve(db_ctx, call)
+    snap = await ops.status(db_ctx)
+    [record] = snap["leases"]
+    assert (record["parked"], record["expired"], snap["counts"]["expired_leases"]) == (None, True, 1)

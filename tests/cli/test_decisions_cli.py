@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 from backend.core.datadir import DataDir
@@ -33,6 +34,10 @@ def test_the_decision_commands(tmp_path: Path) -> None:
     )
     env = rem_env(REM_OPERATOR="alice")
     data = ("--data", str(root))
+    shown = run_rem("status", *data, env=env)  # the parked turn's lease: held, no countdown
+    assert shown.returncode == 0 and re.search(r"execution +exe_\S+ +executor-x +1 +held", shown.stdout), (
+        shown.stdout
+    )
 
     out = run_rem("approve", approval, *data, "--json", env=env)
     assert out.returncode == 0, out.stderr

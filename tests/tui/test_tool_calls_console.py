@@ -160,3 +160,22 @@ async def test_resolve_done_retry_and_fail_from_backlog(
     assert rows[done][0] == "completed" and rows[done][3] == "sent, receipt 8812"
     assert rows[retry][0] == "pending" and rows[retry][2] == 1
     assert rows[fail][0] == "error" and "bounced" in rows[fail][3]
+
+
+async def test_a_parked_turns_lease_shows_held_and_is_not_released(
+    waiting: tuple[DataDir, list[str], list[str]],
+) -> None:
+    """Parked for a person, a turn is held by nobody: no countdown, no expired lease, and `l`
+    explains where the decision is made instead of confirming a release that would run nothing."""
+    data, _asks, _lost = waiting
+    async with console(data).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        leases = table(app, "leases")
+        keys = leases.shown_keys()
+        assert len(keys) == 2 and all(leases.cell_text(k, "left") == "held" for k in keys)
+        assert leases.expired_count(2**62) == 0  # however long it waits
+        await pilot.press("2", "home", "l")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1  # no confirmation
+        notes = [str(n.message) for n in app._notifications]
+        assert any("parked for a person" in n and "Backlog" in n for n in notes), notes

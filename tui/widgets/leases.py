@@ -37,6 +37,8 @@ def left_ms(record: Record, now: int) -> int:
 
 
 def _left(record: Record, now: int, palette: Palette) -> Text:
+    if record.get("parked"):  # held by nobody until a person decides: no countdown to watch
+        return cell("held", "warning", palette)
     left = left_ms(record, now)
     if left <= 0:
         return cell(time_left(left), "error", palette, bold=True)
@@ -93,7 +95,7 @@ class LeaseTable(SnapshotTable):
             yield lease_key(lease), record
 
     def expired_count(self, now: int) -> int:
-        return sum(1 for r in self.all_records() if left_ms(r, now) <= 0)
+        return sum(1 for r in self.all_records() if left_ms(r, now) <= 0 and not r.get("parked"))
 
     def titles(self, snapshot: Status) -> tuple[str, bool]:
         return self.live_title(self._now)
