@@ -179,3 +179,30 @@ async def test_decisions_refuse_under_read_only(db_ctx: Context) -> None:
         await reader.close()
     row = await db.fetchone("SELECT state FROM tool_call WHERE id = ?", (ids[0],))
     assert row is not None and row[0] == "awaiting_approval"
+
+
+async def test_the_calls_waiting_are_the_status_lists_kept_to_the_projects_asked(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    _lease, (asked, lost) = await _parked_turn(db, [ToolCallState.AWAITING_APPROVAL, ToolCallState.RUNNING])
+    waiting = await ops.tool_calls_waiting(db_ctx)
+    assert [c["call_id"] for c in waiting["awaiting_approval"]] == [asked]
+    assert [c["call_id"] for c in waiting["unknown_outcome"]] == [lost]
+    status = (await ops.status(db_ctx))["tools"]
+    assert _timeless(waiting["awaiting_approval"]) == _timeless(status["awaiting_approval"])
+    assert _timeless(waiting["unknown_outcome"]) == _timeless(status["unknown_outcome"])
+
+    # s1 is in project `default`: kept for it, left out for any other (and for none)
+    mine = await ops.tool_calls_waiting(db_ctx, projects=["default", "ops"])
+    assert _timeless(mine["awaiting_approval"] + mine["unknown_outcome"]) == _timeless(
+        waiting["awaiting_approval"] + waiting["unknown_outcome"]
+    )
+    for projects in (["ops"], []):
+        assert await ops.tool_calls_waiting(db_ctx, projects=projects) == {
+            "awaiting_approval": [],
+            "unknown_outcome": [],
+        }
+
+
+def _timeless(calls: list[Any]) -> list[dict[str, Any]]:
+    """Calls as listed, but for their age (which moves with the clock)."""
+    return [{k: v for k, v in call.items() if k != "age_ms"} for call in calls]
