@@ -10,6 +10,32 @@ import typer
 from backend.cli import common
 from backend.core.errors import BadInput
 
+ProjectOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--project",
+        help="A project the client may see (repeatable); nothing of any other project is served.",
+        show_default=False,
+    ),
+]
+AllProjectsOpt = Annotated[
+    bool, typer.Option("--all-projects", help="Let the client see every project (instead of --project).")
+]
+AllowWritesOpt = Annotated[
+    bool, typer.Option("--allow-writes", help="Also offer add_memory (admits an input through rem send).")
+]
+AllowDecisionsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-decisions",
+        help="Also offer the operator's decisions on agent tool calls (approve, deny, resolve, and the "
+        "list of calls waiting), journaled as `rem mcp (OPERATOR)`; needs --allow-writes.",
+    ),
+]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", help="Log a failing tool's traceback on stderr (the client gets one line).")
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("mcp")(mcp)
@@ -17,24 +43,11 @@ def register(app: typer.Typer) -> None:
 
 def mcp(
     cli: typer.Context,
-    project: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--project",
-            help="A project the client may see (repeatable); nothing of any other project is served.",
-            show_default=False,
-        ),
-    ] = None,
-    all_projects: Annotated[
-        bool, typer.Option("--all-projects", help="Let the client see every project (instead of --project).")
-    ] = False,
-    allow_writes: Annotated[
-        bool, typer.Option("--allow-writes", help="Also offer add_memory (admits an input through rem send).")
-    ] = False,
-    debug: Annotated[
-        bool,
-        typer.Option("--debug", help="Log a failing tool's traceback on stderr (the client gets one line)."),
-    ] = False,
+    project: ProjectOpt = None,
+    all_projects: AllProjectsOpt = False,
+    allow_writes: AllowWritesOpt = False,
+    allow_decisions: AllowDecisionsOpt = False,
+    debug: DebugOpt = False,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
 ) -> None:
@@ -42,12 +55,35 @@ def mcp(
 
     The scope is explicit: --project P (repeatable) pins what a client may
     see; --all-projects serves every project. Read-only unless
-    --allow-writes. Point an MCP client at `rem mcp --data DIR --project P`.
+    --allow-writes; the decisions on agent tool calls only with
+    --allow-decisions as well. Point an MCP client at
+    `rem mcp --data DIR --project P`.
 
     Example: rem mcp --data ./demo --project ops
     """
+    _check_flags(project, all_projects, allow_writes, allow_decisions)
+    if debug:
+        logging.getLogger("rem.mcp").setLevel(logging.DEBUG)
+    # import time: the MCP SDK, only for this command
+    from backend.programs.mcp_server import mcp_operator, serve
+
+    ctx = common.make_context(cli, data, chroma_url, read_only=not allow_writes, operator=mcp_operator())
+    projects = None if all_projects else sorted(set(project or []))
+    common.run(
+        lambda: serve(
+            ctx, allow_writes=allow_writes, allow_decisions=allow_decisions, projects=projects, debug=debug
+        )
+    )
+
+
+def _check_flags(
+    project: list[str] | None, all_projects: bool, allow_writes: bool, allow_decisions: bool
+) -> None:
+    """Refuse a scope or a grant said wrongly, before anything starts."""
     if all_projects and project:
         raise BadInput("--project and --all-projects contradict each other: pass one of them")
+    if allow_decisions and not allow_writes:
+        raise BadInput("--allow-decisions needs --allow-writes (a decision is a write): pass both")
     if not all_projects and not project:
         raise BadInput(
             "rem mcp needs a scope: pass --project P (repeatable) for the projects a client may see, "
@@ -57,11 +93,3 @@ def mcp(
 
     for name in project or []:
         validate_id("project", name, "--project")
-    if debug:
-        logging.getLogger("rem.mcp").setLevel(logging.DEBUG)
-    # import time: the MCP SDK, only for this command
-    from backend.programs.mcp_server import serve
-
-    ctx = common.make_context(cli, data, chroma_url, read_only=not allow_writes)
-    projects = None if all_projects else sorted(set(project or []))
-    common.run(lambda: serve(ctx, allow_writes=allow_writes, projects=projects, debug=debug))

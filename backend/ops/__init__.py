@@ -7,9 +7,9 @@ release and drain actions' bodies, `results` types what every action
 returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
 alerts. `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
-operator's decisions on their calls (`rem approve|deny|resolve`). `console` is the console's
-door: the only way `tui/` reaches rem besides these functions (an import-linter
-contract holds it to that).
+operator's decisions on their calls (`rem approve|deny|resolve`) and the calls waiting for one.
+`console` is the console's door: the only way `tui/` reaches rem besides
+these functions (an import-linter contract holds it to that).
 
 The names below are loaded on first use (PEP 562 `__getattr__`): `rem status`
 imports the status snapshot, not the importer, reindexing or Dream's overlay
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from backend.ops.alert_rules import metric_rules
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
-    from backend.ops.tool_decisions import approve, deny, resolve
+    from backend.ops.tool_decisions import approve, deny, resolve, tool_calls_waiting
     from backend.ops.tool_list import tools
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "show",
     "show_session",
     "status",
+    "tool_calls_waiting",
     "tools",
 ]
 
@@ -94,6 +95,7 @@ _HOMES = {
     "approve": "backend.ops.tool_decisions",
     "deny": "backend.ops.tool_decisions",
     "resolve": "backend.ops.tool_decisions",
+    "tool_calls_waiting": "backend.ops.tool_decisions",
 }
 
 

@@ -380,6 +380,13 @@ class ToolCallRecord(TypedDict):
     owner_alive: bool
 
 
+class WaitingToolCalls(TypedDict):
+    """The calls only an operator moves on (`ops.tool_calls_waiting`; MCP's `list_tool_calls_waiting`)."""
+
+    awaiting_approval: list[ToolCallRecord]
+    unknown_outcome: list[ToolCallRecord]
+
+
 class ToolCalls(TypedDict):
     """`rem status --json`'s `tools`: the waiting calls (capped, oldest first) and every call counted."""
 

@@ -18,19 +18,26 @@ runs, or its result feeds the model's next step. What each leaves:
 
 A refusal (unknown id, wrong state) is one line, journaled as
 `operator.refused`; a read-only rem refuses before it reads anything.
+
+`tool_calls_waiting` reads the calls these decisions act on, as `rem status
+--json` lists them (`ops.tool_status`), for a caller that wants only them
+(`rem mcp`'s `list_tool_calls_waiting`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from typing import Any, Literal
 
 from backend.core import clock
 from backend.core.errors import BadInput, NotFound, Refused
 from backend.core.settings import settings
 from backend.execution import parking
+from backend.ops import tool_status
 from backend.ops.actions import refusals_journaled
+from backend.ops.records import WaitingToolCalls
 from backend.ops.results import ToolDecision
 from backend.runtime.context import Context
 from backend.store.db import Conn, Row
@@ -74,6 +81,38 @@ async def resolve(ctx: Context, call_id: str, choice: Choice, text: str | None =
     if choice == "retry" and text is not None:
         raise BadInput("`--retry` takes no text: the call runs again and its own result is used")
     return await _decide(ctx, call_id, choice, text)
+
+
+async def tool_calls_waiting(ctx: Context, *, projects: Collection[str] | None = None) -> WaitingToolCalls:
+    """`rem status --json`'s `tools.awaiting_approval` and `tools.unknown_outcome`, read alone
+    (oldest first, capped alike); with `projects`, only the calls of their sessions."""
+    from backend.ops.snapshot import LIST_CAP  # import time: the status snapshot, only for the list
+
+    db = await ctx.db()
+    now = clock.now_ms()
+
+    def read_sync(conn: Conn) -> WaitingToolCalls:
+        rows = tool_status.waiting_rows_sync(conn, LIST_CAP)
+        if projects is not None:
+            rows = _of_projects_sync(conn, rows, projects)
+        return tool_status.waiting_lists(rows, now)
+
+    return await db.read_in_thread(read_sync)
+
+
+def _of_projects_sync(
+    conn: Conn, rows: dict[str, list[dict[str, Any]]], projects: Collection[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows whose session is in one of `projects`."""
+    sessions = sorted({r["session_id"] for listed in rows.values() for r in listed})
+    kept: set[str] = set()
+    if sessions and projects:  # PostgreSQL refuses an empty IN ()
+        sql = (
+            f"SELECT id FROM session WHERE id IN ({', '.join('?' * len(sessions))}) "
+            f"AND project IN ({', '.join('?' * len(projects))})"
+        )
+        kept = {row[0] for row in conn.execute(sql, (*sessions, *projects)).fetchall()}
+    return {name: [r for r in listed if r["session_id"] in kept] for name, listed in rows.items()}
 
 
 async def _decide(ctx: Context, call_id: str, decision: Decision, text: str | None) -> ToolDecision:

@@ -1,10 +1,11 @@
 """Agent tool calls in the status snapshot: the calls waiting for a person, and every call counted.
 
-`rem status --json`'s `tools` object, the console's tool panel and the tool-call metrics read
-this. The lists are the calls only an operator moves on (`WAITING_STATES`: an approval asked
-for, an effect whose outcome is unknown), oldest first (the most urgent: it has waited longest),
-read from the partial index of open calls up to `LIST_CAP` rows; the counts are the `tool_calls`
-status counter (`backend.store.counters`), so neither walks the calls ever made.
+`rem status --json`'s `tools` object, the console's tool panel, the tool-call metrics and
+`ops.tool_calls_waiting` read this. The lists are the calls only an operator moves on
+(`WAITING_STATES`: an approval asked for, an effect whose outcome is unknown), oldest first (the
+most urgent: it has waited longest), read from the partial index of open calls up to `LIST_CAP`
+rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
+the calls ever made.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backend.ops.records import ToolCallRecord, ToolCalls
+from backend.ops.records import ToolCallRecord, ToolCalls, WaitingToolCalls
 from backend.store import workers
 from backend.store.db import Conn
 from backend.store.states import ToolCallState
@@ -101,18 +102,21 @@ def by_tool(keyed: dict[str, int]) -> dict[str, dict[str, int]]:
     return out
 
 
+def waiting_lists(rows: dict[str, list[dict[str, Any]]], now: int) -> WaitingToolCalls:
+    """Both waiting lists as the status shows them (`waiting_rows_sync`'s rows, as of `now`)."""
+    return {
+        "awaiting_approval": [call_record(r, now) for r in rows["tools_awaiting_approval"]],
+        "unknown_outcome": [call_record(r, now) for r in rows["tools_unknown_outcome"]],
+    }
+
+
 def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now: int) -> ToolCalls:
     """The snapshot's `tools` object: both waiting lists, the counts by state, and by tool."""
     counts = dict.fromkeys((s.value for s in ToolCallState), 0)
     for key, n in keyed.items():
         state = key.partition(":")[0]
         counts[state] = counts.get(state, 0) + n
-    return {
-        "awaiting_approval": [call_record(r, now) for r in rows["tools_awaiting_approval"]],
-        "unknown_outcome": [call_record(r, now) for r in rows["tools_unknown_outcome"]],
-        "counts": counts,
-        "by_tool": by_tool(keyed),
-    }
+    return {**waiting_lists(rows, now), "counts": counts, "by_tool": by_tool(keyed)}
 
 
 # a session's calls as `rem show` and the console's detail view list them, newest last

@@ -8,13 +8,18 @@ Tools (each a thin call into `backend.ops`, the same library the CLI uses):
 * `list_projects()`: projects with their session and turn counts;
 * `add_memory(session_id, text, project)`: only with `--allow-writes`; admits
   an input through the normal path (`ops.send`: idempotent, journaled), so
-  the executor answers it and the summarizer and Dream take it from there.
+  the executor answers it and the summarizer and Dream take it from there;
+* `list_tool_calls_waiting`, `approve_tool_call`, `deny_tool_call`,
+  `resolve_tool_call`: only with `--allow-writes --allow-decisions`, the
+  operator's decisions on agent tool calls (`backend.programs.mcp_decisions`
+  says why they need a flag of their own).
 
 Scope: the server serves the projects it was started with (`--project`,
 repeatable) or, only when asked in so many words, all of them
-(`--all-projects`). Every tool keeps to that scope: a project outside it is
-refused, and a session or graph node outside it is not found (the client
-learns nothing about it).
+(`--all-projects`). Every tool keeps to that scope (`backend.programs.mcp_scope`):
+a project outside it is refused, and a session, graph node or tool call
+outside it is not found (the client learns nothing about it). What the server
+journals names it: its actor is `rem mcp (OPERATOR)` (`mcp_operator`).
 
 Read-only by default: the Context is read-only, so the library refuses any
 write even if a tool tried one. stdout is the protocol; logs go to stderr.
@@ -30,7 +35,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -39,43 +43,15 @@ from mcp.types import ToolAnnotations
 from pydantic import Field, ValidationError
 
 from backend import ops
-from backend.core.errors import BadInput, NotFound, RemError, SessionNotFound
+from backend.core.errors import BadInput, NotFound, RemError
 from backend.memory.warm import warm_recall
+from backend.programs.mcp_decisions import add_decision_tools
+from backend.programs.mcp_scope import Scope
 from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
+from backend.store.events import operator_name
 
 log = logging.getLogger("rem.mcp")
-
-
-@dataclass(frozen=True)
-class Scope:
-    """The projects a client may see: `projects`, or every one when it is None (`--all-projects`)."""
-
-    projects: frozenset[str] | None
-
-    def describe(self) -> str:
-        return "every project" if self.projects is None else "project(s) " + ", ".join(sorted(self.projects))
-
-    def project(self, project: str | None) -> str | None:
-        """The project a call names, checked against the scope (None: the scope's only project, if one)."""
-        if self.projects is None:
-            return project
-        if project is None:
-            if len(self.projects) == 1:
-                return next(iter(self.projects))
-            raise BadInput(f"name a project: this server serves {self.describe()}")
-        if project not in self.projects:
-            raise BadInput(f"project {project!r} is not served here: this server serves {self.describe()}")
-        return project
-
-    async def session(self, ctx: Context, session_id: str) -> None:
-        """Refuse a session outside the scope as if it did not exist."""
-        if self.projects is None:
-            return
-        db = await ctx.db()
-        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
-        if owner not in self.projects:
-            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}")
 
 
 async def answer(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
@@ -121,12 +97,18 @@ class RemMCPServer(MCPServer[None]):
         return one_line(f"rem: error: {name} failed: {type(cause).__name__}: {cause}")
 
 
-def _instructions(scope: Scope, allow_writes: bool) -> str:
+def _instructions(scope: Scope, allow_writes: bool, allow_decisions: bool) -> str:
     """What the server tells its client it is for, and what it may do."""
     return (
         "rem's long-term memory of agent sessions: recall turns, session summaries and graph facts "
         f"by meaning and by keyword, scoped by project. This server serves {scope.describe()}."
         + (" add_memory admits a message into a session." if allow_writes else " Read-only.")
+        + (
+            " approve_tool_call, deny_tool_call and resolve_tool_call take the operator's decisions on "
+            "the agent tool calls list_tool_calls_waiting lists."
+            if allow_decisions
+            else ""
+        )
     )
 
 
@@ -145,14 +127,28 @@ def _closing(ctx: Context, scope: Scope) -> Callable[[MCPServer[None]], Abstract
     return lifespan
 
 
+def mcp_operator() -> str:
+    """The actor `rem mcp` journals (its context's operator): `rem mcp (OPERATOR)`, OPERATOR as
+    every command names it (`REM_OPERATOR`, else the OS user)."""
+    return f"rem mcp ({operator_name()})"
+
+
 def build_server(
-    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
+    ctx: Context,
+    *,
+    allow_writes: bool = False,
+    allow_decisions: bool = False,
+    projects: Collection[str] | None = None,
+    debug: bool = False,
 ) -> RemMCPServer:
-    """The MCPServer with rem's tools bound to `ctx` and scoped to `projects` (None: every project)."""
+    """The MCPServer with rem's tools bound to `ctx` and scoped to `projects` (None: every project);
+    the decisions on tool calls only with both `allow_writes` and `allow_decisions`."""
+    if allow_decisions and not allow_writes:
+        raise BadInput(DECISIONS_NEED_WRITES)
     scope = Scope(None if projects is None else frozenset(projects))
     server = RemMCPServer(
         name="rem",
-        instructions=_instructions(scope, allow_writes),
+        instructions=_instructions(scope, allow_writes, allow_decisions),
         lifespan=_closing(ctx, scope),
         log_level="WARNING",
     )
@@ -160,7 +156,13 @@ def build_server(
     _add_read_tools(server, ctx, scope)
     if allow_writes:
         _add_write_tools(server, ctx, scope)
+    if allow_decisions:
+        add_decision_tools(server, ctx, scope)
     return server
+
+
+# the CLI refuses the flag alone before anything starts, in the same words
+DECISIONS_NEED_WRITES = "--allow-decisions needs --allow-writes (a decision is a write): pass both"
 
 
 # Every parameter described, and every tool annotated (MCP's ToolAnnotations), so a client shows
@@ -302,9 +304,16 @@ async def _add_memory(
 
 
 async def serve(
-    ctx: Context, *, allow_writes: bool = False, projects: Collection[str] | None = None, debug: bool = False
+    ctx: Context,
+    *,
+    allow_writes: bool = False,
+    allow_decisions: bool = False,
+    projects: Collection[str] | None = None,
+    debug: bool = False,
 ) -> None:
     """Serve MCP over stdio until the client closes it."""
-    server = build_server(ctx, allow_writes=allow_writes, projects=projects, debug=debug)
+    server = build_server(
+        ctx, allow_writes=allow_writes, allow_decisions=allow_decisions, projects=projects, debug=debug
+    )
     lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async runs (mcp is pinned)
     await serve_stdio(lambda read, write: lowlevel.run(read, write, lowlevel.create_initialization_options()))

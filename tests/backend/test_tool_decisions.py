@@ -211,3 +211,30 @@ async def test_a_parked_turn_is_no_expired_lease_and_a_release_of_it_is_refused(
     snap = await ops.status(db_ctx)
     [record] = snap["leases"]
     assert (record["parked"], record["expired"], snap["counts"]["expired_leases"]) == (None, True, 1)
+
+
+async def test_the_calls_waiting_are_the_status_lists_kept_to_the_projects_asked(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    _lease, (asked, lost) = await _parked_turn(db, [ToolCallState.AWAITING_APPROVAL, ToolCallState.RUNNING])
+    waiting = await ops.tool_calls_waiting(db_ctx)
+    assert [c["call_id"] for c in waiting["awaiting_approval"]] == [asked]
+    assert [c["call_id"] for c in waiting["unknown_outcome"]] == [lost]
+    status = (await ops.status(db_ctx))["tools"]
+    assert _timeless(waiting["awaiting_approval"]) == _timeless(status["awaiting_approval"])
+    assert _timeless(waiting["unknown_outcome"]) == _timeless(status["unknown_outcome"])
+
+    # s1 is in project `default`: kept for it, left out for any other (and for none)
+    mine = await ops.tool_calls_waiting(db_ctx, projects=["default", "ops"])
+    assert _timeless(mine["awaiting_approval"] + mine["unknown_outcome"]) == _timeless(
+        waiting["awaiting_approval"] + waiting["unknown_outcome"]
+    )
+    for projects in (["ops"], []):
+        assert await ops.tool_calls_waiting(db_ctx, projects=projects) == {
+            "awaiting_approval": [],
+            "unknown_outcome": [],
+        }
+
+
+def _timeless(calls: list[Any]) -> list[dict[str, Any]]:
+    """Calls as listed, but for their age (which moves with the clock)."""
+    return [{k: v for k, v in call.items() if k != "age_ms"} for call in calls]

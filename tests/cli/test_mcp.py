@@ -124,6 +124,8 @@ async def test_add_memory_only_with_allow_writes(tmp_path: Path, chroma_url: str
         await session.initialize()
         listed = {t.name: t for t in (await session.list_tools()).tools}
         assert "add_memory" in listed
+        # the decisions on tool calls need --allow-decisions as well (tests/cli/test_mcp_decisions.py)
+        assert not {n for n in listed if "tool_call" in n}, sorted(listed)
         _assert_described_and_annotated(listed)
         added = _payload(
             await session.call_tool(

@@ -1,0 +1,44 @@
+"""What a `rem mcp` client may see: the projects it was started with (`--project`), or every one.
+
+Every tool keeps to its server's `Scope`: a project outside it is refused,
+and a session, graph node or tool call outside it is not found (the client
+learns nothing about it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.core.errors import BadInput, SessionNotFound
+from backend.runtime.context import Context
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The projects a client may see: `projects`, or every one when it is None (`--all-projects`)."""
+
+    projects: frozenset[str] | None
+
+    def describe(self) -> str:
+        return "every project" if self.projects is None else "project(s) " + ", ".join(sorted(self.projects))
+
+    def project(self, project: str | None) -> str | None:
+        """The project a call names, checked against the scope (None: the scope's only project, if one)."""
+        if self.projects is None:
+            return project
+        if project is None:
+            if len(self.projects) == 1:
+                return next(iter(self.projects))
+            raise BadInput(f"name a project: this server serves {self.describe()}")
+        if project not in self.projects:
+            raise BadInput(f"project {project!r} is not served here: this server serves {self.describe()}")
+        return project
+
+    async def session(self, ctx: Context, session_id: str) -> None:
+        """Refuse a session outside the scope as if it did not exist."""
+        if self.projects is None:
+            return
+        db = await ctx.db()
+        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
+        if owner not in self.projects:
+            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}")
