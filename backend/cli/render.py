@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from backend.cli.render_tools import print_waiting_calls
+from backend.cli.render_tools import print_server_health, print_waiting_calls
 from backend.core.inert import visible
 from backend.memory.index import IndexLag
 from backend.models.health import ModelState
@@ -231,9 +231,10 @@ def _print_totals(console: Console, result: Status) -> None:
 
 
 def _print_model(console: Console, result: Status) -> None:
-    """The model endpoint's health, the sessions it holds for an operator, and tokens and cost."""
+    """The model endpoint's health, the tool sources down, the sessions held for an operator, tokens and cost."""
     for line in model_lines(result["model"]):
         console.print(line)
+    print_server_health(console, result["tools"], result["generated_at"])
     for held in result["backlog"]["held"]:
         console.print(
             f"[red]held[/] {_e(held['session_id'])}: {_e(held['reason'])} ({held['waiting']} waiting); "

@@ -13,6 +13,7 @@ from rich.text import Text
 from backend.core.inert import visible
 from backend.ops.records import ToolCallRecord, ToolCalls
 from backend.ops.tool_list import ToolsReport
+from backend.ops.tool_status import server_down_lines
 
 STATE_STYLE = {"up": "green", "down": "red", "starting": "yellow", "idle": "dim", "closed": "dim"}
 
@@ -102,6 +103,12 @@ def _waiting_row(call: ToolCallRecord) -> list[Text]:
         Text(visible(owner) + ("" if call["owner_alive"] else " (dead)")),
         Text(arguments_text(call["arguments"])),
     ]
+
+
+def print_server_health(console: Console, tools: ToolCalls, now: int) -> None:
+    """`rem status`'s line per tool source down in a live executor (none when all are up or none is used)."""
+    for line in server_down_lines(tools.get("servers", []), now):
+        console.print(Text(visible(line), style="red"))
 
 
 def print_waiting_calls(console: Console, tools: ToolCalls, rows: int) -> None:

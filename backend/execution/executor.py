@@ -122,11 +122,15 @@ class Executor(Daemon):
             log=self.log,
             max_steps=settings.max_steps,
         )
-        self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log)
+        self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log, self.info)
         self._sink: PartSink | None = None
 
     def info(self) -> dict[str, Any]:
         return {"agent": self.agent.name, "concurrency": self.concurrency, "lease_ms": self.lease_ms}
+
+    async def on_heartbeat(self) -> None:
+        await super().on_heartbeat()
+        await self.tools.record_health()  # a server that died between turns (unchanged: nothing written)
 
     # -- the pass ----------------------------------------------------------
     async def run_pass(self) -> int:

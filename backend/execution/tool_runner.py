@@ -3,9 +3,11 @@
 One `ToolRunner` per executor process holds the process's one
 `ToolRegistry` (loaded on first use; its servers start when first listed or
 called, restart with backoff, log their stderr; a server that is down makes
-only its own tools unavailable). Without `REM_MCP_CONFIG` and with no
-`rem.tools` entry point installed it loads nothing (not even the MCP SDK):
-the agent is offered no tools and behaves exactly as before.
+only its own tools unavailable; their health is recorded in the executor's
+worker row when it changes, `backend.execution.tool_health`). Without
+`REM_MCP_CONFIG` and with no `rem.tools` entry point installed it loads
+nothing (not even the MCP SDK): the agent is offered no tools and behaves
+exactly as before.
 
 Before each model step of a turn, `advance` moves the turn's calls on:
 after a takeover it first settles the dead owner's `running` calls
@@ -38,6 +40,7 @@ from backend.core.settings import settings
 from backend.execution import parking, tool_calls
 from backend.execution.steps import TurnState
 from backend.execution.tool_calls import Outcome, PlannedCall
+from backend.execution.tool_health import ToolHealthRecorder
 from backend.models.tool_deltas import ModelToolCall
 from backend.store.db import Conn, Database, Row
 from backend.store.fencing import guard_sync
@@ -53,10 +56,18 @@ OK = ToolCallState
 class ToolRunner:
     """The executor's tools: the registry, what is offered, and each call's run."""
 
-    def __init__(self, db: Callable[[], Database], owner_id: str, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        db: Callable[[], Database],
+        owner_id: str,
+        log: logging.Logger,
+        info: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
         self._db = db  # the executor's store, opened when it runs
         self.owner_id = owner_id
         self.log = log
+        # the sources' health in the worker row (`info`: the rest of what the row says)
+        self.health = ToolHealthRecorder(db, owner_id, info, log)
         self.enabled = settings.mcp_config is not None or bool(entry_points(group="rem.tools"))
         self.concurrency = settings.tool_concurrency
         self._registry: ToolRegistry | None = None
@@ -77,8 +88,15 @@ class ToolRunner:
         """The tools a step offers the model (NAME__TOOL function tools); none without tools."""
         if not self.enabled:
             return []
-        specs = await (await self.registry()).catalogue()
+        registry = await self.registry()
+        specs = await registry.catalogue()
+        await self.health.record(registry)
         return [spec.openai_tool() for spec in specs if spec.available]
+
+    async def record_health(self) -> None:
+        """Record the sources' health if it changed (a server may die between turns); none loaded: nothing."""
+        if self._registry is not None:
+            await self.health.record(self._registry)
 
     async def aclose(self) -> None:
         if self._registry is not None:
@@ -213,14 +231,17 @@ class ToolRunner:
                 row["tool"], json.loads(row["arguments"]), idempotency_key=row["idempotency_key"]
             )
         except ToolError as exc:
-            return failed_outcome(row, exc)
-        return Outcome(
-            state=OK.COMPLETED,
-            result=result.text,
-            is_error=result.is_error,
-            size_bytes=result.size_bytes,
-            truncated=result.truncated,
-        )
+            outcome = failed_outcome(row, exc)
+        else:
+            outcome = Outcome(
+                state=OK.COMPLETED,
+                result=result.text,
+                is_error=result.is_error,
+                size_bytes=result.size_bytes,
+                truncated=result.truncated,
+            )
+        await self.health.record(registry)  # its server went down, or came up: unchanged, nothing written
+        return outcome
 
 
 def failed_outcome(row: Row, exc: Exception) -> Outcome:

@@ -60,6 +60,7 @@ __all__ = [
     "Throughput",
     "ToolCallRecord",
     "ToolCalls",
+    "ToolServerRecord",
     "Totals",
     "Usage",
     "UsageTotal",
@@ -387,13 +388,25 @@ class WaitingToolCalls(TypedDict):
     unknown_outcome: list[ToolCallRecord]
 
 
+class ToolServerRecord(TypedDict):
+    """A tool source (MCP server or entry point) as a live executor last recorded it (`ops.tool_status`)."""
+
+    server: str
+    up: bool
+    error: str | None  # why it is down, in one line (None: up)
+    since: int  # when it last went up or down
+    worker: str  # the executor's owner id: each executor starts its own servers
+
+
 class ToolCalls(TypedDict):
-    """`rem status --json`'s `tools`: the waiting calls (capped, oldest first) and every call counted."""
+    """`rem status --json`'s `tools`: the waiting calls (capped, oldest first), every call counted,
+    and the tool sources' health as live executors see it."""
 
     awaiting_approval: list[ToolCallRecord]
     unknown_outcome: list[ToolCallRecord]
     counts: dict[str, int]  # every ToolCallState, uncapped
     by_tool: dict[str, dict[str, int]]  # tool -> state -> n (at most TOOL_CAP tools, then "(other)")
+    servers: list[ToolServerRecord]  # down first, then by name and executor
 
 
 class Snapshot(TypedDict):

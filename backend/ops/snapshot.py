@@ -482,7 +482,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
     rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
     rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
     rows["usage"] = model_health.usage_sync(conn, counts)
-    rows["tools"] = tool_status.waiting_rows_sync(conn, LIST_CAP)
+    rows["tools"] = tool_status.rows_sync(conn, LIST_CAP)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
     rows["totals"] = {}  # the clockless totals, read again at their next use

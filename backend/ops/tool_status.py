@@ -1,4 +1,5 @@
-"""Agent tool calls in the status snapshot: the calls waiting for a person, and every call counted.
+"""Agent tool calls in the status snapshot: the calls waiting for a person, every call counted,
+and the tool sources' health.
 
 `rem status --json`'s `tools` object, the console's tool panel, the tool-call metrics and
 `ops.tool_calls_waiting` read this. The lists are the calls only an operator moves on
@@ -6,6 +7,12 @@
 most urgent: it has waited longest), read from the partial index of open calls up to `LIST_CAP`
 rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
 the calls ever made.
+
+The sources' health (`servers`) is what each live executor last recorded in its worker row
+(`backend.execution.tool_health`: written when a source goes up or down, never per call): one
+record per (executor, source), down first. A dead executor's records are not listed: its servers
+died with it. `server_down_lines` is the one line per down source that `rem status` and the
+console show, like the model's health line.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backend.ops.records import ToolCallRecord, ToolCalls, WaitingToolCalls
+from backend.execution.tool_health import INFO_KEY
+from backend.ops.records import ToolCallRecord, ToolCalls, ToolServerRecord, WaitingToolCalls
 from backend.store import workers
 from backend.store.db import Conn
 from backend.store.states import ToolCallState
@@ -37,6 +45,12 @@ def _waiting_sql(state: ToolCallState) -> str:
 QUERIES: dict[str, str] = {
     "tools_awaiting_approval": _waiting_sql(ToolCallState.AWAITING_APPROVAL),
     "tools_unknown_outcome": _waiting_sql(ToolCallState.UNKNOWN),
+    # the executors that may be alive, with what they recorded of their tool sources
+    "tools_servers": f"""
+        SELECT owner_id, state, heartbeat_at, exited_at, json_extract(info, '$.{INFO_KEY}') AS servers
+        FROM worker INDEXED BY worker_state_heartbeat_idx
+        WHERE state IN ('running', 'draining') AND role = 'executor'
+        ORDER BY started_at, owner_id LIMIT :cap""",
 }
 # tools named in the counts (by calls made); the rest are summed under OTHER_TOOL, so a model
 # that invents tool names cannot grow the status document or the metrics' label sets
@@ -44,15 +58,74 @@ TOOL_CAP = 50
 OTHER_TOOL = "(other)"
 
 
-def waiting_rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
-    """The rows of both waiting lists, oldest first: what does not depend on the clock."""
+def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
+    """The rows of both waiting lists (oldest first) and of the executors' tool sources, their
+    records decoded: what does not depend on the clock."""
     out: dict[str, list[dict[str, Any]]] = {}
     for name, sql in QUERIES.items():
         cursor = conn.execute(sql, {"cap": cap})
         cursor.row_factory = None
         names = [d[0] for d in cursor.description]
         out[name] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    for row in out["tools_servers"]:
+        row["servers"] = recorded_servers(row["owner_id"], row["servers"])
     return out
+
+
+def recorded_servers(owner_id: str, raw: str | None) -> list[ToolServerRecord]:
+    """An executor's recorded tool sources (`worker.info`), each named by the executor; none if unreadable."""
+    try:
+        records = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    out: list[ToolServerRecord] = []
+    for r in records if isinstance(records, list) else []:
+        if isinstance(r, dict) and isinstance(r.get("server"), str):
+            error, since = r.get("error"), r.get("since")
+            out.append(
+                {
+                    "server": r["server"],
+                    "up": r.get("up") is True,
+                    "error": None if error is None else str(error),
+                    "since": since if isinstance(since, int) else 0,
+                    "worker": owner_id,
+                }
+            )
+    return out
+
+
+def server_records(rows: list[dict[str, Any]], now: int) -> list[ToolServerRecord]:
+    """The live executors' tool sources as of `now`: down first, then by name and executor."""
+    alive = workers.worker_alive
+    listed = [
+        record
+        for row in rows
+        if row["servers"] and alive(row["state"], row["heartbeat_at"], row["exited_at"], now)
+        for record in row["servers"]
+    ]
+    return sorted(listed, key=lambda r: (r["up"], r["server"], r["worker"]))
+
+
+def server_down_lines(records: list[ToolServerRecord], now: int) -> list[str]:
+    """One plain line per source down in some live executor: the longest down, and in how many."""
+    down: dict[str, list[ToolServerRecord]] = {}
+    for record in records:
+        if not record["up"]:
+            down.setdefault(record["server"], []).append(record)
+    lines = []
+    for name, where in sorted(down.items()):
+        first = min(where, key=lambda r: r["since"])
+        executors = f"{len(where)} executors" if len(where) > 1 else first["worker"]
+        lines.append(
+            f"tool server {name} down for {_duration(now - first['since'])} in {executors}: "
+            f"{first['error'] or 'down'}"
+        )
+    return lines
+
+
+def _duration(ms: int) -> str:
+    seconds = max(0, ms) // 1000
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _arguments(raw: Any) -> Any:
@@ -111,12 +184,17 @@ def waiting_lists(rows: dict[str, list[dict[str, Any]]], now: int) -> WaitingToo
 
 
 def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now: int) -> ToolCalls:
-    """The snapshot's `tools` object: both waiting lists, the counts by state, and by tool."""
+    """The snapshot's `tools` object: both waiting lists, the counts by state and by tool, the sources."""
     counts = dict.fromkeys((s.value for s in ToolCallState), 0)
     for key, n in keyed.items():
         state = key.partition(":")[0]
         counts[state] = counts.get(state, 0) + n
-    return {**waiting_lists(rows, now), "counts": counts, "by_tool": by_tool(keyed)}
+    return {
+        **waiting_lists(rows, now),
+        "counts": counts,
+        "by_tool": by_tool(keyed),
+        "servers": server_records(rows["tools_servers"], now),
+    }
 
 
 # a session's calls as `rem show` and the console's detail view list them, newest last

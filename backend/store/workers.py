@@ -102,6 +102,13 @@ async def beat(db: Database, owner_id: str) -> WorkerState | None:
     return WorkerState(rows[0]["state"]) if rows else None
 
 
+async def record_info(db: Database, owner_id: str, info: dict[str, Any]) -> None:
+    """Replace what the worker says about itself (`info`), in one statement: rare, never per turn."""
+    await db.fetchall(
+        "UPDATE worker SET info = ? WHERE owner_id = ? RETURNING owner_id", (json.dumps(info), owner_id)
+    )
+
+
 async def mark_stopped(db: Database, owner_id: str, reason: str) -> None:
     now = clock.now_ms()
     async with db.tx() as conn:

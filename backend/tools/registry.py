@@ -9,6 +9,7 @@ The interface the executor codes against (one registry per process and event loo
     result = await registry.call(spec.name, {"text": "hi"}, idempotency_key=key)   # -> ToolResult
     part_text, shown = result.text, result.for_model(registry.limits.model_max_bytes)
     registry.health()                             # list[ServerHealth], one per source (JSON)
+    registry.health_changes                       # moves when a source's health may have changed
     await registry.aclose()                       # or: async with await ToolRegistry.load() as registry
 
 * `load(config_path=..., entry_points=..., limits=...)` reads the settings once;
@@ -85,6 +86,11 @@ class ToolRegistry:
         # each MCP source's last listing and the specs built from it: a step lists every source,
         # and a server that has not changed its tools answers with the same listing object
         self._built: dict[str, tuple[list[Any], list[ToolSpec]]] = {}
+        # moved by a source entering a state (or failing again): unmoved, `health()` is as last read
+        self.health_changes = 0
+        for source in self._sources.values():
+            if isinstance(source, McpServerSource):
+                source.on_change = self._health_changed
 
     @classmethod
     async def load(
@@ -165,6 +171,9 @@ class ToolRegistry:
             {**self._sources[name].health(), "refused": [r.as_json() for r in self._refused.get(name, [])]}
             for name in sorted(self._sources)
         ]
+
+    def _health_changed(self) -> None:
+        self.health_changes += 1
 
     # -- calls
 

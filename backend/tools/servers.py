@@ -16,8 +16,12 @@ one live `ClientSession` (the official SDK's) at a time:
 * **health** (`health()`): state (idle, starting, up, down, closed), the last
   error in one line (for a stdio server, how it exited and its last stderr
   line), since when, how many restarts, its pid, its tools and refused tools.
-  It lives in this process's memory, like the model-call buffer, for the
-  status snapshot to read.
+  It lives in this process's memory; `on_change` is told each time it may
+  have changed (the executor then records it in its worker row, for
+  `rem status`: `backend.execution.tool_health`);
+* **logged**: a failed start once per streak of them (WARNING: why, and when
+  the next start is due), a death after being up each time, the start that
+  ends a streak at INFO.
 
 A call (`backend.tools.calls`) sends the idempotency key as
 `_meta["rem/idempotency_key"]` and maps every way it can end to a `ToolResult`
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -70,6 +75,8 @@ class McpServerSource:
         self._failures = 0
         self._retry_at: int | None = None
         self._closed = False
+        self._start_failing = False  # a failed start was logged; the next log line is when it comes up
+        self.on_change: Callable[[], None] | None = None  # told when the health may have changed
 
     async def listing(self) -> list[types.Tool]:
         """The server's tools, starting it if needed (raises ToolUnavailable when it cannot be reached)."""
@@ -167,13 +174,31 @@ class McpServerSource:
             await conn.close(STOP_WAIT_S)
             why = conn.error or describe_error(exc, self.limits.start_timeout_ms)
             self._failed(f"cannot start: {why}")
+            self._log_start_failure(why)
             raise ToolUnavailable(
                 f"tool server {self.name!r} cannot start: {why}", server=self.name
             ) from None
         self._tools = conn.tools
         self._set_state(ServerState.UP)
-        log.info("tool server %s is up (%d tools)", self.name, len(conn.tools))
+        again = " again: it had failed to start" if self._start_failing else ""
+        self._start_failing = False
+        log.info("tool server %s is up (%d tools)%s", self.name, len(conn.tools), again)
         return conn
+
+    def _log_start_failure(self, why: str) -> None:
+        """One line per streak of failed starts: the first says why and when the next start is due."""
+        if self._start_failing:
+            return
+        self._start_failing = True
+        wait_s = max(0, (self._retry_at or 0) - clock.now_ms()) / 1000
+        log.warning(
+            "tool server %s cannot start: %s; its tools are unavailable, next start at its next use "
+            "(in %.1f s at the earliest, backing off to %d s while it fails)",
+            self.name,
+            why,
+            wait_s,
+            BACKOFF_MAX_MS // 1000,
+        )
 
     # -- health bookkeeping
 
@@ -195,3 +220,5 @@ class McpServerSource:
     def _set_state(self, state: ServerState) -> None:
         if state != self._state:
             self._state, self._since = state, clock.now_ms()
+        if self.on_change is not None:
+            self.on_change()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from backend import ops
-from backend.ops import actions, snapshot
+from backend.core import clock
+from backend.ops import actions, snapshot, tool_status
 from backend.ops.records import Snapshot
 from backend.ops.snapshot import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES, snapshot_sync
 from backend.runtime.context import Context
@@ -172,6 +173,33 @@ async def test_snapshot_sections(db_ctx: Context, frozen_clock) -> None:  # type
     workers = {w["owner_id"]: w["alive"] for w in snap["workers"]}
     assert workers == {"ex-live": True, "ex-dead": False}
     assert snap["chroma"]["healthy"] is False
+
+
+async def test_tool_sources_of_live_executors_are_listed_and_damaged_records_skipped(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    db = await db_ctx.db()
+    down = {"server": "demo", "up": False, "error": "exited with code 1", "since": now - 65_000}
+    recorded = {
+        "ex-live": {
+            "agent": "a",
+            "tool_servers": [down, {"server": 7}, "junk", {"server": "git", "up": True}],
+        },
+        "ex-dead": {"tool_servers": [{**down, "server": "dead-executors"}]},  # its servers died with it
+    }
+    async with db.tx() as conn:
+        for owner, info in recorded.items():
+            await conn.execute("UPDATE worker SET info = ? WHERE owner_id = ?", (json.dumps(info), owner))
+    servers = (await _fresh(db, now))["tools"]["servers"]
+    assert servers == [
+        {**down, "worker": "ex-live"},  # down first
+        {"server": "git", "up": True, "error": None, "since": 0, "worker": "ex-live"},
+    ]
+    assert tool_status.server_down_lines(servers, now) == [
+        "tool server demo down for 1m05s in ex-live: exited with code 1"
+    ]
 
 
 async def _fresh(db: Database, now: int) -> Snapshot:

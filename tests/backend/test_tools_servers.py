@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 
 from backend.chroma.server import free_port
+from backend.core import clock
 from backend.programs.demo_tools import server_config
 from backend.tools.errors import ToolConnectionLost, ToolTimeout, ToolUnavailable
 from backend.tools.health import Limits
@@ -311,3 +312,34 @@ async def test_an_http_server_that_forgot_rems_session_runs_the_call_once(
     assert len(calls(dirs["http"], key="gone-1", phase="start")) == 1  # refused unprocessed, then sent once
     web = next(h for h in registry.health() if h["server"] == "web")
     assert web["state"] == "up" and web["restarts"] >= 1
+
+
+async def test_a_failed_start_is_logged_once_a_streak_and_the_start_that_ends_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="rem.tools.servers")
+    program = tmp_path / "late-server"  # missing until the test writes it
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"late": {"command": str(program)}}}))
+    registry = await ToolRegistry.load(config_path=config, entry_points=[], limits=LIMITS)
+    try:
+        changes = registry.health_changes
+        for _ in range(3):  # the first failure restarts at once, then it backs off: 2 failed starts
+            await registry.catalogue()
+        late = registry.health()[0]
+        assert late["state"] == "down" and late["restarts"] == 1 and registry.health_changes > changes
+        lines = [r for r in caplog.records if r.name == "rem.tools.servers"]
+        assert [r.levelno for r in lines] == [logging.WARNING]
+        assert f"tool server late cannot start: cannot run '{program}'" in lines[0].getMessage()
+        assert "next start at its next use" in lines[0].getMessage()
+        demo = " ".join([sys.executable, "-P", "-m", "backend.programs.demo_tools", "--data", str(tmp_path)])
+        program.write_text(f"#!/bin/sh\nexec {demo}\n")
+        program.chmod(0o755)
+        retry_at = late["retry_at"] or 0
+        await until(lambda: clock.now_ms() >= retry_at, "the backoff to end")
+        await registry.catalogue()
+        assert registry.health()[0]["state"] == "up"
+        up = [r.getMessage() for r in caplog.records if r.name == "rem.tools.servers"][1:]
+        assert up == ["tool server late is up (3 tools) again: it had failed to start"]
+    finally:
+        await registry.aclose()

@@ -8,6 +8,7 @@ it (REM_GOLDEN_UPDATE=1) only for a deliberate, documented change of output.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -39,6 +40,23 @@ def every_kind_of_row(scene: scenes.Scene) -> None:
     scene.event("operator.release", "alice", ago_ms=9_000, target="exe_0001", old_epoch=3, new_epoch=4)
     scene.event("operator.drain", "alice", ago_ms=8_000, target=scenes.EXEC_B, result="draining")
     scene.event("operator.replay", "bob", ago_ms=0, targets="all", ok=True)
+    # tool sources as the executors recorded them: the live one's are listed, the dead one's are not
+    for owner, servers in ((scenes.EXEC_A, TOOL_SERVERS_A), (scenes.EXEC_B, TOOL_SERVERS_B)):
+        scene.x("UPDATE worker SET info = ? WHERE owner_id = ?", json.dumps({"tool_servers": servers}), owner)
+
+
+TOOL_SERVERS_A = [
+    {"server": "demo", "up": True, "error": None, "since": scenes.NOW - 600_000},
+    {
+        "server": "tickets",
+        "up": False,
+        "error": "cannot start: cannot run 'tickets-mcp': [x] No such file",
+        "since": scenes.NOW - 125_000,
+    },
+]
+TOOL_SERVERS_B = [
+    {"server": "search", "up": False, "error": "exited with code 1", "since": scenes.NOW - 60_000}
+]
 
 
 def rem_status(root: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
@@ -73,6 +91,12 @@ def test_status_without_json_prints_the_snapshot(
     assert "Model down api.openai.com/v1 (gpt-4o-mini)" in out and "3 retries" in out
     assert "held s-tango: auth: HTTP 401" in out and "`rem resume s-tango` once fixed" in out
     assert "Usage: 4 sessions" in out
+    # one line per tool source down in a live executor, the dead executor's not among them
+    assert (
+        f"tool server tickets down for 2m05s in {scenes.EXEC_A}: "
+        "cannot start: cannot run 'tickets-mcp': [x] No such file"
+    ) in out
+    assert "tool server search" not in out and "tool server demo" not in out
     # the tool calls waiting for a person, each with its owner and epoch (B was SIGKILLed)
     assert "tool calls: awaiting_approval 1, completed 1, unknown 1" in out
     assert "Tool calls awaiting approval (1): rem approve|deny CALL" in out

@@ -15,7 +15,8 @@ from backend.core.datadir import DataDir
 from backend.execution.tool_calls import PlannedCall
 from backend.runtime.context import Context
 from backend.store.states import ToolCallState
-from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, select, table, until
+from tests.tui import scenes
+from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, select, table, until, write
 from tests.tui.tool_turns import parked_turn
 from tui.screens.detail import DetailScreen
 from tui.screens.resolve import ResolveScreen
@@ -179,3 +180,35 @@ async def test_a_parked_turns_lease_shows_held_and_is_not_released(
         assert len(app.screen_stack) == 1  # no confirmation
         notes = [str(n.message) for n in app._notifications]
         assert any("parked for a person" in n and "Backlog" in n for n in notes), notes
+
+
+async def test_a_tool_source_down_in_a_live_executor_shows_in_the_header_inert(healthy_dir: DataDir) -> None:
+    """Beside the model's health: the sources live executors recorded down, their names and errors as
+    text (markup and control characters shown as they are), up as soon as an executor records it."""
+    async with console(healthy_dir, poll_s=60).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        assert "tools DOWN" not in app.header.header_text().plain  # none recorded: nothing said
+        servers = [
+            {"server": "demo", "up": True, "error": None, "since": scenes.NOW - 60_000},
+            {
+                "server": "tick[/]ets\x1b[2J",
+                "up": False,
+                "error": "[b]exited with code 3: boom",
+                "since": scenes.NOW - 5_000,
+            },
+        ]
+        info = json.dumps({"tool_servers": servers})
+        write(healthy_dir, "UPDATE worker SET info = ? WHERE owner_id = ?", info, scenes.EXEC_A)
+        await until(
+            pilot, lambda: "tools DOWN" in app.header.header_text().plain, "the source down in the header"
+        )
+        shown = app.header.header_text().plain  # after the model's health, before the schema
+        assert "● tools DOWN: tick[/]ets\\x1b[2J ([b]exited with code 3)  schema v" in shown
+        servers[1]["up"] = True
+        write(
+            healthy_dir,
+            "UPDATE worker SET info = ? WHERE owner_id = ?",
+            json.dumps({"tool_servers": servers}),
+            scenes.EXEC_A,
+        )
+        await until(pilot, lambda: "tools DOWN" not in app.header.header_text().plain, "the source up again")

@@ -1,4 +1,5 @@
-"""The one-line header: data dir, Chroma health, schema, counts, read-only, paused and timeline badges."""
+"""The one-line header: data dir, Chroma, model and tool-source health, schema, counts, read-only, paused
+and timeline badges."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from backend.ops.records import ChromaHealth, ModelHealth, ModelState, Status
+from backend.ops.records import ChromaHealth, ModelHealth, ModelState, Status, ToolServerRecord
 from tui.format import DEFAULT_PALETTE, clock_time, visible
 
 
@@ -51,6 +52,25 @@ def model_label(model: ModelHealth | None) -> tuple[str, str] | None:
         p95 = model["ttft_ms_p95"]
         parts.append(f"p95 {p95:.0f} ms" if p95 < 1000 else f"p95 {p95 / 1000:.1f} s")
     return " ".join(parts), MODEL_TONE.get(state, "muted")
+
+
+TOOLS_NAMED = 3  # sources named in the header; the rest counted
+
+
+def tools_label(servers: list[ToolServerRecord] | None) -> str | None:
+    """The tool sources down in live executors, in a few words (None: all up, or none used)."""
+    down: dict[str, str] = {}
+    for record in servers or []:
+        if not record["up"]:
+            down.setdefault(visible(record["server"]), visible((record["error"] or "down").split(":")[0]))
+    if not down:
+        return None
+    if len(down) == 1:
+        ((name, why),) = down.items()
+        return f"tools DOWN: {name} ({why})"
+    names = sorted(down)
+    more = f" +{len(names) - TOOLS_NAMED}" if len(names) > TOOLS_NAMED else ""
+    return f"tools DOWN: {', '.join(names[:TOOLS_NAMED])}{more}"
 
 
 class ConsoleHeader(Static):
@@ -119,6 +139,23 @@ class ConsoleHeader(Static):
     def _badge(self, text: str, tone: str) -> Text:
         return Text(f" {text} ", style=Style(color="#000000", bgcolor=self.palette[tone], bold=True))
 
+    def _append_health(self, line: Text, snap: Status | None) -> None:
+        """Chroma's health, then the model's (once used), then the tool sources down (if any)."""
+        label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
+        tone = {True: "success", False: "error", None: "muted"}[healthy]
+        line.append("  ● ", style=Style(color=self.palette[tone]))
+        line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
+        model = model_label(snap["model"] if snap is not None else None)
+        if model is not None:
+            text, tone = model
+            line.append("  ● ", style=Style(color=self.palette[tone]))
+            line.append(text, style=Style(color=self.palette[tone]) if tone in ("error", "warning") else "")
+        # (a moment recorded before the tool sources' health was has none)
+        tools = tools_label((snap.get("tools") or {}).get("servers") if snap is not None else None)
+        if tools is not None:
+            line.append("  ● ", style=Style(color=self.palette["error"]))
+            line.append(tools, style=Style(color=self.palette["error"]))
+
     def header_text(self) -> Text:
         snap = self.snapshot
         line = Text()
@@ -131,15 +168,7 @@ class ConsoleHeader(Static):
                 line.append(" ")
         line.append("rem ", style="bold")
         line.append(visible(self.data_label))
-        label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
-        tone = {True: "success", False: "error", None: "muted"}[healthy]
-        line.append("  ● ", style=Style(color=self.palette[tone]))
-        line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
-        model = model_label(snap["model"] if snap is not None else None)
-        if model is not None:
-            text, tone = model
-            line.append("  ● ", style=Style(color=self.palette[tone]))
-            line.append(text, style=Style(color=self.palette[tone]) if tone in ("error", "warning") else "")
+        self._append_health(line, snap)
         if snap is not None:
             line.append(f"  schema v{snap['schema_version']}")
             line.append(f"  {snap['counts']['sessions']} sessions")
