@@ -236,10 +236,14 @@ def _print_model(console: Console, result: Status) -> None:
         console.print(line)
     print_server_health(console, result["tools"], result["generated_at"])
     for held in result["backlog"]["held"]:
-        console.print(
-            f"[red]held[/] {_e(held['session_id'])}: {_e(held['reason'])} ({held['waiting']} waiting); "
-            f"`rem resume {_e(held['session_id'])}` once fixed"
+        sid = _e(held["session_id"])
+        # a tool hold ends by a decision on its call (listed below); `rem resume` refuses it
+        lift = (
+            "decide its tool call below"
+            if str(held["reason"]).startswith("tool_")
+            else f"`rem resume {sid}` once fixed"
         )
+        console.print(f"[red]held[/] {sid}: {_e(held['reason'])} ({held['waiting']} waiting); {lift}")
     _print_usage(console, result)
 
 

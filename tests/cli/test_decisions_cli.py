@@ -38,6 +38,8 @@ def test_the_decision_commands(tmp_path: Path) -> None:
     assert shown.returncode == 0 and re.search(r"execution +exe_\S+ +executor-x +1 +held", shown.stdout), (
         shown.stdout
     )
+    assert "held s1: tool_outcome_unknown (0 waiting); decide its tool call below" in shown.stdout
+    assert "rem resume" not in shown.stdout  # it refuses a tool hold
 
     out = run_rem("approve", approval, *data, "--json", env=env)
     assert out.returncode == 0, out.stderr
