@@ -20,6 +20,7 @@ from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, 
 from tests.tui.tool_turns import parked_turn
 from tui.screens.detail import DetailScreen
 from tui.screens.resolve import ResolveScreen
+from tui.widgets.trends import trend_values
 
 
 def _planned(idx: int, state: ToolCallState) -> PlannedCall:
@@ -175,6 +176,7 @@ async def test_a_parked_turns_lease_shows_held_and_is_not_released(
         keys = leases.shown_keys()
         assert len(keys) == 2 and all(leases.cell_text(k, "left") == "held" for k in keys)
         assert leases.expired_count(2**62) == 0  # however long it waits
+        assert app.latest is not None and trend_values(app.latest, 2**62)["expired_leases"] == 0
         await pilot.press("2", "home", "l")
         await pilot.pause()
         assert len(app.screen_stack) == 1  # no confirmation

@@ -79,6 +79,9 @@ def trend_values(snapshot: Status, now: int) -> dict[str, int]:
     counts = snapshot["counts"]
     return {
         "backlog": counts["backlog"],
-        "expired_leases": sum(1 for lease in snapshot["leases"] if lease["expires_at"] <= now),
+        # a turn parked for a person is held by nobody: its expiry is no lateness
+        "expired_leases": sum(
+            1 for lease in snapshot["leases"] if lease["expires_at"] <= now and not lease["parked"]
+        ),
         "mismatches": counts["mismatches"],
     }
