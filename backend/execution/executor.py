@@ -122,7 +122,7 @@ class Executor(Daemon):
             log=self.log,
             max_steps=settings.max_steps,
         )
-        self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log, self.info)
+        self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log, self.info, lambda: self.registered)
         self._sink: PartSink | None = None
 
     def info(self) -> dict[str, Any]:

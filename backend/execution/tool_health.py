@@ -74,8 +74,10 @@ class ToolHealthRecorder:
         owner_id: str,
         info: Callable[[], dict[str, Any]],
         log: logging.Logger,
+        registered: Callable[[], bool] = lambda: True,
     ) -> None:
         self._db = db
+        self._registered = registered  # whether the worker row is there to write to
         self.owner_id = owner_id
         self._info = info  # the rest of the row's info (what the worker registered with)
         self.log = log
@@ -85,8 +87,8 @@ class ToolHealthRecorder:
 
     async def record(self, registry: ToolRegistry) -> None:
         """Record the sources' health if it changed since the last write (nothing written otherwise)."""
-        if registry.health_changes == self._seen:
-            return
+        if registry.health_changes == self._seen or not self._registered():
+            return  # unchanged; or no worker row yet (its first heartbeat records it)
         async with self._lock:  # one writer at a time: the last write holds the newest health
             seen = registry.health_changes
             if seen == self._seen:

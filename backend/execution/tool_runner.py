@@ -62,12 +62,14 @@ class ToolRunner:
         owner_id: str,
         log: logging.Logger,
         info: Callable[[], dict[str, Any]] = dict,
+        registered: Callable[[], bool] = lambda: True,
     ) -> None:
         self._db = db  # the executor's store, opened when it runs
         self.owner_id = owner_id
         self.log = log
-        # the sources' health in the worker row (`info`: the rest of what the row says)
-        self.health = ToolHealthRecorder(db, owner_id, info, log)
+        # the sources' health in the worker row (`info`: the rest of what the row says), once
+        # the row is there (`registered`: tools listed before the executor runs record later)
+        self.health = ToolHealthRecorder(db, owner_id, info, log, registered)
         self.enabled = settings.mcp_config is not None or bool(entry_points(group="rem.tools"))
         self.concurrency = settings.tool_concurrency
         self._registry: ToolRegistry | None = None

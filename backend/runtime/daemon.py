@@ -62,6 +62,7 @@ class Daemon:
         self.log = logging.getLogger(f"rem.{self.role}")
         self.draining = asyncio.Event()
         self.db: Database
+        self.registered = False  # in the worker registry (its row written): set by `run`
         self._heartbeat_task: asyncio.Task[None] | None = None
         # the leases this process holds: the upkeep loop renews them (`backend.store.fencing`)
         self.leases = LeaseKeeper()
@@ -93,6 +94,7 @@ class Daemon:
         """Run until drained (or one pass with `once`); returns an exit code."""
         self.db = await self._open_store()
         await self._register()
+        self.registered = True
         self.log.info("%s %s started", self.role, self.owner_id)
         self._install_signal_handlers()
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())

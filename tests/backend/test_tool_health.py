@@ -138,3 +138,19 @@ def _now_past(at: int) -> Any:
         return clock.now_ms() >= at
 
     return check
+
+
+async def test_tools_listed_before_the_executor_runs_are_recorded_once_it_has_registered(
+    db_ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller may list the tools first (the benchmarks do, to start the servers before the clock):
+    no worker row to write to yet, so nothing is written and nothing fails; the run records them."""
+    use_config(tmp_path, monkeypatch, {"demo": server_config(tmp_path / "tools")})
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Please note that the standup moved to 10:30.", input_id="in-1")
+    executor = Executor(db_ctx, once=True, agent=OfflineResponder(delay_ms=0), lease_ms=5_000)
+    assert [t["function"]["name"] for t in await executor.tools.offered()]
+    assert await db.scalar("SELECT count(*) FROM worker") == 0
+    await executor.run()
+    info = json.loads(await db.scalar("SELECT info FROM worker WHERE owner_id = ?", (executor.owner_id,)))
+    assert [(s["server"], s["up"]) for s in info[tool_health.INFO_KEY]] == [("demo", True)]
