@@ -23,23 +23,14 @@ from backend.store.events import verify_operator_chain_sync
 from backend.store.states import ToolCallState
 from tests.cli.test_mcp import _error, _payload
 from tests.helpers import REM, rem_env, run_rem
-from tests.tui.tool_turns import parked_turn
+from tests.tui.tool_turns import parked_turn, send_call
 
 DECISIONS = {"list_tool_calls_waiting", "approve_tool_call", "deny_tool_call", "resolve_tool_call"}
 ACTOR = "rem mcp (alice)"
 
 
 def _call(idx: int, state: ToolCallState) -> PlannedCall:
-    return PlannedCall(
-        idx=idx,
-        model_call_id=f"m{idx}",
-        tool="demo.outbox_send",
-        arguments=json.dumps({"to": f"ops-{idx}@example.com", "subject": "rollback"}),
-        effect="effect",
-        effect_source="annotation",
-        permission="ask" if state == ToolCallState.AWAITING_APPROVAL else "allow",
-        state=state,
-    )
+    return send_call(idx, state, "ask" if state == ToolCallState.AWAITING_APPROVAL else "allow")
 
 
 async def _run_executor(root: Path) -> None:

@@ -17,25 +17,15 @@ from backend.runtime.context import Context
 from backend.store.states import ToolCallState
 from tests.tui import scenes
 from tests.tui.test_console import SIZE, confirm_modal, console, loaded, plain, select, table, until, write
-from tests.tui.tool_turns import parked_turn
+from tests.tui.tool_turns import parked_turn, send_call
 from tui.screens.detail import DetailScreen
 from tui.screens.resolve import ResolveScreen
 from tui.widgets.trends import trend_values
 
 
 def _planned(idx: int, state: ToolCallState) -> PlannedCall:
-    if state == ToolCallState.RUNNING:
-        state = ToolCallState.PENDING  # inserted pending, then started
-    return PlannedCall(
-        idx=idx,
-        model_call_id=f"m{idx}",
-        tool="demo.outbox_send",
-        arguments=json.dumps({"to": f"ops-{idx}@example.com", "subject": "rollback"}),
-        effect="effect",
-        effect_source="annotation",
-        permission="ask",
-        state=state,
-    )
+    # a running call is inserted pending, then started
+    return send_call(idx, ToolCallState.PENDING if state == ToolCallState.RUNNING else state)
 
 
 async def _parked(ctx: Context, sid: str, states: list[ToolCallState]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Any
 
@@ -11,6 +12,21 @@ from backend.execution.tool_calls import Outcome, PlannedCall
 from backend.runtime.context import Context
 from backend.store.fencing import guard_sync
 from backend.store.states import ToolCallState
+
+
+def send_call(idx: int, state: ToolCallState, permission: str = "ask") -> PlannedCall:
+    """The demo server's `outbox_send` as call `idx` of a step, in `state`."""
+    return PlannedCall(
+        idx=idx,
+        model_call_id=f"m{idx}",
+        tool="demo.outbox_send",
+        arguments=json.dumps({"to": f"ops-{idx}@example.com", "subject": "rollback"}),
+        effect="effect",
+        effect_source="annotation",
+        permission=permission,
+        state=state,
+    )
+
 
 UNKNOWN = Outcome(state=ToolCallState.UNKNOWN, result=None, is_error=False, reason="executor killed")
 
