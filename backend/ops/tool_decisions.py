@@ -92,7 +92,7 @@ async def tool_calls_waiting(ctx: Context, *, projects: Collection[str] | None =
     now = clock.now_ms()
 
     def read_sync(conn: Conn) -> WaitingToolCalls:
-        rows = tool_status.rows_sync(conn, LIST_CAP)
+        rows = tool_status.waiting_rows_sync(conn, LIST_CAP)
         if projects is not None:
             rows = _of_projects_sync(conn, rows, projects)
         return tool_status.waiting_lists(rows, now)

@@ -42,9 +42,12 @@ def _waiting_sql(state: ToolCallState) -> str:
         ORDER BY c.time_created, c.id LIMIT :cap"""
 
 
-QUERIES: dict[str, str] = {
+WAITING_QUERIES: dict[str, str] = {
     "tools_awaiting_approval": _waiting_sql(ToolCallState.AWAITING_APPROVAL),
     "tools_unknown_outcome": _waiting_sql(ToolCallState.UNKNOWN),
+}
+QUERIES: dict[str, str] = {
+    **WAITING_QUERIES,
     # the executors that may be alive, with what they recorded of their tool sources
     "tools_servers": f"""
         SELECT owner_id, state, heartbeat_at, exited_at, json_extract(info, '$.{INFO_KEY}') AS servers
@@ -61,14 +64,22 @@ OTHER_TOOL = "(other)"
 def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
     """The rows of both waiting lists (oldest first) and of the executors' tool sources, their
     records decoded: what does not depend on the clock."""
+    out = waiting_rows_sync(conn, cap, QUERIES)
+    for row in out["tools_servers"]:
+        row["servers"] = recorded_servers(row["owner_id"], row["servers"])
+    return out
+
+
+def waiting_rows_sync(
+    conn: Conn, cap: int, queries: dict[str, str] = WAITING_QUERIES
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows of `queries` (by default both waiting lists, oldest first), as dicts."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for name, sql in QUERIES.items():
+    for name, sql in queries.items():
         cursor = conn.execute(sql, {"cap": cap})
         cursor.row_factory = None
         names = [d[0] for d in cursor.description]
         out[name] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    for row in out["tools_servers"]:
-        row["servers"] = recorded_servers(row["owner_id"], row["servers"])
     return out
 
 

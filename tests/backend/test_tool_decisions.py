@@ -16,10 +16,12 @@ from backend.core.errors import NotFound, ReadOnly, Refused
 from backend.execution import leases, parking, recovery, tool_calls
 from backend.execution.tool_calls import Outcome, PlannedCall
 from backend.runtime.context import Context
+from backend.store import workers
 from backend.store.db import Database
 from backend.store.events import verify_operator_chain_sync
 from backend.store.fencing import guard_sync
 from backend.store.states import ToolCallState
+from backend.store.workers import WorkerRole
 
 pytestmark = pytest.mark.both_stores
 
@@ -216,6 +218,8 @@ async def test_a_parked_turn_is_no_expired_lease_and_a_release_of_it_is_refused(
 async def test_the_calls_waiting_are_the_status_lists_kept_to_the_projects_asked(db_ctx: Context) -> None:
     db = await db_ctx.db()
     _lease, (asked, lost) = await _parked_turn(db, [ToolCallState.AWAITING_APPROVAL, ToolCallState.RUNNING])
+    # a live executor beside them, with its tool sources recorded: not a waiting call
+    await workers.register(db, "executor-live", WorkerRole.EXECUTOR, {"tool_servers": []})
     waiting = await ops.tool_calls_waiting(db_ctx)
     assert [c["call_id"] for c in waiting["awaiting_approval"]] == [asked]
     assert [c["call_id"] for c in waiting["unknown_outcome"]] == [lost]
