@@ -27,6 +27,7 @@ from backend.memory.index import IndexLag
 from backend.models.health import ModelState
 from backend.ops.records import ModelHealth, ReplayReport, Status
 from backend.ops.results import DrainReport
+from backend.ops.tool_status import elapsed
 from backend.runtime import refusals
 from backend.store.workers import WorkerState
 
@@ -205,8 +206,7 @@ def _print_rows(console: Console, title: str, columns: tuple[str, ...], rows: li
 
 
 def _age(ms: int) -> str:
-    seconds = ms // 1000
-    return "-" if not ms else f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+    return elapsed(ms) if ms else "-"
 
 
 def _print_totals(console: Console, result: Status) -> None:
@@ -236,15 +236,19 @@ def _print_model(console: Console, result: Status) -> None:
         console.print(line)
     print_server_health(console, result["tools"], result["generated_at"])
     for held in result["backlog"]["held"]:
-        sid = _e(held["session_id"])
-        # a tool hold ends by a decision on its call (listed below); `rem resume` refuses it
-        lift = (
-            "decide its tool call below"
-            if str(held["reason"]).startswith("tool_")
-            else f"`rem resume {sid}` once fixed"
+        sid, reason = held["session_id"], held["reason"]
+        console.print(
+            f"[red]held[/] {_e(sid)}: {_e(reason)} ({held['waiting']} waiting); {unhold_hint(sid, reason)}"
         )
-        console.print(f"[red]held[/] {sid}: {_e(held['reason'])} ({held['waiting']} waiting); {lift}")
     _print_usage(console, result)
+
+
+def unhold_hint(session_id: str, reason: str | None) -> str:
+    """What lifts a session's hold: a decision on its tool call (`rem resume` refuses a tool hold:
+    `tool_awaiting_approval`, `tool_outcome_unknown`), or `rem resume` once a model error is fixed."""
+    if str(reason or "").startswith("tool_"):
+        return "decide its tool call below: `rem approve`, `rem deny` or `rem resolve`"
+    return f"`rem resume {_e(session_id)}` once fixed"
 
 
 def _print_usage(console: Console, result: Status) -> None:

@@ -13,7 +13,7 @@ from rich.text import Text
 from backend.core.inert import visible
 from backend.ops.records import ToolCallRecord, ToolCalls
 from backend.ops.tool_list import ToolsReport
-from backend.ops.tool_status import server_down_lines
+from backend.ops.tool_status import elapsed, server_down_lines
 
 STATE_STYLE = {"up": "green", "down": "red", "starting": "yellow", "idle": "dim", "closed": "dim"}
 
@@ -81,11 +81,6 @@ def _tools_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _seconds(ms: int) -> str:
-    seconds = max(0, ms) // 1000
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
 def arguments_text(arguments: object, limit: int = 120) -> str:
     """A call's arguments as one line of compact JSON, cut at `limit` characters, controls escaped."""
     text = visible(json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
@@ -99,7 +94,7 @@ def _waiting_row(call: ToolCallRecord) -> list[Text]:
         Text(visible(call["session_id"])),
         Text(visible(call["tool"])),
         Text(call["effect"]),
-        Text(_seconds(call["age_ms"])),
+        Text(elapsed(call["age_ms"])),
         Text(visible(owner) + ("" if call["owner_alive"] else " (dead)")),
         Text(arguments_text(call["arguments"])),
     ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from backend.cli.render import _e, _money, _tokens
+from backend.cli.render import _e, _money, _tokens, unhold_hint
 from backend.cli.render_tools import print_session_calls
 from backend.core.inert import visible
 
@@ -39,17 +39,12 @@ def _print_session_head(console: Console, session: dict[str, Any]) -> None:
         f"{_tokens(session['usage'])}, cost {_money(session['cost'])}"
     )
     if session["held_at"]:
-        console.print(f"[red]held[/]: {_e(session['held_reason'])}; {_unhold_hint(session)}")
+        console.print(
+            f"[red]held[/]: {_e(session['held_reason'])}; {unhold_hint(session['id'], session['held_reason'])}"
+        )
     if session["model_error"]:
         error = session["model_error"]
         console.print(f"last model error: {_e(error.get('class'))} {_e(error.get('message') or '')}")
-
-
-def _unhold_hint(session: dict[str, Any]) -> str:
-    """What lifts the hold: a decision on the waiting tool call, or `rem resume` once a model error is fixed."""
-    if str(session["held_reason"] or "").startswith("tool_"):
-        return "decide its waiting tool call below: `rem approve`, `rem deny` or `rem resolve`"
-    return f"`rem resume {_e(session['id'])}` once fixed"
 
 
 def _message_notes(message: dict[str, Any]) -> list[str]:

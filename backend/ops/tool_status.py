@@ -128,13 +128,14 @@ def server_down_lines(records: list[ToolServerRecord], now: int) -> list[str]:
         first = min(where, key=lambda r: r["since"])
         executors = f"{len(where)} executors" if len(where) > 1 else first["worker"]
         lines.append(
-            f"tool server {name} down for {_duration(now - first['since'])} in {executors}: "
+            f"tool server {name} down for {elapsed(now - first['since'])} in {executors}: "
             f"{first['error'] or 'down'}"
         )
     return lines
 
 
-def _duration(ms: int) -> str:
+def elapsed(ms: int) -> str:
+    """A span as `rem status` prints it: 45s, 12m05s (a negative one as 0s)."""
     seconds = max(0, ms) // 1000
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 

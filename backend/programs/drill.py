@@ -41,7 +41,6 @@ from backend.chroma import server as chroma_server
 from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import Refused, RemError, UsageError
-from backend.execution import parking
 from backend.ops.records import LeaseRecord
 from backend.programs import drill_tools
 from backend.programs.supervisor import read_manifest
@@ -350,15 +349,7 @@ class Drill:
         if owner is None:
             return []
         snap = await ops.status(self.ctx)
-        db = await self.ctx.db()
-        parked = {
-            row[0]
-            for row in await db.fetchall(
-                "SELECT id FROM session_execution WHERE owner_id = ? AND parked IN (?, ?)",
-                (owner, *parking.TOOL_HOLDS),
-            )
-        }
-        return [lease for lease in snap["leases"] if lease["owner_id"] == owner and lease["id"] not in parked]
+        return [lease for lease in snap["leases"] if lease["owner_id"] == owner and not lease["parked"]]
 
     async def run_round(self, number: int, role: str) -> Round:
         rnd = Round(number=number, role=role)
