@@ -26,12 +26,13 @@ from backend.execution.sessions import sleep_inputs_sync
 from backend.store import fencing
 from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
+from backend.store.states import PARKED_AWAITING_APPROVAL as AWAITING_APPROVAL
+from backend.store.states import PARKED_OUTCOME_UNKNOWN as OUTCOME_UNKNOWN
+from backend.store.states import (
+    TOOL_HOLDS as TOOL_HOLDS,  # the hold reasons parking writes (and only it lifts)
+)
 from backend.store.states import ToolCallState
 
-AWAITING_APPROVAL = "tool_awaiting_approval"
-OUTCOME_UNKNOWN = "tool_outcome_unknown"
-# the hold reasons parking writes (and only it lifts)
-TOOL_HOLDS = (AWAITING_APPROVAL, OUTCOME_UNKNOWN)
 # `parked` after a decision: claimable through the takeover path
 DECIDED = "decided"
 

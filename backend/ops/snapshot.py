@@ -33,7 +33,6 @@ from typing import Any, TypeVar, cast
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
-from backend.execution.parking import TOOL_HOLDS
 from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import model_health, tool_status
 from backend.ops.records import (
@@ -56,7 +55,7 @@ from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
 from backend.store.events import OPERATOR_KINDS_SQL
-from backend.store.states import DRIFT_CLASSES, DigestState, DriftClass, JobStatus, classify_drift
+from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 

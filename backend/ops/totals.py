@@ -20,6 +20,7 @@ from typing import Any
 from backend.ops.records import LeaseTotals, RecoveryTotals, Totals
 from backend.store import workers
 from backend.store.db import Conn
+from backend.store.states import TOOL_HOLDS
 
 LEASE_KINDS = ("execution", "summary_job", "dream")
 BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
@@ -27,17 +28,16 @@ BACKLOG_KINDS = ("input", "recovery", "summary", "dream")
 
 _RECOVERY_IDX = "session_recovery_wake_pending_error_attempts_created_execution_idx"
 
+# a turn parked for a person (`states.TOOL_HOLDS`) is held and renewed by nobody: its row's expiry is no lateness
+_NOT_PARKED = f" AND (parked IS NULL OR parked NOT IN ({', '.join(repr(h) for h in TOOL_HOLDS)}))"
+
 # name -> SQL; each is checked against EXPLAIN QUERY PLAN with the snapshot's queries
 TOTALS_QUERIES: dict[str, str] = {
     # two reads of the expiry index: the oldest is its first entry (a seek); together in one
     # aggregate, min() would walk the whole range with the count
-    # a turn parked for a person (an approval, an unknown outcome) is held by nobody and
-    # renewed by nobody: its row expires, but nothing is late (`backend.execution.parking`)
-    "execution_expired": """
-        SELECT (SELECT count(*) FROM session_execution WHERE expires_at <= :now
-                AND (parked IS NULL OR parked = 'decided')) AS expired,
-               (SELECT min(expires_at) FROM session_execution WHERE expires_at <= :now
-                AND (parked IS NULL OR parked = 'decided')) AS oldest""",
+    "execution_expired": f"""
+        SELECT (SELECT count(*) FROM session_execution WHERE expires_at <= :now{_NOT_PARKED}) AS expired,
+               (SELECT min(expires_at) FROM session_execution WHERE expires_at <= :now{_NOT_PARKED}) AS oldest""",
     "summary_job_by_owner": """
         SELECT owner_id, count(*) AS held, sum(lease_expires_at <= :now) AS expired,
                min(lease_expires_at) AS oldest

@@ -60,6 +60,11 @@ class ToolCallState(StrEnum):
 WAITING_STATES = (ToolCallState.AWAITING_APPROVAL, ToolCallState.UNKNOWN)
 # the states nothing moves on from (their results feed the model)
 TERMINAL_STATES = (ToolCallState.COMPLETED, ToolCallState.ERROR, ToolCallState.DENIED)
+# a turn parked for a person (`session_execution.parked`, and its session's `held_reason`):
+# a call awaits approval, an effect's outcome is unknown (`backend.execution.parking`)
+PARKED_AWAITING_APPROVAL = "tool_awaiting_approval"
+PARKED_OUTCOME_UNKNOWN = "tool_outcome_unknown"
+TOOL_HOLDS = (PARKED_AWAITING_APPROVAL, PARKED_OUTCOME_UNKNOWN)
 
 
 class Delivery(StrEnum):
