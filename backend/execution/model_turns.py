@@ -90,6 +90,28 @@ def record_reply_sync(
     )
 
 
+def record_repairs_sync(
+    conn: Conn, lease: Lease, step: int, assistant_id: str, reply: ChatReply | None, now: int
+) -> None:
+    """Journal the lone surrogates the step's reply held, each stored as U+FFFD (none: nothing)."""
+    if reply is None or not reply.surrogates:
+        return
+    append_event_sync(
+        conn,
+        kind=EventKind.MODEL_OUTPUT_REPAIRED,
+        actor=lease.owner_id,
+        session_id=lease.session_id,
+        target=lease.execution_id,
+        now=now,
+        data={
+            "step": step,
+            "assistant_id": assistant_id,
+            "lone_surrogates": reply.surrogates,
+            "replaced_with": "U+FFFD",
+        },
+    )
+
+
 def record_truncation_sync(
     conn: Conn,
     lease: Lease,

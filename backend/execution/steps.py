@@ -382,6 +382,7 @@ class StepTransactions:
         for the index, the step journaled (`event`: what the step made)."""
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_STEP,
@@ -464,6 +465,7 @@ class StepTransactions:
         step.data.update(status="error", text=text, error=error, time_completed=now)
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_FAILED,
@@ -508,6 +510,7 @@ class StepTransactions:
         model_turns.record_failure_sync(
             conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
         )
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_INTERRUPTED,

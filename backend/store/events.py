@@ -60,6 +60,8 @@ class EventKind(StrEnum):
     EXECUTION_FAILED = "execution.failed"
     EXECUTION_INTERRUPTED = "execution.interrupted"
     EXECUTION_TRUNCATED = "execution.truncated"
+    # a model reply held lone surrogates (not text): stored with U+FFFD in their place
+    MODEL_OUTPUT_REPAIRED = "model.output_repaired"
     RECOVERY_PARKED = "recovery.parked"
     MODEL_ERROR = "model.error"
     SESSION_HELD = "session.held"
