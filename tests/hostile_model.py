@@ -11,6 +11,7 @@ received (`server.requests()`):
   a surrogate inside the streamed delta, or as a `\\ud800` escape inside the arguments' own
   JSON text; `lone_surrogate_tool_name`: a function name holding one;
 * `lone_surrogate_extras`: the finish reason and the usage object holding one;
+* `nul_text`: a reply with NUL, a terminal escape and a bidi override in its text;
 * `terminal_tool_name`: a function name with ESC, U+202E (bidi override) and NUL;
 * `invented_tools`: calls to many tool names no configuration has;
 * `tool_turn`: an honest tool-using turn (a call, then an answer) that reports usage on every
@@ -68,6 +69,11 @@ def escaped_surrogate_call(**kw: Any) -> Scenario:
 
 def lone_surrogate_tool_name(**kw: Any) -> Scenario:
     return tool_turn(f"demo__notes{LONE}add", name="lone_surrogate_tool_name", **kw)
+
+
+def nul_text(**kw: Any) -> Scenario:
+    """A reply with a NUL and terminal escapes in its text (PostgreSQL's text refuses NUL)."""
+    return Scenario(name="nul_text", reply="nul\x00byte \x1b[2J\u202e", **kw)
 
 
 def lone_surrogate_extras(**kw: Any) -> Scenario:

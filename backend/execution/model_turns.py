@@ -93,8 +93,9 @@ def record_reply_sync(
 def record_repairs_sync(
     conn: Conn, lease: Lease, step: int, assistant_id: str, reply: ChatReply | None, now: int
 ) -> None:
-    """Journal the lone surrogates the step's reply held, each stored as U+FFFD (none: nothing)."""
-    if reply is None or not reply.surrogates:
+    """Journal the characters no store can hold (NUL, lone surrogates) that the step's reply held,
+    each stored as U+FFFD (none: nothing)."""
+    if reply is None or not reply.unstorable:
         return
     append_event_sync(
         conn,
@@ -106,8 +107,9 @@ def record_repairs_sync(
         data={
             "step": step,
             "assistant_id": assistant_id,
-            "lone_surrogates": reply.surrogates,
+            "replaced": reply.unstorable,
             "replaced_with": "U+FFFD",
+            "why": "NUL or a lone surrogate (a \\ud800-\\udfff escape without its pair): no store can hold it",
         },
     )
 

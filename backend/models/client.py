@@ -39,7 +39,7 @@ import httpx2
 import openai
 
 from backend.core.settings import settings
-from backend.core.surrogates import SURROGATE_ESCAPE, repaired
+from backend.core.storable import UNSTORABLE_ESCAPE, storable
 from backend.models import health
 from backend.models.classify import classify
 from backend.models.config import ModelConfig
@@ -125,8 +125,8 @@ class ChatReply:
     truncated: bool = False
     # the tool calls the reply asked for (streamed `tool_calls` deltas, assembled and bounded)
     tool_calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
-    # lone surrogates (JSON escapes without their pair) replaced by U+FFFD in what the endpoint sent
-    surrogates: int = 0
+    # characters no store can hold (NUL, lone surrogates) replaced by U+FFFD in what the endpoint sent
+    unstorable: int = 0
 
 
 def retry_wait(config: ModelConfig, error: ModelError, attempt: int) -> float | None:
@@ -271,7 +271,7 @@ class ModelClient:
             attempt += 1
             reply.attempts = attempt
             reply.tool_calls = ToolCallAssembler()  # a retried attempt starts its calls over
-            reply.surrogates = 0
+            reply.unstorable = 0
             call = self._call(reply.model, attempt, session_id)
             delivered = False
             started = time.perf_counter()
@@ -317,8 +317,8 @@ class ModelClient:
                     if data == "[DONE]":
                         done = True
                         break
-                    # only a line with a surrogate escape can decode to a lone surrogate
-                    suspect = SURROGATE_ESCAPE.search(data) is not None
+                    # only a line with a \u0000 or surrogate escape can decode to an unstorable character
+                    suspect = UNSTORABLE_ESCAPE.search(data) is not None
                     text = self._chunk(json.loads(data), reply, started, suspect)
                     if len(text) >= left:
                         yield text[:left]
@@ -360,19 +360,19 @@ class ModelClient:
     def _chunk(self, chunk: Any, reply: ChatReply, started: float, suspect: bool = False) -> str:
         """The text of one streamed chunk; records usage, the finish reason and the tool calls it carries.
 
-        `suspect`: the chunk may hold a lone surrogate (a `\\ud800` escape without its pair),
-        which no store can hold: written as it was, the step's transaction failed every time
-        the turn was retried (issue 40). Each one is replaced by U+FFFD and counted
-        (`reply.surrogates`); a tool call holding one is refused by the assembler instead.
+        `suspect`: the chunk may hold a character no store can hold (`backend.core.storable`: a
+        NUL, a lone surrogate): written as it was, the step's transaction failed every time the
+        turn was retried (issue 40). Each one is replaced by U+FFFD and counted
+        (`reply.unstorable`); a tool call holding one is refused by the assembler instead.
         """
         if not isinstance(chunk, dict):
             raise json.JSONDecodeError("a chunk that is not a JSON object", str(chunk)[:80], 0)
         calls = _take_tool_calls(chunk, "delta")
         if calls is not None:
-            reply.surrogates += reply.tool_calls.feed(calls)
+            reply.unstorable += reply.tool_calls.feed(calls)
         if suspect:
-            chunk, replaced = repaired(chunk)
-            reply.surrogates += replaced
+            chunk, replaced = storable(chunk)
+            reply.unstorable += replaced
         if "error" in chunk:
             raise _stream_error(chunk["error"])
         usage = chunk.get("usage")
@@ -399,11 +399,11 @@ class ModelClient:
             )
         calls = _take_tool_calls(completion, "message")
         if isinstance(calls, list):
-            reply.surrogates += reply.tool_calls.feed(
+            reply.unstorable += reply.tool_calls.feed(
                 [{"index": i, **c} for i, c in enumerate(calls) if isinstance(c, dict)]
             )
-        completion, replaced = repaired(completion)  # one object: walked whole (see `_chunk`)
-        reply.surrogates += replaced
+        completion, replaced = storable(completion)  # one object: walked whole (see `_chunk`)
+        reply.unstorable += replaced
         choice = completion["choices"][0]
         usage = completion.get("usage")
         if isinstance(usage, dict):

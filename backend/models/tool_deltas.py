@@ -7,10 +7,9 @@ append to `function.arguments`. What is outside input is bounded: at most
 at most `REM_TOOL_ARGUMENTS_MAX_BYTES` of arguments per call. A call past a
 bound is kept with a `refused` reason (its arguments dropped) so the agent
 answers it with a clear tool error instead of running it; calls past the count
-are dropped, with one refused call saying so. A name or arguments holding a lone
-surrogate (a `\\ud800` escape without its pair: not text, no store can hold it) refuse
-the call too (its name kept with U+FFFD in place of each); an id holding one is kept so
-repaired.
+are dropped, with one refused call saying so. A name or arguments holding a character
+no store can hold (`backend.core.storable`: NUL, a lone surrogate) refuse the call too
+(its name kept with U+FFFD in place of each); an id holding one is kept so repaired.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core.settings import settings
-from backend.core.surrogates import repaired_text
+from backend.core.storable import storable_text
 
 NAME_MAX = 64
 ID_MAX = 128
 NOT_TEXT = (
-    "its function name or arguments hold a lone surrogate (a \\ud800-\\udfff escape without its pair), "
-    "which is not text; it was not run"
+    "its function name or arguments hold a NUL character or a lone surrogate (a \\ud800-\\udfff "
+    "escape without its pair), which no store can hold; it was not run"
 )
 
 
@@ -59,7 +58,7 @@ class ToolCallAssembler:
 
     def feed(self, deltas: Any) -> int:
         """One chunk's `delta.tool_calls` (a list of pieces); anything malformed is ignored. Returns
-        how many lone surrogates were replaced (each refuses its call, but in an id)."""
+        how many unstorable characters were replaced (each refuses its call, but in an id)."""
         if not isinstance(deltas, list):
             return 0
         return sum(self._piece(piece) for piece in deltas if isinstance(piece, dict))
@@ -76,17 +75,17 @@ class ToolCallAssembler:
             call = self.calls[index] = ModelToolCall(index=index)
         replaced = 0
         if isinstance(piece.get("id"), str) and not call.id:
-            call.id, replaced = repaired_text(piece["id"][:ID_MAX])
+            call.id, replaced = storable_text(piece["id"][:ID_MAX])
         function = piece.get("function")
         if not isinstance(function, dict):
             return replaced
         name, arguments = function.get("name"), function.get("arguments")
         found = 0
         if isinstance(name, str):
-            name, found = repaired_text(name)
+            name, found = storable_text(name)
             call.name = (call.name + name)[: NAME_MAX + 1]
         if isinstance(arguments, str):
-            found += repaired_text(arguments)[1]
+            found += storable_text(arguments)[1]
         if found:
             call.arguments, call.refused = "", NOT_TEXT
             return replaced + found
