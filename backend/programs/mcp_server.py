@@ -26,7 +26,7 @@ write even if a tool tried one. stdout is the protocol; logs go to stderr.
 Every request is answered: a failing tool returns one line of text
 (`rem: error: ...`), with its traceback on stderr only under `--debug`; a
 request the SDK could not read (not JSON, invalid UTF-8, a lone surrogate,
-over `MAX_REQUEST_BYTES`) is refused by `backend.programs.mcp_stdio` with a
+over `MAX_REQUEST_BYTES`, nested over `MAX_DEPTH` levels) is refused by `backend.programs.mcp_stdio` with a
 one-line JSON-RPC error carrying its id.
 """
 

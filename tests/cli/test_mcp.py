@@ -165,7 +165,8 @@ def _rpc(proc: subprocess.Popen[bytes], line: bytes, timeout: float = 30) -> dic
 
 def test_every_request_is_answered_and_bad_text_refused_in_one_line(tmp_path: Path) -> None:
     """Raw lines, as a client in another language sends them (the Python SDK cannot encode a lone
-    surrogate): each gets an answer with its id, and the server goes on serving."""
+    surrogate, nor nest 100 000 arrays): each gets an answer with its id, and the server goes on
+    serving."""
     data = str(tmp_path / "data")
     assert run_rem("init", "--data", data).returncode == 0
     proc = subprocess.Popen(
@@ -204,6 +205,13 @@ def test_every_request_is_answered_and_bad_text_refused_in_one_line(tmp_path: Pa
         garbage = _rpc(proc, b"this is not json")
         assert garbage["id"] is None and garbage["error"]["message"].startswith(
             "rem: error: the request is not JSON"
+        )
+        nested = b"[" * 100_000 + b"]" * 100_000  # Python's parser raised RecursionError: the server died
+        deep = _rpc(
+            proc, b'{"jsonrpc": "2.0", "id": "deep", "method": "tools/call", "params": ' + nested + b"}"
+        )
+        assert deep["id"] == "deep" and deep["error"]["message"] == (
+            "rem: error: the request nests arrays and objects more than 64 levels deep; send a flatter one"
         )
         huge = _rpc(proc, b'{"jsonrpc": "2.0", "id": "big", "params": "' + b"x" * (5 << 20) + b'"}')
         assert huge["id"] == "big" and "over 4194304 bytes" in huge["error"]["message"]
