@@ -362,7 +362,7 @@ class ModelClient:
 
         `suspect`: the chunk may hold a character no store can hold (`backend.core.storable`: a
         NUL, a lone surrogate): written as it was, the step's transaction failed every time the
-        turn was retried (issue 40). Each one is replaced by U+FFFD and counted
+        turn was retried, until the recovery budget parked it. Each one is replaced by U+FFFD and counted
         (`reply.unstorable`); a tool call holding one is refused by the assembler instead.
         """
         if not isinstance(chunk, dict):
