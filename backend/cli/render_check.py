@@ -23,7 +23,7 @@ from backend.core.inert import visible
 from backend.ops.checks.report import ROW_CAP
 
 CHECK_ROWS = 5  # rows shown per finding; `--json` lists up to its own cap, and counts them all
-CELL_CHARS = 120  # a value longer than this is cut (a vector, a document)
+CELL_CHARS = 500  # a value longer than this is cut (a vector, a document; an error says more)
 
 
 def plain(value: Any) -> str:
