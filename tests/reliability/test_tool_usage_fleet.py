@@ -20,7 +20,7 @@ from tests.counting_synthesizer import CountingSynthesizer
 from tests.fake_openai import FakeOpenAIServer
 from tests.helpers import await_until, rem_env, run_rem, spawn_rem
 
-pytestmark = pytest.mark.both_stores
+pytestmark = [pytest.mark.both_stores, pytest.mark.slow]
 
 SESSIONS = 4
 
