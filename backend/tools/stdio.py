@@ -12,7 +12,8 @@ the same protocol (newline-delimited JSON-RPC, the SDK's message types and
   bounded and inert), never to rem's terminal; its last lines are kept for the
   error an operator sees when the server dies;
 * the child runs in its own session (process group) with the SDK's safe
-  environment plus the configured `env`, in the configured `cwd`; closing the
+  environment plus the configured `env`, in the configured `cwd`, once the
+  files it runs from pass `StdioServer.exposed` again; closing the
   transport closes stdin, waits `STOP_GRACE_S`, then SIGTERMs and SIGKILLs
   the whole group;
 * `StdioState` tells the caller what the SDK cannot: whether the link is lost
@@ -91,6 +92,9 @@ def _signal_name(number: int) -> str:
 def _executable(server: StdioServer, env: dict[str, str]) -> str:
     if not server.cwd.is_dir():
         raise StartFailed(f"its cwd {str(server.cwd)!r} is not a folder")
+    if (untrusted := server.exposed()) is not None:  # checked when the config was read: again, as it runs
+        key, exposed = untrusted
+        raise StartFailed(f"its {key}: {exposed.what}, so another user could change it; {exposed.fix}")
     if os.sep in server.command:
         return server.command
     found = shutil.which(server.command, path=env.get("PATH", os.defpath))
