@@ -19,6 +19,11 @@ scripts it names) is held to the same rule (`exposed`): refused when another
 user owns it or a folder on its path, or group or others can write one of them.
 Root's files pass (a system config), and so does a sticky world-writable
 folder such as /tmp (others may add files there, not replace yours).
+
+Every rem process makes itself non-dumpable (`make_undumpable`): another
+process of the same user (a tool server rem started) cannot read its
+environment or memory through /proc, nor ptrace it. Its children are
+dumpable again once they exec.
 """
 
 from __future__ import annotations
@@ -322,3 +327,21 @@ def _exposure(path: Path, st: os.stat_result) -> Exposed | None:
             f"`chmod go-w {quoted}`",
         )
     return None
+
+
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (Linux `PR_SET_DUMPABLE` 0); True when it is now.
+
+    The kernel then lets only root (CAP_SYS_PTRACE) read its /proc/PID/environ, mem,
+    maps, fd, cwd and exe, or ptrace it: a tool server running as rem's user cannot
+    read the model key or a database password from rem's environment or memory.
+    /proc/PID/cmdline, stat and status stay readable (`ps`, start times). No core
+    dumps either. A child is dumpable again once it execs.
+    """
+    with contextlib.suppress(Exception):  # not Linux: nothing to do, and nothing it protects
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    return False
