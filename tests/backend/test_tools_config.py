@@ -127,6 +127,27 @@ def test_the_mcp_servers_shape_parses_with_variables_and_paths(tmp_path: Path) -
             ("effect", "annotation", "ask", "default"),
         ),
         ({"destructiveHint": True}, ToolSettings(), ("effect", "annotation", "ask", "default")),
+        # a pair that contradicts itself is a lie somewhere: the worse half counts
+        (
+            {"readOnlyHint": True, "destructiveHint": True},
+            ToolSettings(),
+            ("effect", "annotation", "ask", "default"),
+        ),
+        (
+            {"read_only_hint": True, "idempotent_hint": False},
+            ToolSettings(),
+            ("effect", "annotation", "ask", "default"),
+        ),
+        (
+            {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True},
+            ToolSettings(),
+            ("read", "annotation", "allow", "default"),
+        ),
+        (
+            {"readOnlyHint": True, "destructiveHint": True},
+            ToolSettings(effect=EffectClass.READ),
+            ("read", "config", "allow", "default"),
+        ),
         ({}, ToolSettings(), ("effect", "default", "ask", "default")),
         ({"openWorldHint": True, "title": "t"}, ToolSettings(), ("effect", "default", "ask", "default")),
         (
