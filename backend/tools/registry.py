@@ -42,6 +42,7 @@ The interface the executor codes against (one registry per process and event loo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -70,6 +71,7 @@ from backend.tools.spec import (
 Source = McpServerSource | PythonToolSource
 KEY_MAX = 256
 _UNSET: Any = object()
+log = logging.getLogger("rem.tools.registry")
 
 
 class ToolRegistry:
@@ -265,7 +267,7 @@ class ToolRegistry:
         resolved = resolve(
             annotations, settings_, declared=declared, default_timeout_ms=self.limits.timeout_ms
         )
-        return ToolSpec(
+        spec = ToolSpec(
             name=qualified_name(source.name, tool),
             server=source.name,
             tool=tool,
@@ -283,6 +285,9 @@ class ToolRegistry:
             available=unavailable is None,
             unavailable_reason=unavailable,
         )
+        if unavailable is None and (warning := spec.annotation_warning()) is not None:
+            log.warning("%s", warning)  # once per listing: a server lists again only when it changed
+        return spec
 
     def _listed_names(self, source: Source) -> set[str] | None:
         if isinstance(source, PythonToolSource):

@@ -12,7 +12,10 @@ the same protocol (newline-delimited JSON-RPC, the SDK's message types and
   bounded and inert), never to rem's terminal; its last lines are kept for the
   error an operator sees when the server dies;
 * the child runs in its own session (process group) with the SDK's safe
-  environment plus the configured `env`, in the configured `cwd`; closing the
+  environment plus the configured `env`, in the configured `cwd`, once the
+  files it runs from pass `StdioServer.exposed` again; this process is made
+  non-dumpable first (`private.make_undumpable`: the server, running as this
+  user, cannot read this process's environment or memory); closing the
   transport closes stdin, waits `STOP_GRACE_S`, then SIGTERMs and SIGKILLs
   the whole group;
 * `StdioState` tells the caller what the SDK cannot: whether the link is lost
@@ -39,6 +42,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from backend.core import private
 from backend.tools.config import StdioServer
 from backend.tools.lines import LineBuffer, Overflow, oversize_answer
 from backend.tools.results import inert
@@ -91,6 +95,9 @@ def _signal_name(number: int) -> str:
 def _executable(server: StdioServer, env: dict[str, str]) -> str:
     if not server.cwd.is_dir():
         raise StartFailed(f"its cwd {str(server.cwd)!r} is not a folder")
+    if (untrusted := server.exposed()) is not None:  # checked when the config was read: again, as it runs
+        key, exposed = untrusted
+        raise StartFailed(f"its {key}: {exposed.what}, so another user could change it; {exposed.fix}")
     if os.sep in server.command:
         return server.command
     found = shutil.which(server.command, path=env.get("PATH", os.defpath))
@@ -106,6 +113,7 @@ async def stdio_transport(
     """Start `server` and yield the (read, write) streams a `ClientSession` takes."""
     env = get_default_environment() | dict(server.env)
     argv = [_executable(server, env), *server.args]
+    private.make_undumpable()  # the server runs as this user: keep this process's environ and memory from it
     try:
         process = await anyio.open_process(argv, env=env, cwd=str(server.cwd), start_new_session=True)
     except OSError as exc:
