@@ -11,7 +11,7 @@ import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
 from backend.cli import common, lazy, params, rich_help
-from backend.core import private
+from backend.core import logfile, private
 from backend.core.errors import ExitCode, RemError
 from backend.core.inert import visible
 from backend.core.settings import Settings, settings, validate
@@ -156,7 +156,9 @@ def _globals(
     common.pin_relative_paths()
     level = logging.INFO if verbose or settings.log else logging.WARNING
     logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=level,
+        handlers=[logfile.stderr_handler(settings.log_file, settings.log_max_bytes)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
 

@@ -355,6 +355,19 @@ class Settings:
         shown_default="OS user",
     )
     log = Setting(False, "log at INFO to stderr (as `--verbose`)", flag())
+    log_file = Setting[Path | None](
+        None,
+        "the file this process's stderr appends to (`rem up` sets it for each daemon: `DATA/logs/NAME.log`): "
+        "rem then keeps it under REM_LOG_MAX_BYTES, the lines before in FILE.1",
+        path(),
+        shown_default="none (stderr is left as it is)",
+    )
+    log_max_bytes = Setting(
+        16_777_216,
+        "the size a daemon's log file (REM_LOG_FILE) may reach before its lines move to FILE.1 (at most "
+        "twice this on disk)",
+        whole(65_536, "bytes"),
+    )
     # tests and drills only
     faults = Setting(
         "",
