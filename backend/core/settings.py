@@ -339,6 +339,12 @@ class Settings:
         "the arguments of one tool call a model may send; a call with more is answered with a tool error",
         whole(256, "bytes"),
     )
+    tool_schema_max_bytes = Setting(
+        65_536,
+        "a tool's `inputSchema` as compact JSON: it goes into every model request, so a tool with a "
+        "bigger one is refused at listing (named in `rem tools` and the log); its server's other tools stay",
+        whole(1024, "bytes"),
+    )
     tool_calls_max = Setting(16, "tool calls one model reply may ask for; the rest are refused", whole(1))
     tool_concurrency = Setting(8, "tool calls of one step run at once (the rest wait their turn)", whole(1))
     max_steps = Setting(
