@@ -114,6 +114,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tools",
         "List every configured tool: server, effect class and its source, permission, timeout, server health.",
     ),
+    "serve": (
+        "serve",
+        "Serve the HTTP API, its event streams and MCP over Streamable HTTP until drained (SIGTERM, Ctrl-C).",
+    ),
+    "token": ("token", "The application API's bearer tokens: create (shown once), list, revoke."),
     "console": ("console", "Open the live on-call console over a data dir (press ? inside for every key)."),
     "demo": (
         "demo",
