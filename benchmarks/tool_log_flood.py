@@ -4,7 +4,7 @@
 
 A hostile MCP server (tests/hostile_mcp.py, over stdio) answers one
 `tools/call` after sending `--lines` log notifications and as many stderr
-lines (about 1 KB each), the issue 40 reproduction. rem's registry runs in
+lines (about 1 KB each): the review's reproduction of a log flood. rem's registry runs in
 this process, logging at INFO to a file, as a daemon does (`REM_LOG=1`).
 Reported: the bytes and lines the flood added to the log, how many lines the
 server sent, and the call's wall time. Prints a table on stderr and one JSON
