@@ -53,6 +53,10 @@ class DatabaseUnreachable(RemError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class ConnectionsExhausted(DatabaseUnreachable):
+    """The PostgreSQL server (or its pooler) has no free connection: max_connections reached."""
+
+
 class DatabaseFull(RemError):
     exit_code = ExitCode.UNREACHABLE
 

@@ -60,6 +60,38 @@ class Settings:
         postgres_url(),
         shown_default="state.db in the data dir",
     )
+    db_listen_url = Setting[str | None](
+        None,
+        "a direct connection to the PostgreSQL store for LISTEN (the daemons' wake, the console's change "
+        "feed) when `--db` goes through a transaction-mode pooler, which cannot hold a LISTEN",
+        postgres_url(),
+        shown_default="the store's URL, unless REM_DB_POOLED",
+    )
+    db_pooled = Setting(
+        False,
+        "`--db` is a transaction-mode pooler (PgBouncer): LISTEN only on REM_DB_LISTEN_URL, else the wake "
+        "and the change feed poll (every REM_DB_POLL_MS)",
+        flag(),
+    )
+    db_poll_ms = Setting(
+        1_000,
+        "with no LISTEN connection (REM_DB_POOLED without REM_DB_LISTEN_URL): how often an idle daemon and "
+        "the console look for another process's commits",
+        whole(100, "ms"),
+    )
+    db_max_connections = Setting(
+        4,
+        "the most connections one rem process holds to a PostgreSQL store: its write connections (a "
+        "daemon's sessions commit side by side on up to all but the reader's and the listener's), a "
+        "reader, a LISTEN",
+        whole(1),
+    )
+    db_connect_wait_ms = Setting(
+        30_000,
+        "how long a new PostgreSQL connection waits for a server with no free connection "
+        "(max_connections reached) before the command or pass fails, saying so",
+        whole(0, "ms"),
+    )
     pg_bindir = Setting[Path | None](
         None,
         "PostgreSQL server binaries (`initdb`, `postgres`) for the throw-away server of tests and drills",

@@ -161,7 +161,9 @@ class Executor(Daemon):
         for execution_id, session_id in candidates:
             if session_id in self.tasks or self._capacity() <= 0:
                 continue
-            taken = await self.db.write_in_thread(partial(self._take_over_sync, execution_id=execution_id))
+            taken = await self.db.write_in_thread(
+                partial(self._take_over_sync, execution_id=execution_id), key=session_id
+            )
             if taken is not None:
                 state = TurnState(taken.lease, step=taken.step, recovering=True, recovered=True)
                 self._spawn(session_id, self._run_session(state))
@@ -195,7 +197,9 @@ class Executor(Daemon):
 
     async def _claim(self, session_id: str) -> Lease | None:
         """Claim the session's lease if it has a waiting input (counting that input's attempt first)."""
-        lease = await self.db.write_in_thread(lambda conn: self._claim_sync(conn, session_id, clock.now_ms()))
+        lease = await self.db.write_in_thread(
+            lambda conn: self._claim_sync(conn, session_id, clock.now_ms()), key=session_id
+        )
         if lease is not None:
             self.log.info("claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch)
         return lease
@@ -269,7 +273,7 @@ class Executor(Daemon):
             def begin(conn: Conn, early: EarlyMemory | None = early) -> Step | None:
                 return self.steps.begin_step_sync(conn, state, clock.now_ms(), early)
 
-            step = await self.db.write_in_thread(begin)
+            step = await self.db.write_in_thread(begin, key=state.lease.session_id)
             if step is None:
                 return
             faults.point("executor.after_promote")
@@ -310,7 +314,8 @@ class Executor(Daemon):
         """A step-closing transaction, carrying the model request records made so far."""
         calls = health.take()
         try:
-            return bool(await self.db.write_in_thread(partial(fn, calls=calls)))
+            key = fn.keywords["state"].lease.session_id
+            return bool(await self.db.write_in_thread(partial(fn, calls=calls), key=key))
         except BaseException:
             health.give_back(calls)
             raise
@@ -343,7 +348,9 @@ class Executor(Daemon):
         if memory is None:
             return
         step.data["memory"] = memory
-        await self.db.write_in_thread(partial(self.steps.record_memory_sync, state=state, step=step))
+        await self.db.write_in_thread(
+            partial(self.steps.record_memory_sync, state=state, step=step), key=state.lease.session_id
+        )
         step.request.memory = list(memory["items"])
         remember_memory(state, tuple(step.data["answers"]), memory)
 
@@ -407,7 +414,8 @@ class Executor(Daemon):
                     session_id=lease.session_id,
                     target=lease.execution_id,
                     data={"epoch": lease.epoch, "reason": reason},
-                )
+                ),
+                key=lease.session_id,
             )
 
     async def hand_back(self) -> None:
@@ -431,7 +439,8 @@ class Executor(Daemon):
             await self.db.write_in_thread(
                 lambda conn: leases.hand_back_execution_sync(
                     conn, lease, actor=self.owner_id, now=clock.now_ms()
-                )
+                ),
+                key=lease.session_id,
             )
         except RemError as exc:
             self.log.warning("could not hand back %s: %s", lease.key, exc)

@@ -189,4 +189,4 @@ async def claim(
             )
         return lease
 
-    return await db.write_in_thread(claim_journaled_sync)
+    return await db.write_in_thread(claim_journaled_sync, key=session_id)

@@ -131,7 +131,8 @@ async def admit(
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
     return await db.write_in_thread(
-        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project)
+        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project),
+        key=session_id,
     )
 
 

@@ -157,7 +157,9 @@ class ToolRunner:
         while True:
             rows, state.open_calls = state.open_calls, None
             if rows is None or settle:
-                rows = await self._db().write_in_thread(partial(self._open_sync, state=state, settle=settle))
+                rows = await self._db().write_in_thread(
+                    partial(self._open_sync, state=state, settle=settle), key=state.lease.session_id
+                )
             settle = False
             pending = [row for row in rows if row["state"] == OK.PENDING]
             if pending:
@@ -167,7 +169,9 @@ class ToolRunner:
                     return False
                 continue
             if any(row["state"] in (OK.AWAITING_APPROVAL, OK.UNKNOWN) for row in rows):
-                if await self._db().write_in_thread(partial(self._park_sync, state=state)):
+                if await self._db().write_in_thread(
+                    partial(self._park_sync, state=state), key=state.lease.session_id
+                ):
                     return True
                 continue  # a decision landed meanwhile: look again
             state.calls_open = False
@@ -204,14 +208,17 @@ class ToolRunner:
     async def _run_one(self, state: TurnState, row: Row, slots: asyncio.Semaphore) -> bool:
         """Start, call and finish one call; whether it ended (not moved meanwhile, outcome known)."""
         async with slots:
-            started = await self._db().write_in_thread(partial(self._start_sync, state=state, cid=row["id"]))
+            started = await self._db().write_in_thread(
+                partial(self._start_sync, state=state, cid=row["id"]), key=state.lease.session_id
+            )
             if not started:
                 return False  # moved meanwhile (another run of the loop started it)
             faults.point("tools.after_start")
             outcome = await self._call(started[0])
             faults.point("tools.after_result")
             await self._db().write_in_thread(
-                partial(self._finish_sync, state=state, cid=row["id"], outcome=outcome)
+                partial(self._finish_sync, state=state, cid=row["id"], outcome=outcome),
+                key=state.lease.session_id,
             )
             faults.point("tools.after_finish")
             return outcome.state in (OK.COMPLETED, OK.ERROR)

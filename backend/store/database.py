@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
@@ -15,7 +16,8 @@ from typing import Any, cast
 import aiosqlite
 
 from backend.core import private
-from backend.core.errors import ReadOnly
+from backend.core.errors import ConnectionsExhausted, ReadOnly, RemError
+from backend.core.settings import settings
 from backend.store.connection import Conn, Params, Row, T
 from backend.store.group_commit import WRITE_GROUP_MAX, commit_group_sync
 from backend.store.sqlite_file import (
@@ -32,15 +34,16 @@ from backend.store.transaction import in_thread
 log = logging.getLogger("rem.db")
 
 
-async def _pg_thread(url: str, *, read_only: bool) -> aiosqlite.Connection:
-    """A PostgreSQL connection (`PgConnection`) on a worker thread of its own."""
+async def _pg_thread(url: str, *, read_only: bool, wait: bool = True) -> aiosqlite.Connection:
+    """A PostgreSQL connection (`PgConnection`) on a worker thread of its own (`wait`: for a free
+    connection on a full server, `postgres.connect_waiting`)."""
     # import time: psycopg, only for a PostgreSQL store
     from backend.store import postgres
 
     # aiosqlite's Connection is a generic "one DB-API connection on one thread" proxy:
     # its connector returns the psycopg adapter, so every door of `Database` is shared
     connector = cast(
-        Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only)
+        Callable[[], sqlite3.Connection], partial(postgres.PgConnection, url, read_only=read_only, wait=wait)
     )
     conn = aiosqlite.Connection(connector, 64)
     # aiosqlite's worker thread is not a daemon: one Database left unclosed (a command that
@@ -93,14 +96,15 @@ class Database:
         self.engine = engine
         self.where = where or str(path)
         self._lock = asyncio.Lock()
-        # group commit: write_in_thread calls waiting for the next group, and the task committing them
-        self._writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
-        self._committer: asyncio.Task[None] | None = None
+        # group commit: write_in_thread calls waiting for the next group, and the task committing them,
+        # per write connection (`_Lane`); lane 0 is `conn`, the others (PostgreSQL) open on first use
+        self._lanes: list[_Lane] = [_Lane(0, conn)]
         self.groups_committed = 0
         # PostgreSQL: the store's URL, and the second connection `read_beside` opens on first use
         self._url: str | None = None
         self._reader: aiosqlite.Connection | None = None
         self._reader_opening = asyncio.Lock()
+        self._reader_retry_at = 0.0
 
     @classmethod
     async def connect(cls, url: str, *, read_only: bool = False) -> Database:
@@ -111,6 +115,8 @@ class Database:
         conn = await _pg_thread(url, read_only=read_only)
         db = cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
         db._url = url
+        if not read_only:
+            db._open_lanes(write_connections())
         return db
 
     @property
@@ -167,11 +173,19 @@ class Database:
         if self.read_only:
             await c.execute("PRAGMA query_only = ON")
 
+    def _open_lanes(self, count: int) -> None:
+        """PostgreSQL: `count` write connections in all (lane 0 is `conn`; the others open on first use)."""
+        self._lanes += [_Lane(i, None) for i in range(1, max(1, count))]
+
     async def close(self) -> None:
         try:
             if self._reader is not None:
                 reader, self._reader = self._reader, None
                 await reader.close()
+            for lane in self._lanes[1:]:
+                extra, lane.conn = lane.conn, None
+                if extra is not None and lane.index != 0:
+                    await extra.close()
         finally:
             await self.conn.close()
 
@@ -315,20 +329,35 @@ class Database:
         for no write there and make no write wait. They see what is committed,
         as they would on the first connection: a caller's own write is committed
         before its `write_in_thread` or `tx` returns. The connection is opened
-        on first use, read-only at the server (`default_transaction_read_only`),
-        and closed with the Database.
+        on first use, read-only at the server (each of its transactions), and
+        closed with the Database. While the server has no free connection for
+        it, the reads go to the first connection (tried again a minute later).
         """
         if self._url is None:
             return await self.run_in_thread(fn)
         if self._reader is None:
-            async with self._reader_opening:
-                if self._reader is None:
-                    with self.errors():
-                        self._reader = await _pg_thread(self._url, read_only=True)
+            await self._open_reader()
+            if self._reader is None:
+                return await self.run_in_thread(fn)
         with self.errors():
             return await in_thread(self._reader, fn)
 
-    async def write_in_thread(self, fn: Callable[[Conn], T]) -> T:
+    async def _open_reader(self) -> None:
+        assert self._url is not None
+        loop = asyncio.get_running_loop()
+        async with self._reader_opening:
+            if self._reader is not None or loop.time() < self._reader_retry_at:
+                return
+            try:
+                with self.errors():
+                    self._reader = await _pg_thread(self._url, read_only=True, wait=False)
+            except ConnectionsExhausted as exc:
+                self._reader_retry_at = loop.time() + 60
+                log.warning(
+                    "the reading connection to %s is not opened (%s); reads share the first", self.where, exc
+                )
+
+    async def write_in_thread(self, fn: Callable[[Conn], T], *, key: str | None = None) -> T:
         """`fn(conn)` as one atomic write transaction, committed with whatever else is waiting.
 
         For hot write paths (the executor's turn transactions). `fn` runs on
@@ -341,39 +370,61 @@ class Database:
         commit. A caller is answered only after the group's COMMIT (durable as
         any single transaction), and a failed COMMIT fails every caller in the
         group. A call cancelled before its group starts never runs.
+
+        `key` (a session id): on PostgreSQL, the write connection (lane) the
+        call goes to, always the same one for a key, so a session's writes
+        stay in order on one connection while other sessions' groups commit
+        beside them on the others (`REM_DB_MAX_CONNECTIONS`). Two lanes never
+        hold locks on one session's rows, so they cannot deadlock each other
+        over them; a write without a key goes to lane 0, with `tx()`. On
+        SQLite (one writer at a time) there is one lane.
         """
         if self.read_only:
             raise ReadOnly(f"{self.where} is opened read-only; this action needs a writable rem")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._writes.append((fn, future))
-        if self._committer is None:
-            self._committer = loop.create_task(self._commit_groups(), name="rem-db-group-commit")
+        lane = self._lane_for(key)
+        lane.writes.append((fn, future, key))
+        if lane.committer is None:
+            lane.committer = loop.create_task(
+                self._commit_groups(lane), name=f"rem-db-group-commit-{lane.index}"
+            )
         return await future
 
-    async def _commit_groups(self) -> None:
-        group: list[tuple[Callable[[Conn], Any], asyncio.Future[Any]]] = []
+    def _lane_for(self, key: str | None) -> _Lane:
+        if key is None or len(self._lanes) == 1:
+            return self._lanes[0]
+        return self._lanes[zlib.crc32(key.encode()) % len(self._lanes)]
+
+    async def _commit_groups(self, lane: _Lane) -> None:
+        group: list[tuple[Callable[[Conn], Any], asyncio.Future[Any], str | None]] = []
         try:
+            if lane.conn is None and not await self._open_lane(lane):
+                return
+            run = self.run_in_thread if lane.index == 0 else partial(in_thread, cast(Any, lane.conn))
             while True:
                 await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
-                group = [(fn, fut) for fn, fut in self._writes[:WRITE_GROUP_MAX] if not fut.done()]
-                del self._writes[:WRITE_GROUP_MAX]
+                group = [write for write in lane.writes[:WRITE_GROUP_MAX] if not write[1].done()]
+                del lane.writes[:WRITE_GROUP_MAX]
+                # by key (a session id), the same order in every process: a group's members lock their
+                # sessions' rows in ascending order, so two groups (in this process or another) never
+                # each hold a row the other waits for; one key's writes keep their arrival order
+                group.sort(key=_member_order)
                 if not group:
-                    if not self._writes:
+                    if not lane.writes:
                         return
                     continue
                 try:
-                    outcomes = await self.run_in_thread(
-                        partial(commit_group_sync, fns=[fn for fn, _ in group])
-                    )
+                    with self.errors():
+                        outcomes = await run(partial(commit_group_sync, fns=[fn for fn, _, _ in group]))
                 except Exception as exc:
                     # BEGIN or COMMIT failed, or SQLite dropped the transaction: nobody's write is in
-                    for _, fut in group:
+                    for _, fut, _ in group:
                         if not fut.done():
                             fut.set_exception(exc)
                     continue
                 self.groups_committed += 1
-                for (_, fut), (ok, value) in zip(group, outcomes, strict=True):
+                for (_, fut, _), (ok, value) in zip(group, outcomes, strict=True):
                     if fut.done():
                         continue
                     if ok:
@@ -381,23 +432,50 @@ class Database:
                     else:
                         fut.set_exception(self.translate(value))
         except asyncio.CancelledError:  # the loop is shutting down: no caller waits forever
-            for _, fut in group + self._writes:
+            for _, fut, _ in group + lane.writes:
                 fut.cancel()
-            self._writes.clear()
+            lane.writes.clear()
             raise
         finally:
-            self._committer = None
+            lane.committer = None
+
+    async def _open_lane(self, lane: _Lane) -> bool:
+        """Open a lane's write connection; one that cannot be opened (the server has no free
+        connection, or is away) hands its writes, and every later one of its keys, to lane 0."""
+        assert self._url is not None
+        try:
+            with self.errors():
+                lane.conn = await _pg_thread(self._url, read_only=False, wait=False)
+            return True
+        except RemError as exc:
+            log.warning(
+                "write connection %d to %s not opened (%s); its sessions commit on the first",
+                lane.index,
+                self.where,
+                exc,
+            )
+        first = self._lanes[0]
+        self._lanes[lane.index] = first
+        first.writes += lane.writes
+        lane.writes = []
+        if first.committer is None and first.writes:
+            first.committer = asyncio.get_running_loop().create_task(
+                self._commit_groups(first), name="rem-db-group-commit-0"
+            )
+        return False
 
     def server_pids(self) -> frozenset[int]:
         """PostgreSQL: the server process serving this Database (its commits' notifications name
         it; it changes on a reconnect). Empty on SQLite."""
         if not self.postgres:
             return frozenset()
-        try:
-            pid = cast(Any, self.conn._conn).backend_pid
-        except ValueError:  # closed
-            return frozenset()
-        return frozenset({int(pid)})
+        pids = set()
+        for lane in self._lanes:
+            try:
+                pids.add(int(cast(Any, lane.conn)._conn.backend_pid))
+            except (AttributeError, ValueError):  # not opened, or closed
+                continue
+        return frozenset(pids)
 
     async def data_version(self) -> int:
         """A number that changes whenever another connection commits.
@@ -411,3 +489,24 @@ class Database:
         if self.postgres:
             return int(await self.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
         return int(await self.scalar("PRAGMA data_version"))
+
+
+class _Lane:
+    """One write connection's group commit: the calls waiting for its next group and its committer."""
+
+    def __init__(self, index: int, conn: aiosqlite.Connection | None) -> None:
+        self.index = index
+        self.conn = conn
+        self.writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any], str | None]] = []
+        self.committer: asyncio.Task[None] | None = None
+
+
+def _member_order(write: tuple[Any, Any, str | None]) -> tuple[bool, str]:
+    """A group member's place: the writes without a key first, then by key."""
+    return write[2] is not None, write[2] or ""
+
+
+def write_connections() -> int:
+    """How many write connections a process opens to a PostgreSQL store: REM_DB_MAX_CONNECTIONS less
+    one for the reader (`read_beside`) and one for a LISTEN, at least one."""
+    return max(1, settings.db_max_connections - 2)

@@ -9,6 +9,7 @@ daemon that holds nothing never wakes to renew.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 from backend.core import clock
 from backend.store.db import Database
@@ -43,9 +44,21 @@ class LeaseKeeper:
         return min((lease.renewal_due_at() for lease in self._held.values() if not lease.lost), default=None)
 
     async def renew_due(self, db: Database) -> list[Lease]:
-        """Renew the held leases a third used, in one transaction; returns (and marks) the lost ones."""
+        """Renew the held leases a third used; returns (and marks) the lost ones.
+
+        Each lease on its session's write connection (`write_in_thread`'s key): a renewal never
+        holds one session's row while waiting for another's, so it cannot deadlock a turn's
+        transaction committing on another connection. The renewals of one connection share
+        its next group commit.
+        """
         now = clock.now_ms()
         due = [lease for lease in self._held.values() if not lease.lost and lease.renewal_due(now)]
         if not due:
             return []
-        return await db.write_in_thread(lambda conn: renew_sync(conn, due, now))
+        lost = await asyncio.gather(
+            *(
+                db.write_in_thread(partial(renew_sync, leases=[lease], now=now), key=lease.session_id)
+                for lease in due
+            )
+        )
+        return [lease for each in lost for lease in each]

@@ -56,19 +56,23 @@ every psycopg error leaves as one line with its SQLSTATE and no password
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.errors
-from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg import adapt
+from psycopg.adapt import Buffer, Dumper, Loader, PyFormat
 from psycopg.pq import TransactionStatus
-from psycopg.rows import RowMaker, tuple_row
+from psycopg.types.numeric import Int8Dumper
 
-from backend.core.errors import DatabaseUnreachable
+from backend.core.errors import ConnectionsExhausted, DatabaseUnreachable
 from backend.core.settings import settings
+from backend.store import pg_batch
+from backend.store.pg_batch import Result, Row, no_result
 
 # SQLite's dialect as PostgreSQL's (`translate_sql`, `alias_subqueries`): a module of its own, importable here
 from backend.store.pg_dialect import alias_subqueries as alias_subqueries
@@ -89,53 +93,7 @@ from backend.store.pg_errors import translate_postgres_error as translate_postgr
 log = logging.getLogger("rem.postgres")
 
 
-# -- rows and values -----------------------------------------------------------
-class Row:
-    """A result row read by column name or by index, like `sqlite3.Row`."""
-
-    __slots__ = ("_index", "_values")
-
-    def __init__(self, values: Sequence[Any], index: Mapping[str, int]) -> None:
-        self._values = values
-        self._index = index
-
-    def __getitem__(self, key: int | str) -> Any:
-        if isinstance(key, str):
-            return self._values[self._index[key]]
-        return self._values[key]
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Row):
-            return tuple(self._values) == tuple(other._values) and self._index == other._index
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values))
-
-    def __repr__(self) -> str:
-        return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
-
-
-def named_row(cursor: Any) -> RowMaker[Row]:
-    """psycopg row factory: `Row`s sharing one name -> index map per result."""
-    description = cursor.description or []
-    index = {column.name: i for i, column in enumerate(description)}
-
-    def make(values: Sequence[Any]) -> Row:
-        return Row(values, index)
-
-    return make
-
-
+# -- values ----------------------------------------------------------------------
 class BoolAsIntDumper(Dumper):
     """`True`/`False` as 1/0: rem's flag columns are integers, as SQLite stores booleans."""
 
@@ -156,82 +114,48 @@ class NumericAsNumberLoader(Loader):
 
 
 # -- the connection ----------------------------------------------------------
-class PgCursor:
-    """The part of `sqlite3.Cursor` rem (and aiosqlite) uses, over a psycopg cursor."""
-
-    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        return None  # PostgreSQL has none: rem reads generated ids with RETURNING
-
-    @property
-    def description(self) -> Any:
-        return self._cursor.description
-
-    @property
-    def row_factory(self) -> Any:
-        return self._cursor.row_factory
-
-    @row_factory.setter
-    def row_factory(self, factory: Any) -> None:
-        # sqlite3's None means plain tuples
-        self._cursor.row_factory = tuple_row if factory is None else named_row
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone() if self._cursor.description is not None else None
-
-    def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall() if self._cursor.description is not None else []
-
-    def fetchmany(self, size: int | None = None) -> list[Any]:
-        if self._cursor.description is None:
-            return []
-        return self._cursor.fetchmany(size or self._cursor.arraysize)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.fetchall())
-
-    def close(self) -> None:
-        self._cursor.close()
+# the result of a statement not sent (queued, or not needed), or of one whose rows nobody has
+PgCursor = Result
 
 
 class _Queued(NamedTuple):
     """A statement queued to ride with the next one sent (`PgConnection.execute_unread`)."""
 
-    statement: str
-    parameters: Any
+    query: bytes
+    values: Sequence[Any]
     write: bool  # a write nobody reads (not BEGIN / SAVEPOINT / RELEASE)
     member: int  # the transaction's group member that queued it (-1: outside any)
 
 
-_WRITES = ("INSERT", "UPDATE", "DELETE")
-
-
-def _count_changes(statement: str, cursor: psycopg.Cursor[Any]) -> int:
-    """The rows a statement wrote, as sqlite3's `total_changes` counts them (0 for any other)."""
-    return (
-        cursor.rowcount if statement.lstrip()[:6].upper().startswith(_WRITES) and cursor.rowcount > 0 else 0
-    )
-
-
 # statements that answer nothing rem reads: sent with the next statement, in one round trip
-_DEFERRABLE = ("BEGIN", "SAVEPOINT", "RELEASE")
+_DEFERRABLE = (b"BEGIN", b"SAVEPOINT", b"RELEASE")
+# statements never prepared (transaction control: cheap to parse, and one of each per transaction)
+_UNPREPARED = (b"BEGIN", b"SAVEPOINT", b"RELEASE", b"COMMIT", b"ROLLBACK", b"SELECT set_config")
+# at most this many statements prepared on one connection (then all are deallocated and it starts over)
+PREPARED_MAX = 1000
+
+# connection failures that mean "the server has no free connection": waited out, not failed at once
+_EXHAUSTED = (
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "no more connections allowed",
+)
 
 
 class PgConnection:
     """A psycopg connection that takes rem's SQLite-dialect SQL and answers like `Conn`.
 
     Autocommit at the protocol level, like `isolation_level=None` in sqlite3:
-    rem issues BEGIN / COMMIT itself.
+    rem issues BEGIN / COMMIT itself. Statements go out in batches through
+    libpq's pipeline mode, each prepared once on this connection
+    (`backend.store.pg_batch`), or unnamed when `prepare` is off (behind a
+    transaction-mode pooler). No setting is sent at connect (a pooler refuses
+    startup options): the timeouts are set in each transaction
+    (`set_config(..., true)`, what `SET LOCAL` does), right after its BEGIN,
+    in the same round trip, or first in a batch sent outside one.
 
     Round trips: `BEGIN`, `SAVEPOINT` and `RELEASE` answer nothing rem reads, so
-    they are queued and sent ahead of the next statement in one pipeline (one
+    they are queued and sent ahead of the next statement in one batch (one
     round trip for all of them); so is a write passed to `execute_unread` (its
     row count and rows go unread). Fenced writes are sent unread too
     (`fenced_write(unread=True)`): the server fails one that changed no row.
@@ -241,21 +165,24 @@ class PgConnection:
     A queued write's error is its own group member's, wherever it surfaces.
     Each `SAVEPOINT rem_write` opens the transaction's next member (counted
     from 0), and a member's queued statements may go out with a later
-    member's read or with the COMMIT. When a pipeline fails inside an earlier
-    member's statements (the last statement of each closed member's queue is
-    sent on a cursor of its own, so the first of them without a result
-    names it), that member is rolled back to its savepoint and recorded in
-    `failed_members`; the statements queued after it, which the server
-    skipped, are sent again, then the statement that sent them. The member
-    reading or committing never sees the error. `commit_group_sync` reports
-    the recorded members as failed.
+    member's read or with the COMMIT. The server skips a batch's statements
+    after its first error, so the failed statement, and its member, are known
+    by position. When it is an earlier, closed member's, that member is
+    rolled back to its savepoint and recorded in `failed_members`; the
+    statements queued after it, which the server skipped, are sent again,
+    then the statement that sent them. The member reading or committing never
+    sees the error. `commit_group_sync` reports the recorded members as failed.
     """
 
     engine = "postgresql"
 
-    def __init__(self, url: str, *, read_only: bool = False) -> None:
+    def __init__(
+        self, url: str, *, read_only: bool = False, wait: bool = True, prepare: bool | None = None
+    ) -> None:
         self.url = url
         self.read_only = read_only
+        self.wait = wait  # for a free connection on a full server (`connect_waiting`)
+        self.prepare = (not settings.db_pooled) if prepare is None else prepare
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
         self._in_tx = False
@@ -263,7 +190,9 @@ class PgConnection:
         self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
         self._member_open = False  # whether its savepoint is still open
         self.failed_members: dict[int, Exception] = {}  # member -> the error of a statement it queued
-        self._deallocate_at_end = False  # `_forget_prepared`
+        # the timeouts (and read-only-ness): set once for the session on a direct connection; behind a
+        # pooler, whose server sessions other clients share, set in each transaction instead
+        self._timeouts = None if self.prepare else settings_statement(read_only=read_only, local=True)
         self._raw = self._connect()
 
     @property
@@ -274,21 +203,22 @@ class PgConnection:
 
     def _connect(self) -> psycopg.Connection[Any]:
         check_url(self.url)  # REM_DB_URL comes this way without `--db`'s check
-        with postgres_errors(self.url):
-            raw = psycopg.connect(
-                self.url,
-                autocommit=True,
-                connect_timeout=max(2, settings.busy_timeout_ms // 1000),
-                options=session_options(read_only=self.read_only),
-                application_name="rem",
-            )
+        raw = connect_waiting(self.url, wait=self.wait)
         try:
             refuse_old_server(raw.info.server_version, self.url)
         except BaseException:
             raw.close()
             raise
+        raw.prepare_threshold = None  # psycopg's own cursors (DDL through `raw`) prepare nothing
         raw.adapters.register_dumper(bool, BoolAsIntDumper)
+        raw.adapters.register_dumper(int, Int8Dumper)  # one type for every int: one prepared variant
         raw.adapters.register_loader("numeric", NumericAsNumberLoader)
+        if self.prepare:  # not behind a pooler: the session is this connection's alone
+            with postgres_errors(self.url):
+                raw.execute(settings_statement(read_only=self.read_only, local=False))
+        self._loader = adapt.Transformer(raw)
+        self._dumper = adapt.Transformer(raw)
+        self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}  # (query, types) -> name
         return raw
 
     def _live(self) -> psycopg.Connection[Any]:
@@ -303,116 +233,148 @@ class PgConnection:
             self._raw = self._connect()
         return self._raw
 
-    def execute(self, sql: str, parameters: Any = ()) -> PgCursor:
-        statement = translate_sql(sql)
-        head = statement[:9].upper()
-        if head.startswith(("COMMIT", "ROLLBACK")) and " TO " not in statement.upper():
-            return self._end(statement)
-        if head.startswith(_DEFERRABLE) and not parameters:
-            if head.startswith("BEGIN"):
-                self._live()  # a broken connection is replaced before a transaction, never inside one
-                self._in_tx = True
-                self._member, self._member_open, self.failed_members = -1, False, {}
-            elif head.startswith("SAVEPOINT"):
-                self._member, self._member_open = self._member + 1, True
-            elif head.startswith("RELEASE"):
-                self._member_open = False
-            self._queued.append(_Queued(statement, None, False, self._member))
-            return _NO_RESULT
-        if head.startswith("ROLLBACK"):  # ROLLBACK TO: the open member's queued writes need no sending
+    def execute(self, sql: str, parameters: Any = ()) -> Result:
+        shape = pg_batch.template(sql)
+        values = pg_batch.values_of(shape, parameters)
+        query = shape.query
+        head = query[:9].upper()
+        if head.startswith((b"COMMIT", b"ROLLBACK")) and b" TO " not in query.upper():
+            return self._end(query)
+        if not values and head.startswith(_DEFERRABLE):
+            self._defer(query, head)
+            return no_result()
+        if head.startswith(b"ROLLBACK"):  # ROLLBACK TO: the open member's queued writes need no sending
             member = self._member
             self._queued = [entry for entry in self._queued if not (entry.write and entry.member == member)]
-        cursor = self._send(lambda cur: cur.execute(statement, parameters if parameters is not None else ()))
-        self.total_changes += _count_changes(statement, cursor)
-        return PgCursor(cursor)
+        [result] = self._send([(query, values)])
+        if shape.write and result.rowcount > 0:
+            self.total_changes += result.rowcount
+        return result
+
+    def _defer(self, query: bytes, head: bytes) -> None:
+        """Queue a BEGIN, SAVEPOINT or RELEASE (a BEGIN with the transaction's timeouts)."""
+        if head.startswith(b"BEGIN"):
+            self._live()  # a broken connection is replaced before a transaction, never inside one
+            self._in_tx = True
+            self._member, self._member_open, self.failed_members = -1, False, {}
+            if self.read_only and b"READ ONLY" not in query.upper():
+                query += b" READ ONLY"
+            self._queued.append(_Queued(query, (), False, -1))
+            if self._timeouts is not None:
+                self._queued.append(_Queued(self._timeouts, (), False, -1))
+            return
+        if head.startswith(b"SAVEPOINT"):
+            self._member, self._member_open = self._member + 1, True
+        else:
+            self._member_open = False
+        self._queued.append(_Queued(query, (), False, self._member))
 
     def execute_unread(self, sql: str, parameters: Any = ()) -> None:
         """A write whose row count and rows nobody reads: queued, sent with the next statement."""
-        self._queued.append(_Queued(translate_sql(sql), parameters, True, self._member))
+        shape = pg_batch.template(sql)
+        self._queued.append(_Queued(shape.query, pg_batch.values_of(shape, parameters), True, self._member))
 
-    def _send(self, run: Any, *, pipeline: bool = False) -> psycopg.Cursor[Any]:
-        """`run(cursor)` after every queued statement, all in one round trip (`pipeline`: even
-        when nothing is queued, for a `run` that sends several statements)."""
-        cursor = self._live().cursor(row_factory=named_row)
-        if not (self._queued or pipeline):
-            run(cursor)
-            return cursor
+    def _send(self, tail: list[tuple[bytes, Sequence[Any]]]) -> list[Result]:
+        """Every queued statement, then `tail`, in one round trip; the tail's results."""
+        raw = self._live()
         while True:
             queued, self._queued = self._queued, []
-            closed = self._member - self._member_open  # members up to this one have been released
-            # each closed member's last queued statement (its RELEASE) -> (member, a cursor of its own)
-            ends = {
-                i: (entry.member, self._raw.cursor())
-                for i, entry in enumerate(queued)
-                if 0 <= entry.member <= closed
-                and (i + 1 == len(queued) or queued[i + 1].member != entry.member)
-            }
+            # a batch outside BEGIN (an implicit transaction) behind a pooler: its settings first
+            first: list[tuple[bytes, Sequence[Any]]] = (
+                [] if self._in_tx or not self._timeouts else [(self._timeouts, ())]
+            )
+            wrapped = len(first)
+            statements = first + [(e.query, e.values) for e in queued] + tail
             try:
-                with self._raw.pipeline():
-                    for i, entry in enumerate(queued):
-                        (ends[i][1] if i in ends else cursor).execute(entry.statement, entry.parameters)
-                    cursor = self._raw.cursor(row_factory=named_row)
-                    run(cursor)
-            except psycopg.Error as exc:
-                self._forget_prepared()
-                self._deallocate_at_end = True
-                # results come in order (psycopg may raise before the pipeline has all been sent):
-                # the first closed member whose last statement has none holds the failed one
-                failed = next((m for m, end in ends.values() if end.pgresult is None), None)
-                if failed is None or self._raw.broken:
-                    raise  # the statement's own, or its member's (or the connection's)
-                self.total_changes += sum(entry.write for entry in queued if entry.member < failed)
-                self._fail_member(failed, exc, [entry for entry in queued if entry.member > failed])
-                continue
-            self.total_changes += sum(entry.write for entry in queued)  # each queued write counts as one
-            return cursor
+                results = self._round_trip(raw, statements)
+            except psycopg.Error:
+                self._drop_queue()
+                raise
+            at = pg_batch.failed_at(results)
+            if at is None:
+                if queued:  # each queued write counts as one
+                    self.total_changes += sum([entry.write for entry in queued])
+                load, loader = pg_batch.load, self._loader
+                return [load(answer[-1], loader) for answer in results[wrapped + len(queued) :]]
+            exc = pg_batch.error_of(results[at][-1], raw.info.encoding)
+            at -= wrapped
+            closed = self._member - self._member_open  # members up to this one have been released
+            failed = queued[at].member if 0 <= at < len(queued) else -1
+            if not 0 <= failed <= closed or raw.broken:
+                raise exc  # the statement's own, or its member's (or the connection's)
+            self.total_changes += sum(entry.write for entry in queued if entry.member < failed)
+            self._fail_member(failed, exc, [entry for entry in queued if entry.member > failed])
+
+    def _round_trip(
+        self, raw: psycopg.Connection[Any], statements: Sequence[tuple[bytes, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        """`statements` in one pipeline (each prepared the first time this connection sends it);
+        each statement's results, in order (a statement skipped after an error: "aborted")."""
+        pgconn, dump = raw.pgconn, self._dumper.dump_sequence
+        commands: list[tuple[Any, ...]] = []
+        at: list[int] = []  # each statement's command
+        preparing: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, int]] = {}
+        for query, values in statements:
+            dumped = dump(values, _text_formats(len(values))) if values else None
+            key: tuple[bytes, tuple[int, ...]] = (query, tuple(self._dumper.types or ()) if values else ())
+            name = self._prepared.get(key) or (preparing[key][0] if key in preparing else None)
+            if name is None and self.prepare and not query.startswith(_UNPREPARED):
+                name = b"rem_%d" % (len(self._prepared) + len(preparing))
+                commands.append((pgconn.send_prepare, name, query, key[1] or None))
+                preparing[key] = (name, len(commands) - 1)
+            if name is None:
+                commands.append((pgconn.send_query_params, query, dumped, key[1] or None))
+            else:
+                commands.append((pgconn.send_query_prepared, name, dumped))
+            at.append(len(commands) - 1)
+        if len(self._prepared) + len(preparing) > PREPARED_MAX:
+            self._deallocate_all(raw)
+            return self._round_trip(raw, statements)
+        answers: list[list[Any]] = raw.wait(pg_batch.pipeline(pgconn, commands))
+        failed_prepare = {}
+        for key, (name, command) in preparing.items():
+            # a Parse the server skipped (after an earlier error) prepared nothing: not kept
+            if answers[command] and answers[command][-1].status == pg_batch.COMMAND_OK:
+                self._prepared[key] = name
+            else:
+                failed_prepare[command + 1] = answers[command]  # the statement it was for: its answer
+        return [failed_prepare.get(i) or answers[i] for i in at]
+
+    def _deallocate_all(self, raw: psycopg.Connection[Any]) -> None:
+        """Forget every statement prepared here (past PREPARED_MAX: rem's SQL shapes are few, so only
+        statements built with a varying shape get this far)."""
+        command = (raw.pgconn.send_query_params, b"DEALLOCATE ALL", None)
+        raw.wait(pg_batch.pipeline(raw.pgconn, [command]))
+        self._prepared.clear()
 
     def _fail_member(self, member: int, exc: Exception, skipped: list[_Queued]) -> None:
         """A closed group member's queued statement failed: roll the member back, queue what the
         server skipped after it (the later members' statements) to be sent again."""
-        with self._raw.cursor() as cursor:
-            cursor.execute("ROLLBACK TO rem_write", prepare=False)  # its savepoint: the later ones never ran
-            cursor.execute("RELEASE rem_write", prepare=False)
+        # its savepoint (the later ones never ran), then gone: the transaction goes on without it
+        results = self._round_trip(self._raw, [(b"ROLLBACK TO rem_write", ()), (b"RELEASE rem_write", ())])
+        at = pg_batch.failed_at(results)
+        if at is not None:
+            raise pg_batch.error_of(results[at][-1], self._raw.info.encoding)
         self.failed_members[member] = exc
         self._queued = skipped + self._queued
-
-    def _forget_prepared(self) -> None:
-        """After a failed pipeline: forget which statements psycopg prepared on the server.
-
-        psycopg (3.3) records a statement as prepared when it queues the
-        statement's Parse, and never learns that the server skipped it after an
-        earlier error in the same pipeline; every later use would then fail with
-        `prepared statement "_pg3_N" does not exist`. So its cache is emptied
-        (psycopg has no public call for it: `Connection._prepared`); `_end`
-        deallocates the server's copies once the transaction has ended (not
-        before: a failed transaction refuses every statement but its end).
-        """
-        cache = self._raw._prepared
-        cache._names.clear()
-        cache._counts.clear()
 
     def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
         """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`);
         a query may be a write whose rows are read (`... RETURNING`)."""
-        cursors: list[psycopg.Cursor[Any]] = []
-
-        def run(first: psycopg.Cursor[Any]) -> None:
-            cursors.clear()  # a run sent again (an earlier member's write failed) starts over
-            for sql, parameters in queries:
-                cursor = first if not cursors else self._raw.cursor(row_factory=named_row)
-                cursor.execute(translate_sql(sql), parameters if parameters is not None else ())
-                cursors.append(cursor)
-
-        self._send(run, pipeline=True)
+        shapes = [pg_batch.template(sql) for sql, _ in queries]
+        tail = [
+            (shape.query, pg_batch.values_of(shape, p)) for shape, (_, p) in zip(shapes, queries, strict=True)
+        ]
+        results = self._send(tail)
         # a write whose rows are read (RETURNING) counts as a sent one does
         self.total_changes += sum(
-            _count_changes(sql, c) for (sql, _), c in zip(queries, cursors, strict=True)
+            r.rowcount for shape, r in zip(shapes, results, strict=True) if shape.write and r.rowcount > 0
         )
-        return [cursor.fetchall() for cursor in cursors]
+        return [result.rows for result in results]
 
     def _flush(self) -> None:
         if self._queued:
-            self._send(lambda cur: None)
+            self._send([])
 
     def _writes_queued(self) -> bool:
         return any(entry.write for entry in self._queued)
@@ -420,44 +382,42 @@ class PgConnection:
     def _drop_queue(self) -> None:
         self._queued = []
 
-    def _end(self, statement: str) -> PgCursor:
-        try:
-            return self._end_tx(statement)
-        finally:
-            if self._deallocate_at_end and not (self._raw.closed or self._raw.broken):
-                self._deallocate_at_end = False
-                self._forget_prepared()  # what was prepared since goes too, with the rest
-                with contextlib.suppress(psycopg.Error), self._raw.cursor() as cursor:
-                    cursor.execute("DEALLOCATE ALL", prepare=False)  # failing, it leaves names unused
-
-    def _end_tx(self, statement: str) -> PgCursor:
+    def _end(self, query: bytes) -> Result:
         was_in_tx, self._in_tx = self._in_tx, False
-        rollback = statement.upper().startswith("ROLLBACK")
+        rollback = query.upper().startswith(b"ROLLBACK")
         if (
             self._queued
-            and self._queued[0].statement.upper().startswith("BEGIN")
+            and self._queued[0].query.upper().startswith(b"BEGIN")
             and (rollback or not self._writes_queued())
         ):
             self._drop_queue()  # nothing of the transaction reached the server: nothing to end
-            return _NO_RESULT
+            return no_result()
         if (self._raw.closed or self._raw.broken) and rollback:
             self._drop_queue()
-            return _NO_RESULT  # the server already dropped the transaction
+            return no_result()  # the server already dropped the transaction
         if not was_in_tx and not self._queued and self._raw.info.transaction_status == TransactionStatus.IDLE:
-            return _NO_RESULT
+            return no_result()
         if rollback:
             self._drop_queue()  # a RELEASE or a queued write of a transaction being rolled back
-        return PgCursor(self._send(lambda cur: cur.execute(statement)))
+        self._in_tx = True  # the queued statements belong to the transaction being ended (no implicit one)
+        try:
+            [result] = self._send([(query, ())])
+        finally:
+            self._in_tx = False
+        return result
 
-    def executemany(self, sql: str, seq_of_parameters: Any) -> PgCursor:
-        statement = translate_sql(sql)
-        rows = list(seq_of_parameters)
-        cursor = self._send(lambda cur: cur.executemany(statement, rows))
-        self.total_changes += _count_changes(statement, cursor)
-        return PgCursor(cursor)
+    def executemany(self, sql: str, seq_of_parameters: Any) -> Result:
+        shape = pg_batch.template(sql)
+        tail = [(shape.query, pg_batch.values_of(shape, row)) for row in seq_of_parameters]
+        if not tail:
+            return Result([], 0, None)
+        count = sum(max(result.rowcount, 0) for result in self._send(tail))
+        if shape.write:
+            self.total_changes += count
+        return Result([], count, None)
 
-    def cursor(self) -> PgCursor:
-        return PgCursor(self._live().cursor(row_factory=named_row))
+    def cursor(self) -> _Cursor:
+        return _Cursor(self)
 
     @property
     def backend_pid(self) -> int:
@@ -483,38 +443,31 @@ class PgConnection:
         self._raw.close()
 
 
-class _NoResult(PgCursor):
-    """The cursor of a statement that returned nothing (queued, or not needed): no rows, no count."""
-
-    def __init__(self) -> None:  # no psycopg cursor behind it
-        pass
-
-    @property
-    def rowcount(self) -> int:
-        return -1
-
-    @property
-    def description(self) -> Any:
-        return None
-
-    def fetchone(self) -> Any:
-        return None
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-    def fetchmany(self, size: int | None = None) -> list[Any]:
-        return []
-
-    def close(self) -> None:
-        return None
+@functools.lru_cache(maxsize=64)
+def _text_formats(count: int) -> list[PyFormat]:
+    """Every parameter dumped as text (the server parses it by the statement's parameter types)."""
+    return [PyFormat.TEXT] * count
 
 
-_NO_RESULT: PgCursor = _NoResult()
+class _Cursor:
+    """`connection.cursor()`: statements run on the connection, the last one's result read here."""
+
+    def __init__(self, conn: PgConnection) -> None:
+        self._conn = conn
+        self._result = no_result()
+
+    def execute(self, sql: str, parameters: Any = ()) -> _Cursor:
+        self._result = self._conn.execute(sql, parameters)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
 
 
-def session_options(*, read_only: bool) -> str:
-    """Server settings for every rem connection (libpq `options`)."""
+def settings_statement(*, read_only: bool, local: bool) -> bytes:
+    """The settings every rem statement runs with: for the session (`local=False`, once a direct
+    connection opens), or for the transaction only (what `SET LOCAL` does: behind a pooler, right
+    after each BEGIN and first in a batch sent outside one, an implicit transaction)."""
     busy = settings.busy_timeout_ms
     options = {
         # no write transaction waits on a row lock longer than SQLite's busy timeout would
@@ -523,5 +476,56 @@ def session_options(*, read_only: bool) -> str:
         "idle_in_transaction_session_timeout": f"{max(busy, 5_000)}ms",
     }
     if read_only:
-        options["default_transaction_read_only"] = "on"
-    return " ".join(f"-c {key}={value}" for key, value in options.items())
+        options["transaction_read_only" if local else "default_transaction_read_only"] = "on"
+    scope = "true" if local else "false"
+    calls = ", ".join(f"set_config('{key}', '{value}', {scope})" for key, value in options.items())
+    return f"SELECT {calls}".encode()
+
+
+def connect_waiting(url: str, *, wait: bool = True) -> psycopg.Connection[Any]:
+    """A new autocommit connection; a server with no free connection (max_connections reached) is
+    waited out, with one log line, for up to REM_DB_CONNECT_WAIT_MS, then refused in one line
+    (`wait=False`: at once, for a connection the process can do without)."""
+    deadline = time.monotonic() + (settings.db_connect_wait_ms / 1000 if wait else 0)
+    delay, warned = 0.1, False
+    while True:
+        try:
+            return psycopg.connect(
+                url,
+                autocommit=True,
+                connect_timeout=max(2, settings.busy_timeout_ms // 1000),
+                application_name="rem",
+            )
+        except psycopg.OperationalError as exc:
+            if not is_exhausted(exc):
+                raise translate_postgres_error(exc, url) from None
+            if time.monotonic() + delay > deadline:
+                raise ConnectionsExhausted(exhausted_message(url, waited=True)) from None
+        except psycopg.Error as exc:
+            raise translate_postgres_error(exc, url) from None
+        if not warned:
+            log.warning("%s", exhausted_message(url, waited=False))
+            warned = True
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def is_exhausted(exc: BaseException) -> bool:
+    """Whether a failed connect means the server (or the pooler) has no free connection."""
+    text = str(exc)
+    return getattr(exc, "sqlstate", None) == "53300" or any(marker in text for marker in _EXHAUSTED)
+
+
+def exhausted_message(url: str, *, waited: bool) -> str:
+    """The one line for a server with no free connection (the log's while waiting; the error's after)."""
+    where = display_url(url)
+    if not waited:
+        return (
+            f"{where} has no free connection (max_connections reached, SQLSTATE 53300); "
+            f"waiting up to {settings.db_connect_wait_ms / 1000:g} s for one (REM_DB_CONNECT_WAIT_MS)"
+        )
+    return (
+        f"{where} had no free connection for {settings.db_connect_wait_ms / 1000:g} s (max_connections "
+        "reached, SQLSTATE 53300); nothing was written; retry, raise the server's max_connections, or lower "
+        "REM_DB_MAX_CONNECTIONS on the fleet's hosts"
+    )
