@@ -25,6 +25,16 @@ REPLACEMENT = "\ufffd"
 UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 
 
+def without_nul(text: str) -> str:
+    """Text from outside (an input, an imported message) as every store keeps it: each NUL as U+FFFD.
+
+    PostgreSQL's `text` cannot hold NUL, and a JSON document holding its escape cannot be read
+    by `jsonb`, which rem's SQL does on both engines' shared statements (`json_extract`): so NUL
+    is kept as U+FFFD on both stores, the same input answered the same way on either.
+    """
+    return text.replace("\x00", REPLACEMENT) if "\x00" in text else text
+
+
 def storable_text(text: str) -> tuple[str, int]:
     """`text` with each NUL and lone surrogate replaced by U+FFFD, and how many were replaced."""
     if text.isascii() and "\x00" not in text:

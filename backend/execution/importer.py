@@ -47,6 +47,7 @@ from typing import IO, Any
 from backend.core import clock
 from backend.core.errors import BadInput, RemError
 from backend.core.settings import Settings, settings
+from backend.core.storable import without_nul
 from backend.execution.sessions import (
     DEFAULT_PROJECT,
     ID_PATTERN,
@@ -229,7 +230,12 @@ def parse_line(number: int, raw: bytes) -> Message:
     if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
         raise ValueError(f"text is over {MAX_TEXT_BYTES} bytes")
     assert session is not None and message_id is not None
-    return Message(number, project, session, message_id, role, speaker, text, parse_time(obj.get("time")))
+    # a NUL as U+FFFD, on both stores (`storable.without_nul`): PostgreSQL's jsonb cannot read it
+    speaker = without_nul(speaker) if speaker is not None else None
+    message = Message(
+        number, project, session, message_id, role, speaker, without_nul(text), parse_time(obj.get("time"))
+    )
+    return message
 
 
 @dataclass(frozen=True)

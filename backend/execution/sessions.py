@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from backend.core import clock
 from backend.core.errors import BadInput
+from backend.core.storable import without_nul
 from backend.store.db import (
     Conn,
     Database,
@@ -126,7 +127,10 @@ async def admit(
     actor: str = "send",
     project: str | None = None,
 ) -> dict[str, Any]:
-    """Admit one input (idempotent on its id), creating the session (in `project`) on first use."""
+    """Admit one input (idempotent on its id), creating the session (in `project`) on first use.
+
+    A NUL in the text is kept as U+FFFD, on both stores (`storable.without_nul`)."""
+    text = without_nul(text) if isinstance(text, str) else text
     validate_input(session_id, text, delivery, input_id, project)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now

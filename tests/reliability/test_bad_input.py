@@ -179,7 +179,8 @@ def test_raw_shell_bytes_get_one_line_and_write_nothing(
     assert _inputs(data) == before
 
 
-def test_control_characters_and_nul_from_stdin_are_stored_verbatim(tmp_path: Path) -> None:
+def test_control_characters_from_stdin_are_stored_verbatim_and_nul_as_u_fffd(tmp_path: Path) -> None:
+    # NUL is kept as U+FFFD on both stores (PostgreSQL cannot hold it: tests/backend/test_nul_input.py)
     data = tmp_path / "d"
     raw = b"tab\tbell\x07 esc\x1b[2J nul\x00 del\x7f crlf\r\n"
     proc = subprocess.run(
@@ -190,7 +191,7 @@ def test_control_characters_and_nul_from_stdin_are_stored_verbatim(tmp_path: Pat
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(_inputs(data)[0][1])["text"].encode() == raw
+    assert json.loads(_inputs(data)[0][1])["text"].encode() == raw.replace(b"\x00", "\ufffd".encode())
 
 
 # -- rem send: ids -----------------------------------------------------------------------------------
