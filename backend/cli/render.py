@@ -122,6 +122,8 @@ def _print_headline(console: Console, result: Status) -> None:
         f"{counts['sessions']} sessions"
     )
     console.print(f"Chroma {_e(chroma['url'] or '-')}: {health}")
+    if "change_feed" in result:  # PostgreSQL: how rem hears its commits
+        console.print(f"change feed: {_e(result['change_feed'])}")
     refused = chroma.get("refused")  # (a moment recorded before it existed has none)
     if refused:
         console.print(f"[red]{_e(refusals.describe(refused))}[/]")

@@ -175,15 +175,22 @@ async def status(ctx: Context) -> Status:
     snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
     if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
         chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
-    return Status(
+    fields: dict[str, Any] = {
         **snap,
-        data_dir=str(ctx.data.root),
-        schema_version=int(version) if version is not None else await schema_version(db),
-        schema_version_supported=supported_version(db),
-        read_only=ctx.read_only,
-        throughput=tally.as_dict(),
-        chroma=chroma,
-    )
+        "data_dir": str(ctx.data.root),
+        "schema_version": int(version) if version is not None else await schema_version(db),
+        "schema_version_supported": supported_version(db),
+        "read_only": ctx.read_only,
+        "throughput": tally.as_dict(),
+        "chroma": chroma,
+    }
+    result = cast(Status, fields)
+    if ctx.db_url:
+        # import time: psycopg, only for a PostgreSQL store
+        from backend.store.changes import feed_of
+
+        result["change_feed"] = feed_of(ctx.db_url)
+    return result
 
 
 # what `rem release --kind` accepts

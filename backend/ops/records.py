@@ -452,6 +452,8 @@ class Status(Snapshot):
     read_only: bool
     throughput: Throughput
     chroma: ChromaHealth
+    # PostgreSQL only: how this process hears the store's commits (LISTEN, on which connection, or a poll)
+    change_feed: NotRequired[str]
 
 
 class Moment(Status):

@@ -16,6 +16,14 @@ A connection that dies silently (a host gone, a cable pulled) sends nothing:
 after `keepalive_s` without a notification the listener asks the server
 something, so a dead link is found within about `keepalive_s` + the connect
 timeout, never left to look like a quiet store.
+
+Behind a transaction-mode pooler (`REM_DB_POOLED`) a LISTEN cannot hold: the
+pooler hands the server session to other clients between transactions. The
+LISTEN then goes to `REM_DB_LISTEN_URL`, a direct connection to the server,
+when one is given; without one, `listen_changes` polls instead (`poll_changes`:
+the server's WAL position every `REM_DB_POLL_MS`, through the pooler) and
+yields the same events, so every reader (the console, an idle daemon, the
+API's streams) takes the same door. `feed_of(url)` says which is in use.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Literal
 import psycopg
 
 from backend.core.redact import redact_text
+from backend.core.settings import settings
 from backend.store.postgres import display_url
 from backend.store.schema_pg import CHANGE_CHANNEL, JOURNALED
 
@@ -69,6 +78,12 @@ async def listen_changes(
     every commit (`CHANGE_CHANNEL`, the console's), or the journaled ones only
     (`JOURNAL_CHANNEL`, an idle daemon's: upkeep never reaches it).
     """
+    target = listen_url(url)
+    if target is None:
+        async for event in poll_changes(url, first_backoff_s=first_backoff_s):
+            yield event
+        return
+    url = target
     backoff = first_backoff_s
     while True:
         try:
@@ -92,6 +107,53 @@ async def listen_changes(
 
 def _nobody() -> Collection[int]:
     return ()
+
+
+def listen_url(url: str) -> str | None:
+    """Where a LISTEN for the store at `url` goes: REM_DB_LISTEN_URL, else `url` itself unless it
+    is a pooler's (REM_DB_POOLED); None: nowhere, poll instead."""
+    if settings.db_listen_url:
+        return settings.db_listen_url
+    return None if settings.db_pooled else url
+
+
+def feed_of(url: str) -> str:
+    """How this process hears the store's commits, in words for `rem status`."""
+    if settings.db_listen_url:
+        return f"LISTEN on REM_DB_LISTEN_URL ({display_url(settings.db_listen_url)})"
+    if settings.db_pooled:
+        return f"poll every {settings.db_poll_ms} ms (REM_DB_POOLED without REM_DB_LISTEN_URL)"
+    return "LISTEN on the store's connection"
+
+
+async def poll_changes(url: str, *, first_backoff_s: float = FIRST_BACKOFF_S) -> AsyncIterator[StoreEvent]:
+    """`listen_changes` without a LISTEN: the server's WAL position every REM_DB_POLL_MS; a move
+    is one `changed` (counted as journaled: a poll cannot tell news from upkeep)."""
+    backoff = first_backoff_s
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, prepare_threshold=None
+            ) as conn:
+                log.info("polling %s for changes every %d ms", display_url(url), settings.db_poll_ms)
+                backoff = first_backoff_s
+                yield StoreEvent("listening")
+                last = None
+                while True:
+                    cursor = await conn.execute("SELECT pg_current_wal_lsn()::text")
+                    row = await cursor.fetchone()
+                    position = row[0] if row else None
+                    if last is not None and position != last:
+                        yield StoreEvent("changed", notifications=1, journaled=1)
+                    last = position
+                    await asyncio.sleep(settings.db_poll_ms / 1000)
+        except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            error = redact_text(error, url)
+            log.warning("change poll of %s lost (%s); retrying in %.1f s", display_url(url), error, backoff)
+            yield StoreEvent("lost", error=error, retry_in_s=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
 async def _notifications(

@@ -140,6 +140,13 @@ def translate_postgres_error(exc: psycopg.Error, url: str) -> RemError:
         return DatabaseFull(
             f"{where}: the database server is out of disk space ({code}); free space, then retry"
         )
+    if state == "26000" and "rem_" in str(exc):  # a statement this connection prepared is gone
+        return DatabaseRefused(
+            f"{where}: the server no longer knows a statement rem prepared on this connection ({code}): "
+            "is --db a transaction-mode pooler such as PgBouncer? set REM_DB_POOLED=1 (and REM_DB_LISTEN_URL "
+            "to a direct connection for LISTEN)",
+            state,
+        )
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
         return ReadOnly(f"{where} is opened read-only ({code}); this action needs a writable rem")
     detail = _first_line(exc, url)

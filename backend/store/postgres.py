@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -190,9 +191,16 @@ class PgConnection:
         self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
         self._member_open = False  # whether its savepoint is still open
         self.failed_members: dict[int, Exception] = {}  # member -> the error of a statement it queued
-        # the timeouts (and read-only-ness): set once for the session on a direct connection; behind a
-        # pooler, whose server sessions other clients share, set in each transaction instead
-        self._timeouts = None if self.prepare else settings_statement(read_only=read_only, local=True)
+        # the timeouts: set once for the session on a direct connection; behind a pooler, whose server
+        # sessions other clients share, in each transaction (after BEGIN, or first in a batch outside
+        # one). Read-only-ness always per transaction: through a pooler a session setting would reach
+        # another client's writes
+        self._in_each_tx = None if self.prepare else settings_statement(read_only=False, local=True)
+        self._batch_prefix = (
+            None
+            if self.prepare and not read_only
+            else settings_statement(read_only=read_only, local=True, timeouts=not self.prepare)
+        )
         self._raw = self._connect()
 
     @property
@@ -215,10 +223,13 @@ class PgConnection:
         raw.adapters.register_loader("numeric", NumericAsNumberLoader)
         if self.prepare:  # not behind a pooler: the session is this connection's alone
             with postgres_errors(self.url):
-                raw.execute(settings_statement(read_only=self.read_only, local=False))
+                raw.execute(settings_statement(read_only=False, local=False))
         self._loader = adapt.Transformer(raw)
         self._dumper = adapt.Transformer(raw)
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}  # (query, types) -> name
+        # names no other connection uses: through a pooler without REM_DB_POOLED, a statement lands on
+        # another client's server session as "does not exist" (one line naming the fix), never as a clash
+        self._token = os.urandom(4).hex().encode()
         return raw
 
     def _live(self) -> psycopg.Connection[Any]:
@@ -260,8 +271,8 @@ class PgConnection:
             if self.read_only and b"READ ONLY" not in query.upper():
                 query += b" READ ONLY"
             self._queued.append(_Queued(query, (), False, -1))
-            if self._timeouts is not None:
-                self._queued.append(_Queued(self._timeouts, (), False, -1))
+            if self._in_each_tx is not None:
+                self._queued.append(_Queued(self._in_each_tx, (), False, -1))
             return
         if head.startswith(b"SAVEPOINT"):
             self._member, self._member_open = self._member + 1, True
@@ -281,7 +292,7 @@ class PgConnection:
             queued, self._queued = self._queued, []
             # a batch outside BEGIN (an implicit transaction) behind a pooler: its settings first
             first: list[tuple[bytes, Sequence[Any]]] = (
-                [] if self._in_tx or not self._timeouts else [(self._timeouts, ())]
+                [] if self._in_tx or not self._batch_prefix else [(self._batch_prefix, ())]
             )
             wrapped = len(first)
             statements = first + [(e.query, e.values) for e in queued] + tail
@@ -319,7 +330,7 @@ class PgConnection:
             key: tuple[bytes, tuple[int, ...]] = (query, tuple(self._dumper.types or ()) if values else ())
             name = self._prepared.get(key) or (preparing[key][0] if key in preparing else None)
             if name is None and self.prepare and not query.startswith(_UNPREPARED):
-                name = b"rem_%d" % (len(self._prepared) + len(preparing))
+                name = b"rem_%b_%d" % (self._token, len(self._prepared) + len(preparing))
                 commands.append((pgconn.send_prepare, name, query, key[1] or None))
                 preparing[key] = (name, len(commands) - 1)
             if name is None:
@@ -464,7 +475,7 @@ class _Cursor:
         return getattr(self._result, name)
 
 
-def settings_statement(*, read_only: bool, local: bool) -> bytes:
+def settings_statement(*, read_only: bool, local: bool, timeouts: bool = True) -> bytes:
     """The settings every rem statement runs with: for the session (`local=False`, once a direct
     connection opens), or for the transaction only (what `SET LOCAL` does: behind a pooler, right
     after each BEGIN and first in a batch sent outside one, an implicit transaction)."""
@@ -475,8 +486,10 @@ def settings_statement(*, read_only: bool, local: bool) -> bytes:
         # a stopped (SIGSTOP) or vanished client cannot hold row locks for ever
         "idle_in_transaction_session_timeout": f"{max(busy, 5_000)}ms",
     }
+    if not timeouts:
+        options.clear()
     if read_only:
-        options["transaction_read_only" if local else "default_transaction_read_only"] = "on"
+        options["transaction_read_only"] = "on"
     scope = "true" if local else "false"
     calls = ", ".join(f"set_config('{key}', '{value}', {scope})" for key, value in options.items())
     return f"SELECT {calls}".encode()
