@@ -64,7 +64,7 @@ async def test_an_input_holding_nul_gets_exactly_one_reply_on_either_store(db_ct
     prompt = await db.scalar("SELECT prompt FROM session_input WHERE id = 'in-nul'")
     assert json.loads(prompt)["text"] == KEPT
     trouble = await db.scalar(
-        "SELECT count(*) FROM event WHERE kind IN ('execution.failed', 'execution.lease_lost', 'execution.recovered')"
+        "SELECT count(*) FROM event WHERE kind IN ('execution.failed', 'execution.lease_lost', 'execution.taken_over')"
     )
     assert (trouble, await db.scalar("SELECT count(*) FROM session_recovery")) == (0, 0)
 
