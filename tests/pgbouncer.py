@@ -68,7 +68,7 @@ def binary() -> str:
     return found
 
 
-def start(server: LocalPostgres, *, pool_size: int = POOL_SIZE) -> Bouncer:
+def start(server: LocalPostgres, *, pool_size: int = POOL_SIZE, max_clients: int = 500) -> Bouncer:
     """PgBouncer in transaction mode in front of `server`, ready to take connections."""
     command = binary()
     root = Path(tempfile.mkdtemp(prefix="rem-pgb-"))
@@ -86,7 +86,7 @@ auth_type = trust
 auth_file = {root}/users.txt
 pool_mode = transaction
 default_pool_size = {pool_size}
-max_client_conn = 500
+max_client_conn = {max_clients}
 logfile = {root}/pgbouncer.log
 pidfile = {root}/pgbouncer.pid
 admin_users = postgres

@@ -482,24 +482,35 @@ def conn(db_url: str) -> Iterator[PgConnection]:
     connection.close()
 
 
-def test_a_failed_pipeline_leaves_no_statement_psycopg_thinks_prepared_and_the_server_lost(
+def test_a_failed_pipeline_leaves_no_statement_kept_as_prepared_that_the_server_lost(
     conn: PgConnection,
 ) -> None:
-    # psycopg prepares a statement on its 5th use, queuing its Parse in the pipeline: in a
-    # pipeline that failed earlier, the server skips it, and psycopg must not use its name
+    # each statement is prepared the first time the connection sends it, its Parse in the same
+    # pipeline: after an earlier error the server skips it, and its name must not be kept
 
     def member(n: int) -> Callable[[Conn], None]:
         return lambda c: execute_unread(c, "INSERT INTO rt (n) VALUES (?)", (n,))
 
     conn.execute("CREATE TABLE rt (n INT CHECK (n < 100))")
-    for _ in range(20):  # two members fail; the statements reach their 5th use around them
-        outcomes = commit_group_sync(conn, [member(1), member(1000), member(2), member(1000), member(3)])
-        assert [ok for ok, _ in outcomes] == [True, False, True, False, True]
-        assert "check constraint" in str(outcomes[1][1]) and "check constraint" in str(outcomes[3][1])
+    for _ in range(20):  # two members fail, the first time before the statement was ever prepared
+        outcomes = commit_group_sync(conn, [member(1000), member(1), member(2), member(1000), member(3)])
+        assert [ok for ok, _ in outcomes] == [False, True, True, False, True]
+        assert "check constraint" in str(outcomes[0][1]) and "check constraint" in str(outcomes[3][1])
     assert conn.execute("SELECT count(*) AS n FROM rt").fetchone()["n"] == 60
     on_server = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
-    names = {name.decode() for name in conn.raw._prepared._names.values()}
-    assert names <= on_server
+    kept = {name.decode() for name in conn._prepared.values()}
+    assert kept and kept <= on_server
+
+
+def test_behind_a_pooler_nothing_is_prepared(db_url: str) -> None:
+    pooled = PgConnection(db_url, prepare=False)
+    try:
+        for n in range(10):
+            assert pooled.execute("SELECT ? + 1 AS n", (n,)).fetchone()["n"] == n + 1
+        assert pooled.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        assert pooled._prepared == {}
+    finally:
+        pooled.close()
 
 
 def test_reads_driven_together_share_each_rounds_round_trip(

@@ -184,3 +184,58 @@ async def _feed_hears_a_send(pooled: str, env: dict[str, str]) -> list[Any]:
         heard.append(await asyncio.wait_for(feed.__anext__(), 15))
     await feed.aclose()
     return heard
+
+
+def test_a_full_server_is_waited_out_with_one_log_line_and_nothing_lost(
+    pg_server: LocalPostgres, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No free connection (here the pooler's `max_client_conn`, as a server's `max_connections`): a
+    write waits for one, says so once in the log, and goes in when one frees; past
+    REM_DB_CONNECT_WAIT_MS it is refused in one line, nothing written."""
+    full = pgbouncer.start(pg_server, max_clients=2)
+    name = pg.fresh_database(pg_server)
+    try:
+        url = full.url(name)
+        holders = [psycopg.connect(url, autocommit=True) for _ in range(2)]
+        admitted = asyncio.run(_admit_while_full(url, holders, caplog))
+        assert admitted["input_id"] == "in-full"
+        waits = [r.getMessage() for r in caplog.records if "no free connection" in r.getMessage()]
+        assert len(waits) == 1 and "max_connections" in waits[0] and "REM_DB_CONNECT_WAIT_MS" in waits[0]
+        held = [psycopg.connect(url, autocommit=True) for _ in range(2)]
+        env = rem_env(
+            REM_DB_URL=url, REM_DB_POOLED="1", REM_DB_CONNECT_WAIT_MS="500", REM_CHROMA_AUTOSTART="0"
+        )
+        refused = run_rem(
+            "send", "s1", "anyone?", "--id", "in-refused", "--data", str(tmp_path / "d"), env=env
+        )
+        # the wait's log line, then the error's one line; no traceback
+        assert "Traceback" not in refused.stderr and "waiting up to 0.5 s" in refused.stderr, refused.stderr
+        line = refused.stderr.strip().splitlines()[-1]
+        assert line.startswith("rem: error: ") and "***" not in line, line
+        assert refused.returncode == 3 and "had no free connection" in line and "max_connections" in line, (
+            line
+        )
+        for conn in held:
+            conn.close()
+        ids = _scalar(pg_server.url(name), "SELECT json_agg(id ORDER BY id) FROM session_input")
+        assert ids == ["in-full"]  # the refused one wrote nothing
+    finally:
+        full.stop()
+        pg.drop_database(pg_server, name)
+
+
+async def _admit_while_full(url: str, holders: list[Any], caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    from backend.execution import sessions
+    from backend.store.db import Database
+
+    caplog.set_level("WARNING", logger="rem.postgres")
+    opening = asyncio.ensure_future(Database.connect(url))
+    await asyncio.sleep(1.0)  # it waits (the log line says so) while both slots are held
+    assert not opening.done()
+    for conn in holders:
+        conn.close()
+    db = await asyncio.wait_for(opening, 30)
+    try:
+        return await sessions.admit(db, "s1", "are you there?", input_id="in-full")
+    finally:
+        await db.close()
