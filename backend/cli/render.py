@@ -275,7 +275,11 @@ def _print_usage(console: Console, result: Status) -> None:
 
 def print_check(result: dict[str, Any]) -> None:
     console = _console()
-    verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
+    not_checked = result.get("not_checked", [])
+    if result["violations"]:
+        verdict = "[red]VIOLATIONS[/]"
+    else:
+        verdict = "[yellow]INCOMPLETE[/] (Chroma unreachable)" if not_checked else "[green]ok[/]"
     console.print(
         f"[bold]rem check[/] {_e(result['data_dir'])}: {verdict} "
         f"({result['counts']['violations']} violations, "
@@ -293,6 +297,11 @@ def print_check(result: dict[str, Any]) -> None:
             for row in finding["rows"][:5]:
                 # a row's repr: every string in it quoted, its control characters escaped by repr
                 console.print(f"    {row}", markup=False)
+    for part in not_checked:
+        console.print(
+            f"[yellow]not checked[/] (invariants {', '.join(part['invariants'])}) "
+            f"receipts, Dream keys and turn vectors against Chroma: {_e(part['error'])}"
+        )
 
 
 CHECK_PHASES = {

@@ -18,11 +18,15 @@ def register(app: typer.Typer) -> None:
 
 def send(
     cli: typer.Context,
-    session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
+    session: Annotated[
+        str, typer.Argument(metavar="SESSION", help="Session id (created on first use).", show_default=False)
+    ],
     text: Annotated[
         str,
         typer.Argument(
-            help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False
+            metavar="TEXT",
+            help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.",
+            show_default=False,
         ),
     ],
     delivery: Annotated[
