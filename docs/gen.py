@@ -86,8 +86,11 @@ def settings_tables() -> str:
         for name in names:
             setting = getattr(Settings, name)
             rows.append(f"| `{setting.env}` | {cell(setting.default_text())} | {cell(setting.doc)} |")
-        heading = title[0].upper() + title[1:]
-        parts.append(f"### {heading}\n\n" + "\n".join(rows))
+        # a short heading (it lands in the page's table of contents); what follows a colon, under it
+        heading, _, prose = title.partition(": ")
+        heading = heading[0].upper() + heading[1:]
+        intro = f"{prose[0].upper()}{prose[1:]}.\n\n" if prose else ""
+        parts.append(f"### {heading}\n\n{intro}" + "\n".join(rows))
     return "\n\n".join(parts)
 
 
