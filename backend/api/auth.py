@@ -9,6 +9,7 @@ missing, malformed, unknown or revoked token is a 401 carrying
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -90,3 +91,14 @@ def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 Decider = Annotated[Principal, Depends(require("decide"))]
+
+
+def operator_of(who: Principal) -> str:
+    """The operator the journal names for what a token does: the token's name."""
+    return who.name
+
+
+def acting_for(ctx: Context, who: Principal) -> Context:
+    """A view of the server's `ctx` whose operator is `who`'s (the journal's actor for a write or a
+    decision); it shares the store `ctx` has open (open it first: `create_app`'s lifespan does)."""
+    return dataclasses.replace(ctx, operator=operator_of(who))
