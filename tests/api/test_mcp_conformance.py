@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.api.app import MAX_BODY_BYTES
 from tests import npm_tools
 from tests.api.mcp_serving import serving
 from tests.api.token_proxy import token_proxy
@@ -96,6 +97,23 @@ def test_mcp_answers_posts_only(served: Served) -> None:
     answer = _post(served, served.token)
     assert "mcp-session-id" not in answer.headers
     assert answer.json()["result"]["capabilities"]["tools"] == {"listChanged": False}
+
+
+def test_mcp_refuses_a_body_over_the_apis_bound(served: Served) -> None:
+    """The API's bound (not the SDK's own 4 MiB), before anything of the body is parsed."""
+    huge = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "' + b"x" * MAX_BODY_BYTES + b'"}}'
+    )
+    refused = httpx.post(
+        f"{served.url}/mcp",
+        content=huge,
+        headers={
+            "Authorization": f"Bearer {served.token}",
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+        },
+    )
+    assert refused.status_code == 413
 
 
 def _conformance() -> tuple[Path, Path]:
