@@ -26,7 +26,7 @@ API_VERSION = "1"
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     """The API over `ctx` (its store opened on startup, kept open for the process)."""
 
-    mcp = mcp_http.mount(ctx, max_body_bytes=MAX_BODY_BYTES)
+    mcp = mcp_http.mount(ctx)  # bodies kept to the app's bound before they reach it
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

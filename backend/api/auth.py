@@ -93,12 +93,8 @@ Writer = Annotated[Principal, Depends(require("write"))]
 Decider = Annotated[Principal, Depends(require("decide"))]
 
 
-def operator_of(who: Principal) -> str:
-    """The operator the journal names for what a token does: the token's name."""
-    return who.name
-
-
-def acting_for(ctx: Context, who: Principal) -> Context:
-    """A view of the server's `ctx` whose operator is `who`'s (the journal's actor for a write or a
-    decision); it shares the store `ctx` has open (open it first: `create_app`'s lifespan does)."""
-    return dataclasses.replace(ctx, operator=operator_of(who))
+def acting(ctx: Context, who: Principal) -> Context:
+    """The server's Context with the token's name as the operator: what a request writes is
+    journaled as that token's doing (the Database and Chroma connections are shared: open them
+    first, as `create_app`'s lifespan does the store)."""
+    return dataclasses.replace(ctx, operator=who.name)

@@ -10,7 +10,7 @@ carries a bearer token, and each tool call runs bound to it (`Bound`):
   `read`, `add_memory` needs `write`, the tool-call decisions and their list need `decide`), and a
   call of any other tool is refused in one line naming the scope it needs;
 * its name: a write or a decision runs on a view of the server's context whose operator is the
-  token's name (`auth.acting_for`), so the journal says which token did it.
+  token's name (`auth.acting`), so the journal says which token did it.
 
 Before the SDK sees a request, `McpEndpoint` checks its Host and Origin headers (DNS rebinding, as
 the MCP specification requires of a server on loopback: a foreign Host gets 421, a foreign Origin
@@ -45,7 +45,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from backend.api.auth import acting_for, principal
+from backend.api.auth import acting, principal
 from backend.api.errors import ApiError
 from backend.core.settings import settings
 from backend.ops.tokens import Principal
@@ -149,7 +149,7 @@ class HttpMCPServer(RemMCPServer):
                 f"create one with `rem token create NAME --scope {needed}`"
             )
         # reads run on the server's context; a write or a decision journals the token's name
-        ctx = self.ctx if needed == "read" else acting_for(self.ctx, who)
+        ctx = self.ctx if needed == "read" else acting(self.ctx, who)
         calling = _calling.set((ctx, Scope(who.projects)))
         try:
             return await super().call_tool(name, arguments, context)
@@ -235,7 +235,7 @@ class McpMount:
         return self.manager.run()
 
 
-def mount(ctx: Context, *, max_body_bytes: int) -> McpMount:
+def mount(ctx: Context) -> McpMount:
     """The /mcp endpoint over `ctx`: rem mcp's every tool, served as each request's token allows."""
     server = HttpMCPServer(ctx)
     add_tools(server, bound, allow_writes=True, allow_decisions=True)
@@ -244,8 +244,7 @@ def mount(ctx: Context, *, max_body_bytes: int) -> McpMount:
         app=server._lowlevel_server,  # what MCPServer.streamable_http_app serves (mcp is pinned)
         stateless=True,
         json_response=True,
-        security_settings=security,
-        max_request_body_size=max_body_bytes,
+        security_settings=security,  # (McpEndpoint refuses first; the SDK checks again)
     )
     endpoint: ASGIApp = McpEndpoint(manager, security)
     return McpMount(Route(PATH, endpoint=endpoint), manager)

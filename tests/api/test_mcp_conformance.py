@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.api.app import MAX_BODY_BYTES
 from tests import npm_tools
 from tests.api.mcp_serving import serving
 from tests.api.token_proxy import token_proxy
@@ -35,6 +34,8 @@ INITIALIZE = {
     },
 }
 ACCEPT = "application/json, text/event-stream"
+# over the API's body bound (1.5 MiB), under the MCP SDK's own (4 MiB)
+BETWEEN_BOUNDS = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,9 @@ def test_mcp_answers_posts_only(served: Served) -> None:
 
 
 def test_mcp_refuses_a_body_over_the_apis_bound(served: Served) -> None:
-    """The API's bound (not the SDK's own 4 MiB), before anything of the body is parsed."""
+    """The API's bound (1.5 MiB), not only the SDK's own (4 MiB), before anything of the body is parsed."""
     huge = (
-        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "' + b"x" * MAX_BODY_BYTES + b'"}}'
+        b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "' + b"x" * BETWEEN_BOUNDS + b'"}}'
     )
     refused = httpx.post(
         f"{served.url}/mcp",
