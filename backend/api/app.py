@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from backend.api import errors
+from backend.api import errors, mcp_http
 from backend.api.auth import Reader
 from backend.runtime.context import Context
 
@@ -26,10 +26,13 @@ API_VERSION = "1"
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     """The API over `ctx` (its store opened on startup, kept open for the process)."""
 
+    mcp = mcp_http.mount(ctx)  # bodies kept to the app's bound before they reach it
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await ctx.db()
-        yield
+        async with mcp.run():
+            yield
 
     app = FastAPI(
         title="rem",
@@ -44,6 +47,7 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     app.state.ctx = ctx
     errors.install(app)
     _health_routes(app)
+    app.router.routes.append(mcp.route)  # a plain route: MCP is no part of the OpenAPI document
     return app
 
 

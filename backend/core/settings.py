@@ -32,6 +32,7 @@ from backend.core.setting_types import (
     flag,
     fraction,
     host_name,
+    host_names,
     number,
     path,
     postgres_url,
@@ -354,6 +355,14 @@ class Settings:
         "model steps one turn may take (each tool round is a step): the turn then ends with a reply "
         "that says so and an `execution.max_steps` event",
         whole(1),
+    )
+    # the API server (`rem serve`)
+    serve_hosts = Setting[tuple[str, ...]](
+        (),
+        "the names clients reach `rem serve` by besides loopback (a TLS proxy's public host name): its `/mcp` "
+        "refuses a request whose Host or Origin header names any other (DNS rebinding)",
+        host_names(),
+        shown_default="loopback names only",
     )
     # people and logs
     operator = Setting[str | None](
