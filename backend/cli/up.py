@@ -37,7 +37,7 @@ def up(
     Example: rem up --executors 2 --load
     """
     # import time: the supervisor, only for this command
-    from backend.programs.supervisor import Supervisor, UpConfig
+    from backend.programs.supervisor import Supervisor, UpConfig, hold_up_lock
 
     ctx = common.make_context(cli, data, chroma_url)
     config = UpConfig(
@@ -49,5 +49,7 @@ def up(
         load_rate=load_rate,
         reap=reap,
     )
+    lock = hold_up_lock(ctx)  # a second `rem up` on this data dir: refused before it says anything
     common.note(f"rem up: data dir {ctx.data.root}; Ctrl-C drains and stops everything")
-    return common.run(lambda: common.with_context(ctx, lambda c: Supervisor(c, config).run()))
+    supervisor = Supervisor(ctx, config, up_lock=lock)
+    return common.run(lambda: common.with_context(ctx, lambda c: supervisor.run()))
