@@ -89,6 +89,7 @@ def _real_home(output: str, home: str) -> str:
     return output.replace(home, "/home/you")
 
 
+@pytest.mark.slow  # a `rem up` and its daemons: ~20-35 s on the 2-core machine
 def test_getting_started_runs_as_written_up_to_the_first_recall(home: dict[str, str], tmp_path: Path) -> None:
     state = tmp_path / ".exports"
     state.write_text("")
