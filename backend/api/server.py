@@ -21,10 +21,12 @@ from typing import Any
 
 import uvicorn
 
-from backend.api.app import create_app
+from backend.api.app import create_app, streams_open
+from backend.api.stats import ApiStats
 from backend.core.errors import BadInput
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
+from backend.store import workers
 from backend.store.workers import WorkerRole
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -84,6 +86,8 @@ class ApiServer(Daemon):
         super().__init__(ctx, owner_id=owner_id)
         self.listen = listen
         self.app = create_app(ctx)
+        self.app.state.draining = self.draining  # /readyz answers 503 once a drain began
+        self._recorded: dict[str, Any] | None = None
         self.socket = _bound(listen)
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(
@@ -100,7 +104,18 @@ class ApiServer(Daemon):
         return self.listen.url(self.port)
 
     def info(self) -> dict[str, Any]:
-        return {"listen": self.url}
+        """The worker row's `info`: where it listens, and its requests (`backend.api.stats`)."""
+        stats: ApiStats = self.app.state.stats
+        return {"listen": self.url, **stats.record(streams_open(self.app))}
+
+    async def on_heartbeat(self) -> None:
+        """Record `info` at a heartbeat that changed it (a write of an unchanged row would wake
+        every watcher of the store for nothing)."""
+        await super().on_heartbeat()
+        info = self.info()
+        if info != self._recorded:
+            await workers.record_info(self.db, self.owner_id, info)
+            self._recorded = info
 
     async def _loop(self) -> None:
         serving = asyncio.create_task(self.server.serve(sockets=[self.socket]))
