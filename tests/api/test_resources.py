@@ -9,12 +9,15 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from backend import ops
 from backend.core import clock
 from backend.runtime.context import Context
 from backend.store.db import Database
 from backend.store.states import ToolCallState
 from tests.api.conftest import Served, parked_turn, unique
+from tests.helpers import await_until, run_rem
 
 
 async def _transcript(db: Database, sid: str, project: str, messages: int) -> None:
@@ -229,3 +232,38 @@ def test_the_protected_resource_metadata_needs_no_token(served: Served, path: st
     assert document["resource"] == served.url + suffix
     assert document["authorization_servers"] == [] and document["bearer_methods_supported"] == ["header"]
     assert document["scopes_supported"] == ["read", "write", "decide"]
+
+
+async def test_the_server_records_its_requests_at_heartbeats_and_rem_metrics_serves_them(
+    served: Served, store_ctx: Context
+) -> None:
+    with served.client("ops") as api:
+        for _ in range(3):
+            assert api.get("/v1/sessions", params={"limit": 1}).status_code == 200
+        assert api.get(f"/v1/sessions/{unique('s')}").status_code == 404
+
+    async def recorded() -> dict[str, Any] | None:
+        status = await ops.status(store_ctx)
+        (server,) = status["api"]["servers"]
+        counted = {(r["route"], r["code"]): r["count"] for r in server["requests"]}
+        return server if counted.get(("/v1/sessions", 200), 0) >= 3 else None
+
+    server = await await_until(
+        recorded, timeout=20, message="the server's next heartbeat to record its requests"
+    )
+    assert server["url"] == served.url and server["streams_open"] == 0
+    assert any(r["route"] == "/v1/sessions/{session_id}" and r["code"] == 404 for r in server["requests"])
+    (latency,) = [h for h in server["latency"] if h["route"] == "/v1/sessions"]
+    assert latency["count"] >= 3 and latency["cumulative"][-1] <= latency["count"]
+    scraped = run_rem("--data", str(served.data), "metrics", "--once", env=served.env)
+    assert scraped.returncode == 0, scraped.stderr
+    families = {f.name: f for f in text_string_to_metric_families(scraped.stdout)}
+    requests = [
+        s
+        for s in families["rem_api_requests"].samples
+        if s.labels.get("route") == "/v1/sessions" and s.labels["code"] == "200"
+    ]
+    assert requests and requests[0].labels["owner_id"] == server["owner_id"] and requests[0].value >= 3
+    assert {"rem_api_request_duration_seconds", "rem_api_streams_open", "rem_api_server_error_ratio"} <= set(
+        families
+    )
