@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import socket
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
 from backend.api.app import create_app, streams_open
+from backend.api.listen import DEFAULT_LISTEN as DEFAULT_LISTEN
+from backend.api.listen import Listen
+from backend.api.listen import parse_listen as parse_listen
 from backend.api.stats import ApiStats
 from backend.core.errors import BadInput
 from backend.runtime.context import Context
@@ -29,43 +30,8 @@ from backend.runtime.daemon import Daemon
 from backend.store import workers
 from backend.store.workers import WorkerRole
 
-DEFAULT_LISTEN = "127.0.0.1:8765"
 # requests in flight get this long to finish after a drain before the server closes them
 GRACEFUL_S = 10
-
-
-@dataclass(frozen=True)
-class Listen:
-    """Where the server listens: a host (an address) and a port (0: any free one)."""
-
-    host: str
-    port: int
-
-    @property
-    def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return self.host == "localhost"
-
-    def url(self, port: int | None = None) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port if port is None else port}"
-
-
-def parse_listen(value: str, *, allow_remote: bool = False) -> Listen:
-    """`HOST:PORT` (`[::1]:PORT` for IPv6); a non-loopback host only with `allow_remote`."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise BadInput(f"--listen {value[:80]!r} is not HOST:PORT (e.g. 127.0.0.1:8765)")
-    listen = Listen(host, int(port))
-    if not listen.loopback and not allow_remote:
-        raise BadInput(
-            f"--listen {value[:80]} is not a loopback address: rem serves plain HTTP; put it behind a "
-            "TLS-terminating proxy and pass --allow-remote to listen there"
-        )
-    return listen
 
 
 class QuietServer(uvicorn.Server):
