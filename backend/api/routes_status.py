@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 
@@ -17,8 +17,6 @@ from backend.ops.tokens import SCOPES
 
 router = APIRouter(prefix="/v1", tags=["status and memory"], responses=ERRORS)
 health = APIRouter(tags=["health"])
-# the resources a protected-resource metadata document may be asked for (RFC 9728 section 3.1)
-RESOURCES = ("mcp", "v1")
 
 
 @router.get(
@@ -91,11 +89,9 @@ async def protected_resource(request: Request) -> dict[str, Any]:
 @health.get(
     METADATA_PATH + "/{resource}",
     summary="The metadata of one resource path (RFC 9728 section 3.1): /mcp or /v1; no token.",
-    responses={404: ERRORS[404]},
+    responses={400: ERRORS[400]},
 )
 async def protected_resource_at(
-    request: Request, resource: Annotated[str, Path(max_length=10)]
+    request: Request, resource: Annotated[Literal["mcp", "v1"], Path(description="The resource's path.")]
 ) -> dict[str, Any]:
-    if resource not in RESOURCES:
-        raise ApiError(404, "not_found", f"no protected resource {resource!r}; this server has /mcp and /v1")
     return resource_metadata(request, resource)
