@@ -1,16 +1,20 @@
 """Admission over HTTP (`POST /v1/sessions/{id}/inputs` on a real `rem serve`) against the library's.
 
-    .venv/bin/python benchmarks/api_admission.py [--latency 500] [--inputs 3200] [--clients 32] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/api_admission.py [--latency 500] [--inputs 3200] [--clients 32] [--rounds 3]
+        [--client httpx|raw] [--json]
 
 One fresh data dir (state.db; `--db URL` for PostgreSQL), one `rem serve` process on a free
 loopback port, one token. Latency: `--latency` admissions one after another on one keep-alive
 connection, each with its own id (p50, p99). Throughput: `--inputs` admissions by `--clients`
 concurrent clients (one session each, every input with its id), against the same admissions
 made in this process by `--clients` concurrent tasks calling `backend.ops.send` on one Context:
-the library's admission. The ratio HTTP / library is the figure (target >= 0.5); the client runs
+the library's admission (and, for reference, one library caller alone, which shares no group
+commit). The ratio HTTP / library is the figure (target >= 0.5); the client runs
 on the same cores as the server, as a co-located application would. The CPU each input costs
 (the library; the server and the client over HTTP, from /proc and `process_time`) gives the same
 ratio as it would be on cores nobody else uses: the figure to trust on a shared machine.
+`--client raw` drives the same requests through a bare HTTP/1.1 client (one keep-alive
+connection each, no pooling): the client's own CPU mostly out of the figure.
 """
 
 from __future__ import annotations
@@ -101,6 +105,60 @@ async def http_rate(url: str, token: str, inputs: int, clients: int, tag: str) -
         return per * clients / (time.perf_counter() - started)
 
 
+class RawClient:
+    """A bare keep-alive HTTP/1.1 client on one connection (no pooling, no parsing past the status
+    and the length): what rem's server costs, without httpx's own ~1 ms of CPU a request."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.host, self.port = url.removeprefix("http://").rsplit(":", 1)
+        self.auth = f"Bearer {token}"
+        self.reader: asyncio.StreamReader
+        self.writer: asyncio.StreamWriter
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, int(self.port))
+
+    async def post(self, path: str, body: dict[str, Any]) -> int:
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: {self.auth}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + data)
+        status = int((await self.reader.readline()).split()[1])
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        await self.reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def raw_rate(url: str, token: str, inputs: int, clients: int, tag: str) -> float:
+    per = inputs // clients
+    conns = [RawClient(url, token) for _ in range(clients)]
+    await asyncio.gather(*(c.open() for c in conns))
+
+    async def client(c: int) -> None:
+        for i in range(per):
+            status = await conns[c].post(
+                f"/v1/sessions/{tag}-w{c}/inputs", {"text": f"input {i}", "input_id": f"{tag}-w{c}-{i}"}
+            )
+            assert status == 202, status
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        return per * clients / (time.perf_counter() - started)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 async def library_rate(ctx: Context, inputs: int, clients: int, tag: str) -> float:
     per = inputs // clients
 
@@ -113,6 +171,14 @@ async def library_rate(ctx: Context, inputs: int, clients: int, tag: str) -> flo
     return per * clients / (time.perf_counter() - started)
 
 
+async def library_sequential_rate(ctx: Context, inputs: int) -> float:
+    """One caller admitting one input after another: no group commit to share."""
+    started = time.perf_counter()
+    for i in range(inputs):
+        await ops.send(ctx, "seq", f"input {i}", input_id=f"seq-{i}")
+    return inputs / (time.perf_counter() - started)
+
+
 async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     data = root / "data"
     ctx = Context(DataDir(data), start_chroma=False, db_url=args.db)
@@ -121,13 +187,15 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     proc, url = start_server(data, args.db)
     try:
         lat = await asyncio.to_thread(latency_ms, url, token, args.latency)
+        sequential = await library_sequential_rate(ctx, args.latency)
         rounds = []
         for r in range(args.rounds):
             cpu = time.process_time()
             library = await library_rate(ctx, args.inputs, args.clients, f"r{r}")
             library_cpu = (time.process_time() - cpu) / args.inputs
             cpu, server = time.process_time(), cpu_s(proc.pid)
-            http = await http_rate(url, token, args.inputs, args.clients, f"r{r}")
+            rate = raw_rate if args.client == "raw" else http_rate
+            http = await rate(url, token, args.inputs, args.clients, f"r{r}")
             client_cpu = (time.process_time() - cpu) / args.inputs
             server_cpu = (cpu_s(proc.pid) - server) / args.inputs
             rounds.append(
@@ -157,9 +225,15 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "count": len(ordered),
         },
         "clients": args.clients,
+        "client": args.client,
         "inputs": args.inputs,
         "rounds": rounds,
         "ratio_median": statistics.median(r["ratio"] for r in rounds),
+        # the library with one caller (no group commit): what a lone in-process caller gets
+        "library_sequential_per_s": round(sequential, 1),
+        "ratio_to_sequential_median": round(
+            statistics.median(r["http_per_s"] for r in rounds) / sequential, 3
+        ),
         "cpu_ratio_median": statistics.median(r["cpu_ratio"] for r in rounds),
     }
 
@@ -171,6 +245,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--db", default=None, help="a postgresql:// URL (default: state.db in a temp dir)")
+    parser.add_argument(
+        "--client",
+        choices=("httpx", "raw"),
+        default="httpx",
+        help="raw: a bare HTTP/1.1 client, to weigh the server alone",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rem-api-bench-"))
@@ -197,6 +277,10 @@ def main() -> None:
             f"{result['clients']} clients: {r['http_per_s']} inputs/s over HTTP, {r['library_per_s']} in the library, "
             f"ratio {r['ratio']}; CPU per input {r['cpu_ms']} ms, CPU ratio {r['cpu_ratio']}"
         )
+    print(
+        f"the library with one caller: {result['library_sequential_per_s']} inputs/s; HTTP with "
+        f"{result['clients']} clients / that: {result['ratio_to_sequential_median']}"
+    )
     print(
         f"ratio (median of {len(result['rounds'])} rounds): {result['ratio_median']} (target >= 0.5); "
         f"CPU ratio {result['cpu_ratio_median']}"

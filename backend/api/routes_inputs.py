@@ -50,6 +50,7 @@ def input_id_of(body_id: str | None, header: str | None) -> str | None:
     status_code=202,
     response_model=InputAdmitted,
     summary="Admit an input into a session (created on first use); idempotent on its id.",
+    openapi_extra={"x-rem-scope": "write"},
     responses={409: {"model": ErrorBody, "description": "The id was admitted with another body."}},
 )
 async def admit_input(

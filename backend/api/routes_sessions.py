@@ -29,6 +29,7 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
     "/sessions",
     response_model=SessionsPage,
     summary="The sessions the token reaches, newest first, a page at a time.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def list_sessions(
     request: Request,
@@ -57,6 +58,7 @@ async def list_sessions(
     "/sessions/{session_id}",
     response_model=SessionState,
     summary="One session: idle, queued, running or held (and why), its usage and counts.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def get_session(request: Request, session_id: SessionId, who: Reader) -> dict[str, Any]:
     with scope.one_answer(session_id):
@@ -67,6 +69,7 @@ async def get_session(request: Request, session_id: SessionId, who: Reader) -> d
     "/sessions/{session_id}/messages",
     response_model=MessagesPage,
     summary="The session's transcript with its streamed parts, in order, a page at a time.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def list_messages(
     request: Request,

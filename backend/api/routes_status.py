@@ -23,6 +23,7 @@ health = APIRouter(tags=["health"])
     "/status",
     response_model=dict[str, Any],
     summary="`rem status --json`'s object; a token of named projects sees only their sessions' rows.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def status(request: Request, who: Reader) -> Any:
     # one snapshot at a time per server: under a burst of dashboards they queue here, not on the store
@@ -35,6 +36,7 @@ async def status(request: Request, who: Reader) -> Any:
     "/recall",
     response_model=dict[str, Any],
     summary="Ranked memory items (turns, summaries, graph facts) for a query in one project or session.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def recall(request: Request, body: RecallIn, who: Reader) -> dict[str, Any]:
     with scope.one_answer(body.session_id or ""):

@@ -35,6 +35,7 @@ CONFLICT: dict[int | str, dict[str, Any]] = {
     "/tool-calls",
     response_model=ToolCallsPage,
     summary="Tool calls waiting for a person (oldest first): approvals asked for, unknown outcomes.",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def list_tool_calls(
     request: Request,
@@ -66,6 +67,7 @@ async def _decided(call_id: str, decide: Callable[[], Awaitable[ToolDecision]]) 
     response_model=Decision,
     responses=CONFLICT,
     summary="Approve a call awaiting approval: it runs once, with its idempotency key.",
+    openapi_extra={"x-rem-scope": "decide"},
 )
 async def approve(request: Request, call_id: CallId, who: Decider) -> dict[str, Any]:
     ctx = acting(context_of(request), who)
@@ -77,6 +79,7 @@ async def approve(request: Request, call_id: CallId, who: Decider) -> dict[str, 
     response_model=Decision,
     responses=CONFLICT,
     summary="Deny a call awaiting approval: it never runs; the model is told (and why).",
+    openapi_extra={"x-rem-scope": "decide"},
 )
 async def deny(request: Request, call_id: CallId, who: Decider, body: DenyIn | None = None) -> dict[str, Any]:
     ctx, reason = acting(context_of(request), who), body.reason if body else None
@@ -88,6 +91,7 @@ async def deny(request: Request, call_id: CallId, who: Decider, body: DenyIn | N
     response_model=Decision,
     responses=CONFLICT,
     summary="Decide a call whose outcome is unknown: done (with its result), retry, or fail (with why).",
+    openapi_extra={"x-rem-scope": "decide"},
 )
 async def resolve(request: Request, call_id: CallId, who: Decider, body: ResolveIn) -> dict[str, Any]:
     ctx = acting(context_of(request), who)

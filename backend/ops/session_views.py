@@ -170,6 +170,8 @@ def _hold(row: Row, calls: list[Row]) -> dict[str, Any] | None:
         model_error = json.loads(row["model_error"]) if row["model_error"] else None
     except ValueError:
         model_error = {"raw": row["model_error"]}
+    if model_error is not None and not isinstance(model_error, dict):
+        model_error = {"raw": model_error}  # an object, whatever an older rem stored
     return {
         "reason": reason,
         "since": row["held_at"],
@@ -213,6 +215,7 @@ def _messages_sync(
         if messages and size >= MAX_PAGE_BYTES:
             break
         record = message_record(row, parts.get(row["id"], []))
+        record["text"] = record["text"] if isinstance(record["text"], str) else ""
         size += len(record["text"].encode("utf-8", "replace")) + sum(
             len(p["text"].encode("utf-8", "replace")) for p in record["parts"]
         )
@@ -237,8 +240,10 @@ def _parts_sync(conn: Conn, message_ids: list[str]) -> dict[str, list[dict[str, 
         message_ids,
     ).fetchall():
         try:
-            text = (json.loads(row["data"]) or {}).get("text", "")
+            data = json.loads(row["data"])
         except ValueError:
-            text = ""
+            data = None
+        text = data.get("text") if isinstance(data, dict) else None
+        text = text if isinstance(text, str) else ""
         parts.setdefault(row["message_id"], []).append({"idx": row["idx"], "type": row["type"], "text": text})
     return parts
