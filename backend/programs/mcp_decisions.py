@@ -38,6 +38,7 @@ from pydantic import Field
 from backend import ops
 from backend.core.errors import BadInput
 from backend.ops.actions import refusals_journaled
+from backend.ops.operator_input import operator_id
 from backend.ops.tool_decisions import Choice, ToolCallNotFound
 from backend.programs.mcp_scope import Scope
 from backend.runtime.context import Context
@@ -131,7 +132,9 @@ def _resolution_text(choice: Choice, result: str | None, reason: str | None) -> 
 
 
 async def _in_scope(ctx: Context, scope: Scope, call_id: str, action: str) -> None:
-    """Refuse a call outside the scope as an unknown one, journaled as the library's refusals are."""
+    """Refuse a call outside the scope as an unknown one, journaled as the library's refusals are
+    (a malformed id, like an over-long one, is refused first, and never journaled)."""
+    operator_id("tool call id", call_id)
     if scope.projects is None:
         return  # every project: the library names an unknown id itself
     db = await ctx.db()

@@ -34,11 +34,12 @@ class Scope:
             raise BadInput(f"project {project!r} is not served here: this server serves {self.describe()}")
         return project
 
-    async def session(self, ctx: Context, session_id: str) -> None:
-        """Refuse a session outside the scope as if it did not exist."""
+    async def session(self, ctx: Context, session_id: str, hint: str = "") -> None:
+        """Refuse a session outside the scope in the words a missing one is refused in (`hint`: what
+        to do, the same for both)."""
         if self.projects is None:
             return
         db = await ctx.db()
         owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
         if owner not in self.projects:
-            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}")
+            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}{hint}")
