@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from backend.api import errors, routes_inputs, routes_sessions, routes_status, routes_tool_calls
 from backend.api.bounds import BoundedBody
@@ -61,8 +62,6 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
 def openapi_document(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document, without FastAPI's 422 (every invalid request is a 400 in the one shape)."""
     if app.openapi_schema is None:
-        from fastapi.openapi.utils import get_openapi
-
         document = get_openapi(
             title=app.title,
             version=app.version,

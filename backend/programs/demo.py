@@ -30,7 +30,7 @@ from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
 from backend.core.settings import Settings
-from backend.runtime.context import store_env
+from backend.runtime.context import Context, store_env
 
 log = logging.getLogger("rem.demo")
 
@@ -178,7 +178,6 @@ def wait_serving(
 def demo_token(root: Path, db_url: str | None) -> str:
     """A token of every project and scope for the demo's API, kept in DATA/api.token (private)."""
     from backend.ops.tokens import token_create  # import time: only once the demo is up
-    from backend.runtime.context import Context
 
     async def create() -> str:
         async with Context(DataDir(root), db_url=db_url, start_chroma=False) as ctx:
@@ -188,6 +187,18 @@ def demo_token(root: Path, db_url: str | None) -> str:
     token = asyncio.run(create())
     private.write_private_text(root / API_TOKEN_FILE, token + "\n")
     return token
+
+
+def announce_api(root: Path, url: str, proc: subprocess.Popen[bytes], db_url: str | None) -> None:
+    """Once the demo's API server answers: its URL, and a token to use it (printed once, and kept)."""
+    wait_serving(root, url, proc)
+    token = demo_token(root, db_url)
+    note(f"rem demo: the API is at {url} (OpenAPI: {url}/v1/openapi.json); a token of every scope:")
+    note(f"rem demo:   {token}")
+    note(
+        f'rem demo:   (also in {root / API_TOKEN_FILE}) e.g. curl -H "Authorization: Bearer '
+        f'$(cat {root / API_TOKEN_FILE})" {url}/v1/sessions'
+    )
 
 
 def running_workers(root: Path) -> int:
@@ -314,14 +325,7 @@ def run_demo(
     proc = start_up(root, [*(up_args or []), "--serve", url.removeprefix("http://")], env)
     try:
         count = wait_ready(root, proc)
-        wait_serving(root, url, proc)
-        token = demo_token(root, db_url)
-        note(f"rem demo: the API is at {url} (OpenAPI: {url}/v1/openapi.json); a token of every scope:")
-        note(f"rem demo:   {token}")
-        note(
-            f'rem demo:   (also in {root / API_TOKEN_FILE}) e.g. curl -H "Authorization: Bearer '
-            f'$(cat {root / API_TOKEN_FILE})" {url}/v1/sessions'
-        )
+        announce_api(root, url, proc, db_url)
         note(
             f"rem demo: up, {count} daemon(s) registered so far; opening the console "
             "(q quits, ? lists every key)"
