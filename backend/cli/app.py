@@ -114,6 +114,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tools",
         "List every configured tool: server, effect class and its source, permission, timeout, server health.",
     ),
+    "token": ("token", "The application API's bearer tokens: create (shown once), list, revoke."),
     "console": ("console", "Open the live on-call console over a data dir (press ? inside for every key)."),
     "demo": (
         "demo",

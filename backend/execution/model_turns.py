@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from backend.core.errors import Refused, SessionNotFound
 from backend.core.settings import Settings
 from backend.execution.leases import Lease
-from backend.execution.parking import TOOL_HOLDS
+from backend.execution.parking import TOOL_HOLDS, journal_resumed_sync
 from backend.execution.sessions import admit_sync, dumps, sleep_inputs_sync
 from backend.models.errors import TRUNCATED, ModelError
 from backend.models.health import CallRecord
@@ -248,6 +248,7 @@ def resume_sync(
     for sid in session_ids if session_ids is not None else list(held):
         row = held[sid]
         conn.execute("UPDATE session SET held_at = NULL, held_reason = NULL WHERE id = ?", (sid,))
+        journal_resumed_sync(conn, sid, row[2], actor, now)
         woken = conn.execute(
             "UPDATE session_input SET wake_pending = 1 WHERE session_id = ? AND promoted_seq IS NULL",
             (sid,),

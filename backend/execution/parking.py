@@ -96,6 +96,19 @@ def hold_sync(conn: Conn, session_id: str, reason: str, actor: str, now: int) ->
         )
 
 
+def journal_resumed_sync(conn: Conn, session_id: str, reason: str, actor: str, now: int) -> None:
+    """Journal a held session's hold lifted (`session.resumed`, the API's streams carry it)."""
+    append_event_sync(
+        conn,
+        kind=EventKind.SESSION_RESUMED,
+        actor=actor,
+        session_id=session_id,
+        target=session_id,
+        now=now,
+        data={"held_reason": reason},
+    )
+
+
 def lock_execution_sync(conn: Conn, execution_id: str) -> None:
     """Take the execution row's lock (PostgreSQL) before a decision reads or moves its calls, so a
     park committing meanwhile and the decision see each other (SQLite: one writer anyway)."""
@@ -126,10 +139,15 @@ def unpark_sync(conn: Conn, execution_id: str, now: int) -> bool:
         {"decided": DECIDED, "new_epoch": epoch, "now": now},
         lost=f"execution {execution_id} moved while it was being un-parked; look again with `rem status`",
     )
-    conn.execute(
-        "UPDATE session SET held_at = NULL, held_reason = NULL WHERE id = ? AND held_reason IN (?, ?)",
+    held = conn.execute(
+        "SELECT held_reason FROM session WHERE id = ? AND held_reason IN (?, ?)",
         (row["session_id"], *TOOL_HOLDS),
-    )
+    ).fetchone()
+    if held is not None:
+        conn.execute(
+            "UPDATE session SET held_at = NULL, held_reason = NULL WHERE id = ?", (row["session_id"],)
+        )
+        journal_resumed_sync(conn, row["session_id"], held[0], "rem", now)
     conn.execute(
         "UPDATE session_input SET wake_pending = 1 WHERE session_id = ? AND promoted_seq IS NULL",
         (row["session_id"],),

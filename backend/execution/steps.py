@@ -69,6 +69,10 @@ class TurnState:
     # the prompts the last step answered ({"id", "seq", "text"}): a tool round answers them again
     # (only this execution, holding the lease, adds user rows), so it need not look them up
     answered: list[dict[str, Any]] | None = None
+    # the replies this execution completed and the inputs they answered (`execution.completed`
+    # names them: the API's `turn.completed` event and `GET /v1/inputs/{id}` read them there)
+    replies: list[str] = field(default_factory=list)
+    replied_inputs: list[str] = field(default_factory=list)
 
 
 def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[str, Any] | None) -> None:
@@ -358,6 +362,7 @@ class StepTransactions:
                 conn, lease, step.assistant_id, step.number, step.data, self.reply_max_chars, now
             )
         self._publish_sync(conn, lease, step, now, parts=len(step.parts))
+        note_reply(state, step)
         more = (
             not self.draining.is_set()
             and conn.execute(STEER_WAITING_SQL, (lease.session_id,)).fetchone() is not None
@@ -463,6 +468,7 @@ class StepTransactions:
             )
         step.data.update(status="error", text=text, error=error, time_completed=now)
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
+        note_reply(state, step)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
         append_event_sync(
             conn,
@@ -550,6 +556,13 @@ class StepTransactions:
         state.turn_counted = state.turn_started
 
 
+def note_reply(state: TurnState, step: Step) -> None:
+    """A step closed with a reply (completed or error): the turn's answer so far, and to what."""
+    if step.assistant_id not in state.replies:  # a transaction body may run again (a retried commit)
+        state.replies.append(step.assistant_id)
+    state.replied_inputs.extend(i for i in step.data.get("answers", ()) if i not in state.replied_inputs)
+
+
 def completion(state: TurnState, now: int) -> dict[str, Any]:
     """The execution.completed event's data; a turn's latency when its inputs were seen admitted."""
     data: dict[str, Any] = {
@@ -557,6 +570,9 @@ def completion(state: TurnState, now: int) -> dict[str, Any]:
         "steps": state.step,
         "recovered": state.recovered,
         "turn": state.turn_started,
+        "message_id": state.replies[-1] if state.replies else None,
+        "replies": state.replies,
+        "inputs": state.replied_inputs,
     }
     if state.turn_started and state.admitted_at is not None:
         data["latency_ms"] = now - state.admitted_at

@@ -40,12 +40,14 @@ if TYPE_CHECKING:
     from backend.ops.alert_rules import metric_rules
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
+    from backend.ops.tokens import authenticate, token_create, token_list, token_revoke
     from backend.ops.tool_decisions import approve, deny, resolve, tool_calls_waiting
     from backend.ops.tool_list import tools
 
 __all__ = [
     "LEASE_KINDS",
     "approve",
+    "authenticate",
     "check",
     "chroma_health",
     "deny",
@@ -66,6 +68,9 @@ __all__ = [
     "show",
     "show_session",
     "status",
+    "token_create",
+    "token_list",
+    "token_revoke",
     "tool_calls_waiting",
     "tools",
 ]
@@ -96,6 +101,10 @@ _HOMES = {
     "deny": "backend.ops.tool_decisions",
     "resolve": "backend.ops.tool_decisions",
     "tool_calls_waiting": "backend.ops.tool_decisions",
+    "authenticate": "backend.ops.tokens",
+    "token_create": "backend.ops.tokens",
+    "token_list": "backend.ops.tokens",
+    "token_revoke": "backend.ops.tokens",
 }
 
 

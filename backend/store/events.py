@@ -107,6 +107,15 @@ class EventKind(StrEnum):
     CHROMA_UNTRUSTED = "chroma.untrusted"
     # turn vectors state.db marks as written that Chroma lacks (or holds changed): written again
     MEMORY_VECTORS_REPAIRED = "memory.vectors_repaired"
+    # the API's event streams (schema v13): a streamed part and each tool-call state are journaled
+    # by triggers in the transaction that writes them; a held session's hold lifted
+    MESSAGE_PART = "message.part"
+    TOOL_CALL_STATE = "tool_call.state"
+    SESSION_RESUMED = "session.resumed"
+    # an operator's SIGKILL of a worker (`rem kill`), the API's bearer tokens (`rem token`)
+    OPERATOR_KILL = "operator.kill"
+    OPERATOR_TOKEN_CREATE = "operator.token_create"
+    OPERATOR_TOKEN_REVOKE = "operator.token_revoke"
 
 
 # the audit journal: chained, kept forever (the partial index and the trigger of schema v4 list them)
@@ -120,6 +129,9 @@ OPERATOR_KINDS: tuple[str, ...] = (
     EventKind.OPERATOR_APPROVE,
     EventKind.OPERATOR_DENY,
     EventKind.OPERATOR_RESOLVE,
+    EventKind.OPERATOR_KILL,
+    EventKind.OPERATOR_TOKEN_CREATE,
+    EventKind.OPERATOR_TOKEN_REVOKE,
 )
 OPERATOR_KINDS_SQL = ", ".join(f"'{kind}'" for kind in OPERATOR_KINDS)
 

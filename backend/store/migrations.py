@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from backend.store import counters
+from backend.store import api_schema, counters
 
 V1 = """
 CREATE TABLE session (
@@ -519,8 +519,11 @@ END;
 # small table, never a walk of every call ever made.
 V12 = counters.migration_sql(12)
 
+# v13: the application API (`rem serve`): backend/store/api_schema.py says what it adds and why
+V13 = api_schema.V13
+
 # Forward migrations: MIGRATIONS[i] brings user_version from i to i + 1.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -180,6 +180,44 @@ END $$;
 CREATE TRIGGER event_tool_decision_kept BEFORE DELETE ON event
     FOR EACH ROW EXECUTE FUNCTION rem_keep_tool_decisions();""",
 }
+# v13: the API's operator kinds are kept; parts and tool-call states are journaled (migrations.V13)
+TWINS.update(
+    {
+        "event_api_operator_kept": """
+CREATE FUNCTION rem_keep_api_operator_events() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF old.kind IN ('operator.kill', 'operator.token_create', 'operator.token_revoke') THEN
+        RAISE EXCEPTION 'operator events are the audit journal: never pruned, never deleted';
+    END IF;
+    RETURN old;
+END $$;
+CREATE TRIGGER event_api_operator_kept BEFORE DELETE ON event
+    FOR EACH ROW EXECUTE FUNCTION rem_keep_api_operator_events();""",
+        "session_part_journaled": """
+CREATE FUNCTION rem_journal_part() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO event (time, kind, actor, session_id, target, data)
+    VALUES (new.time_created, 'message.part', 'rem', new.session_id, new.id,
+            json_build_object('message_id', new.message_id, 'idx', new.idx, 'type', new.type)::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER session_part_journaled AFTER INSERT ON session_part
+    FOR EACH ROW EXECUTE FUNCTION rem_journal_part();""",
+        "tool_call_journaled": """
+CREATE FUNCTION rem_journal_tool_call() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO event (time, kind, actor, session_id, target, data)
+    VALUES (new.time_updated, 'tool_call.state', 'rem', new.session_id, new.id,
+            json_build_object('tool', new.tool, 'state', new.state, 'effect', new.effect)::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tool_call_journaled AFTER INSERT ON tool_call
+    FOR EACH ROW EXECUTE FUNCTION rem_journal_tool_call();""",
+        "tool_call_state_journaled": """
+CREATE TRIGGER tool_call_state_journaled AFTER UPDATE OF state ON tool_call
+    FOR EACH ROW WHEN (old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION rem_journal_tool_call();""",
+    }
+)
 # The status counters' triggers (schema v6) have none on purpose: PostgreSQL counts on each read
 # and keeps no `status_count` (backend/store/counters.py says why); an empty twin is no statement.
 TWINS.update(
@@ -210,8 +248,26 @@ UPDATE memory_turn SET digest = '' WHERE NOT EXISTS (SELECT 1 FROM memory_fts f 
 UPDATE dream_state SET completed_revision = NULL, indexed_revision = NULL
     WHERE session_id IN (SELECT session_id FROM memory_turn WHERE digest = '')
 """
+# v13: the API's event streams read the journal in commit order (backend.store.stream). Journal ids
+# come from a sequence and commit in any order, so a stream that followed them would skip a row
+# whose transaction commits after a higher id's. Each row records its transaction id (`xact`,
+# 64 bits: it never wraps); a stream reads in (xact, id) order and only rows whose transaction is
+# older than every transaction still running (`pg_snapshot_xmin`): all of those have ended, so no
+# row can appear later before one already read. Rows older than this migration share xact 1
+# (added without rewriting the table), in id order, which is their commit order then.
+STREAM_ORDER = """
+ALTER TABLE event ADD COLUMN xact xid8 NOT NULL DEFAULT '1';
+ALTER TABLE event ALTER COLUMN xact SET DEFAULT pg_current_xact_id();
+CREATE INDEX event_stream_idx ON event(xact, id);
+CREATE INDEX event_session_stream_idx ON event(session_id, xact, id) WHERE session_id IS NOT NULL;
+"""
 # what PostgreSQL adds after SQLite's migration N (1-based)
-AFTER: dict[int, str] = {1: ROWID_COLUMNS, 6: f"DROP TABLE {counters.TABLE}", 7: LEXICAL + LEXICAL_BACKFILL}
+AFTER: dict[int, str] = {
+    1: ROWID_COLUMNS,
+    6: f"DROP TABLE {counters.TABLE}",
+    7: LEXICAL + LEXICAL_BACKFILL,
+    13: STREAM_ORDER,
+}
 
 # the change feed (see the module doc): the channel the console LISTENs on
 CHANGE_CHANNEL = "rem_change"

@@ -22,6 +22,8 @@ class WorkerRole(StrEnum):
     EXECUTOR = "executor"
     SUMMARIZER = "summarizer"
     DREAM = "dream"
+    # `rem serve`: the application API (it holds no lease; it registers so every view shows it)
+    SERVER = "server"
 
 
 class WorkerState(StrEnum):

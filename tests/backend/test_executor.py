@@ -71,10 +71,13 @@ async def test_one_turn_projects_the_user_message_and_a_streamed_reply(db_ctx: C
     assert await db.scalar("SELECT turn_count FROM session WHERE id = 's1'") == 1
     assert await db.scalar("SELECT dirty_seq FROM summary_job WHERE session_id = 's1'") >= 2
     kinds = [r[0] for r in await db.fetchall("SELECT kind FROM event WHERE session_id = 's1' ORDER BY id")]
+    parts = await db.scalar("SELECT count(*) FROM session_part WHERE message_id = ?", (assistant["id"],))
+    # every streamed part is journaled as it is written (schema v13: the API's event streams)
     assert kinds == [
         "input.admitted",
         "execution.claimed",
         "input.promoted",
+        *["message.part"] * parts,
         "execution.step",
         "execution.completed",
     ]

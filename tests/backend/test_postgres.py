@@ -132,12 +132,16 @@ async def test_both_engines_hold_the_same_tables_columns_and_indexes(tmp_path: P
             r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
         }
     # PostgreSQL's own additions: the version table, the catalog view rem reads, the rowid columns,
-    # the lexical recall table (state.db's twin is one FTS5 table per project, made at run time)
+    # the lexical recall table (state.db's twin is one FTS5 table per project, made at run time), the
+    # journal's commit order for the event streams (SQLite's ids commit in order: schema_pg.STREAM_ORDER)
     extra = {
         c
         for c in pg_columns
-        if c[0] in (schema_pg.VERSION_TABLE, "sqlite_master", "memory_fts") or c[1] == "rowid"
+        if c[0] in (schema_pg.VERSION_TABLE, "sqlite_master", "memory_fts")
+        or c[1] == "rowid"
+        or c == ("event", "xact")
     }
+    assert ("event", "xact") in extra
     assert {("memory_fts", "doc"), ("memory_fts", "project")} <= extra
     assert {("session", "rowid"), ("session_input", "rowid")} <= extra
     assert pg_columns - extra == lite_columns - {

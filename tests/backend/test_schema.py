@@ -67,7 +67,7 @@ async def test_a_v1_database_migrates_to_the_lean_journal_indexes(tmp_path) -> N
                 conn, kind="execution.claimed", actor="x1", session_id="s1", target="e1"
             )
             await events.append_event(conn, kind="worker.started", actor="x1", target="x1")
-        assert await migrate(db) == SCHEMA_VERSION == 12
+        assert await migrate(db) == SCHEMA_VERSION == 13
         names = {
             r[0]
             for r in await db.fetchall(
@@ -271,7 +271,7 @@ async def test_a_v3_database_migrates_to_projects_and_the_recall_index(tmp_path)
             await conn.execute(
                 "INSERT INTO dream_state (session_id, input_revision, time_updated) VALUES ('s1', 'sha256:a', 1)"
             )
-        assert await migrate(db) == SCHEMA_VERSION == 12
+        assert await migrate(db) == SCHEMA_VERSION == 13
         assert await db.scalar("SELECT project FROM session WHERE id = 's1'") == "default"
         lagging = await db.fetchall(
             "SELECT session_id FROM dream_state WHERE input_revision IS NOT NULL "
