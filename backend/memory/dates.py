@@ -26,6 +26,7 @@ A bare weekday ("on Saturday") is left alone: only the tense says which.
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -140,8 +141,24 @@ def day_of(ms: int) -> date:
     return datetime.fromtimestamp(ms / 1000, UTC).date()
 
 
+# a word every expression above holds: most turns have none, and one search rules them out
+ANY_TIME_WORD = re.compile(
+    r"(?<!\w)(?:yesterday|last night|today|tonight|tomorrow|this (?:morning|afternoon|evening)|days?|weeks?|"
+    rf"weekend|months?|years?|{_WEEKDAY}|{_MONTH}|(?:19|20)\d\d)(?!\w)",
+    re.IGNORECASE,
+)
+
+
 def resolve(text: str, when_ms: int) -> list[DaySpan]:
     """The spans of days `text`'s time expressions name, said at `when_ms` (in order, each once)."""
+    return list(_resolve(text, when_ms))
+
+
+# Dream resolves each turn three times in a row (its index row, the graph's nodes, its edges)
+@functools.lru_cache(maxsize=256)
+def _resolve(text: str, when_ms: int) -> tuple[DaySpan, ...]:
+    if ANY_TIME_WORD.search(text) is None:
+        return ()
     today = day_of(when_ms)
     found: list[tuple[int, DaySpan]] = []
     taken: list[tuple[int, int]] = []
@@ -155,7 +172,7 @@ def resolve(text: str, when_ms: int) -> list[DaySpan]:
                 taken.append((start, end))
                 found.append((start, DaySpan(span[0], span[1], match.group(0))))
     spans = list(dict.fromkeys(span for _, span in sorted(found)))
-    return spans[:MAX_SPANS]
+    return tuple(spans[:MAX_SPANS])
 
 
 def overlaps(a: DaySpan, b: DaySpan) -> bool:

@@ -42,7 +42,6 @@ import aiosqlite
 from backend.chroma.collection import ChromaStore
 from backend.core import clock, faults
 from backend.core.errors import ChromaUnreachable
-from backend.memory import dates
 from backend.memory.config import INDEX, IndexConfig
 from backend.memory.text import clip, date_words, fts_table, fts_table_ddl, scope_text
 from backend.memory.turn_vectors import sketch
@@ -156,6 +155,10 @@ def plan_session(
 def _resolved_days(text: str, when_ms: int) -> str:
     """' (yesterday: 7 May 2023)' for each time expression of a turn, resolved against its time: the
     FTS5 body holds the days it names, so a question that names the day finds the turn."""
+    # imported here: `rem status` imports this module for the index lag, and the date grammar
+    # costs ~10 ms to compile that only Dream's indexing needs
+    from backend.memory import dates
+
     return "".join(f" ({span.phrase}: {span.words()})" for span in dates.resolve(text, when_ms))
 
 
