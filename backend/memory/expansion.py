@@ -30,10 +30,17 @@ from backend.store.db import Conn
 
 # a node more turns mention than this is too common to connect two of them
 HOP_MAX_DF = 50
+# the seeds' nodes the hop follows, those the best seeds share most first: each costs a count and its turns
+HOP_MAX_NODES = 24
 # the fused turns whose dates are looked at (the rest could not reach the top k anyway)
 DATES_TOP = 50
 SEED_NODES_SQL = "SELECT src, dst FROM graph_edge WHERE src IN ({ids}) AND kind = 'mentions'"
-NODE_DF_SQL = "SELECT dst, count(*) FROM graph_edge WHERE dst IN ({nodes}) AND kind = 'mentions' GROUP BY dst"
+# how many turns mention a node, counted only up to HOP_MAX_DF + 1: a common concept may have
+# thousands of mentions across projects, and all the hop needs to know is that it is too common
+NODE_DF_TERM = (
+    "SELECT ? AS node, count(*) AS df FROM "
+    "(SELECT 1 FROM graph_edge WHERE dst = ? AND kind = 'mentions' LIMIT {limit}) AS m{i}"
+)
 HOP_TURNS_SQL = (
     "SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, t.time, e.dst FROM graph_edge AS e "
     "JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
@@ -67,10 +74,11 @@ def hop(
     for src, dst in conn.execute(SEED_NODES_SQL.format(ids=in_list(ids)), ids):
         if dst not in asked:
             reach[dst] = reach.get(dst, 0.0) + fused[src[5:]] / top
-    nodes = list(reach)
+    nodes = sorted(reach, key=lambda n: (-reach[n], n))[:HOP_MAX_NODES]
     if not nodes:
         return
-    df = dict(conn.execute(NODE_DF_SQL.format(nodes=in_list(nodes)), nodes).fetchall())
+    counts = " UNION ALL ".join(NODE_DF_TERM.format(limit=HOP_MAX_DF + 1, i=i) for i in range(len(nodes)))
+    df = dict(conn.execute(counts, [v for node in nodes for v in (node, node)]).fetchall())
     nodes = [n for n in nodes if 1 < df.get(n, 0) <= HOP_MAX_DF]  # shared by another turn, yet rare
     if not nodes:
         return
