@@ -348,7 +348,7 @@ async def run(
     }
 
 
-# issue 44's targets on the held-out part: R@10 over all categories, and by category
+# the targets on the held-out part (docs/benchmarks.md#locomo-held-out): R@10 over all, and by category
 HELD_OUT_TARGETS = {"all": 0.85, "multi-hop": 0.60, "temporal": 0.80, "open-domain": 0.55}
 
 
