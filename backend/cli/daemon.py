@@ -35,6 +35,10 @@ def daemon(
 
 def daemon_class(role: WorkerRole) -> type[Daemon]:
     """The `Daemon` subclass for a role, imported only now: `rem send` never pays for Chroma's import."""
+    if role is WorkerRole.SERVER:
+        from backend.core.errors import BadInput  # import time: only for the refusal
+
+        raise BadInput("the API server is not a daemon role: run it with `rem serve`")
     if role is WorkerRole.EXECUTOR:
         # import time: the executor (and Chroma, the agent), only for its role
         from backend.execution.executor import Executor

@@ -53,6 +53,8 @@ TRANSIENT_ERRORS = (ChromaUnreachable, DatabaseLocked, DatabaseFull, DatabaseIOE
 
 class Daemon:
     role: ClassVar[WorkerRole]
+    # whether an idle wait listens to the store's commits (a role with no passes has nothing to wake)
+    watches_store: ClassVar[bool] = True
 
     def __init__(self, ctx: Context, *, once: bool = False, owner_id: str | None = None) -> None:
         faults.validate()  # a typo in REM_FAULTS fails here, in one line, not inside a task
@@ -100,7 +102,7 @@ class Daemon:
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop())
         self._calls_task = asyncio.create_task(self._model_failures_loop())
         self.idle = IdleWait(self.db, self.role, self.ctx.data.root, self.log)
-        if not self.once:
+        if not self.once and self.watches_store:
             self.idle.start(self.ctx.db_url, self.db.server_pids)
         reason = "once" if self.once else "drained"
         try:

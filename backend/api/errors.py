@@ -1,0 +1,115 @@
+"""The API's errors: one JSON shape, one status per kind of rem error, never a traceback.
+
+Every error answers `{"error": {"code": CODE, "message": ONE_LINE}}`. rem's own
+exception tree (`backend.core.errors`) maps here once; a request FastAPI could
+not validate is a 400 naming the field; anything else is a 500 whose message
+says only that (the traceback goes to the server's log, never to a client).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from backend.core.errors import (
+    BadInput,
+    ChromaUnreachable,
+    DatabaseFull,
+    DatabaseIOError,
+    DatabaseLocked,
+    DatabaseUnreachable,
+    NotFound,
+    ReadOnly,
+    Refused,
+    RemError,
+    UsageError,
+)
+from backend.core.inert import visible
+
+log = logging.getLogger("rem.api")
+
+# the most specific class first: a ReadOnly is a Refused, a BadInput a UsageError
+STATUS: tuple[tuple[type[RemError], int, str], ...] = (
+    (ReadOnly, 403, "read_only"),
+    (NotFound, 404, "not_found"),
+    (Refused, 409, "conflict"),
+    (BadInput, 400, "bad_request"),
+    (UsageError, 400, "bad_request"),
+    (DatabaseLocked, 503, "store_busy"),
+    (DatabaseUnreachable, 503, "store_unreachable"),
+    (DatabaseFull, 503, "store_full"),
+    (DatabaseIOError, 503, "store_io"),
+    (ChromaUnreachable, 503, "chroma_unreachable"),
+)
+MAX_MESSAGE = 500
+
+
+class ApiError(Exception):
+    """An error the API answers with `status` and `code` (auth, scope, size, method...)."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.headers = status, code, headers or {}
+
+
+def body(code: str, message: str) -> dict[str, Any]:
+    """The one error shape; the message one line, inert, bounded."""
+    line = visible(" ".join(message.split()))[:MAX_MESSAGE]
+    return {"error": {"code": code, "message": line}}
+
+
+def respond(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body(code, message), status_code=status, headers=headers)
+
+
+def rem_status(exc: RemError) -> tuple[int, str]:
+    """The status and code of one of rem's errors (500 `internal` for one with no mapping)."""
+    for kind, status, code in STATUS:
+        if isinstance(exc, kind):
+            return status, code
+    return 500, "internal"
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "the request"
+    return f"{where}: {first.get('msg', 'is not valid')}; see /v1/openapi.json for the request's shape"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every error the one shape."""
+
+    async def api_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return respond(exc.status, exc.code, str(exc), exc.headers)
+
+    async def rem_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RemError)
+        status, code = rem_status(exc)
+        if status == 500:
+            log.error("unmapped rem error: %r", exc)
+        return respond(status, code, str(exc))
+
+    async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return respond(400, "bad_request", _validation_message(exc))
+
+    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return respond(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+    async def internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error answering a request", exc_info=exc)
+        return respond(500, "internal", "internal error; the server's log has the details")
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RemError, rem_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal)

@@ -1,0 +1,128 @@
+"""The `rem serve` process: uvicorn on the daemon loop, registered as a worker of role `server`.
+
+It is a `Daemon` without passes: it registers (so `rem status`, the console
+and the metrics show it alive), heartbeats, and serves until drained. SIGTERM,
+SIGINT and `rem drain` stop it gracefully: it stops accepting, lets requests
+in flight finish (streams are closed; their clients resume from their
+cursor, here or on another replica) and marks itself stopped. uvicorn's own
+signal handling is off: the daemon's handles both signals once for the
+whole process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from backend.api.app import create_app
+from backend.core.errors import BadInput
+from backend.runtime.context import Context
+from backend.runtime.daemon import Daemon
+from backend.store.workers import WorkerRole
+
+DEFAULT_LISTEN = "127.0.0.1:8765"
+# requests in flight get this long to finish after a drain before the server closes them
+GRACEFUL_S = 10
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the server listens: a host (an address) and a port (0: any free one)."""
+
+    host: str
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+    def url(self, port: int | None = None) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port if port is None else port}"
+
+
+def parse_listen(value: str, *, allow_remote: bool = False) -> Listen:
+    """`HOST:PORT` (`[::1]:PORT` for IPv6); a non-loopback host only with `allow_remote`."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise BadInput(f"--listen {value[:80]!r} is not HOST:PORT (e.g. 127.0.0.1:8765)")
+    listen = Listen(host, int(port))
+    if not listen.loopback and not allow_remote:
+        raise BadInput(
+            f"--listen {value[:80]} is not a loopback address: rem serves plain HTTP; put it behind a "
+            "TLS-terminating proxy and pass --allow-remote to listen there"
+        )
+    return listen
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the daemon's own handle SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class ApiServer(Daemon):
+    """`rem serve`: the API app on one loopback (or allowed) address until drained."""
+
+    role = WorkerRole.SERVER
+    watches_store = False  # no passes: nothing to wake for
+
+    def __init__(self, ctx: Context, listen: Listen, *, owner_id: str | None = None) -> None:
+        super().__init__(ctx, owner_id=owner_id)
+        self.listen = listen
+        self.app = create_app(ctx)
+        self.socket = _bound(listen)
+        self.port = int(self.socket.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_S,
+            lifespan="on",
+        )
+        self.server = QuietServer(config)
+
+    @property
+    def url(self) -> str:
+        return self.listen.url(self.port)
+
+    def info(self) -> dict[str, Any]:
+        return {"listen": self.url}
+
+    async def _loop(self) -> None:
+        serving = asyncio.create_task(self.server.serve(sockets=[self.socket]))
+        draining = asyncio.create_task(self.draining.wait())
+        try:
+            await asyncio.wait({serving, draining}, return_when=asyncio.FIRST_COMPLETED)
+            self.server.should_exit = True
+            await serving
+        finally:
+            draining.cancel()
+
+
+def _bound(listen: Listen) -> socket.socket:
+    """The listening socket, bound now (a taken port fails here, in one line, before registering)."""
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((listen.host, listen.port))
+    except OSError as exc:
+        sock.close()
+        raise BadInput(f"cannot listen on {listen.url()}: {exc.strerror}; choose another --listen") from None
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
