@@ -13,8 +13,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from backend.api import errors
+from backend.api import attach, errors, events
 from backend.api.auth import Reader
+from backend.api.hub import Hub
 from backend.runtime.context import Context
 
 # a request body's bound: an input's text is at most 256 KiB of UTF-8 (`sessions.MAX_TEXT_BYTES`), and
@@ -29,7 +30,10 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await ctx.db()
-        yield
+        try:
+            yield
+        finally:
+            await hub.close()
 
     app = FastAPI(
         title="rem",
@@ -42,8 +46,12 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
         max_body_size=MAX_BODY_BYTES,
     )
     app.state.ctx = ctx
+    # the server's one listener on the journal: event streams and input waits subscribe to it
+    app.state.hub = hub = Hub(ctx)
     errors.install(app)
     _health_routes(app)
+    app.include_router(events.router)
+    app.include_router(attach.router)
     return app
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from backend.api.app import create_app
+from backend.api.hub import hub_of
 from backend.core.errors import BadInput
 from backend.runtime.context import Context
 from backend.runtime.daemon import Daemon
@@ -108,6 +109,7 @@ class ApiServer(Daemon):
         try:
             await asyncio.wait({serving, draining}, return_when=asyncio.FIRST_COMPLETED)
             self.server.should_exit = True
+            await hub_of(self.app).close()  # streams end now: their clients resume on another replica
             await serving
         finally:
             draining.cancel()
