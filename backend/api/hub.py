@@ -346,6 +346,10 @@ class Hub:
                 log.warning("event streams cannot read the journal (%s); retrying", exc)
                 delay = READ_RETRY_S
                 continue
+            except Exception:  # a bug must not silence every stream for good: log it, read again
+                log.exception("event streams failed to read the journal; retrying")
+                delay = READ_RETRY_S
+                continue
             moved = page.last != self.position
             self._dispatch(page)
             if page.full:

@@ -49,7 +49,7 @@ async def serving(ctx: Context, *, sndbuf: int | None = None) -> AsyncIterator[S
             await asyncio.sleep(0.01)
         yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", app)
     finally:
-        server.should_exit = True
+        server.stop()
         await hub_of(app).close()  # open streams end, as a drain ends them
         await task
         sock.close()
