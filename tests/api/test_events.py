@@ -223,3 +223,25 @@ async def test_an_input_is_waited_on_until_answered_and_a_client_leaving_cancels
             missing = await client.get(f"/v1/inputs/{iid}", headers=beta_only)
             assert missing.status_code == 404 and "no input" in missing.json()["error"]["message"]
         assert (await client.get("/v1/inputs/in-1", params={"wait": 61})).status_code == 400
+
+
+async def test_an_idle_stream_gets_heartbeats_and_a_drain_ends_it(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backend.api import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "HEARTBEAT_S", 0.05)  # the real tick, sooner than its 15 s
+    headers = await _token(db_ctx)
+    async with serving(db_ctx) as served, httpx.AsyncClient(base_url=served.url, headers=headers) as client:
+        async with client.stream("GET", "/v1/events") as response:
+            lines = response.aiter_lines()
+            assert (await anext(lines)).startswith("retry: ")
+            pings = 0
+            async for line in lines:
+                pings += line == ": ping"
+                if pings == 3:
+                    break
+            await hub_of(served.app).close()  # what a drain does first: every stream ends now
+            assert [line async for line in lines] in ([], [""])
+        refused = await client.get("/v1/events")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
