@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -206,6 +207,20 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
         monkeypatch.setenv("REM_MODEL", MODEL)
         monkeypatch.setenv("REM_MODEL_RETRY_MAX_MS", "2000")
         yield server
+
+
+@pytest.fixture
+def tools_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """rem's demo MCP server as the only tool source (`REM_MCP_CONFIG`), its files in the returned
+    folder; tool-call arguments bounded at 1 KiB."""
+    from backend.programs.demo_tools import server_config
+
+    data = tmp_path / "tools"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"demo": server_config(data, effect_delay_ms=0)}}))
+    monkeypatch.setenv("REM_MCP_CONFIG", str(config))
+    monkeypatch.setenv("REM_TOOL_ARGUMENTS_MAX_BYTES", "1024")
+    return data
 
 
 @pytest.fixture(autouse=True)

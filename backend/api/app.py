@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from backend.api import attach, errors, events
+from backend.api import attach, errors, events, mcp_http
 from backend.api.auth import Reader
 from backend.api.hub import Hub
 from backend.runtime.context import Context
@@ -27,11 +27,14 @@ API_VERSION = "1"
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     """The API over `ctx` (its store opened on startup, kept open for the process)."""
 
+    mcp = mcp_http.mount(ctx)  # bodies kept to the app's bound before they reach it
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await ctx.db()
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             await hub.close()
 
@@ -52,6 +55,7 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     _health_routes(app)
     app.include_router(events.router)
     app.include_router(attach.router)
+    app.router.routes.append(mcp.route)  # a plain route: MCP is no part of the OpenAPI document
     return app
 
 

@@ -9,6 +9,7 @@ missing, malformed, unknown or revoked token is a 401 carrying
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -90,3 +91,10 @@ def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 Decider = Annotated[Principal, Depends(require("decide"))]
+
+
+def acting(ctx: Context, who: Principal) -> Context:
+    """The server's Context with the token's name as the operator: what a request writes is
+    journaled as that token's doing (the Database and Chroma connections are shared: open them
+    first, as `create_app`'s lifespan does the store)."""
+    return dataclasses.replace(ctx, operator=who.name)

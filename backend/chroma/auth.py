@@ -13,8 +13,6 @@ the same-uid listener check, loopback only, and a private data dir.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ def read_token() -> str | None:
         text = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"REM_CHROMA_TOKEN_FILE={path} cannot be read ({exc}); fix it or unset it") from None
-    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+    if not private.private_to_owner(st):
         raise UsageError(
             f"REM_CHROMA_TOKEN_FILE={path} must be yours and private (mode 600); `chmod 600 {path}`"
         )

@@ -11,9 +11,9 @@ import typer
 from typer._click import exceptions as typer_click  # typer >= 0.24 parses with a vendored click
 
 from backend.cli import common, lazy, params, rich_help
-from backend.core import private
+from backend.core import logfile, private
 from backend.core.errors import ExitCode, RemError
-from backend.core.inert import visible
+from backend.core.inert import InertFormatter, visible
 from backend.core.settings import Settings, settings, validate
 
 
@@ -160,9 +160,10 @@ def _globals(
     cli.ensure_object(common.Invocation).config = config
     common.pin_relative_paths()
     level = logging.INFO if verbose or settings.log else logging.WARNING
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # a terminal, or a daemon's log file (capped: backend.core.logfile): inert lines either way
+    handler = logfile.stderr_handler(settings.log_file, settings.log_max_bytes)
+    handler.setFormatter(InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 params.install()  # plain option values without pydantic's import (backend/cli/params.py)

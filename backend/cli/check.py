@@ -31,7 +31,7 @@ def check(
     Example: rem check --settled --json
     """
     # import time: rich and the records, not for --help
-    from backend.cli.render import check_progress_bar, print_check
+    from backend.cli.render_check import check_progress_bar, print_check
 
     ctx = common.make_context(cli, data, chroma_url, read_only=True)
     with check_progress_bar() as progress:  # on stderr, and only on a terminal

@@ -19,9 +19,9 @@ STATE_STYLE = {"up": "green", "down": "red", "starting": "yellow", "idle": "dim"
 
 
 def print_tools(report: ToolsReport) -> None:
-    """The report as two tables (sources, tools) plus refused tools and warnings; every value as plain text."""
+    """The report as two tables (sources, tools) plus refused tools and warnings; every value inert text."""
     console = Console(highlight=False, emoji=False)
-    console.print(Text(f"tool configuration: {report['config'] or 'none (REM_MCP_CONFIG is not set)'}"))
+    console.print(_plain(f"tool configuration: {report['config'] or 'none (REM_MCP_CONFIG is not set)'}"))
     if not report["servers"]:
         console.print(
             Text("no tool sources: set REM_MCP_CONFIG, or install a package with rem.tools entry points")
@@ -35,10 +35,15 @@ def print_tools(report: ToolsReport) -> None:
         )
     for refused in (r for server in report["servers"] for r in server.get("refused", [])):
         console.print(
-            Text(f"refused: {refused['server']}.{refused['tool']}: it {refused['reason']}", style="yellow")
+            _plain(f"refused: {refused['server']}.{refused['tool']}: it {refused['reason']}", style="yellow")
         )
     for warning in report["warnings"]:
-        console.print(Text(f"warning: {warning}", style="yellow"))
+        console.print(_plain(f"warning: {warning}", style="yellow"))
+
+
+def _plain(value: object, style: str = "") -> Text:
+    """A value from a server or a config as one line of plain text: escapes shown, never obeyed."""
+    return Text(visible(value), style=style)
 
 
 def _table(*headers: str) -> Table:
@@ -52,13 +57,13 @@ def _servers_table(servers: list[dict[str, Any]]) -> Table:
     for server in servers:
         state = server["state"]
         table.add_row(
-            Text(server["server"]),
-            Text(state, style=STATE_STYLE.get(state, "")),
-            Text(server["transport"]),
-            Text("-" if server["tools"] is None else str(server["tools"])),
-            Text(str(server["restarts"])),
-            Text("-" if server["pid"] is None else str(server["pid"])),
-            Text(server["last_error"] or "-"),
+            _plain(server["server"]),
+            _plain(state, style=STATE_STYLE.get(state, "")),
+            _plain(server["transport"]),
+            _plain("-" if server["tools"] is None else server["tools"]),
+            _plain(server["restarts"]),
+            _plain("-" if server["pid"] is None else server["pid"]),
+            _plain(server["last_error"] or "-"),
         )
     return table
 
@@ -70,12 +75,12 @@ def _tools_table(rows: list[dict[str, Any]]) -> Table:
     for tool in rows:
         timeout = f"{tool['timeout_ms'] / 1000:g} s" + ("*" if tool["timeout_source"] == "config" else "")
         table.add_row(
-            Text(tool["name"]),
-            Text(tool["effect"]),
-            Text(tool["effect_source"], style="dim"),
-            Text(tool["permission"]),
-            Text(tool["permission_source"], style="dim"),
-            Text(timeout),
+            _plain(tool["name"]),
+            _plain(tool["effect"]),
+            _plain(tool["effect_source"], style="dim"),
+            _plain(tool["permission"]),
+            _plain(tool["permission_source"], style="dim"),
+            _plain(timeout),
             Text("yes", style="green") if tool["available"] else Text("no", style="red"),
         )
     return table

@@ -22,12 +22,15 @@ the exact bytes matter, `--json` has them (JSON escapes every control).
 
 This is the one helper for it: the CLI (`backend.cli.render`) and the
 console (`tui.format`) both call it; each then passes the result as plain
-text, never as Rich markup.
+text, never as Rich markup. rem's log lines go through it too (`InertFormatter`):
+a tool server's stderr line or a name from the data is read in a terminal there.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
 # Unicode 15.1's Cc, Cf (but U+200C, U+200D), Cs, Zl and Zp, as ranges (a test checks them
 # against the running Python's unicodedata)
@@ -78,3 +81,13 @@ def is_inert(text: str, *, multiline: bool = False) -> bool:
     """Whether `text` holds nothing `visible` would escape."""
     pattern = _ANY_UNSAFE_IN_LINES if multiline else _ANY_UNSAFE
     return pattern.search(text) is None
+
+
+class InertFormatter(logging.Formatter):
+    """Log lines as `visible` text: a message on one line, a traceback on its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei), multiline=True)

@@ -13,6 +13,17 @@ owns for writing tightens what an older rem left world-readable.
 Files rem writes into the data dir are opened without following symlinks
 (`O_NOFOLLOW`), so a planted link cannot redirect a log; an export is created
 exclusively and never overwrites anything.
+
+A file that says what rem runs (the tool config, and the programs, folders and
+scripts it names) is held to the same rule (`exposed`): refused when another
+user owns it or a folder on its path, or group or others can write one of them.
+Root's files pass (a system config), and so does a sticky world-writable
+folder such as /tmp (others may add files there, not replace yours).
+
+Every rem process makes itself non-dumpable (`make_undumpable`): another
+process of the same user (a tool server rem started) cannot read its
+environment or memory through /proc, nor ptrace it. Its children are
+dumpable again once they exec.
 """
 
 from __future__ import annotations
@@ -22,9 +33,11 @@ import ctypes
 import errno
 import os
 import pwd
+import shlex
 import signal
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -251,3 +264,84 @@ def private_child_dying_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)
+
+
+def private_to_owner(st: os.stat_result) -> bool:
+    """A secret's file (a key, a token) as rem accepts it: yours, and no one else may read or write it."""
+    return st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077
+
+
+@dataclass(frozen=True)
+class Exposed:
+    """A file or folder another user could change: what lets them, and the command that stops it."""
+
+    path: Path
+    what: str  # "/x is writable by group or others (mode 666)"
+    fix: str  # "`chmod go-w /x`"
+
+
+def exposed(path: Path) -> Exposed | None:
+    """The first thing on `path`'s way another user could change (None: only you or root can).
+
+    Checked with `lstat`, nearest first: the file itself, then every folder above it, on
+    the path as written and as resolved (a symlink on the way counts by its owner: it
+    decides where the path leads). What does not exist is skipped (its folder decides
+    who may create it). Root's files pass; a folder writable by group or others passes
+    only with its sticky bit (/tmp), a file never.
+    """
+    absolute = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(absolute))
+    seen: set[Path] = set()
+    for entry in (absolute, real, *absolute.parents, *real.parents):
+        if entry in seen:
+            continue
+        seen.add(entry)
+        try:
+            st = entry.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return Exposed(entry, f"{entry} cannot be inspected ({exc.strerror})", "fix its folder's modes")
+        found = _exposure(entry, st)
+        if found is not None:
+            return found
+    return None
+
+
+def _exposure(path: Path, st: os.stat_result) -> Exposed | None:
+    me, quoted = os.geteuid(), shlex.quote(str(path))
+    link = stat.S_ISLNK(st.st_mode)
+    kind = "the symlink " if link else "the folder " if stat.S_ISDIR(st.st_mode) else ""
+    if st.st_uid not in (me, 0):
+        return Exposed(
+            path,
+            f"{kind}{path} is owned by {user_name(st.st_uid)} (uid {st.st_uid}), not by you "
+            f"({user_name(me)}) or root",
+            f"`chown {shlex.quote(user_name(me))} {quoted}`, or keep it in a folder of your own",
+        )
+    sticky_folder = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if not link and st.st_mode & LOOSE_WRITE and not sticky_folder:
+        return Exposed(
+            path,
+            f"{kind}{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):03o})",
+            f"`chmod go-w {quoted}`",
+        )
+    return None
+
+
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (Linux `PR_SET_DUMPABLE` 0); True when it is now.
+
+    The kernel then lets only root (CAP_SYS_PTRACE) read its /proc/PID/environ, mem,
+    maps, fd, cwd and exe, or ptrace it: a tool server running as rem's user cannot
+    read the model key or a database password from rem's environment or memory.
+    /proc/PID/cmdline, stat and status stay readable (`ps`, start times). No core
+    dumps either. A child is dumpable again once it execs.
+    """
+    with contextlib.suppress(Exception):  # not Linux: nothing to do, and nothing it protects
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    return False

@@ -32,6 +32,7 @@ from backend.core.setting_types import (
     flag,
     fraction,
     host_name,
+    host_names,
     number,
     path,
     postgres_url,
@@ -339,6 +340,12 @@ class Settings:
         "the arguments of one tool call a model may send; a call with more is answered with a tool error",
         whole(256, "bytes"),
     )
+    tool_schema_max_bytes = Setting(
+        65_536,
+        "a tool's `inputSchema` as compact JSON: it goes into every model request, so a tool with a "
+        "bigger one is refused at listing (named in `rem tools` and the log); its server's other tools stay",
+        whole(1024, "bytes"),
+    )
     tool_calls_max = Setting(16, "tool calls one model reply may ask for; the rest are refused", whole(1))
     tool_concurrency = Setting(8, "tool calls of one step run at once (the rest wait their turn)", whole(1))
     max_steps = Setting(
@@ -346,6 +353,14 @@ class Settings:
         "model steps one turn may take (each tool round is a step): the turn then ends with a reply "
         "that says so and an `execution.max_steps` event",
         whole(1),
+    )
+    # the API server (`rem serve`)
+    serve_hosts = Setting[tuple[str, ...]](
+        (),
+        "the names clients reach `rem serve` by besides loopback (a TLS proxy's public host name): its `/mcp` "
+        "refuses a request whose Host or Origin header names any other (DNS rebinding)",
+        host_names(),
+        shown_default="loopback names only",
     )
     # people and logs
     operator = Setting[str | None](
@@ -355,6 +370,19 @@ class Settings:
         shown_default="OS user",
     )
     log = Setting(False, "log at INFO to stderr (as `--verbose`)", flag())
+    log_file = Setting[Path | None](
+        None,
+        "the file this process's stderr appends to (`rem up` sets it for each daemon: `DATA/logs/NAME.log`): "
+        "rem then keeps it under REM_LOG_MAX_BYTES, the lines before in FILE.1",
+        path(),
+        shown_default="none (stderr is left as it is)",
+    )
+    log_max_bytes = Setting(
+        16_777_216,
+        "the size a daemon's log file (REM_LOG_FILE) may reach before its lines move to FILE.1 (at most "
+        "twice this on disk)",
+        whole(65_536, "bytes"),
+    )
     # tests and drills only
     faults = Setting(
         "",

@@ -35,6 +35,7 @@ from backend.core.errors import (
 )
 from backend.execution import sessions
 from backend.execution.sessions import Delivery
+from backend.ops.operator_input import journal_text, operator_id
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
 from backend.runtime import refusals
 from backend.runtime.context import Context
@@ -202,7 +203,7 @@ async def refusals_journaled(ctx: Context, action: str, target: str | None) -> A
         yield
     except (Refused, NotFound) as exc:
         if not (ctx.read_only or isinstance(exc, ReadOnly)):
-            await _journal_refusal(ctx, action, target, exc)
+            await _journal_refusal(ctx, action, journal_text(target), exc)
         raise
 
 
@@ -216,7 +217,7 @@ async def _journal_refusal(ctx: Context, action: str, target: str | None, exc: R
                 kind=EventKind.OPERATOR_REFUSED,
                 actor=ctx.operator,
                 target=target,
-                data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
+                data={"action": action, "error": type(exc).__name__, "reason": journal_text(str(exc))},
             )
     except RemError:
         log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
@@ -238,6 +239,7 @@ async def drain(
     # import time: the drain protocol, only for rem drain
     from backend.ops.draining import request_drain, wait_drained
 
+    owner_id = operator_id("worker id", owner_id)
     ctx.require_writable(f"drain {owner_id}")
     db = await ctx.db()
     async with refusals_journaled(ctx, "drain", owner_id):
@@ -265,6 +267,7 @@ async def release(
     # import time: the lease release, only for rem release
     from backend.ops.lease_release import lease_kind_sync, release_lease_sync
 
+    lease_id = operator_id("lease id", lease_id)
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
         raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
@@ -321,6 +324,7 @@ async def replay(
 
     if bool(summary_ids) == all_mismatched:
         raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    summary_ids = [operator_id("summary id", sid) for sid in summary_ids or []] or None
     if not dry_run:
         ctx.require_writable("replay")
     db = await ctx.db()
@@ -385,7 +389,7 @@ async def resume(
         )
     ctx.require_writable("resume")
     db = await ctx.db()
-    names = None if all_held else list(dict.fromkeys(session_ids or []))
+    names = None if all_held else list(dict.fromkeys(operator_id("session id", s) for s in session_ids or []))
 
     def resume_journaled_sync(conn: Conn) -> ResumeReport:
         now = clock.now_ms()

@@ -149,9 +149,11 @@ LIST_QUERIES: dict[str, str] = {
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
         WHERE kind IN ({OPERATOR_KINDS_SQL})
         ORDER BY id DESC LIMIT 20""",
+    # the journal's tail without the streamed parts (schema v13 journals each one for the API's
+    # streams; on an operator's screen they would bury everything else while replies stream)
     "events": """
         SELECT id, time, kind, actor, session_id, target, data FROM event
-        ORDER BY id DESC LIMIT :tail""",
+        WHERE kind <> 'message.part' ORDER BY id DESC LIMIT :tail""",
 }
 STATUS_QUERIES: dict[str, str] = {
     **LIST_QUERIES,

@@ -107,12 +107,13 @@ async def record(
     )
 
 
+# the streamed parts left out, as in the live event tail (`snapshot.LIST_QUERIES["events"]`)
 EVENTS_BEFORE_SQL = """
 SELECT id, time, kind, actor, session_id, target, data FROM event
-WHERE id <= :last ORDER BY id DESC LIMIT :n"""
+WHERE id <= :last AND kind <> 'message.part' ORDER BY id DESC LIMIT :n"""
 EVENTS_AFTER_SQL = """
 SELECT id, time, kind, actor, session_id, target, data FROM event
-WHERE id > :last ORDER BY id LIMIT :n"""
+WHERE id > :last AND kind <> 'message.part' ORDER BY id LIMIT :n"""
 
 
 def events_around_sync(conn: Conn, last_id: int) -> list[dict[str, Any]]:

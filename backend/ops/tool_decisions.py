@@ -37,6 +37,7 @@ from backend.core.settings import settings
 from backend.execution import parking
 from backend.ops import tool_status
 from backend.ops.actions import refusals_journaled
+from backend.ops.operator_input import operator_id, operator_reason
 from backend.ops.records import WaitingToolCalls
 from backend.ops.results import ToolDecision
 from backend.runtime.context import Context
@@ -117,8 +118,9 @@ def _of_projects_sync(
 
 async def _decide(ctx: Context, call_id: str, decision: Decision, text: str | None) -> ToolDecision:
     action = "approve" if decision == "approve" else "deny" if decision == "deny" else "resolve"
+    call_id = operator_id("tool call id", call_id)  # before anything, even a refusal, is journaled
     ctx.require_writable(f"{action} {call_id}")
-    text = _bounded(text)
+    text = _bounded(text, decision)
     db = await ctx.db()
     async with refusals_journaled(ctx, action, call_id):
         return await db.write_in_thread(
@@ -126,10 +128,13 @@ async def _decide(ctx: Context, call_id: str, decision: Decision, text: str | No
         )
 
 
-def _bounded(text: str | None) -> str | None:
-    """The operator's text, inert; refused (one line) past the bound a tool result is kept to."""
+def _bounded(text: str | None, decision: Decision) -> str | None:
+    """The operator's text, inert; refused (one line) past its bound: a reason (deny, fail) is a
+    few sentences (`REASON_MAX_BYTES`), a result (done) what a tool result is kept to."""
     if text is None:
         return None
+    if decision != "done":
+        return inert(operator_reason(text) or "")
     limit = settings.tool_result_max_bytes
     if len(text.encode("utf-8", "replace")) > limit:
         raise BadInput(f"the text is over {limit} bytes (REM_TOOL_RESULT_MAX_BYTES); shorten it")

@@ -9,7 +9,8 @@ tools, and reports, as plain JSON:
   whether it is available now (with the reason when not);
 * `servers`: each source's health (state, last error, restarts, pid, tools,
   the tools it had refused because their names cannot be function names);
-* `warnings`: `rem.tools` entries naming a tool its server does not offer;
+* `warnings`: `rem.tools` entries naming a tool its server does not offer, and
+  tools whose annotations contradict each other (rem treats them as `effect`);
 * `ok`: every source is up. `rem tools` exits 3 (a dependency unreachable)
   when one is not: it is the command a deploy or a runbook runs to check the
   tool configuration, and a broken server must not pass silently.
@@ -48,7 +49,7 @@ async def tools(*, config_path: Path | None = None) -> ToolsReport:
             "ok": all(server["state"] == "up" for server in servers),
             "servers": servers,
             "tools": [spec.as_json() for spec in specs],
-            "warnings": registry.config_warnings(),
+            "warnings": registry.config_warnings() + [w for s in specs if (w := s.annotation_warning())],
         }
     finally:
         await registry.aclose()

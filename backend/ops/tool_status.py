@@ -172,13 +172,16 @@ def call_record(r: dict[str, Any], now: int) -> ToolCallRecord:
 
 
 def by_tool(keyed: dict[str, int]) -> dict[str, dict[str, int]]:
-    """The `tool_calls` counter (`STATE:TOOL` -> n) as tool -> state -> n, at most TOOL_CAP tools."""
+    """The `tool_calls` counter (`STATE:TOOL` -> n) as tool -> state -> n, at most TOOL_CAP tools (the
+    rest summed as OTHER_TOOL)."""
     tools: dict[str, dict[str, int]] = {}
     for key, n in keyed.items():
         state, _, tool = key.partition(":")
         per_state = tools.setdefault(tool, {})
         per_state[state] = per_state.get(state, 0) + n
-    ranked = sorted(tools, key=lambda t: (-sum(tools[t].values()), t))
+    # the tools that ever ran (or wait to) first, then the most used: a name the model invented is
+    # only ever an `error` call, so however often it is asked for it cannot push a real tool out
+    ranked = sorted(tools, key=lambda t: (set(tools[t]) <= {"error"}, -sum(tools[t].values()), t))
     out = {tool: tools[tool] for tool in ranked[:TOOL_CAP]}
     for tool in ranked[TOOL_CAP:]:
         other = out.setdefault(OTHER_TOOL, {})

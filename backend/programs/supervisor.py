@@ -251,9 +251,16 @@ class Supervisor:
         return args
 
     def _start(self, child: Child) -> None:
-        env = {"REM_CHROMA_AUTOSTART": "0", "REM_LOG": "1", **self.ctx.store_env(), **self.config.env}
+        log_file = self.ctx.data.logs / f"{child.name}.log"  # kept under REM_LOG_MAX_BYTES by the child
+        env = {
+            "REM_CHROMA_AUTOSTART": "0",
+            "REM_LOG": "1",
+            "REM_LOG_FILE": str(log_file),
+            **self.ctx.store_env(),
+            **self.config.env,
+        }
         command = processes.rem_child(*self._command(child), cwd=self.ctx.data.root, env=env)
-        with self.ctx.data.open_log(f"{child.name}.log") as out:
+        with self.ctx.data.open_log(log_file.name) as out:
             child.proc = command.popen(
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -34,14 +34,13 @@ import hmac
 import json
 import os
 import pwd
-import stat
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
-from backend.core import clock
+from backend.core import clock, private
 from backend.core.errors import UsageError
 from backend.core.settings import settings
 from backend.store.db import Conn, engine_of, execute_unread, in_thread
@@ -60,6 +59,8 @@ class EventKind(StrEnum):
     EXECUTION_FAILED = "execution.failed"
     EXECUTION_INTERRUPTED = "execution.interrupted"
     EXECUTION_TRUNCATED = "execution.truncated"
+    # a model reply held characters no store can hold (NUL, lone surrogates): stored as U+FFFD
+    MODEL_OUTPUT_REPAIRED = "model.output_repaired"
     RECOVERY_PARKED = "recovery.parked"
     MODEL_ERROR = "model.error"
     SESSION_HELD = "session.held"
@@ -206,7 +207,7 @@ def journal_key() -> bytes | None:
     if path is None:
         return None
     st, key = _read_key_file(path)
-    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+    if not private.private_to_owner(st):
         raise UsageError(
             f"REM_JOURNAL_KEY_FILE={path} must be yours and private (mode 600); `chmod 600 {path}`"
         )

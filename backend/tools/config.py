@@ -20,15 +20,26 @@
   SHELL, TERM, USER) plus its `env`: rem's own variables (API keys, database
   URLs) never reach it. Its working directory is `cwd`, relative to the
   config file's folder, default that folder.
-* `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `cwd`, `url` and
-  `headers` are read from rem's environment, so secrets need not sit in the file.
+* `${VAR}` and `${VAR:-default}` in `env` and `headers` are read from rem's
+  environment, so secrets need not sit in the file. Anywhere else (`command`,
+  `args`, `cwd`, `url`) a `${VAR}` is refused: arguments show in `ps` to every
+  local user and a URL is logged, so a secret there would leak.
+* The file names the programs rem runs and the permissions that gate effects,
+  so it is refused when another user could change it (`backend.core.private.exposed`):
+  the file or a folder on its path owned by another user (root excepted) or
+  writable by group or others (a sticky folder such as /tmp excepted). So are
+  the files it points to: a stdio server's `cwd`, a `command` given as a path,
+  and an argument naming an existing file (a script). They are checked when the
+  file is read and again at each start of the server.
 * `"rem": {"tools": {...}}` keys are `NAME.TOOL`, or `NAME.*` for every tool
   of NAME (a `NAME.TOOL` entry wins over it, key by key); each sets any of
   `effect` (read, idempotent, effect), `permission` (allow, ask, deny) and
   `timeout_ms`. NAME must be a configured server or a `rem.tools` entry point.
 
 Every mistake is one `ToolConfigError` line naming the file, the key and the
-fix; unknown keys are mistakes too (a typo must not silently drop a setting).
+fix; unknown keys are mistakes too (a typo must not silently drop a setting),
+and so are a lone surrogate in any key or value (JSON's `"\\ud800"` decodes to
+one, and no program or header can take it) and a file nested too deeply to read.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backend.core import private
+from backend.core.inert import visible
 from backend.core.redact import has_credentials
 from backend.tools.effects import EffectClass, Permission, ToolSettings
 from backend.tools.errors import ToolConfigError
@@ -53,6 +66,7 @@ HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 STDIO_KEYS = {"type", "command", "args", "env", "cwd"}
 HTTP_KEYS = {"type", "url", "headers"}
 TOOL_KEYS = {"effect", "permission", "timeout_ms"}
+SURROGATE = re.compile("[\ud800-\udfff]")
 E = TypeVar("E", EffectClass, Permission)
 
 
@@ -66,6 +80,24 @@ class StdioServer:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path = Path("/")
     transport: str = "stdio"
+
+    def named_files(self) -> list[tuple[str, Path]]:
+        """(key, path) of what it runs from: its cwd, a command given as a path, arguments naming files."""
+        named = [("cwd", self.cwd)]
+        if os.sep in self.command:
+            named.append(("command", self.cwd / self.command))
+        for i, arg in enumerate(self.args):
+            if arg and os.path.isfile(self.cwd / arg):
+                named.append((f"args[{i}]", self.cwd / arg))
+        return named
+
+    def exposed(self) -> tuple[str, private.Exposed] | None:
+        """The first file it runs from that another user could change, with its key (None: none can)."""
+        for key, path in self.named_files():
+            found = private.exposed(path)
+            if found is not None:
+                return key, found
+        return None
 
 
 @dataclass(frozen=True)
@@ -126,6 +158,7 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     try:
         if path.stat().st_size > CONFIG_MAX_BYTES:
             raise problem(path, "(file)", f"is over {CONFIG_MAX_BYTES} bytes", "is it the right file?")
+        _refuse_exposed(path)
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -138,7 +171,45 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
         ) from None
     except _Duplicate as exc:
         raise problem(path, repr(exc.args[0]), "appears twice in one object", "keep one of them") from None
+    except RecursionError:
+        raise problem(path, "(file)", "nests lists or objects too deeply to read", "fix the JSON") from None
+    if (where := _surrogate_at(raw)) is not None:
+        raise problem(
+            path, where, "holds a lone surrogate (a \\ud800-\\udfff escape), which is no text", "fix it"
+        )
     return parse_config(raw, path, os.environ if environ is None else environ)
+
+
+def _refuse_exposed(path: Path) -> None:
+    """Refuse a config another user could change: it names the programs rem runs."""
+    found = private.exposed(path)
+    if found is not None:
+        raise problem(path, "(file)", f"{found.what}, so another user could change what rem runs", found.fix)
+
+
+def _surrogate_at(raw: Any) -> str | None:
+    """Where the decoded JSON holds a lone surrogate (in a key or a string), named as the errors name keys."""
+    stack: list[tuple[str, Any]] = [("", raw)]
+    while stack:  # not recursive: a file nested as deep as json.loads allows must not overflow here
+        where, value = stack.pop()
+        if isinstance(value, str) and SURROGATE.search(value):
+            return where or "(top level)"
+        if isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = _key_name(where, key)
+                if SURROGATE.search(key):
+                    return name
+                stack.append((name, item))
+    return None
+
+
+def _key_name(where: str, key: str) -> str:
+    shown = visible(key)
+    if where == "rem.tools":
+        return f'rem.tools."{shown}"'
+    return f"{where}.{shown}" if where else shown
 
 
 class _Duplicate(ValueError):
@@ -189,9 +260,16 @@ class _Reader:
                     )
         return value
 
-    def string(self, value: Any, key: str) -> str:
+    def string(self, value: Any, key: str, *, variables: bool = False) -> str:
         if not isinstance(value, str):
             raise self.fail(key, f"must be a string, not {_kind(value)}", "quote it")
+        if not variables and (found := VARIABLE.search(value)) is not None:
+            raise self.fail(
+                key,
+                f"uses {found.group()}, but rem reads variables only in env and headers (arguments show "
+                "in `ps` to every local user, a URL is logged)",
+                'pass the secret to the server in "env" (stdio) or "headers" (HTTP)',
+            )
         return self.expand(value, key)
 
     def expand(self, value: str, key: str) -> str:
@@ -207,6 +285,10 @@ class _Reader:
         expanded = VARIABLE.sub(variable, value)
         if "\x00" in expanded:
             raise self.fail(key, "holds a NUL character", "remove it")
+        if SURROGATE.search(
+            expanded
+        ):  # a variable's value that is not UTF-8 (os.environ keeps such bytes so)
+            raise self.fail(key, "takes a variable whose value is not UTF-8 text", "fix the variable's value")
         return expanded
 
     def strings(self, value: Any, key: str) -> tuple[str, ...]:
@@ -218,7 +300,7 @@ class _Reader:
         items = self.obj(value, key, None)
         out = {}
         for name, item in items.items():
-            text = self.string(item, f"{key}.{name}")
+            text = self.string(item, f"{key}.{name}", variables=True)
             if (bad := check(name, text)) is not None:
                 raise self.fail(f"{key}.{name}", bad, "fix it")
             out[name] = text
@@ -255,7 +337,14 @@ class _Reader:
         args = self.strings(spec.get("args", []), f"{key}.args")
         env = self.mapping(spec.get("env", {}), f"{key}.env", _env_problem)
         cwd = self.path.parent / self.string(spec.get("cwd", "."), f"{key}.cwd")
-        return StdioServer(name=name, command=command, args=args, env=env, cwd=cwd)
+        server = StdioServer(name=name, command=command, args=args, env=env, cwd=cwd)
+        if (found := server.exposed()) is not None:
+            raise self.fail(
+                f"{key}.{found[0]}",
+                f"{found[1].what}, so another user could change what rem runs",
+                found[1].fix,
+            )
+        return server
 
     def http(self, name: str, key: str, spec: dict[str, Any]) -> HttpServer:
         if "url" not in spec:

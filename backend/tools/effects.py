@@ -15,6 +15,15 @@ tool's own declared class counts as its annotation. Annotations are the
 server's claims, not proofs: an operator who does not trust a server sets its
 tools' class in the configuration (`"NAME.*"` covers all of them).
 
+Annotations that contradict each other are a lie somewhere, and rem believes
+the worse half: `effect` (`annotation_conflict` says which pair; `rem tools`
+and the log warn). The MCP spec's `ToolAnnotations` says a read-only tool
+"does not modify its environment", so it can be neither destructive
+(`readOnlyHint` with `destructiveHint: true`) nor have an additional effect
+when repeated (`readOnlyHint` with `idempotentHint: false`).
+`destructiveHint: false` beside `readOnlyHint` is no contradiction (many
+servers send it), nor is an idempotent destructive tool (a delete).
+
 The **permission** says whether a call runs: `allow`; `ask` (an operator
 approves each call first); `deny` (the model is told the tool is denied).
 Default: `allow` for read and idempotent tools, `ask` for effect tools.
@@ -104,8 +113,25 @@ CLASS_HINTS = (
 )
 
 
+def _false(annotations: Mapping[str, Any], *names: str) -> bool:
+    return any(annotations.get(name) is False for name in names)
+
+
+def annotation_conflict(annotations: Mapping[str, Any] | None) -> str | None:
+    """Which hints contradict each other (a read-only tool that destroys, or is not idempotent), or None."""
+    if not annotations or not _hint(annotations, "readOnlyHint", "read_only_hint"):
+        return None
+    if _hint(annotations, "destructiveHint", "destructive_hint"):
+        return "claim readOnlyHint and destructiveHint together"
+    if _false(annotations, "idempotentHint", "idempotent_hint"):
+        return "claim readOnlyHint with idempotentHint false (a read-only call changes nothing, however repeated)"
+    return None
+
+
 def effect_from_annotations(annotations: Mapping[str, Any] | None) -> EffectClass | None:
     """The effect class the MCP annotations claim; None when they say nothing about it (no hints)."""
+    if annotation_conflict(annotations) is not None:
+        return EffectClass.EFFECT  # contradicting hints: believe the worse of them
     if _hint(annotations, "readOnlyHint", "read_only_hint"):
         return EffectClass.READ
     if _hint(annotations, "idempotentHint", "idempotent_hint"):

@@ -11,9 +11,12 @@ reach the tool?* Each error says so in `request_sent`:
   connection broke before an answer: the outcome is unknown.
 * `ToolTimeout`: the request was sent and no answer came within the call's
   `timeout_ms` (rem then asked the server to cancel it): the outcome is unknown.
+* `ToolAnswerUnreadable`: the server answered at once, but with a message rem
+  cannot read (not JSON in UTF-8, or not an MCP result): the call fails now, not
+  at its timeout, and its outcome is unknown (the answer may have been a success).
 
-A tool's own failure (MCP `isError`, a JSON-RPC error answer, a Python tool
-raising) is not an exception: it is a `ToolResult` with `is_error` set.
+A tool's own failure (MCP `isError`, a JSON-RPC error answer whatever its code,
+a Python tool raising) is not an exception: it is a `ToolResult` with `is_error` set.
 """
 
 from __future__ import annotations
@@ -72,3 +75,9 @@ class ToolTimeout(ToolError):
     def __init__(self, message: str, *, tool: str = "", timeout_ms: int = 0) -> None:
         super().__init__(message, tool=tool)
         self.timeout_ms = timeout_ms
+
+
+class ToolAnswerUnreadable(ToolError):
+    """The server answered the call with a message rem cannot read: it ran, or not; nobody can tell."""
+
+    request_sent = True

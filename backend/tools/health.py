@@ -45,7 +45,7 @@ class ServerHealth(TypedDict):
     retry_at: int | None  # when down: the earliest next start (Unix time in ms)
     pid: int | None  # a live stdio server's process
     tools: int | None  # tools in its last listing (None: never listed)
-    refused: list[dict[str, str]]  # its tools whose names cannot be function names ({server, tool, reason})
+    refused: list[dict[str, str]]  # its tools rem does not offer ({server, tool, reason}): a name, a schema
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class Limits:
     start_timeout_ms: int = 30_000
     result_max_bytes: int = 1_048_576
     model_max_bytes: int = 32_768
+    schema_max_bytes: int = 65_536
 
     @property
     def message_max_bytes(self) -> int:
@@ -68,10 +69,11 @@ class Limits:
             start_timeout_ms=settings.tool_start_timeout_ms,
             result_max_bytes=settings.tool_result_max_bytes,
             model_max_bytes=settings.tool_result_model_bytes,
+            schema_max_bytes=settings.tool_schema_max_bytes,
         )
 
 
-def _leaf(exc: BaseException) -> BaseException:
+def leaf_error(exc: BaseException) -> BaseException:
     """The first real error inside (nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -80,7 +82,7 @@ def _leaf(exc: BaseException) -> BaseException:
 
 def describe_error(exc: BaseException, start_timeout_ms: int) -> str:
     """One inert line saying why a source failed: no traceback, no type name when the message says it."""
-    leaf = _leaf(exc)
+    leaf = leaf_error(exc)
     if isinstance(leaf, TimeoutError):
         text = f"no answer within {start_timeout_ms} ms (REM_TOOL_START_TIMEOUT_MS)"
     elif type(leaf).__name__ == "ConnectError":

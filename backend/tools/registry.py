@@ -20,10 +20,13 @@ The interface the executor codes against (one registry per process and event loo
   a server that is down keep their last spec with `available=False` and
   `unavailable_reason`; a server never listed shows only the tools its
   configuration names (`spec` of any other of its tools raises `ToolUnavailable`,
-  not `ToolNotFound`: a down server cannot say what it lacks). Tools whose
-  names cannot be function names are refused
-  (`refused()`, and each source's health `refused`). `config_warnings()` names
-  configured tools that their server does not offer.
+  not `ToolNotFound`: a down server cannot say what it lacks). A tool is
+  refused (left out, listed in `refused()` and in its source's health
+  `refused`, and logged once at WARNING) when its name cannot be a function
+  name, when its `inputSchema` is over `REM_TOOL_SCHEMA_MAX_BYTES` (it would go
+  into every model request), or when the SDK cannot read it at all
+  (`backend.tools.reader`): its server's other tools are offered as usual.
+  `config_warnings()` names configured tools that their server does not offer.
 * `call(name, arguments, *, idempotency_key, timeout_ms=None)` calls the tool
   once, with the key in `_meta["rem/idempotency_key"]` (MCP) or as `run`'s
   second argument (Python); timeout: `timeout_ms`, else the spec's. It does
@@ -42,6 +45,8 @@ The interface the executor codes against (one registry per process and event loo
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Iterable, Mapping
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -67,8 +72,12 @@ from backend.tools.spec import (
     tool_name_problem,
 )
 
+log = logging.getLogger("rem.tools.registry")
+
 Source = McpServerSource | PythonToolSource
 KEY_MAX = 256
+# refused tools named in the log per listing: a listing of 10 000 bad tools is not a flood
+REFUSED_LOGGED = 10
 _UNSET: Any = object()
 
 
@@ -225,7 +234,8 @@ class ToolRegistry:
             built = self._built.get(source.name)
             if built is not None and built[0] is tools:
                 return built[1]
-            specs = self._specs_of(source, [_mcp_entry(t) for t in tools], available=None)
+            entries = [_mcp_entry(t) for t in tools]
+            specs = self._specs_of(source, entries, available=None, unreadable=source.unreadable_tools())
             self._built[source.name] = (tools, specs)
             return specs
         except ToolUnavailable as exc:
@@ -239,17 +249,39 @@ class ToolRegistry:
             entries = [(tool, "", {}, {}, None) for tool in self.config.named_tools(source.name)]
         return self._specs_of(source, entries, available=reason)
 
-    def _specs_of(self, source: Source, entries: list[_Entry], *, available: str | None) -> list[ToolSpec]:
-        specs, refused = [], []
+    def _specs_of(
+        self,
+        source: Source,
+        entries: list[_Entry],
+        *,
+        available: str | None,
+        unreadable: Iterable[tuple[str, str]] = (),
+    ) -> list[ToolSpec]:
+        specs = []
+        refused = [RefusedTool(source.name, name, why) for name, why in unreadable]
         for tool, description, schema, hints, declared in entries:
-            why = tool_name_problem(source.name, tool)
+            why = tool_name_problem(source.name, tool) or schema_problem(schema, self.limits.schema_max_bytes)
             if why is not None:
                 refused.append(RefusedTool(source.name, inert(tool[:200]), why))
                 continue
             specs.append(self._spec(source, tool, description, schema, hints, declared, available))
         if available is None or refused:
+            self._log_refused(source.name, refused)
             self._refused[source.name] = refused
         return specs
+
+    def _log_refused(self, source: str, refused: list[RefusedTool]) -> None:
+        """A WARNING per tool newly refused, the first REFUSED_LOGGED of them; one more line counts the rest."""
+        before = set(self._refused.get(source, []))
+        new = [tool for tool in refused if tool not in before]
+        for tool in new[:REFUSED_LOGGED]:
+            log.warning("tool source %s: tool %s is refused: it %s", source, tool.tool, tool.reason)
+        if len(new) > REFUSED_LOGGED:
+            log.warning(
+                "tool source %s: %d more tools are refused (`rem tools` lists them)",
+                source,
+                len(new) - REFUSED_LOGGED,
+            )
 
     def _spec(
         self,
@@ -265,7 +297,7 @@ class ToolRegistry:
         resolved = resolve(
             annotations, settings_, declared=declared, default_timeout_ms=self.limits.timeout_ms
         )
-        return ToolSpec(
+        spec = ToolSpec(
             name=qualified_name(source.name, tool),
             server=source.name,
             tool=tool,
@@ -283,12 +315,29 @@ class ToolRegistry:
             available=unavailable is None,
             unavailable_reason=unavailable,
         )
+        if unavailable is None and (warning := spec.annotation_warning()) is not None:
+            log.warning("%s", warning)  # once per listing: a server lists again only when it changed
+        return spec
 
     def _listed_names(self, source: Source) -> set[str] | None:
         if isinstance(source, PythonToolSource):
             return None if source.error else set(source.tools)
         cached = source.cached_listing()
         return None if cached is None else {t.name for t in cached}
+
+
+def schema_problem(schema: dict[str, Any], max_bytes: int) -> str | None:
+    """Why a tool's input schema cannot go into model requests (over the bound, not JSON), or None."""
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        return "has an inputSchema that is not JSON"
+    if size > max_bytes:
+        return (
+            f"has an inputSchema of {size} bytes, over REM_TOOL_SCHEMA_MAX_BYTES ({max_bytes}): "
+            "it would go into every model request"
+        )
+    return None
 
 
 # (tool name, description, input schema, annotations, declared effect class)

@@ -68,6 +68,7 @@ class McpServerSource:
         self._lock = asyncio.Lock()
         self._conn: Connection | None = None
         self._tools: list[types.Tool] | None = None  # the last listing (kept while the server is down)
+        self._unreadable: list[tuple[str, str]] = []  # tools of that listing the SDK could not read, and why
         self._state = ServerState.IDLE
         self._since = clock.now_ms()
         self._last_error: str | None = None
@@ -82,12 +83,16 @@ class McpServerSource:
         """The server's tools, starting it if needed (raises ToolUnavailable when it cannot be reached)."""
         conn = await self._connection()
         if conn.stale and conn.session is not None:
-            conn.tools, conn.stale = await list_tools(conn.session), False
-            self._tools = conn.tools
+            conn.tools, conn.stale = await list_tools(conn), False
+            self._tools, self._unreadable = conn.tools, list(conn.refused)
         return conn.tools
 
     def cached_listing(self) -> list[types.Tool] | None:
         return self._tools
+
+    def unreadable_tools(self) -> list[tuple[str, str]]:
+        """The tools the last listing held that the SDK could not read: (name, why)."""
+        return self._unreadable
 
     async def call(self, tool: str, arguments: dict[str, Any], key: str, timeout_ms: int) -> ToolResult:
         """Call `tool` once (sent again only when an HTTP server refused an expired session unprocessed)."""
@@ -178,7 +183,7 @@ class McpServerSource:
             raise ToolUnavailable(
                 f"tool server {self.name!r} cannot start: {why}", server=self.name
             ) from None
-        self._tools = conn.tools
+        self._tools, self._unreadable = conn.tools, list(conn.refused)
         self._set_state(ServerState.UP)
         again = " again: it had failed to start" if self._start_failing else ""
         self._start_failing = False

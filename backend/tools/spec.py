@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.tools.effects import EffectClass, Permission, Source
+from backend.tools.effects import EffectClass, Permission, Source, annotation_conflict
 
 # where a tools/call carries its idempotency key: `_meta["rem/idempotency_key"]` (scripts outside rem rely on it)
 KEY_META = "rem/idempotency_key"
@@ -127,6 +127,16 @@ class ToolSpec:
             "available": self.available,
             "unavailable_reason": self.unavailable_reason,
         }
+
+    def annotation_warning(self) -> str | None:
+        """One line when its annotations contradict each other (rem believes the worse half), else None."""
+        why = annotation_conflict(self.annotations)
+        if why is None:
+            return None
+        return (
+            f"{self.name}: its annotations {why}; rem does not trust them: "
+            f"effect class {self.effect} (from {self.effect_source})"
+        )
 
     def openai_tool(self) -> dict[str, Any]:
         """The tool as a Chat Completions `tools` entry (`{"type": "function", ...}`)."""

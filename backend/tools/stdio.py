@@ -7,12 +7,18 @@ the same protocol (newline-delimited JSON-RPC, the SDK's message types and
 
 * stdout is read through a `LineBuffer`: one message is at most
   `max_message_bytes`; an over-long answer is discarded as it streams and its
-  request answered with an error (`backend.tools.lines`);
+  request answered with an error (`backend.tools.lines`); so is an answer rem
+  cannot read (not JSON in UTF-8, not a JSON-RPC message), at once, while one
+  whose only fault is a lone-surrogate escape is read with U+FFFD in its place;
 * stderr goes to the log (`rem.tools.server`, INFO, one line per line, each
-  bounded and inert), never to rem's terminal; its last lines are kept for the
-  error an operator sees when the server dies;
+  bounded and inert, at the rate the server's `LogValve` allows), never to
+  rem's terminal; its last lines are kept for the error an operator sees when
+  the server dies;
 * the child runs in its own session (process group) with the SDK's safe
-  environment plus the configured `env`, in the configured `cwd`; closing the
+  environment plus the configured `env`, in the configured `cwd`, once the
+  files it runs from pass `StdioServer.exposed` again; this process is made
+  non-dumpable first (`private.make_undumpable`: the server, running as this
+  user, cannot read this process's environment or memory); closing the
   transport closes stdin, waits `STOP_GRACE_S`, then SIGTERMs and SIGKILLs
   the whole group;
 * `StdioState` tells the caller what the SDK cannot: whether the link is lost
@@ -38,11 +44,21 @@ from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
+from backend.core import private
 from backend.tools.config import StdioServer
-from backend.tools.lines import LineBuffer, Overflow, oversize_answer
+from backend.tools.lines import (
+    LineBuffer,
+    Overflow,
+    lenient_message,
+    message_problem,
+    oversize_answer,
+    unreadable_answer,
+)
 from backend.tools.results import inert
 from backend.tools.spec import KEY_META
+from backend.tools.valve import LogValve
 
 log = logging.getLogger("rem.tools.server")
 
@@ -67,6 +83,7 @@ class StdioState:
     lost: anyio.Event = field(default_factory=anyio.Event)
     unsent: set[str] = field(default_factory=set)  # idempotency keys of tools/call never delivered
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
+    valve: LogValve | None = None  # what of its stderr and stray stdout reaches the log
 
     def exit_description(self) -> str:
         """How the process ended ("exited with code 1", "killed by SIGKILL"), with its last stderr line."""
@@ -91,6 +108,9 @@ def _signal_name(number: int) -> str:
 def _executable(server: StdioServer, env: dict[str, str]) -> str:
     if not server.cwd.is_dir():
         raise StartFailed(f"its cwd {str(server.cwd)!r} is not a folder")
+    if (untrusted := server.exposed()) is not None:  # checked when the config was read: again, as it runs
+        key, exposed = untrusted
+        raise StartFailed(f"its {key}: {exposed.what}, so another user could change it; {exposed.fix}")
     if os.sep in server.command:
         return server.command
     found = shutil.which(server.command, path=env.get("PATH", os.defpath))
@@ -106,6 +126,7 @@ async def stdio_transport(
     """Start `server` and yield the (read, write) streams a `ClientSession` takes."""
     env = get_default_environment() | dict(server.env)
     argv = [_executable(server, env), *server.args]
+    private.make_undumpable()  # the server runs as this user: keep this process's environ and memory from it
     try:
         process = await anyio.open_process(argv, env=env, cwd=str(server.cwd), start_new_session=True)
     except OSError as exc:
@@ -177,9 +198,27 @@ class _Link:
         try:
             return SessionMessage(types.jsonrpc_message_adapter.validate_json(item, by_name=False))
         except ValueError:
+            return self._unreadable(item)
+
+    def _unreadable(self, item: bytes) -> SessionMessage | None:
+        """A line the SDK's parser refused: read it leniently, else answer the request it was for with an error."""
+        parsed, why = lenient_message(item)
+        if parsed is not None:
+            try:
+                return SessionMessage(types.jsonrpc_message_adapter.validate_python(parsed, by_name=False))
+            except ValidationError as exc:
+                why = message_problem(parsed, exc)
+        answer = unreadable_answer(item, parsed, why)
+        if self._loggable():
+            what = "an answer" if answer is not None else "a stdout line that is not a JSON-RPC message"
             text = inert(item[:200].decode("utf-8", "replace"))
-            log.warning("%s: stdout line that is not a JSON-RPC message ignored: %s", self.name, text)
+            log.warning("%s: %s rem cannot read (%s): %s", self.name, what, why, text)
+        if answer is None:
             return None
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(answer, by_name=False))
+
+    def _loggable(self) -> bool:
+        return self.state.valve is None or self.state.valve.admit()
 
     async def read_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -191,7 +230,8 @@ class _Link:
                     text = inert(raw.decode("utf-8", "replace").rstrip())
                     if text:
                         self.state.stderr_tail.append(text)
-                        log.info("%s: %s", self.name, text)
+                        if self._loggable():
+                            log.info("%s: %s", self.name, text)
 
     async def write_stdin(self) -> None:
         assert self.process.stdin is not None

@@ -61,6 +61,10 @@ async def test_every_part_of_a_turn_is_journaled_and_the_completion_names_reply_
     assert [e["data"]["message_id"] for e in done] == [r["id"] for r in replies]
     assert [e["data"]["inputs"] for e in done] == [json.loads(r["data"])["answers"] for r in replies]
     assert [e["data"]["inputs"] for e in done] == [["in-1"], ["in-2"]]
+    # the operator's event tail leaves the parts out: streamed replies would bury everything else
+    tail = (await ops.status(db_ctx))["events"]
+    assert tail and "message.part" not in {e["kind"] for e in tail}
+    assert {"execution.completed", "input.admitted"} <= {e["kind"] for e in tail}
 
 
 def _planned(idx: int, state: ToolCallState) -> PlannedCall:

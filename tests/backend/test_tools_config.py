@@ -39,10 +39,11 @@ CONFIG_ERRORS: list[tuple[Any, str, str]] = [
     ({"mcpServers": {"n": {"url": "ftp://h/mcp"}}}, "mcpServers.n.url", "not an http"),
     ({"mcpServers": {"n": {"url": "https://u:p@h/mcp"}}}, "mcpServers.n.url", "user:password@"),
     (
-        {"mcpServers": {"n": {"command": "${REM_TEST_UNSET_VAR}"}}},
-        "mcpServers.n.command",
-        "REM_TEST_UNSET_VAR",
+        {"mcpServers": {"n": {"command": "x", "env": {"K": "${REM_TEST_UNSET_VAR}"}}}},
+        "mcpServers.n.env.K",
+        "uses ${REM_TEST_UNSET_VAR}, which is not set",
     ),
+    ({"mcpServers": {"n": {"command": "${X}"}}}, "mcpServers.n.command", "only in env and headers"),
     (
         {"mcpServers": {"n": {"url": "http://h", "headers": {"a b": "c"}}}},
         "mcpServers.n.headers.a b",
@@ -88,7 +89,7 @@ def test_the_mcp_servers_shape_parses_with_variables_and_paths(tmp_path: Path) -
         "mcpServers": {
             "notes": {
                 "command": "python3",
-                "args": ["-m", "x", "${HOME_DIR}"],
+                "args": ["-m", "x", "/h"],
                 "env": {"T": "${TOKEN:-none}"},
             },
             "web": {
@@ -101,14 +102,14 @@ def test_the_mcp_servers_shape_parses_with_variables_and_paths(tmp_path: Path) -
         "rem": {"tools": {"web.*": {"effect": "read"}, "web.post": {"permission": "deny", "timeout_ms": 5}}},
     }
     path.write_text(json.dumps(config))
-    parsed = load_config(path, environ={"HOME_DIR": "/h", "TOKEN": "s3cret", "WEB_KEY": "k"})
+    parsed = load_config(path, environ={"TOKEN": "s3cret", "WEB_KEY": "k"})
     notes = parsed.servers["notes"]
     assert isinstance(notes, StdioServer) and notes.args == ("-m", "x", "/h") and notes.env == {"T": "s3cret"}
     assert notes.cwd == tmp_path / "." and parsed.servers["local"].cwd == tmp_path / "sub"  # type: ignore[union-attr]
     assert parsed.servers["web"].headers == {"Authorization": "Bearer k"}  # type: ignore[union-attr]
     assert parsed.settings_for("web", "post") == ToolSettings(EffectClass.READ, Permission.DENY, 5)
     assert parsed.settings_for("web", "get") == ToolSettings(effect=EffectClass.READ)
-    assert load_config(path, environ={"HOME_DIR": "/h", "WEB_KEY": "k"}).servers["notes"].env == {"T": "none"}  # type: ignore[union-attr]
+    assert load_config(path, environ={"WEB_KEY": "k"}).servers["notes"].env == {"T": "none"}  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -126,6 +127,27 @@ def test_the_mcp_servers_shape_parses_with_variables_and_paths(tmp_path: Path) -
             ("effect", "annotation", "ask", "default"),
         ),
         ({"destructiveHint": True}, ToolSettings(), ("effect", "annotation", "ask", "default")),
+        # a pair that contradicts itself is a lie somewhere: the worse half counts
+        (
+            {"readOnlyHint": True, "destructiveHint": True},
+            ToolSettings(),
+            ("effect", "annotation", "ask", "default"),
+        ),
+        (
+            {"read_only_hint": True, "idempotent_hint": False},
+            ToolSettings(),
+            ("effect", "annotation", "ask", "default"),
+        ),
+        (
+            {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True},
+            ToolSettings(),
+            ("read", "annotation", "allow", "default"),
+        ),
+        (
+            {"readOnlyHint": True, "destructiveHint": True},
+            ToolSettings(effect=EffectClass.READ),
+            ("read", "config", "allow", "default"),
+        ),
         ({}, ToolSettings(), ("effect", "default", "ask", "default")),
         ({"openWorldHint": True, "title": "t"}, ToolSettings(), ("effect", "default", "ask", "default")),
         (

@@ -48,6 +48,11 @@ async def test_no_reap_kill_is_news_at_once_then_release_hands_over_within_a_sec
     ctx = Context(DataDir(root), start_chroma=False)
     try:
         first = wait_until(lambda: _executor_pid(root), timeout=60, message="the executor to start")
+        # its log is the file its stderr appends to, which it keeps under REM_LOG_MAX_BYTES
+        environ = Path(f"/proc/{first}/environ").read_bytes().split(b"\0")
+        [log_file] = [v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"REM_LOG_FILE=")]
+        assert Path(log_file).parent == root / "logs" and Path(log_file).is_file()
+        assert os.path.samefile(log_file, f"/proc/{first}/fd/2")
         assert run_rem("send", "s1", "a question that takes a while", "--data", str(root)).returncode == 0
 
         async def lease() -> dict | None:  # type: ignore[type-arg]
