@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from backend.api.auth import Reader, context_of
+from backend.api.errors import documented
 from backend.api.hub import Hub, StreamClosed, hub_of
 from backend.core.errors import NotFound
 from backend.ops.inputs import input_status
@@ -94,7 +95,16 @@ async def _wait_once(
 @router.get(
     "/v1/inputs/{input_id}",
     response_model=InputStatus,
-    responses={202: {"model": InputStatus, "description": "The input is queued or running."}},
+    responses={
+        202: {"model": InputStatus, "description": "The input is queued or running."},
+        **documented(
+            e400="A malformed id or wait.",
+            e401="No live token.",
+            e403="The token lacks the read scope.",
+            e404="No such input, or not one the token reaches.",
+            e503="The store does not answer: retry.",
+        ),
+    },
     summary="Where an input stands; with `wait`, hold until it is answered (200) or the wait ends (202).",
 )
 async def get_input(

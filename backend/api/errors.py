@@ -57,6 +57,31 @@ class ApiError(Exception):
         self.status, self.code, self.headers = status, code, headers or {}
 
 
+# the one error shape as an OpenAPI response, for a route's `responses` (its statuses' meanings)
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+        }
+    },
+}
+
+
+def documented(**meanings: str) -> dict[int | str, dict[str, Any]]:
+    """`responses` for a route: each status (`e404="..."`) in the one error shape."""
+    return {
+        int(status.removeprefix("e")): {
+            "description": meaning,
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+        }
+        for status, meaning in meanings.items()
+    }
+
+
 def body(code: str, message: str) -> dict[str, Any]:
     """The one error shape; the message one line, inert, bounded."""
     line = visible(" ".join(message.split()))[:MAX_MESSAGE]

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from backend.api.auth import Reader, context_of
-from backend.api.errors import ApiError
+from backend.api.errors import ApiError, documented
 from backend.api.hub import Hub, StreamClosed, hub_of
 from backend.api.scope import require_session
 from backend.core.errors import RemError
@@ -47,7 +47,14 @@ MAX_PROJECT_CHARS = 256
 
 router = APIRouter(tags=["events"])
 
-STREAM_DOC = {
+STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    **documented(
+        e400="A malformed cursor or parameter.",
+        e401="No live token.",
+        e403="The token lacks the read scope.",
+        e404="No such session, or not one the token reaches.",
+        e503="The server is stopping, or the store does not answer: reconnect.",
+    ),
     200: {
         "description": (
             "A stream of server-sent events (text/event-stream): `id:` a durable cursor, `event:` one of "
@@ -55,7 +62,7 @@ STREAM_DOC = {
             + ", `data:` one JSON object holding at least `session_id`."
         ),
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
+    },
 }
 SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 After = Annotated[
@@ -119,7 +126,7 @@ async def _stream(
 @router.get(
     "/v1/sessions/{session_id}/events",
     response_class=EventStreamResponse,
-    responses=STREAM_DOC,  # type: ignore[arg-type]
+    responses=STREAM_DOC,
     summary="Follow one session's durable changes as server-sent events (resumable).",
 )
 async def session_events(
@@ -137,7 +144,7 @@ async def session_events(
 @router.get(
     "/v1/events",
     response_class=EventStreamResponse,
-    responses=STREAM_DOC,  # type: ignore[arg-type]
+    responses=STREAM_DOC,
     summary="Follow a project's durable changes (every project the token reaches without one).",
 )
 async def project_events(
