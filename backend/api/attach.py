@@ -63,7 +63,7 @@ async def _wait(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     try:
-        await hub.start()
+        await hub.live_end()  # the hub reads from the live end, not from where it stopped while unfollowed
         while status["state"] != "answered" and loop.time() < deadline:
             status = await _wait_once(ctx, hub, who, status, deadline)
     except StreamClosed:  # the server stops: answer what is known

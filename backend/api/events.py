@@ -115,9 +115,10 @@ async def _stream(
     elif session_id is not None:  # a session's stream starts at its first event
         start, head = ORIGIN, _priming(None)
     else:  # the project stream starts at the live end, named so a reconnect resumes there
-        start, head = hub.position, _priming(hub.position_cursor)
+        start, end_cursor = await hub.live_end()
+        head = _priming(end_cursor)
     if reset is not None:
-        fresh = "" if session_id is not None else hub.position_cursor
+        fresh = "" if session_id is not None else end_cursor
         head = _priming(None) + _reset(reset, str(given), fresh, session_id)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return EventStreamResponse(_frames(hub, scope, start, head), headers=headers)

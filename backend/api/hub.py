@@ -95,6 +95,7 @@ class HubStats:
     """What the hub did since it started (for the logs, the metrics and the benchmarks)."""
 
     reads: int = 0
+    unread: int = 0  # changes heard while nobody followed: not read
     held_rereads: int = 0
     frames: int = 0
     closed_slow: int = 0
@@ -214,6 +215,9 @@ class _Subscribers:
             subs.extend(self.by_project.get(event.project, ()))
         return subs
 
+    def any(self) -> bool:
+        return bool(self.everywhere or self.by_session or self.by_project)
+
     def all(self) -> set[Subscription]:
         subs = set(self.everywhere)
         for bucket in (*self.by_session.values(), *self.by_project.values()):
@@ -239,12 +243,18 @@ class Hub:
         self._feed_up = asyncio.Event()
         self._dirty = asyncio.Event()
         self._closing = False
+        self._stale = False  # rows may have come while nobody followed: the position lags
         self._tick: asyncio.TimerHandle | None = None
 
     @property
     def open_streams(self) -> int:
         """How many event streams are open on this server (catching up or live)."""
         return self._following
+
+    @property
+    def subscribers(self) -> int:
+        """How many subscriptions the reader hands rows to (live streams and waiting requests)."""
+        return len(self._subs.all())
 
     # -- life ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -294,6 +304,18 @@ class Hub:
         assert self._db is not None, "the hub is not started"
         return await self._db.read_beside(fn)
 
+    async def live_end(self) -> tuple[Position, str]:
+        """The hub's position, brought to the live end first if nobody followed while rows came."""
+        await self.start()
+        if self._stale and not self._subs.any():
+            end = await self.read(live_end_sync)
+            # looked at again after the read: a subscriber that joined meanwhile needs every row
+            # after the position it caught up to dispatched, so the position may not jump past them
+            if self._stale and not self._subs.any() and end[0] > self.position:
+                self.position, self.position_cursor = end
+            self._stale = False
+        return self.position, self.position_cursor
+
     async def check_cursor(self, cursor: Cursor) -> str | None:
         """Why `cursor` cannot be resumed from (`unknown`, `pruned`), or None."""
         await self.start()
@@ -340,6 +362,10 @@ class Hub:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._dirty.wait(), delay)
             self._dirty.clear()
+            if not self._subs.any():  # nobody follows: no read (the next one starts at the live end)
+                self._stale, delay = True, None
+                self.stats.unread += 1
+                continue
             try:
                 page = await self.read(partial(read_sync, after=self.position, limit=self.page_rows))
             except RemError as exc:
@@ -371,7 +397,7 @@ class Hub:
             self.stats.frames += 1
             for sub in subs:
                 sub.offer(frame)
-        if page.last_cursor is not None:
+        if page.last_cursor is not None and page.last > self.position:  # `live_end` may have moved it
             self.position, self.position_cursor = page.last, page.last_cursor
 
     def _schedule_heartbeat(self) -> None:
@@ -389,6 +415,8 @@ class Hub:
             raise StreamClosed("drain")
         sub = Subscription(self, scope, self.max_frames, self.max_bytes)
         self._subs.add(sub)
+        if self._stale:  # commits the reader let by while nobody followed: read from the position
+            self._dirty.set()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -402,7 +430,7 @@ class Hub:
         dispatched frame falls between), reads what was dispatched meanwhile,
         then hands out the live frames past the last one it gave.
         """
-        await self.start()
+        await self.live_end()
         self._following += 1
         sub: Subscription | None = None
         try:

@@ -134,6 +134,10 @@ async def _zero(value: int) -> bool:
     return value == 0
 
 
+async def _above(value: int, floor: int) -> bool:
+    return value > floor
+
+
 async def test_a_slow_reader_is_closed_and_resumes_with_nothing_skipped(db_ctx: Context) -> None:
     """The client stops reading while a burst (2 MB of parts) is journaled: the socket (small kernel
     buffers both ends) fills, the server's write waits, the subscriber's bounded buffer fills, and the hub closes the stream
@@ -245,3 +249,32 @@ async def test_an_idle_stream_gets_heartbeats_and_a_drain_ends_it(
             assert [line async for line in lines] in ([], [""])
         refused = await client.get("/v1/events")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+
+
+async def test_a_hub_nobody_follows_reads_nothing_and_the_next_stream_misses_nothing(db_ctx: Context) -> None:
+    db = await db_ctx.db()
+    headers = await _token(db_ctx)
+    async with serving(db_ctx) as served, httpx.AsyncClient(base_url=served.url, headers=headers) as client:
+        hub = hub_of(served.app)
+        async with client.stream("GET", "/v1/events") as response:  # the hub starts, then nobody follows
+            await anext(sse_blocks(response))
+        await await_until(lambda: _zero(hub.subscribers), message="the stream gone")
+        reads, unread = hub.stats.reads, hub.stats.unread
+        for i in range(3):
+            await sessions.admit(db, "s9", f"Question {i}.", input_id=f"s9-in-{i}", project="alpha")
+        await await_until(lambda: _above(hub.stats.unread, unread), message="changes heard, unread")
+        assert hub.stats.reads == reads
+        async with client.stream("GET", "/v1/events") as response:
+            blocks = sse_blocks(response)
+            primed = await anext(blocks)
+            end = (await _fresh_read(db, Scope()))[-1][0]
+            assert primed.id == end  # the live end, though the hub read nothing meanwhile
+            await sessions.admit(db, "s9", "One more.", input_id="s9-in-3", project="alpha")
+            got = await collect(blocks, count=1)
+            assert [b.json()["input_id"] for b in got if b.data] == ["s9-in-3"]
+        async with client.stream("GET", "/v1/sessions/s9/events") as response:
+            blocks = sse_blocks(response)
+            got = await collect(blocks, count=4)
+            assert [b.json()["input_id"] for b in got if b.data] == [f"s9-in-{i}" for i in range(4)]
+            await sessions.admit(db, "s9", "And the last.", input_id="s9-in-4", project="alpha")
+            assert [b.json()["input_id"] for b in await collect(blocks, count=1)] == ["s9-in-4"]
