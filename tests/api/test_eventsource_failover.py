@@ -75,7 +75,7 @@ async def test_an_eventsource_follows_a_session_across_a_sigkilled_replica(
 ) -> None:
     module = eventsource_module()
     data = tmp_path / "data"
-    env = rem_env(REM_AGENT_DELAY_MS="300", REM_CHROMA_AUTOSTART="0")
+    env = rem_env(REM_AGENT_DELAY_MS="400", REM_CHROMA_AUTOSTART="0")
     assert run_rem("--data", str(data), "init", env=env).returncode == 0
     token = run_rem("--data", str(data), "token", "create", "web", "--all-projects", env=env).stdout.strip()
     send = ("--data", str(data), "send", "s1")
