@@ -10,7 +10,9 @@ page; everything else on the page is written by hand. The parts:
 * `console-keys` (operators.md): the console's keys, from its BINDINGS (the
   tables its `?` screen shows);
 * `rule:NAME` (operators.md): each alert rule's expression, hold, severity and
-  summary, from `backend/ops/alert_rules.py`.
+  summary, from `backend/ops/alert_rules.py`;
+* `api` (api.md): every operation of `rem serve` with its scope, parameters, body
+  fields and answers, from the app's own OpenAPI document.
 
 `tests/docs/test_generated.py` fails when a page differs from what this would
 write, and says to run it. `--check` prints the pages that differ and exits 1.
@@ -208,12 +210,90 @@ def alert_rule(name: str) -> Callable[[], str]:
     return render
 
 
+# -- the API reference ------------------------------------------------------------------------------
+
+
+def openapi_document() -> dict[str, Any]:
+    """`rem serve`'s OpenAPI document, from the app itself (built over a Context it never opens)."""
+    from backend.api.app import create_app
+    from backend.core.datadir import DataDir
+    from backend.runtime.context import Context
+
+    app = create_app(Context(DataDir(ROOT / "nonexistent"), start_chroma=False, db_url=None))
+    document: dict[str, Any] = app.openapi()
+    return document
+
+
+def _schema_type(schema: dict[str, Any]) -> str:
+    """A parameter's or field's type in a few words (`string, 1-100 long`, `integer 1-100`, `queue | steer`)."""
+    if "enum" in schema:
+        return " | ".join(str(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        kinds = [_schema_type(s) for s in schema["anyOf"] if s.get("type") != "null"]
+        return " or ".join(kinds) or "null"
+    if "$ref" in schema:
+        return str(schema["$ref"].rsplit("/", 1)[1])
+    kind = str(schema.get("type", "any"))
+    low = schema.get("minimum", schema.get("minLength"))
+    high = schema.get("maximum", schema.get("maxLength"))
+    unit = " long" if "minLength" in schema or "maxLength" in schema else ""
+    if low is not None and high is not None:
+        return f"{kind}, {low}-{high}{unit}"
+    if high is not None:
+        return f"{kind}, at most {high}{unit}"
+    if low is not None:
+        return f"{kind}, at least {low}{unit}"
+    return kind
+
+
+def _body_rows(document: dict[str, Any], operation: dict[str, Any]) -> list[str]:
+    content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    ref = content.get("schema", {})
+    ref = next((s for s in ref.get("anyOf", []) if "$ref" in s), ref)
+    if "$ref" not in ref:
+        return []
+    model = document["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+    required = set(model.get("required", []))
+    return [
+        f"| `{name}` (body{', required' if name in required else ''}) | {cell(_schema_type(field))} | "
+        f"{cell(field.get('description', ''))} |"
+        for name, field in model.get("properties", {}).items()
+    ]
+
+
+def api_reference() -> str:
+    """Every operation of `rem serve`: its scope, parameters, body fields and answers."""
+    document = openapi_document()
+    parts = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            scope = operation.get("x-rem-scope")
+            needs = (
+                f"Scope: `{scope}`."
+                if scope
+                else "No scope: " + ("any live token." if operation.get("security") else "no token.")
+            )
+            rows = [
+                f"| `{p['name']}` ({p['in']}{', required' if p.get('required') else ''}) | "
+                f"{cell(_schema_type(p.get('schema', {})))} | {cell(p.get('description', ''))} |"
+                for p in operation.get("parameters", [])
+            ] + _body_rows(document, operation)
+            codes = ", ".join(f"`{code}`" for code in sorted(operation.get("responses", {})))
+            block = [f"### {method.upper()} {path}", f"{operation.get('summary', '')} {needs}"]
+            if rows:
+                block.append("\n".join(["| parameter | type | what |", "|---|---|---|", *rows]))
+            block.append(f"Answers: {codes}.")
+            parts.append("\n\n".join(block))
+    return "\n\n".join(parts)
+
+
 def generator(name: str) -> Callable[[], str]:
     """The function that writes the generated part called `name`."""
     fixed: dict[str, Callable[[], str]] = {
         "settings": settings_tables,
         "cli": cli_reference,
         "console-keys": console_keys,
+        "api": api_reference,
     }
     if name in fixed:
         return fixed[name]

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from backend.api.auth import Reader, context_of
-from backend.api.errors import documented
 from backend.api.hub import Hub, StreamClosed, hub_of
+from backend.api.models import ERRORS, ID_PATTERN
 from backend.core.errors import NotFound
 from backend.ops.inputs import input_status
 from backend.ops.tokens import Principal
@@ -26,11 +26,10 @@ from backend.runtime.context import Context
 from backend.store.stream import Scope
 
 MAX_WAIT_S = 60.0
-MAX_ID_CHARS = 256
 # the stream types after which an input's standing may have moved
 MOVES = frozenset({"turn.completed"})
 
-router = APIRouter(tags=["inputs"])
+router = APIRouter(tags=["inputs"], responses=ERRORS)
 
 
 class Reply(BaseModel):
@@ -95,21 +94,12 @@ async def _wait_once(
 @router.get(
     "/v1/inputs/{input_id}",
     response_model=InputStatus,
-    responses={
-        202: {"model": InputStatus, "description": "The input is queued or running."},
-        **documented(
-            e400="A malformed id or wait.",
-            e401="No live token.",
-            e403="The token lacks the read scope.",
-            e404="No such input, or not one the token reaches.",
-            e503="The store does not answer: retry.",
-        ),
-    },
+    responses={202: {"model": InputStatus, "description": "The input is queued or running."}},
     summary="Where an input stands; with `wait`, hold until it is answered (200) or the wait ends (202).",
 )
 async def get_input(
     request: Request,
-    input_id: Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)],
+    input_id: Annotated[str, Path(pattern=ID_PATTERN, max_length=100, description="The input's id.")],
     who: Reader,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for the answer.")] = 0,
 ) -> JSONResponse:

@@ -31,8 +31,9 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from backend.api.auth import Reader, context_of
-from backend.api.errors import ApiError, documented
+from backend.api.errors import ApiError
 from backend.api.hub import Hub, StreamClosed, hub_of
+from backend.api.models import ERRORS, ID_PATTERN, ErrorBody
 from backend.api.scope import require_session
 from backend.core.errors import RemError
 from backend.ops.tokens import Principal
@@ -42,19 +43,11 @@ log = logging.getLogger("rem.api.events")
 
 RETRY_MS = 1000
 PING = b": ping\n\n"
-MAX_ID_CHARS = 256
 MAX_PROJECT_CHARS = 256
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], responses=ERRORS)
 
 STREAM_DOC: dict[int | str, dict[str, Any]] = {
-    **documented(
-        e400="A malformed cursor or parameter.",
-        e401="No live token.",
-        e403="The token lacks the read scope.",
-        e404="No such session, or not one the token reaches.",
-        e503="The server is stopping, or the store does not answer: reconnect.",
-    ),
     200: {
         "description": (
             "A stream of server-sent events (text/event-stream): `id:` a durable cursor, `event:` one of "
@@ -63,8 +56,12 @@ STREAM_DOC: dict[int | str, dict[str, Any]] = {
         ),
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     },
+    503: {
+        "model": ErrorBody,
+        "description": "The server is stopping, or the store does not answer: reconnect.",
+    },
 }
-SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
+SessionId = Annotated[str, Path(pattern=ID_PATTERN, max_length=100, description="The session's id.")]
 After = Annotated[
     str | None,
     Query(max_length=MAX_CURSOR_CHARS, description="Resume after this cursor (`0`: the oldest kept)."),

@@ -96,6 +96,9 @@ class UpConfig:
     # record the status history the console's timeline reads (history.db)
     history: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    # `rem up --serve HOST:PORT`: one API server (`rem serve`) there, kept alive like the daemons
+    serve: str | None = None
+    allow_remote: bool = False
 
 
 def describe_exit(code: int) -> str:
@@ -118,6 +121,7 @@ class Supervisor:
                 ("executor", self.config.executors),
                 ("summarizer", self.config.summarizers),
                 ("dream", self.config.dreams),
+                ("server", int(self.config.serve is not None)),
             )
             for i in range(1, count + 1)
         ]
@@ -246,6 +250,10 @@ class Supervisor:
     def _command(self, child: Child) -> list[str]:
         """The child's `rem` arguments (the state store's URL goes in its environment, never here)."""
         args = ["daemon", "--role", child.role, "--data", str(self.ctx.data.root)]
+        if child.role == "server":  # `rem serve`: a worker of its own kind, on its fixed address
+            assert self.config.serve is not None
+            args = ["serve", "--listen", self.config.serve, "--data", str(self.ctx.data.root)]
+            args += ["--allow-remote"] if self.config.allow_remote else []
         if self.chroma is not None and self.chroma.external:
             args += ["--chroma-url", self.chroma.url]
         return args

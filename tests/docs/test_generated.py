@@ -79,3 +79,22 @@ def test_rem_metrics_rules_carry_runbook_urls_where_the_docs_are_served() -> Non
     assert [r["annotations"]["runbook_url"] for r in served] == [f"{base}#{r.name.lower()}" for r in RULES]
     alone = run_rem("metrics", "--runbook-url", base, "--once")
     assert alone.returncode == 2 and "--runbook-url goes with --rules" in alone.stderr
+
+
+def test_the_api_reference_lists_every_operation_with_its_parameters() -> None:
+    page = (DOCS / "api.md").read_text(encoding="utf-8")
+    document = GEN.openapi_document()
+    assert document["openapi"].startswith("3.1")
+    operations = [(m.upper(), p, op) for p, item in document["paths"].items() for m, op in item.items()]
+    assert len(operations) >= 14
+    for method, path, operation in operations:
+        section = page.split(f"\n### {method} {path}\n", 1)
+        assert len(section) == 2, f"{method} {path}: {FIX}"
+        body = section[1].split("\n### ", 1)[0]
+        for parameter in operation.get("parameters", []):
+            assert f"`{parameter['name']}` ({parameter['in']}" in body, (
+                f"{method} {path} {parameter['name']}: {FIX}"
+            )
+        if path.startswith("/v1/"):
+            assert "Scope: `" in body, f"{method} {path} names no scope: add openapi_extra x-rem-scope"
+    assert "422" not in page  # every invalid request is a 400 in the one shape
