@@ -96,6 +96,7 @@ async def _wait_once(
     response_model=InputStatus,
     responses={202: {"model": InputStatus, "description": "The input is queued or running."}},
     summary="Where an input stands; with `wait`, hold until it is answered (200) or the wait ends (202).",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def get_input(
     request: Request,

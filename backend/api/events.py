@@ -126,6 +126,7 @@ async def _stream(
     response_class=EventStreamResponse,
     responses=STREAM_DOC,
     summary="Follow one session's durable changes as server-sent events (resumable).",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def session_events(
     request: Request,
@@ -144,11 +145,14 @@ async def session_events(
     response_class=EventStreamResponse,
     responses=STREAM_DOC,
     summary="Follow a project's durable changes (every project the token reaches without one).",
+    openapi_extra={"x-rem-scope": "read"},
 )
 async def project_events(
     request: Request,
     who: Reader,
-    project: Annotated[str | None, Query(min_length=1, max_length=MAX_PROJECT_CHARS)] = None,
+    project: Annotated[
+        str | None, Query(min_length=1, max_length=MAX_PROJECT_CHARS, description="Follow this project only.")
+    ] = None,
     after: After = None,
     last_event_id: LastEventId = None,
 ) -> EventStreamResponse:
