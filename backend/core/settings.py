@@ -182,6 +182,25 @@ class Settings:
         "weight of turns reached through Dream's graph (a query's concepts -> turns naming them)",
         number(0),
     )
+    recall_hop_weight = Setting(
+        0.1,
+        "weight of the second hop: turns sharing rare Dream concepts and entities with the best fused turns",
+        number(0),
+    )
+    recall_hop_seeds = Setting(10, "the best fused turns the second hop starts from (0: no hop)", whole(0))
+    recall_date_boost = Setting(
+        0.5,
+        "score boost (times 1 + it) of turns whose own or resolved days fall in the days a query names",
+        number(0),
+    )
+    recall_when_boost = Setting(
+        0.2, "score boost of turns that name a day (resolved by Dream), for a question asking when", number(0)
+    )
+    recall_session_decay = Setting(
+        1.0,
+        "each turn already ranked from the same session multiplies a turn's score by this (1: no spread)",
+        fraction(),
+    )
     recall_summary_weight = Setting(
         0.5, "where a session summary ranks among turns: its normalised score times this", number(0)
     )
