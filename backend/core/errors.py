@@ -27,6 +27,10 @@ class BadInput(UsageError):
     """Input that rem refuses before writing anything."""
 
 
+class InputConflict(BadInput):
+    """An input id already taken by another input (another session, text or delivery) or a message."""
+
+
 class DataDirError(UsageError):
     """The data directory is unusable (a file, unwritable, ...)."""
 
@@ -157,6 +161,10 @@ class Refused(RemError):
 
 class ReadOnly(Refused):
     """An action attempted from a read-only context."""
+
+
+class OutOfReach(Refused):
+    """A project the caller may not use (an API token's projects, `rem mcp --project`)."""
 
 
 class LeaseLost(RemError):

@@ -8,6 +8,8 @@ returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
 alerts. `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
 operator's decisions on their calls (`rem approve|deny|resolve`) and the calls waiting for one.
+`session_views` gives sessions as an application sees them (`rem serve`: pages of sessions and
+of a transcript, one session's state), kept to a caller's projects.
 `console` is the console's door: the only way `tui/` reaches rem besides
 these functions (an import-linter contract holds it to that).
 
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from backend.ops.alert_rules import metric_rules
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
+    from backend.ops.session_views import messages_page, session_state, sessions_page
     from backend.ops.tokens import authenticate, token_create, token_list, token_revoke
     from backend.ops.tool_decisions import approve, deny, resolve, tool_calls_waiting
     from backend.ops.tool_list import tools
@@ -57,6 +60,7 @@ __all__ = [
     "init",
     "list_projects",
     "metric_rules",
+    "messages_page",
     "metrics",
     "recall",
     "reindex",
@@ -65,6 +69,8 @@ __all__ = [
     "resolve",
     "resume",
     "send",
+    "session_state",
+    "sessions_page",
     "show",
     "show_session",
     "status",
@@ -96,6 +102,9 @@ _HOMES = {
     "recall": "backend.ops.memory",
     "show_session": "backend.ops.memory",
     "reindex": "backend.ops.reindexing",
+    "messages_page": "backend.ops.session_views",
+    "session_state": "backend.ops.session_views",
+    "sessions_page": "backend.ops.session_views",
     "tools": "backend.ops.tool_list",
     "approve": "backend.ops.tool_decisions",
     "deny": "backend.ops.tool_decisions",

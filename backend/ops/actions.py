@@ -15,7 +15,7 @@ import json
 import logging
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -145,8 +145,24 @@ def still_refused(ctx: Context, row: Any) -> RefusedListener | None:
 _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.WeakKeyDictionary()
 
 
-async def status(ctx: Context) -> Status:
-    """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma."""
+async def status(ctx: Context, *, projects: Collection[str] | None = None) -> Status:
+    """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma.
+
+    With `projects` (an API token's), every listed row of another project's session is left
+    out (`backend.ops.status_scope`); the fleet's own health and figures stay.
+    """
+    found = await _status(ctx)
+    if projects is None:
+        return found
+    from backend.ops import status_scope  # import time: only for a caller kept to projects
+
+    db = await ctx.db()
+    ids = status_scope.listed_sessions(found)
+    reached = await db.read_in_thread(lambda conn: status_scope.sessions_in_sync(conn, ids, projects))
+    return status_scope.keep_to(found, reached)
+
+
+async def _status(ctx: Context) -> Status:
     # import time: the status snapshot, only for status and metrics
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_tally
@@ -354,8 +370,13 @@ async def send(
     delivery: str = Delivery.QUEUE,
     input_id: str | None = None,
     project: str | None = None,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
+    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db.
+
+    `projects` keeps the caller to those projects (an API token): another project's session is
+    not found, and a new session goes to the project named, or to the only one reached.
+    """
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
@@ -366,6 +387,7 @@ async def send(
         input_id=input_id,
         actor=ctx.operator,
         project=project,
+        projects=projects,
     )
 
 

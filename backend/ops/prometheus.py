@@ -364,6 +364,49 @@ def _tool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     )
 
 
+def _api_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Each live API server's requests, latency, open requests and streams (`ops.api_status`)."""
+    servers = (status.get("api") or {}).get("servers", [])  # a moment recorded before the API has none
+    requests = CounterMetricFamily(
+        "rem_api_requests",
+        "Requests each API server answered since it started, by method, route template and status code.",
+        labels=["owner_id", "method", "route", "code"],
+    )
+    latency = HistogramMetricFamily(
+        "rem_api_request_duration_seconds",
+        "Time from a request to its response's start (a stream's: to its headers), per API server and route.",
+        labels=["owner_id", "method", "route"],
+    )
+    for server in servers:
+        for row in server["requests"]:
+            requests.add_metric(
+                [server["owner_id"], row["method"], row["route"], str(row["code"])], row["count"]
+            )
+        for row in server["latency"]:
+            buckets = [
+                (floatToGoString(b), float(c))  # type: ignore[no-untyped-call]
+                for b, c in zip(row["buckets_s"], row["cumulative"], strict=True)
+            ]
+            buckets.append(("+Inf", float(row["count"])))
+            latency.add_metric([server["owner_id"], row["method"], row["route"]], buckets, row["sum_s"])
+    yield requests
+    yield latency
+    for name, key, doc in (
+        (
+            "rem_api_requests_in_flight",
+            "requests_in_flight",
+            "Requests each API server is answering (open streams included).",
+        ),
+        ("rem_api_streams_open", "streams_open", "Event streams each API server holds open."),
+        (
+            "rem_api_server_error_ratio",
+            "server_error_ratio",
+            "The share of requests each API server answered with a 5xx in its last five minutes (0: none).",
+        ),
+    ):
+        yield _gauge(name, doc, ["owner_id"], (([s["owner_id"]], s[key]) for s in servers))
+
+
 def families(status: Mapping[str, Any]) -> list[Metric]:
     """Every metric family of one status snapshot."""
     out: list[Metric] = [
@@ -384,6 +427,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _usage_families,
         _recall_index_families,
         _tool_families,
+        _api_families,
     ):
         out.extend(produce(status))
     return out

@@ -21,6 +21,10 @@ from backend.summaries.replay_report import ReplayReport, ReplayRow
 # the replay report is built in the summaries layer, the drift classes in the store's vocabulary;
 # named here too, so the console imports every record it reads from one module
 __all__ = [
+    "ApiLatency",
+    "ApiRequestCount",
+    "ApiServerRecord",
+    "ApiStatus",
     "Backlog",
     "ChromaHealth",
     "Counts",
@@ -409,6 +413,40 @@ class ToolCalls(TypedDict):
     servers: list[ToolServerRecord]  # down first, then by name and executor
 
 
+class ApiRequestCount(TypedDict):
+    """Requests one API server answered with one code on one route, since it started."""
+
+    method: str
+    route: str  # the route's template (`/v1/sessions/{session_id}`), or `(unmatched)`
+    code: int
+    count: int
+
+
+class ApiLatency(LatencyHistogram):
+    """One route's time to the response's start (a stream's to its headers), since the server started."""
+
+    method: str
+    route: str
+
+
+class ApiServerRecord(TypedDict):
+    """A live `rem serve` as it last recorded itself in its worker row (`ops.api_status`)."""
+
+    owner_id: str
+    url: str | None
+    requests_in_flight: int  # open streams included
+    streams_open: int
+    server_error_ratio: float  # the share of requests answered 5xx in its last five minutes
+    requests: list[ApiRequestCount]
+    latency: list[ApiLatency]
+
+
+class ApiStatus(TypedDict):
+    """`rem status --json`'s `api`: the live API servers."""
+
+    servers: list[ApiServerRecord]
+
+
 class Snapshot(TypedDict):
     """What one read transaction of state.db sees (`ops.snapshot.snapshot_sync`)."""
 
@@ -427,6 +465,7 @@ class Snapshot(TypedDict):
     totals: Totals
     counts: Counts
     tools: ToolCalls
+    api: ApiStatus
 
 
 class RecordedMoment(TypedDict):

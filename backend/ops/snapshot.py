@@ -34,7 +34,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag, index_lag_sync
-from backend.ops import model_health, tool_status
+from backend.ops import api_status, model_health, tool_status
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -160,6 +160,7 @@ STATUS_QUERIES: dict[str, str] = {
     **TOTALS_QUERIES,
     **model_health.QUERIES,
     **tool_status.QUERIES,
+    **api_status.QUERIES,
 }
 # a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
 # them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
@@ -537,5 +538,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
         "tools": tool_status.tool_calls(rows["tools"], counts["tool_calls"], now),
+        # read at every snapshot, like the workers: each server's heartbeat rewrites its row
+        "api": api_status.servers_sync(conn, now),
     }
     return snapshot

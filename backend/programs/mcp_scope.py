@@ -7,6 +7,7 @@ learns nothing about it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.core.errors import BadInput, SessionNotFound
@@ -43,3 +44,8 @@ class Scope:
         owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
         if owner not in self.projects:
             raise SessionNotFound(f"no session {session_id!r} in {self.describe()}{hint}")
+
+
+# what a tool call runs on: the context (its operator is the journal's actor) and the scope it is kept
+# to; `rem mcp` binds its own for the process, `rem serve`'s /mcp the request's token's
+Bound = Callable[[], tuple[Context, Scope]]

@@ -51,7 +51,7 @@ from backend import ops
 from backend.core.errors import BadInput, RemError
 from backend.memory.warm import warm_recall
 from backend.programs.mcp_decisions import add_decision_tools
-from backend.programs.mcp_scope import Scope
+from backend.programs.mcp_scope import Bound, Scope
 from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
 from backend.store.events import operator_name
@@ -158,12 +158,18 @@ def build_server(
         log_level="WARNING",
     )
     server.debug = debug
-    _add_read_tools(server, ctx, scope)
-    if allow_writes:
-        _add_write_tools(server, ctx, scope)
-    if allow_decisions:
-        add_decision_tools(server, ctx, scope)
+    add_tools(server, lambda: (ctx, scope), allow_writes=allow_writes, allow_decisions=allow_decisions)
     return server
+
+
+def add_tools(server: RemMCPServer, bound: Bound, *, allow_writes: bool, allow_decisions: bool) -> None:
+    """rem's tools on `server`, each call run on the context and scope `bound()` gives then (`rem mcp`:
+    its own; `rem serve`'s /mcp: the request's token's, `backend.api.mcp_http`)."""
+    _add_read_tools(server, bound)
+    if allow_writes:
+        _add_write_tools(server, bound)
+    if allow_decisions:
+        add_decision_tools(server, bound)
 
 
 # the CLI refuses the flag alone before anything starts, in the same words
@@ -181,7 +187,7 @@ SessionId = Annotated[str, Field(description="A session's id, as recall items an
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 
-def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
+def _add_read_tools(server: RemMCPServer, bound: Bound) -> None:
     @server.tool(
         description="Ranked memory items (turns, session summaries, graph facts) for a query, each with its "
         "session, time, score and the retrievers that found it.",
@@ -199,7 +205,7 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
             bool, Field(description="Search every project (only on a server started with --all-projects).")
         ] = False,
     ) -> dict[str, Any]:
-        return await answer(_recall(ctx, scope, query, project, session, k, all_projects))
+        return await answer(_recall(*bound(), query, project, session, k, all_projects))
 
     @server.tool(
         description="A session's transcript (its newest `limit` messages), project and Dream state.",
@@ -209,7 +215,7 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
         session_id: SessionId,
         limit: Annotated[int, Field(description="How many of the newest messages to return.")] = 50,
     ) -> dict[str, Any]:
-        return await answer(_get_session(ctx, scope, session_id, limit))
+        return await answer(_get_session(*bound(), session_id, limit))
 
     @server.tool(
         description="The Dream memory graph around a node: its edges and the nodes they reach.",
@@ -223,13 +229,14 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
         project: Project = None,
         limit: Annotated[int, Field(description="How many edges to return at most, 1 to 500.")] = 25,
     ) -> dict[str, Any]:
-        return await answer(_graph_neighbors(ctx, scope, node, project, limit))
+        return await answer(_graph_neighbors(*bound(), node, project, limit))
 
     @server.tool(
         description="Every project served here with its session count, indexed turns and last activity.",
         annotations=READ_ONLY.model_copy(update={"title": "List projects"}),
     )
     async def list_projects() -> dict[str, Any]:
+        ctx, scope = bound()
         return await answer(ops.list_projects(ctx, projects=scope.projects))
 
 
@@ -255,7 +262,7 @@ NewProject = Annotated[
 ]
 
 
-def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
+def _add_write_tools(server: RemMCPServer, bound: Bound) -> None:
     @server.tool(
         description="Admit a message into a session (or a new one, in `project`): an executor answers "
         "it, and the summarizer and Dream add it to memory. Only with rem mcp --allow-writes.",
@@ -264,7 +271,7 @@ def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
     async def add_memory(
         text: MessageText, session_id: SessionToAddTo = None, project: NewProject = None
     ) -> dict[str, Any]:
-        return await answer(_add_memory(ctx, scope, session_id, text, project))
+        return await answer(_add_memory(*bound(), session_id, text, project))
 
 
 async def _recall(

@@ -331,6 +331,25 @@ async def test_the_workers_panel_names_each_workers_host_and_counts_hosts(
         await until(pilot, lambda: "on 2 hosts" in str(workers.border_title), "the host count")
 
 
+async def test_the_workers_panel_shows_an_api_server_as_role_server(
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
+    async with console(healthy_dir, poll_s=0.1).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        write(
+            healthy_dir,
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "
+            "VALUES ('server-ops-1-88-abcdef', 'server', 88, 'ops-1', ?, ?, 'running', ?)",
+            clock_at_scene.now - 1000,
+            clock_at_scene.now - 500,
+            json.dumps({"listen": "http://127.0.0.1:8765", "streams_open": 2}),
+        )
+        await until(pilot, lambda: "server-ops-1-88-abcdef" in workers.shown_keys(), "the API server's row")
+        assert workers.cell_text("server-ops-1-88-abcdef", "role") == "server"
+        assert workers.cell_text("server-ops-1-88-abcdef", "state") == "running"
+
+
 async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident_dir: DataDir) -> None:
     async with console(incident_dir).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
