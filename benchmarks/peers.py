@@ -193,10 +193,18 @@ def main() -> None:
     parser.add_argument("--crash", action="store_true", help="add the crash column (SIGKILL mid-turn)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON document")
     parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--crash-child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=("victim", "restart"), help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.crash_child:
+        from benchmarks.peer_crash import crash_child
+
+        scratch = Path(os.environ["PEERS_SCRATCH"])
+        print(json.dumps(crash_child(args.crash_child, args.phase, args.store, args.target, scratch)))
         return
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
     results: list[dict[str, Any]] = []
@@ -213,7 +221,11 @@ def main() -> None:
             crashes = crash_all(args.systems, stores, server_url, Path(tmp))
     table = summary(results)
     print_table(table)
-    report = {"versions": versions(), "workload": vars(args) | {"child": None}, "summary": table}
+    report = {
+        "versions": versions(),
+        "workload": vars(args) | {"child": None, "crash_child": None},
+        "summary": table,
+    }
     if crashes:
         report["crash"] = crashes
         from benchmarks.peer_crash import print_crashes
