@@ -224,7 +224,9 @@ def crash_all(
         for system in systems:
             scratch = tmp / f"crash-{store}-{system}"
             scratch.mkdir()
-            with target_for(store, server_url, tmp, f"crash_{store[:2]}_{system}") as target:
+            with target_for(
+                store, server_url, tmp, f"crash_{store[:2]}_{system.replace('-', '_')}"
+            ) as target:
                 trials.append(crash_one(system, store, target, scratch))
             print(f"crash {store:8} {system:9} {trials[-1]}", file=sys.stderr)
     return trials

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.pg_common import fresh_database, server
 
-SYSTEMS = ("rem", "dbos", "langgraph")
-PACKAGES = {"rem": "rem", "dbos": "dbos", "langgraph": "langgraph"}
+SYSTEMS = ("rem", "dbos", "dbos-direct", "langgraph")
+PEERS = ("dbos", "dbos-direct", "langgraph")
 
 
 def versions() -> dict[str, str]:
@@ -52,13 +52,16 @@ def versions() -> dict[str, str]:
     return found
 
 
-def server_cpu_s(pid: int | None) -> float:
-    """The PostgreSQL server's CPU seconds so far: the postmaster and every backend it has reaped."""
+def server_cpu_s(pid: int | None, *, system_only: bool = False) -> float:
+    """The PostgreSQL server's CPU seconds so far: the postmaster and every backend it has reaped
+    (`system_only`: in the kernel, which is where its WAL flushes spend theirs)."""
     if pid is None:
         return 0.0
     import psutil
 
     times = psutil.Process(pid).cpu_times()
+    if system_only:
+        return times.system + times.children_system
     return times.user + times.system + times.children_user + times.children_system
 
 
@@ -112,16 +115,25 @@ def one_round(
         for system in order:
             scratch = tmp / f"scratch-{n}-{store}-{system}"
             scratch.mkdir()
-            with target_for(store, server_url, tmp, f"peers_{n}_{store[:2]}_{system}") as target:
+            with target_for(
+                store, server_url, tmp, f"peers_{n}_{store[:2]}_{system.replace('-', '_')}"
+            ) as target:
                 before = server_cpu_s(pid) if store == "postgres" else 0.0
+                kernel = server_cpu_s(pid, system_only=True)
                 result = run_child(system, store, target, args, scratch)
                 # after the child exited: its backends are gone, and their CPU is the postmaster's children's
                 server = server_cpu_s(pid) - before if store == "postgres" else None
+                result["server_system_cpu_s"] = server_cpu_s(pid, system_only=True) - kernel
             result.update(system=system, store=store, round=n + 1, server_cpu_s=server)
             print(
                 f"round {n + 1} {store:8} {system:9} {result['turns'] / result['seconds']:7.1f} turns/s "
                 f"{1000 * result['cpu_s'] / result['turns']:6.2f} ms CPU a turn"
-                + (f" (server {1000 * server / result['turns']:.2f})" if server else ""),
+                + (
+                    f" (server {1000 * server / result['turns']:.2f}, of it in the kernel "
+                    f"{1000 * result['server_system_cpu_s'] / result['turns']:.2f})"
+                    if server
+                    else ""
+                ),
                 file=sys.stderr,
             )
             results.append(result)
@@ -148,7 +160,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
                 "server_cpu_ms_per_turn": round(1000 * statistics.median(servers), 2) if servers else None,
             }
         if "rem" in rows:
-            for peer in ("dbos", "langgraph"):
+            for peer in PEERS:
                 if peer in rows:
                     rows[f"rem_vs_{peer}"] = round(rows["rem"]["turns_per_s"] / rows[peer]["turns_per_s"], 2)
         table[store] = rows
@@ -169,7 +181,7 @@ def print_table(table: dict[str, Any]) -> None:
                 + (f", server {server:.2f}" if server else ""),
                 file=sys.stderr,
             )
-        for peer in ("dbos", "langgraph"):
+        for peer in PEERS:
             if f"rem_vs_{peer}" in rows:
                 print(f"  rem / {peer}: {rows[f'rem_vs_{peer}']}", file=sys.stderr)
 
@@ -193,7 +205,7 @@ def main() -> None:
     parser.add_argument("--crash", action="store_true", help="add the crash column (SIGKILL mid-turn)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON document")
     parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--crash-child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--crash-child", choices=("rem", "dbos", "langgraph"), help=argparse.SUPPRESS)
     parser.add_argument("--phase", choices=("victim", "restart"), help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,7 +230,8 @@ def main() -> None:
         if args.crash:
             from benchmarks.peer_crash import crash_all
 
-            crashes = crash_all(args.systems, stores, server_url, Path(tmp))
+            crashing = [s for s in args.systems if s != "dbos-direct"]  # the same DBOS as `dbos` once started
+            crashes = crash_all(crashing, stores, server_url, Path(tmp))
     table = summary(results)
     print_table(table)
     report = {

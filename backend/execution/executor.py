@@ -121,6 +121,7 @@ class Executor(Daemon):
             reasks=settings.model_retries,
             log=self.log,
             max_steps=settings.max_steps,
+            claim_next=self._claim_sync,
         )
         self.tools = ToolRunner(lambda: self.db, self.owner_id, self.log, self.info, lambda: self.registered)
         self._sink: PartSink | None = None
@@ -241,9 +242,15 @@ class Executor(Daemon):
                 await self._drive(state)
                 self.turns_completed += int(state.turn_counted)
                 self.leases.drop(state.lease)
-                if self.draining.is_set():
+                lease = state.next_lease  # claimed by the transaction that ended the turn
+                if lease is not None:
+                    self.log.info(
+                        "claimed session %s as %s (epoch %d)", session_id, lease.execution_id, lease.epoch
+                    )
+                elif self.draining.is_set():
                     return
-                lease = await self._claim(session_id)
+                else:
+                    lease = await self._claim(session_id)
                 if lease is None:
                     return
                 state = TurnState(lease)

@@ -139,8 +139,8 @@ async def admit(
     not found, and an input id it holds is refused without naming where. A NUL in the text is
     kept as U+FFFD, on both stores (`storable.without_nul`).
     """
-    text = without_nul(text) if isinstance(text, str) else text
-    validate_input(session_id, text, delivery, input_id, project)
+    validate_input(session_id, text, delivery, input_id, project)  # the text as sent: its size, its Unicode
+    text = without_nul(text)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,8 @@ class TurnState:
     # names them: the API's `turn.completed` event and `GET /v1/inputs/{id}` read them there)
     replies: list[str] = field(default_factory=list)
     replied_inputs: list[str] = field(default_factory=list)
+    # the session's next execution, claimed by the transaction that ended this one (`claim_next`)
+    next_lease: Lease | None = None
 
 
 def remember_memory(state: TurnState, prompt_ids: tuple[str, ...], memory: dict[str, Any] | None) -> None:
@@ -149,6 +151,7 @@ class StepTransactions:
         reasks: int,
         log: logging.Logger,
         max_steps: int = 25,
+        claim_next: Callable[[Conn, str, int], Lease | None] | None = None,
     ) -> None:
         self.owner_id = owner_id
         self.agent = agent
@@ -158,6 +161,8 @@ class StepTransactions:
         self.reasks = reasks
         self.log = log
         self.max_steps = max_steps
+        # the next turn's claim, made by the transaction that ends an execution: one commit fewer a turn
+        self.claim_next = claim_next
 
     # -- opening a step ------------------------------------------------------------
     def begin_step_sync(
@@ -557,6 +562,10 @@ class StepTransactions:
         # counted by the executor once the transaction is in: a fenced write sent unread may
         # still fail it (a lost lease) after this function returned
         state.turn_counted = state.turn_started
+        if self.claim_next is not None and not self.draining.is_set():
+            # the session's next waiting input claimed in the same transaction (the ended execution's
+            # row deleted above): taken, like the end, only once the transaction is in
+            state.next_lease = self.claim_next(conn, lease.session_id, now)
 
 
 def note_reply(state: TurnState, step: Step) -> None:
