@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 
@@ -137,15 +137,15 @@ async def poll_changes(url: str, *, first_backoff_s: float = FIRST_BACKOFF_S) ->
             ) as conn:
                 log.info("polling %s for changes every %d ms", display_url(url), settings.db_poll_ms)
                 backoff = first_backoff_s
+                # the position first: a commit made once `listening` is out is a change from it
+                last = await _wal_position(conn)
                 yield StoreEvent("listening")
-                last = None
                 while True:
-                    cursor = await conn.execute("SELECT pg_current_wal_lsn()::text")
-                    row = await cursor.fetchone()
-                    position = row[0] if row else None
-                    if last is not None and position != last:
+                    position = await _wal_position(conn)
+                    if position != last:
+                        last = position
                         yield StoreEvent("changed", notifications=1, journaled=1)
-                    last = position
+                        continue  # a reader slow to come back missed none: look again at once
                     await asyncio.sleep(settings.db_poll_ms / 1000)
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -177,6 +177,14 @@ async def _notifications(
             continue
         if not await _readable(conn.fileno(), keepalive_s):
             await conn.execute("SELECT 1")  # quiet: is the server still there?
+
+
+async def _wal_position(conn: psycopg.AsyncConnection[object]) -> str | None:
+    """The server's WAL position: every committed write moves it (other databases' too: a spurious
+    change costs a reader one look, a missed one cannot happen)."""
+    cursor = await conn.execute("SELECT pg_current_wal_lsn()::text")
+    row: Any = await cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 async def _readable(fd: int, timeout_s: float) -> bool:
