@@ -98,8 +98,8 @@ def count_transactions(db: Database) -> dict[str, int]:
     counter = {"tx": 0}
     original = db.write_in_thread
 
-    async def counted(fn: Any) -> Any:
-        result = await original(fn)
+    async def counted(fn: Any, **lane: Any) -> Any:
+        result = await original(fn, **lane)
         counter["tx"] += 1
         return result
 

@@ -75,8 +75,8 @@ def count_transactions(db: Database) -> dict[str, Any]:
             yield conn
         counter["tx"] += 1
 
-    async def counted_write(fn: Any) -> Any:
-        result = await original_write(fn)
+    async def counted_write(fn: Any, **lane: Any) -> Any:
+        result = await original_write(fn, **lane)
         counter["tx"] += 1
         return result
 

@@ -98,7 +98,7 @@ async def _grouped(
     await _on_the_thread(started)  # the blocker's group holds the connection's thread
     calls = [asyncio.ensure_future(db.write_in_thread(fn)) for fn in fns]
     await asyncio.sleep(0)  # one loop turn: each call queues itself for the next group
-    assert len(db._writes) == len(fns)
+    assert len(db._lanes[0].writes) == len(fns)
     for i in cancel:
         calls[i].cancel()
     before = db.groups_committed
@@ -203,9 +203,9 @@ async def test_no_caller_waits_forever_when_the_committer_is_cancelled(db_ctx: C
     await _on_the_thread(started)
     second = asyncio.ensure_future(db.write_in_thread(lambda raw: 1))
     await asyncio.sleep(0)  # one loop turn: the second call queues itself
-    assert len(db._writes) == 1
-    assert db._committer is not None
-    db._committer.cancel()  # what loop shutdown does to it
+    assert len(db._lanes[0].writes) == 1
+    assert db._lanes[0].committer is not None
+    db._lanes[0].committer.cancel()  # what loop shutdown does to it
     gate.set()
     results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 10)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results

@@ -184,9 +184,9 @@ async def test_a_steps_memory_costs_no_write_transaction_of_its_own(
     writes: list[object] = []
     original = db.write_in_thread
 
-    async def counted(fn: Any) -> Any:
+    async def counted(fn: Any, **lane: Any) -> Any:
         writes.append(fn)
-        return await original(fn)
+        return await original(fn, **lane)
 
     monkeypatch.setattr(db, "write_in_thread", counted)
 
