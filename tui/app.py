@@ -36,7 +36,7 @@ from tui.gc_policy import FULL_GC_EVERY_S, FullCollections
 from tui.gc_policy import NO_AUTOMATIC_FULL_GC as NO_AUTOMATIC_FULL_GC  # tests name it here
 from tui.keys import BINDINGS
 from tui.live import LiveView
-from tui.panel_controls import PanelControls
+from tui.panel_controls import PanelControls, focus_now
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
 from tui.probes import STATS_KEPT, RefreshProbes
 from tui.refresh import RefreshScheduler, Ticker, WorkerGroup
@@ -338,7 +338,7 @@ class ConsoleApp(App[None]):
     action_kill_chroma = route("runner", "kill_chroma")
 
     def action_focus_header(self) -> None:
-        self.header.focus()
+        focus_now(self.header)
 
     on_moment_loaded = route("timeline", "moment_loaded")
     action_timeline = route("timeline", "toggle")
