@@ -130,7 +130,9 @@ async def test_k_on_a_worker_names_its_blast_radius_then_kills_it_shows_the_deat
         await press_confirm(pilot)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         workers_panel = table(app, "workers")
-        await until(pilot, lambda: workers_panel.cell_text(owner, "state") == "dead", "the worker shown dead")
+        await until(
+            pilot, lambda: workers_panel.cell_text(owner, "state") == "✗ dead", "the worker shown dead"
+        )
         leases = table(app, "leases")
         lease_key = next(k for k in leases.shown_keys() if k.startswith("execution:"))
         assert leases.cell_text(lease_key, "owner").startswith("✗")
