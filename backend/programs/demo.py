@@ -319,7 +319,7 @@ def run_demo(
     tools = write_tools_config(root)
     note(
         f"rem demo: agent tools from {tools} (notes run at once; outbox_send waits for approval: "
-        "a in the console's Backlog approves, n denies)"
+        "a in the console's Backlog approves, n denies; k on its running row kills its executor)"
     )
     previous = set_signal_handlers(_interrupted)
     env = {**(model or {}), **store_env(db_url), Settings.mcp_config.env: str(tools)}

@@ -184,11 +184,13 @@ async def _refused(pilot: Any, app: ConsoleApp, words: str) -> None:
     await pilot.pause()
     assert not isinstance(app.screen, KillScreen)
     log = table(app, "actions")
-    await until(
-        pilot, lambda: log.all_records() and log.all_records()[0]["outcome"] == "refused", "the refusal"
-    )
-    message = log.all_records()[0]["message"]
-    assert words in message and "\n" not in message, message
+
+    def newest() -> dict[str, Any]:
+        records = log.all_records()
+        return records[0] if records else {}
+
+    await until(pilot, lambda: words in newest().get("message", ""), f"the refusal saying {words!r}")
+    assert newest()["outcome"] == "refused" and "\n" not in newest()["message"]
 
 
 async def test_k_is_refused_for_another_host_the_consoles_own_process_and_in_read_only(
@@ -216,6 +218,8 @@ async def test_k_is_refused_for_another_host_the_consoles_own_process_and_in_rea
         await select(pilot, table(app, "workers"), "executor-me")
         await pilot.press("k")
         await _refused(pilot, app, f"pid {os.getpid()} is this console's own process")
+        await pilot.press("2", "home", "k")  # a lease names its owner: executor B, on ops-1
+        await _refused(pilot, app, f"{scenes.EXEC_B} runs on host ops-1")
     async with console(incident_dir, read_only=True).run_test(size=SIZE) as pilot:
         app = await loaded(pilot)
         assert app.key_enabled("kill") is False  # greyed out in the key bar
