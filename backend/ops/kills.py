@@ -222,9 +222,8 @@ def _signal_and_journal(conn: Conn, report: KillReport) -> KillReport:
         os.kill(report["pid"], SIGNAL)
     except ProcessLookupError:
         raise Refused(f"pid {report['pid']} exited before the signal; nothing to kill") from None
-    log.warning(
-        "%s killed %s pid %s with %s", report["killed_by"], report["target"], report["pid"], SIGNAL.name
-    )
+    # info, not warning: the journal is its record, and a warning would be printed over the console's screen
+    log.info("%s killed %s pid %s with %s", report["killed_by"], report["target"], report["pid"], SIGNAL.name)
     append_event_sync(
         conn,
         kind=EventKind.OPERATOR_KILL,
