@@ -235,6 +235,8 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "REM_CLOCK_SKEW_MS",
         "REM_OPERATOR",
         "REM_MODEL_API_KEY",
+        "REM_SERVER",
+        "REM_TOKEN_FILE",
     ):
         monkeypatch.delenv(name, raising=False)
     # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are

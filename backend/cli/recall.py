@@ -32,6 +32,7 @@ def recall(
             "--kind", help="Only items of this kind: turn, summary, fact (repeatable).", show_default=False
         ),
     ] = None,
+    server: common.ServerOpt = None,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     json: common.JsonOpt = False,
@@ -42,16 +43,33 @@ def recall(
 
     Example: rem recall "when did we move the payments service" --project ops --k 5
     """
-    ctx = common.make_context(cli, data, chroma_url, read_only=True)
-    kinds = tuple(kind) if kind else ("turn", "summary", "fact")
-    result = common.run(
-        lambda: common.with_context(
-            ctx,
-            lambda c: ops.recall(
-                c, query, project=project, session_id=session, k=k, all_projects=all_projects, kinds=kinds
+    url = common.server_of(cli, server, data=data, chroma_url=chroma_url)
+    if url is not None:
+        from backend.api import client  # import time: httpx2, only with --server
+
+        result = client.through(
+            url,
+            lambda r: client.recall(
+                r,
+                query,
+                project=project,
+                session_id=session,
+                k=k,
+                all_projects=all_projects,
+                kinds=tuple(kind) if kind else None,
             ),
         )
-    )
+    else:
+        ctx = common.make_context(cli, data, chroma_url, read_only=True)
+        kinds = tuple(kind) if kind else ("turn", "summary", "fact")
+        result = common.run(
+            lambda: common.with_context(
+                ctx,
+                lambda c: ops.recall(
+                    c, query, project=project, session_id=session, k=k, all_projects=all_projects, kinds=kinds
+                ),
+            )
+        )
     if json:
         common.emit_json(result)
     else:
