@@ -18,44 +18,56 @@ def register(app: typer.Typer) -> None:
     app.command("send")(send)
 
 
+SessionArg = Annotated[
+    str, typer.Argument(metavar="SESSION", help="Session id (created on first use).", show_default=False)
+]
+TextArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="TEXT",
+        help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.",
+        show_default=False,
+    ),
+]
+
+
+DeliveryOpt = Annotated[
+    Delivery,
+    typer.Option("--delivery", help="queue: start the next turn when idle; steer: join the running turn."),
+]
+IdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--id",
+        help="Input id, for idempotent resends (letters, digits, . _ -; at most 100).",
+        show_default=False,
+    ),
+]
+ProjectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--project",
+        help="The project a new session belongs to (default: default); recall is scoped by it.",
+        show_default=False,
+    ),
+]
+FollowOpt = Annotated[
+    bool,
+    typer.Option(
+        "--follow",
+        help="Print the reply as it streams, to its end (with --server: through a server restart too).",
+    ),
+]
+
+
 def send(
     cli: typer.Context,
-    session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
-    text: Annotated[
-        str,
-        typer.Argument(
-            help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False
-        ),
-    ],
-    delivery: Annotated[
-        Delivery,
-        typer.Option(
-            "--delivery", help="queue: start the next turn when idle; steer: join the running turn."
-        ),
-    ] = Delivery.QUEUE,
-    input_id: Annotated[
-        str | None,
-        typer.Option(
-            "--id",
-            help="Input id, for idempotent resends (letters, digits, . _ -; at most 100).",
-            show_default=False,
-        ),
-    ] = None,
-    project: Annotated[
-        str | None,
-        typer.Option(
-            "--project",
-            help="The project a new session belongs to (default: default); recall is scoped by it.",
-            show_default=False,
-        ),
-    ] = None,
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow",
-            help="Print the reply as it streams, to its end (with --server: through a server restart too).",
-        ),
-    ] = False,
+    session: SessionArg,
+    text: TextArg,
+    delivery: DeliveryOpt = Delivery.QUEUE,
+    input_id: IdOpt = None,
+    project: ProjectOpt = None,
+    follow: FollowOpt = False,
     server: common.ServerOpt = None,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
