@@ -59,6 +59,9 @@ FILE_SECONDS = {
     "tests/tui/test_inert_console.py": 113,
     # schemathesis over every route on both stores: measured alone at load 11-20 (two servers started)
     "tests/api/test_openapi_conformance.py": 120,
+    # every command through --server on both stores (the recall test runs the summarizer and Dream):
+    # measured alone at load 7-9
+    "tests/api/test_cli_client.py": 130,
 }
 ROOT = Path(__file__).resolve().parents[1]
 

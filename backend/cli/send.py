@@ -74,8 +74,8 @@ def send(
 ) -> None:
     """Admit an input into a session (idempotent on --id).
 
-    With --server URL (or REM_SERVER) it goes through that `rem serve`, with the token in
-    REM_TOKEN_FILE; --follow then prints the reply as it streams, to its end.
+    With --server URL (or REM_SERVER) it goes through that `rem serve`, with the
+    token in REM_TOKEN_FILE; --follow then prints the reply as it streams.
 
     Example: rem send s1 "summarise yesterday's run" --delivery queue
     """

@@ -24,8 +24,9 @@ def show(
 ) -> None:
     """Show a session's transcript: messages, parts, usage, cost, model errors, recovery markers, tool calls.
 
-    With --server URL (or REM_SERVER) it reads what that `rem serve` gives: the session, its messages
-    and parts, its hold; waiting inputs' texts, recoveries and tool-call history stay on the store's host.
+    With --server URL (or REM_SERVER) it shows what that `rem serve` gives: the
+    session, its messages and parts, its hold (waiting inputs' texts, recoveries
+    and the tool-call history are shown on the store's host only).
 
     Example: rem show demo-billing-1 --last 10
     """

@@ -21,6 +21,7 @@ from backend.ops.results import ToolDecision
 from backend.runtime.context import Context
 from backend.store.states import ToolCallState
 from tests.api.conftest import Served, parked_turn, unique
+from tests.api.test_resources import _transcript
 from tests.cli.test_start_imports import RUN_ONE
 from tests.helpers import rem_env, run_rem
 
@@ -91,6 +92,19 @@ def test_send_and_show_through_the_server_answer_as_on_the_store(
     assert human.returncode == 0 and human.stdout == local(served, "show", sid).stdout
     last = json.loads(through(served, tokens["alpha"], "show", sid, "--last", "1", "--json").stdout)
     assert [m["id"] for m in last["messages"]] == [remote["messages"][-1]["id"]]
+
+
+async def test_show_through_the_server_reads_the_transcript_a_page_at_a_time(
+    served: Served, tokens: dict[str, Path], store_ctx: Context
+) -> None:
+    sid = unique("s")
+    await _transcript(await store_ctx.db(), sid, "alpha", 230)  # three pages of the API's 100
+    remote = json.loads(through(served, tokens["alpha"], "show", sid, "--json").stdout)
+    stored = json.loads(local(served, "show", sid, "--json").stdout)
+    assert [_without_part_types(m) for m in remote["messages"]] == stored["messages"]
+    assert [m["seq"] for m in remote["messages"]] == list(range(1, 231))
+    last = json.loads(through(served, tokens["alpha"], "show", sid, "--last", "130", "--json").stdout)
+    assert last["messages"] == remote["messages"][-130:]
 
 
 def test_a_command_through_the_server_loads_the_client_not_the_server(
