@@ -155,7 +155,7 @@ def plan_session(
 def _resolved_days(text: str, when_ms: int) -> str:
     """' (yesterday: 7 May 2023)' for each time expression of a turn, resolved against its time: the
     FTS5 body holds the days it names, so a question that names the day finds the turn."""
-    # imported here: `rem status` imports this module for the index lag, and the date grammar
+    # import time: `rem status` imports this module for the index lag, and the date grammar
     # costs ~10 ms to compile that only Dream's indexing needs
     from backend.memory import dates
 
