@@ -32,11 +32,12 @@ SIZE = ("120", "40")
 
 
 class Terminal:
-    """One tmux session on a server of its own (`-L`): keys in, the screen's text out."""
+    """One tmux session on a server of its own (its socket in the test's folder): keys in, the
+    screen's text out."""
 
-    def __init__(self, name: str, env: dict[str, str]) -> None:
+    def __init__(self, socket: Path, env: dict[str, str]) -> None:
         assert TMUX is not None
-        self.base = [TMUX, "-L", name, "-f", "/dev/null"]
+        self.base = [TMUX, "-S", str(socket), "-f", "/dev/null"]
         self.env = env
 
     def tmux(self, *args: str) -> str:
@@ -112,7 +113,7 @@ def test_the_tours_tool_call_step_by_keys_ends_settled(tmp_path: Path) -> None:
         pytest.skip("tmux is not installed")
     root = tmp_path / "demo"
     env = rem_env(TERM="xterm-256color", REM_OPERATOR="alice")
-    term = Terminal(f"rem-tour-{os.getpid()}", env)
+    term = Terminal(tmp_path / "tmux.sock", env)
     term.start(f"{REM} demo --data {root}")
     try:
         term.wait(r"[│┃] approve ", "a send waiting for approval in Backlog", timeout=180)

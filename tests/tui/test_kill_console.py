@@ -7,6 +7,7 @@ step 5 end to end: a running send listed in Backlog, its executor killed through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from backend.chroma import server as chroma_server
@@ -60,6 +62,15 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _stop_tool_servers(tools: Path) -> None:
+    """The demo tool servers this test's executors started (a session of their own each): the one
+    whose caller was killed goes on with its send, by design, until its delay ends."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(tools) in (proc.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 async def _fresh(tmp_path: Path) -> DataDir:
@@ -325,6 +336,7 @@ async def test_a_running_call_killed_through_k_turns_unknown_and_o_resolves_it_d
         _stop(first)
         if rescuer is not None:
             _stop(rescuer)
+        _stop_tool_servers(tmp_path / "tools")
     call_id = key.removeprefix("tool:")
     assert scalar(data, "SELECT state FROM tool_call WHERE id = ?", call_id) == "completed"
     assert scalar(data, "SELECT result FROM tool_call WHERE id = ?", call_id) == "sent once"
