@@ -80,6 +80,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "drain",
         "Drain a worker: it stops claiming, finishes or hands back its work, releases its leases and exits.",
     ),
+    "kill": (
+        "kill",
+        "SIGKILL a worker on this host (or `chroma`, the data dir's Chroma server), journaled: a drill.",
+    ),
     "release": (
         "release",
         "Release a lease now (fenced on the epoch you saw) so another worker takes over at once.",

@@ -155,9 +155,8 @@ def plan_session(
 def _resolved_days(text: str, when_ms: int) -> str:
     """' (yesterday: 7 May 2023)' for each time expression of a turn, resolved against its time: the
     FTS5 body holds the days it names, so a question that names the day finds the turn."""
-    # imported here: `rem status` imports this module for the index lag, and the date grammar
-    # costs ~10 ms to compile that only Dream's indexing needs
-    from backend.memory import dates
+    # `rem status` imports this module for the index lag; the date grammar costs ~10 ms to compile
+    from backend.memory import dates  # import time: only Dream's indexing needs the date grammar
 
     return "".join(f" ({span.phrase}: {span.words()})" for span in dates.resolve(text, when_ms))
 

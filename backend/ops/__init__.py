@@ -6,7 +6,7 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 release and drain actions' bodies, `results` types what every action
 returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
-alerts. `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
+alerts. `kills` holds the operator's SIGKILL (`rem kill`). `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
 operator's decisions on their calls (`rem approve|deny|resolve`) and the calls waiting for one.
 `session_views` gives sessions as an application sees them (`rem serve`: pages of sessions and
 of a transcript, one session's state), kept to a caller's projects.
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         status,
     )
     from backend.ops.alert_rules import metric_rules
+    from backend.ops.kills import kill
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
     from backend.ops.session_views import messages_page, session_state, sessions_page
@@ -58,6 +59,7 @@ __all__ = [
     "graph_neighbors",
     "import_file",
     "init",
+    "kill",
     "list_projects",
     "metric_rules",
     "messages_page",
@@ -88,6 +90,7 @@ _HOMES = {
     "chroma_health": "backend.ops.actions",
     "drain": "backend.ops.actions",
     "init": "backend.ops.actions",
+    "kill": "backend.ops.kills",
     "metric_rules": "backend.ops.alert_rules",
     "metrics": "backend.ops.actions",
     "release": "backend.ops.actions",

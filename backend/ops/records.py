@@ -363,7 +363,8 @@ class Usage(TypedDict):
 
 
 class ToolCallRecord(TypedDict):
-    """An agent tool call waiting for a person (`ops.tool_status`): an approval, or an unknown outcome."""
+    """An agent tool call waiting for a person (`ops.tool_status`): an approval, or an unknown outcome;
+    or one running."""
 
     call_id: str  # what `rem approve|deny|resolve` take
     session_id: str
@@ -372,7 +373,7 @@ class ToolCallRecord(TypedDict):
     arguments: Any  # the call's JSON arguments, as durable before anything ran
     effect: str  # read, idempotent or effect (recorded when the call was made)
     permission: str  # allow, ask or deny
-    state: str  # a ToolCallState: awaiting_approval or unknown
+    state: str  # a ToolCallState: awaiting_approval, unknown, or running
     idempotency_key: str
     since: int  # when the call was made
     age_ms: int
@@ -408,6 +409,7 @@ class ToolCalls(TypedDict):
 
     awaiting_approval: list[ToolCallRecord]
     unknown_outcome: list[ToolCallRecord]
+    running: list[ToolCallRecord]  # in flight, oldest first; `owner_id`: the executor running it
     counts: dict[str, int]  # every ToolCallState, uncapped
     by_tool: dict[str, dict[str, int]]  # tool -> state -> n (at most TOOL_CAP tools, then "(other)")
     servers: list[ToolServerRecord]  # down first, then by name and executor

@@ -29,6 +29,7 @@ SESSION_LISTS: tuple[tuple[str, ...], ...] = (
     ("usage", "sessions"),
     ("tools", "awaiting_approval"),
     ("tools", "unknown_outcome"),
+    ("tools", "running"),
     ("recent_actions",),
     ("events",),
 )

@@ -2,10 +2,11 @@
 and the tool sources' health.
 
 `rem status --json`'s `tools` object, the console's tool panel, the tool-call metrics and
-`ops.tool_calls_waiting` read this. The lists are the calls only an operator moves on
+`ops.tool_calls_waiting` read this. The waiting lists are the calls only an operator moves on
 (`WAITING_STATES`: an approval asked for, an effect whose outcome is unknown), oldest first (the
-most urgent: it has waited longest), read from the partial index of open calls up to `LIST_CAP`
-rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
+most urgent: it has waited longest); `running` lists the calls in flight with the executor that
+runs each (the console's Backlog, and its `k`); all read from the partial index of open calls up
+to `LIST_CAP` rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
 the calls ever made.
 
 The sources' health (`servers`) is what each live executor last recorded in its worker row
@@ -48,6 +49,8 @@ WAITING_QUERIES: dict[str, str] = {
 }
 QUERIES: dict[str, str] = {
     **WAITING_QUERIES,
+    # the calls in flight, and the executor each runs in (the one an operator's drill would kill)
+    "tools_running": _waiting_sql(ToolCallState.RUNNING),
     # the executors that may be alive, with what they recorded of their tool sources
     "tools_servers": f"""
         SELECT owner_id, state, heartbeat_at, exited_at, json_extract(info, '$.{INFO_KEY}') AS servers
@@ -62,8 +65,8 @@ OTHER_TOOL = "(other)"
 
 
 def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
-    """The rows of both waiting lists (oldest first) and of the executors' tool sources, their
-    records decoded: what does not depend on the clock."""
+    """The rows of both waiting lists and of the calls running (oldest first), and of the executors'
+    tool sources, their records decoded: what does not depend on the clock."""
     out = waiting_rows_sync(conn, cap, QUERIES)
     for row in out["tools_servers"]:
         row["servers"] = recorded_servers(row["owner_id"], row["servers"])
@@ -206,6 +209,7 @@ def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now
         counts[state] = counts.get(state, 0) + n
     return {
         **waiting_lists(rows, now),
+        "running": [call_record(r, now) for r in rows["tools_running"]],
         "counts": counts,
         "by_tool": by_tool(keyed),
         "servers": server_records(rows["tools_servers"], now),

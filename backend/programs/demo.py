@@ -97,8 +97,9 @@ def model_env(model_url: str | None, model: str | None, embedding_model: str | N
     return env
 
 
-# outbox_send's delay in the demo: long enough to `kill -9` an executor while the send is in flight
-DEMO_EFFECT_DELAY_MS = 5_000
+# outbox_send's delay in the demo: long enough to see the send run in Backlog, select it and `k` its
+# executor by hand while it is in flight (2 s, then 5 s, ended `completed` when tried by hand)
+DEMO_EFFECT_DELAY_MS = 8_000
 TOOLS_CONFIG = "mcp.json"
 
 
@@ -108,8 +109,9 @@ def write_tools_config(
     """The agent's tools for the demo (REM_MCP_CONFIG): rem's demo tools server over stdio on `root`.
 
     Notes are `allow` (idempotent: they run at once, and again with the same key after a crash);
-    `outbox_send` is an effect and stays `ask`, so approvals wait in the console; approve one and
-    `kill -9` its executor during the send's delay to get an unknown outcome to resolve. The drill
+    `outbox_send` is an effect and stays `ask`, so approvals wait in the console; approve one, and
+    `k` on its `running` row in Backlog kills its executor during the send's delay: an unknown
+    outcome to resolve (`o`). The drill
     passes `effect_permission="allow"` (nobody approves there).
     """
     from backend.programs.demo_tools import server_config  # import time: the MCP SDK, only with tools
@@ -317,7 +319,7 @@ def run_demo(
     tools = write_tools_config(root)
     note(
         f"rem demo: agent tools from {tools} (notes run at once; outbox_send waits for approval: "
-        "a in the console's Backlog approves, n denies)"
+        "a in the console's Backlog approves, n denies; k on its running row kills its executor)"
     )
     previous = set_signal_handlers(_interrupted)
     env = {**(model or {}), **store_env(db_url), Settings.mcp_config.env: str(tools)}

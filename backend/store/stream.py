@@ -316,9 +316,11 @@ def _held_back_sync(conn: Conn, last: Position) -> bool:
 def live_end_sync(conn: Conn) -> tuple[Position, str]:
     """The newest readable row's position and cursor (the origin on an empty journal)."""
     if engine_of(conn) == "postgresql":
+        # `e.xact`, not `xact`: ORDER BY a bare name sorts by the output column, here its text
+        # ('999' after '1000'), and the live end stuck at the last row before a power of ten
         sql = (
-            "SELECT id, CAST(xact AS text) AS xact, time, kind FROM event "
-            "WHERE xact < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xact DESC, id DESC LIMIT 1"
+            "SELECT e.id, CAST(e.xact AS text) AS xact, e.time, e.kind FROM event AS e "
+            "WHERE e.xact < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY e.xact DESC, e.id DESC LIMIT 1"
         )
     else:
         sql = "SELECT id, 0 AS xact, time, kind FROM event ORDER BY id DESC LIMIT 1"

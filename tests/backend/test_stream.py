@@ -139,3 +139,22 @@ async def test_a_row_whose_transaction_commits_late_is_never_skipped(db_ctx: Con
     page: Page = await db.read_in_thread(partial(read_sync, after=start))
     assert [e.data["input_id"] for e in page.events] == ["late", "early"] and not page.held
     assert [e.data["input_id"] for e in await _read_all(db, Scope(session_id="s1"))][-2:] == ["late", "early"]
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_the_live_end_is_the_newest_transaction_by_number_not_by_its_text(
+    db_ctx: Context, db_url: str
+) -> None:
+    """Transaction ids cross a power of ten (9 -> 10, 999 -> 1000) in every store's life; the live
+    end the project stream starts at, and the hub reads up to, is still the newest one."""
+    db = await db_ctx.db()
+    insert = (
+        "INSERT INTO event (time, kind, actor, session_id, target, data, xact) "
+        "VALUES (%s, 'input.admitted', 'test', 's1', %s, '{}', %s::xid8) RETURNING id"
+    )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM event")  # the template's own rows: theirs would be the newest
+        for xact in ("9", "10"):  # both long committed: below any snapshot's horizon
+            (newest,) = conn.execute(insert, (clock.now_ms(), f"x{xact}", xact)).fetchone()  # type: ignore[misc]
+    position, cursor = await db.read_in_thread(live_end_sync)
+    assert position == Position(10, newest) and cursor.startswith(f"{newest}.10.")
