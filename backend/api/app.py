@@ -60,8 +60,11 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     app.state.ctx = ctx
     app.state.stats = ApiStats()
     app.state.status_lock = asyncio.Lock()
-    # the server's one listener on the journal: event streams and input waits subscribe to it
+    # the server's one listener on the journal: event streams and input waits subscribe to it. Its
+    # reader is a connection beside the store's, within REM_DB_MAX_CONNECTIONS (its LISTEN is the one
+    # every process has room for)
     app.state.hub = hub = Hub(ctx)
+    ctx.spare_connections = max(ctx.spare_connections, 1)
     errors.install(app)
     for router in (
         routes_inputs.router,

@@ -302,7 +302,7 @@ class Hub:
     async def read(self, fn: Callable[[Conn], T]) -> T:
         """`fn(conn)` on the hub's own read-only connection (one hop, no transaction left open)."""
         assert self._db is not None, "the hub is not started"
-        return await self._db.read_beside(fn)
+        return await self._db.run_in_thread(fn)  # not `read_beside`: that opens a second connection
 
     async def live_end(self) -> tuple[Position, str]:
         """The hub's position, brought to the live end first if nobody followed while rows came."""

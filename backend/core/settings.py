@@ -84,7 +84,7 @@ class Settings:
         4,
         "the most connections one rem process holds to a PostgreSQL store: its write connections (a "
         "daemon's sessions commit side by side on up to all but the reader's and the listener's), a "
-        "reader, a LISTEN",
+        "reader, a LISTEN; `rem serve` keeps one more for its event streams' reader",
         whole(1),
     )
     db_connect_wait_ms = Setting(

@@ -66,6 +66,9 @@ class Context:
     # counts the servers this context resolved: a change means Chroma restarted (or moved), and
     # what it holds is worth checking again (Dream's turn vector sweep)
     chroma_generation: int = field(default=0, repr=False)
+    # PostgreSQL: connections this process opens beside its Database (the API hub's reader), taken
+    # from the write connections' share of REM_DB_MAX_CONNECTIONS when the store is opened
+    spare_connections: int = field(default=0, repr=False)
     _db: Database | None = field(default=None, repr=False)
     _server: ChromaServer | None = field(default=None, repr=False)
     _store: ChromaStore | None = field(default=None, repr=False)
@@ -133,7 +136,7 @@ class Context:
     async def _open_postgres(self, url: str) -> Database:
         if not self.read_only:
             self.data.ensure()  # logs, Chroma's folder and up.json still live in the data dir
-        db = await Database.connect(url, read_only=self.read_only)
+        db = await Database.connect(url, read_only=self.read_only, spare=self.spare_connections)
         try:
             await (refuse_unusable(db) if self.read_only else migrate(db))
         except BaseException:

@@ -107,8 +107,9 @@ class Database:
         self._reader_retry_at = 0.0
 
     @classmethod
-    async def connect(cls, url: str, *, read_only: bool = False) -> Database:
-        """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own."""
+    async def connect(cls, url: str, *, read_only: bool = False, spare: int = 0) -> Database:
+        """Connect to a PostgreSQL state store (`postgresql://...`) on a worker thread of its own;
+        `spare`: connections the process opens beside this Database, kept out of its write ones."""
         # import time: psycopg, only for a PostgreSQL store
         from backend.store import postgres
 
@@ -116,7 +117,7 @@ class Database:
         db = cls(conn, Path("postgresql"), read_only, engine="postgresql", where=postgres.display_url(url))
         db._url = url
         if not read_only:
-            db._open_lanes(write_connections())
+            db._open_lanes(write_connections(spare))
         return db
 
     @property
@@ -506,7 +507,7 @@ def _member_order(write: tuple[Any, Any, str | None]) -> tuple[bool, str]:
     return write[2] is not None, write[2] or ""
 
 
-def write_connections() -> int:
+def write_connections(spare: int = 0) -> int:
     """How many write connections a process opens to a PostgreSQL store: REM_DB_MAX_CONNECTIONS less
-    one for the reader (`read_beside`) and one for a LISTEN, at least one."""
-    return max(1, settings.db_max_connections - 2)
+    one for the reader (`read_beside`), one for a LISTEN and `spare` (the API hub's reader), at least one."""
+    return max(1, settings.db_max_connections - 2 - spare)
