@@ -6,19 +6,23 @@ startup option, a session setting or a statement prepared in one transaction wou
 in the next. Through it: `rem init` on an empty database, admissions, turns, a SIGKILLed executor
 taken over at its lease's expiry, a tool call held for an operator's decision and approved, the
 console's change feed (polled through the pooler, or LISTENing on `REM_DB_LISTEN_URL`), `rem
-status` naming the feed in use, and `rem check --settled` clean.
+status` naming the feed in use, `rem check --settled` clean, and `rem serve`: its event streams on
+the same feed, its admissions exactly once by input id across its write connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -27,6 +31,8 @@ from backend.ops.console import listen_changes
 from backend.programs.demo_tools import server_config
 from backend.programs.postgres_server import LocalPostgres
 from tests import pg, pgbouncer
+from tests.api.conftest import start_serve, stop_serve
+from tests.api.serving import Sse, collect, sse_blocks
 from tests.helpers import rem_env, rem_json, run_rem, spawn_rem, wait_until
 
 pytestmark = pytest.mark.slow
@@ -239,3 +245,85 @@ async def _admit_while_full(url: str, holders: list[Any], caplog: pytest.LogCapt
         return await sessions.admit(db, "s1", "are you there?", input_id="in-full")
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("listen", [False, True], ids=["polled", "listen-url"])
+def test_the_api_server_through_pgbouncer(databases: tuple[str, str], tmp_path: Path, listen: bool) -> None:
+    """`rem serve` behind the pooler: its event stream hears another process's admission (the feed
+    polled, or on REM_DB_LISTEN_URL), and an input id posted twice at once, to one session or to
+    two whose admissions go on different write connections, is admitted exactly once."""
+    pooled, direct = databases
+    env = rem_env(
+        REM_DB_URL=pooled,
+        REM_DB_POOLED="1",
+        REM_DB_POLL_MS="200",
+        REM_DB_MAX_CONNECTIONS="6",  # the server's three write connections
+        REM_DATA=str(tmp_path / "data"),
+        REM_CHROMA_AUTOSTART="0",
+        **({"REM_DB_LISTEN_URL": direct} if listen else {}),
+    )
+    assert run_rem("init", env=env).returncode == 0
+    made = run_rem("token", "create", "ops", "--all-projects", "--scope", "read", "--scope", "write", env=env)
+    assert made.returncode == 0, made.stderr
+    proc, url = start_serve(tmp_path / "data", env, tmp_path / "serve.log")
+    try:
+        admitted = asyncio.run(_serve_through_the_pooler(url, made.stdout.strip(), env))
+    finally:
+        stop_serve(proc)
+    assert admitted == {"in-cli": 1, "in-same": 1, "in-apart": 1}, (tmp_path / "serve.log").read_text()
+    rows = _scalar(direct, "SELECT json_object_agg(id, session_id) FROM session_input")
+    assert rows["in-cli"] == "s1" and rows["in-same"] == "s2" and rows["in-apart"] in _APART
+
+
+_APART = ("s3", "s4")  # crc32 % 3 puts them on different write connections (`Database._lane`)
+
+
+async def _serve_through_the_pooler(url: str, token: str, env: dict[str, str]) -> dict[str, int]:
+    """Each input id's `input.admitted` events on the server's stream, once all three are in."""
+    assert len({zlib.crc32(s.encode()) % 3 for s in _APART}) == 2
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
+        async with client.stream("GET", "/v1/events") as stream:
+            blocks = sse_blocks(stream)
+            await collect(blocks, count=0)  # the priming block: the stream follows from here
+            sent = await asyncio.to_thread(
+                run_rem, "send", "s1", "from another process", "--id", "in-cli", env=env
+            )
+            assert sent.returncode == 0, sent.stderr
+            seen = await _admissions(blocks, {"in-cli"})  # heard through the feed
+            same = await asyncio.gather(
+                *(
+                    client.post("/v1/sessions/s2/inputs", json={"text": "twice?", "input_id": "in-same"})
+                    for _ in range(2)
+                )
+            )
+            assert sorted(a.status_code for a in same) == [202, 202]
+            assert sorted(a.json()["duplicate"] for a in same) == [False, True]
+            apart = await asyncio.gather(
+                *(
+                    client.post(f"/v1/sessions/{s}/inputs", json={"text": "where?", "input_id": "in-apart"})
+                    for s in _APART
+                )
+            )
+            assert sorted(a.status_code for a in apart) == [202, 409], [a.text for a in apart]
+            seen += await _admissions(blocks, {"in-same", "in-apart"})
+            # nothing more comes: a second admission of either id would be here within the poll
+            with contextlib.suppress(TimeoutError):
+                seen += await asyncio.wait_for(collect(blocks, count=1), 1.0)
+    ids = [b.json()["input_id"] for b in seen if b.event == "input.admitted"]
+    return {i: ids.count(i) for i in ids}
+
+
+async def _admissions(blocks: AsyncIterator[Sse], ids: set[str]) -> list[Sse]:
+    """The stream's blocks until an `input.admitted` of each of `ids` came (30 s at most)."""
+    seen: list[Sse] = []
+
+    async def read() -> None:
+        async for block in blocks:
+            seen.append(block)
+            if ids <= {b.json()["input_id"] for b in seen if b.event == "input.admitted"}:
+                return
+
+    await asyncio.wait_for(read(), 30)
+    return seen
