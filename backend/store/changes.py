@@ -140,13 +140,10 @@ async def poll_changes(url: str, *, first_backoff_s: float = FIRST_BACKOFF_S) ->
                 # the position first: a commit made once `listening` is out is a change from it
                 last = await _wal_position(conn)
                 yield StoreEvent("listening")
-                while True:
-                    position = await _wal_position(conn)
+                async for position in _positions(conn, settings.db_poll_ms / 1000):
                     if position != last:
                         last = position
                         yield StoreEvent("changed", notifications=1, journaled=1)
-                        continue  # a reader slow to come back missed none: look again at once
-                    await asyncio.sleep(settings.db_poll_ms / 1000)
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             error = redact_text(error, url)
@@ -177,6 +174,18 @@ async def _notifications(
             continue
         if not await _readable(conn.fileno(), keepalive_s):
             await conn.execute("SELECT 1")  # quiet: is the server still there?
+
+
+async def _positions(conn: psycopg.AsyncConnection[object], poll_s: float) -> AsyncIterator[str | None]:
+    """The WAL position once every `poll_s`, however long the reader took over the last change: a
+    busy store moves it at every look, and back-to-back looks cost the pooler a query a round trip
+    (a look overdue, after a slow reader, goes at once: nothing committed since `last` is missed)."""
+    loop = asyncio.get_running_loop()
+    due = loop.time() + poll_s
+    while True:
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        due = loop.time() + poll_s
+        yield await _wal_position(conn)
 
 
 async def _wal_position(conn: psycopg.AsyncConnection[object]) -> str | None:

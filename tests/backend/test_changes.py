@@ -16,7 +16,7 @@ from backend.core.datadir import DataDir
 from backend.programs.postgres_server import LocalPostgres
 from backend.runtime.context import Context
 from backend.store import schema_pg
-from backend.store.changes import StoreEvent, listen_changes
+from backend.store.changes import StoreEvent, listen_changes, poll_changes
 from tests import pg
 
 
@@ -323,3 +323,36 @@ async def test_a_listener_cancelled_as_its_socket_turns_readable_stops() -> None
         finally:
             ours.close()
             theirs.close()
+
+
+async def test_the_polled_feed_looks_once_a_poll_while_the_store_is_busy(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a pooler without a LISTEN (`poll_changes`): commits without a pause move the WAL at
+    every look, and a feed that looked again at once after each change asked the server a query a
+    round trip; it looks once a poll, and hears them."""
+    monkeypatch.setenv("REM_DB_POLL_MS", "200")
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            while not stop.is_set():
+                await conn.execute(
+                    "INSERT INTO event (time, kind, actor, data) VALUES (1, 'a', 'test', '{}')"
+                )
+
+    feed = poll_changes(db_url)
+    assert (await asyncio.wait_for(feed.__anext__(), 10)).kind == "listening"
+    writer = asyncio.create_task(write())
+    loop = asyncio.get_running_loop()
+    started, changes = loop.time(), 0
+    try:
+        while loop.time() - started < 1.5:
+            event = await asyncio.wait_for(feed.__anext__(), 10)
+            changes += event.kind == "changed"
+    finally:
+        stop.set()
+        await writer
+        await feed.aclose()
+    looks = (loop.time() - started) / 0.2
+    assert 1 <= changes <= looks + 2, (changes, looks)
