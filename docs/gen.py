@@ -88,8 +88,11 @@ def settings_tables() -> str:
         for name in names:
             setting = getattr(Settings, name)
             rows.append(f"| `{setting.env}` | {cell(setting.default_text())} | {cell(setting.doc)} |")
-        heading = title[0].upper() + title[1:]
-        parts.append(f"### {heading}\n\n" + "\n".join(rows))
+        # a short heading (it lands in the page's table of contents); what follows a colon, under it
+        heading, _, prose = title.partition(": ")
+        heading = heading[0].upper() + heading[1:]
+        intro = f"{prose[0].upper()}{prose[1:]}.\n\n" if prose else ""
+        parts.append(f"### {heading}\n\n{intro}" + "\n".join(rows))
     return "\n\n".join(parts)
 
 
@@ -119,27 +122,44 @@ def walk_commands(
             yield from walk_commands(command, sub, words)
 
 
+EXAMPLE = re.compile(r"Examples?: ((?:[A-Z_][A-Z0-9_]*=\S+ )*rem .*?)\s*(?:\((.*)\))?$")
+
+
+def _example(line: str) -> str:
+    """One `Example:` line of a help text as Markdown: its command as code, a note after it as prose."""
+    found = EXAMPLE.match(line)
+    if found is None:
+        return line
+    tail = f" ({found.group(2)})" if found.group(2) else ""
+    return f"Example: `{found.group(1).strip()}`{tail}"
+
+
 def _help_paragraphs(text: str) -> str:
-    """A command's help as Markdown: its paragraphs, an `Example:` line's command as code."""
+    """A command's help as Markdown: its paragraphs, each `Example:` line one of its own, as code."""
     out = []
     for paragraph in (p.strip() for p in (text or "").strip().split("\n\n")):
-        if not paragraph:
-            continue
-        example = re.match(r"Examples?: (rem [^(]*?)\s*(\((.*)\))?$", " ".join(paragraph.split()))
-        if example:
-            tail = f" ({example.group(3)})" if example.group(3) else ""
-            out.append(f"Example: `{example.group(1).strip()}`{tail}")
-        else:
-            out.append(" ".join(paragraph.split()))
+        # a line that starts `Example:` starts an item of its own; other lines join the item before
+        items: list[list[str]] = []
+        for line in paragraph.splitlines():
+            if not items or line.strip().startswith(("Example:", "Examples:")):
+                items.append([])
+            items[-1].append(line.strip())
+        for item in items:
+            flat = " ".join(" ".join(item).split())
+            if flat:
+                out.append(_example(flat))
     return "\n\n".join(out)
 
 
+def _shown(piece: str) -> str:
+    """A usage piece as the usage line shows it: `{SESSION}` (a required argument) as `SESSION`."""
+    return piece.strip("{}").upper() if piece.startswith("{") else piece
+
+
 def _usage(words: tuple[str, ...], command: Any, ctx: Any) -> str:
-    pieces = command.collect_usage_pieces(ctx)
-    shown = [p.strip("{}").upper() if p.startswith("{") else p for p in pieces]
-    if hasattr(command, "commands"):
-        shown.append("COMMAND [ARGS]...")
-    return " ".join(["rem", *words, *shown])
+    """The usage line `rem ... --help` prints (a group's `COMMAND [ARGS]...` is among its pieces)."""
+    pieces = [_shown(p) for p in command.collect_usage_pieces(ctx)]
+    return " ".join(["rem", *words, *pieces])
 
 
 def _params_table(command: Any, ctx: Any) -> str:
@@ -150,7 +170,7 @@ def _params_table(command: Any, ctx: Any) -> str:
             continue
         declared, help_text = record
         if param.param_type_name == "argument":
-            declared = param.name.upper()
+            declared = " ".join(_shown(p) for p in param.get_usage_pieces(ctx))  # as the usage line
         rows.append(f"| {code_cell(declared)} | {cell(help_text)} |")
     if not rows:
         return ""
@@ -196,12 +216,32 @@ def console_keys() -> str:
     return "\n\n".join(parts)
 
 
+TEMPLATE = re.compile(r"\{\{\s*(?P<expr>[^}]*?)\s*\}\}")
+# what a summary's `{{ $value | FUNCTION }}` reads as on the page
+VALUE_FILTERS = {"humanizeDuration": "DURATION", "humanizePercentage": "PERCENT", "humanize": "N"}
+
+
+def placeholder(expr: str) -> str:
+    """One Prometheus template expression as a placeholder: `$labels.kind` as KIND, `$value` as N."""
+    value, _, function = (part.strip() for part in expr.partition("|"))
+    if value.startswith("$labels."):
+        return value.removeprefix("$labels.").upper()
+    if value == "$value":
+        return VALUE_FILTERS.get(function, "N") if function else "N"
+    raise ValueError(f"an alert summary template docs/gen.py cannot show: {{{{ {expr} }}}}")
+
+
+def rendered_summary(summary: str) -> str:
+    """An alert rule's summary with its templates as placeholders, as the runbook shows it."""
+    return TEMPLATE.sub(lambda m: placeholder(m["expr"]), summary)
+
+
 def alert_rule(name: str) -> Callable[[], str]:
     def render() -> str:
         from backend.ops.alert_rules import RULES
 
         (rule,) = (r for r in RULES if r.name == name)
-        summary = re.sub(r"\{\{[^}]*\}\}", "N", rule.summary)
+        summary = rendered_summary(rule.summary)
         return (
             f"Fires when `{rule.expr}` holds for {rule.hold} (severity **{rule.severity}**). "
             f"Console: `{rule.console_key}`.\n\n> {summary}"

@@ -16,9 +16,19 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from backend.api import errors, mcp_http, routes_inputs, routes_sessions, routes_status, routes_tool_calls
+from backend.api import (
+    attach,
+    errors,
+    events,
+    mcp_http,
+    routes_inputs,
+    routes_sessions,
+    routes_status,
+    routes_tool_calls,
+)
 from backend.api.bounds import BoundedBody
 from backend.api.fast_admission import FastAdmission
+from backend.api.hub import Hub
 from backend.api.stats import ApiStats, Metered
 from backend.runtime.context import Context
 
@@ -44,8 +54,11 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await ctx.db()
-        async with mcp.run():
-            yield
+        try:
+            async with mcp.run():
+                yield
+        finally:
+            await hub.close()
 
     app = RemApi(
         title="rem",
@@ -62,6 +75,8 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     app.state.ctx = ctx
     app.state.stats = ApiStats()
     app.state.status_lock = asyncio.Lock()
+    # the server's one listener on the journal: event streams and input waits subscribe to it
+    app.state.hub = hub = Hub(ctx)
     errors.install(app)
     for router in (
         routes_inputs.router,
@@ -69,6 +84,8 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
         routes_tool_calls.router,
         routes_status.router,
         routes_status.health,
+        events.router,
+        attach.router,
     ):
         app.include_router(router)
     app.router.routes.append(mcp.route)  # a plain route: MCP is no part of the OpenAPI document

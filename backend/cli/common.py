@@ -66,6 +66,27 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+# `rem demo` and `rem drill sigkill` start (and kill) a whole system: never on $REM_DATA by default
+DemoDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="A new or empty dir for the demo (default: a fresh private temp dir, /tmp/rem-demo-...; "
+        "$REM_DATA is not used).",
+        show_default=False,
+        parser=_data_path,
+    ),
+]
+DrillDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="The drill's data dir (default: a private temp dir, /tmp/rem-drill-..., removed when "
+        "the drill passes; $REM_DATA and the global --data are not used).",
+        show_default=False,
+        parser=_data_path,
+    ),
+]
 
 
 @dataclass(frozen=True)

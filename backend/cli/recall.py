@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
 
 def recall(
     cli: typer.Context,
-    query: Annotated[str, typer.Argument(help="What to look for, in plain words.", show_default=False)],
+    query: Annotated[
+        str, typer.Argument(metavar="QUERY", help="What to look for, in plain words.", show_default=False)
+    ],
     project: Annotated[
         str | None,
         typer.Option("--project", help="The project to search (default: default).", show_default=False),

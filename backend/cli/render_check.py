@@ -57,7 +57,11 @@ def row_line(row: Mapping[str, Any]) -> Text:
 
 def print_check(result: dict[str, Any]) -> None:
     console = Console(emoji=False)
-    verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
+    not_checked = result.get("not_checked", [])
+    if result["violations"]:
+        verdict = "[red]VIOLATIONS[/]"
+    else:
+        verdict = "[yellow]INCOMPLETE[/] (Chroma unreachable)" if not_checked else "[green]ok[/]"
     console.print(
         f"[bold]rem check[/] {escape(visible(result['data_dir']))}: {verdict} "
         f"({result['counts']['violations']} violations, "
@@ -78,6 +82,11 @@ def print_check(result: dict[str, Any]) -> None:
             if finding["count"] > len(shown):
                 more = finding["count"] - len(shown)
                 console.print(f"    … {more} more (rem check --json lists the first {ROW_CAP})")
+    for part in not_checked:
+        console.print(
+            f"[yellow]not checked[/] (invariants {', '.join(part['invariants'])}) "
+            f"receipts, Dream keys and turn vectors against Chroma: {escape(visible(part['error']))}"
+        )
 
 
 CHECK_PHASES = {

@@ -16,15 +16,23 @@ def register(app: typer.Typer) -> None:
     app.command("send")(send)
 
 
+SessionArg = Annotated[
+    str, typer.Argument(metavar="SESSION", help="Session id (created on first use).", show_default=False)
+]
+TextArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="TEXT",
+        help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.",
+        show_default=False,
+    ),
+]
+
+
 def send(
     cli: typer.Context,
-    session: Annotated[str, typer.Argument(help="Session id (created on first use).", show_default=False)],
-    text: Annotated[
-        str,
-        typer.Argument(
-            help="The prompt (at most 256 KiB of UTF-8); - reads it from stdin.", show_default=False
-        ),
-    ],
+    session: SessionArg,
+    text: TextArg,
     delivery: Annotated[
         Delivery,
         typer.Option(

@@ -53,7 +53,7 @@ def up(
     """
     # import time: the supervisor, only for this command
     from backend.api.listen import parse_listen
-    from backend.programs.supervisor import Supervisor, UpConfig
+    from backend.programs.supervisor import Supervisor, UpConfig, hold_up_lock
 
     if serve is not None:  # refused here, in one line, not by a child restarted in a loop
         parse_listen(serve, allow_remote=allow_remote)
@@ -69,5 +69,7 @@ def up(
         serve=serve,
         allow_remote=allow_remote,
     )
+    lock = hold_up_lock(ctx)  # a second `rem up` on this data dir: refused before it says anything
     common.note(f"rem up: data dir {ctx.data.root}; Ctrl-C drains and stops everything")
-    return common.run(lambda: common.with_context(ctx, lambda c: Supervisor(c, config).run()))
+    supervisor = Supervisor(ctx, config, up_lock=lock)
+    return common.run(lambda: common.with_context(ctx, lambda c: supervisor.run()))

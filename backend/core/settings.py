@@ -231,6 +231,7 @@ class Settings:
         "characters of one neighbouring turn in the context column and embedded text (part of the digest)",
         whole(1),
     )
+    # memory in the agent's context: what each agent step is given from recall
     memory_context_items = Setting(5, "recalled items put in each agent step's context (0: none)", whole(0))
     memory_context_chars = Setting(
         2000, "character budget of the recalled items in a step's context", whole(100)
@@ -238,6 +239,7 @@ class Settings:
     memory_recent_turns = Setting(
         20, "a session's own latest turns left out of its recalled memory (0: all of them)", whole(0)
     )
+    # the offline agent
     agent_delay_ms = Setting(
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
     )
