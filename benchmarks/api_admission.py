@@ -126,14 +126,12 @@ class RawClient:
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
         )
         self.writer.write(head.encode() + data)
-        status = int((await self.reader.readline()).split()[1])
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
+        # the head in one read, its length found in it: the client's CPU stays small beside the server's
+        head_in = (await self.reader.readuntil(b"\r\n\r\n")).lower()
+        at = head_in.find(b"\r\ncontent-length:")
+        length = int(head_in[at + 17 : head_in.index(b"\r\n", at + 2)]) if at >= 0 else 0
         await self.reader.readexactly(length)
-        return status
+        return int(head_in.split(b" ", 2)[1])
 
     def close(self) -> None:
         self.writer.close()
