@@ -138,7 +138,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> tuple[str, str
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the one shape."""
 
-    async def rem_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def known_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError | RemError)
         return answer(exc)
 
@@ -154,8 +154,8 @@ def install(app: FastAPI) -> None:
     async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
         return internal(exc)
 
-    app.add_exception_handler(ApiError, rem_error)
-    app.add_exception_handler(RemError, rem_error)
+    app.add_exception_handler(ApiError, known_error)
+    app.add_exception_handler(RemError, known_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)

@@ -13,6 +13,10 @@ scopes: `read` (sessions, transcripts, events, recall, status), `write`
 revoking are operator actions: journaled, hash-chained, never the secret nor
 its hash. The secret is shown once, by `token_create`'s result; it is never
 logged, never in argv, never in an error.
+
+`send_as` is admission for a token's holder (the API's hot path): the token is
+checked inside the admission's own transaction, so a revocation refuses the next
+request on every replica without a read of its own.
 """
 
 from __future__ import annotations
