@@ -59,6 +59,9 @@ FILE_SECONDS = {
     "tests/tui/test_inert_console.py": 113,
     # schemathesis over every route on both stores: measured alone at load 11-20 (two servers started)
     "tests/api/test_openapi_conformance.py": 120,
+    # every command through --server on both stores (the recall test runs the summarizer and Dream):
+    # measured alone at load 7-9
+    "tests/api/test_cli_client.py": 130,
 }
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,6 +238,8 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "REM_CLOCK_SKEW_MS",
         "REM_OPERATOR",
         "REM_MODEL_API_KEY",
+        "REM_SERVER",
+        "REM_TOKEN_FILE",
     ):
         monkeypatch.delenv(name, raising=False)
     # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are

@@ -189,6 +189,15 @@ class RecallIn(Strict):
     project: Id | None = Field(default=None, description="Default: the token's only project.")
     session_id: Id | None = Field(default=None, description="Recall from this session only.")
     k: int = Field(default=10, ge=1, le=200)
+    kinds: list[Literal["turn", "summary", "fact"]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=3,
+        description="Only items of these kinds (default: all three).",
+    )
+    all_projects: bool = Field(
+        default=False, description="Search every project (a token that reaches every project only)."
+    )
 
 
 class Health(BaseModel):

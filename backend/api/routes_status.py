@@ -13,6 +13,7 @@ from backend.api import scope
 from backend.api.auth import METADATA_PATH, Caller, Reader, context_of
 from backend.api.errors import ApiError
 from backend.api.models import ERRORS, Health, RecallIn
+from backend.memory.recall import KINDS
 from backend.ops.tokens import SCOPES
 
 router = APIRouter(prefix="/v1", tags=["status and memory"], responses=ERRORS)
@@ -46,6 +47,8 @@ async def recall(request: Request, body: RecallIn, who: Reader) -> dict[str, Any
             project=body.project,
             session_id=body.session_id,
             k=body.k,
+            all_projects=body.all_projects,
+            kinds=tuple(body.kinds or KINDS),
             projects=who.projects,
         )
 

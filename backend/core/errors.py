@@ -135,6 +135,13 @@ class NotChroma(ChromaUnreachable):
     exit_code = ExitCode.USAGE
 
 
+class ServerUnreachable(RemError):
+    """The `rem serve` a command was pointed at (`--server`, REM_SERVER) does not answer, or not as
+    itself: down, the wrong address, a proxy without it behind, or draining."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
 class NotFound(RemError):
     """An id that names nothing."""
 

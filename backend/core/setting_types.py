@@ -160,8 +160,9 @@ def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
 
 
-def url() -> Parser[str]:
-    """An http(s) URL without credentials (no check that anything answers there)."""
+def url(credentials_go: str = "a key goes in REM_MODEL_API_KEY_FILE") -> Parser[str]:
+    """An http(s) URL without credentials (no check that anything answers there); the refusal
+    says where credentials go instead (`credentials_go`)."""
 
     def parse(raw: str) -> str:
         if not raw.startswith(("http://", "https://")) or len(raw) < 10 or has_credentials(raw):
@@ -170,8 +171,7 @@ def url() -> Parser[str]:
 
     return Parser(
         parse,
-        "an http:// or https:// URL without credentials (no user:password@: a key goes in "
-        "REM_MODEL_API_KEY_FILE)",
+        f"an http:// or https:// URL without credentials (no user:password@: {credentials_go})",
         redact_url,
     )
 

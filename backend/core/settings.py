@@ -383,6 +383,21 @@ class Settings:
         host_names(),
         shown_default="loopback names only",
     )
+    # the CLI as a client of `rem serve` (`--server`)
+    server = Setting[str | None](
+        None,
+        "the `rem serve` that `rem send`, `show`, `approve`, `deny`, `resolve` and `recall` go through "
+        "instead of the local store (`--server`): an https:// URL, or http:// on this machine's loopback",
+        url("the token goes in REM_TOKEN_FILE"),
+        shown_default="none (the local store)",
+    )
+    token_file = Setting[Path | None](
+        None,
+        "a private file (yours, mode 0600 or stricter) holding the bearer token those commands send "
+        "with `--server` (`rem token create` prints one)",
+        path(),
+        shown_default="none",
+    )
     # people and logs
     operator = Setting[str | None](
         None,
