@@ -122,7 +122,9 @@ def test_the_tours_tool_call_step_by_keys_ends_settled(tmp_path: Path) -> None:
             pytest.fail("tmux is not installed (.ci/run installs it)")
         pytest.skip("tmux is not installed")
     root = tmp_path / "demo"
-    env = rem_env(TERM="xterm-256color", REM_OPERATOR="alice")
+    env = rem_env(
+        TERM="xterm-256color", REM_OPERATOR="alice", COLUMNS=SIZE[0], LINES=SIZE[1]
+    )  # CI exports COLUMNS=80
     term = Terminal(tmp_path / "tmux.sock", env, root / "logs")
     term.start(f"{REM} demo --data {root}")
     try:
