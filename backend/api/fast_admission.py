@@ -5,7 +5,8 @@ telemetry layers) cost about three times the admission itself. `FastAdmission` t
 route (`routes_inputs`) would take to the store: JSON, a bearer token, and a path, header and body
 that the route's own models and rules accept. It admits it with the token checked inside the
 admission's transaction (`ops.send_as`: one trip to the store, and a revocation committed before it
-refuses it, on any replica), and answers as the route answers, in the one error shape when the store
+refuses it, on any replica; a bearer not seen live before is read first, outside that transaction,
+so made-up tokens never queue for the store's writer: `KnownTokens`), and answers as the route answers, in the one error shape when the store
 refuses. Any other request goes on to FastAPI and the route itself, its body replayed, so every
 refusal of a malformed request is the route's own. The OpenAPI document describes the route.
 """
@@ -28,6 +29,7 @@ from backend.api.models import InputAdmitted, InputIn
 from backend.api.scope import one_answer
 from backend.core.errors import BadInput, RemError
 from backend.execution.sessions import validate_input
+from backend.ops import tokens
 from backend.ops.tokens import Unauthorized
 from backend.runtime.context import Context
 
@@ -104,7 +106,9 @@ def replay(received: list[Message], error: Exception | None, receive: Receive) -
     return replayed
 
 
-async def admit(ctx: Context, scope: Scope, admission: Admission, receive: Receive, send: Send) -> None:
+async def admit(
+    ctx: Context, scope: Scope, admission: Admission, receive: Receive, send: Send, known: KnownTokens
+) -> None:
     """Admit, and answer as the route would: 202 with the admission, or the store's refusal."""
     body = admission.body
     try:
@@ -119,6 +123,7 @@ async def admit(ctx: Context, scope: Scope, admission: Admission, receive: Recei
                 project=body.project,
             )
     except Unauthorized as exc:
+        known.discard(admission.token)
         refusal = errors.answer(not_live(Request(scope)) if exc.who is None else lacks(exc.who, exc.scope))
     except RemError as exc:
         refusal = errors.answer(exc)
@@ -136,11 +141,40 @@ async def admit(ctx: Context, scope: Scope, admission: Admission, receive: Recei
     await refusal(scope, receive, send)
 
 
+class KnownTokens:
+    """The bearers that were live tokens with the `write` scope when last seen, by digest: only
+    those reach the admission's write transaction. Another bearer is read first, outside it, so
+    requests with a made-up token never queue for the store's writer; a revoked one leaves at its
+    first refusal there. Bounded: emptied when full (the next request of each reads again)."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self.digests: set[str] = set()
+
+    async def vouch(self, ctx: Context, token: str) -> bool:
+        """Whether `token` may go to the admission's transaction (checked there again)."""
+        digest = tokens.token_hash(token)
+        if digest in self.digests:
+            return True
+        who = await tokens.authenticate(ctx, token)
+        if who is None or not who.may("write"):
+            return False  # the route answers it, reading the token itself
+        if len(self.digests) >= self.LIMIT:
+            self.digests.clear()
+        self.digests.add(digest)
+        return True
+
+    def discard(self, token: str) -> None:
+        self.digests.discard(tokens.token_hash(token))
+
+
 class FastAdmission:
     """An ASGI middleware: the hot path of `POST /v1/sessions/{session_id}/inputs` (see the module)."""
 
     def __init__(self, app: ASGIApp, ctx: Context) -> None:
         self.app, self.ctx = app, ctx
+        self.known = KnownTokens()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = (
@@ -151,8 +185,8 @@ class FastAdmission:
             return
         received, body, error = await read_body(receive)
         admission = None if body is None else admission_of(path[1], headers_of(scope), body)
-        if admission is None:
+        if admission is None or not await self.known.vouch(self.ctx, admission.token):
             await self.app(scope, replay(received, error, receive), send)
             return
         scope["route"] = ROUTE  # what Metered counts it under
-        await admit(self.ctx, scope, admission, receive, send)
+        await admit(self.ctx, scope, admission, receive, send, self.known)

@@ -10,7 +10,9 @@ import pytest
 from starlette.exceptions import HTTPException
 from starlette.types import Message
 
-from backend.api.fast_admission import Admission, admission_of, headers_of, read_body, replay
+from backend import ops
+from backend.api.fast_admission import Admission, KnownTokens, admission_of, headers_of, read_body, replay
+from backend.runtime.context import Context
 
 TOKEN = "rem_" + "a" * 43
 JSON = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
@@ -106,3 +108,18 @@ async def test_a_body_cut_short_is_not_taken_and_its_cause_is_raised_again_to_th
 
     received, whole, error = await read_body(gone)
     assert whole is None and error is None and received[-1]["type"] == "http.disconnect"
+
+
+async def test_only_a_live_write_token_goes_on_to_the_write_transaction(ctx: Context) -> None:
+    """A made-up bearer (or one without `write`) is read and left to the route: a flood of them never
+    queues for the store's writer. A known one goes straight on, and is forgotten at its refusal there."""
+    known = KnownTokens()
+    assert not await known.vouch(ctx, TOKEN) and not known.digests
+    reader = (await ops.token_create(ctx, "reader", all_projects=True, scopes=["read"]))["token"]
+    assert not await known.vouch(ctx, reader) and not known.digests
+    writer = (await ops.token_create(ctx, "writer", all_projects=True, scopes=["write"]))["token"]
+    assert await known.vouch(ctx, writer) and len(known.digests) == 1
+    await ops.token_revoke(ctx, "writer")
+    assert await known.vouch(ctx, writer)  # still known: the admission's transaction refuses it
+    known.discard(writer)
+    assert not await known.vouch(ctx, writer) and not known.digests
