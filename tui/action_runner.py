@@ -75,7 +75,7 @@ class ActionHost(Protocol):
         start: bool = True,
         exclusive: bool = False,
     ) -> Worker[None]: ...
-    def request_refresh(self, force: bool = False) -> None: ...
+    def request_refresh(self, force: bool = False, urgent: bool = False) -> None: ...
     def one_line(self, error: BaseException | None) -> str: ...
 
 
@@ -222,7 +222,7 @@ class ActionRunner:
         plan, text = message.plan, message.outcome.text
         self.host.notify(text, title=f"{plan.action} done", timeout=8)
         self.log(plan.action, plan.target_text, "ok", text)
-        self.host.request_refresh(force=True)
+        self.host.request_refresh(force=True, urgent=True)  # the operator waits for what it did
 
     def finished(self, worker: Worker[Any]) -> None:
         self._running.pop(worker, None)

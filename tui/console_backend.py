@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from backend.ops.console import ConsoleSession, DataDir, StatusLoader, StoreEvent
+from backend.ops.console import ConsoleSession, DataDir, ListLimits, StatusLoader, StoreEvent
 from backend.ops.records import Moment, ReplayReport, Status
 from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
 from tui.backend_loop import BackendLoop
@@ -63,8 +63,9 @@ class ConsoleBackend:
         """The change listener's report: a change, (re)connected, or lost."""
         self.session.heard(event)
 
-    async def status(self) -> Status:
-        return await self.loop.run(self.session.status())
+    async def status(self, *, check_chroma: bool = True, limits: ListLimits | None = None) -> Status:
+        """`ops.status` with the rows the panels show; Chroma asked again only if `check_chroma`."""
+        return await self.loop.run(self.session.status(check_chroma=check_chroma, limits=limits))
 
     async def history(
         self, *, session_id: str | None = None, target: str | None = None

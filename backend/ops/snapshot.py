@@ -13,6 +13,12 @@ connection's own `total_changes`. While neither moved (nothing committed
 since), the rows are reused and only what depends on the clock (ages, time
 left, expiry, liveness, the totals) is computed again.
 
+A console asks for fewer rows (`ListLimits`): what its panels show, so its
+refresh reads a screenful of each list that grows with the data (the
+backlog, mismatched receipts, drift, the journal, sessions by cost); the
+lists that grow with the fleet (leases, workers) are read whole up to
+`LIST_CAP`.
+
 After a commit, what is read again costs the same at any size: every count
 is a `status_count` counter, kept by triggers in the transaction that
 changed the rows (backend/store/counters.py; one read of a small table),
@@ -64,6 +70,29 @@ from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 # title and the totals count every row
 LIST_CAP = 200
 EVENT_TAIL = 100
+RECENT_ACTIONS = 20
+FAILED_SUMMARIES = 50
+
+
+@dataclass(frozen=True)
+class ListLimits:
+    """The rows a snapshot reads of each list that grows with the data (`rem status`: the defaults).
+
+    A console asks for what its panels show, so its refresh reads a screenful at any size;
+    what it counts comes from the counters and totals. `backlog` is the Backlog panel's
+    rows in its order (tool calls waiting, held sessions, recoveries parked first, failed
+    summaries, inputs), read in that order until there are `backlog` of them; None keeps
+    `rem status`'s cap of each.
+    """
+
+    backlog: int | None = None
+    mismatched: int = LIST_CAP
+    drift: int = LIST_CAP
+    events: int = EVENT_TAIL
+    actions: int = RECENT_ACTIONS
+    sessions: int = model_health.USAGE_CAP
+
+
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
 DREAM_COUNTED: tuple[DigestState, ...] = (
@@ -100,6 +129,18 @@ LIST_QUERIES: dict[str, str] = {
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
         FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
         ORDER BY time_created LIMIT :cap""",
+    # the same, parked first (as the Backlog panel shows them): a console's window of them
+    "recoveries_parked_first": """
+        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created,
+               recovery_error IS NULL AS unparked
+        FROM session_recovery WHERE wake_pending = 1
+        UNION
+        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created,
+               recovery_error IS NULL AS unparked
+        FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
+        ORDER BY unparked, time_created LIMIT :cap""",
+    "held_count": """
+        SELECT count(*) AS n FROM session INDEXED BY session_held_idx WHERE held_at IS NOT NULL""",
     "summary_failed": """
         SELECT session_id, attempts, last_error, time_updated FROM summary_job
         WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
@@ -148,7 +189,7 @@ LIST_QUERIES: dict[str, str] = {
     "recent_actions": f"""
         SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
         WHERE kind IN ({OPERATOR_KINDS_SQL})
-        ORDER BY id DESC LIMIT 20""",
+        ORDER BY id DESC LIMIT :cap""",
     # the journal's tail without the streamed parts (schema v13 journals each one for the API's
     # streams; on an operator's screen they would bury everything else while replies stream)
     "events": """
@@ -223,9 +264,11 @@ def _event(row: dict[str, Any]) -> EventRecord:
     }
 
 
-def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
-    """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
-    scan = LIST_CAP  # one input per session (the usual case): exactly the rows listed
+def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
+    """The `cap` sessions whose oldest waiting input is oldest, with their waiting inputs."""
+    if cap <= 0:
+        return []
+    scan = cap  # one input per session (the usual case): exactly the rows listed
     while True:
         rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
         seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
@@ -237,10 +280,10 @@ def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
                 entry[0] += 1
         complete = len(rows) < scan  # every waiting input was read
         # enough sessions, or all of them (a few sessions with many inputs: read wider)
-        if complete or len(seen) >= LIST_CAP:
+        if complete or len(seen) >= cap:
             break
         scan *= 4
-    sessions = list(seen)[:LIST_CAP]
+    sessions = list(seen)[:cap]
     if complete:  # the counts are whole already
         return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
     if not sessions:
@@ -296,7 +339,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
         inputs=inputs,
         inputs_total=counts["inputs_total"],
         # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
-        held=model_health.held_sync(conn, now),
+        held=model_health.held_records(cache.rows["held"], now),
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
@@ -353,7 +396,7 @@ def receipt_keys(detail: Any) -> list[KeyDiff]:
 
 
 def mismatches_sync(
-    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None
+    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None, cap: int = LIST_CAP
 ) -> tuple[list[ReceiptMismatch], dict[tuple[Any, ...], ReceiptMismatch]]:
     """The listed mismatched receipts, most recently checked first, and each by its row.
 
@@ -363,7 +406,7 @@ def mismatches_sync(
     known = known or {}
     mismatched: list[ReceiptMismatch] = []
     by_row: dict[tuple[Any, ...], ReceiptMismatch] = {}
-    for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
+    for r in _rows_sync(conn, "receipt_mismatched", cap=cap):
         row_key = tuple(r.values())
         record = known.get(row_key)
         if record is None:
@@ -398,11 +441,16 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
     }
 
 
-def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
-    rows = _rows_sync(conn, "dream_drift", cap=LIST_CAP) + _rows_sync(conn, "dream_legacy", cap=LIST_CAP)
+def dream_drift_sync(
+    conn: Conn, counts: dict[str, int], window: int | None = None
+) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
+    """The drift rows (drifting, legacy, then summary-stale sessions not listed yet) and the count
+    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each)."""
+    read = _Window(window)
+    rows = read.rows(conn, "dream_drift", LIST_CAP) + read.rows(conn, "dream_legacy", LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
     seen = {d["session_id"] for d in drift}
-    for r in _rows_sync(conn, "summary_stale_rows", cap=LIST_CAP):
+    for r in read.rows(conn, "summary_stale_rows", LIST_CAP):
         if r["session_id"] not in seen:
             stale = {
                 "session_id": r["session_id"],
@@ -422,7 +470,34 @@ def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftReco
     by_class[DriftClass.LEGACY_ONLY] = counts["dream_state_legacy"]
     by_class[DriftClass.DEFERRED] = counts["dream_state_deferred"]
     by_class[DriftClass.UNDIGESTIBLE] = counts["dream_state_undigestible"]
+    if window is not None:
+        # a window lists few: pending and stale completions together are the rows Dream has yet
+        # to digest (pending or in progress), counted; the listed ones say which are which
+        waiting = counts["dream_state_pending"] + counts["dream_state_in_progress"]
+        stale_done = by_class[DriftClass.STALE_COMPLETION]
+        by_class[DriftClass.DREAM_PENDING] = max(by_class[DriftClass.DREAM_PENDING], waiting - stale_done)
     return drift, by_class
+
+
+class _Window:
+    """A panel's rows read list after list: each list up to its own cap, or (`rows`) all of them
+    together up to `rows`, in the panel's order."""
+
+    def __init__(self, rows: int | None) -> None:
+        self.left = rows
+
+    def cap(self, default: int) -> int:
+        return default if self.left is None else min(default, max(0, self.left))
+
+    def took(self, n: int) -> None:
+        if self.left is not None:
+            self.left -= n
+
+    def rows(self, conn: Conn, name: str, default: int, **params: Any) -> list[dict[str, Any]]:
+        cap = self.cap(default)
+        out = _rows_sync(conn, name, cap=cap, **params) if cap > 0 else []
+        self.took(len(out))
+        return out
 
 
 def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
@@ -456,6 +531,7 @@ class SnapshotCache:
     key: tuple[int, int] | None = None
     counts: dict[str, Any] = field(default_factory=dict)
     rows: dict[str, Any] = field(default_factory=dict)
+    limits: ListLimits | None = None  # what `rows` were read with
     hits: int = 0
     misses: int = 0
 
@@ -470,36 +546,61 @@ def _change_key(conn: Conn) -> tuple[int, int] | None:
     return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
 
 
-def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
+def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None) -> None:
     """Every list and count that does not depend on the clock, into the cache."""
     counts = _counts_sync(conn)
     rows = cache.rows
-    rows["inputs"] = _inputs_rows_sync(conn)
-    rows["recoveries"] = _rows_sync(conn, "recoveries", cap=LIST_CAP)
-    rows["summary_failed"] = _rows_sync(conn, "summary_failed", cap=50)
+    lists = limits or ListLimits()
+    _backlog_rows_sync(conn, rows, lists.backlog)
     rows["leases"] = _rows_sync(conn, "leases", cap=LIST_CAP)
-    rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(conn, rows.get("mismatched_by_row"))
-    rows["drift"] = dream_drift_sync(conn, counts)
-    rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
-    rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
-    rows["usage"] = model_health.usage_sync(conn, counts)
-    rows["tools"] = tool_status.rows_sync(conn, LIST_CAP)
+    rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(
+        conn, rows.get("mismatched_by_row"), lists.mismatched
+    )
+    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift)
+    rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions", cap=lists.actions)]
+    rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=lists.events)]
+    rows["usage"] = model_health.usage_sync(conn, counts, lists.sessions)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
+    cache.limits = limits
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
-def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | None = None) -> Snapshot:
+def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> None:
+    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
+    read = _Window(window)
+    tools: dict[str, list[dict[str, Any]]] = {}
+    for name in ("tools_unknown_outcome", "tools_awaiting_approval"):
+        query = {name: tool_status.WAITING_QUERIES[name]}
+        tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), query))
+        read.took(len(tools[name]))
+    rows["tools"] = {**tools, **tool_status.server_rows_sync(conn, LIST_CAP)}
+    rows["held"] = model_health.held_rows_sync(conn, read.cap(model_health.USAGE_CAP))
+    read.took(len(rows["held"]))
+    if window is None:  # `rem status` lists as many as it counts
+        rows["held_count"] = len(rows["held"])
+        rows["recoveries"] = read.rows(conn, "recoveries", LIST_CAP)
+    else:
+        rows["held_count"] = int(conn.execute(LIST_QUERIES["held_count"]).fetchone()[0])
+        rows["recoveries"] = read.rows(conn, "recoveries_parked_first", LIST_CAP)
+    rows["summary_failed"] = read.rows(conn, "summary_failed", FAILED_SUMMARIES)
+    rows["inputs"] = _inputs_rows_sync(conn, read.cap(LIST_CAP))
+
+
+def snapshot_sync(
+    conn: Conn, now: int | None = None, cache: SnapshotCache | None = None, limits: ListLimits | None = None
+) -> Snapshot:
     """Everything but Chroma health and identity; run it inside one read transaction.
 
     With a `cache` (kept between calls on the same connection), what has not
-    changed since the last call is not read again.
+    changed since the last call is not read again. `limits`: the rows read of
+    each list (`ListLimits`; None: `rem status`'s).
     """
     now = clock.now_ms() if now is None else now
     cache = SnapshotCache() if cache is None else cache
     key = _change_key(conn)
-    if key is None or key != cache.key or not cache.rows:
-        _read_rows_sync(conn, cache)
+    if key is None or key != cache.key or not cache.rows or limits != cache.limits:
+        _read_rows_sync(conn, cache, limits)
         cache.key = key
         cache.misses += 1
     else:
@@ -533,7 +634,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
-            "held": len(back["held"]),
+            "held": rows["held_count"],
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
         "tools": tool_status.tool_calls(rows["tools"], counts["tool_calls"], now),

@@ -64,7 +64,12 @@ OTHER_TOOL = "(other)"
 def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
     """The rows of both waiting lists (oldest first) and of the executors' tool sources, their
     records decoded: what does not depend on the clock."""
-    out = waiting_rows_sync(conn, cap, QUERIES)
+    return {**waiting_rows_sync(conn, cap), **server_rows_sync(conn, cap)}
+
+
+def server_rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
+    """The executors that may be alive with their recorded tool sources, decoded (`tools_servers`)."""
+    out = waiting_rows_sync(conn, cap, {"tools_servers": QUERIES["tools_servers"]})
     for row in out["tools_servers"]:
         row["servers"] = recorded_servers(row["owner_id"], row["servers"])
     return out

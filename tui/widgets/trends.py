@@ -44,6 +44,8 @@ class Trends(Horizontal):
         self.history: dict[str, deque[tuple[int, int]]] = {key: deque(maxlen=WINDOW_S) for key, _ in SERIES}
         self.labels: dict[str, Label] = {}
         self.lines: dict[str, Sparkline] = {}
+        # what each label and line shows: redrawn only when that changes (once a second at most)
+        self._shown: dict[str, tuple[int, int, str]] = {}
 
     def compose(self) -> ComposeResult:
         for key, label in SERIES:
@@ -65,10 +67,14 @@ class Trends(Horizontal):
                 series.append((second, value))
             while series and series[0][0] <= second - WINDOW_S:
                 series.popleft()
+            span = max(1, second - series[0][0] + 1)
+            shown = (second, value, label)
+            if self._shown.get(key) == shown:
+                continue  # the same second and value: line and label as drawn
+            self._shown[key] = shown
             data = [v for _, v in series]
             # a leading zero pins the scale to 0..max, so a steady count is not drawn as a peak
             self.lines[key].data = [0, *data]
-            span = max(1, second - series[0][0] + 1)
             self.labels[key].update(
                 f"{label} {value} · max {max(data)} in {duration(span * 1000)}", layout=False
             )
