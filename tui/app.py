@@ -221,8 +221,7 @@ class ConsoleApp(App[None]):
         self.set_interval(Ticker.every_s, self.ticker.all)
         self.set_interval(self.poll_s, self.refresher.poll)
         self.panel("leases").focus()
-        # once laid out: the first read asks for the rows the panels show
-        self.call_after_refresh(self.request_refresh, True)
+        self.request_refresh(force=True)  # the first read lists every row (`SnapshotReader.list_limits`)
         self.timeline.start()
         if self.watch_files and self.db_url:
             self.watch_store()

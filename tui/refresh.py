@@ -84,6 +84,8 @@ class RefreshScheduler:
         self._last_start = self._last_forced = -1e9
         self._cpu_at_start = 0.0
         self._due = 0.0  # when the pending timer fires
+        # timers set and not fired yet, and how many of them a start since made pointless
+        self._timers_out = self._timers_stale = 0
         self._waiting_since = (0.0, 0.0)  # (clock, CPU) when the pending timer was set
         # the share of a core the console spends while a refresh waits (ticks, the watch): a
         # wait costs too, so it is in the budget (measured on each wait, smoothed)
@@ -109,6 +111,7 @@ class RefreshScheduler:
                 if not self._timer_pending:
                     self._waiting_since = (self._clock(), self._cpu())
                 self._timer_pending, self._due = True, due
+                self._timers_out += 1
                 self._set_timer(wait, self._timer_fired)
             return
         self._start()
@@ -163,6 +166,10 @@ class RefreshScheduler:
         return f"↻{shown} budget" if self.throttled else f"↻{shown}"
 
     def _timer_fired(self) -> None:
+        self._timers_out -= 1
+        if self._timers_stale:  # a refresh started since it was set (an urgent one, sooner)
+            self._timers_stale -= 1
+            return
         self._timer_pending = False
         since, cpu = self._waiting_since
         waited = self._clock() - since
@@ -178,6 +185,7 @@ class RefreshScheduler:
 
     def _start(self) -> None:
         force, self._force_next, self._urgent_next = self._force_next, False, False
+        self._timers_stale, self._timer_pending = self._timers_out, False
         now = self._clock()
         if self.cycles:  # what the last cycle (and the ticks since) asked of the budget
             self.interval_s += SHOWN_WEIGHT * (self.gap_s() - self.interval_s)
