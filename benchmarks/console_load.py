@@ -199,7 +199,7 @@ class PgServer:
         name = f"load{self.count}"
         with psycopg.connect(self.server.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
-        url = self.server.url().replace("/postgres", f"/{name}", 1)
+        url = self.server.url(name)
         migrated = PgConnection(url)
         try:
             schema_pg.migrate_sync(migrated, "bench")

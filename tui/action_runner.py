@@ -102,7 +102,10 @@ class ActionRunner:
             self.prepare_replay([record], False)
 
     def replay_all(self) -> None:
-        records = self.host.panel("receipts").all_records()
+        receipts = self.host.panel("receipts")  # every row it lists, not those on screen: named in the plan
+        receipts.with_whole_list(lambda: self._replay_all(receipts.all_records()))
+
+    def _replay_all(self, records: list[dict[str, Any]]) -> None:
         if not records:
             self.host.notify("no mismatched receipts to replay", severity="information")
             return

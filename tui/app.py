@@ -260,9 +260,6 @@ class ConsoleApp(App[None]):
     def seen_version(self) -> int | None:
         return self.live.seen_version
 
-    def shown(self) -> Status | None:
-        return self.live.applied
-
     def on_snapshot_table_window_changed(self, _message: SnapshotTable.WindowChanged) -> None:
         # rows scrolled into view (or a filter, a sort, a bigger panel) that were not read: read them
         self.request_refresh(force=True, urgent=True)

@@ -67,6 +67,19 @@ class ConsoleBackend:
         """`ops.status` with the rows the panels show; Chroma asked again only if `check_chroma`."""
         return await self.loop.run(self.session.status(check_chroma=check_chroma, limits=limits))
 
+    async def status_if_changed(
+        self, seen: int | None, *, force: bool, limits: ListLimits
+    ) -> tuple[int, Status | None]:
+        """The gate's `data_version`, and the snapshot if it moved from `seen` (or `force`): in one hop
+        to the backend's loop (each hop is a wake of both loops, a refresh's largest fixed cost
+        after the screen), none on PostgreSQL when the gate is shut (its gate is in memory)."""
+        if self.db_url:
+            version = await self.data_version()
+            if not force and version == seen:
+                return version, None
+            return version, await self.status(check_chroma=force, limits=limits)
+        return await self.loop.run(self.session.status_if_changed(seen, force=force, limits=limits))
+
     async def history(
         self, *, session_id: str | None = None, target: str | None = None
     ) -> list[dict[str, Any]]:

@@ -150,6 +150,8 @@ class LiveView:
     def toggle_pause(self) -> None:
         """Freeze the tables (the header counts what waits), or show the newest again."""
         self.paused = not self.paused
+        for table in self.host.panels():
+            table.frozen = self.paused
         self.host.show_keys()
         self.show_waiting()
         if not self.paused:

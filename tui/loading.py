@@ -40,7 +40,8 @@ class ReaderHost(Protocol):
 
     def panels(self) -> list[SnapshotTable]: ...
     def seen_version(self) -> int | None: ...
-    def shown(self) -> Status | None: ...
+    @property
+    def applied(self) -> Status | None: ...
     def post_message(self, message: Message) -> bool: ...
 
 
@@ -54,7 +55,7 @@ class SnapshotReader:
         """The rows of each list the panels show (what a refresh reads); before the first snapshot is
         shown, every row each panel lists: the layout may still move, and a second read to fill
         a panel that grew would be a read no commit asked for."""
-        first = self.host.shown() is None
+        first = self.host.applied is None
         wanted = {
             table.LIST: LIST_CAP if first else table.rows_wanted()
             for table in self.host.panels()
@@ -67,11 +68,12 @@ class SnapshotReader:
         backend = self.host.backend
         assert backend is not None
         started = time.perf_counter()
-        version = await backend.data_version()
-        if not force and version == self.host.seen_version():
-            return False
         limits = self.list_limits()
-        snapshot = await backend.status(check_chroma=force, limits=limits)
+        version, snapshot = await backend.status_if_changed(
+            self.host.seen_version(), force=force, limits=limits
+        )
+        if snapshot is None:
+            return False
         took_ms = (time.perf_counter() - started) * 1000
         self.host.post_message(messages.SnapshotLoaded(snapshot, version, took_ms, limits))
         return True

@@ -153,6 +153,15 @@ class ConsoleSession:
         self.listening = event.kind != "lost"
         self.changes_heard += 1  # changed, or (re)connected after a time anything may have changed
 
+    async def status_if_changed(
+        self, seen: int | None, *, force: bool, limits: ListLimits | None
+    ) -> tuple[int, Status | None]:
+        """The gate's `data_version`, and the snapshot (Chroma asked if `force`) if it moved from `seen`."""
+        version = await self.data_version()
+        if not force and version == seen:
+            return version, None
+        return version, await self.status(check_chroma=force, limits=limits)
+
     async def status(self, *, check_chroma: bool = True, limits: ListLimits | None = None) -> Status:
         """`ops.status` with `limits`; Chroma's health as last asked unless `check_chroma` (or never asked).
 

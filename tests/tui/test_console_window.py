@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from backend.core.datadir import DataDir
+from backend.ops.console import LIST_CAP
 from backend.ops.records import Status
 from tests.tui import scenes
 from tests.tui.test_console import SIZE, loaded, table, until
@@ -197,3 +198,27 @@ async def test_rows_scrolled_into_view_are_read_then(
         # what was read: the rows down to the bottom of the screen, no more
         assert app.latest is not None
         assert len(app.latest["backlog"]["inputs"]) == backlog.first_row_on_screen() + backlog.body_height
+
+
+async def test_an_export_has_every_row_the_panel_lists_not_those_on_screen(
+    tmp_path: Path, clock_at_scene: Any
+) -> None:
+    data = DataDir(tmp_path / "data")
+    await asyncio.to_thread(fill, data, None)
+    app = ConsoleApp(data, data_label="data", poll_s=3600, health_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        backlog = table(app, "backlog")
+        await asyncio.to_thread(executor_turn, data, None, 0)
+        await until(pilot, lambda: backlog.shown_keys()[:1] == ["in:s-00001"] and app.refresher.idle)
+        assert len(backlog.shown_keys()) == backlog.body_height  # a window of the list
+        await pilot.press("1", "e")
+        await until(pilot, lambda: list(data.logs.glob("console-backlog-*.csv")), "the export")
+        (path,) = data.logs.glob("console-backlog-*.csv")
+        rows = path.read_text().splitlines()[1:]
+        assert len(rows) == LIST_CAP  # what the panel lists (the title counts all 3 000)
+        assert rows[0].startswith("input,s-00001,") and rows[-1].startswith(f"input,s-{LIST_CAP:05d},")
+        # then back to a window: the next refresh reads the rows on screen again
+        await asyncio.to_thread(executor_turn, data, None, 1)
+        await until(pilot, lambda: backlog.shown_keys()[:1] == ["in:s-00002"] and app.refresher.idle)
+        assert len(backlog.shown_keys()) == backlog.body_height

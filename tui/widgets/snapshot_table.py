@@ -176,6 +176,9 @@ class SnapshotTable(PanelTable):
         self._asked: int | None = None
         self._listed: int | None = None
         self._live_second = -1  # the second of `now` the live cells on screen were drawn for
+        # what waits for the panel to hold every row it lists (an export, "replay all")
+        self._whole_list_for: list[Callable[[], None]] = []
+        self.frozen = False  # paused: no snapshot is shown until the operator resumes
 
     def on_mount(self) -> None:
         self.set_columns([TableColumn(c.key, c.label, c.width) for c in self.COLUMNS])
@@ -220,8 +223,8 @@ class SnapshotTable(PanelTable):
         """The rows of its list this panel needs read: down to its last row on screen (a filter
         or a sort works on every row it lists; a panel not laid out yet, on as many as it lists;
         a hidden one, on none)."""
-        if self.filter_text or self.sort_column is not None or not self.size.height:
-            return LIST_CAP if self.display else 0
+        if self.filter_text or self.sort_column is not None or self._whole_list_for or not self.size.height:
+            return LIST_CAP if self.display or self._whole_list_for else 0
         return min(LIST_CAP, self.first_row_on_screen() + self.body_height)
 
     def rows_in_all(self) -> int:
@@ -239,10 +242,28 @@ class SnapshotTable(PanelTable):
         """Whether the panel holds its whole list (the read asked for more rows than there were)."""
         return self._asked is None or len(self._rows) < self._asked
 
+    def holds_all_it_lists(self) -> bool:
+        """Whether the panel holds every row it lists: its whole list, or the `LIST_CAP` first."""
+        return self.list_complete() or (self._asked or 0) >= LIST_CAP
+
+    def with_whole_list(self, then: Callable[[], None]) -> None:
+        """Call `then` once the panel holds every row it lists: at once, or after the read it asks for
+        (an export or "replay all" is of every row, not of those on screen)."""
+        if self.holds_all_it_lists() or self.frozen:  # paused: the rows as they stand
+            then()
+            return
+        self._whole_list_for.append(then)
+        self.post_message(self.WindowChanged())
+
     def _check_window(self) -> None:
         """Ask for a read (`WindowChanged`) when the screen shows rows of the list not read yet."""
         if self.LIST is not None and self._asked is not None and self.rows_wanted() > self._asked:
-            if self.rows_in_all() > len(self._rows) or self.filter_text or self.sort_column is not None:
+            if (
+                self.rows_in_all() > len(self._rows)
+                or self.filter_text
+                or self.sort_column
+                or self._whole_list_for
+            ):
                 self.post_message(self.WindowChanged())
 
     # -- feeding it ------------------------------------------------------------
@@ -255,6 +276,10 @@ class SnapshotTable(PanelTable):
         self._set_rows(self.records(snapshot), now, palette)
         self._show_title(*self.titles(snapshot))
         self._sync()
+        if self._whole_list_for and self.holds_all_it_lists():
+            waiting, self._whole_list_for = self._whole_list_for, []
+            for then in waiting:
+                then()
         self._check_window()  # laid out (or resized) since the read was asked for
 
     def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
@@ -267,7 +292,13 @@ class SnapshotTable(PanelTable):
                 old.record = record  # fresh time-derived values for the live cells
                 rows[key] = old
             else:
-                rows[key] = Row(key, record, stable, cells=old.cells if old else {})
+                # its cells and version carried over: re-rendered when drawn, a new version only if
+                # a cell changed (a new version would repaint its line, and miss the strip cache)
+                rows[key] = (
+                    Row(key, record, stable, cells=old.cells, version=old.version)
+                    if old
+                    else Row(key, record, stable)
+                )
         self._rows = rows
         self._order = list(rows)
 
