@@ -7,8 +7,10 @@
 For each store, backlog size and commit rate, a writer process commits at
 that rate the way a busy fleet does: each commit promotes the oldest waiting
 input and admits a new one to the same session (the backlog keeps its size
-and its first rows change), renews a lease, heartbeats the workers every
-tenth commit, and journals one `bench.commit` event. The console runs
+and its first rows change) and journals one `bench.commit` event (every
+commit moves the Backlog and the Events panels); as the daemons do, the 16
+execution leases are renewed every 10 s each (in turn) and the workers
+heartbeat every 2 s. The console runs
 headless at 120x40 in this process with its normal live refresh (the watch
 on state.db, or PostgreSQL's LISTEN). At each point, over `--seconds`:
 
@@ -78,6 +80,8 @@ else:
 def q(sql):
     return sql.replace("?", P)
 leases = [r[0] for r in conn.execute("SELECT id FROM session_execution ORDER BY id").fetchall()]
+RENEW_EVERY_S, BEAT_EVERY_S = 10.0, 2.0  # an executor's lease renewals, a daemon's heartbeat
+renewed, beaten = 0, 0.0
 OLDEST = q("SELECT id, session_id, admitted_seq FROM session_input "
            "WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL ORDER BY time_created, session_id LIMIT 1")
 start, i = time.monotonic(), 0
@@ -95,11 +99,14 @@ while time.monotonic() - start < seconds:
         conn.execute(q("INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
                        "wake_pending, time_created) VALUES (?, ?, '{}', 'queue', ?, 1, ?)"),
                      (f"in_{session_id}_{seq + 1}", session_id, seq + 1, now))
-    if leases:
+    elapsed = time.monotonic() - start
+    while leases and renewed < elapsed * len(leases) / RENEW_EVERY_S:  # each lease every 10 s, in turn
         conn.execute(q("UPDATE session_execution SET expires_at = ?, time_renewed = ? WHERE id = ?"),
-                     (now + 30000, now, leases[i % len(leases)]))
-    if i % 10 == 0:
+                     (now + 30000, now, leases[renewed % len(leases)]))
+        renewed += 1
+    if elapsed - beaten >= BEAT_EVERY_S:
         conn.execute(q("UPDATE worker SET heartbeat_at = ? WHERE state = 'running'"), (now,))
+        beaten = elapsed
     now = int(time.time() * 1000)
     conn.execute(q("INSERT INTO event (time, kind, actor, data) VALUES (?, 'bench.commit', 'bench', ?)"),
                  (now, json.dumps({"seq": i})))
@@ -480,7 +487,7 @@ def main() -> None:
             print(line(store, backlog, r), file=sys.stderr, flush=True)
     if profile is not None:
         profile.dump_stats(args.profile)
-    print(json.dumps(results))
+    print(json.dumps({"points": results, "load_avg": [round(v, 2) for v in os.getloadavg()]}))
 
 
 if __name__ == "__main__":

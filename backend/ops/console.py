@@ -35,7 +35,8 @@ from backend.core.settings import settings
 from backend.ops import actions, memory, timeline, tool_decisions, tool_status
 from backend.ops.records import ChromaHealth, Moment, ReplayReport, Status
 from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
-from backend.ops.snapshot import EVENT_TAIL, LIST_CAP, RECENT_ACTIONS, ListLimits
+from backend.ops.snapshot import ListLimits
+from backend.ops.status_queries import EVENT_TAIL, LIST_CAP, RECENT_ACTIONS
 from backend.runtime.context import Context
 from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events

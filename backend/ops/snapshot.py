@@ -1,6 +1,6 @@
 """The status snapshot: what the console renders and `rem status --json` prints.
 
-Every query here is served by an index (see `STATUS_QUERIES` and
+Every query here is served by an index (see `status_queries.STATUS_QUERIES` and
 tests/backend/test_status.py, which asserts no query plan scans a large
 table), and all of them run inside one short read transaction so the
 snapshot is consistent. Lists are capped at what a panel can show
@@ -57,21 +57,21 @@ from backend.ops.records import (
     SummaryJobs,
     WorkerRecord,
 )
-from backend.ops.totals import TOTALS_QUERIES, totals_sync
+from backend.ops.status_queries import (
+    EVENT_TAIL,
+    FAILED_SUMMARIES,
+    LIST_CAP,
+    LIST_QUERIES,
+    RECENT_ACTIONS,
+    Window,
+    rows_sync,
+)
+from backend.ops.totals import totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
-from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
-
-# rows listed per panel: a maximized panel on a 60-line terminal shows ~55, so this is
-# three to four pages of scrolling; the panel's filter and sort work on these rows, its
-# title and the totals count every row
-LIST_CAP = 200
-EVENT_TAIL = 100
-RECENT_ACTIONS = 20
-FAILED_SUMMARIES = 50
 
 
 @dataclass(frozen=True)
@@ -103,127 +103,8 @@ DREAM_COUNTED: tuple[DigestState, ...] = (
     DigestState.LEGACY,
 )
 
-# name -> SQL; each is checked against EXPLAIN QUERY PLAN in
-# the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
-# plans where the planner, given statistics, would walk a big index in GROUP BY order.
-LIST_QUERIES: dict[str, str] = {
-    # the :scan oldest waiting inputs, in order from the partial index of waiting inputs
-    # (it holds their session: no table row read)
-    "inputs_oldest": """
-        SELECT session_id, time_created AS created
-        FROM session_input INDEXED BY session_input_waiting_idx
-        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
-        ORDER BY created, session_id LIMIT :scan""",
-    # then each listed session's waiting inputs, one index seek per session
-    "inputs": """
-        SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at
-        FROM session_input INDEXED BY session_input_session_promoted_delivery_admitted_idx
-        WHERE session_id IN (SELECT value FROM json_each(:sessions))
-          AND promoted_seq IS NULL AND wake_pending IN (0, 1)
-        GROUP BY session_id""",
-    "counters": f"SELECT name, key, n FROM {counters.TABLE}",
-    "recoveries": """
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
-        FROM session_recovery WHERE wake_pending = 1
-        UNION
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
-        FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
-        ORDER BY time_created LIMIT :cap""",
-    # the same, parked first (as the Backlog panel shows them): a console's window of them
-    "recoveries_parked_first": """
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created,
-               recovery_error IS NULL AS unparked
-        FROM session_recovery WHERE wake_pending = 1
-        UNION
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created,
-               recovery_error IS NULL AS unparked
-        FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
-        ORDER BY unparked, time_created LIMIT :cap""",
-    "held_count": """
-        SELECT count(*) AS n FROM session INDEXED BY session_held_idx WHERE held_at IS NOT NULL""",
-    "summary_failed": """
-        SELECT session_id, attempts, last_error, time_updated FROM summary_job
-        WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
-    "leases": """
-        SELECT 'execution' AS kind, e.id AS id, e.session_id, e.owner_id, e.epoch, e.phase,
-               e.expires_at, w.state AS owner_state, w.heartbeat_at, w.exited_at, e.parked
-        FROM session_execution AS e LEFT JOIN worker AS w ON w.owner_id = e.owner_id
-        UNION ALL
-        SELECT 'summary_job', j.session_id, j.session_id, j.owner_id, j.epoch, NULL,
-               j.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
-        FROM summary_job AS j LEFT JOIN worker AS w ON w.owner_id = j.owner_id
-        WHERE j.lease_expires_at IS NOT NULL AND j.status = 'in_progress'
-        UNION ALL
-        SELECT 'dream', d.session_id, d.session_id, d.owner_id, d.epoch, NULL,
-               d.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
-        FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
-        WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
-        ORDER BY expires_at LIMIT :cap""",
-    "receipt_mismatched": f"""
-        SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
-        FROM summary_job INDEXED BY summary_job_mismatch_idx
-        WHERE verdict IN ({", ".join(f"'{v}'" for v in MISMATCHES)})
-        ORDER BY verdict_checked_at DESC LIMIT :cap""",
-    "dream_drift": """
-        SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
-               defer_reason, time_published AS since
-        FROM dream_state
-        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision
-        ORDER BY next_attempt_at, time_published LIMIT :cap""",
-    "dream_legacy": """
-        SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
-               defer_reason, time_updated AS since
-        FROM dream_state INDEXED BY dream_state_digest_state_idx
-        WHERE digest_state = 'legacy' ORDER BY session_id LIMIT :cap""",
-    "summary_stale_rows": """
-        SELECT session_id, time_updated AS since FROM summary_job
-        WHERE dirty_seq > clean_seq ORDER BY time_updated, session_id LIMIT :cap""",
-    "workers": """
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
-        FROM worker INDEXED BY worker_state_heartbeat_idx WHERE state IN ('running', 'draining')
-        UNION ALL
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
-        FROM worker INDEXED BY worker_state_heartbeat_idx
-        WHERE state = 'stopped' AND heartbeat_at > :recent
-        ORDER BY role, started_at LIMIT :cap""",
-    "recent_actions": f"""
-        SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ({OPERATOR_KINDS_SQL})
-        ORDER BY id DESC LIMIT :cap""",
-    # the journal's tail without the streamed parts (schema v13 journals each one for the API's
-    # streams; on an operator's screen they would bury everything else while replies stream)
-    "events": """
-        SELECT id, time, kind, actor, session_id, target, data FROM event
-        WHERE kind <> 'message.part' ORDER BY id DESC LIMIT :tail""",
-}
-STATUS_QUERIES: dict[str, str] = {
-    **LIST_QUERIES,
-    **TOTALS_QUERIES,
-    **model_health.QUERIES,
-    **tool_status.QUERIES,
-}
-# a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
-# them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
-PLAN_PARAMS: dict[str, Any] = {
-    "cap": 10,
-    "recent": 0,
-    "tail": 5,
-    "now": 0,
-    "fresh": 0,
-    "sessions": "[]",
-    "scan": 10,
-    "since": 0,
-    "upto": 1,
-}
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
-
-
-def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
-    cursor = conn.execute(LIST_QUERIES[name], params)
-    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than Row
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _counts_sync(conn: Conn) -> dict[str, Any]:
@@ -288,7 +169,7 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
         return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
     if not sessions:
         return []
-    by_session = {r["session_id"]: r for r in _rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
+    by_session = {r["session_id"]: r for r in rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
     return [by_session[s] for s in sessions]
 
 
@@ -406,7 +287,7 @@ def mismatches_sync(
     known = known or {}
     mismatched: list[ReceiptMismatch] = []
     by_row: dict[tuple[Any, ...], ReceiptMismatch] = {}
-    for r in _rows_sync(conn, "receipt_mismatched", cap=cap):
+    for r in rows_sync(conn, "receipt_mismatched", cap=cap):
         row_key = tuple(r.values())
         record = known.get(row_key)
         if record is None:
@@ -446,7 +327,7 @@ def dream_drift_sync(
 ) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
     """The drift rows (drifting, legacy, then summary-stale sessions not listed yet) and the count
     of each class; `window`: the rows of all three together (None: `LIST_CAP` of each)."""
-    read = _Window(window)
+    read = Window(window)
     rows = read.rows(conn, "dream_drift", LIST_CAP) + read.rows(conn, "dream_legacy", LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
     seen = {d["session_id"] for d in drift}
@@ -479,27 +360,6 @@ def dream_drift_sync(
     return drift, by_class
 
 
-class _Window:
-    """A panel's rows read list after list: each list up to its own cap, or (`rows`) all of them
-    together up to `rows`, in the panel's order."""
-
-    def __init__(self, rows: int | None) -> None:
-        self.left = rows
-
-    def cap(self, default: int) -> int:
-        return default if self.left is None else min(default, max(0, self.left))
-
-    def took(self, n: int) -> None:
-        if self.left is not None:
-            self.left -= n
-
-    def rows(self, conn: Conn, name: str, default: int, **params: Any) -> list[dict[str, Any]]:
-        cap = self.cap(default)
-        out = _rows_sync(conn, name, cap=cap, **params) if cap > 0 else []
-        self.took(len(out))
-        return out
-
-
 def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
     return [
         {
@@ -514,7 +374,7 @@ def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
             "exited_at": r["exited_at"],
             "alive": workers.worker_alive(r["state"], r["heartbeat_at"], r["exited_at"], now),
         }
-        for r in _rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
+        for r in rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     ]
 
 
@@ -552,13 +412,13 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
     rows = cache.rows
     lists = limits or ListLimits()
     _backlog_rows_sync(conn, rows, lists.backlog)
-    rows["leases"] = _rows_sync(conn, "leases", cap=LIST_CAP)
+    rows["leases"] = rows_sync(conn, "leases", cap=LIST_CAP)
     rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(
         conn, rows.get("mismatched_by_row"), lists.mismatched
     )
     rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift)
-    rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions", cap=lists.actions)]
-    rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=lists.events)]
+    rows["recent_actions"] = [_event(r) for r in rows_sync(conn, "recent_actions", cap=lists.actions)]
+    rows["events"] = [_event(r) for r in rows_sync(conn, "events", tail=lists.events)]
     rows["usage"] = model_health.usage_sync(conn, counts, lists.sessions)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
@@ -568,7 +428,7 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
 
 def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> None:
     """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
-    read = _Window(window)
+    read = Window(window)
     tools: dict[str, list[dict[str, Any]]] = {}
     for name in ("tools_unknown_outcome", "tools_awaiting_approval"):
         query = {name: tool_status.WAITING_QUERIES[name]}

@@ -11,7 +11,8 @@ from backend import ops
 from backend.core import clock
 from backend.ops import actions, snapshot, tool_status
 from backend.ops.records import Snapshot
-from backend.ops.snapshot import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES, snapshot_sync
+from backend.ops.snapshot import snapshot_sync
+from backend.ops.status_queries import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES
 from backend.runtime.context import Context
 from backend.store.db import Database
 

@@ -128,6 +128,9 @@ class PanelTable(ScrollView, can_focus=True):
         self.order: list[str] = []
         # the rows it scrolls over: `order`, then rows not read yet (at least len(order))
         self.total_rows = 0
+        # whether the operator moved the cursor (a key, a click): until then it marks no row of
+        # its own, only the top one (`SnapshotTable` keeps it there)
+        self.cursor_chosen = False
         self._widths: list[int] = []
         self._widths_version = 0
         # content line y -> what it was drawn from (`_line_source`), as last painted
@@ -239,10 +242,10 @@ class PanelTable(ScrollView, can_focus=True):
             return self._styles[0]
         return self._styles[1] if self.has_focus else self._styles[2]
 
-    def _line_source(self, y: int) -> tuple[object, ...]:
-        """What content line `y` shows now: it is repainted when this changes."""
-        scroll_x, scroll_y = self.scroll_offset
-        shape = (scroll_x, self.size.width, self._widths_version)
+    def _line_source(self, y: int, shape: tuple[int, int, int, int] | None = None) -> tuple[object, ...]:
+        """What content line `y` shows now: it is repainted when this changes. `shape`: the scroll
+        offsets, the width and the widths' version (`_shape`), if the caller has them."""
+        scroll_x, scroll_y, *_ = shape = shape or self._shape()
         if y == 0:
             return ("header", *shape)
         index = scroll_y + y - 1
@@ -254,14 +257,18 @@ class PanelTable(ScrollView, can_focus=True):
             return ("pending", *cursor, *shape)
         return ("empty" if y == 1 and not self.total_rows else "blank", *shape)
 
+    def _shape(self) -> tuple[int, int, int, int]:
+        scroll_x, scroll_y = self.scroll_offset
+        return scroll_x, scroll_y, self.size.width, self._widths_version
+
     def refresh_changed(self) -> None:
         """Repaint the lines on screen whose source changed since they were painted (none: nothing)."""
         if not self.is_mounted or not self.size:
             return
         width, height = self.size.width, self.scrollable_content_region.height
-        painted, start = self._painted, None
+        painted, start, shape = self._painted, None, self._shape()
         for y in range(height + 1):
-            changed = y < height and painted.get(y) != self._line_source(y)
+            changed = y < height and painted.get(y) != self._line_source(y, shape)
             if changed and start is None:
                 start = y
             elif not changed and start is not None:
@@ -291,9 +298,9 @@ class PanelTable(ScrollView, can_focus=True):
         return cached[1]
 
     def render_line(self, y: int) -> Strip:
-        self._painted[y] = self._line_source(y)
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
+        shape = self._shape()
+        self._painted[y] = self._line_source(y, shape)
+        scroll_x, scroll_y, width, _ = shape
         if y == 0:
             return self._header_strip(scroll_x, width)
         index = scroll_y + y - 1
@@ -330,6 +337,7 @@ class PanelTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor_row - self.body_height + 1, animate=False, immediate=True)
 
     def move_cursor(self, row: int) -> None:
+        self.cursor_chosen = True
         self.cursor_row = max(0, min(row, self.total_rows - 1))
 
     def on_focus(self) -> None:

@@ -143,7 +143,8 @@ class SnapshotTable(PanelTable):
 
     COLUMNS: ClassVar[tuple[Column, ...]] = ()
     # tails (events, action log): a cursor on the first row stays on the first row, so new
-    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row
+    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row once the operator
+    # moved it (until then it stays on the top row: the most urgent)
     STICKY_TOP: ClassVar[bool] = False
     PANEL_TITLE: ClassVar[str] = ""
     # what the panel is called in help, the command palette and export file names
@@ -271,18 +272,25 @@ class SnapshotTable(PanelTable):
         """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor.
 
         `asked`: the rows of this panel's list the snapshot read (None: all of them)."""
-        self._asked = asked if self.LIST is not None else None
-        self._listed = self.listed(snapshot)
-        self._set_rows(self.records(snapshot), now, palette)
+        asked = asked if self.LIST is not None else None
+        listed = self.listed(snapshot)
+        same_list = (asked, listed) == (self._asked, self._listed)
+        self._asked, self._listed = asked, listed
+        changed = self._set_rows(self.records(snapshot), now, palette)
         self._show_title(*self.titles(snapshot))
-        self._sync()
+        if changed or not same_list:
+            self._sync()
+        else:  # every row as drawn, in place (their countdowns are the tick's): only the subtitle
+            self._update_subtitle()
         if self._whole_list_for and self.holds_all_it_lists():
             waiting, self._whole_list_for = self._whole_list_for, []
             for then in waiting:
                 then()
         self._check_window()  # laid out (or resized) since the read was asked for
 
-    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
+    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> bool:
+        """Hold these records; whether any row came, went, moved or changed."""
+        changed = palette is not self._palette
         self._now, self._palette = now, palette
         rows = {}
         for key, record in records:
@@ -292,6 +300,7 @@ class SnapshotTable(PanelTable):
                 old.record = record  # fresh time-derived values for the live cells
                 rows[key] = old
             else:
+                changed = True
                 # its cells and version carried over: re-rendered when drawn, a new version only if
                 # a cell changed (a new version would repaint its line, and miss the strip cache)
                 rows[key] = (
@@ -299,8 +308,10 @@ class SnapshotTable(PanelTable):
                     if old
                     else Row(key, record, stable)
                 )
-        self._rows = rows
-        self._order = list(rows)
+        order = list(rows)
+        changed = changed or order != self._order
+        self._rows, self._order = rows, order
+        return changed
 
     def _show_title(self, title: str, alert: bool) -> None:
         # setting a border title repaints the whole panel, even to the same text: only on change
@@ -362,7 +373,10 @@ class SnapshotTable(PanelTable):
 
     def _sync(self) -> None:
         """Show `_rows` (filtered, sorted) with the cursor on its row; repaint the lines that changed."""
-        at_top = self.STICKY_TOP and self.cursor_row <= 0 and self.scroll_y == 0
+        # a cursor the operator never moved stays on the top row (the most urgent), as does a tail's
+        # on its first row; one they moved follows its row
+        sticky = self.STICKY_TOP or not self.cursor_chosen
+        at_top = sticky and self.cursor_row <= 0 and self.scroll_y == 0
         selected = None if at_top else self.selected_key()
         wanted = self._visible()
         self._shown = wanted
