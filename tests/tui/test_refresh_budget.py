@@ -159,3 +159,15 @@ def test_idle_says_whether_a_refresh_is_still_to_come() -> None:
     clocks.spend(0.001, 0.01)
     refresher.finished()
     assert refresher.idle
+
+
+def test_the_refresh_timings_are_kept_in_memory_allocated_once() -> None:
+    from tui.probes import Ring
+
+    ring = Ring(4)
+    allocated = ring._values.buffer_info()
+    for value in range(10):
+        ring.append(float(value))
+    assert list(ring) == [6.0, 7.0, 8.0, 9.0] and len(ring) == 4
+    assert ring[-1] == 9.0 and ring[0] == 6.0
+    assert ring._values.buffer_info() == allocated  # no growth, no new buffer: a week open costs the same
