@@ -10,7 +10,9 @@ page; everything else on the page is written by hand. The parts:
 * `console-keys` (operators.md): the console's keys, from its BINDINGS (the
   tables its `?` screen shows);
 * `rule:NAME` (operators.md): each alert rule's expression, hold, severity and
-  summary, from `backend/ops/alert_rules.py`.
+  summary, from `backend/ops/alert_rules.py`;
+* `api` (api.md): every operation of `rem serve` with its scope, parameters, body
+  fields and answers, from the app's own OpenAPI document.
 
 `tests/docs/test_generated.py` fails when a page differs from what this would
 write, and says to run it. `--check` prints the pages that differ and exits 1.
@@ -86,8 +88,11 @@ def settings_tables() -> str:
         for name in names:
             setting = getattr(Settings, name)
             rows.append(f"| `{setting.env}` | {cell(setting.default_text())} | {cell(setting.doc)} |")
-        heading = title[0].upper() + title[1:]
-        parts.append(f"### {heading}\n\n" + "\n".join(rows))
+        # a short heading (it lands in the page's table of contents); what follows a colon, under it
+        heading, _, prose = title.partition(": ")
+        heading = heading[0].upper() + heading[1:]
+        intro = f"{prose[0].upper()}{prose[1:]}.\n\n" if prose else ""
+        parts.append(f"### {heading}\n\n{intro}" + "\n".join(rows))
     return "\n\n".join(parts)
 
 
@@ -117,27 +122,44 @@ def walk_commands(
             yield from walk_commands(command, sub, words)
 
 
+EXAMPLE = re.compile(r"Examples?: ((?:[A-Z_][A-Z0-9_]*=\S+ )*rem .*?)\s*(?:\((.*)\))?$")
+
+
+def _example(line: str) -> str:
+    """One `Example:` line of a help text as Markdown: its command as code, a note after it as prose."""
+    found = EXAMPLE.match(line)
+    if found is None:
+        return line
+    tail = f" ({found.group(2)})" if found.group(2) else ""
+    return f"Example: `{found.group(1).strip()}`{tail}"
+
+
 def _help_paragraphs(text: str) -> str:
-    """A command's help as Markdown: its paragraphs, an `Example:` line's command as code."""
+    """A command's help as Markdown: its paragraphs, each `Example:` line one of its own, as code."""
     out = []
     for paragraph in (p.strip() for p in (text or "").strip().split("\n\n")):
-        if not paragraph:
-            continue
-        example = re.match(r"Examples?: (rem [^(]*?)\s*(\((.*)\))?$", " ".join(paragraph.split()))
-        if example:
-            tail = f" ({example.group(3)})" if example.group(3) else ""
-            out.append(f"Example: `{example.group(1).strip()}`{tail}")
-        else:
-            out.append(" ".join(paragraph.split()))
+        # a line that starts `Example:` starts an item of its own; other lines join the item before
+        items: list[list[str]] = []
+        for line in paragraph.splitlines():
+            if not items or line.strip().startswith(("Example:", "Examples:")):
+                items.append([])
+            items[-1].append(line.strip())
+        for item in items:
+            flat = " ".join(" ".join(item).split())
+            if flat:
+                out.append(_example(flat))
     return "\n\n".join(out)
 
 
+def _shown(piece: str) -> str:
+    """A usage piece as the usage line shows it: `{SESSION}` (a required argument) as `SESSION`."""
+    return piece.strip("{}").upper() if piece.startswith("{") else piece
+
+
 def _usage(words: tuple[str, ...], command: Any, ctx: Any) -> str:
-    pieces = command.collect_usage_pieces(ctx)
-    shown = [p.strip("{}").upper() if p.startswith("{") else p for p in pieces]
-    if hasattr(command, "commands"):
-        shown.append("COMMAND [ARGS]...")
-    return " ".join(["rem", *words, *shown])
+    """The usage line `rem ... --help` prints (a group's `COMMAND [ARGS]...` is among its pieces)."""
+    pieces = [_shown(p) for p in command.collect_usage_pieces(ctx)]
+    return " ".join(["rem", *words, *pieces])
 
 
 def _params_table(command: Any, ctx: Any) -> str:
@@ -148,7 +170,7 @@ def _params_table(command: Any, ctx: Any) -> str:
             continue
         declared, help_text = record
         if param.param_type_name == "argument":
-            declared = param.name.upper()
+            declared = " ".join(_shown(p) for p in param.get_usage_pieces(ctx))  # as the usage line
         rows.append(f"| {code_cell(declared)} | {cell(help_text)} |")
     if not rows:
         return ""
@@ -194,12 +216,32 @@ def console_keys() -> str:
     return "\n\n".join(parts)
 
 
+TEMPLATE = re.compile(r"\{\{\s*(?P<expr>[^}]*?)\s*\}\}")
+# what a summary's `{{ $value | FUNCTION }}` reads as on the page
+VALUE_FILTERS = {"humanizeDuration": "DURATION", "humanizePercentage": "PERCENT", "humanize": "N"}
+
+
+def placeholder(expr: str) -> str:
+    """One Prometheus template expression as a placeholder: `$labels.kind` as KIND, `$value` as N."""
+    value, _, function = (part.strip() for part in expr.partition("|"))
+    if value.startswith("$labels."):
+        return value.removeprefix("$labels.").upper()
+    if value == "$value":
+        return VALUE_FILTERS.get(function, "N") if function else "N"
+    raise ValueError(f"an alert summary template docs/gen.py cannot show: {{{{ {expr} }}}}")
+
+
+def rendered_summary(summary: str) -> str:
+    """An alert rule's summary with its templates as placeholders, as the runbook shows it."""
+    return TEMPLATE.sub(lambda m: placeholder(m["expr"]), summary)
+
+
 def alert_rule(name: str) -> Callable[[], str]:
     def render() -> str:
         from backend.ops.alert_rules import RULES
 
         (rule,) = (r for r in RULES if r.name == name)
-        summary = re.sub(r"\{\{[^}]*\}\}", "N", rule.summary)
+        summary = rendered_summary(rule.summary)
         return (
             f"Fires when `{rule.expr}` holds for {rule.hold} (severity **{rule.severity}**). "
             f"Console: `{rule.console_key}`.\n\n> {summary}"
@@ -208,12 +250,90 @@ def alert_rule(name: str) -> Callable[[], str]:
     return render
 
 
+# -- the API reference ------------------------------------------------------------------------------
+
+
+def openapi_document() -> dict[str, Any]:
+    """`rem serve`'s OpenAPI document, from the app itself (built over a Context it never opens)."""
+    from backend.api.app import create_app
+    from backend.core.datadir import DataDir
+    from backend.runtime.context import Context
+
+    app = create_app(Context(DataDir(ROOT / "nonexistent"), start_chroma=False, db_url=None))
+    document: dict[str, Any] = app.openapi()
+    return document
+
+
+def _schema_type(schema: dict[str, Any]) -> str:
+    """A parameter's or field's type in a few words (`string, 1-100 long`, `integer 1-100`, `queue | steer`)."""
+    if "enum" in schema:
+        return " | ".join(str(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        kinds = [_schema_type(s) for s in schema["anyOf"] if s.get("type") != "null"]
+        return " or ".join(kinds) or "null"
+    if "$ref" in schema:
+        return str(schema["$ref"].rsplit("/", 1)[1])
+    kind = str(schema.get("type", "any"))
+    low = schema.get("minimum", schema.get("minLength"))
+    high = schema.get("maximum", schema.get("maxLength"))
+    unit = " long" if "minLength" in schema or "maxLength" in schema else ""
+    if low is not None and high is not None:
+        return f"{kind}, {low}-{high}{unit}"
+    if high is not None:
+        return f"{kind}, at most {high}{unit}"
+    if low is not None:
+        return f"{kind}, at least {low}{unit}"
+    return kind
+
+
+def _body_rows(document: dict[str, Any], operation: dict[str, Any]) -> list[str]:
+    content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    ref = content.get("schema", {})
+    ref = next((s for s in ref.get("anyOf", []) if "$ref" in s), ref)
+    if "$ref" not in ref:
+        return []
+    model = document["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+    required = set(model.get("required", []))
+    return [
+        f"| `{name}` (body{', required' if name in required else ''}) | {cell(_schema_type(field))} | "
+        f"{cell(field.get('description', ''))} |"
+        for name, field in model.get("properties", {}).items()
+    ]
+
+
+def api_reference() -> str:
+    """Every operation of `rem serve`: its scope, parameters, body fields and answers."""
+    document = openapi_document()
+    parts = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            scope = operation.get("x-rem-scope")
+            needs = (
+                f"Scope: `{scope}`."
+                if scope
+                else "No scope: " + ("any live token." if operation.get("security") else "no token.")
+            )
+            rows = [
+                f"| `{p['name']}` ({p['in']}{', required' if p.get('required') else ''}) | "
+                f"{cell(_schema_type(p.get('schema', {})))} | {cell(p.get('description', ''))} |"
+                for p in operation.get("parameters", [])
+            ] + _body_rows(document, operation)
+            codes = ", ".join(f"`{code}`" for code in sorted(operation.get("responses", {})))
+            block = [f"### {method.upper()} {path}", f"{operation.get('summary', '')} {needs}"]
+            if rows:
+                block.append("\n".join(["| parameter | type | what |", "|---|---|---|", *rows]))
+            block.append(f"Answers: {codes}.")
+            parts.append("\n\n".join(block))
+    return "\n\n".join(parts)
+
+
 def generator(name: str) -> Callable[[], str]:
     """The function that writes the generated part called `name`."""
     fixed: dict[str, Callable[[], str]] = {
         "settings": settings_tables,
         "cli": cli_reference,
         "console-keys": console_keys,
+        "api": api_reference,
     }
     if name in fixed:
         return fixed[name]

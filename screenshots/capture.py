@@ -16,7 +16,9 @@ kill; `post-mortem-tools.svg` the same moment with its Events panel filtered to 
 In the replay's last
 steps the model endpoint starts rate-limiting and one session is held after
 a 401 (`model-sessions.svg`, `session-detail.svg`, `confirm-resume.svg`). The agent tool calls
-waiting for a person are Backlog's first rows (`tool-calls.svg`, `confirm-approve.svg`).
+waiting for a person are Backlog's first rows (`tool-calls.svg`, `confirm-approve.svg`); `k` on a
+send in flight names its executor's blast radius (`confirm-kill.svg`), and `o` resolves the unknown
+outcome a kill leaves (`resolve-unknown.svg`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from tui.app import ConsoleApp
 from tui.screens.detail import LOADING
 
 SIZE = (120, 40)
+# what the operator types resolving the unknown send as done (its result for the model)
+RESOLVED = "sent once: outbox.jsonl has it"
 STEP_MS = 10_000
 STEPS = 18
 
@@ -279,12 +283,27 @@ def states(work: Path) -> list[tuple[str, Callable[[], DataDir], tuple[str, ...]
         ("confirm-resume", build("resume", scenes.incident), ("1", "down", "down", "u"), {}),
         ("tool-calls", build("tools", scenes.incident), ("1", "z"), {}),
         ("confirm-approve", build("approve", scenes.incident), ("1", "down", "a"), {}),
+        # `k` on Backlog's running send (after the unknown outcome and the approval): its executor
+        (
+            "confirm-kill",
+            build("kill", scenes.incident, scenes.send_in_flight),
+            ("1", "down", "down", "k"),
+            {},
+        ),
+        # `o` on s-bravo's unknown outcome, the operator's text typed, Done focused
+        (
+            "resolve-unknown",
+            build("resolve", scenes.incident),
+            ("1", "o", "shift+tab", *RESOLVED, "tab", "tab"),
+            {},
+        ),
     ]
 
 
 async def main(out: Path) -> None:
     os.environ["TZ"] = "UTC"
     time.tzset()
+    os.environ["REM_HOST"] = "ops-1"  # the scenes' host: their workers are this host's (`k` names them)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rem-shots-") as tmp:
         work = Path(tmp)

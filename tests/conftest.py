@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -56,6 +57,11 @@ FILE_SECONDS = {
     "tests/reliability/test_clock_skew.py": 120,
     "tests/cli/test_replay_cli.py": 116,
     "tests/tui/test_inert_console.py": 113,
+    # schemathesis over every route on both stores: measured alone at load 11-20 (two servers started)
+    "tests/api/test_openapi_conformance.py": 120,
+    # every command through --server on both stores (the recall test runs the summarizer and Dream):
+    # measured alone at load 7-9
+    "tests/api/test_cli_client.py": 130,
 }
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,6 +214,20 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
         yield server
 
 
+@pytest.fixture
+def tools_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """rem's demo MCP server as the only tool source (`REM_MCP_CONFIG`), its files in the returned
+    folder; tool-call arguments bounded at 1 KiB."""
+    from backend.programs.demo_tools import server_config
+
+    data = tmp_path / "tools"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"demo": server_config(data, effect_delay_ms=0)}}))
+    monkeypatch.setenv("REM_MCP_CONFIG", str(config))
+    monkeypatch.setenv("REM_TOOL_ARGUMENTS_MAX_BYTES", "1024")
+    return data
+
+
 @pytest.fixture(autouse=True)
 def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in (
@@ -218,6 +238,8 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "REM_CLOCK_SKEW_MS",
         "REM_OPERATOR",
         "REM_MODEL_API_KEY",
+        "REM_SERVER",
+        "REM_TOKEN_FILE",
     ):
         monkeypatch.delenv(name, raising=False)
     # this is a test run: the unsafe test switches (REM_FAULTS, REM_UNSAFE_DISABLE_FENCING) are

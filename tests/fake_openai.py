@@ -21,9 +21,12 @@ Endpoints: ``POST /v1/chat/completions`` (SSE streaming with
 ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
 Each request to a ``POST /v1/*`` endpoint takes a :class:`Scenario`: the one
-named by the ``X-Fake-Scenario`` request header if any, else the first queued
+named by the ``X-Fake-Scenario`` request header if any, else a route's (``add_route``:
+the conversation's first user message holds its key), else the first queued
 scenario whose ``path`` matches (each serves ``times`` requests), else the
-default. Every API request is recorded as a :class:`RequestRecord`.
+default. Every API request is recorded as a :class:`RequestRecord`. The
+misbehaviours a hostile model shows (lone surrogates, terminal escapes in tool
+names, invented tools) are built in tests/hostile_model.py.
 """
 
 from __future__ import annotations
@@ -130,6 +133,11 @@ class Scenario:
     reasoning_tokens: int = 0
     finish_reason: str | None = None  # None: "tool_calls" if tool_calls else "stop"
     tool_calls: list[dict[str, str]] = field(default_factory=list)  # {name, arguments[, id]}
+    # the tool calls only while the request holds no tool result; once it does, `then_reply` alone
+    # (a model that asks for tools, then answers): one scenario serves a whole tool-using turn
+    calls_once: bool = False
+    then_reply: str | None = None
+    usage_extra: dict[str, Any] = field(default_factory=dict)  # merged into the usage object
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
     path: str | None = None  # queued: only serve requests to this path
 
@@ -199,6 +207,7 @@ class ScenarioBook:
         self._default = default or Scenario()
         self._queue: list[_Queued] = []
         self._named: dict[str, Scenario] = {}
+        self._routes: dict[str, Scenario] = {}
 
     def push(self, *scenarios: Scenario) -> None:
         with self._lock:
@@ -212,6 +221,10 @@ class ScenarioBook:
         with self._lock:
             self._named[name] = scenario
 
+    def add_route(self, key: str, scenario: Scenario) -> None:
+        with self._lock:
+            self._routes[key] = scenario
+
     def clear(self) -> None:
         with self._lock:
             self._queue.clear()
@@ -220,11 +233,16 @@ class ScenarioBook:
         with self._lock:
             return sum(q.remaining for q in self._queue)
 
-    def select(self, path: str, name: str | None) -> Scenario:
-        """Pick the scenario for a request; raises KeyError for an unknown name."""
+    def select(self, path: str, name: str | None, prompt: str = "") -> Scenario:
+        """Pick the scenario for a request; raises KeyError for an unknown name. A route (`add_route`)
+        whose key is in the conversation's first user message wins over the queue: one scenario
+        per conversation, whatever order concurrent conversations' requests come in."""
         with self._lock:
             if name:
                 return self._named[name]
+            for key, routed in self._routes.items():
+                if key in prompt:
+                    return routed
             for queued in self._queue:
                 if queued.scenario.path in (None, path):
                     queued.remaining -= 1
@@ -383,7 +401,7 @@ def usage_payload(scenario: Scenario, prompt_tokens: int, completion_tokens: int
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
         },
-    }
+    } | scenario.usage_extra
 
 
 _DEFAULT_ERRORS: dict[int, tuple[str, str, str | None]] = {
@@ -856,7 +874,9 @@ class App:
         if await self._reject_auth_or_model(conn, request, record):
             return
         try:
-            scenario = self.book.select(request.path, request.headers.get(SCENARIO_HEADER))
+            scenario = self.book.select(
+                request.path, request.headers.get(SCENARIO_HEADER), _first_prompt(record.messages)
+            )
         except KeyError:
             name = request.headers.get(SCENARIO_HEADER)
             await self._reply(conn, record, 400, simple_error(f"unknown fake scenario {name!r}"))
@@ -946,6 +966,8 @@ class App:
     async def _chat(
         self, conn: Connection, request: HttpRequest, record: RequestRecord, sc: Scenario
     ) -> None:
+        if sc.calls_once and any(m.get("role") == "tool" for m in record.messages if isinstance(m, dict)):
+            sc = dataclasses.replace(sc, tool_calls=[], reply=sc.then_reply or sc.reply)
         if record.body.get("stream"):
             await self._stream_chat(conn, record, sc)
         else:
@@ -1093,6 +1115,9 @@ class App:
         if action == "named":
             self.book.add_named(body["name"], Scenario.from_dict(body["scenario"]))
             return 200, {}
+        if action == "route":
+            self.book.add_route(body["key"], Scenario.from_dict(body["scenario"]))
+            return 200, {}
         if action == "reset":
             self.book.clear()
             self.log.clear()
@@ -1117,6 +1142,14 @@ class App:
             if loop.time() >= deadline:
                 return 408, {"error": f"request {index} did not reach {state!r} within {timeout}s"}
             await asyncio.sleep(0.002)
+
+
+def _first_prompt(messages: list[dict[str, Any]]) -> str:
+    """The text of a conversation's first user message ("" if none)."""
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
 
 
 def _finish_reason(sc: Scenario) -> str:
@@ -1205,6 +1238,10 @@ class FakeOpenAIServer:
 
     def add_named(self, name: str, scenario: Scenario) -> None:
         self.book.add_named(name, scenario)
+
+    def add_route(self, key: str, scenario: Scenario) -> None:
+        """Serve `scenario` to every request of a conversation whose first user message holds `key`."""
+        self.book.add_route(key, scenario)
 
     def reset(self) -> None:
         self.book.clear()
@@ -1344,6 +1381,9 @@ class FakeOpenAIProcess:
     def add_named(self, name: str, scenario: Scenario) -> None:
         self._call("POST", "named", {"name": name, "scenario": scenario.to_dict()})
 
+    def add_route(self, key: str, scenario: Scenario) -> None:
+        self._call("POST", "route", {"key": key, "scenario": scenario.to_dict()})
+
     def reset(self) -> None:
         self._call("POST", "reset", {})
 
@@ -1392,13 +1432,15 @@ def make_client(
 
 
 def load_script(path: str | Path) -> tuple[ScenarioBook, ServerConfig]:
-    """Script file (JSON): {"default": {...}, "queue": [...], "named": {name: {...}},
+    """Script file (JSON): {"default": {...}, "queue": [...], "named": {name: {...}}, "routes": {key: {...}},
     "api_key": str, "models": [...], "embedding_dim": int}."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     book = ScenarioBook(Scenario.from_dict(data["default"]) if "default" in data else None)
     book.push(*(Scenario.from_dict(s) for s in data.get("queue", [])))
     for name, scenario in data.get("named", {}).items():
         book.add_named(name, Scenario.from_dict(scenario))
+    for key, scenario in data.get("routes", {}).items():
+        book.add_route(key, Scenario.from_dict(scenario))
     config = ServerConfig(
         data.get("api_key"), data.get("models"), int(data.get("embedding_dim", DEFAULT_EMBEDDING_DIM))
     )

@@ -21,6 +21,8 @@ def rem_env(**extra: str) -> dict[str, str]:
     env.pop("REM_DATA", None)
     env.pop("REM_CHROMA_URL", None)
     env.pop("REM_FAULTS", None)
+    env.pop("REM_SERVER", None)  # a command of a test runs on its store, unless the test names a server
+    env.pop("REM_TOKEN_FILE", None)
     env.update(extra)
     return env
 

@@ -20,19 +20,23 @@ from typing import Any, Protocol
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.worker import Worker
 
-from backend.ops.console import Refused, RemError, now_ms
-from backend.ops.records import Status
-from tui import actions
+from backend.ops.console import Refused, RemError, host_name, now_ms
+from backend.ops.records import Moment, Status
+from tui import actions, kill
 from tui.actions import ActionPlan, NotActionable
 from tui.console_backend import ConsoleBackend
 from tui.messages import ActionCompleted, DryRunReady
 from tui.panels import panel_key
 from tui.refresh import WorkerGroup
+from tui.runs_on import approved_runner_line
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.kill import KillScreen
 from tui.screens.resolve import ResolveScreen
 from tui.widgets.action_log import ActionLogTable
+from tui.widgets.header import ConsoleHeader
 from tui.widgets.snapshot_table import SnapshotTable
 
 log = logging.getLogger("rem.console")
@@ -41,6 +45,8 @@ log = logging.getLogger("rem.console")
 ACTIONS = frozenset(
     {"replay_selected", "replay_all", "drain", "release", "resume", "approve", "deny", "resolve"}
 )
+# the kill keys: greyed out alike, but pressed anyway they say in one line why not (`kill`)
+KILL_ACTIONS = frozenset({"kill", "kill_chroma"})
 
 
 class ActionHost(Protocol):
@@ -50,6 +56,12 @@ class ActionHost(Protocol):
     def applied(self) -> Status | None: ...
     @property
     def backend(self) -> ConsoleBackend | None: ...
+    @property
+    def focused(self) -> Widget | None: ...
+    @property
+    def moment(self) -> Moment | None: ...
+
+    read_only: bool
 
     def panel(self, name: str) -> SnapshotTable: ...
     def focused_panel(self) -> SnapshotTable: ...
@@ -176,6 +188,8 @@ class ActionRunner:
         except NotActionable as exc:
             self.host.notify(str(exc), severity="warning")
             return
+        if action == "approve":  # who will run it (tui/runs_on.py)
+            plan.lines.insert(-1, approved_runner_line(record, self.host.applied, now_ms()))
         if action != "resolve":
             self.confirm(plan)
             return
@@ -188,6 +202,50 @@ class ActionRunner:
             self.execute(plan)
 
         self.host.push_screen(ResolveScreen(plan), callback=chosen)  # type: ignore[arg-type]
+
+    def kill(self) -> None:
+        """`k`: SIGKILL the process the selection names (a worker, a lease's or a call's owner), or
+        Chroma when the header has the focus; refused in one line when the console can tell why."""
+        if isinstance(self.host.focused, ConsoleHeader):
+            self.kill_chroma()
+            return
+        panel = self.host.focused_panel()
+        record = panel.selected_record() if panel.PANEL_NAME in ("workers", "leases", "backlog") else None
+        if record is None:
+            self.host.notify(
+                "nothing to kill selected: pick a worker (5), a lease (2) or a running call in Backlog (1), "
+                "or the header's Chroma (0)",
+                severity="warning",
+            )
+            return
+        self._kill(
+            lambda snap: self._worker_plan(record, panel.PANEL_NAME, snap), str(record.get("owner_id"))
+        )
+
+    def kill_chroma(self) -> None:
+        self._kill(lambda snap: kill.chroma_kill_plan(snap, here=host_name()), kill.CHROMA)
+
+    def _worker_plan(self, record: dict[str, Any], panel: str, snapshot: Status) -> ActionPlan:
+        worker = kill.worker_named(record, panel, snapshot)
+        return kill.worker_kill_plan(worker, snapshot, now_ms(), here=host_name())
+
+    def _kill(self, plan: Callable[[Status], ActionPlan], target: str) -> None:
+        snapshot = self.host.applied
+        try:
+            if self.host.read_only:
+                raise kill.KillRefused(target, "kill refused: this console is read-only")
+            if self.host.moment is not None:
+                raise kill.KillRefused(
+                    target, "kill refused: the console shows the past; t goes back to live"
+                )
+            if snapshot is None:
+                raise NotActionable("nothing is shown yet: wait for the first snapshot")
+            self.confirm(plan(snapshot))
+        except kill.KillRefused as exc:
+            self.host.notify(str(exc), title="kill refused", severity="error", timeout=8)
+            self.log("kill", exc.target, "refused", str(exc))
+        except NotActionable as exc:
+            self.host.notify(str(exc), severity="warning")
 
     def _confirm_or_say(self, plan: Callable[[], ActionPlan]) -> None:
         try:
@@ -204,7 +262,8 @@ class ActionRunner:
             else:
                 self.log(plan.action, plan.target_text, "cancelled", "cancelled at the confirmation")
 
-        self.host.push_screen(ConfirmScreen(plan), callback=decided)
+        screen = KillScreen(plan) if plan.action == "kill" else ConfirmScreen(plan)
+        self.host.push_screen(screen, callback=decided)
 
     # -- running it and saying how it went ---------------------------------------------
     def execute(self, plan: ActionPlan) -> Worker[None]:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.ops.records import LeaseKind, LeaseRecord, ReplayReport, WorkerState
-from backend.ops.results import ActionResult, DrainReport, LeaseReleased, ResumeReport, ToolDecision
+from backend.ops.results import (
+    ActionResult,
+    DrainReport,
+    KillReport,
+    LeaseReleased,
+    ResumeReport,
+    ToolDecision,
+)
 from tui.console_backend import ConsoleBackend
 from tui.format import compact_json, duration, short
 from tui.widgets.leases import left_ms, owner_alive
@@ -29,7 +36,7 @@ RELEASABLE_KINDS = tuple(LeaseKind)
 class ActionPlan:
     """One confirmed-before-run operator action and everything its modal shows."""
 
-    action: str  # replay | drain | release | resume
+    action: str  # replay | drain | release | resume | approve | deny | resolve | kill
     title: str
     targets: list[str]
     lines: list[str]
@@ -37,6 +44,8 @@ class ActionPlan:
     params: dict[str, Any] = field(default_factory=dict)
     preview: str = ""
     warning: str = ""
+    # the kill's confirmation shows its lines in titled parts (`tui/screens/kill.py`)
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def target_text(self) -> str:
@@ -327,6 +336,9 @@ async def execute(plan: ActionPlan, backend: ConsoleBackend) -> Outcome:
     if plan.action in TOOL_DECISIONS:
         decided = await _decide(plan, backend)
         return Outcome(decided, describe_decision(decided))
+    if plan.action == "kill":  # its plans: tui/kill.py
+        killed = await backend.kill(p["target"])
+        return Outcome(killed, describe_kill(killed))
     raise ValueError(f"unknown action {plan.action!r}")
 
 
@@ -364,3 +376,13 @@ def describe_resume(plan: ActionPlan, resumed: ResumeReport) -> str:
     item = resumed["resumed"][0]
     again = f"; asked again as {', '.join(item['reasked'])}" if item["reasked"] else ""
     return f"resumed {item['session_id']}: {item['inputs_woken']} waiting input(s) woken{again}"
+
+
+def describe_kill(killed: KillReport) -> str:
+    """What was killed, what it held, and whether its death is recorded yet."""
+    leases, calls = len(killed["leases"]), len(killed["running_calls"])
+    seen = "dead" if killed["exited"] else "not seen to exit yet"
+    return (
+        f"SIGKILL {killed['role']} pid {killed['pid']} ({killed['target']}): {seen}; it held "
+        f"{leases} lease{'s' if leases != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''} running"
+    )

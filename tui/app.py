@@ -27,7 +27,7 @@ from textual.worker import Worker, WorkerState
 from backend.ops.console import DataDir, now_ms, settings, store_label
 from backend.ops.records import Moment, Status
 from tui import messages
-from tui.action_runner import ACTIONS, ActionRunner
+from tui.action_runner import ACTIONS, KILL_ACTIONS, ActionRunner
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
 from tui.exports import CsvExport
@@ -37,7 +37,7 @@ from tui.gc_policy import NO_AUTOMATIC_FULL_GC as NO_AUTOMATIC_FULL_GC  # tests 
 from tui.keys import BINDINGS
 from tui.live import LiveView
 from tui.loading import SnapshotReader
-from tui.panel_controls import PanelControls
+from tui.panel_controls import PanelControls, focus_now
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
 from tui.probes import STATS_KEPT, RefreshProbes
 from tui.refresh import CPU_SHARE, RefreshScheduler, Ticker, WorkerGroup
@@ -81,6 +81,8 @@ class ConsoleApp(App[None]):
     | z | maximize / restore the focused panel |
     | r / R | replay the selected receipt / all mismatched (dry run first) |
     | d | drain the selected worker |
+    | k | kill (SIGKILL) the selected worker, a lease's or a tool call's owner, or Chroma from the header |
+    | 0 | focus the header's Chroma indicator (k there kills the local Chroma server) |
     | l | release the selected lease |
     | u | resume the selected session a model error holds |
     | a / n | approve / deny the tool call selected in Backlog (an `approve` row) |
@@ -346,6 +348,11 @@ class ConsoleApp(App[None]):
     action_approve = route("runner", "approve")
     action_deny = route("runner", "deny")
     action_resolve = route("runner", "resolve")
+    action_kill = route("runner", "kill")  # the plans: tui/kill.py
+    action_kill_chroma = route("runner", "kill_chroma")
+
+    def action_focus_header(self) -> None:
+        focus_now(self.header)
 
     on_moment_loaded = route("timeline", "moment_loaded")
     action_timeline = route("timeline", "toggle")
@@ -362,7 +369,13 @@ class ConsoleApp(App[None]):
     def show_keys(self) -> None:
         """The key bar: what is disabled now greyed out, and Pause named for what it does."""
         labels = {"toggle_pause": "Resume" if self.paused else "Pause"}
-        self.key_bar.show_keys(lambda action: self.check_action(action, ()) is True, labels)
+        self.key_bar.show_keys(self.key_enabled, labels)
+
+    def key_enabled(self, action: str) -> bool:
+        """Whether the key bar shows `action` as usable now (a kill key, pressed anyway, says why not)."""
+        if action in KILL_ACTIONS:
+            return not (self.read_only or self.timeline.moment is not None)
+        return self.check_action(action, ()) is True
 
     action_toggle_pause = route("live", "toggle_pause")
 

@@ -12,6 +12,12 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("replay_all", "Replay all mismatched receipts", "Dry run first, then replay every mismatched receipt"),
     ("drain", "Drain selected worker", "The worker stops claiming, hands back work and exits"),
     ("release", "Release selected lease", "Expire the lease now, fenced on the epoch shown"),
+    ("kill", "Kill selected worker (SIGKILL drill)", "A worker, a lease's or a running call's owner"),
+    (
+        "kill_chroma",
+        "Kill the local Chroma server (SIGKILL drill)",
+        "The data dir's own server; rem up restarts it",
+    ),
     ("approve", "Approve selected tool call", "Run the tool call selected in Backlog (an `approve` row)"),
     ("deny", "Deny selected tool call", "The model is told the operator denied it; it never runs"),
     ("resolve", "Resolve selected unknown outcome", "An `unknown` row in Backlog: done, retry or fail"),

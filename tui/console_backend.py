@@ -16,7 +16,7 @@ from typing import Any
 
 from backend.ops.console import ConsoleSession, DataDir, ListLimits, StatusLoader, StoreEvent
 from backend.ops.records import Moment, ReplayReport, Status
-from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
+from backend.ops.results import DrainReport, KillReport, LeaseReleased, ResumeReport, ToolDecision
 from tui.backend_loop import BackendLoop
 
 log = logging.getLogger("rem.console")
@@ -122,6 +122,10 @@ class ConsoleBackend:
 
     async def tool_calls(self, session_id: str) -> list[dict[str, Any]]:
         return await self.loop.run(self.session.tool_calls(session_id))
+
+    async def kill(self, target: str) -> KillReport:
+        """SIGKILL a worker of this host, or `chroma` (`backend.ops.kill`, which re-checks and journals)."""
+        return await self.loop.run(self.session.kill(target))
 
     def close(self) -> None:
         """Close both connections and stop the loop (called once, at exit)."""

@@ -14,6 +14,7 @@ BINDINGS: list[Binding | tuple[str, str] | tuple[str, str, str]] = [
     Binding("t", "timeline", "Timeline"),
     Binding("l", "release", "Release"),
     Binding("d", "drain", "Drain"),
+    Binding("k", "kill", "Kill"),
     Binding("r", "replay_selected", "Replay"),
     Binding("R", "replay_all", "Replay all"),
     Binding("u", "resume", "Resume"),
@@ -34,6 +35,7 @@ BINDINGS: list[Binding | tuple[str, str] | tuple[str, str, str]] = [
         "right_curly_bracket", "timeline_seek('incident_forward')", "Timeline: next incident", show=False
     ),
     Binding("ctrl+r", "refresh_now", "Refresh now", show=False),
+    Binding("0", "focus_header", "Focus the header's Chroma (k kills it)", show=False),
     *(
         Binding(str(i), f"focus_panel('{name}')", f"Focus {name}", show=False)
         for i, (name, _) in enumerate(PANELS, start=1)

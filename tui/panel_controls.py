@@ -19,6 +19,13 @@ from tui.widgets.panel_table import PanelTable
 from tui.widgets.snapshot_table import SnapshotTable
 
 
+def focus_now(widget: Widget) -> None:
+    """Focus `widget` before the next key is handled: `Widget.focus` only schedules it, so keys
+    typed in one go (`1` then Home, as a terminal multiplexer or a quick hand sends them) went to
+    the panel focused before."""
+    widget.screen.set_focus(widget)
+
+
 class PanelHost(Protocol):
     """What the panel controls need of the app: its panels, the focus, the screen, the backend."""
 
@@ -54,7 +61,7 @@ class PanelControls:
             self.last_focused = widget.id
 
     def focus(self, name: str) -> None:
-        self.host.panel(name).focus()
+        focus_now(self.host.panel(name))
 
     def open_filter(self) -> None:
         table = self.focused_panel()

@@ -7,54 +7,100 @@ scripts from a CDN, and rem makes no network call at run time).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
-from backend.api import errors
-from backend.api.auth import Reader
+from backend.api import (
+    attach,
+    errors,
+    events,
+    mcp_http,
+    routes_inputs,
+    routes_sessions,
+    routes_status,
+    routes_tool_calls,
+)
+from backend.api.bounds import BoundedBody
+from backend.api.hub import Hub
+from backend.api.stats import ApiStats, Metered
 from backend.runtime.context import Context
 
-# a request body's bound: an input's text is at most 256 KiB of UTF-8 (`sessions.MAX_TEXT_BYTES`), and
-# JSON may spell a character in up to 6 bytes (`\uXXXX`); anything larger is refused before it is read
-MAX_BODY_BYTES = 1536 * 1024
 API_VERSION = "1"
+SUMMARY = "The application API of rem: sessions, inputs, events, tool-call decisions, recall."
 
 
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     """The API over `ctx` (its store opened on startup, kept open for the process)."""
 
+    mcp = mcp_http.mount(ctx)  # bodies kept to the app's bound before they reach it
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await ctx.db()
-        yield
+        try:
+            async with mcp.run():
+                yield
+        finally:
+            await hub.close()
 
     app = FastAPI(
         title="rem",
         version=version,
-        summary="The application API of rem: sessions, inputs, events, tool-call decisions, recall.",
+        summary=SUMMARY,
         openapi_url="/v1/openapi.json",
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
-        max_body_size=MAX_BODY_BYTES,
     )
     app.state.ctx = ctx
+    app.state.stats = ApiStats()
+    app.state.status_lock = asyncio.Lock()
+    # the server's one listener on the journal: event streams and input waits subscribe to it
+    app.state.hub = hub = Hub(ctx)
     errors.install(app)
-    _health_routes(app)
+    for router in (
+        routes_inputs.router,
+        routes_sessions.router,
+        routes_tool_calls.router,
+        routes_status.router,
+        routes_status.health,
+        events.router,
+        attach.router,
+    ):
+        app.include_router(router)
+    app.router.routes.append(mcp.route)  # a plain route: MCP is no part of the OpenAPI document
+    app.add_middleware(BoundedBody)
+    app.add_middleware(Metered, stats=app.state.stats)  # outermost: a 413 is counted too
+    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     return app
 
 
-def _health_routes(app: FastAPI) -> None:
-    @app.get("/healthz", tags=["health"], summary="The process answers (no token, reads nothing).")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True}
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, without FastAPI's 422 (every invalid request is a 400 in the one shape)."""
+    if app.openapi_schema is None:
+        document = get_openapi(
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            routes=app.routes,
+            openapi_version="3.1.0",
+        )
+        for item in document.get("paths", {}).values():
+            for operation in item.values():
+                operation.get("responses", {}).pop("422", None)
+        schemas = document.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        app.openapi_schema = document
+    return app.openapi_schema
 
-    @app.get("/readyz", tags=["health"], summary="The state store answers.")
-    async def readyz(request: Request, _who: Reader) -> dict[str, Any]:
-        ctx: Context = request.app.state.ctx
-        db = await ctx.db()
-        await db.scalar("SELECT 1")
-        return {"ok": True}
+
+def streams_open(app: FastAPI) -> int:
+    """How many event streams the server holds open: serve-streams' hub says (`open_streams`), 0 without one."""
+    hub = getattr(app.state, "hub", None)
+    return int(getattr(hub, "open_streams", 0) or 0)

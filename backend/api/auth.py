@@ -9,10 +9,12 @@ missing, malformed, unknown or revoked token is a 401 carrying
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from backend import ops
 from backend.api.errors import ApiError
@@ -20,6 +22,13 @@ from backend.ops.tokens import Principal
 from backend.runtime.context import Context
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+# only for the OpenAPI document (its security scheme); `principal` reads the header itself, so a
+# missing token is rem's 401 with the challenge, not FastAPI's
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="token",
+    description="A token from `rem token create`, as `Authorization: Bearer TOKEN`.",
+)
 
 
 def context_of(request: Request) -> Context:
@@ -46,7 +55,15 @@ def bearer_of(request: Request) -> str | None:
     return value.strip()
 
 
-async def principal(request: Request) -> Principal:
+def acting(ctx: Context, who: Principal) -> Context:
+    """The server's Context with the token's name as the operator: what a request writes is
+    journaled as that token's doing (the Database and Chroma connections are shared)."""
+    return dataclasses.replace(ctx, operator=who.name)
+
+
+async def principal(
+    request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None
+) -> Principal:
     """The request's token as a Principal; a 401 (with the challenge) when there is none that is live."""
     token = bearer_of(request)
     if token is None:
@@ -74,7 +91,9 @@ Caller = Annotated[Principal, Depends(principal)]
 def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
     """A dependency: the request's Principal, refused with 403 unless its token holds `scope`."""
 
-    async def scoped(request: Request) -> Principal:
+    async def scoped(
+        request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None
+    ) -> Principal:
         who = await principal(request)
         if not who.may(scope):
             raise ApiError(

@@ -23,7 +23,9 @@ from backend.core.errors import (
     DatabaseIOError,
     DatabaseLocked,
     DatabaseUnreachable,
+    InputConflict,
     NotFound,
+    OutOfReach,
     ReadOnly,
     Refused,
     RemError,
@@ -36,8 +38,10 @@ log = logging.getLogger("rem.api")
 # the most specific class first: a ReadOnly is a Refused, a BadInput a UsageError
 STATUS: tuple[tuple[type[RemError], int, str], ...] = (
     (ReadOnly, 403, "read_only"),
+    (OutOfReach, 403, "forbidden"),
     (NotFound, 404, "not_found"),
     (Refused, 409, "conflict"),
+    (InputConflict, 409, "input_conflict"),
     (BadInput, 400, "bad_request"),
     (UsageError, 400, "bad_request"),
     (DatabaseLocked, 503, "store_busy"),
@@ -47,24 +51,44 @@ STATUS: tuple[tuple[type[RemError], int, str], ...] = (
     (ChromaUnreachable, 503, "chroma_unreachable"),
 )
 MAX_MESSAGE = 500
+# a request body's bound: an input's text is at most 256 KiB of UTF-8 (`sessions.MAX_TEXT_BYTES`), and
+# JSON may spell a character in up to 6 bytes (`\uXXXX`); anything larger is refused before it is read
+MAX_BODY_BYTES = 1536 * 1024
+TOO_LARGE = (
+    f"the request body is over the API's {MAX_BODY_BYTES} byte bound; an input's text is at most "
+    "256 KiB of UTF-8: send a shorter one, or split it into several inputs"
+)
 
 
 class ApiError(Exception):
     """An error the API answers with `status` and `code` (auth, scope, size, method...)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.code, self.headers = status, code, headers or {}
+        self.status, self.code, self.headers, self.extra = status, code, headers or {}, extra or {}
 
 
-def body(code: str, message: str) -> dict[str, Any]:
-    """The one error shape; the message one line, inert, bounded."""
+def body(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one error shape; the message one line, inert, bounded (`extra`: fields a code documents)."""
     line = visible(" ".join(message.split()))[:MAX_MESSAGE]
-    return {"error": {"code": code, "message": line}}
+    return {"error": {"code": code, "message": line, **(extra or {})}}
 
 
-def respond(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body(code, message), status_code=status, headers=headers)
+def respond(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> JSONResponse:
+    return JSONResponse(body(code, message, extra), status_code=status, headers=headers)
 
 
 def rem_status(exc: RemError) -> tuple[int, str]:
@@ -77,8 +101,22 @@ def rem_status(exc: RemError) -> tuple[int, str]:
 
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON; send one JSON object (Content-Type: application/json)"
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "the request"
     return f"{where}: {first.get('msg', 'is not valid')}; see /v1/openapi.json for the request's shape"
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> tuple[str, str]:
+    """The code and one-line message of an error Starlette raised itself (routing, body size)."""
+    status = exc.status_code
+    if status == 404:
+        return "not_found", f"no route {request.url.path[:200]!r}; see /v1/openapi.json for the API's routes"
+    if status == 405:
+        return "method_not_allowed", f"{request.method} is not allowed on {request.url.path[:200]!r}"
+    if status == 413:
+        return "payload_too_large", TOO_LARGE
+    return "http_error", str(exc.detail)
 
 
 def install(app: FastAPI) -> None:
@@ -86,7 +124,7 @@ def install(app: FastAPI) -> None:
 
     async def api_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return respond(exc.status, exc.code, str(exc), exc.headers)
+        return respond(exc.status, exc.code, str(exc), exc.headers, exc.extra)
 
     async def rem_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RemError)
@@ -99,10 +137,10 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return respond(400, "bad_request", _validation_message(exc))
 
-    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return respond(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+        code, message = _http_error(request, exc)
+        return respond(exc.status_code, code, message, dict(exc.headers or {}))
 
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error answering a request", exc_info=exc)

@@ -7,6 +7,9 @@ the same 404, the same message, so a token learns nothing about the rest.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from backend.core.errors import SessionNotFound
 from backend.ops.tokens import Principal
 from backend.runtime.context import Context
@@ -32,3 +35,13 @@ async def require_session(ctx: Context, who: Principal, session_id: str) -> str:
     if project is None or not who.reaches(project):
         raise not_found(session_id)
     return project
+
+
+@contextmanager
+def one_answer(session_id: str) -> Iterator[None]:
+    """Any `SessionNotFound` the library raises for `session_id` (missing, or kept out by the token's
+    projects) becomes the one answer a missing session gets here."""
+    try:
+        yield
+    except SessionNotFound:
+        raise not_found(session_id) from None

@@ -385,7 +385,10 @@ def _spawn_locked(data: DataDir, lock_fd: int, die_with_parent: bool) -> ChromaS
             preexec_fn=private.private_child_dying_with_parent if die_with_parent else private.private_child,
         )
     os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, "started_at": time.time()}).encode(), 0)
+    # the kernel's start time beside the pid, as `up.json` records its children: `rem kill chroma`
+    # signals the pid only while it is still this server (`processes.same_process`)
+    started = {"started_at": time.time(), "process_started_at": processes.started_at(proc.pid)}
+    os.pwrite(lock_fd, json.dumps({"pid": proc.pid, "url": url, **started}).encode(), 0)
     server = ChromaServer(url=url, data=data, process=proc, started_here=True)
     try:
         _wait_ready(server, log_path)

@@ -80,6 +80,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "drain",
         "Drain a worker: it stops claiming, finishes or hands back its work, releases its leases and exits.",
     ),
+    "kill": (
+        "kill",
+        "SIGKILL a worker on this host (or `chroma`, the data dir's Chroma server), journaled: a drill.",
+    ),
     "release": (
         "release",
         "Release a lease now (fenced on the epoch you saw) so another worker takes over at once.",
@@ -170,12 +174,30 @@ params.install()  # plain option values without pydantic's import (backend/cli/p
 rich_help.install()  # typer's help panels without rich.markdown's import (backend/cli/rich_help.py)
 
 
+def serve_default(args: list[str]) -> list[str]:
+    """`rem up --serve` with no address means the default one (typer has no option with an optional
+    value): the default is put in after a bare `--serve` of the `up` command."""
+    if "up" not in args or "--serve" not in args:
+        return args
+    from backend.api.listen import DEFAULT_LISTEN  # import time: only for `rem up --serve`
+
+    out = list(args)
+    for i in range(out.index("up") + 1, len(out)):
+        if out[i] == "--":
+            break
+        if out[i] == "--serve" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out.insert(i + 1, DEFAULT_LISTEN)
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `rem`; user errors print one line on stderr and map to an exit code."""
     private.apply_private_umask()  # everything this rem (and what it starts) creates is private
     invocation = common.Invocation()
+    args = serve_default(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=argv, standalone_mode=False, obj=invocation)
+        result = app(args=args, standalone_mode=False, obj=invocation)
     except RemError as exc:
         sys.stderr.write(f"rem: error: {visible(exc)}\n")  # one line, whatever the data put in it
         code = int(exc.exit_code)

@@ -16,8 +16,9 @@ def register(app: typer.Typer) -> None:
 BenchNamesArg = Annotated[
     list[str] | None,
     typer.Argument(
+        metavar="NAME",
         help="Benchmarks to run (turns, streaming, receipts, dream, status, console, console-load, "
-        "scale, console-scale, check-cold, idle); default all."
+        "scale, console-scale, check-cold, idle); default all.",
     ),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")]

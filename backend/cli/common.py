@@ -66,6 +66,37 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+ServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        metavar="URL",
+        help="Go through this `rem serve` (its URL) instead of the local store, with the token in the "
+        "file REM_TOKEN_FILE names (default: $REM_SERVER).",
+        show_default=False,
+    ),
+]
+# `rem demo` and `rem drill sigkill` start (and kill) a whole system: never on $REM_DATA by default
+DemoDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="A new or empty dir for the demo (default: a fresh private temp dir, /tmp/rem-demo-...; "
+        "$REM_DATA is not used).",
+        show_default=False,
+        parser=_data_path,
+    ),
+]
+DrillDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="The drill's data dir (default: a private temp dir, /tmp/rem-drill-..., removed when "
+        "the drill passes; $REM_DATA and the global --data are not used).",
+        show_default=False,
+        parser=_data_path,
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,27 @@ def pin_relative_paths() -> None:
     raw = os.environ.get(Settings.mcp_config.env, "").strip()
     if raw and not Path(raw).expanduser().is_absolute():
         os.environ[Settings.mcp_config.env] = str(Path(raw).expanduser().absolute())
+
+
+def server_of(cli: typer.Context, server: str | None, **local: object) -> str | None:
+    """The server a command goes through (`--server`, else $REM_SERVER), or None for the local store;
+    `local`: the command's options that name a local store or Chroma (`data`, `chroma_url`), refused
+    beside a server (the data is the server's)."""
+    if server is not None and not server.strip():
+        raise BadInput("--server is empty: give the URL `rem serve` printed (is a shell variable unset?)")
+    url = server if server is not None else settings.server
+    if url is None:
+        return None
+    given = [f"--{name.replace('_', '-')}" for name, value in local.items() if value is not None]
+    if config_of(cli).data is not None:
+        given.append("--data")
+    if given:
+        where = "--server" if server is not None else "REM_SERVER"
+        raise BadInput(
+            f"{given[0]} names a local store and {where} a server: give one (unset REM_SERVER for a "
+            "command on the local store)"
+        )
+    return url
 
 
 def make_context(cli: typer.Context, data: Path | None, chroma_url: str | None, **kwargs: Any) -> Context:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,12 +23,22 @@ def register(app: typer.Typer) -> None:
 
 
 def approve(
-    cli: typer.Context, call_id: CallArg, data: common.DataOpt = None, json: common.JsonOpt = False
+    cli: typer.Context,
+    call_id: CallArg,
+    server: common.ServerOpt = None,
+    data: common.DataOpt = None,
+    json: common.JsonOpt = False,
 ) -> None:
     """Approve a tool call awaiting approval: it runs when its turn resumes.
 
     Example: rem approve call_3f9a1c2b7d
     """
+    url = common.server_of(cli, server, data=data)
+    if url is not None:
+        from backend.api import client  # import time: httpx2, only with --server
+
+        _show(client.through(url, lambda r: client.approve(r, call_id)), json)
+        return
     ctx = common.make_context(cli, data, None, existing=True)
     _show(common.run(lambda: common.with_context(ctx, lambda c: ops.approve(c, call_id))), json)
 
@@ -36,6 +47,7 @@ def deny(
     cli: typer.Context,
     call_id: CallArg,
     reason: Annotated[str | None, typer.Option(help="Why; the model is told.")] = None,
+    server: common.ServerOpt = None,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -43,6 +55,12 @@ def deny(
 
     Example: rem deny call_3f9a1c2b7d --reason "not to that address"
     """
+    url = common.server_of(cli, server, data=data)
+    if url is not None:
+        from backend.api import client  # import time: httpx2, only with --server
+
+        _show(client.through(url, lambda r: client.deny(r, call_id, reason)), json)
+        return
     ctx = common.make_context(cli, data, None, existing=True)
     _show(common.run(lambda: common.with_context(ctx, lambda c: ops.deny(c, call_id, reason))), json)
 
@@ -55,6 +73,7 @@ def resolve(
     fail: Annotated[bool, typer.Option("--fail", help="It did not happen: the model is told.")] = False,
     result: Annotated[str | None, typer.Option(help="With --done: the tool's result for the model.")] = None,
     reason: Annotated[str | None, typer.Option(help="With --fail: why, for the model.")] = None,
+    server: common.ServerOpt = None,
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> None:
@@ -76,6 +95,12 @@ def resolve(
     if reason is not None and choice != "fail":
         raise BadInput("--reason goes with --fail; use --result with --done")
     text = result if choice == "done" else reason
+    url = common.server_of(cli, server, data=data)
+    if url is not None:
+        from backend.api import client  # import time: httpx2, only with --server
+
+        _show(client.through(url, lambda r: client.resolve(r, call_id, choice, text)), json)
+        return
     ctx = common.make_context(cli, data, None, existing=True)
     _show(
         common.run(lambda: common.with_context(ctx, lambda c: ops.resolve(c, call_id, choice, text))),  # type: ignore[arg-type]
@@ -83,7 +108,7 @@ def resolve(
     )
 
 
-def _show(decision: ToolDecision, json: bool) -> None:
+def _show(decision: ToolDecision | Mapping[str, Any], json: bool) -> None:
     if json:
         common.emit_json(decision)
         return

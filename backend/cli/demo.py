@@ -31,7 +31,7 @@ def open_console(data: DataDir, db_url: str | None = None) -> None:
 
 def demo(
     cli: typer.Context,
-    data: common.DataOpt = None,
+    data: common.DemoDataOpt = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo data dir on exit.")] = False,
     model_url: Annotated[
         str | None,

@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
     app.command("drain")(drain)
 
 
-OwnerIdArg = Annotated[str, typer.Argument(help="The worker's owner id (see `rem status`).")]
+OwnerIdArg = Annotated[
+    str, typer.Argument(metavar="OWNER_ID", help="The worker's owner id (see `rem status`).")
+]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Block until the worker has stopped.")]
 TimeoutOpt = Annotated[float, typer.Option(min=1, help="Seconds --wait waits at most.")]
 

@@ -68,7 +68,7 @@ def sigkill(
     pause: PauseOpt = False,
     tools: ToolsOpt = False,
     mid_send: MidSendOpt = False,
-    data: common.DataOpt = None,
+    data: common.DrillDataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
 ) -> int:

@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
 
 def import_(
     cli: typer.Context,
-    file: Annotated[Path, typer.Argument(help="JSON Lines, one message per line.", show_default=False)],
+    file: Annotated[
+        Path, typer.Argument(metavar="FILE", help="JSON Lines, one message per line.", show_default=False)
+    ],
     data: common.DataOpt = None,
     json: common.JsonOpt = False,
 ) -> int:

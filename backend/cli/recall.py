@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
 
 def recall(
     cli: typer.Context,
-    query: Annotated[str, typer.Argument(help="What to look for, in plain words.", show_default=False)],
+    query: Annotated[
+        str, typer.Argument(metavar="QUERY", help="What to look for, in plain words.", show_default=False)
+    ],
     project: Annotated[
         str | None,
         typer.Option("--project", help="The project to search (default: default).", show_default=False),
@@ -32,6 +34,7 @@ def recall(
             "--kind", help="Only items of this kind: turn, summary, fact (repeatable).", show_default=False
         ),
     ] = None,
+    server: common.ServerOpt = None,
     data: common.DataOpt = None,
     chroma_url: common.ChromaOpt = None,
     json: common.JsonOpt = False,
@@ -42,19 +45,49 @@ def recall(
 
     Example: rem recall "when did we move the payments service" --project ops --k 5
     """
-    ctx = common.make_context(cli, data, chroma_url, read_only=True)
-    kinds = tuple(kind) if kind else ("turn", "summary", "fact")
-    result = common.run(
-        lambda: common.with_context(
-            ctx,
-            lambda c: ops.recall(
-                c, query, project=project, session_id=session, k=k, all_projects=all_projects, kinds=kinds
-            ),
+    url = common.server_of(cli, server, data=data, chroma_url=chroma_url)
+    if url is not None:
+        result = _recall_remote(url, query, project, session, k, all_projects, kind)
+    else:
+        ctx = common.make_context(cli, data, chroma_url, read_only=True)
+        kinds = tuple(kind) if kind else ("turn", "summary", "fact")
+        result = common.run(
+            lambda: common.with_context(
+                ctx,
+                lambda c: ops.recall(
+                    c, query, project=project, session_id=session, k=k, all_projects=all_projects, kinds=kinds
+                ),
+            )
         )
-    )
     if json:
         common.emit_json(result)
     else:
         from backend.cli.render import print_recall  # import time: rich, only for the human view
 
         print_recall(result)
+
+
+def _recall_remote(
+    url: str,
+    query: str,
+    project: str | None,
+    session: str | None,
+    k: int,
+    all_projects: bool,
+    kind: list[str] | None,
+) -> dict[str, Any]:
+    """`rem recall --server URL`: the same items, recalled by the server."""
+    from backend.api import client  # import time: httpx2, only with --server
+
+    return client.through(
+        url,
+        lambda r: client.recall(
+            r,
+            query,
+            project=project,
+            session_id=session,
+            k=k,
+            all_projects=all_projects,
+            kinds=tuple(kind) if kind else None,
+        ),
+    )

@@ -18,7 +18,10 @@ def register(app: typer.Typer) -> None:
 
 
 LeaseIdArg = Annotated[
-    str, typer.Argument(help="An execution id, or a session id for its summary-job or Dream lease.")
+    str,
+    typer.Argument(
+        metavar="EXECUTION_ID", help="An execution id, or a session id for its summary-job or Dream lease."
+    ),
 ]
 KindOpt = Annotated[
     str | None, typer.Option(help="execution, summary_job or dream (default: whichever the id names).")

@@ -273,55 +273,6 @@ def _print_usage(console: Console, result: Status) -> None:
     console.print(table)
 
 
-def print_check(result: dict[str, Any]) -> None:
-    console = _console()
-    verdict = "[green]ok[/]" if result["ok"] else "[red]VIOLATIONS[/]"
-    console.print(
-        f"[bold]rem check[/] {_e(result['data_dir'])}: {verdict} "
-        f"({result['counts']['violations']} violations, "
-        f"{result['counts']['unsettled']} in flight)"
-    )
-    for title, findings, style in (
-        ("violation", result["violations"], "red"),
-        ("in flight", result["unsettled"], "yellow"),
-    ):
-        for finding in findings:
-            console.print(
-                f"[{style}]{title}[/] (invariant {_e(finding['invariant'])}) "
-                f"{_e(finding['what'])}: {finding['count']}"
-            )
-            for row in finding["rows"][:5]:
-                # a row's repr: every string in it quoted, its control characters escaped by repr
-                console.print(f"    {row}", markup=False)
-
-
-CHECK_PHASES = {
-    "structure": "structure (quick_check, foreign keys)",
-    "sessions": "sessions",
-    "counters": "status counters",
-    "chroma": "Chroma",
-}
-
-
-@contextmanager
-def check_progress_bar() -> Iterator[Callable[[str, int, int], None]]:
-    """A progress bar on stderr for `rem check`, yielding the callback (shown only on a terminal)."""
-    # import time: rich.progress, only for a progress bar
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as shown:
-        tasks: dict[str, Any] = {}
-
-        def update(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = shown.add_task(CHECK_PHASES.get(phase, phase), total=total)
-            shown.update(tasks[phase], completed=done, total=total)
-
-        yield update
-
-
 def print_bench(report: dict[str, Any]) -> None:
     table = Table(
         "benchmark",

@@ -112,7 +112,8 @@ def print_server_health(console: Console, tools: ToolCalls, now: int) -> None:
 
 
 def print_waiting_calls(console: Console, tools: ToolCalls, rows: int) -> None:
-    """`rem status`'s tool calls: the counts, then each call waiting for a person, oldest first."""
+    """`rem status`'s tool calls: the counts, then each call waiting for a person, then each one
+    running, oldest first."""
     counts = tools["counts"]
     if not any(counts.values()):
         return
@@ -120,6 +121,7 @@ def print_waiting_calls(console: Console, tools: ToolCalls, rows: int) -> None:
     for title, state, calls, verb in (
         ("awaiting approval", "awaiting_approval", tools["awaiting_approval"], "rem approve|deny CALL"),
         ("unknown outcome", "unknown", tools["unknown_outcome"], "rem resolve CALL --done|--retry|--fail"),
+        ("running", "running", tools["running"], "in flight in the executor named (owner)"),
     ):
         if not calls:
             continue

@@ -18,17 +18,28 @@ def print_transcript(result: dict[str, Any]) -> None:
     for message in result["messages"]:
         _print_message(console, message)
     print_session_calls(console, result.get("tool_calls", []))
-    for waiting in result["waiting"]:
+    _print_through_api(console, result)
+    for waiting in result.get("waiting", []):
         asleep = " (asleep: session held)" if waiting["asleep"] else ""
         console.print(
             f"[dim]waiting[/] {_e(waiting['id'])} {_e(waiting['delivery'])}{asleep}: {_e(waiting['text'])}"
         )
     if result["execution"]:
         ex = result["execution"]
+        owner = f" owner {_e(ex['owner_id'])} epoch {ex['epoch']}" if "owner_id" in ex else ""
+        console.print(f"[yellow]running[/] {_e(ex['id'])}{owner} phase {_e(ex['phase'])}")
+
+
+def _print_through_api(console: Console, result: dict[str, Any]) -> None:
+    """What `rem show --server` has instead of the store's tool calls and waiting inputs: the calls
+    the session's hold waits on, and how many inputs wait."""
+    held = result.get("held") or {}
+    for call in held.get("tool_calls", []):
         console.print(
-            f"[yellow]running[/] {_e(ex['id'])} owner {_e(ex['owner_id'])} epoch {ex['epoch']} "
-            f"phase {_e(ex['phase'])}"
+            f"[yellow]waits on[/] tool call {_e(call['call_id'])} ({_e(call['tool'])}): {_e(call['state'])}"
         )
+    if result.get("inputs_waiting"):
+        console.print(f"[dim]waiting[/] {result['inputs_waiting']} input(s) not yet in a turn")
 
 
 def _print_session_head(console: Console, session: dict[str, Any]) -> None:

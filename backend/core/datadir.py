@@ -61,8 +61,24 @@ class DataDir:
     def up_manifest(self) -> Path:
         return self.root / "up.json"
 
+    def check_reachable(self) -> None:
+        """Refuse a data dir under a directory this user may not enter: one line naming that
+        directory, not the `PermissionError` every later look at the path would raise."""
+        try:
+            self.root.stat()
+        except PermissionError:
+            blocked = next((p for p in reversed(self.root.parents) if not os.access(p, os.X_OK)), self.root)
+            raise DataDirError(
+                f"data dir {self.root} cannot be reached: this user ({private.user_name(os.geteuid())}) "
+                f"may not enter {blocked}; run rem as the user the data dir belongs to, or pass another --data"
+            ) from None
+        except OSError:
+            return  # missing (created later) or not a directory: `check_usable` says which
+
     def check_usable(self) -> None:
-        """Refuse a data dir that is a file, cannot be written, or is not private to this user."""
+        """Refuse a data dir that cannot be reached, is a file, cannot be written, or is not private
+        to this user."""
+        self.check_reachable()
         if self.root.exists() and not self.root.is_dir():
             raise DataDirError(
                 f"data dir {self.root} is a file, not a directory; pass --data with a directory path"
@@ -102,4 +118,5 @@ class DataDir:
         return private.open_private_append(self.logs / name)
 
     def exists(self) -> bool:
+        self.check_reachable()
         return self.state_db.is_file()

@@ -27,6 +27,10 @@ class BadInput(UsageError):
     """Input that rem refuses before writing anything."""
 
 
+class InputConflict(BadInput):
+    """An input id already taken by another input (another session, text or delivery) or a message."""
+
+
 class DataDirError(UsageError):
     """The data directory is unusable (a file, unwritable, ...)."""
 
@@ -131,6 +135,13 @@ class NotChroma(ChromaUnreachable):
     exit_code = ExitCode.USAGE
 
 
+class ServerUnreachable(RemError):
+    """The `rem serve` a command was pointed at (`--server`, REM_SERVER) does not answer, or not as
+    itself: down, the wrong address, a proxy without it behind, or draining."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
 class NotFound(RemError):
     """An id that names nothing."""
 
@@ -153,6 +164,10 @@ class Refused(RemError):
 
 class ReadOnly(Refused):
     """An action attempted from a read-only context."""
+
+
+class OutOfReach(Refused):
+    """A project the caller may not use (an API token's projects, `rem mcp --project`)."""
 
 
 class LeaseLost(RemError):

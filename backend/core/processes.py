@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,6 +34,9 @@ log = logging.getLogger("rem.processes")
 
 # start times are compared to the hundredth of a second (psutil derives them from jiffies)
 START_TIME_DIGITS = 2
+# psutil's start times are the boot time (whole seconds) plus jiffies: off by up to a second
+# from the wall clock (`started_by`)
+BOOT_TIME_SLACK_S = 1.0
 
 
 class PythonChild(NamedTuple):
@@ -114,6 +118,40 @@ def same_process(pid: Any, started: Any) -> bool:
         return False
     now = started_at(pid)
     return now is not None and now == round(float(started), START_TIME_DIGITS)
+
+
+def started_by(pid: Any, moment_s: float) -> bool:
+    """True while `pid` is a process that had started by `moment_s` (Unix time in seconds).
+
+    For a record that kept only when its process began its work (a worker row's `started_at`)
+    and not the kernel's start time: a pid the kernel gave to a process after that moment is
+    not the one recorded. psutil derives a start time from the boot time, which the kernel
+    gives in whole seconds, hence the slack.
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    now = started_at(pid)
+    return now is not None and now <= moment_s + BOOT_TIME_SLACK_S
+
+
+def is_gone(pid: int) -> bool:
+    """True when no process has `pid`, or the one that has it is a zombie (dead, not yet reaped)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def wait_gone(pid: int, timeout_s: float, step_s: float = 0.01) -> bool:
+    """Wait up to `timeout_s` for `pid` to be gone (`is_gone`); whether it is."""
+    deadline = time.monotonic() + timeout_s
+    while not is_gone(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step_s)
+    return True
 
 
 def signal_if_same(pid: Any, started: Any, signum: int) -> bool:

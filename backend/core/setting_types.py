@@ -132,6 +132,21 @@ def host_name() -> Parser[str]:
     return Parser(parse, "a host name (letters, digits, '.', '_' or '-', at most 63 characters)")
 
 
+SERVED_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?")
+
+
+def host_names() -> Parser[tuple[str, ...]]:
+    """Comma-separated host names (or addresses), each with an optional `:port`, as a Host header names them."""
+
+    def parse(raw: str) -> tuple[str, ...]:
+        names = tuple(name.strip() for name in raw.split(",") if name.strip())
+        if not names or len(names) > 32 or not all(SERVED_HOST.fullmatch(name) for name in names):
+            raise ValueError(raw)
+        return names
+
+    return Parser(parse, "host names, comma-separated, each with an optional :port (e.g. rem.example.com)")
+
+
 def postgres_url() -> Parser[str]:
     def parse(raw: str) -> str:
         if not raw.startswith(("postgresql://", "postgres://")):
@@ -145,8 +160,9 @@ def path() -> Parser[Path]:
     return Parser(lambda raw: Path(raw).expanduser(), "a path")
 
 
-def url() -> Parser[str]:
-    """An http(s) URL without credentials (no check that anything answers there)."""
+def url(credentials_go: str = "a key goes in REM_MODEL_API_KEY_FILE") -> Parser[str]:
+    """An http(s) URL without credentials (no check that anything answers there); the refusal
+    says where credentials go instead (`credentials_go`)."""
 
     def parse(raw: str) -> str:
         if not raw.startswith(("http://", "https://")) or len(raw) < 10 or has_credentials(raw):
@@ -155,8 +171,7 @@ def url() -> Parser[str]:
 
     return Parser(
         parse,
-        "an http:// or https:// URL without credentials (no user:password@: a key goes in "
-        "REM_MODEL_API_KEY_FILE)",
+        f"an http:// or https:// URL without credentials (no user:password@: {credentials_go})",
         redact_url,
     )
 

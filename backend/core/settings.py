@@ -32,6 +32,7 @@ from backend.core.setting_types import (
     flag,
     fraction,
     host_name,
+    host_names,
     number,
     path,
     postgres_url,
@@ -181,6 +182,25 @@ class Settings:
         "weight of turns reached through Dream's graph (a query's concepts -> turns naming them)",
         number(0),
     )
+    recall_hop_weight = Setting(
+        0.1,
+        "weight of the second hop: turns sharing rare Dream concepts and entities with the best fused turns",
+        number(0),
+    )
+    recall_hop_seeds = Setting(10, "the best fused turns the second hop starts from (0: no hop)", whole(0))
+    recall_date_boost = Setting(
+        0.5,
+        "score boost (times 1 + it) of turns whose own or resolved days fall in the days a query names",
+        number(0),
+    )
+    recall_when_boost = Setting(
+        0.2, "score boost of turns that name a day (resolved by Dream), for a question asking when", number(0)
+    )
+    recall_session_decay = Setting(
+        1.0,
+        "each turn already ranked from the same session multiplies a turn's score by this (1: no spread)",
+        fraction(),
+    )
     recall_summary_weight = Setting(
         0.5, "where a session summary ranks among turns: its normalised score times this", number(0)
     )
@@ -211,6 +231,7 @@ class Settings:
         "characters of one neighbouring turn in the context column and embedded text (part of the digest)",
         whole(1),
     )
+    # memory in the agent's context: what each agent step is given from recall
     memory_context_items = Setting(5, "recalled items put in each agent step's context (0: none)", whole(0))
     memory_context_chars = Setting(
         2000, "character budget of the recalled items in a step's context", whole(100)
@@ -218,6 +239,7 @@ class Settings:
     memory_recent_turns = Setting(
         20, "a session's own latest turns left out of its recalled memory (0: all of them)", whole(0)
     )
+    # the offline agent
     agent_delay_ms = Setting(
         250, "the offline agent's delay between streamed parts (0: instant)", whole(0, "ms")
     )
@@ -352,6 +374,29 @@ class Settings:
         "model steps one turn may take (each tool round is a step): the turn then ends with a reply "
         "that says so and an `execution.max_steps` event",
         whole(1),
+    )
+    # the API server (`rem serve`)
+    serve_hosts = Setting[tuple[str, ...]](
+        (),
+        "the names clients reach `rem serve` by besides loopback (a TLS proxy's public host name): its `/mcp` "
+        "refuses a request whose Host or Origin header names any other (DNS rebinding)",
+        host_names(),
+        shown_default="loopback names only",
+    )
+    # the CLI as a client of `rem serve` (`--server`)
+    server = Setting[str | None](
+        None,
+        "the `rem serve` that `rem send`, `show`, `approve`, `deny`, `resolve` and `recall` go through "
+        "instead of the local store (`--server`): an https:// URL, or http:// on this machine's loopback",
+        url("the token goes in REM_TOKEN_FILE"),
+        shown_default="none (the local store)",
+    )
+    token_file = Setting[Path | None](
+        None,
+        "a private file (yours, mode 0600 or stricter) holding the bearer token those commands send "
+        "with `--server` (`rem token create` prints one)",
+        path(),
+        shown_default="none",
     )
     # people and logs
     operator = Setting[str | None](

@@ -5,11 +5,16 @@ Nodes (`graph_node`, ids are deterministic so a re-ingest can only update):
 * `session:<sid>` (kind `session`) and `turn:<message_id>` (kind `turn`):
   owned by the session, stamped with the revision that wrote them;
 * `concept:<key>` and `entity:<key>`: shared by every session that mentions
-  them (`session_id` NULL), keyed by the casefolded NFC term.
+  them (`session_id` NULL), keyed by the casefolded NFC term;
+* `date:<YYYY-MM-DD>`, `date:<YYYY-MM>`, `date:<YYYY>` (kind `date`, shared):
+  the days, months and years a turn's time expressions name, resolved
+  against the turn's own time (`backend.memory.dates`: "yesterday" said on
+  8 May 2023 is `date:2023-05-07`); ISO ids, so a span of time is one range
+  of graph_edge's dst index.
 
 Edges (`graph_edge`, key `(src, dst, kind, session_id)`; the session is the
 provenance): `has_turn` (session -> turn), `follows` (turn -> previous turn),
-`mentions` (turn -> concept/entity, weight = count), `about` / `involves`
+`mentions` (turn -> concept/entity, weight = count), `on` (turn -> date), `about` / `involves`
 (session -> concept / entity), and typed entity relations (`uses`,
 `depends_on`, `is_a`, `part_of`, `has_part`, `replaces`, `co_occurs`).
 
@@ -37,6 +42,7 @@ from typing import Any
 import aiosqlite
 
 from backend.dream.extractor import Extraction, Term
+from backend.memory import dates
 from backend.store.db import execute, executemany, fetchall, fetchone
 
 TURN_LABEL_CHARS = 80
@@ -136,7 +142,21 @@ def plan_nodes(
     terms += [t for r in extraction.relations for t in (r.src, r.dst)]
     for term in terms:
         shared.setdefault(term.node_id, _shared(term))
+    for _, spans in turn_days(turns):
+        for span in spans:
+            for node in span.node_ids():
+                shared.setdefault(node, Node(node, "date", _date_label(node)))
     return nodes, shared
+
+
+def turn_days(turns: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dates.DaySpan]]]:
+    """Each turn's id and the spans of days its time expressions name, said at the turn's time."""
+    return [(str(t["id"]), dates.resolve(str(t.get("text") or ""), int(t["time"]))) for t in turns]
+
+
+def _date_label(node_id: str) -> str:
+    """'7 May 2023', 'May 2023' or '2023' for a `date:` node id."""
+    return dates.span_of_node(node_id).words()
 
 
 def _turn_chain(sid: str, turns: Sequence[Mapping[str, Any]]) -> list[Edge]:
@@ -159,6 +179,9 @@ def plan_edges(session_id: str, turns: Sequence[Mapping[str, Any]], extraction: 
     for te in extraction.turns:
         for term, count in sorted(te.mentions.items(), key=lambda item: item[0].node_id):
             edges.append(Edge(turn_node_id(te.turn_id), term.node_id, "mentions", float(count)))
+    for turn_id, spans in turn_days(turns):
+        nodes = dict.fromkeys(node for span in spans for node in span.node_ids())
+        edges += [Edge(turn_node_id(turn_id), node, "on") for node in nodes]
     for term, count in sorted(extraction.topics.items(), key=lambda item: item[0].node_id):
         edges.append(Edge(sid, term.node_id, "about" if term.kind == "concept" else "involves", float(count)))
     for rel, count in sorted(

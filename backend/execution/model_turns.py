@@ -90,6 +90,30 @@ def record_reply_sync(
     )
 
 
+def record_repairs_sync(
+    conn: Conn, lease: Lease, step: int, assistant_id: str, reply: ChatReply | None, now: int
+) -> None:
+    """Journal the characters no store can hold (NUL, lone surrogates) that the step's reply held,
+    each stored as U+FFFD (none: nothing)."""
+    if reply is None or not reply.unstorable:
+        return
+    append_event_sync(
+        conn,
+        kind=EventKind.MODEL_OUTPUT_REPAIRED,
+        actor=lease.owner_id,
+        session_id=lease.session_id,
+        target=lease.execution_id,
+        now=now,
+        data={
+            "step": step,
+            "assistant_id": assistant_id,
+            "replaced": reply.unstorable,
+            "replaced_with": "U+FFFD",
+            "why": "NUL or a lone surrogate (a \\ud800-\\udfff escape without its pair): no store can hold it",
+        },
+    )
+
+
 def record_truncation_sync(
     conn: Conn,
     lease: Lease,

@@ -39,7 +39,11 @@ INTERRUPTED_NOTE = (
 
 
 class OpenAIAgent:
-    """Streams each step's reply from the configured chat model."""
+    """Streams each step's reply from the configured chat model.
+
+    Its instructions are `system_prompt()`: a subclass that returns its own is the way to give
+    the model other instructions (`REM_AGENT=module:factory`; docs/your-agent.md).
+    """
 
     def __init__(self, client: ModelClient | None = None) -> None:
         self.client = client or ModelClient(kind=CallKind.CHAT)
@@ -50,7 +54,8 @@ class OpenAIAgent:
             "agent": "openai",
             "model": self.model,
             "endpoint": self.client.config.endpoint,
-            "system_prompt_sha256": hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest(),
+            # the prompt a subclass gives is part of the context: a change moves the baseline
+            "system_prompt_sha256": hashlib.sha256(self.system_prompt().encode()).hexdigest(),
         }
 
     def system_prompt(self) -> str:
@@ -61,7 +66,7 @@ class OpenAIAgent:
 
     def messages(self, request: StepRequest) -> list[Message]:
         """The conversation one step sends: system, history, prompts, and an interrupted reply."""
-        out: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT}]
+        out: list[Message] = [{"role": "system", "content": self.system_prompt()}]
         if request.memory:
             out.append({"role": "system", "content": memory_message(request.memory)})
         out += [{"role": m["role"], "content": str(m["text"])} for m in request.history if m.get("text")]

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any, BinaryIO
 
 from backend.core import clock
-from backend.core.errors import BadInput
+from backend.core.errors import BadInput, DatabaseRefused, InputConflict, OutOfReach, SessionNotFound
 from backend.store.db import (
     Conn,
     Database,
@@ -115,6 +116,10 @@ def decode_text(raw: bytes, source: str = "stdin") -> str:
         ) from None
 
 
+# PostgreSQL's unique_violation: two admissions of one new id raced (READ COMMITTED: neither saw the other)
+UNIQUE_VIOLATION = "23505"
+
+
 async def admit(
     db: Database,
     session_id: str,
@@ -125,13 +130,27 @@ async def admit(
     now: int | None = None,
     actor: str = "send",
     project: str | None = None,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Admit one input (idempotent on its id), creating the session (in `project`) on first use."""
+    """Admit one input (idempotent on its id), creating the session (in `project`) on first use.
+
+    `projects` keeps a caller to those projects (an API token): a session of another one is
+    not found, and an input id it holds is refused without naming where.
+    """
     validate_input(session_id, text, delivery, input_id, project)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
+    try:
+        return await db.write_in_thread(
+            lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project, projects)
+        )
+    except DatabaseRefused as exc:
+        if exc.sqlstate != UNIQUE_VIOLATION:
+            raise
+    # on PostgreSQL a concurrent admission of the same new id committed first: this transaction
+    # rolled back whole, and now reads that admission (answered as a duplicate, or refused)
     return await db.write_in_thread(
-        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project)
+        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project, projects)
     )
 
 
@@ -144,17 +163,22 @@ def admit_sync(
     now: int,
     actor: str = "send",
     project: str | None = None,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The admission transaction body (validated input, on the connection's thread)."""
+    if projects is not None:
+        project = _project_in_reach_sync(conn, session_id, project, projects)
     existing = conn.execute(
-        "SELECT session_id, prompt, delivery, admitted_seq, promoted_seq FROM session_input WHERE id = ?",
+        "SELECT i.session_id, i.prompt, i.delivery, i.admitted_seq, i.promoted_seq, s.project "
+        "FROM session_input AS i JOIN session AS s ON s.id = i.session_id WHERE i.id = ?",
         (input_id,),
     ).fetchone()
     if existing is not None:
-        return _readmitted(existing, session_id, input_id, text, delivery)
+        hidden = projects is not None and existing["project"] not in projects
+        return _readmitted(existing, session_id, input_id, text, delivery, hidden=hidden)
     if conn.execute("SELECT 1 FROM session_message WHERE id = ?", (input_id,)).fetchone():
         # the input id becomes a session_message id at promotion; it must be free
-        raise BadInput(f"input id {input_id!r} already names a message: use a new --id")
+        raise InputConflict(f"input id {input_id!r} already names a message: use a new --id")
     created = ensure_session_sync(conn, session_id, now, project)
     seq = reserve_seqs_sync(conn, session_id, 1, now, inputs=1)
     # a held session (a model error an operator must fix) admits its inputs asleep: they
@@ -185,17 +209,42 @@ def admit_sync(
     }
 
 
-def _readmitted(row: Row, session_id: str, input_id: str, text: str, delivery: str) -> dict[str, Any]:
-    """The answer to a re-admission: the original admission, or a refusal if it differs."""
+def _project_in_reach_sync(
+    conn: Conn, session_id: str, project: str | None, projects: Collection[str]
+) -> str | None:
+    """The project to admit into for a caller kept to `projects`: a session of another one is not
+    found; a new session goes to the project named (one of them) or to the only one there is."""
+    row = conn.execute("SELECT project FROM session WHERE id = ?", (session_id,)).fetchone()
+    if row is not None:
+        if row[0] not in projects:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return project  # ensure_session_sync refuses a named project that is not the session's
+    if project is None:
+        if len(projects) != 1:
+            raise BadInput(
+                f"session {session_id!r} is new: name its project (one of {', '.join(sorted(projects))})"
+            )
+        return next(iter(projects))
+    if project not in projects:
+        raise OutOfReach(f"project {project!r} is not one this caller may use; name one it reaches")
+    return project
+
+
+def _readmitted(
+    row: Row, session_id: str, input_id: str, text: str, delivery: str, *, hidden: bool = False
+) -> dict[str, Any]:
+    """The answer to a re-admission: the original admission, or a refusal if it differs
+    (`hidden`: the first is in a session the caller may not see, which the refusal does not name)."""
     same = (
         row["session_id"] == session_id
         and row["delivery"] == delivery
         and json.loads(row["prompt"]).get("text") == text
     )
-    if not same:
-        raise BadInput(
-            f"input id {input_id!r} was already admitted to session {row['session_id']!r} with "
-            "different text or delivery: resend the same input, or use a new --id"
+    if hidden or not same:
+        where = "another input" if hidden else f"an input of session {row['session_id']!r}"
+        raise InputConflict(
+            f"input id {input_id!r} is already taken by {where} with different text, delivery or "
+            "session: resend the same input, or use a new id (--id)"
         )
     return {
         "session_id": session_id,

@@ -387,6 +387,7 @@ class StepTransactions:
         for the index, the step journaled (`event`: what the step made)."""
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_STEP,
@@ -470,6 +471,7 @@ class StepTransactions:
         projection.update_owned_assistant_sync(conn, step.assistant_id, step.data, now, unread=True)
         note_reply(state, step)
         handoffs.mark_turns_changed_sync(conn, lease.session_id, now)
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_FAILED,
@@ -514,6 +516,7 @@ class StepTransactions:
         model_turns.record_failure_sync(
             conn, lease.session_id, error, step.request.reply, calls, self.owner_id, now
         )
+        model_turns.record_repairs_sync(conn, lease, step.number, step.assistant_id, step.request.reply, now)
         append_event_sync(
             conn,
             kind=EventKind.EXECUTION_INTERRUPTED,

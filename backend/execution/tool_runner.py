@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.core import clock, faults
 from backend.core.settings import settings
+from backend.core.storable import unstorable_at
 from backend.execution import parking, tool_calls
 from backend.execution.steps import TurnState
 from backend.execution.tool_calls import Outcome, PlannedCall
@@ -272,4 +273,10 @@ def parse_arguments(call: ModelToolCall) -> tuple[dict[str, Any], str | None]:
         return {}, f"its arguments are not valid JSON ({exc.msg} at character {exc.pos})"
     if not isinstance(value, dict):
         return {}, f"its arguments must be a JSON object, not {type(value).__name__}"
+    where = unstorable_at(value, whole="a key")
+    if where is not None:  # a \u0000 or unpaired \ud800 escape: no store (nor tool server) takes it
+        return {}, (
+            f"its arguments hold a NUL character or a lone surrogate (a \\ud800-\\udfff escape without "
+            f"its pair) in {where}, which no store can hold; it was not run"
+        )
     return value, None

@@ -63,6 +63,14 @@ class RecallConfig:
     speaker_boost: float = Settings.recall_speaker_boost.default
     # weight of turns reached through the Dream graph (query concepts -> mentioning turns)
     graph_weight: float = Settings.recall_graph_weight.default
+    # the second hop (`expansion.hop`): its weight against the best fused score, and its seeds
+    hop_weight: float = Settings.recall_hop_weight.default
+    hop_seeds: int = Settings.recall_hop_seeds.default
+    # dates (`expansion.fit_dates`): turns whose days fit the query's, turns that name a day for "when"
+    date_boost: float = Settings.recall_date_boost.default
+    when_boost: float = Settings.recall_when_boost.default
+    # the spread across sessions (`expansion.diversify`)
+    session_decay: float = Settings.recall_session_decay.default
     # where a summary / a fact ranks among turns: its normalised score times this
     summary_weight: float = Settings.recall_summary_weight.default
     fact_weight: float = Settings.recall_fact_weight.default
@@ -84,6 +92,11 @@ def recall_config() -> RecallConfig:
         rrf_k=settings.recall_rrf_k,
         speaker_boost=settings.recall_speaker_boost,
         graph_weight=settings.recall_graph_weight,
+        hop_weight=settings.recall_hop_weight,
+        hop_seeds=settings.recall_hop_seeds,
+        date_boost=settings.recall_date_boost,
+        when_boost=settings.recall_when_boost,
+        session_decay=settings.recall_session_decay,
         summary_weight=settings.recall_summary_weight,
         fact_weight=settings.recall_fact_weight,
         summaries=settings.recall_summaries,

@@ -1,62 +1,62 @@
-"""Recall's fusion: one score per turn from the retrievers' lists, the named speaker's boost, and the
-best turns as items."""
+"""Recall's ranking of turns, in the order it happens (`rank_turns`): the retrievers' lists gathered
+into one candidate per turn, fused into one score (times the named speaker's boost), expanded
+(`backend.memory.expansion`: the graph hop, the fit of dates, the spread across sessions), and the
+best turns built as items."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from backend.memory import expansion
+from backend.memory.candidate import Candidate
 from backend.memory.config import RecallConfig
+from backend.memory.query import Query
 from backend.memory.scope import Scope, excluded, in_list
 from backend.memory.text import mentions_name
 from backend.store.db import Conn
 
 
-@dataclass
-class Candidate:
-    """One turn found by at least one retriever."""
-
-    row_id: int
-    message_id: str
-    session_id: str
-    speaker: str = ""
-    ranks: dict[str, int] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
-
-
-def turn_items(
+def rank_turns(
     conn: Conn,
     lexical: Mapping[str, Any],
     dense_hits: list[tuple[str, float]],
+    query: Query,
     scope: Scope,
     config: RecallConfig,
-    query: str,
     k: int,
 ) -> list[dict[str, Any]]:
-    """Fuse the turn lists, boost the named speaker, and build the best `k` turn items."""
-    candidates: dict[str, Candidate] = {c.message_id: c for c in lexical["fts"].values()}
-    rows = _index_rows(conn, [m for m, _ in dense_hits] + list(lexical["graph"]))
-    _add_dense(candidates, rows, dense_hits, scope)
-    _add_graph(candidates, rows, lexical["graph"])
+    """The best `k` turns as items: gather, fuse, expand, spread across sessions, build."""
+    candidates = gather(conn, lexical, dense_hits, scope)
     if not candidates:
         return []
     fused = fuse(candidates, config)
-    _boost_named_speaker(fused, candidates, query, config)
-    return _best_items(conn, candidates, fused, k)
+    _boost_named_speaker(fused, candidates, query.text, config)
+    expansion.hop(conn, fused, candidates, query, scope, config)
+    expansion.fit_dates(conn, fused, candidates, query, config)
+    return _items(conn, candidates, expansion.diversify(fused, candidates, config, k))
 
 
-def _best_items(
-    conn: Conn, candidates: dict[str, Candidate], fused: dict[str, float], k: int
-) -> list[dict[str, Any]]:
-    """The `k` best fused turns as items, scored relative to the best (a turn gone since is left out)."""
-    top = sorted(fused, key=lambda m: (-fused[m], m))[:k]
-    details = _turn_details(conn, top)
-    top_score = max(fused.values()) or 1.0
+def gather(
+    conn: Conn, lexical: Mapping[str, Any], dense_hits: list[tuple[str, float]], scope: Scope
+) -> dict[str, Candidate]:
+    """One candidate per turn any turn retriever found, with each retriever's rank and score."""
+    candidates: dict[str, Candidate] = {c.message_id: c for c in lexical["fts"].values()}
+    rows = _index_rows(conn, [m for m, _ in dense_hits] + list(lexical["graph"]) + list(lexical["dates"]))
+    _add_dense(candidates, rows, dense_hits, scope)
+    _add_listed(candidates, rows, lexical["graph"], "graph")
+    _add_listed(candidates, rows, lexical["dates"], "dates")
+    return candidates
+
+
+def _items(conn: Conn, candidates: dict[str, Candidate], ranked: dict[str, float]) -> list[dict[str, Any]]:
+    """The ranked turns as items, scored relative to the best (a turn gone since is left out)."""
+    details = _turn_details(conn, list(ranked))
+    top_score = max(ranked.values(), default=0.0) or 1.0
     return [
-        _turn_item(candidates[mid], detail, round(fused[mid] / top_score, 6))
-        for mid in top
+        _turn_item(candidates[mid], detail, round(score / top_score, 6))
+        for mid, score in ranked.items()
         if (detail := details.get(mid)) is not None
     ]
 
@@ -76,20 +76,27 @@ def _add_dense(
             or excluded(scope, row["session_id"], row["ord"])
         ):
             continue  # an orphan or stale vector: its turn was re-indexed or removed since
-        cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
+        cand = candidates.setdefault(mid, _candidate(mid, row))
         cand.ranks["dense"], cand.scores["dense"] = rank, sim
 
 
-def _add_graph(
-    candidates: dict[str, Candidate], rows: Mapping[str, dict[str, Any]], graph: Mapping[str, float]
+def _add_listed(
+    candidates: dict[str, Candidate],
+    rows: Mapping[str, dict[str, Any]],
+    found: Mapping[str, float],
+    retriever: str,
 ) -> None:
-    """The graph retriever's turns among the candidates, with their ranks and scores."""
-    for rank, (mid, score) in enumerate(sorted(graph.items(), key=lambda kv: -kv[1])):
+    """A graph retriever's turns (message id -> score) among the candidates, with ranks and scores."""
+    for rank, (mid, score) in enumerate(sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))):
         row = rows.get(mid)
-        if row is None:
-            continue
-        cand = candidates.setdefault(mid, Candidate(row["id"], mid, row["session_id"], row["speaker"]))
-        cand.ranks["graph"], cand.scores["graph"] = rank, score
+        if row is not None:
+            cand = candidates.setdefault(mid, _candidate(mid, row))
+            cand.ranks[retriever], cand.scores[retriever] = rank, score
+
+
+def _candidate(message_id: str, row: Mapping[str, Any]) -> Candidate:
+    """A turn found first by a retriever that named only its message id (its index row read since)."""
+    return Candidate(row["id"], message_id, row["session_id"], row["speaker"], time=row["time"])
 
 
 def _turn_item(cand: Candidate, detail: Mapping[str, Any], score: float) -> dict[str, Any]:
@@ -117,7 +124,12 @@ def _turn_item(cand: Candidate, detail: Mapping[str, Any], score: float) -> dict
 
 def fuse(candidates: Mapping[str, Candidate], config: RecallConfig) -> dict[str, float]:
     """One score per turn: min-max linear fusion or reciprocal rank fusion (config.fusion)."""
-    weights = {"fts": config.lexical_weight, "dense": config.dense_weight, "graph": config.graph_weight}
+    weights = {
+        "fts": config.lexical_weight,
+        "dense": config.dense_weight,
+        "graph": config.graph_weight,
+        "dates": config.graph_weight,
+    }
     if config.fusion == "rrf":
         return {
             m: sum(weights[r] / (config.rrf_k + rank + 1) for r, rank in c.ranks.items())
@@ -157,7 +169,7 @@ def _index_rows(conn: Conn, message_ids: list[str]) -> dict[str, dict[str, Any]]
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
         for r in conn.execute(
-            f"SELECT id, message_id, session_id, speaker, ord, digest, vector_digest FROM memory_turn "
+            f"SELECT id, message_id, session_id, speaker, ord, digest, vector_digest, time FROM memory_turn "
             f"WHERE message_id IN ({in_list(chunk)})",
             chunk,
         ):
@@ -168,6 +180,7 @@ def _index_rows(conn: Conn, message_ids: list[str]) -> dict[str, dict[str, Any]]
                 "ord": r[4],
                 "digest": r[5],
                 "vector_digest": r[6],
+                "time": r[7],
             }
     return rows
 

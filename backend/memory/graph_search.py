@@ -1,5 +1,5 @@
-"""Recall's graph retrievers: the turns that mention the query's concepts and entities, and the typed
-relations between the entities it names, from Dream's graph."""
+"""Recall's graph retrievers: the turns that mention the query's concepts and entities, the turns
+that name the days it names, and the typed relations between the entities it names, from Dream's graph."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import unicodedata
 from typing import Any
 
 from backend.memory.config import RecallConfig
+from backend.memory.dates import DaySpan
 from backend.memory.scope import Scope, excluded, in_list
 from backend.memory.text import query_terms, words
 from backend.store.db import Reader
@@ -59,7 +60,7 @@ def graph_turns(nodes: list[str], scope: Scope) -> Reader[dict[str, float]]:
     useful = [n for n, count in df.items() if count <= GRAPH_MAX_DF]
     if not useful:
         return {}
-    filters, params = _scope_sql(scope, "t")
+    filters, params = scope_sql(scope, "t")
     [rows] = yield [(MENTIONING_TURNS_SQL.format(nodes=in_list(useful), filters=filters), [*useful, *params])]
     scores: dict[str, float] = {}
     for mid, sid, ord_, dst in rows:
@@ -68,7 +69,8 @@ def graph_turns(nodes: list[str], scope: Scope) -> Reader[dict[str, float]]:
     return scores
 
 
-def _scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> tuple[str, list[Any]]:
+def scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> tuple[str, list[Any]]:
+    """` AND ...` filters keeping rows of `alias` to the scope's project and session, and their values."""
     sql, params = "", []
     if scope.project is not None:
         sql += f" AND {alias}.project = ?"
@@ -77,6 +79,26 @@ def _scope_sql(scope: Scope, alias: str, session_column: str = "session_id") -> 
         sql += f" AND {alias}.{session_column} = ?"
         params.append(scope.session_id)
     return sql, params
+
+
+# the turns (in scope) whose time expressions name a day in a range of `date:` nodes (ISO ids
+# sort by time, so the range is one seek of graph_edge_dst_idx)
+DATED_TURNS_SQL = (
+    "SELECT t.message_id, t.session_id, t.ord FROM graph_edge AS e "
+    "JOIN memory_turn AS t ON t.message_id = substr(e.src, 6) "
+    "WHERE e.dst BETWEEN ? AND ? AND e.kind = 'on'{filters} LIMIT ?"
+)
+DATED_TURNS_MAX = 200
+
+
+def dated_turns(spans: list[DaySpan], scope: Scope) -> Reader[dict[str, float]]:
+    """message id -> 1.0: the turns whose resolved days fall in the days the query names."""
+    if not spans:
+        return {}
+    filters, params = scope_sql(scope, "t")
+    sql = DATED_TURNS_SQL.format(filters=filters)
+    found = yield [(sql, [*span.node_range(), *params, DATED_TURNS_MAX]) for span in spans]
+    return {mid: 1.0 for rows in found for mid, sid, ord_ in rows if not excluded(scope, sid, ord_)}
 
 
 def facts(nodes: list[str], scope: Scope, config: RecallConfig) -> Reader[list[dict[str, Any]]]:
@@ -91,7 +113,7 @@ def facts(nodes: list[str], scope: Scope, config: RecallConfig) -> Reader[list[d
     if not entities:
         return []
     marks = in_list(entities)
-    filters, params = _scope_sql(scope, "s", "id")
+    filters, params = scope_sql(scope, "s", "id")
     # the named entities' typed edges through the two indexes (src: primary key, dst: dst_idx),
     # then their sessions: "src IN .. OR dst IN .." made SQLite walk every edge of the project
     [rows] = yield [

@@ -122,12 +122,13 @@ def plan_session(
     rows = []
     for i, turn in enumerate(turns):
         when = f"[{date_words(int(turn['time']))}] " if config.date_in_text else ""
+        said = _resolved_days(texts[i], int(turn["time"])) if config.date_in_text else ""
         ctx = " ".join(clip(texts[j], config.neighbour_chars) for j in range(max(0, i - config.ctx_turns), i))
         dense = f"{when}{names[i]}: {texts[i]}"
         prev = range(max(0, i - config.dense_prev_turns), i)
         if config.dense_prev_turns and i > 0:
             dense += " || " + " ".join(f"{names[j]}: {clip(texts[j], config.neighbour_chars)}" for j in prev)
-        fields = [project, i, turn["role"], names[i], int(turn["time"]), when + texts[i], ctx, dense]
+        fields = [project, i, turn["role"], names[i], int(turn["time"]), when + texts[i] + said, ctx, dense]
         digest = hashlib.sha256(
             json.dumps([config.key(), *fields], ensure_ascii=False).encode("utf-8", "surrogatepass")
         ).hexdigest()[:32]
@@ -141,7 +142,7 @@ def plan_session(
                 speaker=names[i],
                 time=int(turn["time"]),
                 text=texts[i],
-                body=when + texts[i],
+                body=when + texts[i] + said,
                 ctx=ctx,
                 scope=scope,
                 dense_text=dense,
@@ -149,6 +150,15 @@ def plan_session(
             )
         )
     return rows
+
+
+def _resolved_days(text: str, when_ms: int) -> str:
+    """' (yesterday: 7 May 2023)' for each time expression of a turn, resolved against its time: the
+    FTS5 body holds the days it names, so a question that names the day finds the turn."""
+    # `rem status` imports this module for the index lag; the date grammar costs ~10 ms to compile
+    from backend.memory import dates  # import time: only Dream's indexing needs the date grammar
+
+    return "".join(f" ({span.phrase}: {span.words()})" for span in dates.resolve(text, when_ms))
 
 
 async def load_session_meta(conn: aiosqlite.Connection, session_id: str) -> tuple[str, dict[str, str]]:

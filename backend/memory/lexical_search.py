@@ -7,8 +7,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from backend.memory.candidate import Candidate
 from backend.memory.config import RecallConfig
-from backend.memory.fusion import Candidate
 from backend.memory.scope import Scope, excluded
 from backend.memory.text import FTS_TABLES_SQL, fts_match, fts_table, scope_token
 from backend.store.db import Conn, Reader, engine_of
@@ -16,7 +16,7 @@ from backend.store.db import Conn, Reader, engine_of
 # the FTS5 query ranks and limits on its own, then joins only its LIMIT rows
 # (joining first makes SQLite score every match through the join: 6x slower)
 FTS_SQL = """
-SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
+SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score, t.time
 FROM (SELECT rowid, -bm25({table}, :w_body, :w_ctx, 0.0) AS score FROM {table}
       WHERE {table} MATCH :match
       ORDER BY bm25({table}, :w_body, :w_ctx, 0.0) LIMIT :n) AS f
@@ -45,7 +45,7 @@ SELECT greatest((SELECT reltuples FROM pg_class WHERE oid = CAST('memory_fts' AS
 """
 FTS_PG_DF_TERM = ", (SELECT count(*) FROM memory_fts WHERE doc @@ {match}) AS d{i}"
 FTS_PG_SQL = """
-SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score
+SELECT t.id, t.message_id, t.session_id, t.speaker, t.ord, f.score, t.time
 FROM (SELECT id, {score} AS score FROM memory_fts WHERE doc @@ {match}
       ORDER BY score DESC LIMIT :n) AS f
 JOIN memory_turn AS t ON t.id = f.id
@@ -109,7 +109,7 @@ def fts(conn: Conn, terms: list[str], scope: Scope, config: RecallConfig) -> Rea
 
 def _candidates(rows: Sequence[Any], scope: Scope) -> dict[int, Candidate]:
     found: dict[int, Candidate] = {}
-    for rank, (row_id, mid, sid, speaker, ord_, score) in enumerate(rows):
+    for rank, (row_id, mid, sid, speaker, ord_, score, when) in enumerate(rows):
         if not excluded(scope, sid, ord_):
-            found[row_id] = Candidate(row_id, mid, sid, speaker, {"fts": rank}, {"fts": float(score)})
+            found[row_id] = Candidate(row_id, mid, sid, speaker, {"fts": rank}, {"fts": float(score)}, when)
     return found

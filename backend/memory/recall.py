@@ -1,26 +1,27 @@
 """Recall: ranked memory items (turns, session summaries, graph facts) for a free-text query.
 
-Hybrid, scoped to one project (or one session, or everything when asked):
+One query's path, in order (each step names the module that does it):
 
-* **lexical**: FTS5 over the project's own turn table (`body` = the turn's
-  text and date, `ctx` = the turns before it, bm25-weighted), the query's
-  non-stop words OR-ed (a session's scope token AND-ed when scoped to it);
-* **dense**: the query's WordLlama vector against the Chroma turn collection
-  (`where={"project": ...}`); a vector whose row is not marked current (a
-  turn re-indexed since, or removed) is ignored;
-* fused per turn, linearly after min-max normalisation or by reciprocal rank
-  (`backend.memory.config.RecallConfig`), times a boost for turns by the one
-  speaker the query names;
-* **graph**: the query's words and word runs as Dream's concept and entity
-  nodes -> the turns that mention them (a small extra weight in the fusion),
-  and typed relations between entities as `fact` items;
-* **summaries**: the session summaries nearest to the query (Chroma, by
-  project), ranked among the turns by `summary_weight`.
+1. **the query** (`query.parse`): its non-stop words, the Dream concept and
+   entity nodes it names, the days it names ("in July 2022", "last week":
+   `dates`), and whether it asks when.
+2. **the retrievers, side by side** (`recall.retrieve`): on the state store, in
+   one read, FTS5 over the project's own turn table (`lexical_search`), the
+   turns that mention the query's nodes, the turns whose time words name its
+   days, and the typed facts between its entities (`graph_search`); on Chroma,
+   at the same time, the query's vector against the project's turn vectors
+   and its summaries (`vector_search`).
+3. **fusion and expansion** (`fusion.rank_turns`, one more read): one candidate
+   per turn, one score (min-max linear or reciprocal rank, times a boost for the
+   one speaker the query names), then `expansion`: the second hop through the
+   graph from the best turns, the fit of dates, and the spread of the top k
+   across sessions.
+4. **the result** (`recall.result`): turns, summaries and facts ranked together,
+   each with its provenance (the revision it was indexed or written at, the
+   retrievers that found it and at what rank, the turns it cites).
 
-Every item carries its kind, session, message id (turns), time, score and
-text, and its provenance: the revision it was indexed or written at, which
-retrievers found it (and at what rank), and the turns it cites. A Chroma
-outage degrades recall to lexical + graph and says so in `degraded`.
+A Chroma outage degrades recall to the state store's side and says so in
+`degraded`. The knobs are `backend.memory.config.RecallConfig`.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from typing import Any, TypeVar
 from backend.core.errors import BadInput, ChromaUnreachable
 from backend.memory import fusion, graph_search, lexical_search, vector_search
 from backend.memory.config import RecallConfig, recall_config
+from backend.memory.query import Query, parse
 from backend.memory.scope import Scope
-from backend.memory.text import query_terms
 from backend.runtime.context import Context
 from backend.store.db import Conn, Reader, independent_reads_sync, read_together_sync
 
 KINDS = ("turn", "summary", "fact")
-RETRIEVERS = ("fts", "dense", "graph", "summaries", "facts")
+RETRIEVERS = ("fts", "dense", "graph", "dates", "summaries", "facts")
 MAX_K = 200
 MAX_QUERY_CHARS = 4000
 
@@ -82,25 +83,37 @@ async def recall(
     config = config or recall_config()
     db = await ctx.db()
     scope = await _scope(ctx, project, session_id, exclude_session, exclude_recent, top_ord)
+    asked = parse(query)
     if not _wants_vectors(retrievers, kinds):
         # no vector side to wait for: the whole of recall in one thread hop
         return await db.read_beside(
-            lambda c: _recall_lexical_sync(c, query, scope, config, retrievers, kinds, k, started)
+            lambda c: _recall_lexical_sync(c, asked, scope, config, retrievers, kinds, k, started)
         )
-    terms = query_terms(query)
+    found = await retrieve(ctx, asked, scope, config, retrievers, kinds)
+    found.turns = await db.read_beside(
+        lambda c: fusion.rank_turns(c, found.lexical, found.dense_hits or [], asked, scope, config, k)
+    )
+    return result(asked, scope, k, kinds, found, started)
+
+
+async def retrieve(
+    ctx: Context,
+    query: Query,
+    scope: Scope,
+    config: RecallConfig,
+    retrievers: Collection[str],
+    kinds: Collection[str],
+) -> Found:
+    """Every retriever asked, side by side: the state store's in one read on a database thread
+    (PostgreSQL: the reading connection's, beside the writes) while the vector side waits on Chroma."""
+    db = await ctx.db()
     degraded: list[str] = []
-    # the state store's side runs on a database thread (PostgreSQL: the reading connection's,
-    # beside the writes) while the vector side waits on Chroma; the vector side first: its one
-    # short read queues ahead of the lexical reads
+    # the vector side first: its one short read queues ahead of the lexical reads
     (dense_hits, summaries), lexical = await asyncio.gather(
-        _vector_side(ctx, query, scope, config, retrievers, kinds, degraded),
-        db.read_beside(lambda c: _lexical(c, terms, scope, config, retrievers, kinds, query)),
+        _vector_side(ctx, query.text, scope, config, retrievers, kinds, degraded),
+        db.read_beside(lambda c: _lexical(c, query, scope, config, retrievers, kinds)),
     )
-    turns = await db.read_beside(
-        lambda c: fusion.turn_items(c, lexical, dense_hits or [], scope, config, query, k)
-    )
-    found = Found(lexical, turns, dense_hits, summaries, degraded)
-    return _result(query, scope, k, kinds, terms, found, started)
+    return Found(lexical, [], dense_hits, summaries, degraded)
 
 
 def recall_lexical_sync(
@@ -120,13 +133,14 @@ def recall_lexical_sync(
     started = time.perf_counter()
     scope = Scope(project, None, exclude_session)
     scope.exclude_from_ord = first_excluded_ord(top_ord, exclude_recent)
-    retrievers = ("fts", "graph", "facts")
-    return _recall_lexical_sync(conn, query, scope, recall_config(), retrievers, KINDS, k, started)
+    retrievers = ("fts", "graph", "dates", "facts")
+    asked = parse(query)
+    return _recall_lexical_sync(conn, asked, scope, recall_config(), retrievers, KINDS, k, started)
 
 
 def _recall_lexical_sync(
     conn: Conn,
-    query: str,
+    query: Query,
     scope: Scope,
     config: RecallConfig,
     retrievers: Collection[str],
@@ -134,10 +148,10 @@ def _recall_lexical_sync(
     k: int,
     started: float,
 ) -> dict[str, Any]:
-    terms = query_terms(query)
-    lexical = _lexical(conn, terms, scope, config, retrievers, kinds, query)
-    turns = fusion.turn_items(conn, lexical, [], scope, config, query, k)
-    return _result(query, scope, k, kinds, terms, Found(lexical, turns, None, None, []), started)
+    """Recall with the state store's retrievers only, in the caller's read."""
+    lexical = _lexical(conn, query, scope, config, retrievers, kinds)
+    turns = fusion.rank_turns(conn, lexical, [], query, scope, config, k)
+    return result(query, scope, k, kinds, Found(lexical, turns, None, None, []), started)
 
 
 @dataclass
@@ -151,25 +165,19 @@ class Found:
     degraded: list[str]
 
 
-def _result(
-    query: str,
-    scope: Scope,
-    k: int,
-    kinds: Collection[str],
-    terms: list[str],
-    found: Found,
-    started: float,
+def result(
+    query: Query, scope: Scope, k: int, kinds: Collection[str], found: Found, started: float
 ) -> dict[str, Any]:
     """Recall's answer: the `k` best items of every kind asked for, and how they were found."""
     items = found.turns + (found.summaries or []) + found.lexical["facts"]
     items.sort(key=lambda item: (-item["score"], item["id"]))
     items = [i for i in items if i["kind"] in kinds][:k]
     return {
-        "query": query,
+        "query": query.text,
         "project": scope.project,
         "session": scope.session_id,
         "k": k,
-        "terms": terms,
+        "terms": query.terms,
         "items": items,
         "candidates": _candidate_counts(found.lexical, found.dense_hits, found.summaries),
         "degraded": found.degraded,
@@ -213,6 +221,7 @@ def _candidate_counts(lexical: Mapping[str, Any], dense_hits: Any, summaries: An
         "fts": len(lexical["fts"]),
         "dense": None if dense_hits is None else len(dense_hits),
         "graph": len(lexical["graph"]),
+        "dates": len(lexical["dates"]),
         "summaries": None if summaries is None else len(summaries),
         "facts": len(lexical["facts"]),
     }
@@ -275,32 +284,34 @@ async def _guard(coro: Any, degraded: list[str], what: str) -> Any:
 
 def _lexical(
     conn: Conn,
-    terms: list[str],
+    query: Query,
     scope: Scope,
     config: RecallConfig,
     retrievers: Collection[str],
     kinds: Collection[str],
-    query: str,
 ) -> dict[str, Any]:
-    # three retrievers, each ranking on its own: they need not see one state, and each
-    # round of their reads goes to the server together (PostgreSQL: one round trip a round)
-    nodes = graph_search.graph_node_ids(query, terms)
+    """The state store's retrievers, each ranking on its own: they need not see one state, and each
+    round of their reads goes to the server together (PostgreSQL: one round trip a round)."""
+    turns = "turn" in kinds
     with independent_reads_sync(conn):
-        fts, graph, facts = read_together_sync(
+        fts, graph, dated, facts = read_together_sync(
             conn,
             [
-                lexical_search.fts(conn, terms, scope, config)
-                if "fts" in retrievers and "turn" in kinds
+                lexical_search.fts(conn, query.terms, scope, config)
+                if "fts" in retrievers and turns
                 else _none({}),
-                graph_search.graph_turns(nodes, scope)
-                if "graph" in retrievers and "turn" in kinds
+                graph_search.graph_turns(query.nodes, scope)
+                if "graph" in retrievers and turns
                 else _none({}),
-                graph_search.facts(nodes, scope, config)
+                graph_search.dated_turns(query.spans, scope)
+                if "dates" in retrievers and turns
+                else _none({}),
+                graph_search.facts(query.nodes, scope, config)
                 if "facts" in retrievers and "fact" in kinds
                 else _none([]),
             ],
         )
-    return {"fts": fts, "graph": graph, "facts": facts}
+    return {"fts": fts, "graph": graph, "dates": dated, "facts": facts}
 
 
 _T = TypeVar("_T")

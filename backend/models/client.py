@@ -39,6 +39,7 @@ import httpx2
 import openai
 
 from backend.core.settings import settings
+from backend.core.storable import UNSTORABLE_ESCAPE, storable
 from backend.models import health
 from backend.models.classify import classify
 from backend.models.config import ModelConfig
@@ -124,6 +125,8 @@ class ChatReply:
     truncated: bool = False
     # the tool calls the reply asked for (streamed `tool_calls` deltas, assembled and bounded)
     tool_calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
+    # characters no store can hold (NUL, lone surrogates) replaced by U+FFFD in what the endpoint sent
+    unstorable: int = 0
 
 
 def retry_wait(config: ModelConfig, error: ModelError, attempt: int) -> float | None:
@@ -268,6 +271,7 @@ class ModelClient:
             attempt += 1
             reply.attempts = attempt
             reply.tool_calls = ToolCallAssembler()  # a retried attempt starts its calls over
+            reply.unstorable = 0
             call = self._call(reply.model, attempt, session_id)
             delivered = False
             started = time.perf_counter()
@@ -313,7 +317,9 @@ class ModelClient:
                     if data == "[DONE]":
                         done = True
                         break
-                    text = self._chunk(json.loads(data), reply, started)
+                    # only a line with a \u0000 or surrogate escape can decode to an unstorable character
+                    suspect = UNSTORABLE_ESCAPE.search(data) is not None
+                    text = self._chunk(json.loads(data), reply, started, suspect)
                     if len(text) >= left:
                         yield text[:left]
                         _truncate(reply)
@@ -351,10 +357,22 @@ class ModelClient:
             )
         return text
 
-    def _chunk(self, chunk: Any, reply: ChatReply, started: float) -> str:
-        """The text of one streamed chunk; records usage and the finish reason it carries."""
+    def _chunk(self, chunk: Any, reply: ChatReply, started: float, suspect: bool = False) -> str:
+        """The text of one streamed chunk; records usage, the finish reason and the tool calls it carries.
+
+        `suspect`: the chunk may hold a character no store can hold (`backend.core.storable`: a
+        NUL, a lone surrogate): written as it was, the step's transaction failed every time the
+        turn was retried, until the recovery budget parked it. Each one is replaced by U+FFFD and counted
+        (`reply.unstorable`); a tool call holding one is refused by the assembler instead.
+        """
         if not isinstance(chunk, dict):
             raise json.JSONDecodeError("a chunk that is not a JSON object", str(chunk)[:80], 0)
+        calls = _take_tool_calls(chunk, "delta")
+        if calls is not None:
+            reply.unstorable += reply.tool_calls.feed(calls)
+        if suspect:
+            chunk, replaced = storable(chunk)
+            reply.unstorable += replaced
         if "error" in chunk:
             raise _stream_error(chunk["error"])
         usage = chunk.get("usage")
@@ -367,8 +385,6 @@ class ModelClient:
         if choice.get("finish_reason"):
             reply.finish_reason = choice["finish_reason"]
         delta = choice.get("delta")
-        if isinstance(delta, dict) and delta.get("tool_calls") is not None:
-            reply.tool_calls.feed(delta["tool_calls"])
         text = delta.get("content") if isinstance(delta, dict) else None
         if not text or not isinstance(text, str):
             return ""
@@ -381,6 +397,13 @@ class ModelClient:
             raise ModelError(
                 ModelErrorClass.BAD_RESPONSE, "the endpoint's answer is neither a stream nor a completion"
             )
+        calls = _take_tool_calls(completion, "message")
+        if isinstance(calls, list):
+            reply.unstorable += reply.tool_calls.feed(
+                [{"index": i, **c} for i, c in enumerate(calls) if isinstance(c, dict)]
+            )
+        completion, replaced = storable(completion)  # one object: walked whole (see `_chunk`)
+        reply.unstorable += replaced
         choice = completion["choices"][0]
         usage = completion.get("usage")
         if isinstance(usage, dict):
@@ -388,10 +411,6 @@ class ModelClient:
         reply.finish_reason = choice.get("finish_reason") or "stop"
         reply.ttft_ms = (time.perf_counter() - started) * 1000
         message = choice.get("message") or {}
-        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
-            reply.tool_calls.feed(
-                [{"index": i, **c} for i, c in enumerate(message["tool_calls"]) if isinstance(c, dict)]
-            )
         return str(message.get("content") or "")
 
     # -- one whole reply ------------------------------------------------------------
@@ -435,6 +454,16 @@ class ModelClient:
                 continue
             self._succeeded(call, reply, started)
             return text
+
+
+def _take_tool_calls(chunk: dict[str, Any], part: str) -> Any:
+    """Take `choices[0].<part>.tool_calls` out of a chunk (`part`: `delta`, or a completion's
+    `message`), for the assembler to read as it was sent; None when there are none."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    inner = choices[0].get(part)
+    return inner.pop("tool_calls", None) if isinstance(inner, dict) else None
 
 
 def _truncate(reply: ChatReply) -> None:

@@ -7,7 +7,9 @@ append to `function.arguments`. What is outside input is bounded: at most
 at most `REM_TOOL_ARGUMENTS_MAX_BYTES` of arguments per call. A call past a
 bound is kept with a `refused` reason (its arguments dropped) so the agent
 answers it with a clear tool error instead of running it; calls past the count
-are dropped, with one refused call saying so.
+are dropped, with one refused call saying so. A name or arguments holding a character
+no store can hold (`backend.core.storable`: NUL, a lone surrogate) refuse the call too
+(its name kept with U+FFFD in place of each); an id holding one is kept so repaired.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core.settings import settings
+from backend.core.storable import storable_text
 
 NAME_MAX = 64
 ID_MAX = 128
+NOT_TEXT = (
+    "its function name or arguments hold a NUL character or a lone surrogate (a \\ud800-\\udfff "
+    "escape without its pair), which no store can hold; it was not run"
+)
 
 
 @dataclass
@@ -49,32 +56,39 @@ class ToolCallAssembler:
     calls: dict[int, ModelToolCall] = field(default_factory=dict)
     dropped: int = 0
 
-    def feed(self, deltas: Any) -> None:
-        """One chunk's `delta.tool_calls` (a list of pieces); anything malformed is ignored."""
+    def feed(self, deltas: Any) -> int:
+        """One chunk's `delta.tool_calls` (a list of pieces); anything malformed is ignored. Returns
+        how many unstorable characters were replaced (each refuses its call, but in an id)."""
         if not isinstance(deltas, list):
-            return
-        for piece in deltas:
-            if isinstance(piece, dict):
-                self._piece(piece)
+            return 0
+        return sum(self._piece(piece) for piece in deltas if isinstance(piece, dict))
 
-    def _piece(self, piece: dict[str, Any]) -> None:
+    def _piece(self, piece: dict[str, Any]) -> int:
         index = piece.get("index", len(self.calls))
         if not isinstance(index, int) or index < 0:
-            return
+            return 0
         call = self.calls.get(index)
         if call is None:
             if len(self.calls) >= self.max_calls:
                 self.dropped += 1
-                return
+                return 0
             call = self.calls[index] = ModelToolCall(index=index)
+        replaced = 0
         if isinstance(piece.get("id"), str) and not call.id:
-            call.id = piece["id"][:ID_MAX]
+            call.id, replaced = storable_text(piece["id"][:ID_MAX])
         function = piece.get("function")
         if not isinstance(function, dict):
-            return
+            return replaced
         name, arguments = function.get("name"), function.get("arguments")
+        found = 0
         if isinstance(name, str):
+            name, found = storable_text(name)
             call.name = (call.name + name)[: NAME_MAX + 1]
+        if isinstance(arguments, str):
+            found += storable_text(arguments)[1]
+        if found:
+            call.arguments, call.refused = "", NOT_TEXT
+            return replaced + found
         if isinstance(arguments, str) and call.refused is None:
             call.arguments += arguments
             if len(call.arguments.encode("utf-8", "replace")) > self.max_argument_bytes:
@@ -83,6 +97,7 @@ class ToolCallAssembler:
                     f"its arguments are over {self.max_argument_bytes} bytes "
                     "(REM_TOOL_ARGUMENTS_MAX_BYTES); it was not run"
                 )
+        return replaced
 
     def result(self) -> list[ModelToolCall]:
         """The calls in index order (ids made up where the model gave none), and a refusal for the

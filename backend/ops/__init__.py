@@ -6,8 +6,10 @@ functions live in `actions`; `snapshot` builds the status snapshot,
 release and drain actions' bodies, `results` types what every action
 returns, `totals` and `throughput` are the snapshot's uncapped
 figures, `prometheus` and `alert_rules` turn it into Prometheus metrics and
-alerts. `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
+alerts. `kills` holds the operator's SIGKILL (`rem kill`). `tool_list` reports the agent's tools (`rem tools`), `tool_decisions` holds the
 operator's decisions on their calls (`rem approve|deny|resolve`) and the calls waiting for one.
+`session_views` gives sessions as an application sees them (`rem serve`: pages of sessions and
+of a transcript, one session's state), kept to a caller's projects.
 `console` is the console's door: the only way `tui/` reaches rem besides
 these functions (an import-linter contract holds it to that).
 
@@ -38,8 +40,10 @@ if TYPE_CHECKING:
         status,
     )
     from backend.ops.alert_rules import metric_rules
+    from backend.ops.kills import kill
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
+    from backend.ops.session_views import messages_page, session_state, sessions_page
     from backend.ops.tokens import authenticate, token_create, token_list, token_revoke
     from backend.ops.tool_decisions import approve, deny, resolve, tool_calls_waiting
     from backend.ops.tool_list import tools
@@ -55,8 +59,10 @@ __all__ = [
     "graph_neighbors",
     "import_file",
     "init",
+    "kill",
     "list_projects",
     "metric_rules",
+    "messages_page",
     "metrics",
     "recall",
     "reindex",
@@ -65,6 +71,8 @@ __all__ = [
     "resolve",
     "resume",
     "send",
+    "session_state",
+    "sessions_page",
     "show",
     "show_session",
     "status",
@@ -82,6 +90,7 @@ _HOMES = {
     "chroma_health": "backend.ops.actions",
     "drain": "backend.ops.actions",
     "init": "backend.ops.actions",
+    "kill": "backend.ops.kills",
     "metric_rules": "backend.ops.alert_rules",
     "metrics": "backend.ops.actions",
     "release": "backend.ops.actions",
@@ -96,6 +105,9 @@ _HOMES = {
     "recall": "backend.ops.memory",
     "show_session": "backend.ops.memory",
     "reindex": "backend.ops.reindexing",
+    "messages_page": "backend.ops.session_views",
+    "session_state": "backend.ops.session_views",
+    "sessions_page": "backend.ops.session_views",
     "tools": "backend.ops.tool_list",
     "approve": "backend.ops.tool_decisions",
     "deny": "backend.ops.tool_decisions",

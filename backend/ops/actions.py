@@ -15,7 +15,7 @@ import json
 import logging
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,6 +35,7 @@ from backend.core.errors import (
 )
 from backend.execution import sessions
 from backend.execution.sessions import Delivery
+from backend.ops.operator_input import journal_text, operator_id
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
 from backend.runtime import refusals
 from backend.runtime.context import Context
@@ -145,15 +146,33 @@ _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.W
 
 
 async def status(
-    ctx: Context, *, chroma: ChromaHealth | None = None, limits: ListLimits | None = None
+    ctx: Context,
+    *,
+    chroma: ChromaHealth | None = None,
+    limits: ListLimits | None = None,
+    projects: Collection[str] | None = None,
 ) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma.
 
     `chroma`: Chroma's health as the caller read it last; None asks Chroma now (an HTTP
     heartbeat and a look at who listens on its port: the console asks every few seconds, not
     on each of its refreshes). `limits`: the rows read of each list (`ListLimits`: what a
-    console's panels show; default `LIST_CAP` each, what `rem status` prints).
+    console's panels show; default `LIST_CAP` each, what `rem status` prints). With
+    `projects` (an API token's), every listed row of another project's session is left out
+    (`backend.ops.status_scope`); the fleet's own health and figures stay.
     """
+    found = await _status(ctx, chroma, limits)
+    if projects is None:
+        return found
+    from backend.ops import status_scope  # import time: only for a caller kept to projects
+
+    db = await ctx.db()
+    ids = status_scope.listed_sessions(found)
+    reached = await db.read_in_thread(lambda conn: status_scope.sessions_in_sync(conn, ids, projects))
+    return status_scope.keep_to(found, reached)
+
+
+async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits | None) -> Status:
     # import time: the status snapshot, only for status and metrics
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_tally
@@ -216,7 +235,7 @@ async def refusals_journaled(ctx: Context, action: str, target: str | None) -> A
         yield
     except (Refused, NotFound) as exc:
         if not (ctx.read_only or isinstance(exc, ReadOnly)):
-            await _journal_refusal(ctx, action, target, exc)
+            await _journal_refusal(ctx, action, journal_text(target), exc)
         raise
 
 
@@ -230,7 +249,7 @@ async def _journal_refusal(ctx: Context, action: str, target: str | None, exc: R
                 kind=EventKind.OPERATOR_REFUSED,
                 actor=ctx.operator,
                 target=target,
-                data={"action": action, "error": type(exc).__name__, "reason": str(exc)},
+                data={"action": action, "error": type(exc).__name__, "reason": journal_text(str(exc))},
             )
     except RemError:
         log.warning("could not journal the refused %s of %s", action, target, exc_info=True)
@@ -252,6 +271,7 @@ async def drain(
     # import time: the drain protocol, only for rem drain
     from backend.ops.draining import request_drain, wait_drained
 
+    owner_id = operator_id("worker id", owner_id)
     ctx.require_writable(f"drain {owner_id}")
     db = await ctx.db()
     async with refusals_journaled(ctx, "drain", owner_id):
@@ -279,6 +299,7 @@ async def release(
     # import time: the lease release, only for rem release
     from backend.ops.lease_release import lease_kind_sync, release_lease_sync
 
+    lease_id = operator_id("lease id", lease_id)
     ctx.require_writable(f"release {lease_id}")
     if kind is not None and kind not in LEASE_KINDS:
         raise UsageError(f"unknown lease kind {kind!r}; use one of {', '.join(LeaseKind)}")
@@ -335,6 +356,7 @@ async def replay(
 
     if bool(summary_ids) == all_mismatched:
         raise BadInput("name the receipts to replay (SUMMARY_ID ...) or pass --all, not both and not neither")
+    summary_ids = [operator_id("summary id", sid) for sid in summary_ids or []] or None
     if not dry_run:
         ctx.require_writable("replay")
     db = await ctx.db()
@@ -357,8 +379,13 @@ async def send(
     delivery: str = Delivery.QUEUE,
     input_id: str | None = None,
     project: str | None = None,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db."""
+    """Admit an input into a session (idempotent on its id); bad input writes nothing, not even state.db.
+
+    `projects` keeps the caller to those projects (an API token): another project's session is
+    not found, and a new session goes to the project named, or to the only one reached.
+    """
     ctx.require_writable("send")
     sessions.validate_input(session_id, text, delivery, input_id, project)
     return await sessions.admit(
@@ -369,6 +396,7 @@ async def send(
         input_id=input_id,
         actor=ctx.operator,
         project=project,
+        projects=projects,
     )
 
 
@@ -399,7 +427,7 @@ async def resume(
         )
     ctx.require_writable("resume")
     db = await ctx.db()
-    names = None if all_held else list(dict.fromkeys(session_ids or []))
+    names = None if all_held else list(dict.fromkeys(operator_id("session id", s) for s in session_ids or []))
 
     def resume_journaled_sync(conn: Conn) -> ResumeReport:
         now = clock.now_ms()

@@ -226,6 +226,20 @@ RULES: tuple[AlertRule, ...] = (
         console_key="banner",
     ),
     AlertRule(
+        name="RemApiServerErrors",
+        metric="rem_api_server_error_ratio",
+        op=">",
+        threshold=0.05,
+        hold="5m",
+        severity="warning",
+        summary="API server {{ $labels.owner_id }} answered {{ $value | humanizePercentage }} of its "
+        "requests with a 5xx over five minutes: its log (DATA/logs, or its stderr) has the cause; "
+        "console key 5 (Workers) shows whether it is alive",
+        description="A 503 says the state store (or Chroma, for recall) is unreachable, busy or full: "
+        "the store's own alerts say which. A 500 is a bug: the server logged its traceback.",
+        console_key="5",
+    ),
+    AlertRule(
         name="RemStateUnreadable",
         metric="rem_up",
         op="==",

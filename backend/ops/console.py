@@ -16,8 +16,8 @@ named here, in one `__all__`, and nowhere else:
   re-exported as they are, not wrapped, because they are streams the console
   iterates, not requests: the narrow door for the change feeds;
 * the vocabulary its widgets and messages name: errors, the clock, the data
-  dir, settings, private exports, liveness rules, and `visible` for text
-  from the data.
+  dir, settings, private exports, liveness rules, this host's name (a kill
+  signals only its own host's processes), and `visible` for text from the data.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from backend.core.errors import BadInput, DataDirError, Refused, RemError
 from backend.core.inert import visible
 from backend.core.private import create_export, export_path, inside, make_private_dir
 from backend.core.settings import settings
-from backend.ops import actions, memory, timeline, tool_decisions, tool_status
+from backend.ops import actions, kills, memory, timeline, tool_decisions, tool_status
 from backend.ops.records import ChromaHealth, Moment, ReplayReport, Status
-from backend.ops.results import DrainReport, LeaseReleased, ResumeReport, ToolDecision
+from backend.ops.results import DrainReport, KillReport, LeaseReleased, ResumeReport, ToolDecision
 from backend.ops.snapshot import ListLimits
 from backend.ops.status_queries import EVENT_TAIL, LIST_CAP, RECENT_ACTIONS
 from backend.runtime.context import Context
@@ -45,7 +45,7 @@ from backend.store.db import Database
 from backend.store.history import HistoryStore
 from backend.store.postgres import store_label
 from backend.store.watch import state_db_changes
-from backend.store.workers import LIVE_STATES, heartbeat_alive, worker_alive
+from backend.store.workers import LIVE_STATES, heartbeat_alive, host_name, worker_alive
 
 __all__ = [
     "EVENT_TAIL",
@@ -65,6 +65,7 @@ __all__ = [
     "describe_refusal",
     "export_path",
     "heartbeat_alive",
+    "host_name",
     "inside",
     "listen_changes",
     "make_private_dir",
@@ -211,6 +212,9 @@ class ConsoleSession:
 
     async def resolve(self, call_id: str, choice: tool_decisions.Choice, text: str | None) -> ToolDecision:
         return await tool_decisions.resolve(self.ctx, call_id, choice, text)
+
+    async def kill(self, target: str) -> KillReport:
+        return await kills.kill(self.ctx, target)
 
     async def tool_calls(self, session_id: str) -> list[dict[str, Any]]:
         """A session's tool calls (`rem show`'s), each with its state, key, result and times."""

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from backend.core.errors import BadInput, NotFound, SessionNotFound
+from backend.core.errors import BadInput, NotFound, OutOfReach, SessionNotFound
 from backend.execution import importer
 from backend.execution.sessions import validate_id
 from backend.memory import recall as memory_recall
@@ -25,8 +25,13 @@ async def recall(
     k: int = 10,
     all_projects: bool = False,
     kinds: Collection[str] = memory_recall.KINDS,
+    projects: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Ranked memory items for `query`, in one project (default `default`), one session, or all."""
+    """Ranked memory items for `query`, in one project (default `default`), one session, or all.
+
+    `projects` keeps the caller to those projects (an API token): another project is refused,
+    another project's session is not found, and with none named the only one reached is used.
+    """
     if project is not None:
         validate_id("project", project, "--project")
         if all_projects:
@@ -34,10 +39,12 @@ async def recall(
     if session_id is not None:
         validate_id("session id", session_id, "--session")
     memory_recall.validate(query, k, kinds)
+    if projects is not None:
+        project, all_projects = _in_reach(project, session_id, all_projects, projects)
     db = await ctx.db()
     if session_id is not None:
         owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
-        if owner is None:
+        if owner is None or (projects is not None and owner not in projects):
             raise SessionNotFound(
                 f"no session {session_id!r} in {ctx.data.root}; check the id (`rem status`)"
             )
@@ -49,6 +56,21 @@ async def recall(
     # nothing found: say whether that is because turns wait for the summarizer and Dream to index them
     result["not_indexed"] = None if result["items"] else await not_indexed(db, scope, session_id)
     return result
+
+
+def _in_reach(
+    project: str | None, session_id: str | None, all_projects: bool, projects: Collection[str]
+) -> tuple[str | None, bool]:
+    """The project a recall kept to `projects` searches (None with a session: the session's own)."""
+    if all_projects:
+        raise OutOfReach("recall across every project needs a caller that reaches every project")
+    if project is not None and project not in projects:
+        raise OutOfReach(f"project {project!r} is not one this caller may use; name one it reaches")
+    if project is None and session_id is None:
+        if len(projects) != 1:
+            raise BadInput(f"name the project to recall from (one of {', '.join(sorted(projects))})")
+        project = next(iter(projects))
+    return project, False
 
 
 # The raw turns (user prompts, completed replies) of a scope's sessions that the recall index

@@ -7,13 +7,18 @@ own parser and compares). A family is added here once the snapshot carries
 its figures, never reported as a made-up zero: a time-to-first-token
 quantile with no request in the window has no sample. Label values are bounded: kinds, roles, states, verdicts
 and classes are fixed sets; the per-worker heartbeat gauge has one series per
-listed worker (live ones, and those stopped in the last ten minutes); tool names
-come from the configuration, and past the 50 most used are summed as `(other)`
-(`ops.tool_status.TOOL_CAP`: a model inventing names cannot grow the series).
+listed worker (live ones, and those stopped in the last ten minutes). Tool names come
+from the model (it may ask for any name): a name that is not a well-formed `SERVER.TOOL`
+(letters, digits, `_`, `-`, and dots in the tool's part, as MCP names tools) is counted under
+`(unknown)`, and past the 50 most used (the tools that ran first: `ops.tool_status.TOOL_CAP`)
+under `(other)`, so a model inventing names can neither grow the series nor put a terminal
+escape in a label. Every label value that comes from the data (a host, an owner id, a URL, an
+error) is inert text (`backend.core.inert.visible`) of at most `LABEL_MAX` characters.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,7 +34,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from backend.core.inert import visible
 from backend.models.health import ModelState
+from backend.ops.tool_status import OTHER_TOOL
 from backend.ops.totals import BACKLOG_KINDS, LEASE_KINDS
 from backend.store.workers import WorkerRole, WorkerState
 
@@ -46,6 +53,23 @@ THROUGHPUT_HELP = {
 }
 
 
+LABEL_MAX = 128
+UNKNOWN_TOOL = "(unknown)"
+# a tool's name as rem lists it, SERVER.TOOL: a configuration key, then an MCP tool name
+TOOL_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}\.[A-Za-z0-9_.-]{1,128}")
+
+
+def label(value: object) -> str:
+    """A label value from the data: its control characters shown as escapes, at most LABEL_MAX long."""
+    text = visible(str(value))  # StrEnum members as their plain values
+    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 1] + "…"
+
+
+def tool_label(tool: str) -> str:
+    """A tool's label: its name when well formed (or `(other)`), else `(unknown)` (a model's invention)."""
+    return tool if tool == OTHER_TOOL or TOOL_LABEL.fullmatch(tool) else UNKNOWN_TOOL
+
+
 def _seconds(ms: float | None) -> float:
     return 0.0 if ms is None else ms / 1000.0
 
@@ -53,7 +77,7 @@ def _seconds(ms: float | None) -> float:
 def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
     family = GaugeMetricFamily(name, doc, labels=labels)
     for values, value in rows:
-        family.add_metric([str(v) for v in values], value)  # StrEnum members as their plain values
+        family.add_metric([label(v) for v in values], value)
     return family
 
 
@@ -167,7 +191,7 @@ def _throughput_families(status: Mapping[str, Any]) -> Iterator[Metric]:
         labels=["action", "result"],
     )
     for row in throughput["operator_actions"]:
-        actions.add_metric([row["action"], row["result"]], row["count"], created=created)
+        actions.add_metric([label(row["action"]), label(row["result"])], row["count"], created=created)
     yield actions
 
 
@@ -181,7 +205,7 @@ def _chroma_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     )
     info = InfoMetricFamily("rem_chroma", "Where the Chroma server is.")
     info.add_metric(
-        [], {"url": str(chroma.get("url") or ""), "external": str(bool(chroma.get("external"))).lower()}
+        [], {"url": label(chroma.get("url") or ""), "external": str(bool(chroma.get("external"))).lower()}
     )
     yield info
 
@@ -299,6 +323,17 @@ TOOL_OUTCOMES = ("completed", "error", "denied")
 TOOL_WAITING = ("awaiting_approval", "unknown")
 
 
+def tool_outcomes(by_tool: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, str], int]:
+    """The finished calls by (tool label, outcome): the names a label stands for summed."""
+    out: dict[tuple[str, str], int] = {}
+    for tool, states in by_tool.items():
+        for outcome in TOOL_OUTCOMES:
+            if states.get(outcome):
+                key = (tool_label(tool), outcome)
+                out[key] = out.get(key, 0) + states[outcome]
+    return out
+
+
 def _tool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
     """Agent tool calls: finished ones by tool and outcome, and those waiting for a person."""
     tools = status.get("tools")  # (a moment recorded before tool calls existed has none)
@@ -306,13 +341,12 @@ def _tool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
         return
     total = CounterMetricFamily(
         "rem_tool_calls",
-        "Agent tool calls finished, by tool (NAME.TOOL; past the 50 most used: (other)) and outcome.",
+        "Agent tool calls finished, by tool (NAME.TOOL; a malformed name: (unknown); past the 50 most used: "
+        "(other)) and outcome.",
         labels=["tool", "outcome"],
     )
-    for tool, states in sorted(tools["by_tool"].items()):
-        for outcome in TOOL_OUTCOMES:
-            if states.get(outcome):
-                total.add_metric([tool, outcome], states[outcome])
+    for (tool, outcome), n in sorted(tool_outcomes(tools["by_tool"]).items()):
+        total.add_metric([tool, outcome], n)
     yield total
     yield _gauge(
         "rem_tool_calls_waiting",
@@ -328,6 +362,49 @@ def _tool_families(status: Mapping[str, Any]) -> Iterator[Metric]:
         ["state"],
         (([state], _seconds(calls[0]["age_ms"]) if calls else 0.0) for state, calls in oldest.items()),
     )
+
+
+def _api_families(status: Mapping[str, Any]) -> Iterator[Metric]:
+    """Each live API server's requests, latency, open requests and streams (`ops.api_status`)."""
+    servers = (status.get("api") or {}).get("servers", [])  # a moment recorded before the API has none
+    requests = CounterMetricFamily(
+        "rem_api_requests",
+        "Requests each API server answered since it started, by method, route template and status code.",
+        labels=["owner_id", "method", "route", "code"],
+    )
+    latency = HistogramMetricFamily(
+        "rem_api_request_duration_seconds",
+        "Time from a request to its response's start (a stream's: to its headers), per API server and route.",
+        labels=["owner_id", "method", "route"],
+    )
+    for server in servers:
+        for row in server["requests"]:
+            requests.add_metric(
+                [server["owner_id"], row["method"], row["route"], str(row["code"])], row["count"]
+            )
+        for row in server["latency"]:
+            buckets = [
+                (floatToGoString(b), float(c))  # type: ignore[no-untyped-call]
+                for b, c in zip(row["buckets_s"], row["cumulative"], strict=True)
+            ]
+            buckets.append(("+Inf", float(row["count"])))
+            latency.add_metric([server["owner_id"], row["method"], row["route"]], buckets, row["sum_s"])
+    yield requests
+    yield latency
+    for name, key, doc in (
+        (
+            "rem_api_requests_in_flight",
+            "requests_in_flight",
+            "Requests each API server is answering (open streams included).",
+        ),
+        ("rem_api_streams_open", "streams_open", "Event streams each API server holds open."),
+        (
+            "rem_api_server_error_ratio",
+            "server_error_ratio",
+            "The share of requests each API server answered with a 5xx in its last five minutes (0: none).",
+        ),
+    ):
+        yield _gauge(name, doc, ["owner_id"], (([s["owner_id"]], s[key]) for s in servers))
 
 
 def families(status: Mapping[str, Any]) -> list[Metric]:
@@ -350,6 +427,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
         _usage_families,
         _recall_index_families,
         _tool_families,
+        _api_families,
     ):
         out.extend(produce(status))
     return out
@@ -358,7 +436,7 @@ def families(status: Mapping[str, Any]) -> list[Metric]:
 def down_families(error: str) -> list[Metric]:
     """What a scrape reports when state.db cannot be read: `rem_up 0` and why, never an HTTP 500."""
     info = InfoMetricFamily("rem_scrape_error", "Why the last snapshot could not be read.")
-    info.add_metric([], {"error": error[:200]})
+    info.add_metric([], {"error": label(error[:200])})
     return [_gauge("rem_up", "1: the snapshot was read from state.db.", [], [([], 0)]), info]
 
 

@@ -21,6 +21,10 @@ from backend.summaries.replay_report import ReplayReport, ReplayRow
 # the replay report is built in the summaries layer, the drift classes in the store's vocabulary;
 # named here too, so the console imports every record it reads from one module
 __all__ = [
+    "ApiLatency",
+    "ApiRequestCount",
+    "ApiServerRecord",
+    "ApiStatus",
     "Backlog",
     "ChromaHealth",
     "Counts",
@@ -359,7 +363,8 @@ class Usage(TypedDict):
 
 
 class ToolCallRecord(TypedDict):
-    """An agent tool call waiting for a person (`ops.tool_status`): an approval, or an unknown outcome."""
+    """An agent tool call waiting for a person (`ops.tool_status`): an approval, or an unknown outcome;
+    or one running."""
 
     call_id: str  # what `rem approve|deny|resolve` take
     session_id: str
@@ -368,7 +373,7 @@ class ToolCallRecord(TypedDict):
     arguments: Any  # the call's JSON arguments, as durable before anything ran
     effect: str  # read, idempotent or effect (recorded when the call was made)
     permission: str  # allow, ask or deny
-    state: str  # a ToolCallState: awaiting_approval or unknown
+    state: str  # a ToolCallState: awaiting_approval, unknown, or running
     idempotency_key: str
     since: int  # when the call was made
     age_ms: int
@@ -404,9 +409,44 @@ class ToolCalls(TypedDict):
 
     awaiting_approval: list[ToolCallRecord]
     unknown_outcome: list[ToolCallRecord]
+    running: list[ToolCallRecord]  # in flight, oldest first; `owner_id`: the executor running it
     counts: dict[str, int]  # every ToolCallState, uncapped
     by_tool: dict[str, dict[str, int]]  # tool -> state -> n (at most TOOL_CAP tools, then "(other)")
     servers: list[ToolServerRecord]  # down first, then by name and executor
+
+
+class ApiRequestCount(TypedDict):
+    """Requests one API server answered with one code on one route, since it started."""
+
+    method: str
+    route: str  # the route's template (`/v1/sessions/{session_id}`), or `(unmatched)`
+    code: int
+    count: int
+
+
+class ApiLatency(LatencyHistogram):
+    """One route's time to the response's start (a stream's to its headers), since the server started."""
+
+    method: str
+    route: str
+
+
+class ApiServerRecord(TypedDict):
+    """A live `rem serve` as it last recorded itself in its worker row (`ops.api_status`)."""
+
+    owner_id: str
+    url: str | None
+    requests_in_flight: int  # open streams included
+    streams_open: int
+    server_error_ratio: float  # the share of requests answered 5xx in its last five minutes
+    requests: list[ApiRequestCount]
+    latency: list[ApiLatency]
+
+
+class ApiStatus(TypedDict):
+    """`rem status --json`'s `api`: the live API servers."""
+
+    servers: list[ApiServerRecord]
 
 
 class Snapshot(TypedDict):
@@ -427,6 +467,7 @@ class Snapshot(TypedDict):
     totals: Totals
     counts: Counts
     tools: ToolCalls
+    api: ApiStatus
 
 
 class RecordedMoment(TypedDict):

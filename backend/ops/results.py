@@ -22,11 +22,14 @@ from backend.summaries.replay_report import ReplayReport
 __all__ = [
     "ActionResult",
     "DrainReport",
+    "HeldLease",
+    "KillReport",
     "LeaseReleased",
     "LeaseSeen",
     "ReplayReport",
     "ResumeReport",
     "ResumedSession",
+    "RunningCall",
     "ToolDecision",
 ]
 
@@ -97,5 +100,40 @@ class ToolDecision(TypedDict):
     decided_at: int  # Unix time in ms
 
 
+class HeldLease(TypedDict):
+    """A lease a killed worker held when the kill ran: it expires, or an operator releases it."""
+
+    kind: str  # a LeaseKind: execution, summary_job or dream
+    id: str  # the execution id, or the session id
+    session_id: str
+
+
+class RunningCall(TypedDict):
+    """A tool call a killed worker had running: an effect becomes `unknown` at the takeover."""
+
+    call_id: str
+    session_id: str
+    tool: str  # NAME.TOOL
+    effect: str  # read, idempotent or effect
+    started_at: int | None
+
+
+class KillReport(TypedDict):
+    """`kill`: one process SIGKILLed on this host, and what it held when it was (a drill)."""
+
+    target: str  # the worker's owner id, or `chroma` (the data dir's Chroma server)
+    role: str  # a WorkerRole, or `chroma`
+    pid: int
+    host: str
+    process_started_at: float | None  # the kernel's start time it was identified by (None: not recorded)
+    signal: str  # SIGKILL
+    leases: list[HeldLease]
+    running_calls: list[RunningCall]
+    exited: bool  # seen gone within a second, and recorded dead (`exited_at`) at once
+    killed_by: str
+    killed_at: int  # Unix time in ms
+    url: NotRequired[str]  # Chroma's
+
+
 # every operator action's result
-ActionResult = LeaseReleased | DrainReport | ReplayReport | ResumeReport | ToolDecision
+ActionResult = LeaseReleased | DrainReport | ReplayReport | ResumeReport | ToolDecision | KillReport

@@ -40,7 +40,7 @@ from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
 from backend.memory.index import IndexLag, index_lag_sync
-from backend.ops import model_health, tool_status
+from backend.ops import api_status, model_health, tool_status
 from backend.ops.records import (
     Backlog,
     DreamBacklog,
@@ -430,9 +430,8 @@ def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> 
     """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
     read = Window(window)
     tools: dict[str, list[dict[str, Any]]] = {}
-    for name in ("tools_unknown_outcome", "tools_awaiting_approval"):
-        query = {name: tool_status.WAITING_QUERIES[name]}
-        tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), query))
+    for name, sql in tool_status.CALL_QUERIES.items():
+        tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), {name: sql}))
         read.took(len(tools[name]))
     rows["tools"] = {**tools, **tool_status.server_rows_sync(conn, LIST_CAP)}
     rows["held"] = model_health.held_rows_sync(conn, read.cap(model_health.USAGE_CAP))
@@ -498,5 +497,7 @@ def snapshot_sync(
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
         "tools": tool_status.tool_calls(rows["tools"], counts["tool_calls"], now),
+        # read at every snapshot, like the workers: each server's heartbeat rewrites its row
+        "api": api_status.servers_sync(conn, now),
     }
     return snapshot

@@ -2,7 +2,7 @@
 
 `LIST_QUERIES` are the snapshot's lists, each in the order its panel shows it
 from an index, up to a cap; `STATUS_QUERIES` adds the totals', the model
-health's and the tool calls' (tests/backend/test_status.py checks that no
+health's, the tool calls' and the API servers' (tests/backend/test_status.py checks that no
 plan scans a large table, on an empty and on an ANALYZEd populated
 database; `benchmarks/scale.py --plans` prints them). `Window` reads a
 panel's lists one after another: each up to its own cap (`rem status`), or
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.ops import model_health, tool_status
+from backend.ops import api_status, model_health, tool_status
 from backend.ops.totals import TOTALS_QUERIES
 from backend.store import counters
 from backend.store.db import Conn
@@ -126,6 +126,7 @@ STATUS_QUERIES: dict[str, str] = {
     **TOTALS_QUERIES,
     **model_health.QUERIES,
     **tool_status.QUERIES,
+    **api_status.QUERIES,
 }
 # a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
 # them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones

@@ -37,6 +37,7 @@ from backend.core.settings import settings
 from backend.execution import parking
 from backend.ops import tool_status
 from backend.ops.actions import refusals_journaled
+from backend.ops.operator_input import operator_id, operator_reason
 from backend.ops.records import WaitingToolCalls
 from backend.ops.results import ToolDecision
 from backend.runtime.context import Context
@@ -63,24 +64,55 @@ class ToolCallNotFound(NotFound):
     """No tool call has that id."""
 
 
-async def approve(ctx: Context, call_id: str) -> ToolDecision:
-    """Approve a call awaiting approval: it runs (with its one idempotency key) when its turn resumes."""
-    return await _decide(ctx, call_id, "approve", None)
+class WrongState(Refused):
+    """The call is not in the state the decision acts on (`state` is the one it is in)."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state
 
 
-async def deny(ctx: Context, call_id: str, reason: str | None = None) -> ToolDecision:
+async def approve(ctx: Context, call_id: str, *, projects: Collection[str] | None = None) -> ToolDecision:
+    """Approve a call awaiting approval: it runs (with its one idempotency key) when its turn resumes.
+
+    `projects` (here and in `deny`, `resolve`) keeps the caller to those projects: a call of
+    another project's session is not found, in the words an unknown id is.
+    """
+    return await _decide(ctx, call_id, "approve", None, projects)
+
+
+async def deny(
+    ctx: Context, call_id: str, reason: str | None = None, *, projects: Collection[str] | None = None
+) -> ToolDecision:
     """Deny a call awaiting approval: the model is told it was denied (and `reason`)."""
-    return await _decide(ctx, call_id, "deny", reason)
+    return await _decide(ctx, call_id, "deny", reason, projects)
 
 
-async def resolve(ctx: Context, call_id: str, choice: Choice, text: str | None = None) -> ToolDecision:
+async def resolve(
+    ctx: Context,
+    call_id: str,
+    choice: Choice,
+    text: str | None = None,
+    *,
+    projects: Collection[str] | None = None,
+) -> ToolDecision:
     """Decide a call whose outcome is unknown: `done` (`text` is its result for the model), `retry`
     (run it again, same key) or `fail` (the model is told it failed; `text` says why)."""
     if choice not in CHOICES:
         raise BadInput(f"unknown resolution {choice!r}; use one of {', '.join(CHOICES)}")
     if choice == "retry" and text is not None:
         raise BadInput("`--retry` takes no text: the call runs again and its own result is used")
-    return await _decide(ctx, call_id, choice, text)
+    return await _decide(ctx, call_id, choice, text, projects)
+
+
+def resolution_text(choice: Choice, result: str | None, reason: str | None) -> str | None:
+    """The text `resolve` takes from a result and a reason given apart (MCP, the API): the result
+    with done, the reason with fail, none with retry; one given with the wrong choice is refused."""
+    if result is not None and choice != "done":
+        raise BadInput("result goes with outcome done; give a reason with fail, nothing with retry")
+    if reason is not None and choice != "fail":
+        raise BadInput("reason goes with outcome fail; give a result with done, nothing with retry")
+    return result if choice == "done" else reason
 
 
 async def tool_calls_waiting(ctx: Context, *, projects: Collection[str] | None = None) -> WaitingToolCalls:
@@ -115,21 +147,29 @@ def _of_projects_sync(
     return {name: [r for r in listed if r["session_id"] in kept] for name, listed in rows.items()}
 
 
-async def _decide(ctx: Context, call_id: str, decision: Decision, text: str | None) -> ToolDecision:
+async def _decide(
+    ctx: Context, call_id: str, decision: Decision, text: str | None, projects: Collection[str] | None
+) -> ToolDecision:
     action = "approve" if decision == "approve" else "deny" if decision == "deny" else "resolve"
+    call_id = operator_id("tool call id", call_id)  # before anything, even a refusal, is journaled
     ctx.require_writable(f"{action} {call_id}")
-    text = _bounded(text)
+    text = _bounded(text, decision)
     db = await ctx.db()
     async with refusals_journaled(ctx, action, call_id):
         return await db.write_in_thread(
-            lambda conn: decide_sync(conn, call_id, decision, text, actor=ctx.operator, now=clock.now_ms())
+            lambda conn: decide_sync(
+                conn, call_id, decision, text, actor=ctx.operator, now=clock.now_ms(), projects=projects
+            )
         )
 
 
-def _bounded(text: str | None) -> str | None:
-    """The operator's text, inert; refused (one line) past the bound a tool result is kept to."""
+def _bounded(text: str | None, decision: Decision) -> str | None:
+    """The operator's text, inert; refused (one line) past its bound: a reason (deny, fail) is a
+    few sentences (`REASON_MAX_BYTES`), a result (done) what a tool result is kept to."""
     if text is None:
         return None
+    if decision != "done":
+        return inert(operator_reason(text) or "")
     limit = settings.tool_result_max_bytes
     if len(text.encode("utf-8", "replace")) > limit:
         raise BadInput(f"the text is over {limit} bytes (REM_TOOL_RESULT_MAX_BYTES); shorten it")
@@ -137,13 +177,20 @@ def _bounded(text: str | None) -> str | None:
 
 
 def decide_sync(
-    conn: Conn, call_id: str, decision: Decision, text: str | None, *, actor: str, now: int
+    conn: Conn,
+    call_id: str,
+    decision: Decision,
+    text: str | None,
+    *,
+    actor: str,
+    now: int,
+    projects: Collection[str] | None = None,
 ) -> ToolDecision:
     """One decision in the caller's transaction: re-check, move, journal, un-park (see the module doc)."""
-    call = _locked_call_sync(conn, call_id)
+    call = _locked_call_sync(conn, call_id, projects)
     wanted = AWAITING if decision in ("approve", "deny") else UNKNOWN
     if call["state"] != wanted:
-        raise Refused(_wrong_state(call, decision, wanted))
+        raise WrongState(_wrong_state(call, decision, wanted), call["state"])
     state = _move_sync(conn, call, decision, text, actor, now)
     unparked = parking.unpark_sync(conn, call["execution_id"], now)
     result = ToolDecision(
@@ -163,10 +210,15 @@ def decide_sync(
     return result
 
 
-def _locked_call_sync(conn: Conn, call_id: str) -> Row:
-    """The call, read after its execution row is locked (a park committing meanwhile is seen)."""
-    seen = conn.execute("SELECT execution_id FROM tool_call WHERE id = ?", (call_id,)).fetchone()
-    if seen is None:
+def _locked_call_sync(conn: Conn, call_id: str, projects: Collection[str] | None = None) -> Row:
+    """The call, read after its execution row is locked (a park committing meanwhile is seen); one of
+    a session outside `projects` is not found, in the words an unknown id is."""
+    seen = conn.execute(
+        "SELECT c.execution_id, s.project FROM tool_call AS c JOIN session AS s ON s.id = c.session_id "
+        "WHERE c.id = ?",
+        (call_id,),
+    ).fetchone()
+    if seen is None or (projects is not None and seen["project"] not in projects):
         raise ToolCallNotFound(
             f"no tool call {call_id!r}; `rem status` lists the calls awaiting approval or an outcome"
         )

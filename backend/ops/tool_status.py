@@ -2,10 +2,11 @@
 and the tool sources' health.
 
 `rem status --json`'s `tools` object, the console's tool panel, the tool-call metrics and
-`ops.tool_calls_waiting` read this. The lists are the calls only an operator moves on
+`ops.tool_calls_waiting` read this. The waiting lists are the calls only an operator moves on
 (`WAITING_STATES`: an approval asked for, an effect whose outcome is unknown), oldest first (the
-most urgent: it has waited longest), read from the partial index of open calls up to `LIST_CAP`
-rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
+most urgent: it has waited longest); `running` lists the calls in flight with the executor that
+runs each (the console's Backlog, and its `k`); all read from the partial index of open calls up
+to `LIST_CAP` rows; the counts are the `tool_calls` status counter (`backend.store.counters`), so neither walks
 the calls ever made.
 
 The sources' health (`servers`) is what each live executor last recorded in its worker row
@@ -46,8 +47,15 @@ WAITING_QUERIES: dict[str, str] = {
     "tools_awaiting_approval": _waiting_sql(ToolCallState.AWAITING_APPROVAL),
     "tools_unknown_outcome": _waiting_sql(ToolCallState.UNKNOWN),
 }
+# the calls listed, in the Backlog panel's order
+CALL_QUERIES: dict[str, str] = {
+    "tools_unknown_outcome": WAITING_QUERIES["tools_unknown_outcome"],
+    "tools_awaiting_approval": WAITING_QUERIES["tools_awaiting_approval"],
+    # the calls in flight, and the executor each runs in (the one an operator's drill would kill)
+    "tools_running": _waiting_sql(ToolCallState.RUNNING),
+}
 QUERIES: dict[str, str] = {
-    **WAITING_QUERIES,
+    **CALL_QUERIES,
     # the executors that may be alive, with what they recorded of their tool sources
     "tools_servers": f"""
         SELECT owner_id, state, heartbeat_at, exited_at, json_extract(info, '$.{INFO_KEY}') AS servers
@@ -62,9 +70,9 @@ OTHER_TOOL = "(other)"
 
 
 def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
-    """The rows of both waiting lists (oldest first) and of the executors' tool sources, their
-    records decoded: what does not depend on the clock."""
-    return {**waiting_rows_sync(conn, cap), **server_rows_sync(conn, cap)}
+    """The rows of both waiting lists and of the calls running (oldest first), and of the executors'
+    tool sources, their records decoded: what does not depend on the clock."""
+    return {**waiting_rows_sync(conn, cap, CALL_QUERIES), **server_rows_sync(conn, cap)}
 
 
 def server_rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
@@ -177,13 +185,16 @@ def call_record(r: dict[str, Any], now: int) -> ToolCallRecord:
 
 
 def by_tool(keyed: dict[str, int]) -> dict[str, dict[str, int]]:
-    """The `tool_calls` counter (`STATE:TOOL` -> n) as tool -> state -> n, at most TOOL_CAP tools."""
+    """The `tool_calls` counter (`STATE:TOOL` -> n) as tool -> state -> n, at most TOOL_CAP tools (the
+    rest summed as OTHER_TOOL)."""
     tools: dict[str, dict[str, int]] = {}
     for key, n in keyed.items():
         state, _, tool = key.partition(":")
         per_state = tools.setdefault(tool, {})
         per_state[state] = per_state.get(state, 0) + n
-    ranked = sorted(tools, key=lambda t: (-sum(tools[t].values()), t))
+    # the tools that ever ran (or wait to) first, then the most used: a name the model invented is
+    # only ever an `error` call, so however often it is asked for it cannot push a real tool out
+    ranked = sorted(tools, key=lambda t: (set(tools[t]) <= {"error"}, -sum(tools[t].values()), t))
     out = {tool: tools[tool] for tool in ranked[:TOOL_CAP]}
     for tool in ranked[TOOL_CAP:]:
         other = out.setdefault(OTHER_TOOL, {})
@@ -208,6 +219,7 @@ def tool_calls(rows: dict[str, list[dict[str, Any]]], keyed: dict[str, int], now
         counts[state] = counts.get(state, 0) + n
     return {
         **waiting_lists(rows, now),
+        "running": [call_record(r, now) for r in rows["tools_running"]],
         "counts": counts,
         "by_tool": by_tool(keyed),
         "servers": server_records(rows["tools_servers"], now),

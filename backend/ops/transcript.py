@@ -70,7 +70,8 @@ MESSAGE_KEYS = (
 )
 
 
-def _message(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def message_record(row: Row, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One message as `rem show --json` (and the API) give it: its text, parts, marker and what its data holds."""
     data = _json(row["data"]) or {}
     status = data.get("status")
     marker = "recovery" if row["type"] == "synthetic" else MARKERS.get(str(status))
@@ -128,7 +129,7 @@ def transcript_sync(conn: Conn, session_id: str, last: int = 0) -> dict[str, Any
     ).fetchall()
     return {
         "session": session,
-        "messages": [_message(r, parts.get(r["id"], [])) for r in rows],
+        "messages": [message_record(r, parts.get(r["id"], [])) for r in rows],
         "waiting": waiting,
         "execution": dict(execution) if execution else None,
         "recoveries": [dict(r) for r in recoveries],

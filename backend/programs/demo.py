@@ -8,17 +8,20 @@ The console itself is passed in by the CLI (`backend.cli.demo`): `backend` never
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,13 @@ from backend.core import private, processes
 from backend.core.datadir import DataDir
 from backend.core.errors import ExitCode, RemError, UsageError
 from backend.core.settings import Settings
-from backend.runtime.context import store_env
+from backend.runtime.context import Context, store_env
 
 log = logging.getLogger("rem.demo")
 
 READY_TIMEOUT_S = 90.0
+# the demo's API token, in its data dir (0600): `curl -H "Authorization: Bearer $(cat DATA/api.token)"`
+API_TOKEN_FILE = "api.token"
 # the supervisor drains each daemon for up to 20 s, then stops Chroma
 STOP_TIMEOUT_S = 35.0
 ConsoleRunner = Callable[[DataDir], object]
@@ -92,8 +97,9 @@ def model_env(model_url: str | None, model: str | None, embedding_model: str | N
     return env
 
 
-# outbox_send's delay in the demo: long enough to `kill -9` an executor while the send is in flight
-DEMO_EFFECT_DELAY_MS = 5_000
+# outbox_send's delay in the demo: long enough to see the send run in Backlog, select it and `k` its
+# executor by hand while it is in flight (2 s, then 5 s, ended `completed` when tried by hand)
+DEMO_EFFECT_DELAY_MS = 8_000
 TOOLS_CONFIG = "mcp.json"
 
 
@@ -103,8 +109,9 @@ def write_tools_config(
     """The agent's tools for the demo (REM_MCP_CONFIG): rem's demo tools server over stdio on `root`.
 
     Notes are `allow` (idempotent: they run at once, and again with the same key after a crash);
-    `outbox_send` is an effect and stays `ask`, so approvals wait in the console; approve one and
-    `kill -9` its executor during the send's delay to get an unknown outcome to resolve. The drill
+    `outbox_send` is an effect and stays `ask`, so approvals wait in the console; approve one, and
+    `k` on its `running` row in Backlog kills its executor during the send's delay: an unknown
+    outcome to resolve (`o`). The drill
     passes `effect_permission="allow"` (nobody approves there).
     """
     from backend.programs.demo_tools import server_config  # import time: the MCP SDK, only with tools
@@ -143,6 +150,57 @@ def start_up(
             start_new_session=True,
             preexec_fn=private.private_child_dying_with_parent,
         )
+
+
+def free_port() -> int:
+    """A loopback port free now, for the demo's API server (fixed from then on: it keeps it across restarts)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_serving(
+    root: Path, url: str, proc: subprocess.Popen[bytes], timeout_s: float = READY_TIMEOUT_S
+) -> None:
+    """Block until the API server answers `/healthz` (it needs no token)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoFailed(f"`rem up` exited with code {proc.returncode}: {log_tail(root)}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        time.sleep(0.2)
+    raise DemoFailed(
+        f"the API server at {url} did not answer within {timeout_s:.0f} s; see logs/server-1.log"
+    )
+
+
+def demo_token(root: Path, db_url: str | None) -> str:
+    """A token of every project and scope for the demo's API, kept in DATA/api.token (private)."""
+    from backend.ops.tokens import token_create  # import time: only once the demo is up
+
+    async def create() -> str:
+        async with Context(DataDir(root), db_url=db_url, start_chroma=False) as ctx:
+            made = await token_create(ctx, "demo", all_projects=True, scopes=("read", "write", "decide"))
+            return str(made["token"])
+
+    token = asyncio.run(create())
+    private.write_private_text(root / API_TOKEN_FILE, token + "\n")
+    return token
+
+
+def announce_api(root: Path, url: str, proc: subprocess.Popen[bytes], db_url: str | None) -> None:
+    """Once the demo's API server answers: its URL, and a token to use it (printed once, and kept)."""
+    wait_serving(root, url, proc)
+    token = demo_token(root, db_url)
+    note(f"rem demo: the API is at {url} (OpenAPI: {url}/v1/openapi.json); a token of every scope:")
+    note(f"rem demo:   {token}")
+    note(
+        f'rem demo:   (also in {root / API_TOKEN_FILE}) e.g. curl -H "Authorization: Bearer '
+        f'$(cat {root / API_TOKEN_FILE})" {url}/v1/sessions'
+    )
 
 
 def running_workers(root: Path) -> int:
@@ -249,8 +307,8 @@ def run_demo(
     root, created = fresh_data_dir(data)
     note(f"rem demo: data dir {root}")
     note(
-        "rem demo: starting `rem up --load` (Chroma server, 2 executors, a summarizer, a Dream "
-        f"daemon, synthetic sessions); log in {root}/logs/up.log"
+        "rem demo: starting `rem up --load --serve` (Chroma server, 2 executors, a summarizer, a Dream "
+        f"daemon, an API server, synthetic sessions); log in {root}/logs/up.log"
     )
     if model:
         note(
@@ -261,13 +319,15 @@ def run_demo(
     tools = write_tools_config(root)
     note(
         f"rem demo: agent tools from {tools} (notes run at once; outbox_send waits for approval: "
-        "a in the console's Backlog approves, n denies)"
+        "a in the console's Backlog approves, n denies; k on its running row kills its executor)"
     )
     previous = set_signal_handlers(_interrupted)
     env = {**(model or {}), **store_env(db_url), Settings.mcp_config.env: str(tools)}
-    proc = start_up(root, up_args, env)
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start_up(root, [*(up_args or []), "--serve", url.removeprefix("http://")], env)
     try:
         count = wait_ready(root, proc)
+        announce_api(root, url, proc, db_url)
         note(
             f"rem demo: up, {count} daemon(s) registered so far; opening the console "
             "(q quits, ? lists every key)"

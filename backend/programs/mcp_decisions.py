@@ -38,8 +38,9 @@ from pydantic import Field
 from backend import ops
 from backend.core.errors import BadInput
 from backend.ops.actions import refusals_journaled
+from backend.ops.operator_input import operator_id
 from backend.ops.tool_decisions import Choice, ToolCallNotFound
-from backend.programs.mcp_scope import Scope
+from backend.programs.mcp_scope import Bound, Scope
 from backend.runtime.context import Context
 
 CallId = Annotated[
@@ -71,8 +72,8 @@ CALL_PROJECT_SQL = (
 )
 
 
-def add_decision_tools(server: MCPServer[None], ctx: Context, scope: Scope) -> None:
-    """The list of calls waiting and the three decisions, bound to `ctx` and kept to `scope`."""
+def add_decision_tools(server: MCPServer[None], bound: Bound) -> None:
+    """The list of calls waiting and the three decisions, each on the context and scope of `bound()`."""
 
     @server.tool(
         description="The agent tool calls waiting for an operator, oldest first: awaiting_approval "
@@ -81,19 +82,21 @@ def add_decision_tools(server: MCPServer[None], ctx: Context, scope: Scope) -> N
         annotations=LISTS,
     )
     async def list_tool_calls_waiting() -> dict[str, Any]:
+        ctx, scope = bound()
         return {**await ops.tool_calls_waiting(ctx, projects=scope.projects)}
 
-    _add_approval_tools(server, ctx, scope)
-    _add_resolve_tool(server, ctx, scope)
+    _add_approval_tools(server, bound)
+    _add_resolve_tool(server, bound)
 
 
-def _add_approval_tools(server: MCPServer[None], ctx: Context, scope: Scope) -> None:
+def _add_approval_tools(server: MCPServer[None], bound: Bound) -> None:
     @server.tool(
         description="Approve a tool call awaiting approval: it runs, once, with its idempotency key, "
         "when its turn resumes. Read its arguments first.",
         annotations=DECIDES.model_copy(update={"title": "Approve a tool call"}),
     )
     async def approve_tool_call(call_id: CallId) -> dict[str, Any]:
+        ctx, scope = bound()
         await _in_scope(ctx, scope, call_id, "approve")
         return {**await ops.approve(ctx, call_id)}
 
@@ -103,11 +106,12 @@ def _add_approval_tools(server: MCPServer[None], ctx: Context, scope: Scope) -> 
         annotations=DECIDES.model_copy(update={"title": "Deny a tool call", "open_world_hint": False}),
     )
     async def deny_tool_call(call_id: CallId, reason: Reason = None) -> dict[str, Any]:
+        ctx, scope = bound()
         await _in_scope(ctx, scope, call_id, "deny")
         return {**await ops.deny(ctx, call_id, reason)}
 
 
-def _add_resolve_tool(server: MCPServer[None], ctx: Context, scope: Scope) -> None:
+def _add_resolve_tool(server: MCPServer[None], bound: Bound) -> None:
     @server.tool(
         description="Decide a tool call whose outcome is unknown (an effect in flight when its executor "
         "died): check the tool's own records first, then done, retry or fail.",
@@ -117,6 +121,7 @@ def _add_resolve_tool(server: MCPServer[None], ctx: Context, scope: Scope) -> No
         call_id: CallId, choice: Resolution, result: Result = None, reason: Reason = None
     ) -> dict[str, Any]:
         text = _resolution_text(choice, result, reason)
+        ctx, scope = bound()
         await _in_scope(ctx, scope, call_id, "resolve")
         return {**await ops.resolve(ctx, call_id, choice, text)}
 
@@ -131,7 +136,9 @@ def _resolution_text(choice: Choice, result: str | None, reason: str | None) -> 
 
 
 async def _in_scope(ctx: Context, scope: Scope, call_id: str, action: str) -> None:
-    """Refuse a call outside the scope as an unknown one, journaled as the library's refusals are."""
+    """Refuse a call outside the scope as an unknown one, journaled as the library's refusals are
+    (a malformed id, like an over-long one, is refused first, and never journaled)."""
+    operator_id("tool call id", call_id)
     if scope.projects is None:
         return  # every project: the library names an unknown id itself
     db = await ctx.db()

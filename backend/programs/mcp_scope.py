@@ -7,6 +7,7 @@ learns nothing about it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.core.errors import BadInput, SessionNotFound
@@ -34,11 +35,17 @@ class Scope:
             raise BadInput(f"project {project!r} is not served here: this server serves {self.describe()}")
         return project
 
-    async def session(self, ctx: Context, session_id: str) -> None:
-        """Refuse a session outside the scope as if it did not exist."""
+    async def session(self, ctx: Context, session_id: str, hint: str = "") -> None:
+        """Refuse a session outside the scope in the words a missing one is refused in (`hint`: what
+        to do, the same for both)."""
         if self.projects is None:
             return
         db = await ctx.db()
         owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
         if owner not in self.projects:
-            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}")
+            raise SessionNotFound(f"no session {session_id!r} in {self.describe()}{hint}")
+
+
+# what a tool call runs on: the context (its operator is the journal's actor) and the scope it is kept
+# to; `rem mcp` binds its own for the process, `rem serve`'s /mcp the request's token's
+Bound = Callable[[], tuple[Context, Scope]]

@@ -6,9 +6,13 @@ Tools (each a thin call into `backend.ops`, the same library the CLI uses):
 * `get_session(session_id, limit)`: a session's transcript and state;
 * `graph_neighbors(node, project, limit)`: the Dream graph around a node;
 * `list_projects()`: projects with their session and turn counts;
-* `add_memory(session_id, text, project)`: only with `--allow-writes`; admits
+* `add_memory(text, session_id, project)`: only with `--allow-writes`; admits
   an input through the normal path (`ops.send`: idempotent, journaled), so
-  the executor answers it and the summarizer and Dream take it from there;
+  the executor answers it and the summarizer and Dream take it from there.
+  Without `session_id` it starts a new session (an id rem makes) in `project`;
+  on a server kept to projects, a `session_id` must name one of their sessions,
+  and another project's answers exactly as a missing one does (a client that
+  could start a session under any id it chose would learn which ids exist);
 * `list_tool_calls_waiting`, `approve_tool_call`, `deny_tool_call`,
   `resolve_tool_call`: only with `--allow-writes --allow-decisions`, the
   operator's decisions on agent tool calls (`backend.programs.mcp_decisions`
@@ -26,13 +30,14 @@ write even if a tool tried one. stdout is the protocol; logs go to stderr.
 Every request is answered: a failing tool returns one line of text
 (`rem: error: ...`), with its traceback on stderr only under `--debug`; a
 request the SDK could not read (not JSON, invalid UTF-8, a lone surrogate,
-over `MAX_REQUEST_BYTES`) is refused by `backend.programs.mcp_stdio` with a
+over `MAX_REQUEST_BYTES`, nested over `MAX_DEPTH` levels) is refused by `backend.programs.mcp_stdio` with a
 one-line JSON-RPC error carrying its id.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any
@@ -43,10 +48,10 @@ from mcp.types import ToolAnnotations
 from pydantic import Field, ValidationError
 
 from backend import ops
-from backend.core.errors import BadInput, NotFound, RemError
+from backend.core.errors import BadInput, RemError
 from backend.memory.warm import warm_recall
 from backend.programs.mcp_decisions import add_decision_tools
-from backend.programs.mcp_scope import Scope
+from backend.programs.mcp_scope import Bound, Scope
 from backend.programs.mcp_stdio import one_line, serve_stdio
 from backend.runtime.context import Context
 from backend.store.events import operator_name
@@ -153,12 +158,18 @@ def build_server(
         log_level="WARNING",
     )
     server.debug = debug
-    _add_read_tools(server, ctx, scope)
-    if allow_writes:
-        _add_write_tools(server, ctx, scope)
-    if allow_decisions:
-        add_decision_tools(server, ctx, scope)
+    add_tools(server, lambda: (ctx, scope), allow_writes=allow_writes, allow_decisions=allow_decisions)
     return server
+
+
+def add_tools(server: RemMCPServer, bound: Bound, *, allow_writes: bool, allow_decisions: bool) -> None:
+    """rem's tools on `server`, each call run on the context and scope `bound()` gives then (`rem mcp`:
+    its own; `rem serve`'s /mcp: the request's token's, `backend.api.mcp_http`)."""
+    _add_read_tools(server, bound)
+    if allow_writes:
+        _add_write_tools(server, bound)
+    if allow_decisions:
+        add_decision_tools(server, bound)
 
 
 # the CLI refuses the flag alone before anything starts, in the same words
@@ -176,7 +187,7 @@ SessionId = Annotated[str, Field(description="A session's id, as recall items an
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 
-def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
+def _add_read_tools(server: RemMCPServer, bound: Bound) -> None:
     @server.tool(
         description="Ranked memory items (turns, session summaries, graph facts) for a query, each with its "
         "session, time, score and the retrievers that found it.",
@@ -194,7 +205,7 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
             bool, Field(description="Search every project (only on a server started with --all-projects).")
         ] = False,
     ) -> dict[str, Any]:
-        return await answer(_recall(ctx, scope, query, project, session, k, all_projects))
+        return await answer(_recall(*bound(), query, project, session, k, all_projects))
 
     @server.tool(
         description="A session's transcript (its newest `limit` messages), project and Dream state.",
@@ -204,7 +215,7 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
         session_id: SessionId,
         limit: Annotated[int, Field(description="How many of the newest messages to return.")] = 50,
     ) -> dict[str, Any]:
-        return await answer(_get_session(ctx, scope, session_id, limit))
+        return await answer(_get_session(*bound(), session_id, limit))
 
     @server.tool(
         description="The Dream memory graph around a node: its edges and the nodes they reach.",
@@ -218,13 +229,14 @@ def _add_read_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
         project: Project = None,
         limit: Annotated[int, Field(description="How many edges to return at most, 1 to 500.")] = 25,
     ) -> dict[str, Any]:
-        return await answer(_graph_neighbors(ctx, scope, node, project, limit))
+        return await answer(_graph_neighbors(*bound(), node, project, limit))
 
     @server.tool(
         description="Every project served here with its session count, indexed turns and last activity.",
         annotations=READ_ONLY.model_copy(update={"title": "List projects"}),
     )
     async def list_projects() -> dict[str, Any]:
+        ctx, scope = bound()
         return await answer(ops.list_projects(ctx, projects=scope.projects))
 
 
@@ -236,8 +248,13 @@ ADDS_ONLY = ToolAnnotations(
     idempotent_hint=False,
     open_world_hint=False,
 )
-NewSessionId = Annotated[
-    str, Field(description="The session to add to; a new id creates the session in `project`.")
+SessionToAddTo = Annotated[
+    str | None,
+    Field(
+        description="The session to add to; leave it out to start a new session in `project`, under an id "
+        "rem makes (the result names it). On a server kept to projects (--project) it must be one of "
+        "their sessions; with --all-projects a new id also starts a session."
+    ),
 ]
 MessageText = Annotated[str, Field(description="The message to admit, as a user turn of that session.")]
 NewProject = Annotated[
@@ -245,16 +262,16 @@ NewProject = Annotated[
 ]
 
 
-def _add_write_tools(server: RemMCPServer, ctx: Context, scope: Scope) -> None:
+def _add_write_tools(server: RemMCPServer, bound: Bound) -> None:
     @server.tool(
-        description="Admit a message into a session (created on first use, in `project`): an executor answers "
+        description="Admit a message into a session (or a new one, in `project`): an executor answers "
         "it, and the summarizer and Dream add it to memory. Only with rem mcp --allow-writes.",
         annotations=ADDS_ONLY,
     )
     async def add_memory(
-        session_id: NewSessionId, text: MessageText, project: NewProject = None
+        text: MessageText, session_id: SessionToAddTo = None, project: NewProject = None
     ) -> dict[str, Any]:
-        return await answer(_add_memory(ctx, scope, session_id, text, project))
+        return await answer(_add_memory(*bound(), session_id, text, project))
 
 
 async def _recall(
@@ -292,14 +309,16 @@ async def _get_session(ctx: Context, scope: Scope, session_id: str, limit: int) 
 
 
 async def _add_memory(
-    ctx: Context, scope: Scope, session_id: str, text: str, project: str | None
+    ctx: Context, scope: Scope, session_id: str | None, text: str, project: str | None
 ) -> dict[str, Any]:
-    if scope.projects is not None:
-        db = await ctx.db()
-        owner = await db.scalar("SELECT project FROM session WHERE id = ?", (session_id,))
-        if owner is not None and owner not in scope.projects:
-            raise NotFound(f"session {session_id!r} is not in {scope.describe()}; name a new session")
-        project = scope.project(project or owner)
+    if session_id is None:
+        session_id = f"mcp-{uuid.uuid4().hex[:16]}"
+        project = scope.project(project)
+    elif scope.projects is not None:
+        # a missing session and another project's answer alike, before anything else is looked at
+        await scope.session(ctx, session_id, hint="; leave session_id out to start a new session")
+        if project is not None:
+            scope.project(project)  # a project outside the scope is refused, whatever the session
     return await ops.send(ctx, session_id, text, project=project)
 
 

@@ -3,7 +3,8 @@
 The SDK drops a line it cannot parse without answering it: a request
 holding a lone surrogate (a `\\ud800` JSON escape, which its parser refuses)
 waited forever. Here every line is read (at most `MAX_REQUEST_BYTES`),
-checked (UTF-8, JSON, no lone surrogate, a JSON-RPC message), and either
+checked (UTF-8, JSON, at most `MAX_DEPTH` levels deep, no lone surrogate, a JSON-RPC
+message), and either
 passed to the SDK or answered at once with a JSON-RPC error carrying the
 request's id and one line of text (`rem: error: ...`). A bad notification
 has no id to answer: it is logged to stderr and dropped.
@@ -31,11 +32,17 @@ import mcp_types as types
 from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
+from backend.core.storable import lone_surrogate_at
+
 log = logging.getLogger("rem.mcp")
 
 # one request line; a longer one is refused unread (the tools' arguments are short)
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 LINE_CHARS = 1000
+# arrays and objects one request may nest (a tool's arguments need a handful); a deeper one is
+# refused in one line: Python's own parser raised RecursionError past ~1000 and the server died
+MAX_DEPTH = 64
+TOO_DEEP = f"the request nests arrays and objects more than {MAX_DEPTH} levels deep; send a flatter one"
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
 # the id of a request too long to read, from the line's first bytes
 ID_KEY = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,100}"|-?\d{1,18})')
@@ -47,28 +54,19 @@ def one_line(text: str) -> str:
     return flat if len(flat) <= LINE_CHARS else flat[: LINE_CHARS - 3] + "..."
 
 
-def lone_surrogate_at(value: Any, path: str = "") -> str | None:
-    """Where the first string holding a lone surrogate is in a parsed JSON value (a dotted path), if any."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "the request"
-        return None
-    items: Iterator[tuple[Any, Any]]
-    if isinstance(value, dict):
-        items = iter(value.items())
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        where = (lone_surrogate_at(key, path) if isinstance(key, str) else None) or lone_surrogate_at(
-            item, f"{path}.{key}" if path else str(key)
-        )
-        if where:
-            return where
-    return None
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests arrays and objects more than `limit` levels deep (iterative:
+    the walk itself cannot exhaust the recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 @dataclass(frozen=True)
@@ -98,8 +96,12 @@ def refusal(raw: bytes) -> Refusal | None:
         obj = json.loads(text)
     except ValueError as exc:
         return Refusal(_id_in(raw), PARSE_ERROR, f"the request is not JSON ({exc})")
+    except RecursionError:  # Python's parser gives up near 1000 levels: the id only from the first bytes
+        return Refusal(_id_in(raw), INVALID_REQUEST, TOO_DEEP)
     request_id = _usable_id(obj.get("id") if isinstance(obj, dict) else None)
     notification = isinstance(obj, dict) and "method" in obj and "id" not in obj
+    if deeper_than(obj, MAX_DEPTH):
+        return Refusal(request_id, INVALID_REQUEST, TOO_DEEP, notification)
     where = lone_surrogate_at(obj)
     if where is not None:
         message = (

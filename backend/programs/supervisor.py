@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from typing import Any
 from backend.chroma import server as chroma_server
 from backend.chroma.server import ChromaServer
 from backend.core import faults, private, processes
-from backend.core.errors import ChromaUnreachable, RemError
+from backend.core.errors import ChromaUnreachable, Refused, RemError
 from backend.core.settings import settings
 from backend.programs.load import LoadGenerator
 from backend.programs.recorder import HistoryRecorder
@@ -96,6 +97,9 @@ class UpConfig:
     # record the status history the console's timeline reads (history.db)
     history: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    # `rem up --serve HOST:PORT`: one API server (`rem serve`) there, kept alive like the daemons
+    serve: str | None = None
+    allow_remote: bool = False
 
 
 def describe_exit(code: int) -> str:
@@ -109,7 +113,7 @@ def describe_exit(code: int) -> str:
 class Supervisor:
     """Runs and watches the Chroma server and the daemons of one data dir."""
 
-    def __init__(self, ctx: Context, config: UpConfig | None = None) -> None:
+    def __init__(self, ctx: Context, config: UpConfig | None = None, *, up_lock: int | None = None) -> None:
         self.ctx = ctx
         self.config = config or UpConfig()
         self.children = [
@@ -118,10 +122,13 @@ class Supervisor:
                 ("executor", self.config.executors),
                 ("summarizer", self.config.summarizers),
                 ("dream", self.config.dreams),
+                ("server", int(self.config.serve is not None)),
             )
             for i in range(1, count + 1)
         ]
         self.chroma: ChromaServer | None = None
+        # DATA/up.lock's descriptor, flocked while this `rem up` runs (hold_up_lock; taken in run if None)
+        self._up_lock = up_lock
         self._identity = processes.identity(os.getpid())
         self._chroma_identity: dict[str, Any] = {}
         self.stopping = asyncio.Event()
@@ -136,6 +143,8 @@ class Supervisor:
     async def run(self) -> int:
         """Start everything, keep it alive until asked to stop, then drain it all."""
         faults.validate()  # refuse a typo before any child starts (they would crash-loop on it)
+        if self._up_lock is None:
+            self._up_lock = hold_up_lock(self.ctx)
         db = await self.ctx.db()
         self._install_signal_handlers()
         self._ensure_chroma()
@@ -176,6 +185,8 @@ class Supervisor:
             self._stop_chroma()
             with contextlib.suppress(FileNotFoundError):
                 self.manifest_path.unlink()
+            os.close(self._up_lock)  # after the manifest is gone: the next `rem up` may start
+            self._up_lock = None
         return 0
 
     async def _store_unreadable(self, exc: RemError) -> str:
@@ -246,6 +257,10 @@ class Supervisor:
     def _command(self, child: Child) -> list[str]:
         """The child's `rem` arguments (the state store's URL goes in its environment, never here)."""
         args = ["daemon", "--role", child.role, "--data", str(self.ctx.data.root)]
+        if child.role == "server":  # `rem serve`: a worker of its own kind, on its fixed address
+            assert self.config.serve is not None
+            args = ["serve", "--listen", self.config.serve, "--data", str(self.ctx.data.root)]
+            args += ["--allow-remote"] if self.config.allow_remote else []
         if self.chroma is not None and self.chroma.external:
             args += ["--chroma-url", self.chroma.url]
         return args
@@ -398,6 +413,29 @@ class Supervisor:
         finally:
             watcher.cancel()
         log.info("load stopped after %d inputs", generator.sent)
+
+
+def hold_up_lock(ctx: Context) -> int:
+    """`DATA/up.lock`, flocked for this `rem up`'s life: a second `rem up` on the data dir is refused
+    (it would start a second fleet, write its own `up.json` over the first's, and remove it on exit).
+    The kernel drops the lock when the process dies, SIGKILL included."""
+    ctx.data.ensure()
+    path = ctx.data.root / UP_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, private.FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        live = read_manifest(ctx)
+        who = f" (pid {live['pid']})" if live else ""
+        raise Refused(
+            f"another `rem up`{who} runs on data dir {ctx.data.root}; stop it first (Ctrl-C in its "
+            "terminal), or start this one with another --data"
+        ) from None
+    return fd
+
+
+UP_LOCK = "up.lock"
 
 
 def read_manifest(ctx: Context) -> dict[str, Any] | None:

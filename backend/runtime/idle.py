@@ -5,16 +5,19 @@ A daemon with nothing to do must cost nothing. It sleeps until one of:
 * another process commits news to the store. Every lifecycle transition
   and operator action appends to `event` in the transaction that makes it
   (the design's rule), so a commit that moved no journal row (another
-  worker's heartbeat, a lease renewal, streamed parts, model-call records)
-  made no work for anyone. SQLite: a watch on state.db and its WAL
-  (`backend.store.watch`: inotify, no thread, no timer) hears the write, and
+  worker's heartbeat, a lease renewal, model-call records) made no work
+  for anyone; nor did one whose only journal rows are streamed parts
+  (`message.part`, schema v13: the API's streams follow them; a step's end
+  journals `execution.step` for the daemons). SQLite: a watch on state.db
+  and its WAL (`backend.store.watch`: inotify, no thread, no timer) hears the write, and
   `PRAGMA data_version` with the journal's head, read in one statement on
   the loop's thread on a small connection of its own (`MarksProbe`), tells a
   commit from a checkpoint and news from upkeep: the daemon sleeps on after
   that one small read. PostgreSQL: the store's change feed (LISTEN/NOTIFY,
   `backend.store.changes`) on its journal channel, which carries only the
   commits that wrote the journal, the daemon's own set aside by their server
-  backend: upkeep never reaches the process, and what does is news unread;
+  backend: upkeep never reaches the process, and what does is news once the
+  journal's head (parts left out) moved, one indexed read;
 * time-based work of its role falls due: a lease expiring, a retry time
   passing (`DUE_SQL`, one indexed read when it goes idle);
 * a wake from inside the process (`wake()`), or a drain;
@@ -73,7 +76,7 @@ DUE_SQL: dict[str, str] = {
             WHERE overlay_pending = 1 AND overlay_retry_at > :now) AS dues""",
 }
 
-PG_HEAD_SQL = "SELECT count(*), max(id) FROM event WHERE id > :floor"
+PG_HEAD_SQL = "SELECT count(*), max(id) FROM event WHERE id > :floor AND kind <> 'message.part'"
 # PostgreSQL: a journal row committed late lands within this many ids below the newest
 HEAD_WINDOW = 1000
 # PostgreSQL: after this long without a notification the feed asks the server something, to find a
@@ -169,12 +172,12 @@ class IdleWait:
         """Mark the store's state the coming pass sees: a commit from here on ends the next wait."""
         self._last_pass = asyncio.get_running_loop().time()
         self.changed.clear()  # before the read below: a commit after it is heard, never lost
-        if not self._journal_heard():
-            self._marks = await self._read_marks(self._marks[1], rebase=True)
+        self._marks = await self._read_marks(self._marks[1], rebase=True)
 
     def _journal_heard(self) -> bool:
         """PostgreSQL with its feed up: every change heard is another process's journaled commit
-        (or the feed's `listening`), news by itself: the marks need not be read."""
+        (or the feed's `listening`): whether it was a commit needs no asking, only whether it
+        journaled more than streamed parts (the head)."""
         return self.db.postgres and self.live
 
     async def wait(
@@ -217,11 +220,9 @@ class IdleWait:
     async def _news(self) -> bool:
         """The change heard was another process's commit that journaled something (see the module doc)."""
         self.changed.clear()
-        if self._journal_heard():
-            return True
         (version, head), (seen_version, seen_head) = await self._read_marks(self._marks[1]), self._marks
         self._marks = (version, head)
-        if version == seen_version:
+        if version == seen_version and not self._journal_heard():
             self.stats.no_commit += 1  # a checkpoint (the feed sets this process's own commits aside)
             return False
         if head == seen_head:
@@ -230,20 +231,22 @@ class IdleWait:
         return True
 
     async def _read_marks(self, seen_head: object, *, rebase: bool = False) -> tuple[int | None, object]:
-        """(`data_version`, the journal's head) in one read (PostgreSQL: only while its feed is down).
+        """(`data_version`, the journal's head) in one read (PostgreSQL with its feed up: the head alone).
 
-        SQLite has one writer at a time, so journal ids commit in order and the
-        newest id is the head. PostgreSQL's come from a sequence and commit in
-        any order (a lower id can land after a higher one), so its head is the
-        number of rows above a floor HEAD_WINDOW ids below the newest, and the
-        newest id; `rebase` moves the floor up to the head seen.
+        The head leaves streamed parts out (`message.part`: news to the API's
+        streams, no work for a daemon). SQLite has one writer at a time, so
+        journal ids commit in order and the newest id is the head. PostgreSQL's
+        come from a sequence and commit in any order (a lower id can land after
+        a higher one), so its head is the number of rows above a floor
+        HEAD_WINDOW ids below the newest, and the newest id; `rebase` moves the
+        floor up to the head seen.
         """
         if self._probe is not None:
             try:
                 return self._probe.read()
             except sqlite3.Error:
                 return None, object()  # unreadable for now: taken as news, the pass meets the error
-        version = await self.db.data_version()
+        version = None if self._journal_heard() else await self.db.data_version()
         floor = seen_head[0] if isinstance(seen_head, tuple) else 0
         if rebase and isinstance(seen_head, tuple) and seen_head[2] is not None:
             floor = max(0, int(seen_head[2]) - HEAD_WINDOW)

@@ -59,6 +59,8 @@ class EventKind(StrEnum):
     EXECUTION_FAILED = "execution.failed"
     EXECUTION_INTERRUPTED = "execution.interrupted"
     EXECUTION_TRUNCATED = "execution.truncated"
+    # a model reply held characters no store can hold (NUL, lone surrogates): stored as U+FFFD
+    MODEL_OUTPUT_REPAIRED = "model.output_repaired"
     RECOVERY_PARKED = "recovery.parked"
     MODEL_ERROR = "model.error"
     SESSION_HELD = "session.held"

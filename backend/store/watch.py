@@ -173,8 +173,14 @@ async def _watchfiles_changes(root: Path) -> AsyncIterator[None]:
         yield None
 
 
-# `PRAGMA data_version` (it moves when another connection commits) and the journal's newest id
-MARKS_SQL = "SELECT (SELECT data_version FROM pragma_data_version()), (SELECT max(id) FROM event)"
+# `PRAGMA data_version` (it moves when another connection commits) and the journal's newest id that
+# is not a streamed part: a part is news to the API's event streams, never work for a daemon (a
+# step's end journals `execution.step`), so a commit of parts alone is upkeep. Read backwards from
+# the newest row: the parts after the last other row are all it walks.
+MARKS_SQL = (
+    "SELECT (SELECT data_version FROM pragma_data_version()), "
+    "(SELECT id FROM event WHERE kind <> 'message.part' ORDER BY id DESC LIMIT 1)"
+)
 # a reader waits this long at most for SQLite's WAL index (a checkpoint resetting the WAL)
 PROBE_BUSY_MS = 20
 

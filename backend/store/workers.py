@@ -40,6 +40,23 @@ def new_owner_id(role: WorkerRole) -> str:
     return f"{role}-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+# what a worker records of its own process in its row's `info`: the kernel's start time of its pid,
+# so an operator's kill (`backend.ops.kills`) can tell it from a later process given the same pid,
+# as the supervisor does with `up.json`
+PROCESS_STARTED_KEY = "process_started_at"
+_OWN_START: dict[int, float | None] = {}
+
+
+def own_process() -> dict[str, Any]:
+    """`{PROCESS_STARTED_KEY: ...}` of this process (read once per pid: a forked child reads its own)."""
+    pid = os.getpid()
+    if pid not in _OWN_START:
+        from backend.core import processes  # import time: psutil, only for a worker's registration
+
+        _OWN_START[pid] = processes.started_at(pid)
+    return {PROCESS_STARTED_KEY: _OWN_START[pid]}
+
+
 def heartbeat_alive(heartbeat_at: int | None, now: int) -> bool:
     return heartbeat_at is not None and now - heartbeat_at <= WORKER_DEAD_AFTER_MS
 
@@ -77,7 +94,15 @@ async def register(
             conn,
             "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "
             "VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
-            (owner_id, role, os.getpid(), host_name(), now, now, json.dumps(info or {})),
+            (
+                owner_id,
+                role,
+                os.getpid(),
+                host_name(),
+                now,
+                now,
+                json.dumps({**(info or {}), **own_process()}),
+            ),
         )
         await append_event(
             conn,
@@ -103,9 +128,11 @@ async def beat(db: Database, owner_id: str) -> WorkerState | None:
 
 
 async def record_info(db: Database, owner_id: str, info: dict[str, Any]) -> None:
-    """Replace what the worker says about itself (`info`), in one statement: rare, never per turn."""
+    """Replace what the worker says about itself (`info`, its process's start time kept), in one
+    statement: rare, never per turn."""
     await db.fetchall(
-        "UPDATE worker SET info = ? WHERE owner_id = ? RETURNING owner_id", (json.dumps(info), owner_id)
+        "UPDATE worker SET info = ? WHERE owner_id = ? RETURNING owner_id",
+        (json.dumps({**info, **own_process()}), owner_id),
     )
 
 
@@ -134,11 +161,14 @@ async def state_of(db: Database, owner_id: str) -> WorkerState | None:
     return None if state is None else WorkerState(state)
 
 
-# `reaped` sets the state too (`rem up` reaps); the exit alone otherwise
-MARK_EXITED_SQL = (
-    "UPDATE worker SET {reaped}exited_at = ? "
-    "WHERE pid = ? AND host = ? AND state != 'stopped' AND exited_at IS NULL RETURNING owner_id"
-)
+# reaped (`rem up` reaps): stopped too, including a row an operator's kill already recorded dead
+# (`backend.ops.kills`: the exit, not the reap, is the kill's to record); the exit alone otherwise
+MARK_EXITED_SQL = {
+    True: "UPDATE worker SET state = 'stopped', stopped_at = ?, exited_at = COALESCE(exited_at, ?) "
+    "WHERE pid = ? AND host = ? AND state != 'stopped' RETURNING owner_id",
+    False: "UPDATE worker SET exited_at = ? "
+    "WHERE pid = ? AND host = ? AND state != 'stopped' AND exited_at IS NULL RETURNING owner_id",
+}
 
 
 async def mark_exited(db: Database, pid: int, host: str, reason: str, *, reap: bool = True) -> list[str]:
@@ -149,10 +179,9 @@ async def mark_exited(db: Database, pid: int, host: str, reason: str, *, reap: b
     down, or an operator releases them, as a death on another host would.
     """
     now = clock.now_ms()
-    reaped = "state = 'stopped', stopped_at = ?, " if reap else ""
-    params = ((now,) if reap else ()) + (now, pid, host)
+    params = ((now, now) if reap else (now,)) + (pid, host)
     async with db.tx() as conn:
-        rows = list(await conn.execute_fetchall(MARK_EXITED_SQL.format(reaped=reaped), params))
+        rows = list(await conn.execute_fetchall(MARK_EXITED_SQL[reap], params))
         for row in rows:
             await append_event(
                 conn,

@@ -10,6 +10,7 @@ machine without promtool still evaluates every rule, and says so in the skip.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ REQUIRED = {
     "RemChromaDown",
     "RemToolOutcomeUnknown",
     "RemToolApprovalWaiting",
+    "RemApiServerErrors",
 }
 
 
@@ -135,6 +137,22 @@ def _tool_call(scene: scenes.Scene, state: str, *, ago_ms: int) -> None:
     scene.tx(rows)
 
 
+def _api_errors(scene: scenes.Scene) -> None:
+    """A live API server that answered a fifth of its requests with a 5xx (as its worker row says)."""
+    info = {
+        "listen": "http://127.0.0.1:8765",
+        "server_error_ratio": 0.2,
+        "requests": [{"method": "GET", "route": "/v1/status", "code": 503, "count": 2}],
+    }
+
+    def rows() -> None:
+        scene.worker(API_SERVER, "server", 4200)
+        scene.x("UPDATE worker SET info = ? WHERE owner_id = ?", json.dumps(info), API_SERVER)
+
+    scene.tx(rows)
+
+
+API_SERVER = "server-ops-1-4200-a0b0c0"
 TRIGGERS: dict[str, tuple[Callable[[scenes.Scene], None], bool]] = {
     "RemLeaseDeadOwner": (_killed, True),
     "RemLeaseExpiredNotTakenOver": (lambda s: _killed(s, expired_ago_ms=90_000), True),
@@ -161,6 +179,7 @@ TRIGGERS: dict[str, tuple[Callable[[scenes.Scene], None], bool]] = {
     "RemChromaDown": (lambda s: None, False),
     "RemToolOutcomeUnknown": (lambda s: _tool_call(s, "unknown", ago_ms=30_000), True),
     "RemToolApprovalWaiting": (lambda s: _tool_call(s, "awaiting_approval", ago_ms=1_200_000), True),
+    "RemApiServerErrors": (_api_errors, True),
 }
 
 

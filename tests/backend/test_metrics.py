@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from backend import ops
 from backend.core import clock
 from backend.core.datadir import DataDir
-from backend.ops.prometheus import SnapshotCollector, exposition, registry_for
+from backend.ops.prometheus import UNKNOWN_TOOL, SnapshotCollector, exposition, registry_for, tool_outcomes
+from backend.ops.tool_status import OTHER_TOOL, TOOL_CAP, by_tool
 from backend.runtime.context import Context
 from tests.helpers import REM, data_fingerprint, rem_env, run_rem, wait_until
 from tests.tui import scenes
@@ -284,3 +285,17 @@ def test_once_prints_one_scrape_and_json_is_refused_for_the_server(tmp_path: Pat
     bad = run_rem("metrics", "--listen", "nowhere", "--data", str(data.root))
     assert bad.returncode == 2 and "is not HOST:PORT" in bad.stderr
     assert os.path.exists(data.state_db)
+
+
+def test_tool_labels_stay_bounded_however_many_names_a_model_invents() -> None:
+    """200 names a model made up (each only ever an error, each asked for more often than the real
+    tool ran) and a few malformed ones: the real tool keeps its series, the rest are `(other)` or
+    `(unknown)`, and the label set stays under the cap."""
+    keyed = {f"error:madeup{i}.tool": 5 for i in range(200)}
+    keyed |= {"completed:demo.notes_add": 1, "error:evil\x1b]0;x\x07.\u202etool": 30, "error:no-dot": 20}
+    outcomes = tool_outcomes(by_tool(keyed))
+    labels = {tool for tool, _ in outcomes}
+    assert len(labels) <= TOOL_CAP + 2 and {"demo.notes_add", OTHER_TOOL, UNKNOWN_TOOL} <= labels
+    assert outcomes[("demo.notes_add", "completed")] == 1
+    assert outcomes[(UNKNOWN_TOOL, "error")] == 50
+    assert sum(outcomes.values()) == sum(keyed.values())  # nothing dropped, only summed

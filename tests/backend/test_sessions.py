@@ -71,7 +71,7 @@ async def test_reusing_an_id_for_a_different_input_is_refused(
     await sessions.admit(db, "s1", "hello", input_id="dup")
     before = await _counts(db_ctx)
     args = {"session_id": "s1", "text": "hello", "delivery": "queue", **change}
-    with pytest.raises(BadInput, match="already admitted .* use a new --id"):
+    with pytest.raises(BadInput, match="already taken by an input of session .* use a new id"):
         await sessions.admit(db, args["session_id"], args["text"], delivery=args["delivery"], input_id="dup")
     assert await _counts(db_ctx) == before
 

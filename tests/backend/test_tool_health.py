@@ -90,7 +90,7 @@ async def _rem_status_shows_it(ctx: Context, owner_id: str) -> None:
     assert down[0].endswith(f"cannot start: cannot run '{MISSING}': No such file or directory")
     shown = await asyncio.to_thread(run_rem, "status", "--json", "--data", str(ctx.data.root))
     tools = json.loads(shown.stdout)["tools"]
-    assert set(tools) == {"awaiting_approval", "unknown_outcome", "counts", "by_tool", "servers"}
+    assert set(tools) == {"awaiting_approval", "unknown_outcome", "running", "counts", "by_tool", "servers"}
     assert [(s["server"], s["up"]) for s in tools["servers"]] == [("broken", False), ("demo", True)]
 
 

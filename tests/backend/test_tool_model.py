@@ -15,21 +15,10 @@ import pytest
 from backend.execution import sessions
 from backend.execution.executor import Executor
 from backend.execution.openai_agent import OpenAIAgent
-from backend.programs.demo_tools import server_config
 from backend.runtime.context import Context
 from tests.fake_openai import FakeOpenAIServer, Scenario
 
 FINAL = "All three are done."
-
-
-@pytest.fixture
-def tools_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    data = tmp_path / "tools"
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"demo": server_config(data, effect_delay_ms=0)}}))
-    monkeypatch.setenv("REM_MCP_CONFIG", str(config))
-    monkeypatch.setenv("REM_TOOL_ARGUMENTS_MAX_BYTES", "1024")
-    return data
 
 
 def _call(name: str, arguments: Any, call_id: str) -> dict[str, str]:

@@ -134,7 +134,7 @@ def test_stored_text_prints_inert_in_recall_show_status_and_check(
         ("recall", TOKEN, "--project", "ops"): visible(" ".join(f"{TOKEN} {text}".split())[:160]),
         ("show", "s1"): visible(f"{TOKEN} {text}", multiline=True),
         ("status",): visible(line),  # the held reason and the worker's host
-        ("check",): repr(line),  # the failed summary job's last error, in its row's repr
+        ("check",): visible(line),  # the failed summary job's last error, a field of its row
     }
     for args, shown in expected.items():
         code, out, err = _rem(capsys, *args, *common)

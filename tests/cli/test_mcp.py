@@ -113,10 +113,13 @@ async def _scoped_to_ops(data: str, env: dict[str, str], errlog: Path) -> None:
     assert "Traceback" not in errlog.read_text(), errlog.read_text()
 
 
-async def test_add_memory_only_with_allow_writes(tmp_path: Path, chroma_url: str, collection: str) -> None:
+async def test_add_memory_only_with_allow_writes_and_kept_to_its_projects(
+    tmp_path: Path, chroma_url: str, collection: str
+) -> None:
     env = rem_env(REM_CHROMA_URL=chroma_url, REM_CHROMA_COLLECTION=collection)
     data = str(tmp_path / "data")
-    assert run_rem("init", "--data", data, env=env).returncode == 0
+    theirs = run_rem("send", "theirs", "A secret of project q.", "--project", "q", "--data", data, env=env)
+    assert theirs.returncode == 0, theirs.stderr
     params = StdioServerParameters(
         command=REM, args=["mcp", "--allow-writes", "--project", "p", "--data", data], env=env
     )
@@ -127,14 +130,21 @@ async def test_add_memory_only_with_allow_writes(tmp_path: Path, chroma_url: str
         # the decisions on tool calls need --allow-decisions as well (tests/cli/test_mcp_decisions.py)
         assert not {n for n in listed if "tool_call" in n}, sorted(listed)
         _assert_described_and_annotated(listed)
-        added = _payload(
-            await session.call_tool(
-                "add_memory", {"session_id": "m1", "text": "Remember the blue door.", "project": "p"}
-            )
-        )
-        assert added["session_id"] == "m1" and added["admitted_seq"] == 1
+        added = _payload(await session.call_tool("add_memory", {"text": "Remember the blue door."}))
+        new = added["session_id"]
+        assert new.startswith("mcp-") and added["admitted_seq"] == 1  # a new session, in p
+        again = _payload(await session.call_tool("add_memory", {"session_id": new, "text": "And the key."}))
+        assert again["session_id"] == new and again["admitted_seq"] == 2
+        # another project's session answers exactly as a missing one: it told "not in project(s) p"
+        for sid in ("theirs", "nobody-has-this"):
+            for extra in ({}, {"project": "p"}, {"project": "q"}):
+                assert await _error(session, "add_memory", {"session_id": sid, "text": "x", **extra}) == (
+                    f"rem: error: no session {sid!r} in project(s) p; leave session_id out to start a new "
+                    "session"
+                )
     status = json.loads(run_rem("status", "--data", data, "--json", env=env).stdout)
-    assert status["backlog"]["inputs_total"] == 1  # admitted through the normal path, waiting for an executor
+    assert status["backlog"]["inputs_total"] == 3  # admitted through the normal path, waiting for an executor
+    assert status["counts"]["sessions"] == 2  # nothing was created under the ids refused
 
 
 def _assert_described_and_annotated(tools: dict[str, Any]) -> None:
@@ -165,7 +175,8 @@ def _rpc(proc: subprocess.Popen[bytes], line: bytes, timeout: float = 30) -> dic
 
 def test_every_request_is_answered_and_bad_text_refused_in_one_line(tmp_path: Path) -> None:
     """Raw lines, as a client in another language sends them (the Python SDK cannot encode a lone
-    surrogate): each gets an answer with its id, and the server goes on serving."""
+    surrogate, nor nest 100 000 arrays): each gets an answer with its id, and the server goes on
+    serving."""
     data = str(tmp_path / "data")
     assert run_rem("init", "--data", data).returncode == 0
     proc = subprocess.Popen(
@@ -204,6 +215,13 @@ def test_every_request_is_answered_and_bad_text_refused_in_one_line(tmp_path: Pa
         garbage = _rpc(proc, b"this is not json")
         assert garbage["id"] is None and garbage["error"]["message"].startswith(
             "rem: error: the request is not JSON"
+        )
+        nested = b"[" * 100_000 + b"]" * 100_000  # Python's parser raised RecursionError: the server died
+        deep = _rpc(
+            proc, b'{"jsonrpc": "2.0", "id": "deep", "method": "tools/call", "params": ' + nested + b"}"
+        )
+        assert deep["id"] == "deep" and deep["error"]["message"] == (
+            "rem: error: the request nests arrays and objects more than 64 levels deep; send a flatter one"
         )
         huge = _rpc(proc, b'{"jsonrpc": "2.0", "id": "big", "params": "' + b"x" * (5 << 20) + b'"}')
         assert huge["id"] == "big" and "over 4194304 bytes" in huge["error"]["message"]

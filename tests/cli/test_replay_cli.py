@@ -115,9 +115,13 @@ async def test_a_replaced_vector_alone_is_found_by_check_and_repaired_by_replay(
     (row,) = _violating(report)
     assert row["summary_id"] == "summary_s1"
     assert [(k["key"], k["reason"]) for k in row["keys"]] == [("embedding", "vector_differs")]
-    # the text report prints the outcome as its value, not as a Python enum's repr
+    # the text report holds plain values: enums as their values, a key's difference as
+    # (key=value, ...), no Python repr (it printed {'summary_id': ...} and <KeyReason...: ...>)
     text = await asyncio.to_thread(_check_text, ctx, chroma_url)
-    assert "'outcome': 'would_replay'" in text and "ReplayOutcome" not in text, text
+    flat = " ".join(text.split())
+    assert "summary_id: summary_s1 session_id: s1 outcome: would_replay verdict: keys_differ" in flat, text
+    assert "keys: (key=embedding, reason=vector_differs, expected=" in flat, text
+    assert not any(repr_ in text for repr_ in ("{'", "Reason.", "Outcome.", "<")), text
 
     rc, out, err = await asyncio.to_thread(_rem, ctx, chroma_url, "--all", "--json")
     assert rc == 0, err

@@ -15,9 +15,21 @@ import pytest
 
 from tests.helpers import rem_env, run_rem
 
-# what no command below may load on SQLite: the PostgreSQL driver, the SDKs of other commands,
-# the console, and the validation library typer would load for plain option values
-NEVER = ("psycopg", "chromadb", "openai", "mcp", "numpy", "wordllama", "textual", "pydantic", "click")
+# what no command below may load on SQLite: the PostgreSQL driver, the SDKs of other commands, the
+# API client's httpx2 (only with --server), the console, and the validation library typer would load
+# for plain option values
+NEVER = (
+    "psycopg",
+    "chromadb",
+    "openai",
+    "mcp",
+    "numpy",
+    "wordllama",
+    "textual",
+    "pydantic",
+    "click",
+    "httpx2",
+)
 # rem's own modules that only other commands need
 NOT_FOR_STATUS = (
     "backend.dream",

@@ -79,3 +79,70 @@ def test_rem_metrics_rules_carry_runbook_urls_where_the_docs_are_served() -> Non
     assert [r["annotations"]["runbook_url"] for r in served] == [f"{base}#{r.name.lower()}" for r in RULES]
     alone = run_rem("metrics", "--runbook-url", base, "--once")
     assert alone.returncode == 2 and "--runbook-url goes with --rules" in alone.stderr
+
+
+def test_every_generated_alert_summary_reads_as_a_sentence() -> None:
+    """Labels and values are different placeholders ("N KIND lease(s)"), never "N N"."""
+    page = (DOCS / "operators.md").read_text(encoding="utf-8")
+    for rule in RULES:
+        shown = GEN.rendered_summary(rule.summary)
+        assert f"> {shown}\n" in page, f"{rule.name}: {FIX}"
+        assert "{{" not in shown and "}}" not in shown, shown
+        words = shown.split()
+        doubled = [a for a, b in zip(words, words[1:], strict=False) if a == b and a.isupper()]
+        assert not doubled, f"{rule.name}: {shown}"
+    assert not re.search(r"\b(N|DURATION|PERCENT) \1\b", page)
+
+
+def test_the_summary_placeholders_keep_labels_apart_from_values() -> None:
+    assert GEN.rendered_summary("{{ $value }} {{ $labels.kind }} lease(s)") == "N KIND lease(s)"
+    assert GEN.rendered_summary("for {{ $value | humanizeDuration }}") == "for DURATION"
+    assert GEN.rendered_summary("{{$labels.verdict}}") == "VERDICT"
+    with pytest.raises(ValueError, match="cannot show"):
+        GEN.rendered_summary("{{ range $x }}")
+
+
+def _cli_sections() -> dict[str, str]:
+    page = (DOCS / "cli.md").read_text(encoding="utf-8")
+    parts = re.split(r"^## (rem [\w -]+)$", page, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_each_help_example_is_its_own_line_of_code() -> None:
+    sections = _cli_sections()
+    command = GEN.rem_command()
+    root = command.make_context("rem", [], resilient_parsing=True)
+    for words, sub, _ in GEN.walk_commands(command, root):
+        section = sections[f"rem {' '.join(words)}"]
+        said = len(re.findall(r"^\s*Examples?:", sub.help or "", re.M))
+        shown = re.findall(r"^Example: `([^`]*)`", section, re.M)
+        assert len(shown) == said, f"rem {' '.join(words)}: {FIX}"
+        assert all("Example" not in code for code in shown), shown
+
+
+def test_argument_names_and_usage_lines_are_the_ones_help_prints() -> None:
+    for name, section in _cli_sections().items():
+        usage = re.search(r"```text\n(.*)\n```", section)
+        assert usage is not None, name
+        assert "COMMAND [ARGS]... COMMAND" not in usage[1], usage[1]
+        for cell in re.findall(r"^\| `([^`-][^`]*)` \|", section, re.M):
+            assert cell in usage[1], f"{name}: the table's {cell} is not in the usage line {usage[1]}"
+
+
+def test_the_api_reference_lists_every_operation_with_its_parameters() -> None:
+    page = (DOCS / "api.md").read_text(encoding="utf-8")
+    document = GEN.openapi_document()
+    assert document["openapi"].startswith("3.1")
+    operations = [(m.upper(), p, op) for p, item in document["paths"].items() for m, op in item.items()]
+    assert len(operations) >= 14
+    for method, path, operation in operations:
+        section = page.split(f"\n### {method} {path}\n", 1)
+        assert len(section) == 2, f"{method} {path}: {FIX}"
+        body = section[1].split("\n### ", 1)[0]
+        for parameter in operation.get("parameters", []):
+            assert f"`{parameter['name']}` ({parameter['in']}" in body, (
+                f"{method} {path} {parameter['name']}: {FIX}"
+            )
+        if path.startswith("/v1/"):
+            assert "Scope: `" in body, f"{method} {path} names no scope: add openapi_extra x-rem-scope"
+    assert "422" not in page  # every invalid request is a 400 in the one shape

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.core.datadir import DataDir
-from tests.helpers import rem_env, run_rem, spawn_rem, wait_until
+from tests.helpers import REM, rem_env, run_rem, spawn_rem, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -149,8 +149,9 @@ def test_a_listener_of_another_uid_on_the_recorded_port_is_refused(shared_parent
         ):
             proc = run_rem(*command, "--data", str(root), timeout=60)
             assert "Traceback" not in proc.stderr, (command, proc.stderr)
-            if command[0] == "check":  # a check reports it as a finding
-                assert proc.returncode == 1 and "nobody (uid 65534)" in proc.stdout, proc
+            if command[0] == "check":  # a check says what it could not check, and why (exit 3)
+                assert proc.returncode == 3 and "nobody (uid 65534)" in proc.stdout, proc
+                assert "INCOMPLETE (Chroma unreachable)" in proc.stdout, proc
                 continue
             assert proc.returncode == 3, (command, proc.stderr)
             assert proc.stderr.startswith("rem: error: refusing the Chroma server at " + url), proc.stderr
@@ -161,3 +162,19 @@ def test_a_listener_of_another_uid_on_the_recorded_port_is_refused(shared_parent
         squatter.terminate()
         holder.wait(10)
         squatter.wait(10)
+
+
+def test_a_data_dir_under_a_folder_this_user_cannot_enter_is_one_line(shared_parent: Path) -> None:
+    """A real other user (root enters everything): every data-dir command said PermissionError in a
+    traceback; now one line naming the folder it may not enter, and the usage exit code."""
+    locked = shared_parent / "locked"
+    locked.mkdir(mode=0o700)  # root's: nobody may not enter it
+    root = locked / "data"
+    for command in (["status"], ["init"], ["send", "s1", "hi"], ["check", "--json"], ["show", "s1"]):
+        proc = as_nobody(REM, *command, "--data", str(root), timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-2000:])
+        assert proc.stdout == "" and proc.stderr == (
+            f"rem: error: data dir {root} cannot be reached: this user (nobody) may not enter {locked}; "
+            "run rem as the user the data dir belongs to, or pass another --data\n"
+        ), (command, proc.stderr)
+    assert not root.exists()  # nothing was made, either

@@ -189,3 +189,34 @@ async def test_up_against_an_external_chroma_starts_none_and_names_its_host(
 
 async def _all_running(ctx: Context) -> bool:
     return sum(w["state"] == "running" for w in (await ops.status(ctx))["workers"]) == 3
+
+
+def test_a_second_up_on_one_data_dir_is_refused_and_leaves_the_first_alone(
+    tmp_path: Path, chroma_url: str, collection: str
+) -> None:
+    root = tmp_path / "data"
+    env = rem_env(REM_CHROMA_COLLECTION=collection)
+    fleet = ("--chroma-url", chroma_url, "--executors", "1", "--summarizers", "0", "--dreams", "0")
+    up = spawn_rem("up", "--data", str(root), *fleet, env=env, log=tmp_path / "up.log")
+    try:
+        first = wait_until(lambda: _manifest(root).get("children"), timeout=60, message="the first rem up")
+        manifest = _manifest(root)
+        second = run_rem("up", "--data", str(root), *fleet, env=env, timeout=60)
+        assert second.returncode == 1 and second.stdout == "", second.stderr
+        (line,) = second.stderr.splitlines()
+        assert line == (
+            f"rem: error: another `rem up` (pid {up.pid}) runs on data dir {root}; stop it first "
+            "(Ctrl-C in its terminal), or start this one with another --data"
+        )
+        assert _manifest(root) == manifest and first  # its up.json and its daemons untouched
+        assert all(Path(f"/proc/{kid['pid']}").exists() for kid in first)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
+    assert up.returncode == 0 and not (root / "up.json").exists()
+    again = spawn_rem("up", "--data", str(root), *fleet, env=env, log=tmp_path / "up2.log")
+    try:  # the lock went with the first: the next `rem up` starts
+        wait_until(lambda: _manifest(root).get("pid") == again.pid, timeout=60, message="a new rem up")
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(60)

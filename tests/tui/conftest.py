@@ -44,7 +44,10 @@ def healthy_dir(tmp_path: Path, clock_at_scene: clock.FrozenClock) -> DataDir:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Pilot tests share two cores with other suites: give each a generous timeout.
+    # Pilot tests share two cores with other suites: give each a generous timeout (unless it names its own).
     for item in items:
-        if "tests/tui" in str(item.fspath).replace(os.sep, "/"):
+        if (
+            "tests/tui" in str(item.fspath).replace(os.sep, "/")
+            and item.get_closest_marker("timeout") is None
+        ):
             item.add_marker(pytest.mark.timeout(120))

@@ -617,6 +617,27 @@ def tool_calls(scene: Scene) -> None:
     scene.tx(rows)
 
 
+def send_in_flight(scene: Scene) -> None:
+    """Executor A runs a send for s-charlie (4 s in): what `k` on A, or on the call's row, names."""
+
+    def rows() -> None:
+        scene.execution("exe_0003", "s-charlie", EXEC_A, epoch=1, left_ms=24_000, phase="unknown")
+        scene.tool_call(
+            "call_c1",
+            "exe_0003",
+            "s-charlie",
+            "demo.outbox_send",
+            {"to": "bob@example.com", "subject": "weekly report"},
+            state="running",
+            owner=EXEC_A,
+            epoch=1,
+            ago_ms=5_000,
+            starts=1,
+        )
+
+    scene.tx(rows)
+
+
 def incident(scene: Scene) -> None:
     """Everything at once: the main screenshot."""
     healthy(scene)

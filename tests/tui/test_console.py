@@ -135,7 +135,7 @@ async def test_panels_show_every_part_of_the_snapshot(incident_dir: DataDir) -> 
         assert "model DOWN (auth) 11% err 3 retries p95 1.8 s" in header
         assert backlog.cell_text("in:s-charlie", "detail") == "3 queued"
         workers = table(app, "workers")
-        assert workers.cell_text(scenes.EXEC_B, "state") == "dead"
+        assert workers.cell_text(scenes.EXEC_B, "state") == "✗ dead"
         assert workers.cell_text(scenes.EXEC_A, "state") == "running"
         events = table(app, "events").all_records()
         assert [e["id"] for e in events] == sorted((e["id"] for e in events), reverse=True)
@@ -273,7 +273,7 @@ async def test_dead_worker_marker_appears_as_the_heartbeat_ages(
         leases, workers = table(app, "leases"), table(app, "workers")
         assert leases.cell_text("execution:exe_0001", "owner") == "● exec:4101"
         clock_at_scene.advance(11_000)  # past WORKER_DEAD_AFTER_MS with no heartbeat
-        await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "dead")
+        await until(pilot, lambda: workers.cell_text(scenes.EXEC_A, "state") == "✗ dead")
         # panels tick 200 ms apart: the lease panel marks the owner within the same second
         await until(
             pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101", timeout=2
@@ -297,7 +297,7 @@ async def test_a_death_its_supervisor_recorded_marks_the_owner_dead_at_once_and_
             scenes.EXEC_A,
         )
         await until(pilot, lambda: leases.cell_text("execution:exe_0001", "owner") == "✗ exec:4101", "the ✗")
-        assert workers.cell_text(scenes.EXEC_A, "state") == "dead"
+        assert workers.cell_text(scenes.EXEC_A, "state") == "✗ dead"
         clock_at_scene.advance(2_000)
         await pilot.press("2")
         await select(pilot, leases, "execution:exe_0001")
@@ -329,6 +329,25 @@ async def test_the_workers_panel_names_each_workers_host_and_counts_hosts(
         )
         assert workers.cell_text("executor-ops-2-77-abcdef", "host") == "ops-2"
         await until(pilot, lambda: "on 2 hosts" in str(workers.border_title), "the host count")
+
+
+async def test_the_workers_panel_shows_an_api_server_as_role_server(
+    healthy_dir: DataDir, clock_at_scene: clock.FrozenClock
+) -> None:
+    async with console(healthy_dir, poll_s=0.1).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        workers = table(app, "workers")
+        write(
+            healthy_dir,
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state, info) "
+            "VALUES ('server-ops-1-88-abcdef', 'server', 88, 'ops-1', ?, ?, 'running', ?)",
+            clock_at_scene.now - 1000,
+            clock_at_scene.now - 500,
+            json.dumps({"listen": "http://127.0.0.1:8765", "streams_open": 2}),
+        )
+        await until(pilot, lambda: "server-ops-1-88-abcdef" in workers.shown_keys(), "the API server's row")
+        assert workers.cell_text("server-ops-1-88-abcdef", "role") == "server"
+        assert workers.cell_text("server-ops-1-88-abcdef", "state") == "running"
 
 
 async def test_cursor_and_scroll_survive_a_refresh_that_adds_rows_above(incident_dir: DataDir) -> None:

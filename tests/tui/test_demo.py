@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
 from backend.core.datadir import DataDir
 from backend.programs.demo import model_env as demo_model_env
 from backend.programs.demo import run_demo, stop
@@ -32,7 +35,7 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
-def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit() -> None:
+def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit(capfd: pytest.CaptureFixture[str]) -> None:
     seen: dict[str, Any] = {}
 
     def console(data: DataDir) -> None:
@@ -42,12 +45,23 @@ def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit() -> None:
         assert pid_alive(seen["supervisor"]) and pid_alive(seen["chroma"])
         seen["status"] = rem_json("status", "--data", str(data.root))
         seen["reap"] = manifest["reap"]
+        # its API server, with the token it printed
+        (server,) = seen["status"]["api"]["servers"]
+        token = (data.root / "api.token").read_text().strip()
+        seen["url"], seen["token"] = server["url"], token
+        seen["sessions"] = httpx.get(
+            f"{server['url']}/v1/sessions", headers={"Authorization": f"Bearer {token}"}
+        )
 
     assert (
         run_demo(None, console=console, up_args=["--executors", "0", "--summarizers", "0", "--dreams", "0"])
         == 0
     )
     assert seen["status"]["chroma"]["healthy"] is True
+    assert seen["sessions"].status_code == 200 and "sessions" in seen["sessions"].json()
+    assert "server" in {w["role"] for w in seen["status"]["workers"]}
+    printed = capfd.readouterr().err
+    assert f"the API is at {seen['url']}" in printed and seen["token"] in printed
     assert seen["reap"] is False  # a killed daemon's lease stays visible in the demo
     wait_until(
         lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),

@@ -145,3 +145,16 @@ def test_held_session_detail_with_usage_and_model_error(
 ) -> None:
     app = app_for(scene_dir(scenes.healthy, scenes.model_trouble))
     assert snap_compare(app, terminal_size=(120, 40), run_before=after("8", "end", "enter"))
+
+
+def test_kill_confirmation(
+    snap_compare: SnapCompare,
+    scene_dir: Callable[..., DataDir],
+    chroma_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`k` on Backlog's `running` row: its executor (A), its two leases, the send it has running,
+    the signal; the effect in flight is the warning. The scene's workers run on ops-1: here, too."""
+    monkeypatch.setenv("REM_HOST", "ops-1")
+    app = app_for(scene_dir(scenes.incident, scenes.send_in_flight), chroma_url=chroma_url)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=after("1", "down", "down", "k"))

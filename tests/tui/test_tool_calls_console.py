@@ -115,6 +115,9 @@ async def test_approve_and_deny_from_backlog_name_the_call_and_move_it(
             "owner executor-test-1",
             "epoch 1",
             "made ",
+            # who runs it: the turn is parked, the other send still waits, no executor is alive
+            "Runs once the turn's 1 other waiting call is decided, in the next executor to take the turn "
+            "(none alive now)",
         ):
             assert part in body, (part, body)
         await pilot.press("tab", "enter")

@@ -56,3 +56,26 @@ async def parked_turn(
         return ids
 
     return await db.write_in_thread(write)
+
+
+async def running_call(ctx: Context, sid: str, *, owner: str, length_ms: int = 60_000) -> str:
+    """A turn of a new session `sid` whose executor `owner` holds its lease and has a send running
+    (`running` committed, the request out): the call's id."""
+    db = await ctx.db()
+    now = clock.now_ms()
+    async with db.tx() as conn:
+        await conn.execute(
+            "INSERT INTO session (id, time_created, time_updated) VALUES (?, ?, ?)", (sid, now, now)
+        )
+    lease = await leases.claim(db, sid, owner, length_ms=length_ms)
+    assert lease is not None
+
+    def write(conn: Any) -> str:
+        guard_sync(conn, lease, now=now)
+        (cid,) = tool_calls.insert_sync(
+            conn, lease, 1, f"{lease.execution_id}:1", [send_call(0, ToolCallState.PENDING, "allow")], now
+        )
+        tool_calls.start_sync(conn, lease, [cid], now)
+        return cid
+
+    return await db.write_in_thread(write)

@@ -74,14 +74,19 @@ def help_sections(app_bindings: Iterable[BindingType]) -> list[tuple[str, list[t
             + bindings_rows(ConfirmScreen.BINDINGS),
         ),
         (
-            "Tool calls (Backlog's `approve` and `unknown` rows)",
+            "Tool calls (Backlog's `approve`, `unknown` and `running` rows)",
             [
                 (
                     "a / n",
                     "approve / deny the call: the confirmation names its session, tool, arguments, "
-                    "effect class, owner, epoch and age",
+                    "effect class, owner, epoch and age, and who will run it",
                 ),
                 ("o", "resolve an unknown outcome: Done (the text is its result), Retry (same key) or Fail"),
+                (
+                    "k",
+                    "on a running call: kill the executor running it (the confirmation names the process, "
+                    "its leases, its running calls and the signal)",
+                ),
                 ("Enter", "detail: the call, its session's tool calls (states, keys, results, times)"),
             ]
             + bindings_rows(ResolveScreen.BINDINGS),

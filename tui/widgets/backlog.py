@@ -2,7 +2,8 @@
 
 The agent tool calls an operator must decide come first, most urgent first: an unknown outcome
 (`unknown`: an effect in flight when its executor died; `o` resolves it), then the calls
-awaiting approval (`approve`: `a` approves, `n` denies), each oldest first."""
+awaiting approval (`approve`: `a` approves, `n` denies), each oldest first; then the calls in
+flight (`running`: the executor running each, how long it has run; `k` kills that executor)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ from typing import Any, cast
 from rich.text import Text
 
 from backend.ops.records import DigestState, Status
-from tui.format import age, cell, compact_json, short, short_id
+from tui.format import age, cell, compact_json, owner_short, short, short_id
 from tui.widgets.snapshot_table import Column, Palette, Record, SnapshotTable
 
 WHAT_TONE = {
     "unknown": "error",
     "approve": "warning",
+    "running": "primary",
     "parked": "error",
     "failed": "error",
     "held": "error",
     "recov": "warning",
 }
 # the backlog rows that are agent tool calls (their `what`), and the keys that decide them
-TOOL_ROWS = {"unknown": "o resolves", "approve": "a approves · n denies"}
+TOOL_ROWS = {"unknown": "o resolves", "approve": "a approves · n denies", "running": "k kills it"}
 # the hold reasons of a turn parked on its tool calls (`backend.execution.parking.TOOL_HOLDS`)
 TOOL_HOLDS = ("tool_awaiting_approval", "tool_outcome_unknown")
 
@@ -53,6 +55,11 @@ def _detail(record: Record) -> str:
         if reason in TOOL_HOLDS:  # parked on its tool calls (the rows above): decided there, not resumed
             return f"{record.get('waiting', 0)} asleep · {reason} · decide its tool call(s)"
         return f"{record.get('waiting', 0)} asleep · {reason} · u resumes"
+    if what == "running":  # where it runs: the process `k` kills
+        return (
+            f"{record.get('tool')} · {record.get('effect')} · in {owner_short(record.get('owner_id'))}"
+            f" · {TOOL_ROWS[what]} · {compact_json(record.get('arguments'), 40)}"
+        )
     if what in TOOL_ROWS:
         owner = "" if record.get("owner_alive") else " · owner dead"
         return (
@@ -70,6 +77,12 @@ def _tool_rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
     for what, calls in (("unknown", tools["unknown_outcome"]), ("approve", tools["awaiting_approval"])):
         for call in calls:
             yield f"tool:{call['call_id']}", {"what": what, "target": call["session_id"], **call}
+    for call in tools.get("running", []):  # (a moment recorded before they were listed has none)
+        since = call["started_at"] or call["since"]  # its age: how long it has run
+        yield (
+            f"tool:{call['call_id']}",
+            {"what": "running", "target": call["session_id"], **call, "since": since},
+        )
 
 
 def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
@@ -154,6 +167,7 @@ class BacklogTable(SnapshotTable):
         return (
             counts.get("unknown", 0)
             + counts.get("awaiting_approval", 0)
+            + counts.get("running", 0)
             + snapshot["counts"]["held"]
             + totals["waiting"]
             + totals["parked"]
@@ -169,10 +183,12 @@ class BacklogTable(SnapshotTable):
         parked, held = parked_and_held(snapshot)
         counts = (snapshot.get("tools") or {}).get("counts", {})
         unknown, approvals = counts.get("unknown", 0), counts.get("awaiting_approval", 0)
+        running = counts.get("running", 0)
         title = (
             f"Backlog {snapshot['counts']['backlog']}"
             + (f" · {unknown} unknown" if unknown else "")
             + (f" · {approvals} to approve" if approvals else "")
+            + (f" · {running} running" if running else "")
             + (f" · {parked} parked" if parked else "")
             + (f" · {held} held" if held else "")
         )

@@ -74,8 +74,12 @@ def tools_label(servers: list[ToolServerRecord] | None) -> str | None:
     return f"tools DOWN: {', '.join(names[:TOOLS_NAMED])}{more}"
 
 
-class ConsoleHeader(Static):
-    """Where this console looks and what state it is in, in one line."""
+class ConsoleHeader(Static, can_focus=True):
+    """Where this console looks and what state it is in, in one line.
+
+    Focused (`0`, a click, or Shift+Tab from the first panel) it marks its Chroma indicator:
+    `k` there kills the data dir's Chroma server (`tui/kill.py`).
+    """
 
     DEFAULT_CSS = """
     ConsoleHeader {
@@ -136,6 +140,12 @@ class ConsoleHeader(Static):
             self._shown = text
             self.update(text, layout=False)  # one line, always: no relayout of the screen
 
+    def on_focus(self) -> None:
+        self.set_state()
+
+    def on_blur(self) -> None:
+        self.set_state()
+
     def show_timeline(self, at: int | None) -> None:
         """Badge the header with the recorded moment shown (None: live again)."""
         self.timeline_at = at
@@ -149,7 +159,10 @@ class ConsoleHeader(Static):
         label, healthy = chroma_label(snap["chroma"] if snap is not None else None)
         tone = {True: "success", False: "error", None: "muted"}[healthy]
         line.append("  ● ", style=Style(color=self.palette[tone]))
-        line.append(label, style=Style(color=self.palette["error"]) if healthy is False else "")
+        look = Style(color=self.palette["error"]) if healthy is False else Style()
+        line.append(label, style=look + Style(reverse=True) if self.has_focus else look)
+        if self.has_focus:
+            line.append(" k kills it", style=Style(color=self.palette["muted"]))
         model = model_label(snap["model"] if snap is not None else None)
         if model is not None:
             text, tone = model

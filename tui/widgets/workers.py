@@ -33,7 +33,8 @@ STATE_TONE = {"dead": "error", "draining": "warning", "stopped": "muted", "runni
 
 def _state(record: Record, now: int, palette: Palette) -> Text:
     state = worker_state(record, now)
-    return cell(state, STATE_TONE.get(state), palette, bold=state == "dead")
+    shown = f"✗ {state}" if state == "dead" else state  # the mark its leases carry too
+    return cell(shown, STATE_TONE.get(state), palette, bold=state == "dead")
 
 
 def _beat(record: Record, now: int, palette: Palette) -> Text:

@@ -1,6 +1,7 @@
 """The counters family: the counts rem keeps beside the rows they count.
 
-A session's token totals equal the sum of its replies' usage, and each
+A session's token totals equal the sum of its replies' usage (final replies and
+the steps that asked for tools), and each
 status counter (`backend/store/counters.py`) equals a real count of its rows.
 """
 
@@ -13,7 +14,9 @@ from backend.store.db import Conn
 
 # -- usage: a reply's tokens are counted with it, exactly once ---------------
 # (the sessions a model answered, from their partial index; each reply's usage is
-# written in the same transaction as its completion, so the totals always agree)
+# written in the same transaction as its completion, so the totals always agree).
+# A step that asked for tools closes as `tool_calls`, its usage counted like a final
+# reply's: both are summed (summing only `completed` failed every tool-using turn).
 SQL_USAGE_MISMATCH = """
 SELECT s.id AS session_id, s.tokens_input, s.tokens_output, s.tokens_reasoning, s.tokens_cache_read,
        s.tokens_cache_write, r.input, r.output, r.reasoning, r.cache_read, r.cache_write
@@ -26,7 +29,7 @@ JOIN (SELECT session_id,
              total(CAST(json_extract(data, '$.usage.cache_write') AS DOUBLE PRECISION)) AS cache_write
       FROM session_message
       WHERE session_id > :lo AND session_id <= :hi
-        AND type = 'assistant' AND json_extract(data, '$.status') = 'completed'
+        AND type = 'assistant' AND json_extract(data, '$.status') IN ('completed', 'tool_calls')
       GROUP BY session_id) AS r ON r.session_id = s.id
 WHERE s.id > :lo AND s.id <= :hi AND (s.tokens_input > 0 OR s.tokens_output > 0 OR s.model_error IS NOT NULL)
   AND (s.tokens_input != r.input OR s.tokens_output != r.output OR s.tokens_reasoning != r.reasoning

@@ -41,6 +41,8 @@ class Report:
     violations: list[Finding] = field(default_factory=list)
     unsettled: list[Finding] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    # parts that could not be checked at all (Chroma unreachable): what, invariants, error
+    not_checked: list[dict[str, Any]] = field(default_factory=list)
 
     def mark(self, name: str) -> None:
         """List `name` as checked (once, in the order the checks first ran)."""
@@ -97,9 +99,11 @@ def summarize(report: Report, *, settled: bool) -> dict[str, Any]:
             {**f, "invariant": f["invariant"], "what": "not settled: " + f["what"]} for f in unsettled
         ]
     return {
-        "ok": not violations,
+        # ok: verified whole and clean; a part not checked (Chroma down) is no pass
+        "ok": not violations and not report.not_checked,
         "settled_mode": settled,
         "checked": report.checked,
+        "not_checked": report.not_checked,
         "violations": violations,
         "unsettled": unsettled,
         "counts": {
