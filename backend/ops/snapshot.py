@@ -80,7 +80,7 @@ class ListLimits:
 
     A console asks for what its panels show, so its refresh reads a screenful at any size;
     what it counts comes from the counters and totals. `backlog` is the Backlog panel's
-    rows in its order (tool calls waiting, held sessions, recoveries parked first, failed
+    rows in its order (tool calls waiting, then running, held sessions, recoveries parked first, failed
     summaries, inputs), read in that order until there are `backlog` of them; None keeps
     `rem status`'s cap of each.
     """

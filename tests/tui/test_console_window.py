@@ -65,6 +65,46 @@ def fill(data: DataDir, db_url: str | None) -> None:
                 cursor.executemany(sql.replace("?", "%s"), rows)
 
 
+def fill_running(data: DataDir, db_url: str | None, calls: int) -> None:
+    """`calls` tool calls in flight in executor A (one session each, oldest first), and the one
+    input of the 3 000 the Backlog lists after them."""
+    sessions = [(f"s-{i:05d}", f"session {i}", NOW - 3_600_000, NOW - 3_600_000) for i in range(calls)]
+    running = [
+        (f"c-{i:05d}", f"s-{i:05d}", f"e-{i}", f"m-{i}", "running", f"k-{i}", scenes.EXEC_A, NOW - 60_000 + i)
+        for i in range(calls)
+    ]
+    statements = [
+        ("INSERT INTO session (id, title, time_created, time_updated) VALUES (?,?,?,?)", sessions),
+        (
+            "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, arguments, "
+            "effect, effect_source, permission, state, idempotency_key, owner_id, epoch, starts, "
+            "time_created, time_updated) VALUES (?, ?, ?, 1, 0, ?, 'demo.send', '{}', 'effect', 'config', "
+            "'ask', ?, ?, ?, 1, 1, ?, ?)",
+            [(*call, call[-1]) for call in running],
+        ),
+        (
+            "INSERT INTO worker (owner_id, role, pid, host, started_at, heartbeat_at, state) "
+            "VALUES (?,?,?,?,?,?,?)",
+            [(scenes.EXEC_A, "executor", 4101, "ops-1", NOW - 600_000, NOW, "running")],
+        ),
+        (
+            "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, wake_pending, "
+            "time_created) VALUES (?,?,?,?,?,?,?)",
+            [("in-last", "s-00000", "{}", "queue", 1, 1, NOW - 600_000)],
+        ),
+    ]
+    if db_url is None:
+        scenes.Scene(data.root).close()
+        with sqlite3.connect(data.state_db) as conn:
+            for sql, rows in statements:
+                conn.executemany(sql, rows)
+        return
+    with psycopg.connect(db_url) as pg:
+        for sql, rows in statements:
+            with pg.cursor() as cursor:
+                cursor.executemany(sql.replace("?", "%s"), rows)
+
+
 def executor_turn(data: DataDir, db_url: str | None, n: int) -> None:
     """What an executor's commit does to the backlog: the oldest input promoted, a new one admitted
     (to the same session, now the newest), and a journal row."""
@@ -97,7 +137,8 @@ def windowed_rows(snapshot: Status) -> dict[str, int]:
         + len(backlog["held"])
         + len(backlog["summary_jobs"]["failed_rows"])
         + len(tools["awaiting_approval"])
-        + len(tools["unknown_outcome"]),
+        + len(tools["unknown_outcome"])
+        + len(tools["running"]),
         "receipts": len(snapshot["receipts"]["mismatched"]),
         "drift": len(snapshot["dream_drift"]),
         "events": len(snapshot["events"]),
@@ -222,3 +263,28 @@ async def test_an_export_has_every_row_the_panel_lists_not_those_on_screen(
         await asyncio.to_thread(executor_turn, data, None, 1)
         await until(pilot, lambda: backlog.shown_keys()[:1] == ["in:s-00002"] and app.refresher.idle)
         assert len(backlog.shown_keys()) == backlog.body_height
+
+
+@pytest.mark.both_stores
+async def test_the_running_calls_are_counted_so_the_backlog_scrolls_over_all_of_them(
+    tmp_path: Path, db_url: str | None, clock_at_scene: Any
+) -> None:
+    """More calls in flight than the Backlog shows: it reads a screenful of them, scrolls over all
+    (the count includes them) and reads the rest, down to the input after them, once scrolled to."""
+    data = DataDir(tmp_path / "data")
+    calls = 60
+    await asyncio.to_thread(fill_running, data, db_url, calls)
+    app = ConsoleApp(data, data_label="data", db_url=db_url, poll_s=3600, health_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        backlog = table(app, "backlog")
+        await until(pilot, lambda: app.refresher.idle and backlog.shown_keys()[:1] == ["tool:c-00000"])
+        loads = app.stats["loads"]
+        await pilot.press("ctrl+r")  # a refresh after the first (read before the layout): a window
+        await until(pilot, lambda: app.stats["loads"] > loads and app.refresher.idle)
+        assert app.latest is not None and app.latest["tools"]["counts"]["running"] == calls
+        assert len(app.latest["tools"]["running"]) <= backlog.body_height < calls  # a window of them
+        assert backlog.total_rows == calls + 1
+        await pilot.press("1", "end")
+        await until(pilot, lambda: backlog.selected_key() == "in:s-00000", "the input after the calls")
+        assert app.latest is not None and len(app.latest["tools"]["running"]) == calls
