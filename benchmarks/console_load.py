@@ -51,6 +51,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,46 @@ def profiled(profile: cProfile.Profile | None) -> Iterator[None]:
             profile.disable()
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The console's counters at one moment: wall clock, CPU (in all and by thread), RSS, refreshes."""
+
+    wall: float
+    at_ms: float  # the wall clock, to place the writer's commits (journaled with their time)
+    cpu: float
+    threads: dict[str, float]
+    rss: float
+    applies: int
+    loads: int
+
+    @classmethod
+    def of(cls, app: ConsoleApp) -> Reading:
+        stats = app.stats
+        now = (time.monotonic(), time.time() * 1000)
+        return cls(*now, cpu_s(), thread_cpu_s(), rss_mb(), stats["applies"], stats["loads"])
+
+
+def figures(rate: float, commits: list[tuple[int, int]], start: Reading, end: Reading) -> dict[str, Any]:
+    """A point's rates and shares over the time from `start` to `end` (`commits`: `commit_times`)."""
+    wall = end.wall - start.wall
+    measured = sum(1 for _, at in commits if start.at_ms <= at < end.at_ms)
+    return {
+        "rate": rate,
+        "commits": len(commits),  # the writer's, measured or not (it starts before, ends after)
+        "commits_per_s": round(measured / wall, 1),  # those measured
+        "cpu_pct": round(100 * (end.cpu - start.cpu) / wall, 1),
+        "cpu_by_thread_pct": {
+            name: round(100 * (end.threads.get(name, 0.0) - before) / wall, 1)
+            for name, before in sorted(start.threads.items())
+            if end.threads.get(name, 0.0) - before > 0.005 * wall
+        },
+        "refreshes_per_s": round((end.applies - start.applies) / wall, 2),
+        "loads_per_s": round((end.loads - start.loads) / wall, 2),
+        "rss_mb": {"start": round(start.rss, 1), "end": round(end.rss, 1)},
+        "load_avg": round(os.getloadavg()[0], 2),
+    }
+
+
 async def point(
     data: DataDir,
     db_url: str | None,
@@ -380,48 +421,24 @@ async def point(
             [sys.executable, "-c", WRITER, target, str(rate), str(seconds + 1)], stdout=subprocess.PIPE
         )
         await asyncio.sleep(0.5)  # the writer's start (its imports) is not the fleet's steady state
-        rss0, cpu0, threads0, applies0, loads0 = (
-            rss_mb(),
-            cpu_s(),
-            thread_cpu_s(),
-            app.stats["applies"],
-            app.stats["loads"],
-        )
-        wall0 = time.monotonic()
-        by_minute = [round(rss0, 1)]
+        start = Reading.of(app)
+        by_minute = [round(start.rss, 1)]
         meter.take()
         with profiled(profile):
-            while (elapsed := time.monotonic() - wall0) < seconds:
+            while (elapsed := time.monotonic() - start.wall) < seconds:
                 await asyncio.sleep(min(60.0, seconds - elapsed))
                 if minute_rss:
                     by_minute.append(round(rss_mb(), 1))
-        wall = time.monotonic() - wall0
-        cpu, threads1, rss1 = cpu_s() - cpu0, thread_cpu_s(), rss_mb()
-        applies, loads = app.stats["applies"] - applies0, app.stats["loads"] - loads0
+        end = Reading.of(app)
         ui = meter.take() if meter._undo else None
-        written = int((writer.communicate(timeout=60)[0] or b"0").split()[-1])
+        writer.communicate(timeout=60)
         await asyncio.sleep(1.0)  # the last commits reach the screen
         shown = list(app.shown)
         budget = app.refresher.describe() if hasattr(app.refresher, "describe") else None
-    lat, unseen = latencies(shown, commit_times(target, first_id))
-    result: dict[str, Any] = {
-        "rate": rate,
-        "commits": written,
-        "commits_per_s": round(written / wall, 1),
-        "cpu_pct": round(100 * cpu / wall, 1),
-        "cpu_by_thread_pct": {
-            name: round(100 * (threads1.get(name, 0.0) - before) / wall, 1)
-            for name, before in sorted(threads0.items())
-            if threads1.get(name, 0.0) - before > 0.005 * wall
-        },
-        "latency_ms": summary(lat),
-        "unseen": unseen,
-        "refreshes_per_s": round(applies / wall, 2),
-        **({"ui_thread": ui} if ui else {}),
-        "loads_per_s": round(loads / wall, 2),
-        "rss_mb": {"start": round(rss0, 1), "end": round(rss1, 1)},
-        "load_avg": round(os.getloadavg()[0], 2),
-    }
+    commits = commit_times(target, first_id)
+    lat, unseen = latencies(shown, commits)
+    result = figures(rate, commits, start, end)
+    result.update(latency_ms=summary(lat), unseen=unseen, **({"ui_thread": ui} if ui else {}))
     if budget is not None:
         result["budget"] = budget
     if minute_rss:
