@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp
 
 from backend.api import (
     attach,
@@ -26,12 +27,23 @@ from backend.api import (
     routes_tool_calls,
 )
 from backend.api.bounds import BoundedBody
+from backend.api.fast_admission import FastAdmission
 from backend.api.hub import Hub
 from backend.api.stats import ApiStats, Metered
 from backend.runtime.context import Context
 
 API_VERSION = "1"
 SUMMARY = "The application API of rem: sessions, inputs, events, tool-call decisions, recall."
+
+
+class RemApi(FastAPI):
+    """FastAPI with rem's own ASGI layers in front of its stack: the meter (outermost: a 413 is
+    counted too), the body bound, then admission's hot path (`fast_admission`), which
+    answers most admissions before FastAPI's error and telemetry layers would cost them anything."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        inner = FastAdmission(super().build_middleware_stack(), self.state.ctx)
+        return Metered(BoundedBody(inner), stats=self.state.stats)
 
 
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
@@ -48,7 +60,7 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
         finally:
             await hub.close()
 
-    app = FastAPI(
+    app = RemApi(
         title="rem",
         version=version,
         summary=SUMMARY,
@@ -56,6 +68,9 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        # rem counts its own requests (`stats.Metered`) and sends nothing anywhere; FastAPI's
+        # OpenTelemetry hooks otherwise look for a configured provider on every request
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.ctx = ctx
     app.state.stats = ApiStats()
@@ -74,8 +89,6 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     ):
         app.include_router(router)
     app.router.routes.append(mcp.route)  # a plain route: MCP is no part of the OpenAPI document
-    app.add_middleware(BoundedBody)
-    app.add_middleware(Metered, stats=app.state.stats)  # outermost: a 413 is counted too
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     return app
 

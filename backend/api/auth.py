@@ -10,7 +10,7 @@ missing, malformed, unknown or revoked token is a 401 carrying
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
@@ -46,9 +46,9 @@ def challenge(request: Request, error: str | None = None) -> dict[str, str]:
     return {"WWW-Authenticate": value}
 
 
-def bearer_of(request: Request) -> str | None:
+def bearer_of(headers: Mapping[str, str]) -> str | None:
     """The request's bearer token, or None when it carries none (or another scheme)."""
-    header = request.headers.get("authorization", "")
+    header = headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         return None
@@ -65,7 +65,7 @@ async def principal(
     request: Request, _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None
 ) -> Principal:
     """The request's token as a Principal; a 401 (with the challenge) when there is none that is live."""
-    token = bearer_of(request)
+    token = bearer_of(request.headers)
     if token is None:
         raise ApiError(
             401,
@@ -75,14 +75,28 @@ async def principal(
         )
     who = await ops.authenticate(context_of(request), token)
     if who is None:
-        raise ApiError(
-            401,
-            "unauthorized",
-            "the bearer token is not a live rem token (revoked, mistyped, or of another store)",
-            challenge(request, "invalid_token"),
-        )
+        raise not_live(request)
     request.state.principal = who
     return who
+
+
+def not_live(request: Request) -> ApiError:
+    """The 401 for a bearer that is no live token."""
+    return ApiError(
+        401,
+        "unauthorized",
+        "the bearer token is not a live rem token (revoked, mistyped, or of another store)",
+        challenge(request, "invalid_token"),
+    )
+
+
+def lacks(who: Principal, scope: str) -> ApiError:
+    """The 403 for a token without the scope a route needs."""
+    return ApiError(
+        403,
+        "insufficient_scope",
+        f"token {who.name!r} lacks the {scope!r} scope; create one with `--scope {scope}`",
+    )
 
 
 Caller = Annotated[Principal, Depends(principal)]
@@ -96,11 +110,7 @@ def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
     ) -> Principal:
         who = await principal(request)
         if not who.may(scope):
-            raise ApiError(
-                403,
-                "insufficient_scope",
-                f"token {who.name!r} lacks the {scope!r} scope; create one with `--scope {scope}`",
-            )
+            raise lacks(who, scope)
         return who
 
     return scoped

@@ -99,6 +99,22 @@ def rem_status(exc: RemError) -> tuple[int, str]:
     return 500, "internal"
 
 
+def answer(exc: ApiError | RemError) -> JSONResponse:
+    """The one-shape answer to an `ApiError` or one of rem's errors (an unmapped one is logged)."""
+    if isinstance(exc, ApiError):
+        return respond(exc.status, exc.code, str(exc), exc.headers, exc.extra)
+    status, code = rem_status(exc)
+    if status == 500:
+        log.error("unmapped rem error: %r", exc)
+    return respond(status, code, str(exc))
+
+
+def internal(exc: BaseException) -> JSONResponse:
+    """The 500 for anything unexpected: the traceback to the server's log, one line to the client."""
+    log.exception("internal error answering a request", exc_info=exc)
+    return respond(500, "internal", "internal error; the server's log has the details")
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
@@ -122,16 +138,9 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> tuple[str, str
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the one shape."""
 
-    async def api_error(_request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ApiError)
-        return respond(exc.status, exc.code, str(exc), exc.headers, exc.extra)
-
-    async def rem_error(_request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RemError)
-        status, code = rem_status(exc)
-        if status == 500:
-            log.error("unmapped rem error: %r", exc)
-        return respond(status, code, str(exc))
+    async def known_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError | RemError)
+        return answer(exc)
 
     async def invalid(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -142,12 +151,11 @@ def install(app: FastAPI) -> None:
         code, message = _http_error(request, exc)
         return respond(exc.status_code, code, message, dict(exc.headers or {}))
 
-    async def internal(_request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error answering a request", exc_info=exc)
-        return respond(500, "internal", "internal error; the server's log has the details")
+    async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        return internal(exc)
 
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(RemError, rem_error)
+    app.add_exception_handler(ApiError, known_error)
+    app.add_exception_handler(RemError, known_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, internal)
+    app.add_exception_handler(Exception, internal_error)

@@ -28,6 +28,8 @@ from backend.core.redact import has_password, redact_url
 from backend.core.settings import Settings, settings
 
 if TYPE_CHECKING:
+    import asyncio
+
     from backend.runtime.context import Context
 
 T = TypeVar("T")
@@ -184,11 +186,15 @@ def make_context(cli: typer.Context, data: Path | None, chroma_url: str | None, 
     return Context(DataDir.resolve(data or config.data), chroma_url=chroma_url or config.chroma_url, **kwargs)
 
 
-def run(factory: Callable[[], Awaitable[T]]) -> T:
-    """Run one coroutine to completion (the CLI is synchronous at its edge)."""
+def run(
+    factory: Callable[[], Awaitable[T]], loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+) -> T:
+    """Run one coroutine to completion (the CLI is synchronous at its edge), on a new loop of
+    `loop_factory`'s (default: asyncio's own)."""
     import asyncio  # import time: not for `--help`
 
-    return asyncio.run(factory())  # type: ignore[arg-type]
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(factory())  # type: ignore[arg-type]
 
 
 async def with_context(ctx: Context, fn: Callable[[Context], Awaitable[T]]) -> T:

@@ -33,7 +33,7 @@ def serve(
     Example: rem serve --listen 127.0.0.1:8765
     """
     # import time: uvicorn, FastAPI and the routes load only for `rem serve`
-    from backend.api.server import ApiServer, parse_listen
+    from backend.api.server import ApiServer, event_loop, parse_listen
 
     where = parse_listen(listen, allow_remote=allow_remote)
     ctx = common.make_context(cli, data, chroma_url)
@@ -43,4 +43,4 @@ def serve(
         common.note(f"rem: serving {server.url} (worker {server.owner_id}); Ctrl-C stops it")
         return await server.run()
 
-    return common.run(lambda: common.with_context(ctx, run_server))
+    return common.run(lambda: common.with_context(ctx, run_server), loop_factory=event_loop)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, BinaryIO
 
 from backend.core import clock
@@ -131,27 +131,30 @@ async def admit(
     actor: str = "send",
     project: str | None = None,
     projects: Collection[str] | None = None,
+    caller: Callable[[Conn], tuple[str, Collection[str] | None]] | None = None,
 ) -> dict[str, Any]:
     """Admit one input (idempotent on its id), creating the session (in `project`) on first use.
 
     `projects` keeps a caller to those projects (an API token): a session of another one is
-    not found, and an input id it holds is refused without naming where.
+    not found, and an input id it holds is refused without naming where. `caller`, when given,
+    decides `actor` and `projects` inside the admission's transaction (an API token checked there).
     """
     validate_input(session_id, text, delivery, input_id, project)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now
+
+    def admit_once(conn: Conn) -> dict[str, Any]:
+        who, reach = (actor, projects) if caller is None else caller(conn)
+        return admit_sync(conn, session_id, text, delivery, input_id, now, who, project, reach)
+
     try:
-        return await db.write_in_thread(
-            lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project, projects)
-        )
+        return await db.write_in_thread(admit_once)
     except DatabaseRefused as exc:
         if exc.sqlstate != UNIQUE_VIOLATION:
             raise
     # on PostgreSQL a concurrent admission of the same new id committed first: this transaction
     # rolled back whole, and now reads that admission (answered as a duplicate, or refused)
-    return await db.write_in_thread(
-        lambda conn: admit_sync(conn, session_id, text, delivery, input_id, now, actor, project, projects)
-    )
+    return await db.write_in_thread(admit_once)
 
 
 def admit_sync(

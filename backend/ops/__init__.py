@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from backend.ops.memory import graph_neighbors, import_file, list_projects, recall, show_session
     from backend.ops.reindexing import reindex
     from backend.ops.session_views import messages_page, session_state, sessions_page
-    from backend.ops.tokens import authenticate, token_create, token_list, token_revoke
+    from backend.ops.tokens import authenticate, send_as, token_create, token_list, token_revoke
     from backend.ops.tool_decisions import approve, deny, resolve, tool_calls_waiting
     from backend.ops.tool_list import tools
 
@@ -71,6 +71,7 @@ __all__ = [
     "resolve",
     "resume",
     "send",
+    "send_as",
     "session_state",
     "sessions_page",
     "show",
@@ -114,6 +115,7 @@ _HOMES = {
     "resolve": "backend.ops.tool_decisions",
     "tool_calls_waiting": "backend.ops.tool_decisions",
     "authenticate": "backend.ops.tokens",
+    "send_as": "backend.ops.tokens",
     "token_create": "backend.ops.tokens",
     "token_list": "backend.ops.tokens",
     "token_revoke": "backend.ops.tokens",

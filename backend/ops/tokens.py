@@ -13,6 +13,10 @@ scopes: `read` (sessions, transcripts, events, recall, status), `write`
 revoking are operator actions: journaled, hash-chained, never the secret nor
 its hash. The secret is shown once, by `token_create`'s result; it is never
 logged, never in argv, never in an error.
+
+`send_as` is admission for a token's holder (the API's hot path): the token is
+checked inside the admission's own transaction, so a revocation refuses the next
+request on every replica without a read of its own.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.core import clock
-from backend.core.errors import BadInput, NotFound, Refused
-from backend.execution.sessions import validate_id
+from backend.core.errors import BadInput, NotFound, Refused, RemError
+from backend.execution import sessions
+from backend.execution.sessions import Delivery, validate_id
 from backend.runtime.context import Context
 from backend.store.db import Conn
 from backend.store.events import EventKind, append_event_sync
@@ -43,6 +48,14 @@ MAX_TOKEN_CHARS = 128
 
 class TokenNotFound(NotFound):
     """No live token has that name."""
+
+
+class Unauthorized(RemError):
+    """A bearer that is no live token (`who` None), or a live one without `scope`."""
+
+    def __init__(self, who: Principal | None, scope: str) -> None:
+        super().__init__(f"token {who.name!r} lacks the {scope!r} scope" if who else "not a live rem token")
+        self.who, self.scope = who, scope
 
 
 @dataclass(frozen=True)
@@ -216,7 +229,41 @@ def authenticate_sync(conn: Conn, bearer: str) -> Principal | None:
     return Principal(row["name"], row["id"], projects, frozenset(json.loads(row["scopes"])))
 
 
+def authorize_sync(conn: Conn, bearer: str, scope: str) -> Principal:
+    """The live token `bearer` is, holding `scope`, read in the caller's own transaction (a
+    revocation committed before it is seen there); `Unauthorized` otherwise."""
+    who = authenticate_sync(conn, bearer)
+    if who is None or not who.may(scope):
+        raise Unauthorized(who, scope)
+    return who
+
+
 async def authenticate(ctx: Context, bearer: str) -> Principal | None:
     """`authenticate_sync` on the context's store."""
     db = await ctx.db()
     return await db.read_in_thread(lambda conn: authenticate_sync(conn, bearer))
+
+
+async def send_as(
+    ctx: Context,
+    token: str,
+    session_id: str,
+    text: str,
+    *,
+    delivery: str = Delivery.QUEUE,
+    input_id: str | None = None,
+    project: str | None = None,
+) -> dict[str, Any]:
+    """`send` for the holder of `token`, checked (live, with the `write` scope) inside the admission's
+    own transaction: one trip to the store, and a revocation committed before it refuses it
+    (`Unauthorized`); journaled as the token's name, kept to its projects."""
+    ctx.require_writable("send")
+
+    def holder(conn: Conn) -> tuple[str, frozenset[str] | None]:
+        who = authorize_sync(conn, token, "write")
+        return who.name, who.projects
+
+    db = await ctx.db()
+    return await sessions.admit(
+        db, session_id, text, delivery=delivery, input_id=input_id, project=project, caller=holder
+    )

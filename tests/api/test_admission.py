@@ -9,9 +9,11 @@ import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import psycopg
 import pytest
 
+from backend import ops
 from backend.runtime.context import Context
 from tests.api.conftest import Served, unique
 from tests.helpers import wait_until
@@ -117,6 +119,64 @@ def test_a_new_session_goes_to_the_tokens_only_project(served: Served) -> None:
     with served.client("alpha") as api:
         assert api.post(f"/v1/sessions/{sid}/inputs", json={"text": "x"}).status_code == 202
         assert api.get(f"/v1/sessions/{sid}").json()["project"] == "alpha"
+
+
+async def test_a_token_is_checked_by_every_admission_and_a_revoked_one_refused_from_its_next(
+    served: Served, store_ctx: Context
+) -> None:
+    """Admission checks its token inside its own transaction: a revocation committed elsewhere (here
+    by another process on the store, as by another replica) refuses the very next request."""
+    name, sid = unique("brief"), unique("s")
+    token = (await ops.token_create(store_ctx, name, all_projects=True, scopes=["write"]))["token"]
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {token}"}) as api:
+        assert (
+            api.post(f"/v1/sessions/{sid}/inputs", json={"text": "x", "input_id": unique("in")}).status_code
+            == 202
+        )
+        await ops.token_revoke(store_ctx, name)
+        refused = api.post(f"/v1/sessions/{sid}/inputs", json={"text": "x", "input_id": unique("in")})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    assert refused.headers["www-authenticate"].endswith('error="invalid_token"')
+    never = httpx.post(
+        f"{served.url}/v1/sessions/{sid}/inputs",
+        json={"text": "x"},
+        headers={"Authorization": "Bearer rem_" + "x" * 43},
+    )
+    assert never.status_code == 401 and never.json() == refused.json()
+    db = await store_ctx.db()
+    assert await db.scalar("SELECT count(*) FROM session_input WHERE session_id = ?", (sid,)) == 1
+
+
+def test_the_hot_path_and_the_route_answer_alike(served: Served) -> None:
+    """A JSON body is admitted by the hot path; the same as `+json` (which it leaves alone) by the
+    route: first admissions, replays and conflicts get the same status, headers and body either way."""
+
+    def post(api: httpx.Client, by: str, sid: str, fields: dict[str, str]) -> httpx.Response:
+        kind = "application/json" if by == "hot" else "application/vnd.rem+json"
+        raw = json.dumps(fields).encode()
+        return api.post(f"/v1/sessions/{sid}/inputs", content=raw, headers={"content-type": kind})
+
+    def exchange(api: httpx.Client, first: str, then: str) -> list[tuple[object, ...]]:
+        sid, iid = unique("s"), unique("in")
+        same, changed = {"text": "same", "input_id": iid}, {"text": "changed", "input_id": iid}
+        answers = [
+            post(api, by, sid, f)
+            for by, f in ((first, same), (then, same), (then, changed), (first, changed))
+        ]
+        kept = ("content-type", "location", "idempotent-replayed")
+        return [
+            (
+                a.status_code,
+                {k: v.replace(iid, "IN") for k, v in a.headers.items() if k in kept},
+                a.text.replace(iid, "IN").replace(sid, "S"),
+            )
+            for a in answers
+        ]
+
+    with served.client("alpha") as api:
+        hot_first, route_first = exchange(api, "hot", "route"), exchange(api, "route", "hot")
+    assert [a[0] for a in hot_first] == [202, 202, 409, 409]
+    assert hot_first == route_first
 
 
 def test_tokens_and_scopes_are_enforced(served: Served) -> None:

@@ -1,17 +1,21 @@
-"""The server's listening socket: connections accepted on it carry TCP_NODELAY, as asyncio gives a
-socket it created itself (without it, an answer written as headers then body waited for the
-client's delayed ACK: ~40 ms a request, measured on /healthz)."""
+"""The server's listening socket: connections accepted on it carry TCP_NODELAY, on asyncio's loop and
+on the one `rem serve` runs on (uvloop's), as a loop gives a socket it created itself (without it, an
+answer written as headers then body waited for the client's delayed ACK: ~40 ms a request, measured
+on /healthz)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
+
+import pytest
 
 from backend.api.listen import Listen
-from backend.api.server import _bound
+from backend.api.server import _bound, event_loop
 
 
-async def test_accepted_connections_have_nagle_off() -> None:
+async def nodelay_of_an_accepted_connection() -> int:
     sock = _bound(Listen("127.0.0.1", 0))
     accepted: asyncio.Queue[int] = asyncio.Queue()
 
@@ -24,8 +28,15 @@ async def test_accepted_connections_have_nagle_off() -> None:
     server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
     try:
         _reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-        assert await asyncio.wait_for(accepted.get(), 10) != 0
+        nodelay = await asyncio.wait_for(accepted.get(), 10)
         writer.close()
+        return nodelay
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("loop", [asyncio.new_event_loop, event_loop], ids=["asyncio", "rem-serve"])
+def test_accepted_connections_have_nagle_off(loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    with asyncio.Runner(loop_factory=loop) as runner:
+        assert runner.run(nodelay_of_an_accepted_connection()) != 0

@@ -35,10 +35,11 @@ class Terminal:
     """One tmux session on a server of its own (its socket in the test's folder): keys in, the
     screen's text out."""
 
-    def __init__(self, socket: Path, env: dict[str, str]) -> None:
+    def __init__(self, socket: Path, env: dict[str, str], logs: Path) -> None:
         assert TMUX is not None
         self.base = [TMUX, "-S", str(socket), "-f", "/dev/null"]
         self.env = env
+        self.logs = logs  # the demo's logs: their tails go with a failure, for its post-mortem
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run([*self.base, *args], capture_output=True, text=True, env=self.env, timeout=30)
@@ -70,8 +71,17 @@ class Terminal:
         try:
             wait_until(shown, timeout=timeout, interval=0.3, message=what)
         except AssertionError:
-            raise AssertionError(f"{what} not on screen:\n{self.screen()}") from None
+            raise AssertionError(f"{what} not on screen:\n{self.screen()}\n{self.log_tails()}") from None
         return found[0]
+
+    def log_tails(self, lines: int = 12) -> str:
+        tails = []
+        for log in sorted(self.logs.glob("*.log")):
+            if log.name != "chroma.log":
+                tails.append(
+                    f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                )
+        return "\n".join(tails)
 
     def alive(self) -> bool:
         assert TMUX is not None
@@ -112,8 +122,10 @@ def test_the_tours_tool_call_step_by_keys_ends_settled(tmp_path: Path) -> None:
             pytest.fail("tmux is not installed (.ci/run installs it)")
         pytest.skip("tmux is not installed")
     root = tmp_path / "demo"
-    env = rem_env(TERM="xterm-256color", REM_OPERATOR="alice")
-    term = Terminal(tmp_path / "tmux.sock", env)
+    env = rem_env(
+        TERM="xterm-256color", REM_OPERATOR="alice", COLUMNS=SIZE[0], LINES=SIZE[1]
+    )  # CI exports COLUMNS=80
+    term = Terminal(tmp_path / "tmux.sock", env, root / "logs")
     term.start(f"{REM} demo --data {root}")
     try:
         term.wait(r"[│┃] approve ", "a send waiting for approval in Backlog", timeout=180)
