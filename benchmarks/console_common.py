@@ -205,7 +205,7 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def latest(samples: Any, n: int) -> list[float]:
-    """The last `n` of a console's kept timings (`app.stats`: a bounded deque)."""
+    """The last `n` of a console's kept timings (`app.stats`: rings of a fixed size)."""
     return list(samples)[-n:] if n > 0 else []
 
 

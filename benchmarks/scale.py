@@ -227,7 +227,7 @@ def query_plans(root: Path) -> dict[str, list[str]]:
     import sqlite3
 
     from backend.ops import throughput
-    from backend.ops.snapshot import PLAN_PARAMS, STATUS_QUERIES
+    from backend.ops.status_queries import PLAN_PARAMS, STATUS_QUERIES
 
     conn = sqlite3.connect(f"{(root / 'state.db').as_uri()}?mode=ro", uri=True)
     params = dict(PLAN_PARAMS)

@@ -56,8 +56,8 @@ STEP_MS = 10_000
 STEPS = 18
 
 
-async def fixed_port_status(ctx: Context) -> dict[str, Any]:
-    snap = await ops.status(ctx)
+async def fixed_port_status(ctx: Context, **options: Any) -> dict[str, Any]:
+    snap = await ops.status(ctx, **options)
     if snap.get("chroma", {}).get("url"):
         snap["chroma"]["url"] = "http://127.0.0.1:8000"
     return snap
@@ -70,6 +70,7 @@ def new_app(data: DataDir, **kwargs: Any) -> ConsoleApp:
         watch=False,
         poll_s=3600,
         health_s=3600,
+        cpu_share=None,  # the header's refresh interval: the floor, not what this machine's CPU made it
         status_loader=fixed_port_status,
         **kwargs,
     )

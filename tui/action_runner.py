@@ -87,7 +87,7 @@ class ActionHost(Protocol):
         start: bool = True,
         exclusive: bool = False,
     ) -> Worker[None]: ...
-    def request_refresh(self, force: bool = False) -> None: ...
+    def request_refresh(self, force: bool = False, urgent: bool = False) -> None: ...
     def one_line(self, error: BaseException | None) -> str: ...
 
 
@@ -114,7 +114,10 @@ class ActionRunner:
             self.prepare_replay([record], False)
 
     def replay_all(self) -> None:
-        records = self.host.panel("receipts").all_records()
+        receipts = self.host.panel("receipts")  # every row it lists, not those on screen: named in the plan
+        receipts.with_whole_list(lambda: self._replay_all(receipts.all_records()))
+
+    def _replay_all(self, records: list[dict[str, Any]]) -> None:
         if not records:
             self.host.notify("no mismatched receipts to replay", severity="information")
             return
@@ -281,7 +284,7 @@ class ActionRunner:
         plan, text = message.plan, message.outcome.text
         self.host.notify(text, title=f"{plan.action} done", timeout=8)
         self.log(plan.action, plan.target_text, "ok", text)
-        self.host.request_refresh(force=True)
+        self.host.request_refresh(force=True, urgent=True)  # the operator waits for what it did
 
     def finished(self, worker: Worker[Any]) -> None:
         self._running.pop(worker, None)

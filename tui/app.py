@@ -1,9 +1,10 @@
 """The rem console: composes the widgets and routes keys and messages to the parts that do the work.
 
-Refresh: watchfiles sees state.db or its WAL change (on PostgreSQL: the change
+Refresh: the watch sees state.db or its WAL change (on PostgreSQL: the change
 feed, `listen_changes`), or the slow poll fires -> `load_snapshot` reads the
-gate's `data_version` and, only if it moved, `ops.status` -> `SnapshotLoaded`
--> `LiveView` shows or holds it (`tui/live.py`; pacing in `tui/refresh.py`).
+gate's `data_version` and, only if it moved, `ops.status` (`tui/loading.py`) -> `SnapshotLoaded`
+-> `LiveView` shows or holds it (`tui/live.py`), which ends the cycle; when the
+next one may start (the CPU budget) is `tui/refresh.py`'s.
 The parts: `tui/action_runner.py`, `timeline.py`, `panel_controls.py`,
 `exports.py`, `gc_policy.py`, `probes.py`; rem itself only through `console_backend.py`.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,7 +24,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend.ops.console import DataDir, listen_changes, now_ms, settings, state_db_changes, store_label
+from backend.ops.console import DataDir, now_ms, settings, store_label
 from backend.ops.records import Moment, Status
 from tui import messages
 from tui.action_runner import ACTIONS, KILL_ACTIONS, ActionRunner
@@ -36,10 +36,11 @@ from tui.gc_policy import FULL_GC_EVERY_S, FullCollections
 from tui.gc_policy import NO_AUTOMATIC_FULL_GC as NO_AUTOMATIC_FULL_GC  # tests name it here
 from tui.keys import BINDINGS
 from tui.live import LiveView
+from tui.loading import SnapshotReader
 from tui.panel_controls import PanelControls, focus_now
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
 from tui.probes import STATS_KEPT, RefreshProbes
-from tui.refresh import RefreshScheduler, Ticker, WorkerGroup
+from tui.refresh import CPU_SHARE, RefreshScheduler, Ticker, WorkerGroup
 from tui.screens.console import ConsoleScreen
 from tui.screens.help import HelpScreen, help_markdown, help_sections
 from tui.screens.recall import RecallScreen
@@ -114,9 +115,10 @@ class ConsoleApp(App[None]):
         poll_s: float = 2.0,
         health_s: float = 10.0,
         # at most one refresh a 40 ms: a commit right after a refresh waits at most that (100 ms gave
-        # a p95 of 43-78 ms from commit to screen; 40 ms: 27-30 ms); big data dirs are paced by the
-        # last cycle's length instead (RefreshScheduler)
+        # a p95 of 43-78 ms from commit to screen; 40 ms: 27-30 ms); a busy fleet's commits are
+        # paced by the CPU budget instead (RefreshScheduler; None: no budget)
         min_interval_s: float = 0.04,
+        cpu_share: float | None = CPU_SHARE,
         at: int | None = None,
         db_url: str | None = None,
     ) -> None:
@@ -132,12 +134,17 @@ class ConsoleApp(App[None]):
         self.backend: ConsoleBackend | None = None
         self.palette = palette_from({})  # the theme's colours for cells, resolved once mounted
         self.refresher = RefreshScheduler(
-            self.load_snapshot, self.set_timer, min_interval_s=min_interval_s, health_s=health_s
+            self.load_snapshot,
+            self.set_timer,
+            min_interval_s=min_interval_s,
+            health_s=health_s,
+            cpu_share=cpu_share,
         )
         self.timeline = Timeline(self, start_at=at)
         self.probes = RefreshProbes(STATS_KEPT)
         self.stats = self.probes.stats  # what the benchmarks read
         self.live = LiveView(self, self.probes, self.timeline)
+        self.reader = SnapshotReader(self)
         self.ticker = Ticker(self.live.tick_panel)
         self.runner = ActionRunner(self)
         self.csv = CsvExport(self)
@@ -213,10 +220,10 @@ class ConsoleApp(App[None]):
             db_url=self.db_url,
         )
         self.header.set_state(palette=self.palette, now=now_ms())
-        self.set_interval(Ticker.every_step_s, self.ticker.step)
+        self.set_interval(Ticker.every_s, self.ticker.all)
         self.set_interval(self.poll_s, self.refresher.poll)
         self.panel("leases").focus()
-        self.request_refresh(force=True)
+        self.request_refresh(force=True)  # the first read lists every row (`SnapshotReader.list_limits`)
         self.timeline.start()
         if self.watch_files and self.db_url:
             self.watch_store()
@@ -242,34 +249,40 @@ class ConsoleApp(App[None]):
         return [self.panel(name) for name, _ in PANELS]
 
     # -- live refresh (when: tui/refresh.py; what is shown: tui/live.py) ------------------
-    def request_refresh(self, force: bool = False) -> None:
-        """Start a refresh now, or right after the running one (never two at once)."""
-        self.refresher.request(force)
+    def request_refresh(self, force: bool = False, urgent: bool = False) -> None:
+        """Start a refresh now, or right after the running one (never two at once); `urgent` (the
+        operator's own asking) waits for no budget."""
+        self.refresher.request(force, urgent=urgent)
 
     @work(exclusive=True, group=WorkerGroup.SNAPSHOT, exit_on_error=False)
-    async def load_snapshot(self, force: bool) -> None:
-        """Read data_version; if it moved (or forced), read the snapshot and report it."""
-        assert self.backend is not None
-        started = time.perf_counter()
-        version = await self.backend.data_version()
-        if not force and version == self.live.seen_version:
-            return
-        snapshot = await self.backend.status()
-        self.post_message(messages.SnapshotLoaded(snapshot, version, (time.perf_counter() - started) * 1000))
+    async def load_snapshot(self, force: bool) -> bool:
+        """Read the snapshot if the gate moved (or forced) and report it (`tui/loading.py`)."""
+        return await self.reader.load(force)
+
+    def seen_version(self) -> int | None:
+        return self.live.seen_version
+
+    def on_snapshot_table_window_changed(self, _message: SnapshotTable.WindowChanged) -> None:
+        # rows scrolled into view (or a filter, a sort, a bigger panel) that were not read: read them
+        self.request_refresh(force=True, urgent=True)
+
+    def refresh_finished(self) -> None:
+        """The refresh cycle ended: the snapshot shown or held (`LiveView`), or none read."""
+        self.refresher.finished()
+
+    def refresh_rate(self) -> str:
+        """The refresh interval in use, for the header (`RefreshScheduler.describe`)."""
+        return self.refresher.describe()
 
     @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
     async def watch_data_dir(self) -> None:
-        """Post DataDirChanged whenever state.db or its WAL changes."""
-        async for _ in state_db_changes(self.data.root):
-            self.post_message(messages.DataDirChanged())
+        """Post DataDirChanged when state.db or its WAL changes (`tui/loading.py`)."""
+        await self.reader.watch_data_dir()
 
     @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
     async def watch_store(self) -> None:
-        """PostgreSQL: post StoreChanged for each burst of this store's commits, and when the feed drops."""
-        assert self.backend is not None and self.db_url
-        async for event in listen_changes(self.db_url):
-            self.backend.heard(event)  # the gate moves before the refresh it causes reads it
-            self.post_message(messages.StoreChanged(event))
+        """PostgreSQL: post StoreChanged for each burst of this store's commits (`tui/loading.py`)."""
+        await self.reader.watch_store()
 
     def on_data_dir_changed(self, _message: messages.DataDirChanged) -> None:
         self.request_refresh()
@@ -277,7 +290,7 @@ class ConsoleApp(App[None]):
     on_store_changed = route("live", "store_changed")
     on_snapshot_loaded = route("live", "snapshot_loaded")
     apply_pending = route("live", "apply_pending")  # held back by a pause, a modal or the past
-    tick = route("ticker", "all")  # every panel's countdowns at once (never the database)
+    tick = route("ticker", "all")  # every panel's countdowns (never the database)
 
     def apply_snapshot(self, snapshot: Status, now: int | None = None) -> None:
         """Show a snapshot (`now`: a recorded moment's time); `applied` is set once every panel shows it."""
@@ -286,7 +299,6 @@ class ConsoleApp(App[None]):
     def snapshot_shown(self, cycle_s: float, *, first: bool) -> None:
         if first:  # from the first snapshot shown on, full collections run on the console's timer
             self.full_collections.take_over(FULL_GC_EVERY_S, self.set_interval)
-        self.refresher.last_cycle_s = cycle_s
 
     # -- failures: one handler for every worker ------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -295,7 +307,9 @@ class ConsoleApp(App[None]):
         if worker.group == WorkerGroup.SNAPSHOT and finished:
             if state == WorkerState.ERROR:
                 self.live.failed(worker.error)
-            self.refresher.finished()
+            # a snapshot reported ends its cycle once shown or held (`LiveView`); none read, here
+            if not (state == WorkerState.SUCCESS and worker.result):
+                self.refresher.finished()
         if state == WorkerState.ERROR:
             self._worker_failed(worker, worker.error)
         elif finished:
@@ -378,7 +392,7 @@ class ConsoleApp(App[None]):
     action_toggle_maximize = route("controls", "toggle_maximize")
 
     def action_refresh_now(self) -> None:
-        self.request_refresh(force=True)
+        self.request_refresh(force=True, urgent=True)
 
     action_export_csv = route("csv", "export_focused")  # to logs/ (or here); read-only: where asked
     action_copy_csv = route("csv", "copy_focused")

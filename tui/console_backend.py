@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from backend.ops.console import ConsoleSession, DataDir, StatusLoader, StoreEvent
+from backend.ops.console import ConsoleSession, DataDir, ListLimits, StatusLoader, StoreEvent
 from backend.ops.records import Moment, ReplayReport, Status
 from backend.ops.results import DrainReport, KillReport, LeaseReleased, ResumeReport, ToolDecision
 from tui.backend_loop import BackendLoop
@@ -63,8 +63,22 @@ class ConsoleBackend:
         """The change listener's report: a change, (re)connected, or lost."""
         self.session.heard(event)
 
-    async def status(self) -> Status:
-        return await self.loop.run(self.session.status())
+    async def status(self, *, check_chroma: bool = True, limits: ListLimits | None = None) -> Status:
+        """`ops.status` with the rows the panels show; Chroma asked again only if `check_chroma`."""
+        return await self.loop.run(self.session.status(check_chroma=check_chroma, limits=limits))
+
+    async def status_if_changed(
+        self, seen: int | None, *, force: bool, limits: ListLimits
+    ) -> tuple[int, Status | None]:
+        """The gate's `data_version`, and the snapshot if it moved from `seen` (or `force`): in one hop
+        to the backend's loop (each hop is a wake of both loops, a refresh's largest fixed cost
+        after the screen), none on PostgreSQL when the gate is shut (its gate is in memory)."""
+        if self.db_url:
+            version = await self.data_version()
+            if not force and version == seen:
+                return version, None
+            return version, await self.status(check_chroma=force, limits=limits)
+        return await self.loop.run(self.session.status_if_changed(seen, force=force, limits=limits))
 
     async def history(
         self, *, session_id: str | None = None, target: str | None = None

@@ -1,6 +1,8 @@
 """A panel's rows as CSV, from the console (`e` exports a file, `c` copies to the clipboard).
 
-The rows shown (filter and sort applied), full values (`SnapshotTable.to_csv`).
+Every row the panel lists (filter and sort applied), full values (`SnapshotTable.to_csv`):
+a panel reads only the rows on screen, so an export first has it read the rest
+(`SnapshotTable.with_whole_list`).
 A writable console writes `console-<panel>-<time>.csv` into the data dir's
 `logs/` (or the current folder); a read-only console changes no byte of the
 data dir, so the operator names a file outside it. An export is created
@@ -43,6 +45,9 @@ class CsvExport:
     def export_focused(self) -> None:
         """The focused panel, to logs/ (or the current folder); read-only, to a file the operator names."""
         table = self.host.focused_panel()
+        table.with_whole_list(lambda: self._export(table))
+
+    def _export(self, table: SnapshotTable) -> None:
         if self.host.read_only:
             self.ask_path(table, table.to_csv(), table.csv_file_name())
             return
@@ -74,5 +79,8 @@ class CsvExport:
 
     def copy_focused(self) -> None:
         table = self.host.focused_panel()
+        table.with_whole_list(lambda: self._copy(table))
+
+    def _copy(self, table: SnapshotTable) -> None:
         self.host.copy_to_clipboard(table.to_csv())
         self.host.notify(f"copied {len(table.shown_keys())} {table.PANEL_NAME} rows as CSV")

@@ -1,8 +1,9 @@
 """What the console shows of live state: a snapshot read, shown or held, and what is unreachable.
 
-`tui/refresh.py` decides when a snapshot is read and spreads showing it over
-frames; this module decides what happens to one once read. It is shown at
-once, unless the operator paused (the header counts the events waiting), a
+`tui/refresh.py` decides when a snapshot is read; this module decides what
+happens to one once read, and then ends the refresh cycle. It is shown at
+once, every panel in the same callback (each draws only its rows on screen,
+so the screen is updated once), unless the operator paused (the header counts the events waiting), a
 modal is open, or the timeline shows the past: then it waits, and the newest
 one is shown when that ends (`apply_pending`). The banner says what is
 unreachable (the database, Chroma, PostgreSQL's change feed) and clears
@@ -13,17 +14,18 @@ without reading the database.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from backend.ops.console import DataDir, RemError, describe_refusal, now_ms
+from backend.ops.console import DataDir, ListLimits, RemError, describe_refusal, now_ms
 from backend.ops.records import Status
 from tui.messages import SnapshotLoaded, StoreChanged
 from tui.probes import RefreshProbes
-from tui.refresh import ApplyChain, new_events
+from tui.refresh import new_events
 from tui.timeline import Timeline
 from tui.widgets.banner import Banner
 from tui.widgets.header import ConsoleHeader
@@ -59,10 +61,12 @@ class LiveHost(Protocol):
     def apply_snapshot(self, snapshot: Status, now: int | None = None) -> None: ...
     def snapshot_shown(self, cycle_s: float, *, first: bool) -> None: ...
     def show_keys(self) -> None: ...
+    def call_after_refresh(self, callback: Callable[[], object]) -> bool: ...
+    def refresh_finished(self) -> None: ...
+    def refresh_rate(self) -> str: ...
     def one_line(self, error: BaseException | None) -> str: ...
     def request_refresh(self, force: bool = False) -> None: ...
     def notify(self, message: str, *, severity: SeverityLevel = "information") -> None: ...
-    def call_after_refresh(self, callback: Callable[[], object]) -> bool: ...
 
 
 class LiveView:
@@ -71,15 +75,22 @@ class LiveView:
     def __init__(self, host: LiveHost, probes: RefreshProbes, timeline: Timeline) -> None:
         self.host, self.probes, self.timeline = host, probes, timeline
         self.latest: Status | None = None  # last snapshot loaded
+        self.latest_limits: ListLimits | None = None  # the rows of each list it read
         self.applied: Status | None = None  # last snapshot shown (by every panel)
         self.paused = False
         self.seen_version: int | None = None  # the gate's data_version of the latest
-        self.chain = ApplyChain(host.call_after_refresh, lambda: host.palette, self._applied)
 
     def snapshot_loaded(self, message: SnapshotLoaded) -> None:
-        """A snapshot was read: the banner says what answers; show it, or hold it."""
+        """A snapshot was read: the banner says what answers; show it, or hold it. The cycle ends
+        once the screen shows it: the budget then counts what painting it cost."""
+        try:
+            self._take(message)
+        finally:
+            self.host.call_after_refresh(self.host.refresh_finished)
+
+    def _take(self, message: SnapshotLoaded) -> None:
         snapshot = message.snapshot
-        self.seen_version, self.latest = message.data_version, snapshot
+        self.seen_version, self.latest, self.latest_limits = message.data_version, snapshot, message.limits
         self.probes.loaded(message.took_ms)
         self.host.banner.set_problem("database", None)
         chroma = snapshot["chroma"]
@@ -111,17 +122,20 @@ class LiveView:
         self.host.request_refresh()
 
     def show(self, snapshot: Status, now: int | None = None) -> None:
-        """Header and trends at once, the panels as frames allow; a moment of the timeline at `now`."""
+        """Header, trends and every panel; a moment of the timeline at `now`."""
+        started = time.perf_counter()
         recorded = now is not None
         now = now_ms() if now is None else now
-        self.host.header.set_state(snapshot=snapshot, now=now, waiting="")
+        self.host.header.set_state(snapshot=snapshot, now=now, waiting="", refresh=self.host.refresh_rate())
         if not recorded:
             self.host.trends.record(now, trend_values(snapshot, now))
-        self.chain.apply(snapshot, now, self.host.panels())
-
-    def _applied(self, snapshot: Status, took_s: float) -> None:
+        palette = self.host.palette
+        # what each list read: the live snapshot's limits; a recorded moment holds its lists whole
+        limits = vars(self.latest_limits) if snapshot is self.latest and self.latest_limits else {}
+        for table in self.host.panels():
+            table.show(snapshot, now, palette, limits.get(table.LIST) if table.LIST else None)
         first, self.applied = self.applied is None, snapshot
-        self.host.snapshot_shown(self.probes.applied(took_s), first=first)
+        self.host.snapshot_shown(self.probes.applied(time.perf_counter() - started), first=first)
 
     def apply_pending(self) -> None:
         """Show the latest snapshot if it was held back (pause ended, modal closed, back from the past)."""
@@ -136,6 +150,8 @@ class LiveView:
     def toggle_pause(self) -> None:
         """Freeze the tables (the header counts what waits), or show the newest again."""
         self.paused = not self.paused
+        for table in self.host.panels():
+            table.frozen = self.paused
         self.host.show_keys()
         self.show_waiting()
         if not self.paused:
@@ -148,7 +164,7 @@ class LiveView:
             return
         now = now_ms()
         if name == "leases":
-            self.host.header.set_state(now=now)
+            self.host.header.set_state(now=now, refresh=self.host.refresh_rate())
             if self.latest is not None:
                 self.host.trends.record(now, trend_values(self.latest, now))
         self.host.panel(name).tick(now)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from backend.ops.console import StoreEvent
+from backend.ops.console import ListLimits, StoreEvent
 from backend.ops.records import Moment, Status
 from tui.actions import ActionPlan, Outcome
 
 
 class SnapshotLoaded(Message):
-    """A status snapshot was read (in `took_ms`) at gate `data_version`."""
+    """A status snapshot was read (in `took_ms`) at gate `data_version`, `limits` rows of each list."""
 
-    def __init__(self, snapshot: Status, data_version: int, took_ms: float) -> None:
+    def __init__(self, snapshot: Status, data_version: int, took_ms: float, limits: ListLimits) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.data_version = data_version
         self.took_ms = took_ms
+        self.limits = limits
 
 
 class DataDirChanged(Message):

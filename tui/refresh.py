@@ -1,34 +1,49 @@
-"""Live refresh for the console: when to read the next snapshot, and how to show it.
+"""Live refresh for the console: when to read the next snapshot, within a CPU budget.
 
 `RefreshScheduler` decides when a snapshot is read: the watch on state.db and
-its WAL (`backend.store.watch`, shared with the daemons) saw a change, the slow poll fired, or an action asked. It never starts a
-refresh while one runs (the request is remembered and served right after),
-keeps at most one per `min_interval_s`, and never lets refreshing take more
-than half the time on a big data dir (the gap grows with the last cycle), so
-heavy writes cannot starve keys and daemons. Every `health_s` one refresh is
-forced past the `data_version` gate: Chroma health and heartbeat ages change
-without a commit.
+its WAL (`backend.store.watch`, shared with the daemons) or PostgreSQL's
+change feed heard a commit, the slow poll fired, or an action asked. A
+refresh is one cycle: the read, then showing it (or holding it: paused, a
+modal, the past). Cycles never overlap: a request during one is remembered
+and served after it, so any number of commits in between cost one refresh.
 
-`ApplyChain` shows a snapshot within a frame budget. On a big data dir one
-panel update costs 10-30 ms; all seven in one frame would hold keys and mouse
-for over 100 ms, so once a frame has spent FRAME_BUDGET_MS the remaining
-panels wait for the next frame. A snapshot that arrives meanwhile continues
-the same queue (panels still waiting first), so under constant writes no panel
-starves.
+The budget: the console may use `cpu_share` of one core (9 %; the fleet it
+watches needs the rest, most of all during an incident). A cycle ends once
+the screen shows what it read, so its cost is all of it: the read (on every
+thread), the show, the screen update. The next refresh starts when the
+process's CPU time since the last one started (that cycle, the countdowns'
+ticks, keys), plus what waiting on costs (`idle_share`, measured on each
+wait), fits in that share of the time since: a refresh that cost more makes
+the next one wait longer, and a quiet fleet's commit, after an idle stretch,
+is read at once. Two bounds: refreshes are at least `min_interval_s` apart
+(at most 25 a second) and never held back more than `max_interval_s`, like
+k9s's and pg_activity's 2 s clock. The operator's own asking (a key, the
+rows scrolled into view, an action's result) waits for no budget. The
+header shows the interval in use, and when the budget is what holds
+refreshes back (`describe`). Every `health_s` one refresh is forced past the
+`data_version` gate: Chroma health and heartbeat ages change without a
+commit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import StrEnum
 
 from backend.ops.records import Status
-from tui.widgets.snapshot_table import SnapshotTable
 
-FRAME_BUDGET_MS = 15.0
-# panels with live (time-derived) cells, in the order the 1 s tick visits them
+# panels with live (time-derived) cells, redrawn by the 1 s tick
 TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
+# the share of one core the console may use (the target is 10 %: the rest is headroom, for keys)
+CPU_SHARE = 0.09
+# the longest a refresh is held back by the budget (k9s and pg_activity refresh every 2 s)
+MAX_INTERVAL_S = 2.0
+# how fast the interval shown follows the one in use (a weight per refresh)
+SHOWN_WEIGHT = 0.3
+# the header says "throttled" while the budget held a refresh back within this long
+THROTTLED_FOR_S = 3.0
 
 
 class WorkerGroup(StrEnum):
@@ -42,10 +57,11 @@ class WorkerGroup(StrEnum):
     DETAIL_TOOLS = "detail-tools"  # a detail screen's tool calls of its session
     DETAIL_DIFF = "detail-diff"  # a detail screen's live receipt diff
     TIMELINE = "timeline"  # a recorded moment read from the status history
+    EXPORT = "export"  # the rows a CSV export reads
 
 
 class RefreshScheduler:
-    """Starts snapshot loads through `load(force)`, one at a time, paced (see the module doc)."""
+    """Starts refresh cycles through `load(force)`, one at a time, within the CPU budget (module doc)."""
 
     def __init__(
         self,
@@ -54,115 +70,152 @@ class RefreshScheduler:
         *,
         min_interval_s: float,
         health_s: float,
+        cpu_share: float | None = CPU_SHARE,
+        max_interval_s: float = MAX_INTERVAL_S,
+        cpu_clock: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._load = load
         self._set_timer = set_timer
         self.min_interval_s = min_interval_s
+        self.max_interval_s = max(max_interval_s, min_interval_s)
         self.health_s = health_s
+        self.cpu_share = cpu_share  # None: no budget (only `min_interval_s`)
+        self._cpu, self._clock = cpu_clock, clock
         self.running = False
-        self._wanted = self._force_next = self._timer_pending = False
-        self._last_start = self._last_forced = 0.0
-        # how long the last load + apply took: the least gap before the next refresh
-        self.last_cycle_s = 0.0
+        self._wanted = self._force_next = self._urgent_next = self._timer_pending = False
+        self._last_start = self._last_forced = -1e9
+        self._cpu_at_start = 0.0
+        self._due = 0.0  # when the pending timer fires
+        # timers set and not fired yet, and how many of them a start since made pointless
+        self._timers_out = self._timers_stale = 0
+        self._waiting_since = (0.0, 0.0)  # (clock, CPU) when the pending timer was set
+        # the share of a core the console spends while a refresh waits (ticks, the watch): a
+        # wait costs too, so it is in the budget (measured on each wait, smoothed)
+        self.idle_share = 0.0
+        self.started = asyncio.Event()  # set when a refresh starts (the change watchers wait on it)
+        self._throttled_at = -1e9
+        self.cycles = 0
+        # the gap between refreshes the budget asks for now (smoothed, for the header)
+        self.interval_s = min_interval_s
 
-    def request(self, force: bool = False) -> None:
-        """Start a refresh now, or right after the running one (never two at once)."""
+    def request(self, force: bool = False, urgent: bool = False) -> None:
+        """Start a refresh now, or once the running one ended and the budget allows (never two at
+        once); `urgent` (the operator asked: a key, an action's result) skips the budget."""
         self._force_next |= force
+        self._urgent_next |= urgent
         if self.running:
             self._wanted = True
             return
-        wait = self._last_start + max(self.min_interval_s, self.last_cycle_s) - time.monotonic()
+        wait = self.wait_s(self._urgent_next)
         if wait > 0:
-            if not self._timer_pending:
-                self._timer_pending = True
-                self._set_timer(wait, self._start)
+            due = self._clock() + wait
+            if not self._timer_pending or due < self._due - 0.001:  # none yet, or an urgent one sooner
+                if not self._timer_pending:
+                    self._waiting_since = (self._clock(), self._cpu())
+                self._timer_pending, self._due = True, due
+                self._timers_out += 1
+                self._set_timer(wait, self._timer_fired)
             return
         self._start()
 
+    @property
+    def idle(self) -> bool:
+        """No refresh running, and none asked for (waiting for the running one, or for the budget)."""
+        return not (self.running or self._timer_pending or self._wanted)
+
     def poll(self) -> None:
         """The slow fallback poll: a refresh, forced once every `health_s`."""
-        self.request(force=time.monotonic() - self._last_forced >= self.health_s)
+        self.request(force=self._clock() - self._last_forced >= self.health_s)
 
     def finished(self) -> None:
-        """The running load ended (loaded, skipped at the gate, or failed): serve what waited."""
+        """The running cycle ended (shown, held, skipped at the gate, or failed): serve what waited."""
+        if not self.running:
+            return
         self.running = False
-        if self._wanted or self._force_next:
+        if self._wanted or self._force_next or self._urgent_next:
+            self._wanted = False
             self.request()
 
-    def _start(self) -> None:
+    def gap_s(self) -> float:
+        """The least time between the last refresh's start and the next one's, as the budget has it
+        now: the CPU spent since that start, and what waiting on costs (`idle_share`), fit in
+        `cpu_share` of the time."""
+        gap = self.min_interval_s
+        if self.cpu_share:
+            elapsed = self._clock() - self._last_start
+            spent = max(0.0, self._cpu() - self._cpu_at_start)
+            idle = min(self.idle_share, 0.75 * self.cpu_share)  # bounded: a wait must end
+            gap = max(gap, (spent - idle * elapsed) / (self.cpu_share - idle))
+        return min(gap, self.max_interval_s)
+
+    def wait_s(self, urgent: bool = False) -> float:
+        """How long a refresh asked for now waits (0: it starts now)."""
+        gap = self.min_interval_s if urgent else self.gap_s()
+        wait = self._last_start + gap - self._clock()
+        if wait > 0 and gap > self.min_interval_s:
+            self._throttled_at = self._clock()
+        return wait
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the budget (not the floor of `min_interval_s`) held a refresh back lately."""
+        return self._clock() - self._throttled_at < THROTTLED_FOR_S
+
+    def describe(self) -> str:
+        """The interval in use, for the header: `↻40ms`, or `↻0.6s budget` while the budget throttles."""
+        interval = self.interval_s
+        shown = f"{interval * 1000:.0f}ms" if interval < 1 else f"{interval:.1f}s"
+        return f"↻{shown} budget" if self.throttled else f"↻{shown}"
+
+    def _timer_fired(self) -> None:
+        self._timers_out -= 1
+        if self._timers_stale:  # a refresh started since it was set (an urgent one, sooner)
+            self._timers_stale -= 1
+            return
         self._timer_pending = False
+        since, cpu = self._waiting_since
+        waited = self._clock() - since
+        if waited > 0.01:  # what this wait cost a second
+            share = (self._cpu() - cpu) / waited
+            self.idle_share += SHOWN_WEIGHT * (share - self.idle_share)
         if self.running:
             self._wanted = True
             return
-        force, self._force_next = self._force_next, False
+        # not asked again: the CPU spent while it waited (a tick, a key) is the next cycle's to
+        # pay, and asking again here would spend CPU to wait (a timer a few ms at a time)
+        self._start()
+
+    def _start(self) -> None:
+        force, self._force_next, self._urgent_next = self._force_next, False, False
+        self._timers_stale, self._timer_pending = self._timers_out, False
+        now = self._clock()
+        if self.cycles:  # what the last cycle (and the ticks since) asked of the budget
+            self.interval_s += SHOWN_WEIGHT * (self.gap_s() - self.interval_s)
         self.running, self._wanted = True, False
-        self._last_start = time.monotonic()
+        self._last_start, self._cpu_at_start = now, self._cpu()
+        self.cycles += 1
+        self.started.set()
         if force:
-            self._last_forced = self._last_start
+            self._last_forced = now
         self._load(force)
-
-
-class ApplyChain:
-    """Shows a snapshot on the panels a few per frame (see the module doc)."""
-
-    def __init__(
-        self,
-        next_frame: Callable[[Callable[[], None]], object],
-        palette: Callable[[], Mapping[str, str]],
-        done: Callable[[Status, float], None],
-    ) -> None:
-        self._next_frame = next_frame
-        self._palette = palette
-        self._done = done  # (snapshot, seconds since it was handed over) once every panel shows it
-        self._queue: list[SnapshotTable] = []
-        self._running = False
-        self._showing: Status | None = None
-        self._now = 0
-        self._started = 0.0
-
-    def apply(self, snapshot: Status, now: int, tables: list[SnapshotTable]) -> None:
-        self._started = time.perf_counter()
-        self._showing, self._now = snapshot, now
-        waiting = self._queue
-        self._queue = waiting + [t for t in tables if t not in waiting]
-        if not self._running:
-            self._running = True
-            self._next()
-
-    def _next(self) -> None:
-        showing = self._showing
-        assert showing is not None  # set before the chain starts
-        started = time.perf_counter()
-        while self._queue and (time.perf_counter() - started) * 1000 < FRAME_BUDGET_MS:
-            self._queue.pop(0).show(showing, self._now, self._palette())
-        if self._queue:
-            self._next_frame(self._next)
-            return
-        self._running = False
-        self._done(showing, time.perf_counter() - self._started)
 
 
 class Ticker:
     """Re-renders countdowns and ages without touching the database.
 
-    Each panel's live cells are redrawn once a second, the panels a fifth of a
-    second apart (`every_step_s`), so no single frame redraws them all; the
-    lease countdown keeps a steady 1 s beat.
+    Every panel's live cells are redrawn once a second, all in one callback:
+    only the rows on screen whose text changed are redrawn, so the screen
+    is updated once a second, not once per panel.
     """
 
-    every_step_s = 1.0 / len(TICK_ORDER)
+    every_s = 1.0
 
     def __init__(self, tick_panel: Callable[[str], None]) -> None:
         self._tick_panel = tick_panel
-        self._count = 0
-
-    def step(self) -> None:
-        """The next panel's tick (call every `every_step_s`)."""
-        self._tick_panel(TICK_ORDER[self._count % len(TICK_ORDER)])
-        self._count += 1
 
     def all(self) -> None:
-        """Every panel's tick at once."""
+        """Every panel's tick at once (call every `every_s`)."""
         for name in TICK_ORDER:
             self._tick_panel(name)
 

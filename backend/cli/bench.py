@@ -17,8 +17,8 @@ BenchNamesArg = Annotated[
     list[str] | None,
     typer.Argument(
         metavar="NAME",
-        help="Benchmarks to run (turns, streaming, receipts, dream, status, console, scale, "
-        "console-scale, check-cold, idle); default all.",
+        help="Benchmarks to run (turns, streaming, receipts, dream, status, console, console-load, "
+        "scale, console-scale, check-cold, idle); default all.",
     ),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Smaller sizes, for a fast look.")]

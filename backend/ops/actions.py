@@ -46,7 +46,7 @@ from backend.store.workers import LeaseKind
 
 if TYPE_CHECKING:
     from backend.ops.results import DrainReport, LeaseReleased, ResumeReport
-    from backend.ops.snapshot import SnapshotCache
+    from backend.ops.snapshot import ListLimits, SnapshotCache
 
 log = logging.getLogger("rem.ops")
 
@@ -145,13 +145,23 @@ def still_refused(ctx: Context, row: Any) -> RefusedListener | None:
 _SNAPSHOT_CACHES: weakref.WeakKeyDictionary[Database, SnapshotCache] = weakref.WeakKeyDictionary()
 
 
-async def status(ctx: Context, *, projects: Collection[str] | None = None) -> Status:
+async def status(
+    ctx: Context,
+    *,
+    chroma: ChromaHealth | None = None,
+    limits: ListLimits | None = None,
+    projects: Collection[str] | None = None,
+) -> Status:
     """The snapshot the console shows: backlog, leases, receipts, Dream drift, workers, Chroma.
 
-    With `projects` (an API token's), every listed row of another project's session is left
-    out (`backend.ops.status_scope`); the fleet's own health and figures stay.
+    `chroma`: Chroma's health as the caller read it last; None asks Chroma now (an HTTP
+    heartbeat and a look at who listens on its port: the console asks every few seconds, not
+    on each of its refreshes). `limits`: the rows read of each list (`ListLimits`: what a
+    console's panels show; default `LIST_CAP` each, what `rem status` prints). With
+    `projects` (an API token's), every listed row of another project's session is left out
+    (`backend.ops.status_scope`); the fleet's own health and figures stay.
     """
-    found = await _status(ctx)
+    found = await _status(ctx, chroma, limits)
     if projects is None:
         return found
     from backend.ops import status_scope  # import time: only for a caller kept to projects
@@ -162,7 +172,7 @@ async def status(ctx: Context, *, projects: Collection[str] | None = None) -> St
     return status_scope.keep_to(found, reached)
 
 
-async def _status(ctx: Context) -> Status:
+async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits | None) -> Status:
     # import time: the status snapshot, only for status and metrics
     from backend.ops.snapshot import SnapshotCache, snapshot_sync
     from backend.ops.throughput import journal_tally
@@ -177,7 +187,7 @@ async def _status(ctx: Context) -> Status:
         # one hop to the database thread for all of it: under load each hop is a wait for a
         # scheduler slot, so the snapshot, the events since the last fold and the schema
         # version are read together (the tally sees the same view as the snapshot)
-        snap = snapshot_sync(conn, cache=cache)
+        snap = snapshot_sync(conn, cache=cache, limits=limits)
         tally.fold_sync(conn)
         version = (
             conn.execute("PRAGMA user_version").fetchone()[0]
@@ -187,7 +197,8 @@ async def _status(ctx: Context) -> Status:
         return snap, version, conn.execute(refusals.LATEST_SQL).fetchone()
 
     # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) waits beside the read
-    read, chroma = await asyncio.gather(db.read_in_thread(read_sync), asyncio.to_thread(chroma_health, ctx))
+    health = asyncio.to_thread(chroma_health, ctx) if chroma is None else _as_read(chroma)
+    read, chroma = await asyncio.gather(db.read_in_thread(read_sync), health)
     snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
     if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
         chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
@@ -207,6 +218,11 @@ async def _status(ctx: Context) -> Status:
 
         result["change_feed"] = feed_of(ctx.db_url)
     return result
+
+
+async def _as_read(chroma: ChromaHealth) -> ChromaHealth:
+    """Chroma's health as read before (a copy: this snapshot's own)."""
+    return cast(ChromaHealth, dict(chroma))
 
 
 # what `rem release --kind` accepts

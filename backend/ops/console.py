@@ -4,8 +4,9 @@ The console reaches rem only through `backend.ops` (an import-linter contract
 in pyproject.toml holds `tui` to it), so everything it needs from below is
 named here, in one `__all__`, and nowhere else:
 
-* `ConsoleSession`: the reads the console makes besides `ops.status` — the
-  refresh gate (`PRAGMA data_version` on a connection of its own, or on
+* `ConsoleSession`: `ops.status` as the console reads it (the rows its panels
+  show, `ListLimits`; Chroma's health asked again only when told), the reads
+  it makes besides — the refresh gate (`PRAGMA data_version` on a connection of its own, or on
   PostgreSQL the change events heard), the journal around a row, recorded
   moments of the timeline — and the actions, on one `Context` that never
   starts a Chroma server and never holds a read transaction open;
@@ -32,8 +33,10 @@ from backend.core.inert import visible
 from backend.core.private import create_export, export_path, inside, make_private_dir
 from backend.core.settings import settings
 from backend.ops import actions, kills, memory, timeline, tool_decisions, tool_status
-from backend.ops.records import Moment, ReplayReport, Status
+from backend.ops.records import ChromaHealth, Moment, ReplayReport, Status
 from backend.ops.results import DrainReport, KillReport, LeaseReleased, ResumeReport, ToolDecision
+from backend.ops.snapshot import ListLimits
+from backend.ops.status_queries import EVENT_TAIL, LIST_CAP, RECENT_ACTIONS
 from backend.runtime.context import Context
 from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events
@@ -45,11 +48,15 @@ from backend.store.watch import state_db_changes
 from backend.store.workers import LIVE_STATES, heartbeat_alive, host_name, worker_alive
 
 __all__ = [
+    "EVENT_TAIL",
+    "LIST_CAP",
     "LIVE_STATES",
     "BadInput",
     "ConsoleSession",
     "DataDir",
     "DataDirError",
+    "ListLimits",
+    "RECENT_ACTIONS",
     "Refused",
     "RemError",
     "StatusLoader",
@@ -70,7 +77,8 @@ __all__ = [
     "worker_alive",
 ]
 
-StatusLoader = Callable[[Context], Awaitable[Status]]
+# `ops.status`, or a stand-in with its keywords (`chroma`, `limits`)
+StatusLoader = Callable[..., Awaitable[Status]]
 
 
 def now_ms() -> int:
@@ -103,6 +111,7 @@ class ConsoleSession:
         self.listening = False
         self._history_store: HistoryStore | None = None
         self._status_loader = status_loader or actions.status
+        self._chroma: ChromaHealth | None = None  # Chroma's health as last asked
 
     def _require_state_db(self) -> None:
         if self.db_url:
@@ -146,9 +155,26 @@ class ConsoleSession:
         self.listening = event.kind != "lost"
         self.changes_heard += 1  # changed, or (re)connected after a time anything may have changed
 
-    async def status(self) -> Status:
+    async def status_if_changed(
+        self, seen: int | None, *, force: bool, limits: ListLimits | None
+    ) -> tuple[int, Status | None]:
+        """The gate's `data_version`, and the snapshot (Chroma asked if `force`) if it moved from `seen`."""
+        version = await self.data_version()
+        if not force and version == seen:
+            return version, None
+        return version, await self.status(check_chroma=force, limits=limits)
+
+    async def status(self, *, check_chroma: bool = True, limits: ListLimits | None = None) -> Status:
+        """`ops.status` with `limits`; Chroma's health as last asked unless `check_chroma` (or never asked).
+
+        Asking is an HTTP heartbeat and a look at who listens on Chroma's port (~7 ms of CPU):
+        the console asks on its forced refreshes (every few seconds), not on each of its own.
+        """
         self._require_state_db()
-        return await self._status_loader(self.ctx)
+        known = None if check_chroma else self._chroma
+        status = await self._status_loader(self.ctx, chroma=known, limits=limits)
+        self._chroma = status["chroma"]
+        return status
 
     async def history(self, session_id: str | None, target: str | None) -> list[dict[str, Any]]:
         """Journal rows about a session and/or a target (lease id, owner id), newest first."""

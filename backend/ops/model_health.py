@@ -133,10 +133,10 @@ def _session_usage(r: Row) -> SessionUsage:
     }
 
 
-def usage_sync(conn: Conn, counts: dict[str, Any] | None = None) -> Usage:
-    """Tokens and cost: the sessions that used a model (or failed to), costliest first, and the total
-    (from the status counters: `counts`, as `counters.counts_sync` read them, or read here)."""
-    sessions = [_session_usage(r) for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": USAGE_CAP})]
+def usage_sync(conn: Conn, counts: dict[str, Any] | None = None, cap: int = USAGE_CAP) -> Usage:
+    """Tokens and cost: the `cap` sessions that used a model (or failed to), costliest first, and the
+    total (from the status counters: `counts`, as `counters.counts_sync` read them, or read here)."""
+    sessions = [_session_usage(r) for r in conn.execute(USAGE_SESSIONS_SQL, {"cap": cap})] if cap > 0 else []
     if counts is None:
         counts, _ = counters.counts_sync(conn)
     return {
@@ -152,8 +152,20 @@ def usage_sync(conn: Conn, counts: dict[str, Any] | None = None) -> Usage:
 
 def held_sync(conn: Conn, now: int) -> list[HeldSession]:
     """Sessions held after a model error that needs an operator, oldest hold first."""
+    return held_records(held_rows_sync(conn, USAGE_CAP), now)
+
+
+def held_rows_sync(conn: Conn, cap: int) -> list[dict[str, Any]]:
+    """The rows of the `cap` oldest holds (what does not depend on the clock)."""
+    if cap <= 0:
+        return []
+    return [dict(r) for r in conn.execute(HELD_SQL, {"cap": cap})]
+
+
+def held_records(rows: list[dict[str, Any]], now: int) -> list[HeldSession]:
+    """The held sessions of `held_rows_sync`'s rows, as of `now`."""
     out: list[HeldSession] = []
-    for r in conn.execute(HELD_SQL, {"cap": USAGE_CAP}):
+    for r in rows:
         reason = r["held_reason"] or ""
         out.append(
             {

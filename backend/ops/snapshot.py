@@ -1,6 +1,6 @@
 """The status snapshot: what the console renders and `rem status --json` prints.
 
-Every query here is served by an index (see `STATUS_QUERIES` and
+Every query here is served by an index (see `status_queries.STATUS_QUERIES` and
 tests/backend/test_status.py, which asserts no query plan scans a large
 table), and all of them run inside one short read transaction so the
 snapshot is consistent. Lists are capped at what a panel can show
@@ -12,6 +12,12 @@ what the last snapshot read, keyed by `PRAGMA data_version` and the
 connection's own `total_changes`. While neither moved (nothing committed
 since), the rows are reused and only what depends on the clock (ages, time
 left, expiry, liveness, the totals) is computed again.
+
+A console asks for fewer rows (`ListLimits`): what its panels show, so its
+refresh reads a screenful of each list that grows with the data (the
+backlog, mismatched receipts, drift, the journal, sessions by cost); the
+lists that grow with the fleet (leases, workers) are read whole up to
+`LIST_CAP`.
 
 After a commit, what is read again costs the same at any size: every count
 is a `status_count` counter, kept by triggers in the transaction that
@@ -51,19 +57,42 @@ from backend.ops.records import (
     SummaryJobs,
     WorkerRecord,
 )
-from backend.ops.totals import TOTALS_QUERIES, totals_sync
+from backend.ops.status_queries import (
+    EVENT_TAIL,
+    FAILED_SUMMARIES,
+    LIST_CAP,
+    LIST_QUERIES,
+    RECENT_ACTIONS,
+    Window,
+    rows_sync,
+)
+from backend.ops.totals import totals_sync
 from backend.store import counters, workers
 from backend.store.db import Conn
-from backend.store.events import OPERATOR_KINDS_SQL
 from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
 
-# rows listed per panel: a maximized panel on a 60-line terminal shows ~55, so this is
-# three to four pages of scrolling; the panel's filter and sort work on these rows, its
-# title and the totals count every row
-LIST_CAP = 200
-EVENT_TAIL = 100
+
+@dataclass(frozen=True)
+class ListLimits:
+    """The rows a snapshot reads of each list that grows with the data (`rem status`: the defaults).
+
+    A console asks for what its panels show, so its refresh reads a screenful at any size;
+    what it counts comes from the counters and totals. `backlog` is the Backlog panel's
+    rows in its order (tool calls waiting, then running, held sessions, recoveries parked first, failed
+    summaries, inputs), read in that order until there are `backlog` of them; None keeps
+    `rem status`'s cap of each.
+    """
+
+    backlog: int | None = None
+    mismatched: int = LIST_CAP
+    drift: int = LIST_CAP
+    events: int = EVENT_TAIL
+    actions: int = RECENT_ACTIONS
+    sessions: int = model_health.USAGE_CAP
+
+
 # the summary-job and Dream states counted one by one
 JOB_COUNTED: tuple[JobStatus, ...] = (JobStatus.PENDING, JobStatus.IN_PROGRESS, JobStatus.FAILED)
 DREAM_COUNTED: tuple[DigestState, ...] = (
@@ -74,116 +103,8 @@ DREAM_COUNTED: tuple[DigestState, ...] = (
     DigestState.LEGACY,
 )
 
-# name -> SQL; each is checked against EXPLAIN QUERY PLAN in
-# the tests, on an empty database and on an ANALYZEd populated one. INDEXED BY pins
-# plans where the planner, given statistics, would walk a big index in GROUP BY order.
-LIST_QUERIES: dict[str, str] = {
-    # the :scan oldest waiting inputs, in order from the partial index of waiting inputs
-    # (it holds their session: no table row read)
-    "inputs_oldest": """
-        SELECT session_id, time_created AS created
-        FROM session_input INDEXED BY session_input_waiting_idx
-        WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
-        ORDER BY created, session_id LIMIT :scan""",
-    # then each listed session's waiting inputs, one index seek per session
-    "inputs": """
-        SELECT session_id, count(*) AS pending, min(time_created) AS oldest_at
-        FROM session_input INDEXED BY session_input_session_promoted_delivery_admitted_idx
-        WHERE session_id IN (SELECT value FROM json_each(:sessions))
-          AND promoted_seq IS NULL AND wake_pending IN (0, 1)
-        GROUP BY session_id""",
-    "counters": f"SELECT name, key, n FROM {counters.TABLE}",
-    "recoveries": """
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
-        FROM session_recovery WHERE wake_pending = 1
-        UNION
-        SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created
-        FROM session_recovery WHERE wake_pending IN (0, 1) AND recovery_error IS NOT NULL
-        ORDER BY time_created LIMIT :cap""",
-    "summary_failed": """
-        SELECT session_id, attempts, last_error, time_updated FROM summary_job
-        WHERE status = 'failed' ORDER BY time_updated DESC LIMIT :cap""",
-    "leases": """
-        SELECT 'execution' AS kind, e.id AS id, e.session_id, e.owner_id, e.epoch, e.phase,
-               e.expires_at, w.state AS owner_state, w.heartbeat_at, w.exited_at, e.parked
-        FROM session_execution AS e LEFT JOIN worker AS w ON w.owner_id = e.owner_id
-        UNION ALL
-        SELECT 'summary_job', j.session_id, j.session_id, j.owner_id, j.epoch, NULL,
-               j.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
-        FROM summary_job AS j LEFT JOIN worker AS w ON w.owner_id = j.owner_id
-        WHERE j.lease_expires_at IS NOT NULL AND j.status = 'in_progress'
-        UNION ALL
-        SELECT 'dream', d.session_id, d.session_id, d.owner_id, d.epoch, NULL,
-               d.lease_expires_at, w.state, w.heartbeat_at, w.exited_at, NULL
-        FROM dream_state AS d LEFT JOIN worker AS w ON w.owner_id = d.owner_id
-        WHERE d.lease_expires_at IS NOT NULL AND d.digest_state = 'in_progress'
-        ORDER BY expires_at LIMIT :cap""",
-    "receipt_mismatched": f"""
-        SELECT session_id, verdict, verdict_detail, verdict_checked_at, quarantine_reason
-        FROM summary_job INDEXED BY summary_job_mismatch_idx
-        WHERE verdict IN ({", ".join(f"'{v}'" for v in MISMATCHES)})
-        ORDER BY verdict_checked_at DESC LIMIT :cap""",
-    "dream_drift": """
-        SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
-               defer_reason, time_published AS since
-        FROM dream_state
-        WHERE input_revision IS NOT NULL AND completed_revision IS NOT input_revision
-        ORDER BY next_attempt_at, time_published LIMIT :cap""",
-    "dream_legacy": """
-        SELECT session_id, input_revision, completed_revision, digest_state, digest_attempts,
-               defer_reason, time_updated AS since
-        FROM dream_state INDEXED BY dream_state_digest_state_idx
-        WHERE digest_state = 'legacy' ORDER BY session_id LIMIT :cap""",
-    "summary_stale_rows": """
-        SELECT session_id, time_updated AS since FROM summary_job
-        WHERE dirty_seq > clean_seq ORDER BY time_updated, session_id LIMIT :cap""",
-    "workers": """
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
-        FROM worker INDEXED BY worker_state_heartbeat_idx WHERE state IN ('running', 'draining')
-        UNION ALL
-        SELECT owner_id, role, pid, host, state, started_at, heartbeat_at, exited_at
-        FROM worker INDEXED BY worker_state_heartbeat_idx
-        WHERE state = 'stopped' AND heartbeat_at > :recent
-        ORDER BY role, started_at LIMIT :cap""",
-    "recent_actions": f"""
-        SELECT id, time, kind, actor, session_id, target, data FROM event INDEXED BY event_operator_idx
-        WHERE kind IN ({OPERATOR_KINDS_SQL})
-        ORDER BY id DESC LIMIT 20""",
-    # the journal's tail without the streamed parts (schema v13 journals each one for the API's
-    # streams; on an operator's screen they would bury everything else while replies stream)
-    "events": """
-        SELECT id, time, kind, actor, session_id, target, data FROM event
-        WHERE kind <> 'message.part' ORDER BY id DESC LIMIT :tail""",
-}
-STATUS_QUERIES: dict[str, str] = {
-    **LIST_QUERIES,
-    **TOTALS_QUERIES,
-    **model_health.QUERIES,
-    **tool_status.QUERIES,
-    **api_status.QUERIES,
-}
-# a value for every named parameter of the status queries, to EXPLAIN QUERY PLAN any of
-# them (the plan tests and `benchmarks/scale.py --plans`); sqlite ignores the unused ones
-PLAN_PARAMS: dict[str, Any] = {
-    "cap": 10,
-    "recent": 0,
-    "tail": 5,
-    "now": 0,
-    "fresh": 0,
-    "sessions": "[]",
-    "scan": 10,
-    "since": 0,
-    "upto": 1,
-}
 # Workers stopped within this window still show (so a SIGKILLed daemon is visible).
 RECENT_STOPPED_MS = 10 * 60_000
-
-
-def _rows_sync(conn: Conn, name: str, **params: Any) -> list[dict[str, Any]]:
-    cursor = conn.execute(LIST_QUERIES[name], params)
-    cursor.row_factory = None  # plain tuples: zip into dicts is ~3x cheaper than Row
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _counts_sync(conn: Conn) -> dict[str, Any]:
@@ -224,9 +145,11 @@ def _event(row: dict[str, Any]) -> EventRecord:
     }
 
 
-def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
-    """The LIST_CAP sessions whose oldest waiting input is oldest, with their waiting inputs."""
-    scan = LIST_CAP  # one input per session (the usual case): exactly the rows listed
+def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
+    """The `cap` sessions whose oldest waiting input is oldest, with their waiting inputs."""
+    if cap <= 0:
+        return []
+    scan = cap  # one input per session (the usual case): exactly the rows listed
     while True:
         rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
         seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
@@ -238,15 +161,15 @@ def _inputs_rows_sync(conn: Conn) -> list[dict[str, Any]]:
                 entry[0] += 1
         complete = len(rows) < scan  # every waiting input was read
         # enough sessions, or all of them (a few sessions with many inputs: read wider)
-        if complete or len(seen) >= LIST_CAP:
+        if complete or len(seen) >= cap:
             break
         scan *= 4
-    sessions = list(seen)[:LIST_CAP]
+    sessions = list(seen)[:cap]
     if complete:  # the counts are whole already
         return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
     if not sessions:
         return []
-    by_session = {r["session_id"]: r for r in _rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
+    by_session = {r["session_id"]: r for r in rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
     return [by_session[s] for s in sessions]
 
 
@@ -297,7 +220,7 @@ def backlog_sync(conn: Conn, cache: SnapshotCache, counts: dict[str, int], now: 
         inputs=inputs,
         inputs_total=counts["inputs_total"],
         # sessions a model error holds for an operator (`rem resume`); their inputs wait asleep
-        held=model_health.held_sync(conn, now),
+        held=model_health.held_records(cache.rows["held"], now),
         recoveries=recoveries,
         summary_jobs=summary,
         dream=DreamBacklog(pending=counts["dream_pending"], by_state=by_state),
@@ -354,7 +277,7 @@ def receipt_keys(detail: Any) -> list[KeyDiff]:
 
 
 def mismatches_sync(
-    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None
+    conn: Conn, known: dict[tuple[Any, ...], ReceiptMismatch] | None = None, cap: int = LIST_CAP
 ) -> tuple[list[ReceiptMismatch], dict[tuple[Any, ...], ReceiptMismatch]]:
     """The listed mismatched receipts, most recently checked first, and each by its row.
 
@@ -364,7 +287,7 @@ def mismatches_sync(
     known = known or {}
     mismatched: list[ReceiptMismatch] = []
     by_row: dict[tuple[Any, ...], ReceiptMismatch] = {}
-    for r in _rows_sync(conn, "receipt_mismatched", cap=LIST_CAP):
+    for r in rows_sync(conn, "receipt_mismatched", cap=cap):
         row_key = tuple(r.values())
         record = known.get(row_key)
         if record is None:
@@ -399,11 +322,16 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
     }
 
 
-def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
-    rows = _rows_sync(conn, "dream_drift", cap=LIST_CAP) + _rows_sync(conn, "dream_legacy", cap=LIST_CAP)
+def dream_drift_sync(
+    conn: Conn, counts: dict[str, int], window: int | None = None
+) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
+    """The drift rows (drifting, legacy, then summary-stale sessions not listed yet) and the count
+    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each)."""
+    read = Window(window)
+    rows = read.rows(conn, "dream_drift", LIST_CAP) + read.rows(conn, "dream_legacy", LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
     seen = {d["session_id"] for d in drift}
-    for r in _rows_sync(conn, "summary_stale_rows", cap=LIST_CAP):
+    for r in read.rows(conn, "summary_stale_rows", LIST_CAP):
         if r["session_id"] not in seen:
             stale = {
                 "session_id": r["session_id"],
@@ -423,6 +351,12 @@ def dream_drift_sync(conn: Conn, counts: dict[str, int]) -> tuple[list[DriftReco
     by_class[DriftClass.LEGACY_ONLY] = counts["dream_state_legacy"]
     by_class[DriftClass.DEFERRED] = counts["dream_state_deferred"]
     by_class[DriftClass.UNDIGESTIBLE] = counts["dream_state_undigestible"]
+    if window is not None:
+        # a window lists few: pending and stale completions together are the rows Dream has yet
+        # to digest (pending or in progress), counted; the listed ones say which are which
+        waiting = counts["dream_state_pending"] + counts["dream_state_in_progress"]
+        stale_done = by_class[DriftClass.STALE_COMPLETION]
+        by_class[DriftClass.DREAM_PENDING] = max(by_class[DriftClass.DREAM_PENDING], waiting - stale_done)
     return drift, by_class
 
 
@@ -440,7 +374,7 @@ def worker_rows_sync(conn: Conn, now: int) -> list[WorkerRecord]:
             "exited_at": r["exited_at"],
             "alive": workers.worker_alive(r["state"], r["heartbeat_at"], r["exited_at"], now),
         }
-        for r in _rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
+        for r in rows_sync(conn, "workers", recent=now - RECENT_STOPPED_MS, cap=LIST_CAP)
     ]
 
 
@@ -457,6 +391,7 @@ class SnapshotCache:
     key: tuple[int, int] | None = None
     counts: dict[str, Any] = field(default_factory=dict)
     rows: dict[str, Any] = field(default_factory=dict)
+    limits: ListLimits | None = None  # what `rows` were read with
     hits: int = 0
     misses: int = 0
 
@@ -471,36 +406,60 @@ def _change_key(conn: Conn) -> tuple[int, int] | None:
     return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
 
 
-def _read_rows_sync(conn: Conn, cache: SnapshotCache) -> None:
+def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None) -> None:
     """Every list and count that does not depend on the clock, into the cache."""
     counts = _counts_sync(conn)
     rows = cache.rows
-    rows["inputs"] = _inputs_rows_sync(conn)
-    rows["recoveries"] = _rows_sync(conn, "recoveries", cap=LIST_CAP)
-    rows["summary_failed"] = _rows_sync(conn, "summary_failed", cap=50)
-    rows["leases"] = _rows_sync(conn, "leases", cap=LIST_CAP)
-    rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(conn, rows.get("mismatched_by_row"))
-    rows["drift"] = dream_drift_sync(conn, counts)
-    rows["recent_actions"] = [_event(r) for r in _rows_sync(conn, "recent_actions")]
-    rows["events"] = [_event(r) for r in _rows_sync(conn, "events", tail=EVENT_TAIL)]
-    rows["usage"] = model_health.usage_sync(conn, counts)
-    rows["tools"] = tool_status.rows_sync(conn, LIST_CAP)
+    lists = limits or ListLimits()
+    _backlog_rows_sync(conn, rows, lists.backlog)
+    rows["leases"] = rows_sync(conn, "leases", cap=LIST_CAP)
+    rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(
+        conn, rows.get("mismatched_by_row"), lists.mismatched
+    )
+    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift)
+    rows["recent_actions"] = [_event(r) for r in rows_sync(conn, "recent_actions", cap=lists.actions)]
+    rows["events"] = [_event(r) for r in rows_sync(conn, "events", tail=lists.events)]
+    rows["usage"] = model_health.usage_sync(conn, counts, lists.sessions)
     rows.pop("index_lag", None)  # read again at its next use
     cache.counts = counts
+    cache.limits = limits
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
-def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | None = None) -> Snapshot:
+def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> None:
+    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
+    read = Window(window)
+    tools: dict[str, list[dict[str, Any]]] = {}
+    for name, sql in tool_status.CALL_QUERIES.items():
+        tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), {name: sql}))
+        read.took(len(tools[name]))
+    rows["tools"] = {**tools, **tool_status.server_rows_sync(conn, LIST_CAP)}
+    rows["held"] = model_health.held_rows_sync(conn, read.cap(model_health.USAGE_CAP))
+    read.took(len(rows["held"]))
+    if window is None:  # `rem status` lists as many as it counts
+        rows["held_count"] = len(rows["held"])
+        rows["recoveries"] = read.rows(conn, "recoveries", LIST_CAP)
+    else:
+        rows["held_count"] = int(conn.execute(LIST_QUERIES["held_count"]).fetchone()[0])
+        rows["recoveries"] = read.rows(conn, "recoveries_parked_first", LIST_CAP)
+    rows["summary_failed"] = read.rows(conn, "summary_failed", FAILED_SUMMARIES)
+    rows["inputs"] = _inputs_rows_sync(conn, read.cap(LIST_CAP))
+
+
+def snapshot_sync(
+    conn: Conn, now: int | None = None, cache: SnapshotCache | None = None, limits: ListLimits | None = None
+) -> Snapshot:
     """Everything but Chroma health and identity; run it inside one read transaction.
 
     With a `cache` (kept between calls on the same connection), what has not
-    changed since the last call is not read again.
+    changed since the last call is not read again. `limits`: the rows read of
+    each list (`ListLimits`; None: `rem status`'s).
     """
     now = clock.now_ms() if now is None else now
     cache = SnapshotCache() if cache is None else cache
     key = _change_key(conn)
-    if key is None or key != cache.key or not cache.rows:
-        _read_rows_sync(conn, cache)
+    if key is None or key != cache.key or not cache.rows or limits != cache.limits:
+        _read_rows_sync(conn, cache, limits)
         cache.key = key
         cache.misses += 1
     else:
@@ -534,7 +493,7 @@ def snapshot_sync(conn: Conn, now: int | None = None, cache: SnapshotCache | Non
             "mismatches": sum(counts[f"receipt_{v}"] for v in MISMATCHES),
             "dream_pending": counts["dream_pending"],
             "sessions": counts["sessions"],
-            "held": len(back["held"]),
+            "held": rows["held_count"],
             "workers_alive": sum(1 for w in worker_view if w["alive"]),
         },
         "tools": tool_status.tool_calls(rows["tools"], counts["tool_calls"], now),

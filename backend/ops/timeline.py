@@ -107,7 +107,7 @@ async def record(
     )
 
 
-# the streamed parts left out, as in the live event tail (`snapshot.LIST_QUERIES["events"]`)
+# the streamed parts left out, as in the live event tail (`status_queries.LIST_QUERIES["events"]`)
 EVENTS_BEFORE_SQL = """
 SELECT id, time, kind, actor, session_id, target, data FROM event
 WHERE id <= :last AND kind <> 'message.part' ORDER BY id DESC LIMIT :n"""

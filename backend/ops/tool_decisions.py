@@ -118,7 +118,7 @@ def resolution_text(choice: Choice, result: str | None, reason: str | None) -> s
 async def tool_calls_waiting(ctx: Context, *, projects: Collection[str] | None = None) -> WaitingToolCalls:
     """`rem status --json`'s `tools.awaiting_approval` and `tools.unknown_outcome`, read alone
     (oldest first, capped alike); with `projects`, only the calls of their sessions."""
-    from backend.ops.snapshot import LIST_CAP  # import time: the status snapshot, only for the list
+    from backend.ops.status_queries import LIST_CAP  # import time: the status queries, only for the list
 
     db = await ctx.db()
     now = clock.now_ms()

@@ -47,10 +47,15 @@ WAITING_QUERIES: dict[str, str] = {
     "tools_awaiting_approval": _waiting_sql(ToolCallState.AWAITING_APPROVAL),
     "tools_unknown_outcome": _waiting_sql(ToolCallState.UNKNOWN),
 }
-QUERIES: dict[str, str] = {
-    **WAITING_QUERIES,
+# the calls listed, in the Backlog panel's order
+CALL_QUERIES: dict[str, str] = {
+    "tools_unknown_outcome": WAITING_QUERIES["tools_unknown_outcome"],
+    "tools_awaiting_approval": WAITING_QUERIES["tools_awaiting_approval"],
     # the calls in flight, and the executor each runs in (the one an operator's drill would kill)
     "tools_running": _waiting_sql(ToolCallState.RUNNING),
+}
+QUERIES: dict[str, str] = {
+    **CALL_QUERIES,
     # the executors that may be alive, with what they recorded of their tool sources
     "tools_servers": f"""
         SELECT owner_id, state, heartbeat_at, exited_at, json_extract(info, '$.{INFO_KEY}') AS servers
@@ -67,7 +72,12 @@ OTHER_TOOL = "(other)"
 def rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
     """The rows of both waiting lists and of the calls running (oldest first), and of the executors'
     tool sources, their records decoded: what does not depend on the clock."""
-    out = waiting_rows_sync(conn, cap, QUERIES)
+    return {**waiting_rows_sync(conn, cap, CALL_QUERIES), **server_rows_sync(conn, cap)}
+
+
+def server_rows_sync(conn: Conn, cap: int) -> dict[str, list[dict[str, Any]]]:
+    """The executors that may be alive with their recorded tool sources, decoded (`tools_servers`)."""
+    out = waiting_rows_sync(conn, cap, {"tools_servers": QUERIES["tools_servers"]})
     for row in out["tools_servers"]:
         row["servers"] = recorded_servers(row["owner_id"], row["servers"])
     return out

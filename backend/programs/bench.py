@@ -117,6 +117,20 @@ def _console_freshness(r: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _console_load(r: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for p in r["points"]:
+        lat = p["latency_ms"]
+        rows.append(
+            (
+                f"console on {p['store']}, {p['backlog']:,} waiting, {p['rate']:g} commits/s",
+                f"CPU {p['cpu_pct']} %, commit -> screen p50 {lat.get('p50')} ms p95 {lat.get('p95')} ms, "
+                f"{p['refreshes_per_s']} refreshes/s, RSS {p['rss_mb']['start']} -> {p['rss_mb']['end']} MB",
+            )
+        )
+    return rows
+
+
 def _console_scale(r: dict[str, Any]) -> list[tuple[str, str]]:
     start = max(s["start_s"] for s in r["start"])
     sessions = f"{r['sessions']:,}" if isinstance(r.get("sessions"), int) else "?"
@@ -233,6 +247,13 @@ BENCHES = {
     ),
     "status": Bench("status", "status.py", (), ("--quick",), _status),
     "console": Bench("console", "console_freshness.py", (), ("--commits", "30"), _console_freshness),
+    "console-load": Bench(
+        "console-load",
+        "console_load.py",
+        (),
+        ("--store", "sqlite", "--rates", "10,200", "--backlogs", "100,3000", "--seconds", "5"),
+        _console_load,
+    ),
     "scale": Bench(
         "scale",
         "scale.py",

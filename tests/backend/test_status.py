@@ -11,7 +11,8 @@ from backend import ops
 from backend.core import clock
 from backend.ops import actions, snapshot, tool_status
 from backend.ops.records import Snapshot
-from backend.ops.snapshot import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES, snapshot_sync
+from backend.ops.snapshot import snapshot_sync
+from backend.ops.status_queries import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES
 from backend.runtime.context import Context
 from backend.store.db import Database
 
@@ -353,3 +354,37 @@ async def test_leases_past_the_cap_are_counted_not_listed(db_ctx: Context, froze
     execution = snap["totals"]["leases"]["execution"]
     assert execution["held"] == n and execution["dead_owner"] == n
     assert execution["expired"] == sum(1 for t in everything if t <= now) == snap["counts"]["expired_leases"]
+
+
+@pytest.mark.both_stores
+async def test_a_windowed_backlog_lists_the_running_calls_after_the_waiting_ones(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
+    """The console's Backlog window reads its rows in the panel's order: the calls to decide, then
+    the calls in flight (what `k` kills), then the rest; `rem status` lists them all."""
+    now = frozen_clock.now
+    await _seed(db_ctx, now)  # s1 has inputs waiting: the Backlog's last row
+    db = await db_ctx.db()
+    calls = [("unknown", 50_000), ("running", 30_000), ("running", 40_000), ("running", 20_000)]
+    async with db.tx() as conn:
+        for i, (state, ago) in enumerate(calls):
+            await conn.execute(
+                "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, "
+                "arguments, effect, effect_source, permission, state, idempotency_key, owner_id, epoch, "
+                "time_created, time_updated) VALUES (?, 's2', 'e-live', 1, ?, 'm', 'demo.send', '{}', "
+                "'effect', 'config', 'ask', ?, ?, 'ex-live', 1, ?, ?)",
+                (f"c{i}", i, state, f"k{i}", now - ago, now - ago),
+            )
+
+    async def listed(window: int | None) -> tuple[list[str], list[str]]:
+        limits = None if window is None else snapshot.ListLimits(backlog=window)
+        snap = await ops.status(db_ctx, limits=limits)
+        tools = snap["tools"]
+        waiting = [c["call_id"] for c in tools["unknown_outcome"] + tools["awaiting_approval"]]
+        running = [c["call_id"] for c in tools["running"]]
+        assert tools["counts"]["running"] == 3  # counted whatever the window
+        return waiting + running, [i["session_id"] for i in snap["backlog"]["inputs"]]
+
+    assert await listed(3) == (["c0", "c2", "c1"], [])  # the oldest running first, to the window's end
+    assert await listed(5) == (["c0", "c2", "c1", "c3"], ["s1"])
+    assert await listed(None) == (["c0", "c2", "c1", "c3"], ["s1"])

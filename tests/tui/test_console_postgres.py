@@ -43,9 +43,9 @@ class CountedStatus:
     def __init__(self) -> None:
         self.reads = 0
 
-    async def __call__(self, ctx: Any) -> Any:
+    async def __call__(self, ctx: Any, **options: Any) -> Any:
         self.reads += 1
-        return await ops.status(ctx)
+        return await ops.status(ctx, **options)
 
 
 async def test_the_console_over_db_names_the_store_and_shows_another_process_commit(
@@ -101,7 +101,7 @@ async def test_another_database_on_the_same_server_never_opens_the_gate(
         assert backend is not None
         await until(pilot, lambda: backend.listening, "the listener")
         # the connect itself opened the gate once: wait until that read is done
-        await until(pilot, lambda: not app.refresher.running and backend.changes_heard > 0)
+        await until(pilot, lambda: app.refresher.idle and backend.changes_heard > 0)
         gate_checks = {"n": 0}
         real_version = backend.data_version
 
@@ -110,7 +110,7 @@ async def test_another_database_on_the_same_server_never_opens_the_gate(
             return await real_version()
 
         backend.data_version = counted_version  # type: ignore[method-assign]
-        await until(pilot, lambda: not app.refresher.running)
+        await until(pilot, lambda: app.refresher.idle)
         reads = counted.reads
         for i in range(20):  # commits in ANOTHER rem database on the same server
             await asyncio.to_thread(commit_journal_row, other_db_url, f"other.{i}")

@@ -23,11 +23,11 @@ from tui.app import ConsoleApp
 SnapCompare = Callable[..., bool]
 
 
-def fixed_chroma_label(loader: Callable[[Context], Awaitable[dict[str, Any]]] = ops.status):
+def fixed_chroma_label(loader: Callable[..., Awaitable[dict[str, Any]]] = ops.status):
     """The real status, with the real Chroma server's random port shown as a fixed one."""
 
-    async def status(ctx: Context) -> dict[str, Any]:
-        snap = await loader(ctx)
+    async def status(ctx: Context, **options: Any) -> dict[str, Any]:
+        snap = await loader(ctx, **options)
         if snap.get("chroma", {}).get("url"):
             snap["chroma"]["url"] = "http://127.0.0.1:8000"
         return snap
@@ -43,6 +43,7 @@ def app_for(data: DataDir, **kwargs: Any) -> ConsoleApp:
         watch=False,
         poll_s=3600,
         health_s=3600,
+        cpu_share=None,  # the header's refresh interval: the floor, not what this machine's CPU made it
         status_loader=fixed_chroma_label(),
         **kwargs,
     )

@@ -97,6 +97,12 @@ class ActionLogTable(SnapshotTable):
         self._merge()
         return record
 
+    LIST = "actions"
+
+    def list_complete(self) -> bool:
+        # this console's own entries are all here: the journal's rows say whether more follow
+        return self._asked is None or len(self._journal) < self._asked
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         self._journal = [(f"event:{e['id']}", _journal_record(e)) for e in snapshot["recent_actions"]]
         return self._merged()
@@ -115,4 +121,6 @@ class ActionLogTable(SnapshotTable):
         return self._title()
 
     def _title(self) -> tuple[str, bool]:
+        if not self.list_complete():
+            return "Action log · newest first", False
         return f"Action log {len(self._rows)}", False

@@ -7,7 +7,8 @@ flight (`running`: the executor running each, how long it has run; `k` kills tha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from rich.text import Text
 
@@ -110,6 +111,17 @@ def _rows(snapshot: Status) -> Iterable[tuple[str, Record]]:
         )
 
 
+def parked_and_held(snapshot: Status) -> tuple[int, int]:
+    """Recoveries parked and sessions held, counted (a window of the list may not hold them all);
+    a moment recorded before the totals were has its rows counted."""
+    recoveries = (cast(Mapping[str, Any], snapshot).get("totals") or {}).get("recoveries")
+    if recoveries is None:
+        return sum(1 for r in snapshot["backlog"]["recoveries"] if r["parked"]), len(
+            snapshot["backlog"]["held"]
+        )
+    return recoveries["parked"], snapshot["counts"]["held"]
+
+
 def summary_line(snapshot: Status) -> str:
     """The aggregate counts that do not fit as rows: the index lag, summary jobs, Dream by state."""
     jobs, dream = snapshot["backlog"]["summary_jobs"], snapshot["backlog"]["dream"]
@@ -146,13 +158,29 @@ class BacklogTable(SnapshotTable):
         ),
     )
 
+    LIST = "backlog"
+
+    def listed(self, snapshot: Status) -> int:
+        """Its rows in all: an upper bound (sessions with inputs waiting are at most the inputs)."""
+        counts = (snapshot.get("tools") or {}).get("counts", {})
+        backlog, totals = snapshot["backlog"], snapshot["totals"]["recoveries"]
+        return (
+            counts.get("unknown", 0)
+            + counts.get("awaiting_approval", 0)
+            + counts.get("running", 0)
+            + snapshot["counts"]["held"]
+            + totals["waiting"]
+            + totals["parked"]
+            + backlog["summary_jobs"]["failed"]
+            + backlog["inputs_total"]
+        )
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         return _rows(snapshot)
 
     def titles(self, snapshot: Status) -> tuple[str, bool]:
         backlog = snapshot["backlog"]
-        parked = sum(1 for r in backlog["recoveries"] if r["parked"])
-        held = len(backlog["held"])
+        parked, held = parked_and_held(snapshot)
         counts = (snapshot.get("tools") or {}).get("counts", {})
         unknown, approvals = counts.get("unknown", 0), counts.get("awaiting_approval", 0)
         running = counts.get("running", 0)

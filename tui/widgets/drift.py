@@ -86,6 +86,11 @@ class DriftTable(SnapshotTable):
         Column("revisions", "revisions", None, lambda r, n, p: cell(revisions(r)), sort=revisions),
     )
 
+    LIST = "drift"
+
+    def listed(self, snapshot: Status) -> int:
+        return sum(snapshot["dream_counts"].values())
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         for row in snapshot["dream_drift"]:
             yield f"{row['class']}:{row['session_id']}", dict(row)

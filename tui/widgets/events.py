@@ -135,6 +135,8 @@ class EventTable(SnapshotTable):
         ),
     )
 
+    LIST = "events"
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         recorded = _recorded(snapshot)
         if recorded is not None:
@@ -154,4 +156,6 @@ class EventTable(SnapshotTable):
                 f"{len(self._rows) - after} before, {after} after (dimmed)",
                 False,
             )
+        if not self.list_complete():  # a window of the tail: how long it is was not counted
+            return "Events · newest first", False
         return f"Events · last {len(self._rows)}", False

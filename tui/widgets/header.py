@@ -1,5 +1,6 @@
 """The one-line header: data dir, Chroma, model and tool-source health, schema, counts, read-only, paused
-and timeline badges."""
+and timeline badges, then the snapshot's time and the refresh interval in use (`08:00:00 ↻40ms`;
+`↻0.4s budget` while the CPU budget holds refreshes back), the way Dolphie shows its refresh interval."""
 
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ class ConsoleHeader(Static, can_focus=True):
         # the recorded moment shown instead of live state (None: live)
         self.timeline_at: int | None = None
         self.waiting = ""
+        self.refresh_rate = ""  # `RefreshScheduler.describe()`
         self.now = 0
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
         self._shown = Text()
@@ -117,6 +119,7 @@ class ConsoleHeader(Static, can_focus=True):
         waiting: str | None = None,
         now: int | None = None,
         palette: Mapping[str, str] | None = None,
+        refresh: str | None = None,
     ) -> None:
         if snapshot is not None:
             self.snapshot = snapshot
@@ -128,6 +131,8 @@ class ConsoleHeader(Static, can_focus=True):
             self.now = now
         if palette is not None:
             self.palette = palette
+        if refresh is not None:
+            self.refresh_rate = refresh
         self.set_class(self.paused, "-paused")
         self.set_class(self.timeline_at is not None, "-timeline")
         text = self.header_text()
@@ -192,8 +197,10 @@ class ConsoleHeader(Static, can_focus=True):
         if self.paused:
             line.append_text(self._badge(f"PAUSED {self.waiting}".strip(), "warning"))
             line.append(" ")
-        if snap is not None and self.timeline_at is None:
-            line.append(
-                f" as of {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"])
-            )
+        if snap is not None and self.timeline_at is None:  # as of when, and how often it refreshes
+            line.append(f" {clock_time(snap['generated_at'])}", style=Style(color=self.palette["muted"]))
+            if self.refresh_rate:
+                throttled = self.refresh_rate.endswith("budget")
+                tone = self.palette["warning" if throttled else "muted"]
+                line.append(f" {self.refresh_rate}", style=Style(color=tone))
         return line

@@ -4,8 +4,12 @@ Textual's DataTable re-renders every visible cell (through Rich padding and
 wrapping) whenever any cell changes; with seven live panels over a large data
 dir that cost frames of 100+ ms. Here a row is rendered once, as one Text,
 and its Strip, cropped to the panel, is cached under the row's key with the
-row's version: a changed countdown redraws one row, a re-sort redraws nothing.
-The header stays put while rows scroll.
+row's version. Each line on screen remembers what it was drawn from (the
+row, its version, the cursor, the scroll); `refresh_changed` repaints only
+the lines whose source changed, so a changed countdown repaints one line of
+the screen, not the panel, and an unchanged refresh repaints nothing.
+The header stays put while rows scroll. The table can scroll over more rows
+than it holds (`total_rows`): rows not read yet show as `…` until they are.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.cache import LRUCache
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -69,6 +73,8 @@ class PanelTable(ScrollView, can_focus=True):
     }
     # shown in place of rows when there are none (say what that means, e.g. "all clear")
     EMPTY_TEXT: ClassVar[str] = ""
+    # a row scrolled into view that is not read yet
+    PENDING_TEXT: ClassVar[str] = "…"
     DEFAULT_CSS = """
     PanelTable > .panel-table--header {
         text-style: bold;
@@ -88,7 +94,9 @@ class PanelTable(ScrollView, can_focus=True):
     }
     """
 
-    cursor_row: reactive[int] = reactive(0, always_update=True)
+    # repaint=False: a reactive repaints the whole widget on every set (the same value too, with
+    # always_update); `watch_cursor_row` repaints the two lines that changed
+    cursor_row: reactive[int] = reactive(0, always_update=True, repaint=False)
 
     class RowSelected(Message):
         """Enter, or a click on the row that already has the cursor."""
@@ -118,7 +126,18 @@ class PanelTable(ScrollView, can_focus=True):
         super().__init__(id=id)
         self.table_columns: list[TableColumn] = []
         self.order: list[str] = []
+        # the rows it scrolls over: `order`, then rows not read yet (at least len(order))
+        self.total_rows = 0
+        # whether the operator moved the cursor (a key, a click): until then it marks no row of
+        # its own, only the top one (`SnapshotTable` keeps it there)
+        self.cursor_chosen = False
         self._widths: list[int] = []
+        self._widths_version = 0
+        # content line y -> what it was drawn from (`_line_source`), as last painted
+        self._painted: dict[int, tuple[object, ...]] = {}
+        # a row's style, the cursor's focused and blurred: resolved once per style change (the
+        # widget's own rich_style walks its ancestors, and every refresh forgets it)
+        self._styles: tuple[Style, Style, Style] | None = None
         # row key -> (what the strip was rendered from, the strip as shown)
         self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
         self._header: tuple[tuple[object, ...], Strip] | None = None
@@ -138,26 +157,44 @@ class PanelTable(ScrollView, can_focus=True):
         self.measure_columns()
 
     def measure_columns(self) -> None:
-        """Fix column widths (auto columns from their widest cell) and the virtual size."""
+        """Fix column widths and the virtual size. An auto column grows to its widest cell on screen
+        and never shrinks: widths that moved with each refresh's rows would repaint every line."""
         widths = []
+        on_screen = self.keys_on_screen()
         for index, column in enumerate(self.table_columns):
             if column.width is not None:
                 widths.append(column.width)
                 continue
-            widest = max((self.row_cells(k)[index].cell_len for k in self.order), default=0)
-            widths.append(min(AUTO_MAX, max(len(column.label), widest)))
+            widest = max((self.row_cells(k)[index].cell_len for k in on_screen), default=0)
+            before = self._widths[index] if index < len(self._widths) else 0
+            widths.append(max(before, min(AUTO_MAX, max(len(column.label), widest))))
         if widths != self._widths:
             self._widths = widths
+            self._widths_version += 1
             self._forget_strips()
-        self.virtual_size = Size(self.row_width, len(self.order) + 1)
+        self._size_to_rows()
 
-    def set_order(self, order: list[str]) -> None:
-        """Show these rows in this order; keeps the cursor index in range."""
+    def set_order(self, order: list[str], total: int | None = None) -> None:
+        """Show these rows in this order, over `total` rows in all (the rest not read yet); keeps
+        the cursor index in range. The caller repaints what changed (`refresh_changed`)."""
         self.order = order
-        self.virtual_size = Size(self.row_width, len(order) + 1)
-        if self.cursor_row >= len(order):
-            self.cursor_row = max(0, len(order) - 1)
-        self.refresh()
+        self.total_rows = max(len(order), total or 0)
+        self._size_to_rows()
+        if self.cursor_row >= self.total_rows and self.cursor_row > 0:
+            self.cursor_row = max(0, self.total_rows - 1)
+
+    def _size_to_rows(self) -> None:
+        size = Size(self.row_width, self.total_rows + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+
+    def first_row_on_screen(self) -> int:
+        return max(0, int(self.scroll_y))
+
+    def keys_on_screen(self) -> list[str]:
+        """The keys of the rows read that are on screen now."""
+        top = self.first_row_on_screen()
+        return self.order[top : top + self.body_height]
 
     @property
     def row_width(self) -> int:
@@ -190,6 +227,53 @@ class PanelTable(ScrollView, can_focus=True):
     def _forget_strips(self) -> None:
         self._strips.clear()
         self._header = None
+        self._styles = None
+
+    def _row_style(self, cursor: bool) -> Style:
+        if self._styles is None:
+            base = self.rich_style
+            focused = base + self.get_component_rich_style("panel-table--cursor")
+            self._styles = (
+                base,
+                focused,
+                base + self.get_component_rich_style("panel-table--cursor-blurred"),
+            )
+        if not cursor:
+            return self._styles[0]
+        return self._styles[1] if self.has_focus else self._styles[2]
+
+    def _line_source(self, y: int, shape: tuple[int, int, int, int] | None = None) -> tuple[object, ...]:
+        """What content line `y` shows now: it is repainted when this changes. `shape`: the scroll
+        offsets, the width and the widths' version (`_shape`), if the caller has them."""
+        scroll_x, scroll_y, *_ = shape = shape or self._shape()
+        if y == 0:
+            return ("header", *shape)
+        index = scroll_y + y - 1
+        cursor = (index == self.cursor_row, self.has_focus)
+        if index < len(self.order):
+            key = self.order[index]
+            return ("row", key, self.row_version(key), *cursor, *shape)
+        if index < self.total_rows:
+            return ("pending", *cursor, *shape)
+        return ("empty" if y == 1 and not self.total_rows else "blank", *shape)
+
+    def _shape(self) -> tuple[int, int, int, int]:
+        scroll_x, scroll_y = self.scroll_offset
+        return scroll_x, scroll_y, self.size.width, self._widths_version
+
+    def refresh_changed(self) -> None:
+        """Repaint the lines on screen whose source changed since they were painted (none: nothing)."""
+        if not self.is_mounted or not self.size:
+            return
+        width, height = self.size.width, self.scrollable_content_region.height
+        painted, start, shape = self._painted, None, self._shape()
+        for y in range(height + 1):
+            changed = y < height and painted.get(y) != self._line_source(y, shape)
+            if changed and start is None:
+                start = y
+            elif not changed and start is not None:
+                self.refresh(Region(0, start, width, y - start))
+                start = None
 
     def _header_strip(self, scroll_x: int, width: int) -> Strip:
         style = self.get_component_rich_style("panel-table--header")
@@ -202,11 +286,10 @@ class PanelTable(ScrollView, can_focus=True):
 
     def _row_strip(self, index: int, scroll_x: int, width: int) -> Strip:
         key = self.order[index]
-        base = self.rich_style
-        if index == self.cursor_row:
-            name = "panel-table--cursor" if self.has_focus else "panel-table--cursor-blurred"
-            base = base + self.get_component_rich_style(name)
-        made_from = (self.row_version(key), base, width, scroll_x)
+        cursor = index == self.cursor_row
+        base = self._row_style(cursor)
+        # the styles change only with a style update, which forgets every strip
+        made_from = (self.row_version(key), cursor, cursor and self.has_focus, width, scroll_x)
         cached = self._strips.get(key)
         if cached is None or cached[0] != made_from:
             strip = self._strip(self._line_text(self.row_cells(key), base), base)
@@ -215,17 +298,26 @@ class PanelTable(ScrollView, can_focus=True):
         return cached[1]
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
+        shape = self._shape()
+        self._painted[y] = self._line_source(y, shape)
+        scroll_x, scroll_y, width, _ = shape
         if y == 0:
             return self._header_strip(scroll_x, width)
         index = scroll_y + y - 1
         if index >= len(self.order):
-            if y == 1 and not self.order and self.EMPTY_TEXT:
+            if index < self.total_rows:
+                return self._pending_strip(index, width)
+            if y == 1 and not self.total_rows and self.EMPTY_TEXT:
                 style = self.rich_style + self.get_component_rich_style("panel-table--empty")
                 return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(0, width)
             return Strip.blank(width, self.rich_style)
         return self._row_strip(index, scroll_x, width)
+
+    def _pending_strip(self, index: int, width: int) -> Strip:
+        style = self._row_style(index == self.cursor_row) + self.get_component_rich_style(
+            "panel-table--empty"
+        )
+        return self._strip(Text(f" {self.PENDING_TEXT}", style=style), style).crop(0, width)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -233,9 +325,9 @@ class PanelTable(ScrollView, can_focus=True):
 
     # -- cursor ---------------------------------------------------------------------------
     def watch_cursor_row(self, old: int, new: int) -> None:
-        if new != old:
-            self.refresh()
         self.scroll_cursor_visible()
+        if new != old:
+            self.refresh_changed()
 
     def scroll_cursor_visible(self) -> None:
         top = int(self.scroll_y)
@@ -245,13 +337,14 @@ class PanelTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor_row - self.body_height + 1, animate=False, immediate=True)
 
     def move_cursor(self, row: int) -> None:
-        self.cursor_row = max(0, min(row, len(self.order) - 1))
+        self.cursor_chosen = True
+        self.cursor_row = max(0, min(row, self.total_rows - 1))
 
     def on_focus(self) -> None:
-        self.refresh()
+        self.refresh_changed()
 
     def on_blur(self) -> None:
-        self.refresh()
+        self.refresh_changed()
 
     def action_cursor_up(self) -> None:
         self.move_cursor(self.cursor_row - 1)
@@ -269,7 +362,7 @@ class PanelTable(ScrollView, can_focus=True):
         self.move_cursor(0)
 
     def action_last_row(self) -> None:
-        self.move_cursor(len(self.order) - 1)
+        self.move_cursor(self.total_rows - 1)
 
     def action_select_cursor(self) -> None:
         if 0 <= self.cursor_row < len(self.order):
@@ -286,7 +379,7 @@ class PanelTable(ScrollView, can_focus=True):
                 self.post_message(self.HeaderSelected(self, column))
             return
         index = int(self.scroll_y) + y - 1
-        if index >= len(self.order):
+        if index >= self.total_rows:
             return
         if index == self.cursor_row:
             self.action_select_cursor()

@@ -77,6 +77,11 @@ class ReceiptTable(SnapshotTable):
         ),
     )
 
+    LIST = "mismatched"
+
+    def listed(self, snapshot: Status) -> int:
+        return snapshot["counts"]["mismatches"]
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         for row in snapshot["receipts"]["mismatched"]:
             yield row["summary_id"], dict(row)

@@ -100,6 +100,11 @@ class SessionsTable(SnapshotTable):
         ),
     )
 
+    LIST = "sessions"
+
+    def listed(self, snapshot: Status) -> int:
+        return snapshot["usage"]["total"]["sessions"]
+
     def records(self, snapshot: Status) -> Iterable[tuple[str, Record]]:
         for row in snapshot["usage"]["sessions"]:
             yield f"s:{row['session_id']}", dict(row)

@@ -1,7 +1,9 @@
 """`SnapshotTable`: a keyed table that mirrors one list of the status snapshot.
 
 Rows are keyed by the record's id and redrawn only when they changed, so the
-cursor (which follows its row) and the scroll position survive every refresh. Each panel
+cursor (which follows its row) and the scroll position survive every refresh.
+A row's cells are rendered when it is on screen (`row_cells` asks), never for
+rows scrolled out of view: a refresh costs what the screen shows. Each panel
 declares its columns (how to render a cell, whether it is time-dependent,
 how to sort by it), how to turn a snapshot into records, and its title.
 Filtering and sorting happen here, over the full records, not the cut text.
@@ -22,8 +24,9 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.markup import escape
+from textual.message import Message
 
-from backend.ops.console import RemError, create_export, make_private_dir
+from backend.ops.console import LIST_CAP, RemError, create_export, make_private_dir
 from backend.ops.records import Status
 from tui.format import DEFAULT_PALETTE, visible
 from tui.widgets.panel_table import PanelTable, TableColumn
@@ -140,14 +143,23 @@ class SnapshotTable(PanelTable):
 
     COLUMNS: ClassVar[tuple[Column, ...]] = ()
     # tails (events, action log): a cursor on the first row stays on the first row, so new
-    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row
+    # rows arrive under it like `tail -f`; elsewhere the cursor follows its row once the operator
+    # moved it (until then it stays on the top row: the most urgent)
     STICKY_TOP: ClassVar[bool] = False
     PANEL_TITLE: ClassVar[str] = ""
     # what the panel is called in help, the command palette and export file names
     PANEL_NAME: ClassVar[str] = ""
+    # the `ListLimits` field that says how many rows of its list a refresh reads (None: the list
+    # grows with the fleet, not the data, and is read whole)
+    LIST: ClassVar[str | None] = None
+
+    class WindowChanged(Message):
+        """The rows on screen need more of the panel's list than the snapshot shown read."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        # rows rendered (cells made from a record), ever: tests hold a refresh to the rows on screen
+        self.rows_rendered = 0
         self._rows: dict[str, Row] = {}
         self._versions = itertools.count(1)
         self._order: list[str] = []
@@ -160,16 +172,31 @@ class SnapshotTable(PanelTable):
         self.sort_column: str | None = None
         self.sort_reverse = False
         self.border_title = self.PANEL_TITLE
+        self._titles = (self.PANEL_TITLE, "")  # the border title and subtitle as set
+        # the rows of its list the snapshot shown read (None: all of it), and how many the list has
+        self._asked: int | None = None
+        self._listed: int | None = None
+        self._live_second = -1  # the second of `now` the live cells on screen were drawn for
+        # what waits for the panel to hold every row it lists (an export, "replay all")
+        self._whole_list_for: list[Callable[[], None]] = []
+        self.frozen = False  # paused: no snapshot is shown until the operator resumes
 
     def on_mount(self) -> None:
         self.set_columns([TableColumn(c.key, c.label, c.width) for c in self.COLUMNS])
 
     def row_cells(self, key: str) -> list[Text]:
-        cells = self._rows[key].cells
+        cells = self._drawn(self._rows[key]).cells
         return [cells[c.key] for c in self.COLUMNS]
 
     def row_version(self, key: str) -> int:
-        return self._rows[key].version
+        return self._drawn(self._rows[key]).version
+
+    def _drawn(self, row: Row) -> Row:
+        """The row with its cells rendered from its record (only rows asked for: those on screen)."""
+        if row.dirty or not row.cells:
+            self._update_cells(row, self.COLUMNS)
+            row.dirty = False
+        return row
 
     def _column(self, key: str) -> Column:
         return next(c for c in self.COLUMNS if c.key == key)
@@ -187,14 +214,83 @@ class SnapshotTable(PanelTable):
         """The title as of `now`, for panels whose title ages between snapshots (else None)."""
         return None
 
-    # -- feeding it ------------------------------------------------------------
-    def show(self, snapshot: Status, now: int, palette: Palette) -> None:
-        """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor."""
-        self._set_rows(self.records(snapshot), now, palette)
-        self._show_title(*self.titles(snapshot))
-        self._sync()
+    def listed(self, snapshot: Status) -> int | None:
+        """How many rows the panel's list has, from the snapshot's counts (an upper bound will do);
+        None: not counted (a tail of the journal)."""
+        return None
 
-    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> None:
+    # -- the window: what of its list a refresh reads -------------------------------
+    def rows_wanted(self) -> int:
+        """The rows of its list this panel needs read: down to its last row on screen (a filter
+        or a sort works on every row it lists; a panel not laid out yet, on as many as it lists;
+        a hidden one, on none)."""
+        if self.filter_text or self.sort_column is not None or self._whole_list_for or not self.size.height:
+            return LIST_CAP if self.display or self._whole_list_for else 0
+        return min(LIST_CAP, self.first_row_on_screen() + self.body_height)
+
+    def rows_in_all(self) -> int:
+        """How many rows the panel scrolls over: those read, and those counted but not read yet."""
+        if self.filter_text:
+            return len(self._shown)  # what the filter keeps of every row it lists
+        held = len(self._rows)
+        if self.list_complete():
+            return held
+        if self._listed is None:  # not counted: one more row may follow, read once scrolled to
+            return held + 1
+        return max(held, min(LIST_CAP, self._listed))
+
+    def list_complete(self) -> bool:
+        """Whether the panel holds its whole list (the read asked for more rows than there were)."""
+        return self._asked is None or len(self._rows) < self._asked
+
+    def holds_all_it_lists(self) -> bool:
+        """Whether the panel holds every row it lists: its whole list, or the `LIST_CAP` first."""
+        return self.list_complete() or (self._asked or 0) >= LIST_CAP
+
+    def with_whole_list(self, then: Callable[[], None]) -> None:
+        """Call `then` once the panel holds every row it lists: at once, or after the read it asks for
+        (an export or "replay all" is of every row, not of those on screen)."""
+        if self.holds_all_it_lists() or self.frozen:  # paused: the rows as they stand
+            then()
+            return
+        self._whole_list_for.append(then)
+        self.post_message(self.WindowChanged())
+
+    def _check_window(self) -> None:
+        """Ask for a read (`WindowChanged`) when the screen shows rows of the list not read yet."""
+        if self.LIST is not None and self._asked is not None and self.rows_wanted() > self._asked:
+            if (
+                self.rows_in_all() > len(self._rows)
+                or self.filter_text
+                or self.sort_column
+                or self._whole_list_for
+            ):
+                self.post_message(self.WindowChanged())
+
+    # -- feeding it ------------------------------------------------------------
+    def show(self, snapshot: Status, now: int, palette: Palette, asked: int | None = None) -> None:
+        """Mirror the snapshot: add, update in place, remove, re-order; keep the cursor.
+
+        `asked`: the rows of this panel's list the snapshot read (None: all of them)."""
+        asked = asked if self.LIST is not None else None
+        listed = self.listed(snapshot)
+        same_list = (asked, listed) == (self._asked, self._listed)
+        self._asked, self._listed = asked, listed
+        changed = self._set_rows(self.records(snapshot), now, palette)
+        self._show_title(*self.titles(snapshot))
+        if changed or not same_list:
+            self._sync()
+        else:  # every row as drawn, in place (their countdowns are the tick's): only the subtitle
+            self._update_subtitle()
+        if self._whole_list_for and self.holds_all_it_lists():
+            waiting, self._whole_list_for = self._whole_list_for, []
+            for then in waiting:
+                then()
+        self._check_window()  # laid out (or resized) since the read was asked for
+
+    def _set_rows(self, records: Iterable[tuple[str, Record]], now: int, palette: Palette) -> bool:
+        """Hold these records; whether any row came, went, moved or changed."""
+        changed = palette is not self._palette
         self._now, self._palette = now, palette
         rows = {}
         for key, record in records:
@@ -204,16 +300,28 @@ class SnapshotTable(PanelTable):
                 old.record = record  # fresh time-derived values for the live cells
                 rows[key] = old
             else:
-                rows[key] = Row(key, record, stable, cells=old.cells if old else {})
-        self._rows = rows
-        self._order = list(rows)
+                changed = True
+                # its cells and version carried over: re-rendered when drawn, a new version only if
+                # a cell changed (a new version would repaint its line, and miss the strip cache)
+                rows[key] = (
+                    Row(key, record, stable, cells=old.cells, version=old.version)
+                    if old
+                    else Row(key, record, stable)
+                )
+        order = list(rows)
+        changed = changed or order != self._order
+        self._rows, self._order = rows, order
+        return changed
 
     def _show_title(self, title: str, alert: bool) -> None:
-        self.border_title = title
+        # setting a border title repaints the whole panel, even to the same text: only on change
+        if title != self._titles[0]:
+            self._titles = (title, self._titles[1])
+            self.border_title = title
         self.set_class(alert, "-alert")
 
     def restyle(self, palette: Palette) -> None:
-        """Redraw every row in a new palette (the theme changed)."""
+        """Redraw every row in a new palette (the theme changed): those on screen now, the rest when shown."""
         self._palette = palette
         for row in self._rows.values():
             row.dirty = True
@@ -223,13 +331,10 @@ class SnapshotTable(PanelTable):
         """Re-render the time-dependent cells for a new `now` (no database access)."""
         self._now = now
         self._refresh_live_cells()
+        self.refresh_changed()
         title = self.live_title(now)
         if title is not None:
             self._show_title(*title)
-
-    def _visible_keys(self) -> list[str]:
-        top = max(0, int(self.scroll_y))
-        return self._shown[top : top + self.body_height + 1]
 
     def _refresh_live_cells(self) -> None:
         # Only the rows on screen: with thousands of leases, redrawing every countdown each
@@ -237,15 +342,21 @@ class SnapshotTable(PanelTable):
         live = [c for c in self.COLUMNS if c.live]
         if not live or not self.is_mounted:
             return
-        for key in self._visible_keys():
-            self._update_cells(self._rows[key], live)
+        self._live_second = self._now // 1000
+        for key in self.keys_on_screen():
+            row = self._rows[key]
+            if not (row.dirty or not row.cells):  # else rendered whole when drawn
+                self._update_cells(row, live)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         self._refresh_live_cells()
+        if any(c.width is None for c in self.COLUMNS):
+            self.measure_columns()
+        self._check_window()
 
-    def _render_cells(self, record: Record, now: int) -> dict[str, Text]:
-        return {c.key: c.render(record, now, self._palette) for c in self.COLUMNS}
+    def on_resize(self) -> None:
+        self._check_window()
 
     def _visible(self) -> list[str]:
         keys = self._order
@@ -261,35 +372,26 @@ class SnapshotTable(PanelTable):
         return keys
 
     def _sync(self) -> None:
-        at_top = self.STICKY_TOP and self.cursor_row <= 0 and self.scroll_y == 0
+        """Show `_rows` (filtered, sorted) with the cursor on its row; repaint the lines that changed."""
+        # a cursor the operator never moved stays on the top row (the most urgent), as does a tail's
+        # on its first row; one they moved follows its row
+        sticky = self.STICKY_TOP or not self.cursor_chosen
+        at_top = sticky and self.cursor_row <= 0 and self.scroll_y == 0
         selected = None if at_top else self.selected_key()
         wanted = self._visible()
-        shown_before = set(self._shown)
-        redrawn = False
-        for key in wanted:
-            row = self._rows[key]
-            if key not in shown_before or not row.cells:
-                row.cells = self._render_cells(row.record, self._now)
-                row.version = next(self._versions)
-                row.dirty, redrawn = False, True
-            elif row.dirty:
-                redrawn |= self._redraw(row)
         self._shown = wanted
-        if redrawn and any(c.width is None for c in self.COLUMNS):
-            self.order = wanted
-            self.measure_columns()
-        self.set_order(wanted)
+        self.set_order(wanted, self.rows_in_all())
         self._restore_cursor(selected)
-        self._refresh_live_cells()
+        if self._now // 1000 != self._live_second:  # else the rows on screen show this second already
+            self._refresh_live_cells()
+        if any(c.width is None for c in self.COLUMNS):
+            self.measure_columns()
         self._update_subtitle()
-
-    def _redraw(self, row: Row) -> bool:
-        changed = self._update_cells(row, self.COLUMNS)
-        row.dirty = False
-        return changed
+        self.refresh_changed()
 
     def _update_cells(self, row: Row, columns: Iterable[Column]) -> bool:
         """Re-render `columns` of `row`; if any cell changed, the row gets a new version."""
+        self.rows_rendered += 1
         changed = False
         for column in columns:
             text = column.render(row.record, self._now, self._palette)
@@ -298,7 +400,6 @@ class SnapshotTable(PanelTable):
                 changed = True
         if changed:
             row.version = next(self._versions)
-            self.refresh()
         return changed
 
     def _restore_cursor(self, key: str | None) -> None:
@@ -319,12 +420,16 @@ class SnapshotTable(PanelTable):
         if self.sort_column is not None:
             label = self._column(self.sort_column).label
             parts.append(f"sort {label}{' ▼' if self.sort_reverse else ' ▲'}")
-        self.border_subtitle = " · ".join(parts) or self.summary
+        subtitle = " · ".join(parts) or self.summary
+        if subtitle != self._titles[1]:
+            self._titles = (self._titles[0], subtitle)
+            self.border_subtitle = subtitle
 
     # -- operator controls -------------------------------------------------------
     def set_filter(self, text: str) -> None:
         self.filter_text = text.strip()
         self._sync()
+        self._check_window()
 
     def cycle_sort(self) -> str:
         """Next sort column (urgency, then each column in turn); returns its name."""
@@ -336,6 +441,7 @@ class SnapshotTable(PanelTable):
             self.sort_column = keys[index] if index < len(keys) else None
         self.sort_reverse = False
         self._sync()
+        self._check_window()
         return self.sort_label()
 
     def sort_by(self, column: str) -> str:
@@ -345,6 +451,7 @@ class SnapshotTable(PanelTable):
         else:
             self.sort_column, self.sort_reverse = column, False
         self._sync()
+        self._check_window()
         return self.sort_label()
 
     def reverse_sort(self) -> str:
@@ -384,7 +491,7 @@ class SnapshotTable(PanelTable):
     def cell_text(self, key: str, column: str) -> str:
         """The plain text a cell shows now (tests and CSV)."""
         row = self._rows.get(key)
-        text = row.cells.get(column) if row is not None else None
+        text = self._drawn(row).cells.get(column) if row is not None else None
         return text.plain if text is not None else ""
 
     def csv_file_name(self) -> str:
