@@ -38,7 +38,10 @@ LONG_TURN_SQL = """
 SELECT json_extract(data, '$.status') AS status, length(json_extract(data, '$.text')) AS chars
 FROM session_message WHERE id = :id
 """
-TEXT_PIECE_SQL = "SELECT substr(json_extract(data, '$.text'), :start, :n) FROM session_message WHERE id = :id"
+TEXT_PIECE_SQL = (  # the bounds cast: PostgreSQL has no substr(text, bigint, bigint)
+    "SELECT substr(json_extract(data, '$.text'), CAST(:start AS integer), CAST(:n AS integer)) "
+    "FROM session_message WHERE id = :id"
+)
 
 
 def turn_record(

@@ -12,7 +12,7 @@ import types
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, NotRequired, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 import pytest
 
@@ -35,8 +35,12 @@ def problems(value: Any, tp: Any, path: str) -> list[str]:
     if is_typeddict(tp):
         if not isinstance(value, dict):
             return [f"{path}: {type(value).__name__}, not a {tp.__name__}"]
+        # NotRequired read from the hints: with postponed annotations Python 3.11's
+        # __required_keys__ counts a NotRequired key as required
+        marked = get_type_hints(tp, include_extras=True)
+        optional = {k for k, hint in marked.items() if get_origin(hint) is NotRequired}
         hints = get_type_hints(tp)
-        out = [f"{path}: missing {k}" for k in tp.__required_keys__ - value.keys()]
+        out = [f"{path}: missing {k}" for k in tp.__required_keys__ - optional - value.keys()]
         out += [f"{path}: undeclared {k}" for k in value.keys() - hints.keys()]
         for key in value.keys() & hints.keys():
             out += problems(value[key], hints[key], f"{path}.{key}")

@@ -68,7 +68,7 @@ def _terminal_output(out: str) -> str:
 def test_the_issue_reproductions_reach_a_terminal_as_text(hostile_dir: dict[str, str]) -> None:
     env = {**json.loads(hostile_dir["env"]), "FORCE_COLOR": "1", "TERM": "xterm-256color"}
     common = ("--data", hostile_dir["data"])
-    shown = visible(ISSUE_TURN)
+    shown = visible(ISSUE_TURN.replace("\x00", "\ufffd"))  # the import kept the NUL as U+FFFD
     for args in (("recall", TOKEN, "--project", "ops"), ("show", "s1")):
         proc = run_rem(*args, *common, env=env)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr

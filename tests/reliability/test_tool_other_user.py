@@ -91,7 +91,8 @@ def _root_file(path: Path, text: str, mode: int = 0o644) -> Path:
 def _peeker(shared: Path, python: str, name: str) -> tuple[Path, Path]:
     """A root-owned config whose one server reports what it can read of its parent into REPORT."""
     folder = shared / name
-    folder.mkdir(mode=0o755)
+    folder.mkdir()
+    os.chmod(folder, 0o755)  # not mkdir's mode: an earlier test in this process may have set umask 077
     out = folder / "out"
     out.mkdir(mode=0o700)
     os.chown(out, NOBODY_UID, NOBODY_UID)
@@ -152,7 +153,8 @@ def test_any_process_that_starts_a_stdio_server_hides_its_environment(shared: Pa
 
 def test_a_config_others_can_write_is_refused_even_roots(shared: Path, python: str) -> None:
     folder = shared / "configs"
-    folder.mkdir(mode=0o755)
+    folder.mkdir()
+    os.chmod(folder, 0o755)
     env = _nobody_env(shared / "home")
     servers = json.dumps({"mcpServers": {"n": {"command": "true"}}})
     loose = _root_file(folder / "loose.json", servers, 0o666)

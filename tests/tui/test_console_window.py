@@ -1,6 +1,6 @@
 """A refresh costs what the screen shows: a backlog of 3 000 inputs is read and drawn a screenful at a time.
 
-Issue 45: a refresh reads and renders what the visible rows need; the counts
+The promise: a refresh reads and renders what the visible rows need; the counts
 come from the counters. The console runs over a real store (state.db, or a
 real PostgreSQL) holding 3 000 waiting inputs; another connection commits as
 an executor would (the oldest input promoted, a new one admitted), and the

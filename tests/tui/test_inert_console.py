@@ -137,5 +137,6 @@ async def test_recalled_turns_show_inert_on_the_recall_screen(
         await until(pilot, lambda: items.row_count > 0, "ranked items")
         turn = next(r for r in map(items.get_row_at, range(items.row_count)) if str(r[1]) == "turn")
         assert str(turn[4]) == visible(SPEAKER)  # escaped, never markup
-        assert str(turn[5]).startswith(r"zebrafish \x1b]0;pwned\x07 \x1b[2J\x00 [/] [bold red]RED[/]")
+        # the import kept the NUL as U+FFFD
+        assert str(turn[5]).startswith(r"zebrafish \x1b]0;pwned\x07 \x1b[2J" + "\ufffd [/] [bold red]RED[/]")
         assert is_inert(screen_text(app), multiline=True), screen_text(app)
