@@ -42,6 +42,11 @@ CPU_SHARE = 0.09
 MAX_INTERVAL_S = 2.0
 # how fast the interval shown follows the one in use (a weight per refresh)
 SHOWN_WEIGHT = 0.3
+# a refresh asked for at least this long after the last one ended, and twice what that one cost
+# over the share, starts at once whatever the budget says: a quiet fleet's commit is on screen in
+# milliseconds (what the console spends between refreshes, its ticks and the watch, is not a
+# refresh's cost), and such refreshes take at most half the share; the budget paces a stream
+QUIET_S = 0.3
 # the header says "throttled" while the budget held a refresh back within this long
 THROTTLED_FOR_S = 3.0
 
@@ -89,10 +94,12 @@ class RefreshScheduler:
         self._due = 0.0  # when the pending timer fires
         # timers set and not fired yet, and how many of them a start since made pointless
         self._timers_out = self._timers_stale = 0
-        self._waiting_since = (0.0, 0.0)  # (clock, CPU) when the pending timer was set
-        # the share of a core the console spends while a refresh waits (ticks, the watch): a
-        # wait costs too, so it is in the budget (measured on each wait, smoothed)
+        # the share of a core the console spends between refreshes (the 1 s ticks, keys, the
+        # watch): it costs too, so it is in the budget; measured from each cycle's end to the next
+        # start, smoothed
         self.idle_share = 0.0
+        self._ended = (self._clock(), self._cpu())  # (clock, CPU) when the last cycle ended
+        self._last_cycle_cpu = 0.0  # what it cost
         self.started = asyncio.Event()  # set when a refresh starts (the change watchers wait on it)
         self._throttled_at = -1e9
         self.cycles = 0
@@ -111,8 +118,6 @@ class RefreshScheduler:
         if wait > 0:
             due = self._clock() + wait
             if not self._timer_pending or due < self._due - 0.001:  # none yet, or an urgent one sooner
-                if not self._timer_pending:
-                    self._waiting_since = (self._clock(), self._cpu())
                 self._timer_pending, self._due = True, due
                 self._timers_out += 1
                 self._set_timer(wait, self._timer_fired)
@@ -133,6 +138,8 @@ class RefreshScheduler:
         if not self.running:
             return
         self.running = False
+        self._ended = (self._clock(), self._cpu())
+        self._last_cycle_cpu = max(0.0, self._ended[1] - self._cpu_at_start)
         if self._wanted or self._force_next or self._urgent_next:
             self._wanted = False
             self.request()
@@ -145,13 +152,30 @@ class RefreshScheduler:
         if self.cpu_share:
             elapsed = self._clock() - self._last_start
             spent = max(0.0, self._cpu() - self._cpu_at_start)
-            idle = min(self.idle_share, 0.75 * self.cpu_share)  # bounded: a wait must end
+            idle = min(self._between_share(), 0.75 * self.cpu_share)  # bounded: a wait must end
             gap = max(gap, (spent - idle * elapsed) / (self.cpu_share - idle))
         return min(gap, self.max_interval_s)
 
+    def _between_share(self) -> float:
+        """What the console spends between refreshes: the smoothed share, or the share since the
+        last cycle ended when that is higher and long enough to tell (a quiet stretch's ticks are
+        no refresh's cost: its commit is read at once)."""
+        since, cpu = self._ended
+        waited = self._clock() - since
+        if self.running or waited < 0.5:
+            return self.idle_share
+        return max(self.idle_share, (self._cpu() - cpu) / waited)
+
+    def _quiet_after_s(self) -> float:
+        """How long after the last cycle ended a refresh counts as a quiet fleet's (see QUIET_S)."""
+        if not self.cpu_share:
+            return QUIET_S
+        return max(QUIET_S, 2 * self._last_cycle_cpu / self.cpu_share)
+
     def wait_s(self, urgent: bool = False) -> float:
         """How long a refresh asked for now waits (0: it starts now)."""
-        gap = self.min_interval_s if urgent else self.gap_s()
+        quiet = not self.running and self._clock() - self._ended[0] >= self._quiet_after_s()
+        gap = self.min_interval_s if urgent or quiet else self.gap_s()
         wait = self._last_start + gap - self._clock()
         if wait > 0 and gap > self.min_interval_s:
             self._throttled_at = self._clock()
@@ -174,11 +198,6 @@ class RefreshScheduler:
             self._timers_stale -= 1
             return
         self._timer_pending = False
-        since, cpu = self._waiting_since
-        waited = self._clock() - since
-        if waited > 0.01:  # what this wait cost a second
-            share = (self._cpu() - cpu) / waited
-            self.idle_share += SHOWN_WEIGHT * (share - self.idle_share)
         if self.running:
             self._wanted = True
             return
@@ -190,6 +209,9 @@ class RefreshScheduler:
         force, self._force_next, self._urgent_next = self._force_next, False, False
         self._timers_stale, self._timer_pending = self._timers_out, False
         now = self._clock()
+        since, cpu = self._ended
+        if self.cycles and now - since > 0.01:  # what the time between refreshes cost a second
+            self.idle_share += SHOWN_WEIGHT * ((self._cpu() - cpu) / (now - since) - self.idle_share)
         if self.cycles:  # what the last cycle (and the ticks since) asked of the budget
             self.interval_s += SHOWN_WEIGHT * (self.gap_s() - self.interval_s)
         self.running, self._wanted = True, False

@@ -171,3 +171,21 @@ def test_the_refresh_timings_are_kept_in_memory_allocated_once() -> None:
     assert list(ring) == [6.0, 7.0, 8.0, 9.0] and len(ring) == 4
     assert ring[-1] == 9.0 and ring[0] == 6.0
     assert ring._values.buffer_info() == allocated  # no growth, no new buffer: a week open costs the same
+
+
+def test_a_commit_after_a_quiet_stretch_is_read_at_once_though_the_ticks_spent_the_share() -> None:
+    """What the console spends between refreshes (its ticks, the watch) is no refresh's cost: a
+    commit heard long enough after the last refresh ended is on screen at once."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.1)
+    refresher.request()
+    clocks.spend(0.02, 0.02)
+    refresher.finished()
+    clocks.spend(0.12, 1.0)  # a second of ticks at 12 % of a core: over the share by themselves
+    refresher.request()
+    assert len(clocks.starts) == 2 and not clocks.timers
+    clocks.spend(0.02, 0.02)
+    refresher.finished()
+    clocks.spend(0.0, 0.1)  # not quiet yet (twice its cost over the share is 0.4 s): the budget decides
+    refresher.request()
+    assert len(clocks.starts) == 2 and clocks.timers
