@@ -12,10 +12,11 @@ watches needs the rest, most of all during an incident). A cycle ends once
 the screen shows what it read, so its cost is all of it: the read (on every
 thread), the show, the screen update. The next refresh starts when the
 process's CPU time since the last one started (that cycle, the countdowns'
-ticks, keys), plus what waiting on costs (`idle_share`, measured on each
-wait), fits in that share of the time since: a refresh that cost more makes
-the next one wait longer, and a quiet fleet's commit, after an idle stretch,
-is read at once. Two bounds: refreshes are at least `min_interval_s` apart
+ticks, keys), net of what the console spends between refreshes anyway
+(`idle_share`, measured from each cycle's end to the next start), fits in
+that share of the time since: a refresh that cost more makes the next one
+wait longer. A quiet fleet's commit, asked for well after the last refresh
+ended (`QUIET_S`), is read at once. Two bounds: refreshes are at least `min_interval_s` apart
 (at most 25 a second) and never held back more than `max_interval_s`, like
 k9s's and pg_activity's 2 s clock. The operator's own asking (a key, the
 rows scrolled into view, an action's result) waits for no budget. The
