@@ -37,6 +37,8 @@ log = logging.getLogger("rem.demo")
 READY_TIMEOUT_S = 90.0
 # the demo's API token, in its data dir (0600): `curl -H "Authorization: Bearer $(cat DATA/api.token)"`
 API_TOKEN_FILE = "api.token"
+# the same token as a header line, for `curl -H @FILE` (the token stays out of argv, which `ps` shows)
+AUTH_HEADER_FILE = "auth.header"
 # the supervisor drains each daemon for up to 20 s, then stops Chroma
 STOP_TIMEOUT_S = 35.0
 ConsoleRunner = Callable[[DataDir], object]
@@ -188,6 +190,7 @@ def demo_token(root: Path, db_url: str | None) -> str:
 
     token = asyncio.run(create())
     private.write_private_text(root / API_TOKEN_FILE, token + "\n")
+    private.write_private_text(root / AUTH_HEADER_FILE, f"Authorization: Bearer {token}\n")
     return token
 
 
@@ -198,8 +201,7 @@ def announce_api(root: Path, url: str, proc: subprocess.Popen[bytes], db_url: st
     note(f"rem demo: the API is at {url} (OpenAPI: {url}/v1/openapi.json); a token of every scope:")
     note(f"rem demo:   {token}")
     note(
-        f'rem demo:   (also in {root / API_TOKEN_FILE}) e.g. curl -H "Authorization: Bearer '
-        f'$(cat {root / API_TOKEN_FILE})" {url}/v1/sessions'
+        f"rem demo:   (also in {root / API_TOKEN_FILE}) e.g. curl -H @{root / AUTH_HEADER_FILE} {url}/v1/sessions"
     )
 
 

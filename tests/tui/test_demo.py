@@ -48,7 +48,9 @@ def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit(capfd: pytest
         # its API server, with the token it printed
         (server,) = seen["status"]["api"]["servers"]
         token = (data.root / "api.token").read_text().strip()
-        seen["url"], seen["token"] = server["url"], token
+        header = data.root / "auth.header"  # for `curl -H @FILE`: the token out of argv
+        assert header.read_text() == f"Authorization: Bearer {token}\n" and header.stat().st_mode & 0o077 == 0
+        seen["url"], seen["token"], seen["header"] = server["url"], token, header
         seen["sessions"] = httpx.get(
             f"{server['url']}/v1/sessions", headers={"Authorization": f"Bearer {token}"}
         )
@@ -62,6 +64,7 @@ def test_demo_runs_rem_up_for_the_console_and_stops_it_all_on_exit(capfd: pytest
     assert "server" in {w["role"] for w in seen["status"]["workers"]}
     printed = capfd.readouterr().err
     assert f"the API is at {seen['url']}" in printed and seen["token"] in printed
+    assert f"curl -H @{seen['header']} {seen['url']}/v1/sessions" in printed
     assert seen["reap"] is False  # a killed daemon's lease stays visible in the demo
     wait_until(
         lambda: not pid_alive(seen["supervisor"]) and not pid_alive(seen["chroma"]),
