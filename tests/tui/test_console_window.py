@@ -30,6 +30,23 @@ BACKLOG = 3_000
 NOW = scenes.NOW
 
 
+def write_rows(
+    data: DataDir, db_url: str | None, statements: list[tuple[str, list[tuple[Any, ...]]]]
+) -> None:
+    """Each statement with its rows, in one transaction, on the test's store (a migrated state.db, or
+    the PostgreSQL database)."""
+    if db_url is None:
+        scenes.Scene(data.root).close()  # a migrated state.db
+        with sqlite3.connect(data.state_db) as conn:
+            for sql, rows in statements:
+                conn.executemany(sql, rows)
+        return
+    with psycopg.connect(db_url) as pg:
+        for sql, rows in statements:
+            with pg.cursor() as cursor:
+                cursor.executemany(sql.replace("?", "%s"), rows)
+
+
 def fill(data: DataDir, db_url: str | None) -> None:
     """3 000 sessions with one waiting input each (oldest first by session), two executors."""
     sessions = [(f"s-{i:05d}", f"session {i}", NOW - 3_600_000, NOW - 3_600_000) for i in range(BACKLOG)]
@@ -53,16 +70,7 @@ def fill(data: DataDir, db_url: str | None) -> None:
             workers,
         ),
     ]
-    if db_url is None:
-        scenes.Scene(data.root).close()  # a migrated state.db
-        with sqlite3.connect(data.state_db) as conn:
-            for sql, rows in statements:
-                conn.executemany(sql, rows)
-        return
-    with psycopg.connect(db_url) as pg:
-        for sql, rows in statements:
-            with pg.cursor() as cursor:
-                cursor.executemany(sql.replace("?", "%s"), rows)
+    write_rows(data, db_url, statements)
 
 
 def fill_running(data: DataDir, db_url: str | None, calls: int) -> None:
@@ -93,16 +101,7 @@ def fill_running(data: DataDir, db_url: str | None, calls: int) -> None:
             [("in-last", "s-00000", "{}", "queue", 1, 1, NOW - 600_000)],
         ),
     ]
-    if db_url is None:
-        scenes.Scene(data.root).close()
-        with sqlite3.connect(data.state_db) as conn:
-            for sql, rows in statements:
-                conn.executemany(sql, rows)
-        return
-    with psycopg.connect(db_url) as pg:
-        for sql, rows in statements:
-            with pg.cursor() as cursor:
-                cursor.executemany(sql.replace("?", "%s"), rows)
+    write_rows(data, db_url, statements)
 
 
 def executor_turn(data: DataDir, db_url: str | None, n: int) -> None:
