@@ -140,6 +140,7 @@ class PanelTable(ScrollView, can_focus=True):
         self._styles: tuple[Style, Style, Style] | None = None
         # row key -> (what the strip was rendered from, the strip as shown)
         self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
+        self.strips_made = 0  # row strips rendered (not served from `_strips`), ever: for tests
         self._header: tuple[tuple[object, ...], Strip] | None = None
 
     # -- what a subclass provides ------------------------------------------------
@@ -292,8 +293,12 @@ class PanelTable(ScrollView, can_focus=True):
         made_from = (self.row_version(key), cursor, cursor and self.has_focus, width, scroll_x)
         cached = self._strips.get(key)
         if cached is None or cached[0] != made_from:
+            self.strips_made += 1
             strip = self._strip(self._line_text(self.row_cells(key), base), base)
             cached = (made_from, strip.crop(scroll_x, scroll_x + width))
+            # Textual's LRUCache.set keeps the value a key already has: the row's old strip would
+            # stay, and the row would be rendered again on every paint from then on
+            self._strips.discard(key)
             self._strips[key] = cached
         return cached[1]
 
