@@ -8,6 +8,7 @@ commit by another connection is what a refresh shows.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -24,6 +25,8 @@ from backend.core.datadir import DataDir
 from tests.tui import scenes
 from tests.tui.test_console import SIZE, console, loaded, until
 from tui.app import ConsoleApp
+from tui.live import LiveView
+from tui.refresh import Ticker
 from tui.widgets.panel_table import PanelTable, TableColumn
 
 
@@ -90,6 +93,15 @@ def one_commit(data: DataDir, n: int) -> None:
                 scene.x("UPDATE session_execution SET expires_at = expires_at + 5000 WHERE id = 'exe_0001'"),
             )
         )
+    finally:
+        scene.close()
+
+
+def journal(data: DataDir, n: int) -> None:
+    """A journal row: only Events changes."""
+    scene = scenes.Scene(data.root)
+    try:
+        scene.tx(lambda: scene.event("execution.step", scenes.EXEC_A, ago_ms=-n, session_id="s-alpha"))
     finally:
         scene.close()
 
@@ -188,6 +200,8 @@ async def test_the_screen_painted_line_by_line_is_the_screen_rendered_whole(
         terminal = Screen(*SIZE)
         for update in updates:
             terminal.apply(list(app.console.render(update)))
+        for widget in app.screen.walk_children(with_self=True):  # drawn afresh: no line kept
+            widget._styles_cache.clear()
         whole = Screen(*SIZE)
         whole.apply(list(app.console.render(app.screen._compositor.render_full_update())))
         assert len(updates) > 8
@@ -231,3 +245,72 @@ async def test_a_row_changed_once_is_rendered_once_not_on_every_paint_after() ->
             table.refresh()
             await pilot.pause()
             assert table.strips_made == 3
+
+
+async def test_a_row_that_moves_is_not_framed_again() -> None:
+    """A row drawn before and moved to another line (the rows above it changed) is neither rendered
+    nor framed (border, padding) again: both are kept by row, not by line."""
+    app = RowsApp()
+    async with app.run_test(size=(40, 6)) as pilot:
+        table = app.query_one(Rows)
+        table.styles.border = ("round", "white")
+        table.set_columns([TableColumn("text", "text", 10)])
+        table.rows["c"] = (1, "charlie")
+        table.set_order(["a", "b", "c"])
+        table.refresh_changed()
+        await pilot.pause()
+        made, framed = table.strips_made, table._styles_cache.framed
+        table.set_order(["b", "c"])  # "a" gone: "b" and "c" move up a line ("b" under the cursor)
+        table.refresh_changed()
+        await pilot.pause()
+        assert table.strips_made == made + 1  # "b" has the cursor now: drawn again, once
+        # framed: "b" (the cursor's look) and the blank line "c" left; "c", moved up, is not
+        assert table._styles_cache.framed == framed + 2
+        assert [table.render_line(y).text.strip() for y in (1, 2)] == ["bravo", "charlie"]
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_snapshots_shown_each_second_draw_the_countdowns_without_the_tick(
+    healthy_dir: DataDir, clock_at_scene: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each snapshot shown draws the countdowns of a new second, in panels no commit changed too;
+    a tick within half a second of one has nothing to add and does nothing, a later one ticks."""
+    monkeypatch.setattr(Ticker, "every_s", 3600.0)  # the test ticks by hand
+    ticked = Counter[str]()
+    tick_panel = LiveView.tick_panel
+
+    def counted(live: LiveView, name: str) -> None:
+        ticked[name] += 1
+        tick_panel(live, name)
+
+    monkeypatch.setattr(LiveView, "tick_panel", counted)
+    app = console(healthy_dir, watch=False, poll_s=3600, health_s=3600, cpu_share=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await until(pilot, lambda: app.refresher.idle, "the first refresh")
+        app.live.clock = clock = Clock()
+        leases = app.panel("leases")
+        left = int(leases.cell_text("execution:exe_0002", "left")[:-1])
+        for n in range(3):  # a journal row a second: Events changes, Leases does not
+            clock_at_scene.advance(1_000)
+            await asyncio.to_thread(journal, healthy_dir, n)
+            applies = app.stats["applies"]
+            app.request_refresh()
+            await refreshed(pilot, app, applies)
+            # the lease's countdown moved with the clock, drawn by the snapshot shown (no tick ran)
+            assert leases.cell_text("execution:exe_0002", "left") == f"{left - n - 1}s"
+            clock.now += 0.4
+            app.ticker.all()  # 0.4 s after a snapshot: it drew this second's countdowns already
+            assert ticked == Counter()
+        clock.now += 0.2  # no snapshot for 0.6 s: the tick draws the countdowns again
+        app.ticker.all()
+        assert ticked["leases"] == 1 and app.ticker.skipped == 3

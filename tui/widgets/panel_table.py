@@ -28,6 +28,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from tui.widgets.framed_lines import FramedLines
+
 GAP = 1  # blank cells before each column: one space between columns, one before the first
 AUTO_MAX = 160
 # rows whose strips are kept: more than a full-screen panel shows. One strip a row, the one
@@ -142,6 +144,8 @@ class PanelTable(ScrollView, can_focus=True):
         self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
         self.strips_made = 0  # row strips rendered (not served from `_strips`), ever: for tests
         self._header: tuple[tuple[object, ...], Strip] | None = None
+        # Textual's line cache, keeping framed lines by row (`tui/widgets/framed_lines.py`)
+        self._styles_cache = FramedLines()
 
     # -- what a subclass provides ------------------------------------------------
     def row_cells(self, key: str) -> Sequence[Text]:
