@@ -22,8 +22,9 @@ from typing import Any
 from textual._styles_cache import StylesCache
 from textual.strip import Strip
 
-# framed lines kept: a panel's rows on screen, and as many again (rows shift, the cursor moves)
-FRAMED_KEPT = 128
+# framed lines kept (then all dropped at once): more than a panel shows; each framed strip carries
+# its own caches (memory, and objects for the full collections to scan), so not many more
+FRAMED_KEPT = 64
 
 
 class FramedLines(StylesCache):
