@@ -145,7 +145,7 @@ class ConsoleApp(App[None]):
         self.stats = self.probes.stats  # what the benchmarks read
         self.live = LiveView(self, self.probes, self.timeline)
         self.reader = SnapshotReader(self)
-        self.ticker = Ticker(self.live.tick_panel)
+        self.ticker = Ticker(self.live.tick_panel, self.live.shown_within)
         self.runner = ActionRunner(self)
         self.csv = CsvExport(self)
         self.full_collections = FullCollections()

@@ -79,6 +79,8 @@ class LiveView:
         self.applied: Status | None = None  # last snapshot shown (by every panel)
         self.paused = False
         self.seen_version: int | None = None  # the gate's data_version of the latest
+        self._shown_at = -1e9  # when a live snapshot was last shown (`clock`)
+        self.clock = time.monotonic
 
     def snapshot_loaded(self, message: SnapshotLoaded) -> None:
         """A snapshot was read: the banner says what answers; show it, or hold it. The cycle ends
@@ -135,7 +137,13 @@ class LiveView:
         for table in self.host.panels():
             table.show(snapshot, now, palette, limits.get(table.LIST) if table.LIST else None)
         first, self.applied = self.applied is None, snapshot
+        if not recorded:
+            self._shown_at = self.clock()
         self.host.snapshot_shown(self.probes.applied(time.perf_counter() - started), first=first)
+
+    def shown_within(self, seconds: float) -> bool:
+        """Whether a live snapshot was shown within the last `seconds` (its countdowns are fresh)."""
+        return self.clock() - self._shown_at < seconds
 
     def apply_pending(self) -> None:
         """Show the latest snapshot if it was held back (pause ended, modal closed, back from the past)."""

@@ -29,6 +29,7 @@ commit.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -50,6 +51,11 @@ SHOWN_WEIGHT = 0.3
 QUIET_S = 0.3
 # the header says "throttled" while the budget held a refresh back within this long
 THROTTLED_FOR_S = 3.0
+# the intervals the header shows: 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 in each decade (~25 % apart), from
+# 1 ms to 8 s; the one shown moves once the interval in use is more than `SHOWN_SLACK` from it, not
+# with every refresh's jitter (a header that changes is a line repainted on every refresh)
+SHOWN_STEPS_S = tuple(m * 10.0**e for e in range(-3, 1) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+SHOWN_SLACK = 1.15
 
 
 class WorkerGroup(StrEnum):
@@ -104,8 +110,10 @@ class RefreshScheduler:
         self.started = asyncio.Event()  # set when a refresh starts (the change watchers wait on it)
         self._throttled_at = -1e9
         self.cycles = 0
-        # the gap between refreshes the budget asks for now (smoothed, for the header)
+        # the gap between refreshes the budget asks for now (smoothed, for the header), and the step
+        # of `SHOWN_STEPS_S` the header shows for it
         self.interval_s = min_interval_s
+        self._shown_s: float | None = None
 
     def request(self, force: bool = False, urgent: bool = False) -> None:
         """Start a refresh now, or once the running one ended and the budget allows (never two at
@@ -188,10 +196,13 @@ class RefreshScheduler:
         return self._clock() - self._throttled_at < THROTTLED_FOR_S
 
     def describe(self) -> str:
-        """The interval in use, for the header: `↻40ms`, or `↻0.6s budget` while the budget throttles."""
-        interval = self.interval_s
-        shown = f"{interval * 1000:.0f}ms" if interval < 1 else f"{interval:.1f}s"
-        return f"↻{shown} budget" if self.throttled else f"↻{shown}"
+        """The interval in use, for the header: `↻40ms`, or `↻600ms budget` while the budget throttles
+        (to the nearest of `SHOWN_STEPS_S`, moved only once the interval moved past `SHOWN_SLACK`)."""
+        interval, shown = max(self.interval_s, SHOWN_STEPS_S[0]), self._shown_s
+        if shown is None or not shown / SHOWN_SLACK <= interval <= shown * SHOWN_SLACK:
+            shown = self._shown_s = min(SHOWN_STEPS_S, key=lambda step: abs(math.log(step / interval)))
+        text = f"{shown * 1000:.0f}ms" if shown < 1 else f"{shown:.1f}s"
+        return f"↻{text} budget" if self.throttled else f"↻{text}"
 
     def _timer_fired(self) -> None:
         self._timers_out -= 1
@@ -229,16 +240,27 @@ class Ticker:
 
     Every panel's live cells are redrawn once a second, all in one callback:
     only the rows on screen whose text changed are redrawn, so the screen
-    is updated once a second, not once per panel.
+    is updated once a second, not once per panel. While snapshots are shown
+    more often than that (each one draws the live cells of a new second,
+    `SnapshotTable.show`), the tick has nothing to add and does nothing: a
+    screen update of its own a second was ~2 ms, and ~1.5 ms of ticks.
     """
 
     every_s = 1.0
+    # a tick this soon after a snapshot was shown does nothing: that one drew this second's countdowns
+    fresh_s = 0.5
 
-    def __init__(self, tick_panel: Callable[[str], None]) -> None:
+    def __init__(self, tick_panel: Callable[[str], None], shown_within: Callable[[float], bool]) -> None:
         self._tick_panel = tick_panel
+        self._shown_within = shown_within  # whether a live snapshot was shown within so many seconds
+        self.skipped = 0  # ticks a snapshot shown lately made unneeded, ever: for tests
 
     def all(self) -> None:
-        """Every panel's tick at once (call every `every_s`)."""
+        """Every panel's tick at once (call every `every_s`), unless a snapshot was shown within
+        `fresh_s`."""
+        if self._shown_within(self.fresh_s):
+            self.skipped += 1
+            return
         for name in TICK_ORDER:
             self._tick_panel(name)
 

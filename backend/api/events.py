@@ -29,11 +29,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Send
+from starlette.types import Scope as StarletteScope
 
 from backend.api.auth import Reader, context_of
 from backend.api.errors import ApiError
 from backend.api.hub import Hub, StreamClosed, hub_of
 from backend.api.models import ERRORS, ID_PATTERN, ErrorBody
+from backend.api.pinger import PING, Pinger, direct_writer
 from backend.api.scope import require_session
 from backend.core.errors import RemError
 from backend.ops.tokens import Principal
@@ -42,7 +45,6 @@ from backend.store.stream import MAX_CURSOR_CHARS, ORIGIN, STREAMED_TYPES, Posit
 log = logging.getLogger("rem.api.events")
 
 RETRY_MS = 1000
-PING = b": ping\n\n"
 MAX_PROJECT_CHARS = 256
 
 router = APIRouter(tags=["events"], responses=ERRORS)
@@ -72,7 +74,15 @@ LastEventId = Annotated[
 
 
 class EventStreamResponse(StreamingResponse):
+    """A streaming response that hands its connection to its stream's heartbeats (`pinger`)."""
+
     media_type = "text/event-stream"
+    pinger: Pinger | None = None
+
+    async def __call__(self, scope: StarletteScope, receive: Receive, send: Send) -> None:
+        if self.pinger is not None:
+            self.pinger.write = direct_writer(scope)
+        await super().__call__(scope, receive, send)
 
 
 def _priming(cursor: str | None) -> bytes:
@@ -84,10 +94,12 @@ def _reset(reason: str, cursor: str, fresh: str, session_id: str | None) -> byte
     return f"id: {fresh}\nevent: reset\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-async def _frames(hub: Hub, scope: Scope, start: Position, head: bytes) -> AsyncIterator[bytes]:
+async def _frames(
+    hub: Hub, scope: Scope, start: Position, head: bytes, pinger: Pinger
+) -> AsyncIterator[bytes]:
     yield head
     try:
-        async for frame in hub.follow(scope, start):
+        async for frame in hub.follow(scope, start, pinger):
             yield PING if frame is None else frame.payload
     except StreamClosed as closed:
         log.debug("event stream closed (%s)", closed.reason)
@@ -118,7 +130,10 @@ async def _stream(
         fresh = "" if session_id is not None else end_cursor
         head = _priming(None) + _reset(reset, str(given), fresh, session_id)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return EventStreamResponse(_frames(hub, scope, start, head), headers=headers)
+    pinger = Pinger()
+    response = EventStreamResponse(_frames(hub, scope, start, head, pinger), headers=headers)
+    response.pinger = pinger
+    return response
 
 
 @router.get(

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from backend.api.pinger import PING, Pinger
 from backend.core.errors import DatabaseUnreachable, RemError
 from backend.runtime.context import Context
 from backend.store.db import Conn, Database
@@ -99,14 +100,19 @@ class HubStats:
     held_rereads: int = 0
     frames: int = 0
     closed_slow: int = 0
+    pings_written: int = 0  # heartbeats the ticker wrote onto an idle stream's connection itself
+    pings_woken: int = 0  # heartbeats handed to a stream's task (woken to send one)
 
 
 class Subscription:
     """One subscriber's bounded buffer of frames, in journal order."""
 
-    def __init__(self, hub: Hub, scope: Scope, max_frames: int, max_bytes: int) -> None:
+    def __init__(
+        self, hub: Hub, scope: Scope, max_frames: int, max_bytes: int, pinger: Pinger | None = None
+    ) -> None:
         self.hub = hub
         self.scope = scope
+        self.pinger = pinger
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.closed: str | None = None
         self._queue: deque[Frame] = deque()
@@ -130,7 +136,14 @@ class Subscription:
         self._wake()
 
     def ping(self) -> None:
-        """A heartbeat falls due: an idle subscriber's `next` returns None once."""
+        """A heartbeat falls due: written onto the connection at once when the subscriber's task
+        waits for a frame (`backend.api.pinger`), else its `next` returns None once."""
+        idle = not self._queue and self._waiter is not None and not self._waiter.done()
+        write = self.pinger.write if self.pinger is not None else None
+        if idle and write is not None and write(PING):
+            self.hub.stats.pings_written += 1
+            return
+        self.hub.stats.pings_woken += 1
         self._ping = True
         self._wake()
 
@@ -409,11 +422,12 @@ class Hub:
         self._schedule_heartbeat()
 
     # -- subscribers -----------------------------------------------------------------------------
-    def subscribe(self, scope: Scope) -> Subscription:
-        """A live subscription to `scope`: every frame dispatched from now on (call after `start`)."""
+    def subscribe(self, scope: Scope, pinger: Pinger | None = None) -> Subscription:
+        """A live subscription to `scope`: every frame dispatched from now on (call after `start`);
+        `pinger`: its stream's connection, for the heartbeats."""
         if self._closing:
             raise StreamClosed("drain")
-        sub = Subscription(self, scope, self.max_frames, self.max_bytes)
+        sub = Subscription(self, scope, self.max_frames, self.max_bytes, pinger)
         self._subs.add(sub)
         if self._stale:  # commits the reader let by while nobody followed: read from the position
             self._dirty.set()
@@ -422,7 +436,9 @@ class Hub:
     def unsubscribe(self, sub: Subscription) -> None:
         self._subs.remove(sub)
 
-    async def follow(self, scope: Scope, after: Position) -> AsyncIterator[Frame | None]:
+    async def follow(
+        self, scope: Scope, after: Position, pinger: Pinger | None = None
+    ) -> AsyncIterator[Frame | None]:
         """Every event of `scope` after `after`, in stream order, then live (None: a heartbeat is due).
 
         It catches up from the store page by page up to the hub's position,
@@ -438,7 +454,7 @@ class Hub:
             async for frame in self._catch_up(scope, done, self.position):
                 done = frame.position
                 yield frame
-            sub = self.subscribe(scope)
+            sub = self.subscribe(scope, pinger)
             async for frame in self._catch_up(scope, done, self.position):
                 done = frame.position
                 yield frame

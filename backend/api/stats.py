@@ -21,6 +21,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backend.api.pinger import SERVER_SEND
+
 # upper bounds (seconds) of the latency histogram's buckets, Prometheus' defaults
 BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -120,6 +122,7 @@ class Metered:
             await self.app(scope, receive, send)
             return
         began, stats = time.perf_counter(), self.stats
+        scope[SERVER_SEND] = send  # the server's own, for an event stream's heartbeats (`pinger`)
         method = scope["method"] if scope["method"] in METHODS else "OTHER"
         status = 500  # what the client gets when the app raises before answering
 

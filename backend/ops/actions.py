@@ -196,9 +196,12 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
         )
         return snap, version, conn.execute(refusals.LATEST_SQL).fetchone()
 
-    # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) waits beside the read
-    health = asyncio.to_thread(chroma_health, ctx) if chroma is None else _as_read(chroma)
-    read, chroma = await asyncio.gather(db.read_in_thread(read_sync), health)
+    if chroma is None:  # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) beside the read
+        read, chroma = await asyncio.gather(
+            db.read_in_thread(read_sync), asyncio.to_thread(chroma_health, ctx)
+        )
+    else:  # as read before (a copy: this snapshot's own); no tasks to gather (the console's every refresh)
+        read, chroma = await db.read_in_thread(read_sync), cast(ChromaHealth, dict(chroma))
     snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
     if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
         chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
@@ -218,11 +221,6 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
 
         result["change_feed"] = feed_of(ctx.db_url)
     return result
-
-
-async def _as_read(chroma: ChromaHealth) -> ChromaHealth:
-    """Chroma's health as read before (a copy: this snapshot's own)."""
-    return cast(ChromaHealth, dict(chroma))
 
 
 # what `rem release --kind` accepts

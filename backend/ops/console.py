@@ -41,10 +41,10 @@ from backend.runtime.context import Context
 from backend.runtime.refusals import describe as describe_refusal
 from backend.store import events
 from backend.store.changes import StoreEvent, listen_changes
-from backend.store.db import Database
 from backend.store.history import HistoryStore
 from backend.store.postgres import store_label
-from backend.store.watch import state_db_changes
+from backend.store.sqlite_file import sqlite_errors
+from backend.store.watch import MarksProbe, state_db_changes
 from backend.store.workers import LIVE_STATES, heartbeat_alive, host_name, worker_alive
 
 __all__ = [
@@ -105,7 +105,8 @@ class ConsoleSession:
         self.ctx = Context(
             data, chroma_url=chroma_url, read_only=read_only, start_chroma=False, db_url=self.db_url
         )
-        self._gate: Database | None = None
+        # the refresh gate on state.db: `PRAGMA data_version` on a read-only connection of its own
+        self._gate: MarksProbe | None = None
         # PostgreSQL: change events heard, and whether the listener hears them now
         self.changes_heard = 0
         self.listening = False
@@ -123,12 +124,6 @@ class ConsoleSession:
                 f"run `rem init --data {self.data.root}` or `rem up`"
             )
 
-    async def _open_gate(self) -> Database:
-        if self._gate is None:
-            self._require_state_db()
-            self._gate = await Database.open(self.data.state_db, read_only=True)
-        return self._gate
-
     async def data_version(self) -> int:
         """A number that moves when anyone else commits: `PRAGMA data_version` of the gate
         connection, or on PostgreSQL the change events heard (`heard`)."""
@@ -136,14 +131,13 @@ class ConsoleSession:
             if not self.listening:
                 self.changes_heard += 1  # deaf: open the gate, changes could go unheard
             return self.changes_heard
-        gate = await self._open_gate()
-        try:
-            return await gate.data_version()
-        except Exception:
-            # a replaced or vanished file: reopen on the next call
-            self._gate = None
-            await gate.close()
-            raise
+        # read here, on the caller's thread (a few microseconds): a hop to a connection's thread
+        # and back was two thread wakes on every refresh
+        if self._gate is None:
+            self._require_state_db()
+            self._gate = MarksProbe(self.data.state_db)
+        with sqlite_errors(self.data.state_db):
+            return self._gate.read()[0]  # a replaced or vanished file: reopened on the next call
 
     def heard(self, event: StoreEvent) -> None:
         """The change listener's report: a change, (re)connected, or lost.
@@ -168,9 +162,11 @@ class ConsoleSession:
         """`ops.status` with `limits`; Chroma's health as last asked unless `check_chroma` (or never asked).
 
         Asking is an HTTP heartbeat and a look at who listens on Chroma's port (~7 ms of CPU):
-        the console asks on its forced refreshes (every few seconds), not on each of its own.
+        the console asks on its forced refreshes (every few seconds), not on each of its own. The
+        data dir's own checks (reachable, private: ~20 stats) go with it.
         """
-        self._require_state_db()
+        if check_chroma or self._chroma is None:
+            self._require_state_db()
         known = None if check_chroma else self._chroma
         status = await self._status_loader(self.ctx, chroma=known, limits=limits)
         self._chroma = status["chroma"]
@@ -224,7 +220,7 @@ class ConsoleSession:
     async def close(self) -> None:
         """Close both connections (and the history store, if a moment was read)."""
         if self._gate is not None:
-            await self._gate.close()
+            self._gate.close()
             self._gate = None
         if self._history_store is not None:
             self._history_store.close()

@@ -100,6 +100,9 @@ class Database:
         # per write connection (`_Lane`); lane 0 is `conn`, the others (PostgreSQL) open on first use
         self._lanes: list[_Lane] = [_Lane(0, conn)]
         self.groups_committed = 0
+        # a group smaller than its lane's last waits up to this long for as many writes (0: never);
+        # `rem serve` sets it: its requests' writes come a few loop turns apart (`_fill`)
+        self.group_fill_s = 0.0
         # PostgreSQL: the store's URL, and the second connection `read_beside` opens on first use
         self._url: str | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -386,6 +389,8 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         lane = self._lane_for(key)
         lane.writes.append((fn, future, key))
+        if lane.filling is not None and len(lane.writes) >= lane.last_group:
+            _settle(lane.filling)
         if lane.committer is None:
             lane.committer = loop.create_task(
                 self._commit_groups(lane), name=f"rem-db-group-commit-{lane.index}"
@@ -405,6 +410,8 @@ class Database:
             run = self.run_in_thread if lane.index == 0 else partial(in_thread, cast(Any, lane.conn))
             while True:
                 await asyncio.sleep(0)  # tasks woken by the last group queue their next write first
+                if self.group_fill_s and 0 < len(lane.writes) < lane.last_group:
+                    await self._fill(lane)
                 group = [write for write in lane.writes[:WRITE_GROUP_MAX] if not write[1].done()]
                 del lane.writes[:WRITE_GROUP_MAX]
                 # by key (a session id), the same order in every process: a group's members lock their
@@ -425,6 +432,7 @@ class Database:
                             fut.set_exception(exc)
                     continue
                 self.groups_committed += 1
+                lane.last_group = len(group)
                 for (_, fut, _), (ok, value) in zip(group, outcomes, strict=True):
                     if fut.done():
                         continue
@@ -439,6 +447,24 @@ class Database:
             raise
         finally:
             lane.committer = None
+
+    async def _fill(self, lane: _Lane) -> None:
+        """Wait until the lane holds as many writes as its last group, or `group_fill_s` passes.
+
+        An HTTP server's callers are its clients: those answered by the last group send their next
+        request while this one forms, and each reaches `write_in_thread` only once the loop has read
+        and parsed it. Without the wait, half of them miss the group and the next one takes them:
+        two half groups in turn, each with a group's fixed cost and its handoffs between the loop,
+        the connection's thread and the clients, which on two busy cores cost more than the wait.
+        """
+        loop = asyncio.get_running_loop()
+        lane.filling = loop.create_future()
+        timer = loop.call_later(self.group_fill_s, _settle, lane.filling)
+        try:
+            await lane.filling
+        finally:
+            timer.cancel()
+            lane.filling = None
 
     async def _open_lane(self, lane: _Lane) -> bool:
         """Open a lane's write connection; one that cannot be opened (the server has no free
@@ -500,6 +526,13 @@ class _Lane:
         self.conn = conn
         self.writes: list[tuple[Callable[[Conn], Any], asyncio.Future[Any], str | None]] = []
         self.committer: asyncio.Task[None] | None = None
+        self.last_group = 0  # the size of the last group committed
+        self.filling: asyncio.Future[None] | None = None  # the committer's wait (`Database._fill`)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _member_order(write: tuple[Any, Any, str | None]) -> tuple[bool, str]:

@@ -245,7 +245,10 @@ async def test_an_idle_stream_gets_heartbeats_and_a_drain_ends_it(
                 pings += line == ": ping"
                 if pings == 3:
                     break
-            await hub_of(served.app).close()  # what a drain does first: every stream ends now
+            hub = hub_of(served.app)
+            # the ticker wrote each onto the idle stream's connection: the stream's task never woke
+            assert hub.stats.pings_written >= 3 and hub.stats.pings_woken == 0, hub.stats
+            await hub.close()  # what a drain does first: every stream ends now
             assert [line async for line in lines] in ([], [""])
         refused = await client.get("/v1/events")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"

@@ -306,3 +306,30 @@ def test_a_disk_io_error_is_a_full_disk_or_an_io_error_never_corruption(
     translated = db_module.translate_sqlite_error(exc, "/d/state.db")
     assert type(translated) is expected and needle in str(translated)
     assert "restore it from a backup or move it aside" not in str(translated)
+
+
+@pytest.mark.both_stores
+@pytest.mark.parametrize("fill_s", [0.0, 1.0])
+async def test_a_group_waits_for_as_many_writes_as_the_last_one_when_filling_is_on(
+    db_ctx: Context, fill_s: float
+) -> None:
+    """`group_fill_s` (rem serve's): a group smaller than the last waits, bounded, for its callers'
+    writes still on their way; a full one never waits; off (the default), the stragglers go next."""
+    import asyncio
+
+    db = await db_ctx.db()
+    db.group_fill_s = fill_s
+    await asyncio.gather(*(db.write_in_thread(lambda raw: 1) for _ in range(8)))  # one group of 8
+
+    async def late(turns: int) -> int:
+        for _ in range(turns):  # a request still being read: a few loop turns before it queues
+            await asyncio.sleep(0)
+        return await db.write_in_thread(lambda raw: 2)
+
+    before = db.groups_committed
+    assert await asyncio.gather(*(late(0 if i < 4 else 3) for i in range(8))) == [2] * 8
+    # filling: the four queued at once wait for the four on their way (well within the bound)
+    assert db.groups_committed - before == (1 if fill_s else 2)
+    before = db.groups_committed
+    assert await db.write_in_thread(lambda raw: 3) == 3  # waits for none: nothing else is coming
+    assert db.groups_committed - before == 1

@@ -189,3 +189,30 @@ def test_a_commit_after_a_quiet_stretch_is_read_at_once_though_the_ticks_spent_t
     clocks.spend(0.0, 0.1)  # not quiet yet (twice its cost over the share is 0.4 s): the budget decides
     refresher.request()
     assert len(clocks.starts) == 2 and clocks.timers
+
+
+def test_the_interval_shown_stays_put_while_the_budget_holds_a_steady_pace() -> None:
+    """Refreshes whose cost jitters (14-16 ms) keep the header's text as it is (a changed header is a
+    line repainted on every refresh); a pace that really changes (the cost doubles) shows."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.08)
+    refresher.request()
+    shown = []
+    for n in range(80):
+        cycle(clocks, refresher, 0.014 if n % 2 else 0.016)
+        clocks.fire()
+        shown.append(refresher.describe())
+    assert len(set(shown[20:])) == 1, set(shown[20:])  # settled: one text for sixty refreshes
+    assert shown[-1] == "↻200ms budget"  # 15 ms over 8 % of a core: 190 ms, the nearest step
+    for _ in range(40):
+        cycle(clocks, refresher, 0.03)
+        clocks.fire()
+    assert refresher.describe() == "↻400ms budget"  # 30 ms over 8 %: 375 ms
+
+
+def test_the_interval_shown_is_the_floor_when_nothing_throttles() -> None:
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=None, min_interval_s=0.04)
+    refresher.request()
+    cycle(clocks, refresher, 0.01)
+    assert refresher.describe() == "↻40ms"

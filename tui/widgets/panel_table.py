@@ -28,6 +28,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from tui.widgets.framed_lines import FramedLines
+
 GAP = 1  # blank cells before each column: one space between columns, one before the first
 AUTO_MAX = 160
 # rows whose strips are kept: more than a full-screen panel shows. One strip a row, the one
@@ -140,7 +142,10 @@ class PanelTable(ScrollView, can_focus=True):
         self._styles: tuple[Style, Style, Style] | None = None
         # row key -> (what the strip was rendered from, the strip as shown)
         self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
+        self.strips_made = 0  # row strips rendered (not served from `_strips`), ever: for tests
         self._header: tuple[tuple[object, ...], Strip] | None = None
+        # Textual's line cache, keeping framed lines by row (`tui/widgets/framed_lines.py`)
+        self._styles_cache = FramedLines()
 
     # -- what a subclass provides ------------------------------------------------
     def row_cells(self, key: str) -> Sequence[Text]:
@@ -292,8 +297,12 @@ class PanelTable(ScrollView, can_focus=True):
         made_from = (self.row_version(key), cursor, cursor and self.has_focus, width, scroll_x)
         cached = self._strips.get(key)
         if cached is None or cached[0] != made_from:
+            self.strips_made += 1
             strip = self._strip(self._line_text(self.row_cells(key), base), base)
             cached = (made_from, strip.crop(scroll_x, scroll_x + width))
+            # Textual's LRUCache.set keeps the value a key already has: the row's old strip would
+            # stay, and the row would be rendered again on every paint from then on
+            self._strips.discard(key)
             self._strips[key] = cached
         return cached[1]
 

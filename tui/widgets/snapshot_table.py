@@ -280,7 +280,10 @@ class SnapshotTable(PanelTable):
         self._show_title(*self.titles(snapshot))
         if changed or not same_list:
             self._sync()
-        else:  # every row as drawn, in place (their countdowns are the tick's): only the subtitle
+        else:  # every row as drawn, in place: their countdowns if a second passed, and the subtitle
+            if self._now // 1000 != self._live_second:  # (while snapshots come, the tick waits)
+                self._refresh_live_cells()
+                self.refresh_changed()
             self._update_subtitle()
         if self._whole_list_for and self.holds_all_it_lists():
             waiting, self._whole_list_for = self._whole_list_for, []
