@@ -26,42 +26,41 @@ MODEL = "gpt-4o-mini"
 
 
 # Seconds each of the longest files took, summed over its tests (setup included), in one whole run
-# with 3 workers on the 2-core machine under load (`--junitxml`, summed per file); only the order matters.
+# with 3 workers on the 2-core machine under load (`--durations=0`, summed per file: 2026-12-07, load
+# 4-17, median 7.5, 26:27 in all); only the order matters.
 FILE_SECONDS = {
-    # estimated: the last whole run's per-test times (the one file then, 551 s) less what the split left
-    # out (the private-dir drill, 52 s; a fencing-off drill's settle wait, about 20 s each)
-    "tests/reliability/test_drill_pg.py": 265,
-    "tests/reliability/test_drill.py": 200,
-    # the tool-call SIGKILL matrix, a column a test: measured alone with 2 workers at load 6-12
-    "tests/reliability/test_tool_sigkill.py": 200,
-    "tests/reliability/test_tool_sigkill_effect.py": 190,
-    "tests/reliability/test_tool_sigkill_pg.py": 105,
-    "tests/reliability/test_two_hosts.py": 415,
-    "tests/reliability/test_fault_matrix_pg.py": 391,
-    "tests/reliability/test_bad_input.py": 371,
-    "tests/reliability/test_fault_matrix.py": 322,
-    "tests/cli/test_memory_cli.py": 195,
-    "tests/reliability/test_read_only.py": 191,
-    "tests/reliability/test_chroma_impostor.py": 188,
-    "tests/reliability/test_pg_restart.py": 150,
-    "tests/cli/test_inert_output.py": 167,
-    "tests/reliability/test_execution_crash.py": 152,
-    "tests/reliability/test_big_reply.py": 149,
-    "tests/reliability/test_import_whole_sessions.py": 146,
-    "tests/reliability/test_supervisor.py": 142,
-    "tests/tui/test_console.py": 130,
-    "tests/tui/test_timeline.py": 129,
-    "tests/cli/test_tools_cli.py": 127,
-    "tests/reliability/test_model_crash.py": 126,
-    "tests/cli/test_cli.py": 125,
-    "tests/reliability/test_clock_skew.py": 120,
-    "tests/cli/test_replay_cli.py": 116,
-    "tests/tui/test_inert_console.py": 113,
-    # schemathesis over every route on both stores: measured alone at load 11-20 (two servers started)
-    "tests/api/test_openapi_conformance.py": 120,
-    # every command through --server on both stores (the recall test runs the summarizer and Dream):
-    # measured alone at load 7-9
-    "tests/api/test_cli_client.py": 130,
+    "tests/reliability/test_fault_matrix_pg.py": 404,
+    "tests/reliability/test_fault_matrix.py": 297,
+    "tests/reliability/test_bad_input.py": 220,
+    # estimated: 251, 224 and 159 in that run, before the test drills' lease went from 4 s to 1.5 s
+    # (tests/reliability/drills.py); alone at load 4-11 the two drill files then took 119 s and 134 s
+    "tests/reliability/test_drill.py": 160,
+    "tests/reliability/test_drill_pg.py": 160,
+    "tests/reliability/test_two_hosts.py": 150,
+    "tests/api/test_cli_client.py": 134,
+    "tests/api/test_openapi_conformance.py": 132,
+    "tests/reliability/test_tool_sigkill.py": 108,
+    "tests/tui/test_console.py": 92,
+    "tests/reliability/test_pgbouncer.py": 90,
+    "tests/reliability/test_execution_crash.py": 87,
+    "tests/reliability/test_tool_sigkill_effect.py": 87,
+    "tests/backend/test_recall.py": 85,
+    "tests/tui/test_demo_tmux.py": 82,
+    "tests/reliability/test_summarizer_sigkill.py": 73,
+    "tests/backend/test_replay.py": 72,
+    "tests/cli/test_replay_cli.py": 72,
+    "tests/reliability/test_model_crash.py": 64,
+    "tests/reliability/test_tool_sigkill_pg.py": 62,
+    "tests/backend/test_postgres.py": 60,
+    "tests/reliability/test_children.py": 57,
+    "tests/reliability/test_read_only.py": 49,
+    "tests/cli/test_memory_cli.py": 47,
+    "tests/reliability/test_dependencies.py": 47,
+    "tests/reliability/test_chroma_impostor.py": 45,
+    "tests/cli/test_inert_output.py": 44,
+    "tests/tui/test_demo.py": 44,
+    "tests/reliability/test_tool_usage_fleet.py": 41,
+    "tests/cli/test_cli.py": 40,
 }
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,6 +32,7 @@ from backend.execution import sessions
 from backend.runtime.context import Context
 from backend.store.postgres import PgConnection
 from tests.helpers import await_until, rem_env, rem_json, run_rem, spawn_rem
+from tests.reliability import drills
 from tests.reliability.rig import await_settled
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store", ["postgres"], indirect=True)]
@@ -351,7 +352,7 @@ async def test_host_b_takes_over_every_lease_of_a_killed_host_after_expiry(
     env.pop("REM_DB_URL", None)
     proc = await asyncio.to_thread(
         run_rem, "drill", "sigkill", "--db", ctx.db_url, "--role", "executor", "--rounds", "1", "--json",
-        env=env, timeout=600,
+        "--lease-ms", drills.LEASE_MS, env=env, timeout=600,
     )  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
     report = json.loads(proc.stdout)
