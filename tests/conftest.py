@@ -31,12 +31,10 @@ MODEL = "gpt-4o-mini"
 FILE_SECONDS = {
     "tests/reliability/test_fault_matrix_pg.py": 404,
     "tests/reliability/test_fault_matrix.py": 297,
+    "tests/reliability/test_drill.py": 251,
+    "tests/reliability/test_drill_pg.py": 224,
     "tests/reliability/test_bad_input.py": 220,
-    # estimated: 251, 224 and 159 in that run, before the test drills' lease went from 4 s to 1.5 s
-    # (tests/reliability/drills.py); alone at load 4-11 the two drill files then took 119 s and 134 s
-    "tests/reliability/test_drill.py": 160,
-    "tests/reliability/test_drill_pg.py": 160,
-    "tests/reliability/test_two_hosts.py": 150,
+    "tests/reliability/test_two_hosts.py": 159,
     "tests/api/test_cli_client.py": 134,
     "tests/api/test_openapi_conformance.py": 132,
     "tests/reliability/test_tool_sigkill.py": 108,
