@@ -84,16 +84,20 @@ class LiveRow(NamedTuple):
 
 # Chroma 1.5.9 answers a read that includes vectors, made while a new collection's first
 # writes are being applied, with "Error creating hnsw segment reader: Nothing found on disk"
-# (its vector index is neither cached nor persisted yet), or with the rows but fewer vectors.
+# (its vector index is neither cached nor persisted yet), or "Error executing plan: Internal
+# error: Error finding id" (the same window: a clean-clone CI run met it on 2026-12-07), or with
+# the rows but fewer vectors.
 # The same read succeeds moments later, so reads of vectors retry with these pauses (3.15 s
 # in all) before giving up. A search (`query`) meets the same error: it is ChromaNotReady (a
 # ChromaUnreachable), which recall reports as degraded instead of failing the caller.
 VECTOR_INDEX_NOT_READY = "Nothing found on disk"
+VECTOR_INDEX_NOT_READY_ERRORS = ("Nothing found on disk", "Error finding id")
 VECTOR_READ_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 def _vector_index_not_ready(exc: BaseException) -> bool:
-    return type(exc).__name__ == "InternalError" and VECTOR_INDEX_NOT_READY in str(exc)
+    text = str(exc)
+    return type(exc).__name__ == "InternalError" and any(m in text for m in VECTOR_INDEX_NOT_READY_ERRORS)
 
 
 def _is_transport_error(exc: BaseException) -> bool:
