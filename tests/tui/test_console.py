@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import io
 import json
@@ -18,6 +19,7 @@ from textual.widgets import Input, Label
 
 from backend.core import clock, private
 from backend.core.datadir import DataDir
+from backend.ops.console import ConsoleSession, ListLimits
 from backend.store.schema import SCHEMA_VERSION
 from tests.helpers import await_until
 from tests.tui import scenes
@@ -203,6 +205,29 @@ async def test_refreshes_are_gated_on_data_version(healthy_dir: DataDir) -> None
         assert app.stats["loads"] == loads
         write(healthy_dir, "UPDATE worker SET heartbeat_at = heartbeat_at + 1")
         await until(pilot, lambda: app.stats["loads"] == loads + 1, "one reload after one commit")
+
+
+async def test_a_commit_made_visible_just_after_the_gate_was_read_shut_is_still_read(
+    healthy_dir: DataDir,
+) -> None:
+    """A commit's WAL writes (which the watch hears) come before its WAL index update (which makes it
+    visible, and which no watch hears): a gate read between the two is read once more shortly
+    after, or the commit would wait for the next one (SQLite only: PostgreSQL's feed hears a
+    commit once it is visible)."""
+    session = ConsoleSession(healthy_dir)
+    try:
+        seen = await session.data_version()
+
+        async def commit() -> None:  # on this loop: it runs at the gate's first wait, not before
+            write(healthy_dir, "UPDATE session_execution SET epoch = 7 WHERE id = 'exe_0001'")
+
+        visible_now = asyncio.create_task(commit())
+        version, snapshot = await session.status_if_changed(seen, force=False, limits=ListLimits())
+        await visible_now
+        assert version != seen and snapshot is not None
+        assert any(lease["epoch"] == 7 for lease in snapshot["leases"])
+    finally:
+        await session.close()
 
 
 async def test_a_console_left_open_keeps_a_bounded_record_of_its_refreshes(
