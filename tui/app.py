@@ -1,10 +1,11 @@
 """The rem console: composes the widgets and routes keys and messages to the parts that do the work.
 
 Refresh: the watch sees state.db or its WAL change (on PostgreSQL: the change
-feed, `listen_changes`), or the slow poll fires -> `load_snapshot` reads the
-gate's `data_version` and, only if it moved, `ops.status` (`tui/loading.py`) -> `SnapshotLoaded`
--> `LiveView` shows or holds it (`tui/live.py`), which ends the cycle; when the
-next one may start (the CPU budget) is `tui/refresh.py`'s.
+feed, `listen_changes`), or the slow poll fires -> the reading task (one worker,
+`load_snapshots`) reads the gate's `data_version` and, only if it moved,
+`ops.status` (`tui/loading.py`) -> `LiveView` shows or holds it (`tui/live.py`),
+which ends the cycle; when the next one may start (the CPU budget) is
+`tui/refresh.py`'s.
 The parts: `tui/action_runner.py`, `timeline.py`, `panel_controls.py`,
 `exports.py`, `gc_policy.py`, `probes.py`; rem itself only through `console_backend.py`.
 """
@@ -24,9 +25,8 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from backend.ops.console import DataDir, now_ms, settings, store_label
+from backend.ops.console import DataDir, ListLimits, StoreEvent, now_ms, settings, store_label
 from backend.ops.records import Moment, Status
-from tui import messages
 from tui.action_runner import ACTIONS, KILL_ACTIONS, ActionRunner
 from tui.commands import ConsoleCommands
 from tui.console_backend import ConsoleBackend, StatusLoader
@@ -134,7 +134,7 @@ class ConsoleApp(App[None]):
         self.backend: ConsoleBackend | None = None
         self.palette = palette_from({})  # the theme's colours for cells, resolved once mounted
         self.refresher = RefreshScheduler(
-            self.load_snapshot,
+            lambda force: self.reader.start(force),
             self.set_timer,
             min_interval_s=min_interval_s,
             health_s=health_s,
@@ -223,6 +223,7 @@ class ConsoleApp(App[None]):
         self.set_interval(Ticker.every_s, self.ticker.all)
         self.set_interval(self.poll_s, self.refresher.poll)
         self.panel("leases").focus()
+        self.load_snapshots()
         self.request_refresh(force=True)  # the first read lists every row (`SnapshotReader.list_limits`)
         self.timeline.start()
         if self.watch_files and self.db_url:
@@ -254,10 +255,21 @@ class ConsoleApp(App[None]):
         operator's own asking) waits for no budget."""
         self.refresher.request(force, urgent=urgent)
 
-    @work(exclusive=True, group=WorkerGroup.SNAPSHOT, exit_on_error=False)
-    async def load_snapshot(self, force: bool) -> bool:
-        """Read the snapshot if the gate moved (or forced) and report it (`tui/loading.py`)."""
-        return await self.reader.load(force)
+    # what showing a snapshot raises is a bug: it ends the app, as a message handler's would
+    @work(exclusive=True, group=WorkerGroup.SNAPSHOT, exit_on_error=True)
+    async def load_snapshots(self) -> None:
+        """The reading task: each refresh cycle reads the snapshot if the gate moved (or forced) and
+        hands it to `LiveView` (`tui/loading.py`)."""
+        await self.reader.serve()
+
+    def snapshot_loaded(self, snapshot: Status, version: int, took_ms: float, limits: ListLimits) -> None:
+        self.live.snapshot_loaded(snapshot, version, took_ms, limits)
+
+    def snapshot_failed(self, error: BaseException) -> None:
+        self.live.failed(error)
+
+    def store_changed(self, event: StoreEvent) -> None:
+        self.live.store_changed(event)
 
     def seen_version(self) -> int | None:
         return self.live.seen_version
@@ -276,19 +288,14 @@ class ConsoleApp(App[None]):
 
     @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
     async def watch_data_dir(self) -> None:
-        """Post DataDirChanged when state.db or its WAL changes (`tui/loading.py`)."""
+        """Ask for a refresh when state.db or its WAL changes (`tui/loading.py`)."""
         await self.reader.watch_data_dir()
 
     @work(exclusive=True, group=WorkerGroup.WATCH, exit_on_error=False)
     async def watch_store(self) -> None:
-        """PostgreSQL: post StoreChanged for each burst of this store's commits (`tui/loading.py`)."""
+        """PostgreSQL: ask for a refresh for each burst of this store's commits (`tui/loading.py`)."""
         await self.reader.watch_store()
 
-    def on_data_dir_changed(self, _message: messages.DataDirChanged) -> None:
-        self.request_refresh()
-
-    on_store_changed = route("live", "store_changed")
-    on_snapshot_loaded = route("live", "snapshot_loaded")
     apply_pending = route("live", "apply_pending")  # held back by a pause, a modal or the past
     tick = route("ticker", "all")  # every panel's countdowns (never the database)
 
@@ -304,12 +311,6 @@ class ConsoleApp(App[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker, state = event.worker, event.state
         finished = state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED)
-        if worker.group == WorkerGroup.SNAPSHOT and finished:
-            if state == WorkerState.ERROR:
-                self.live.failed(worker.error)
-            # a snapshot reported ends its cycle once shown or held (`LiveView`); none read, here
-            if not (state == WorkerState.SUCCESS and worker.result):
-                self.refresher.finished()
         if state == WorkerState.ERROR:
             self._worker_failed(worker, worker.error)
         elif finished:

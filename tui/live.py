@@ -21,9 +21,8 @@ from typing import Any, Protocol
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from backend.ops.console import DataDir, ListLimits, RemError, describe_refusal, now_ms
+from backend.ops.console import DataDir, ListLimits, RemError, StoreEvent, describe_refusal, now_ms
 from backend.ops.records import Status
-from tui.messages import SnapshotLoaded, StoreChanged
 from tui.probes import RefreshProbes
 from tui.refresh import new_events
 from tui.timeline import Timeline
@@ -82,18 +81,18 @@ class LiveView:
         self._shown_at = -1e9  # when a live snapshot was last shown (`clock`)
         self.clock = time.monotonic
 
-    def snapshot_loaded(self, message: SnapshotLoaded) -> None:
-        """A snapshot was read: the banner says what answers; show it, or hold it. The cycle ends
-        once the screen shows it: the budget then counts what painting it cost."""
+    def snapshot_loaded(self, snapshot: Status, version: int, took_ms: float, limits: ListLimits) -> None:
+        """A snapshot was read (at gate `version`, in `took_ms`, `limits` rows of each list): the banner
+        says what answers; show it, or hold it. The cycle ends once the screen shows it: the budget
+        then counts what painting it cost."""
         try:
-            self._take(message)
+            self._take(snapshot, version, took_ms, limits)
         finally:
             self.host.call_after_refresh(self.host.refresh_finished)
 
-    def _take(self, message: SnapshotLoaded) -> None:
-        snapshot = message.snapshot
-        self.seen_version, self.latest, self.latest_limits = message.data_version, snapshot, message.limits
-        self.probes.loaded(message.took_ms)
+    def _take(self, snapshot: Status, version: int, took_ms: float, limits: ListLimits) -> None:
+        self.seen_version, self.latest, self.latest_limits = version, snapshot, limits
+        self.probes.loaded(took_ms)
         self.host.banner.set_problem("database", None)
         chroma = snapshot["chroma"]
         error = str(chroma["error"] or "no answer").replace(str(self.host.data.root), self.host.data_label)
@@ -115,9 +114,8 @@ class LiveView:
         message = f"database unreachable: {self.host.one_line(error)} (retrying every {self.host.poll_s:g} s)"
         self.host.banner.set_problem("database", message)
 
-    def store_changed(self, message: StoreChanged) -> None:
+    def store_changed(self, event: StoreEvent) -> None:
         """PostgreSQL's change feed: the banner while it is lost (reads go on at the poll's pace)."""
-        event = message.event
         lost = f"change feed lost: {event.error}; reconnecting in {event.retry_in_s:g} s, "
         reading = f"reading every {self.host.poll_s:g} s meanwhile"
         self.host.banner.set_problem("feed", lost + reading if event.kind == "lost" else None)

@@ -230,6 +230,30 @@ async def test_a_commit_made_visible_just_after_the_gate_was_read_shut_is_still_
         await session.close()
 
 
+async def test_a_refresh_starts_no_worker_of_its_own(
+    healthy_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refreshes are cycles of one long-lived reading task: none starts a worker (a worker a refresh,
+    its state messages and handlers, was ~1 ms of a busy fleet's 10 refreshes a second)."""
+    async with console(healthy_dir, watch=False, poll_s=3600, health_s=3600).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        await until(pilot, lambda: app.refresher.idle, "the first refresh")
+        started: list[Any] = []
+        run_worker = app.run_worker
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            started.append(kwargs.get("group"))
+            return run_worker(*args, **kwargs)
+
+        monkeypatch.setattr(app, "run_worker", counted)
+        for i in range(3):
+            loads = app.stats["loads"]
+            write(healthy_dir, "UPDATE worker SET heartbeat_at = heartbeat_at + ?", i + 1)
+            app.request_refresh()
+            await until(pilot, lambda n=loads: app.stats["loads"] > n and app.refresher.idle, "a refresh")
+        assert started == []
+
+
 async def test_a_console_left_open_keeps_a_bounded_record_of_its_refreshes(
     healthy_dir: DataDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
