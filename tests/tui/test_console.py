@@ -25,6 +25,7 @@ from tests.helpers import await_until
 from tests.tui import scenes
 from tui import app as app_module
 from tui.app import NO_AUTOMATIC_FULL_GC, PANELS, ConsoleApp
+from tui.gc_policy import YOUNG_THRESHOLD
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen, help_sections
@@ -186,7 +187,7 @@ async def test_full_collections_run_in_a_callback_of_their_own_and_the_policy_is
     try:
         async with console(healthy_dir, poll_s=0.05).run_test(size=SIZE) as pilot:
             app = await loaded(pilot)
-            assert gc.get_threshold() == (before[0], before[1], NO_AUTOMATIC_FULL_GC)
+            assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], NO_AUTOMATIC_FULL_GC)
             full.clear()
             # refreshes and redraws allocate as usual; every full collection is the timer's
             await until(pilot, lambda: len(full) >= 3, "three full collections")
