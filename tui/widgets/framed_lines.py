@@ -22,8 +22,9 @@ from typing import Any
 from textual._styles_cache import StylesCache
 from textual.strip import Strip
 
-# framed lines kept (then all dropped at once): more than a panel shows; each framed strip carries
-# its own caches (memory, and objects for the full collections to scan), so not many more
+# framed lines kept (the least recently used dropped first): more than a panel shows; each framed
+# strip carries its own caches (memory, and objects for the full collections to scan), so not many
+# more. (Dropped all at once when full, a busy fleet's panels were framed whole every ~6 refreshes.)
 FRAMED_KEPT = 64
 
 
@@ -60,14 +61,15 @@ class FramedLines(StylesCache):
             self._style_key = styles._cache_key
         content = render_content_line(y - top)
         key = (id(content), size, content_size, padding, base_background, background, *rest[2:])
-        kept = self._framed.get(key)
+        kept = self._framed.pop(key, None)  # (put back last: the most recently used)
         if kept is not None and kept[0] is content:
+            self._framed[key] = kept
             return kept[1]
         self.framed += 1
         framed = super().render_line(
             styles, y, size, content_size, padding, base_background, background, lambda _y: content, *rest
         )
         if len(self._framed) >= FRAMED_KEPT:
-            self._framed.clear()
+            del self._framed[next(iter(self._framed))]
         self._framed[key] = (content, framed)
         return framed

@@ -110,6 +110,7 @@ class ConsoleHeader(Static, can_focus=True):
         self.now = 0
         self.palette: Mapping[str, str] = DEFAULT_PALETTE
         self._shown = Text()
+        self._inputs_shown: tuple[object, ...] | None = None  # what `_shown` was built from
 
     def set_state(
         self,
@@ -135,10 +136,27 @@ class ConsoleHeader(Static, can_focus=True):
             self.refresh_rate = refresh
         self.set_class(self.paused, "-paused")
         self.set_class(self.timeline_at is not None, "-timeline")
+        # building the line is ~0.3 ms, and a busy fleet's refreshes (10 a second) mostly change
+        # nothing it shows (its clock moves once a second): built only when what it shows moved
+        inputs = self._inputs()
+        if inputs == self._inputs_shown:
+            return
+        self._inputs_shown = inputs
         text = self.header_text()
         if text != self._shown:
             self._shown = text
             self.update(text, layout=False)  # one line, always: no relayout of the screen
+
+    def _inputs(self) -> tuple[object, ...]:
+        """Everything `header_text` reads (the snapshot's time to the second it shows)."""
+        snap, seen = self.snapshot, None
+        if snap is not None:
+            at = snap["generated_at"]
+            servers = (snap.get("tools") or {}).get("servers")
+            counts = (snap["schema_version"], snap["counts"]["sessions"], None if at is None else at // 1000)
+            seen = (snap["chroma"], snap["model"], servers, *counts)
+        own = (self.paused, self.waiting, self.timeline_at, self.read_only, self.data_label)
+        return (seen, *own, self.palette, self.refresh_rate, self.has_focus)
 
     def on_focus(self) -> None:
         self.set_state()

@@ -38,6 +38,11 @@ AUTO_MAX = 160
 STRIP_CACHE = 64
 
 
+# what every line painted depends on besides its row: the scroll offsets, the width, the widths'
+# version, the cursor's row and whether the table has the focus
+View = tuple[int, int, int, int, int, bool]
+
+
 class TableColumn(NamedTuple):
     key: str
     label: str
@@ -134,6 +139,7 @@ class PanelTable(ScrollView, can_focus=True):
         # its own, only the top one (`SnapshotTable` keeps it there)
         self.cursor_chosen = False
         self._widths: list[int] = []
+        self._measured: dict[str, int] = {}  # row key -> the version its cells were measured at
         self._widths_version = 0
         # content line y -> what it was drawn from (`_line_source`), as last painted
         self._painted: dict[int, tuple[object, ...]] = {}
@@ -144,6 +150,7 @@ class PanelTable(ScrollView, can_focus=True):
         self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
         self.strips_made = 0  # row strips rendered (not served from `_strips`), ever: for tests
         self._header: tuple[tuple[object, ...], Strip] | None = None
+        self._view_now: View | None = None  # while painting (`render_lines`)
         # Textual's line cache, keeping framed lines by row (`tui/widgets/framed_lines.py`)
         self._styles_cache = FramedLines()
 
@@ -159,20 +166,32 @@ class PanelTable(ScrollView, can_focus=True):
     # -- feeding it ------------------------------------------------------------------
     def set_columns(self, columns: Sequence[TableColumn]) -> None:
         self.table_columns = list(columns)
+        self._measured = {}
         self.measure_columns()
 
     def measure_columns(self) -> None:
         """Fix column widths and the virtual size. An auto column grows to its widest cell on screen
-        and never shrinks: widths that moved with each refresh's rows would repaint every line."""
-        widths = []
-        on_screen = self.keys_on_screen()
-        for index, column in enumerate(self.table_columns):
-            if column.width is not None:
-                widths.append(column.width)
+        and never shrinks: widths that moved with each refresh's rows would repaint every line.
+        A row measured before at the same version is not measured again (its cells are as then,
+        and widths never shrink)."""
+        columns = self.table_columns
+        widths = [
+            c.width
+            if c.width is not None
+            else max(self._widths[i] if i < len(self._widths) else 0, len(c.label))
+            for i, c in enumerate(columns)
+        ]
+        auto = [i for i, c in enumerate(columns) if c.width is None]
+        measured: dict[str, int] = {}
+        for key in self.keys_on_screen() if auto else ():
+            measured[key] = version = self.row_version(key)
+            if self._measured.get(key) == version:
                 continue
-            widest = max((self.row_cells(k)[index].cell_len for k in on_screen), default=0)
-            before = self._widths[index] if index < len(self._widths) else 0
-            widths.append(max(before, min(AUTO_MAX, max(len(column.label), widest))))
+            cells = self.row_cells(key)
+            for i in auto:
+                widths[i] = max(widths[i], min(AUTO_MAX, cells[i].cell_len))
+        self._measured = measured
+        widths = [min(w, AUTO_MAX) if c.width is None else w for w, c in zip(widths, columns, strict=True)]
         if widths != self._widths:
             self._widths = widths
             self._widths_version += 1
@@ -234,27 +253,29 @@ class PanelTable(ScrollView, can_focus=True):
         self._header = None
         self._styles = None
 
-    def _row_style(self, cursor: bool) -> Style:
+    def _row_style(self, cursor: bool, focused: bool | None = None) -> Style:
         if self._styles is None:
             base = self.rich_style
-            focused = base + self.get_component_rich_style("panel-table--cursor")
             self._styles = (
                 base,
-                focused,
+                base + self.get_component_rich_style("panel-table--cursor"),
                 base + self.get_component_rich_style("panel-table--cursor-blurred"),
             )
         if not cursor:
             return self._styles[0]
-        return self._styles[1] if self.has_focus else self._styles[2]
+        focused = self.has_focus if focused is None else focused
+        return self._styles[1] if focused else self._styles[2]
 
-    def _line_source(self, y: int, shape: tuple[int, int, int, int] | None = None) -> tuple[object, ...]:
-        """What content line `y` shows now: it is repainted when this changes. `shape`: the scroll
-        offsets, the width and the widths' version (`_shape`), if the caller has them."""
-        scroll_x, scroll_y, *_ = shape = shape or self._shape()
+    def _line_source(self, y: int, view: View | None = None) -> tuple[object, ...]:
+        """What content line `y` shows now: it is repainted when this changes. `view`: the scroll
+        offsets, the width, the widths' version, the cursor and the focus (`_view`), if the
+        caller has them."""
+        scroll_x, scroll_y, _, _, cursor_row, focused = view = view or self._view()
+        shape = view[:4]
         if y == 0:
             return ("header", *shape)
         index = scroll_y + y - 1
-        cursor = (index == self.cursor_row, self.has_focus)
+        cursor = (index == cursor_row, focused)
         if index < len(self.order):
             key = self.order[index]
             return ("row", key, self.row_version(key), *cursor, *shape)
@@ -262,18 +283,32 @@ class PanelTable(ScrollView, can_focus=True):
             return ("pending", *cursor, *shape)
         return ("empty" if y == 1 and not self.total_rows else "blank", *shape)
 
-    def _shape(self) -> tuple[int, int, int, int]:
+    def _view(self) -> View:
+        """What every line painted now depends on besides its row (`View`)."""
+        if self._view_now is not None:  # painting: the same for every line
+            return self._view_now
         scroll_x, scroll_y = self.scroll_offset
-        return scroll_x, scroll_y, self.size.width, self._widths_version
+        return scroll_x, scroll_y, self.size.width, self._widths_version, self.cursor_row, self.has_focus
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # found once for the lines painted, not for each: the widget's size walks up to its screen
+        # each time it is asked, and each reactive read is a descriptor call (together ~a third of
+        # what a cached row's line cost)
+        self._view_now = self._view()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._view_now = None
 
     def refresh_changed(self) -> None:
         """Repaint the lines on screen whose source changed since they were painted (none: nothing)."""
         if not self.is_mounted or not self.size:
             return
-        width, height = self.size.width, self.scrollable_content_region.height
-        painted, start, shape = self._painted, None, self._shape()
+        # the rows' width, not the scrollbar's column: a row changed is no reason to paint the bar
+        width, height = self.scrollable_content_region.size
+        painted, start, view = self._painted, None, self._view()
         for y in range(height + 1):
-            changed = y < height and painted.get(y) != self._line_source(y, shape)
+            changed = y < height and painted.get(y) != self._line_source(y, view)
             if changed and start is None:
                 start = y
             elif not changed and start is not None:
@@ -289,12 +324,13 @@ class PanelTable(ScrollView, can_focus=True):
             self._header = (made_from, strip)
         return self._header[1]
 
-    def _row_strip(self, index: int, scroll_x: int, width: int) -> Strip:
+    def _row_strip(self, index: int, view: View) -> Strip:
         key = self.order[index]
-        cursor = index == self.cursor_row
-        base = self._row_style(cursor)
+        scroll_x, _, width, _, cursor_row, focused = view
+        cursor = index == cursor_row
+        base = self._row_style(cursor, focused)
         # the styles change only with a style update, which forgets every strip
-        made_from = (self.row_version(key), cursor, cursor and self.has_focus, width, scroll_x)
+        made_from = (self.row_version(key), cursor, cursor and focused, width, scroll_x)
         cached = self._strips.get(key)
         if cached is None or cached[0] != made_from:
             self.strips_made += 1
@@ -307,9 +343,9 @@ class PanelTable(ScrollView, can_focus=True):
         return cached[1]
 
     def render_line(self, y: int) -> Strip:
-        shape = self._shape()
-        self._painted[y] = self._line_source(y, shape)
-        scroll_x, scroll_y, width, _ = shape
+        view = self._view()
+        self._painted[y] = self._line_source(y, view)
+        scroll_x, scroll_y, width, *_ = view
         if y == 0:
             return self._header_strip(scroll_x, width)
         index = scroll_y + y - 1
@@ -320,7 +356,7 @@ class PanelTable(ScrollView, can_focus=True):
                 style = self.rich_style + self.get_component_rich_style("panel-table--empty")
                 return self._strip(Text(f" {self.EMPTY_TEXT}", style=style), self.rich_style).crop(0, width)
             return Strip.blank(width, self.rich_style)
-        return self._row_strip(index, scroll_x, width)
+        return self._row_strip(index, view)
 
     def _pending_strip(self, index: int, width: int) -> Strip:
         style = self._row_style(index == self.cursor_row) + self.get_component_rich_style(

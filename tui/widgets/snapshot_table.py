@@ -224,9 +224,13 @@ class SnapshotTable(PanelTable):
         """The rows of its list this panel needs read: down to its last row on screen (a filter
         or a sort works on every row it lists; a panel not laid out yet, on as many as it lists;
         a hidden one, on none)."""
-        if self.filter_text or self.sort_column is not None or self._whole_list_for or not self.size.height:
+        # (the region looked up once: each look walks up to the screen, and this runs twice a refresh)
+        height = (
+            0 if self.filter_text or self.sort_column is not None else self.scrollable_content_region.height
+        )
+        if not height or self._whole_list_for:
             return LIST_CAP if self.display or self._whole_list_for else 0
-        return min(LIST_CAP, self.first_row_on_screen() + self.body_height)
+        return min(LIST_CAP, self.first_row_on_screen() + max(1, height - 1))  # `body_height`'s rows
 
     def rows_in_all(self) -> int:
         """How many rows the panel scrolls over: those read, and those counted but not read yet."""
