@@ -140,6 +140,11 @@ def vector_of(document: str) -> list[float]:
     return _embedder(settings.embedder).embed([document])[0]
 
 
+def shared_embedder() -> Embedder:
+    """The configured embedder, loaded once per test process (a test's Context may take it)."""
+    return _embedder(settings.embedder)
+
+
 @cache
 def _embedder(name: str) -> Embedder:
     """The embedder `name` (REM_EMBEDDER) loaded once per test process, as a daemon loads it once:
