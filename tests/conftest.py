@@ -20,6 +20,7 @@ from backend.runtime.context import Context
 from tests import pg
 from tests.fake_openai import FakeOpenAIServer, Scenario
 from tests.helpers import counter_drift
+from tests.summaries import shared_embedder
 
 pytest_plugins = ["tests.gates"]
 
@@ -188,6 +189,7 @@ async def ctx(
 ) -> AsyncIterator[Context]:
     """A writable Context over a fresh, migrated data dir, using the session Chroma server."""
     context = Context(data_dir, chroma_url=chroma_url, collection=collection, db_url=db_url)
+    context._embedder = shared_embedder()  # loaded once per test process, as a daemon loads it once
     await context.db()
     yield context
     await context.close()
@@ -199,6 +201,7 @@ async def ctx(
 async def db_ctx(data_dir: DataDir, db_url: str | None) -> AsyncIterator[Context]:
     """A writable Context over a fresh data dir with no Chroma at all."""
     context = Context(data_dir, start_chroma=False, db_url=db_url)
+    context._embedder = shared_embedder()
     await context.db()
     yield context
     await context.close()

@@ -141,7 +141,8 @@ def vector_of(document: str) -> list[float]:
 
 
 def shared_embedder() -> Embedder:
-    """The configured embedder, loaded once per test process (a test's Context may take it)."""
+    """The configured embedder, loaded once per test process (the `ctx` fixtures' Contexts take it:
+    WordLlama's weights cost ~0.15 s a load, and a daemon loads them once for all its work)."""
     return _embedder(settings.embedder)
 
 
