@@ -44,14 +44,17 @@ class RemApi(FastAPI):
     which answers most admissions before any other layer costs them anything, then the meter
     (outermost of FastAPI's stack: a 413 is counted too), the body bound, then FastAPI's stack."""
 
+    fast: fast_admission.FastAdmission | None = None  # set by `create_app`
+
     def build_middleware_stack(self) -> ASGIApp:
         return Metered(BoundedBody(super().build_middleware_stack()), stats=self.state.stats)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        fast = self.fast
+        if fast is not None and scope["type"] == "http" and scope["method"] == "POST":
             path = fast_admission.PATH.fullmatch(scope["path"])
             if path is not None:
-                await self.state.fast(path[1], scope, receive, send, super().__call__)
+                await fast(path[1], scope, receive, send, super().__call__)
                 return
         await super().__call__(scope, receive, send)
 
@@ -84,7 +87,7 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     )
     app.state.ctx = ctx
     app.state.stats = ApiStats()
-    app.state.fast = fast_admission.FastAdmission(ctx, app.state.stats)
+    app.fast = fast_admission.FastAdmission(ctx, app.state.stats)
     app.state.status_lock = asyncio.Lock()
     # the server's one listener on the journal: event streams and input waits subscribe to it. Its
     # reader is a connection beside the store's, within REM_DB_MAX_CONNECTIONS (its LISTEN is the one

@@ -174,6 +174,7 @@ async def admit(
             delivery=body.delivery,
             input_id=admission.input_id,
             project=body.project,
+            validated=True,  # by `admission_of`
         )
     except Unauthorized as exc:
         known.discard(admission.token)
