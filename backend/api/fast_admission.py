@@ -23,7 +23,8 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from json.encoder import encode_basestring
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from fastapi.routing import APIRoute
@@ -58,8 +59,7 @@ ANSWER = b'{"session_id":%s,"input_id":%s,"delivery":%s,"admitted_seq":%d,"dupli
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class InputRead:
+class InputRead(NamedTuple):
     """The body's fields, as `models.InputIn` reads them."""
 
     text: str
@@ -68,8 +68,7 @@ class InputRead:
     project: str | None = None
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
     """A request the hot path takes: its token, its session, its body as the route reads it, its id."""
 
     token: str
@@ -129,6 +128,8 @@ async def read_body(receive: Receive) -> tuple[list[Message], bytes | None, Exce
                 return received, None, None
     except Exception as exc:  # raised again to the route, which answers it
         return received, None, exc
+    if len(received) == 1:
+        return received, received[0].get("body", b""), None
     return received, b"".join(m.get("body", b"") for m in received), None
 
 
@@ -146,17 +147,23 @@ def replay(received: list[Message], error: Exception | None, receive: Receive) -
     return replayed
 
 
-def answer_of(admitted: dict[str, object]) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The route's 202: its headers and its body (as `models.InputAdmitted` writes it)."""
+def answer_of(admitted: dict[str, Any]) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The route's 202: its headers (`routes_inputs.answer_headers`) and its body (as
+    `models.InputAdmitted` writes it: compact JSON, text as UTF-8)."""
     content = ANSWER % (
-        json.dumps(admitted["session_id"]).encode(),
-        json.dumps(admitted["input_id"]).encode(),
-        json.dumps(admitted["delivery"]).encode(),
+        encode_basestring(admitted["session_id"]).encode(),
+        encode_basestring(admitted["input_id"]).encode(),
+        encode_basestring(admitted["delivery"]).encode(),
         admitted["admitted_seq"],
         b"true" if admitted["duplicate"] else b"false",
     )
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
-    headers += [(k.lower().encode(), v.encode()) for k, v in routes_inputs.answer_headers(admitted).items()]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(content)),
+        (b"location", f"/v1/inputs/{admitted['input_id']}".encode()),
+    ]
+    if admitted["duplicate"]:
+        headers.append((b"idempotent-replayed", b"true"))
     return headers, content
 
 
@@ -206,6 +213,10 @@ class KnownTokens:
     def __init__(self) -> None:
         self.digests: set[str] = set()
 
+    def holds(self, token: str) -> bool:
+        """Whether `token` was a live token with the `write` scope when last seen."""
+        return tokens.token_hash(token) in self.digests
+
     async def vouch(self, ctx: Context, token: str) -> bool:
         """Whether `token` may go to the admission's transaction (checked there again)."""
         digest = tokens.token_hash(token)
@@ -243,7 +254,9 @@ class FastAdmission:
         began = time.perf_counter()
         received, body, error = await read_body(receive)
         admission = None if body is None else admission_of(session_id, headers, body)
-        if admission is None or not await self.vouched(admission.token):
+        if admission is None or not (
+            self.known.holds(admission.token) or await self.vouched(admission.token)
+        ):
             await onward(scope, replay(received, error, receive), send)  # counted by the meter there
             return
         stats = self.stats
