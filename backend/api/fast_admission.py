@@ -264,9 +264,9 @@ class FastAdmission:
         status = 500  # what the client gets when this raises before answering
         try:
             status = await admit(self.ctx, scope, admission, receive, send, self.known)
+            stats.started("POST", ROUTE.path, time.perf_counter() - began)  # as the meter: to the answer
         finally:
             stats.in_flight -= 1
-            stats.started("POST", ROUTE.path, time.perf_counter() - began)  # as the meter: to the answer
             stats.finished("POST", ROUTE.path, status)
 
     async def vouched(self, token: str) -> bool:
