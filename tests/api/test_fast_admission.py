@@ -4,6 +4,7 @@ store, reading it as the route does; anything else goes to the route itself with
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -11,8 +12,20 @@ from starlette.exceptions import HTTPException
 from starlette.types import Message
 
 from backend import ops
-from backend.api.fast_admission import Admission, KnownTokens, admission_of, headers_of, read_body, replay
+from backend.api import fast_admission, routes_inputs, wire
+from backend.api.fast_admission import (
+    Admission,
+    KnownTokens,
+    admission_of,
+    answer_of,
+    headers_of,
+    input_of,
+    read_body,
+    replay,
+)
+from backend.api.models import InputAdmitted, InputIn
 from backend.runtime.context import Context
+from tests.api.serving import serving
 
 TOKEN = "rem_" + "a" * 43
 JSON = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
@@ -123,3 +136,133 @@ async def test_only_a_live_write_token_goes_on_to_the_write_transaction(ctx: Con
     assert await known.vouch(ctx, writer)  # still known: the admission's transaction refuses it
     known.discard(writer)
     assert not await known.vouch(ctx, writer) and not known.digests
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"text": None},
+        {"text": True},
+        {"text": 5},
+        {"text": ["hello"]},
+        {"text": {"a": "b"}},
+        {"text": ""},
+        {"text": "x" * (256 * 1024 + 1)},
+        {"text": "hello", "delivery": None},
+        {"text": "hello", "delivery": 1},
+        {"text": "hello", "delivery": "Queue"},
+        {"text": "hello", "input_id": 5},
+        {"text": "hello", "input_id": ["in-1"]},
+        {"text": "hello", "project": True},
+        {"text": "hello", "project": {"p": 1}},
+        {"text": "hello", "extra": 1},
+        {"input_id": "in-1"},
+    ],
+)
+def test_the_body_is_taken_only_in_the_exact_json_types_the_model_reads(fields: dict[str, object]) -> None:
+    """The hot path reads the body by hand: whatever it would read differently from the route's
+    model (a type the model refuses or coerces, a field it forbids or misses) is left to the route."""
+    assert input_of(fields) is None
+    assert admission_of("s1", JSON, json.dumps(fields).encode()) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"text": "hello"},
+        {"text": "hello", "input_id": None, "project": None},
+        {"text": "h\u00e9llo \u2603", "input_id": "in-1", "delivery": "steer", "project": "alpha"},
+        {"text": "x" * (256 * 1024)},
+    ],
+)
+def test_a_body_the_hot_path_takes_reads_as_the_model_reads_it(fields: dict[str, object]) -> None:
+    read = input_of(json.loads(json.dumps(fields)))
+    model = InputIn.model_validate(fields)
+    assert read is not None
+    assert (read.text, read.input_id, read.delivery, read.project) == (
+        model.text,
+        model.input_id,
+        model.delivery,
+        model.project,
+    )
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_the_answer_is_the_routes_answer_byte_for_byte(duplicate: bool) -> None:
+    admitted = {
+        "session_id": "s-1.a_b",
+        "input_id": "in_0190abcdef12",
+        "delivery": "steer",
+        "admitted_seq": 12345678901,
+        "promoted_seq": None,
+        "duplicate": duplicate,
+        "session_created": False,
+    }
+    headers, content = answer_of(admitted)
+    assert content == InputAdmitted.model_validate(admitted).model_dump_json().encode()
+    expected = {k.lower(): v for k, v in routes_inputs.answer_headers(admitted).items()}
+    assert dict((k.decode(), v.decode()) for k, v in headers) == {
+        "content-type": "application/json",
+        "content-length": str(len(content)),
+        **expected,
+    }
+
+
+def test_a_known_token_is_held_by_its_digest_alone() -> None:
+    known = KnownTokens()
+    assert not known.holds(TOKEN)
+    known.digests.add(fast_admission.tokens.token_hash(TOKEN))
+    assert known.holds(TOKEN) and TOKEN not in known.digests
+    known.discard(TOKEN)
+    assert not known.holds(TOKEN)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer off the connection: its status, headers (lower case) and body."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in head[1:] if line)
+    headers = {k.lower(): v for k, v in fields.items()}
+    return int(head[0].split()[1]), headers, await reader.readexactly(int(headers["content-length"]))
+
+
+async def test_an_answer_written_whole_leaves_the_connection_as_uvicorn_would(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two admissions pipelined on one connection are each answered whole (one write: `wire`), with
+    uvicorn's own headers, and the connection serves on; a request asking to close falls back to
+    uvicorn's own two writes, and the connection closes after its answer. The route's answer (a
+    `+json` body, which the hot path leaves alone) carries the same headers."""
+    token = (await ops.token_create(ctx, "wire", all_projects=True, scopes=["write"]))["token"]
+    whole: list[bool] = []
+
+    def spied(*args: object) -> bool:
+        whole.append(wire.write_whole(*args))  # type: ignore[arg-type]
+        return whole[-1]
+
+    monkeypatch.setattr(fast_admission, "write_whole", spied)
+
+    def request(n: int, kind: str = "application/json", close: bool = False) -> bytes:
+        raw = json.dumps({"text": f"hello {n}", "input_id": f"wire-{n}"}).encode()
+        return (
+            f"POST /v1/sessions/wire/inputs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: {kind}\r\nContent-Length: {len(raw)}\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n"
+        ).encode() + raw
+
+    async with serving(ctx) as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request(1) + request(2))  # pipelined: the second waits for the first's answer
+        answers = [await read_answer(reader), await read_answer(reader)]
+        writer.write(request(3, "application/vnd.rem+json"))
+        by_route = await read_answer(reader)
+        writer.write(request(4, close=True))
+        closing = await read_answer(reader)
+        assert await reader.read() == b""  # closed by the server after the answer
+        writer.close()
+    assert whole == [True, True, False]
+    for n, (status, headers, body) in enumerate([*answers, by_route, closing], start=1):
+        assert status == 202 and json.loads(body)["input_id"] == f"wire-{n}"
+        assert headers["location"] == f"/v1/inputs/wire-{n}"
+    names = {*by_route[1]}
+    assert {*answers[0][1]} == {*answers[1][1]} == names >= {"date", "server", "content-length"}
+    assert closing[1]["connection"] == "close" and {*closing[1]} == names | {"connection"}
