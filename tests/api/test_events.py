@@ -306,7 +306,7 @@ async def test_a_heartbeat_never_writes_onto_a_paused_connection_nor_into_an_eve
             chunks.append(await raw.chunk(skip_pings=True))
             events = [_event_of(c) for c in chunks if c != PING]
             assert events == (await _fresh_read(db, Scope(session_id="s1")))[1:]
-            assert hub.stats.pings_written == written and hub.stats.closed_slow == 0
+            assert hub.stats.closed_slow == 0  # (drained, its pings go straight on again)
         finally:
             raw.sock.close()
 
