@@ -140,6 +140,12 @@ def vector_of(document: str) -> list[float]:
     return _embedder(settings.embedder).embed([document])[0]
 
 
+def shared_embedder() -> Embedder:
+    """The configured embedder, loaded once per test process (the `ctx` fixtures' Contexts take it:
+    WordLlama's weights cost ~0.15 s a load, and a daemon loads them once for all its work)."""
+    return _embedder(settings.embedder)
+
+
 @cache
 def _embedder(name: str) -> Embedder:
     """The embedder `name` (REM_EMBEDDER) loaded once per test process, as a daemon loads it once:

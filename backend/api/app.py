@@ -14,12 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backend.api import (
     attach,
     errors,
     events,
+    fast_admission,
     mcp_http,
     routes_inputs,
     routes_sessions,
@@ -27,7 +28,6 @@ from backend.api import (
     routes_tool_calls,
 )
 from backend.api.bounds import BoundedBody
-from backend.api.fast_admission import FastAdmission
 from backend.api.hub import Hub
 from backend.api.stats import ApiStats, Metered
 from backend.runtime.context import Context
@@ -40,13 +40,23 @@ SUMMARY = "The application API of rem: sessions, inputs, events, tool-call decis
 
 
 class RemApi(FastAPI):
-    """FastAPI with rem's own ASGI layers in front of its stack: the meter (outermost: a 413 is
-    counted too), the body bound, then admission's hot path (`fast_admission`), which
-    answers most admissions before FastAPI's error and telemetry layers would cost them anything."""
+    """FastAPI with rem's own ASGI layers: admission's hot path (`fast_admission`) in front of all,
+    which answers most admissions before any other layer costs them anything, then the meter
+    (outermost of FastAPI's stack: a 413 is counted too), the body bound, then FastAPI's stack."""
+
+    fast: fast_admission.FastAdmission | None = None  # set by `create_app`
 
     def build_middleware_stack(self) -> ASGIApp:
-        inner = FastAdmission(super().build_middleware_stack(), self.state.ctx)
-        return Metered(BoundedBody(inner), stats=self.state.stats)
+        return Metered(BoundedBody(super().build_middleware_stack()), stats=self.state.stats)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = self.fast
+        if fast is not None and scope["type"] == "http" and scope["method"] == "POST":
+            path = fast_admission.PATH.fullmatch(scope["path"])
+            if path is not None:
+                await fast(path[1], scope, receive, send, super().__call__)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
@@ -77,6 +87,7 @@ def create_app(ctx: Context, *, version: str = "0") -> FastAPI:
     )
     app.state.ctx = ctx
     app.state.stats = ApiStats()
+    app.fast = fast_admission.FastAdmission(ctx, app.state.stats)
     app.state.status_lock = asyncio.Lock()
     # the server's one listener on the journal: event streams and input waits subscribe to it. Its
     # reader is a connection beside the store's, within REM_DB_MAX_CONNECTIONS (its LISTEN is the one

@@ -135,12 +135,16 @@ class Subscription:
         self._bytes += len(frame.payload)
         self._wake()
 
+    @property
+    def idle(self) -> bool:
+        """Whether the subscriber's task waits for its next frame with none queued (so not inside a `send`)."""
+        return not self._queue and self._waiter is not None and not self._waiter.done()
+
     def ping(self) -> None:
         """A heartbeat falls due: written onto the connection at once when the subscriber's task
         waits for a frame (`backend.api.pinger`), else its `next` returns None once."""
-        idle = not self._queue and self._waiter is not None and not self._waiter.done()
         write = self.pinger.write if self.pinger is not None else None
-        if idle and write is not None and write(PING):
+        if self.idle and write is not None and write(PING):
             self.hub.stats.pings_written += 1
             return
         self.hub.stats.pings_woken += 1

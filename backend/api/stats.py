@@ -68,7 +68,10 @@ class ApiStats:
 
     def started(self, method: str, route: str, seconds: float) -> None:
         """A response started: its time to headers."""
-        self.latency.setdefault((method, route), Histogram()).observe(seconds)
+        histogram = self.latency.get((method, route))
+        if histogram is None:  # not `setdefault`: that makes a Histogram on every call
+            histogram = self.latency[(method, route)] = Histogram()
+        histogram.observe(seconds)
 
     def finished(self, method: str, route: str, status: int, now: float | None = None) -> None:
         """A request ended (its response sent, or failed)."""

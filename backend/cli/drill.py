@@ -55,6 +55,14 @@ MidSendOpt = Annotated[
     ),
 ]
 
+StopOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stop-at-violation",
+        help="End the rounds at the first one after which `rem check` finds a violation (a failed drill).",
+    ),
+]
+
 
 @drill_app.command("sigkill")
 def sigkill(
@@ -68,6 +76,7 @@ def sigkill(
     pause: PauseOpt = False,
     tools: ToolsOpt = False,
     mid_send: MidSendOpt = False,
+    stop_at_violation: StopOpt = False,
     data: common.DrillDataOpt = None,
     db: common.DbOpt = None,
     json: common.JsonOpt = False,
@@ -102,6 +111,7 @@ def sigkill(
         hosts=PG_HOSTS if db_url else (),
         tools=tools or mid_send,
         mid_send=mid_send,
+        stop_at_violation=stop_at_violation,
     )
     config.victims()
     # the drill's own --data only (never the global one): a drill kills what runs on its data dir

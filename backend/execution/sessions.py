@@ -133,15 +133,18 @@ async def admit(
     project: str | None = None,
     projects: Collection[str] | None = None,
     caller: Callable[[Conn], tuple[str, Collection[str] | None]] | None = None,
+    validated: bool = False,
 ) -> dict[str, Any]:
     """Admit one input (idempotent on its id), creating the session (in `project`) on first use.
 
     `projects` keeps a caller to those projects (an API token): a session of another one is
     not found, and an input id it holds is refused without naming where. `caller`, when given,
     decides `actor` and `projects` inside the admission's transaction (an API token checked there).
-    A NUL in the text is kept as U+FFFD, on both stores (`storable.without_nul`).
+    A NUL in the text is kept as U+FFFD, on both stores (`storable.without_nul`). `validated`: the
+    caller ran `validate_input` on these very values (the API's hot path), so it is not run again.
     """
-    validate_input(session_id, text, delivery, input_id, project)  # the text as sent: its size, its Unicode
+    if not validated:
+        validate_input(session_id, text, delivery, input_id, project)  # the text as sent: size, Unicode
     text = without_nul(text)
     input_id = input_id or new_input_id()
     now = clock.now_ms() if now is None else now

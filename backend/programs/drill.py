@@ -85,6 +85,9 @@ class DrillConfig:
     tools: bool = False
     # with tools: each executor round kills the owner of a send in flight on the tool server
     mid_send: bool = False
+    # end the rounds at the first one after which the store holds a violation (the drill has
+    # failed then: more rounds cannot make it pass, they only make it longer)
+    stop_at_violation: bool = False
 
     def victims(self) -> list[str]:
         roles = (*ROLES, ZOMBIE) if self.pause else ROLES
@@ -118,6 +121,8 @@ class DrillResult:
     store: str = "sqlite"
     rounds: list[Round] = field(default_factory=list)
     settle_s: float | None = None
+    # with stop_at_violation: the round after which the store held a violation (no round ran after it)
+    stopped_after: int | None = None
     check: dict[str, Any] = field(default_factory=dict)
     # with --tools: the sends the tool server did, and those done twice for one key (must be 0)
     effects: dict[str, int] | None = None
@@ -484,12 +489,26 @@ class Drill:
         return round(time.monotonic() - started, 2)
 
     async def _run_rounds(self, result: DrillResult) -> None:
-        """One round per victim, each reported to `on_round` as it ends."""
+        """One round per victim, each reported to `on_round` as it ends; with `stop_at_violation`,
+        none after the first that leaves a violation in the store."""
         for number, role in enumerate(self.config.victims(), start=1):
             rnd = await self.run_round(number, role)
             result.rounds.append(rnd)
             if self.on_round is not None:
                 self.on_round(rnd)
+            if self.config.stop_at_violation and await self._violation_stays():
+                log.warning("stopped the rounds after round %s: rem check found a violation", number)
+                result.stopped_after = number
+                return
+
+    async def _violation_stays(self) -> bool:
+        """`_violated` in VIOLATED_POLLS checks in a row (a check that read mid-write is no verdict)."""
+        for poll in range(VIOLATED_POLLS):
+            if poll:
+                await asyncio.sleep(0.2)
+            if not await self._violated():
+                return False
+        return True
 
     async def _violated(self) -> bool:
         """A violation in the state store (not work in flight, not Chroma unreachable): a correct build

@@ -23,10 +23,11 @@ from backend.runtime.context import Context
 
 @dataclass
 class Served:
-    """A running app: its base URL and the app (its hub is `app.state.hub`)."""
+    """A running app: its base URL, the app (its hub is `app.state.hub`) and its uvicorn server."""
 
     url: str
     app: FastAPI
+    server: uvicorn.Server
 
 
 @asynccontextmanager
@@ -47,7 +48,7 @@ async def serving(ctx: Context, *, sndbuf: int | None = None) -> AsyncIterator[S
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", app)
+        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", app, server)
     finally:
         server.stop()
         await hub_of(app).close()  # open streams end, as a drain ends them

@@ -179,6 +179,50 @@ def test_the_hot_path_and_the_route_answer_alike(served: Served) -> None:
     assert hot_first == route_first
 
 
+def test_the_hot_path_and_the_route_refuse_alike(served: Served) -> None:
+    """The store's refusals answered by the hot path (a JSON body) are the route's (the same body as
+    `+json`, which the hot path leaves alone): another project's session, a project out of the
+    token's reach, an input id another session holds; a body sent without a declared length (chunked)
+    goes to the route, and the hot path then answers its replay."""
+    theirs, held = unique("s"), unique("in")
+    with served.client("beta") as beta:
+        assert (
+            beta.post(f"/v1/sessions/{theirs}/inputs", json={"text": "x", "input_id": held}).status_code
+            == 202
+        )
+
+    def both(api: httpx.Client, sid: str, fields: dict[str, str]) -> list[tuple[int, str]]:
+        raw = json.dumps(fields).encode()
+        return [
+            (answer.status_code, answer.text)
+            for kind in ("application/json", "application/vnd.rem+json")
+            for answer in [
+                api.post(f"/v1/sessions/{sid}/inputs", content=raw, headers={"content-type": kind})
+            ]
+        ]
+
+    with served.client("alpha") as alpha:
+        for sid, fields, status in [
+            (theirs, {"text": "x"}, 404),
+            (unique("s"), {"text": "x", "project": "beta"}, 403),
+            (unique("s"), {"text": "x", "input_id": held}, 409),
+        ]:
+            hot, route = both(alpha, sid, fields)
+            assert hot == route and hot[0] == status, (fields, hot, route)
+        sid, iid = unique("s"), unique("in")
+        body = json.dumps({"text": "chunked", "input_id": iid}).encode()
+        chunked = alpha.post(
+            f"/v1/sessions/{sid}/inputs",
+            content=iter([body[:5], body[5:]]),
+            headers={"content-type": "application/json"},
+        )
+        assert chunked.status_code == 202 and "content-length" not in chunked.request.headers
+        again = alpha.post(
+            f"/v1/sessions/{sid}/inputs", content=body, headers={"content-type": "application/json"}
+        )
+        assert again.status_code == 202 and again.json() == {**chunked.json(), "duplicate": True}
+
+
 def test_tokens_and_scopes_are_enforced(served: Served) -> None:
     sid = unique("s")
     with served.client(None) as anonymous:

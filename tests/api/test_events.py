@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from functools import partial
 
@@ -15,7 +16,8 @@ import httpx
 import pytest
 
 from backend import ops
-from backend.api.hub import hub_of
+from backend.api.hub import Hub, Subscription, hub_of
+from backend.api.pinger import PING
 from backend.core import clock
 from backend.execution import sessions
 from backend.execution.agent import OfflineResponder
@@ -175,20 +177,21 @@ async def test_a_slow_reader_is_closed_and_resumes_with_nothing_skipped(db_ctx: 
         assert _seen(got) + _seen(rest) == fresh  # all of it, once, in order
 
 
-async def _burst_of_parts(db: Database, session_id: str, *, parts: int, size: int) -> None:
+async def _burst_of_parts(db: Database, session_id: str, *, parts: int, size: int, first: int = 0) -> None:
     now = clock.now_ms()
     async with db.tx() as conn:
-        await conn.execute(
-            "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
-            "VALUES ('m-burst', ?, 'assistant', 100, ?, ?, '{}')",
-            (session_id, now, now),
-        )
+        if first == 0:
+            await conn.execute(
+                "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data) "
+                "VALUES ('m-burst', ?, 'assistant', 100, ?, ?, '{}')",
+                (session_id, now, now),
+            )
         await conn.executemany(
             "INSERT INTO session_part (id, message_id, session_id, idx, type, time_created, data) "
             "VALUES (?, 'm-burst', ?, ?, 'text', ?, ?)",
             [
                 (f"m-burst:p{i}", session_id, i, now, json.dumps({"text": f"{i:06d}" + "x" * size}))
-                for i in range(parts)
+                for i in range(first, first + parts)
             ],
         )
 
@@ -252,6 +255,115 @@ async def test_an_idle_stream_gets_heartbeats_and_a_drain_ends_it(
             assert [line async for line in lines] in ([], [""])
         refused = await client.get("/v1/events")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+
+
+async def test_a_heartbeat_never_writes_onto_a_paused_connection_nor_into_an_event(
+    db_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A raw client (small kernel buffers both ends) stops reading while parts are journaled one at a
+    time: the write of one fills the socket past uvicorn's high-water mark and the connection's writes
+    pause, with the stream's task idle again. The ticker must not write `: ping` there (it would pile
+    up on a reader that reads nothing); it wakes the stream, whose own `send` waits for the reader.
+    Nothing queued passes the hub's bound, so the stream stays open. Read again, the client gets every
+    event whole (each chunk one event or one ping), in order, none skipped, and the stream lives on."""
+    from backend.api import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "HEARTBEAT_S", 3600.0)  # no tick while the socket fills
+    db = await db_ctx.db()
+    await sessions.admit(db, "s1", "Tell me everything.", input_id="in-1")
+    headers = await _token(db_ctx)
+    async with serving(db_ctx, sndbuf=4096) as served:
+        hub = hub_of(served.app)
+        raw = await _RawStream.open(served.url, "/v1/sessions/s1/events", headers, rcvbuf=4096)
+        try:
+            assert b"transfer-encoding: chunked" in (await raw.head()).lower()
+            assert await raw.chunk() == b"retry: 1000\n\n"  # priming
+            assert b"event: input.admitted" in await raw.chunk()
+            (sub,) = hub._subs.all()
+            (conn,) = served.server.server_state.connections
+            parts = 0
+            while not conn.flow.write_paused:  # one part at a time, each written before the next
+                assert parts < 300, "the connection's writes never paused"
+                frames = hub.stats.frames
+                await _burst_of_parts(db, "s1", parts=1, size=8000, first=parts)
+                parts += 1
+                await await_until(partial(_written, sub, hub, frames), message="the part written")
+            assert sub.idle and parts > 1
+            written, woken = hub.stats.pings_written, hub.stats.pings_woken
+            monkeypatch.setattr(hub_module, "HEARTBEAT_S", 0.05)
+            hub._tick.cancel()  # type: ignore[union-attr]
+            hub._heartbeat()  # the ticker's own pass, now (it ticks every 50 ms from here)
+            # the stream's task was idle, so only the paused writes kept the ping off the connection
+            assert (hub.stats.pings_written, hub.stats.pings_woken) == (written, woken + 1)
+            await await_until(lambda: _above(hub.stats.pings_woken, woken + 3), message="more ticks")
+            assert conn.flow.write_paused and hub.stats.pings_written == written, hub.stats
+            assert hub.stats.closed_slow == 0 and hub.open_streams == 1
+            fresh = await _fresh_read(db, Scope(session_id="s1"))
+            chunks = [await raw.chunk() for _ in range(len(fresh) - 1)]  # the rest of the events
+            chunks.append(await raw.chunk())  # then the heartbeat the woken stream carried itself
+            assert chunks[-1] == PING and PING not in chunks[:-1]
+            await _burst_of_parts(db, "s1", parts=1, size=10, first=parts)  # the stream lives on
+            chunks.append(await raw.chunk(skip_pings=True))
+            events = [_event_of(c) for c in chunks if c != PING]
+            assert events == (await _fresh_read(db, Scope(session_id="s1")))[1:]
+            assert hub.stats.closed_slow == 0  # (drained, its pings go straight on again)
+        finally:
+            raw.sock.close()
+
+
+class _RawStream:
+    """An HTTP/1.1 event stream read off a bare socket, one chunk at a time, only when asked."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    @classmethod
+    async def open(cls, url: str, path: str, headers: dict[str, str], *, rcvbuf: int) -> _RawStream:
+        host, port = httpx.URL(url).host, httpx.URL(url).port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connecting: the window
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (host, port))
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Accept: text/event-stream"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        await loop.sock_sendall(sock, ("\r\n".join(lines) + "\r\n\r\n").encode())
+        return cls(sock)
+
+    async def _more(self) -> None:
+        data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, 65536), 30)
+        assert data, "the server ended the stream"
+        self.buf += data
+
+    async def head(self) -> bytes:
+        while b"\r\n\r\n" not in self.buf:
+            await self._more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        return head
+
+    async def chunk(self, *, skip_pings: bool = False) -> bytes:
+        while True:
+            size, sep, rest = self.buf.partition(b"\r\n")
+            if sep and len(rest) >= int(size, 16) + 2:
+                body, self.buf = rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+                assert rest[int(size, 16) : int(size, 16) + 2] == b"\r\n"
+                if not (skip_pings and body == PING):
+                    return body
+                continue
+            await self._more()
+
+
+def _event_of(chunk: bytes) -> tuple[str, str, dict[str, object]]:
+    """One whole SSE event as the hub encodes it (`hub.Frame`), the chunk holding nothing else."""
+    match = re.fullmatch(rb"id: ([^\n]+)\nevent: ([^\n]+)\ndata: ([^\n]+)\n\n", chunk)
+    assert match is not None, chunk[:200]
+    return match[1].decode(), match[2].decode(), json.loads(match[3])
+
+
+async def _written(sub: Subscription, hub: Hub, frames: int) -> bool:
+    """Whether a frame came after `frames` and the stream's task took it and waits again."""
+    return sub.idle and hub.stats.frames > frames
 
 
 async def test_a_hub_nobody_follows_reads_nothing_and_the_next_stream_misses_nothing(db_ctx: Context) -> None:

@@ -6,13 +6,14 @@ on /healthz)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import Callable
 
 import pytest
 
 from backend.api.listen import Listen
-from backend.api.server import _bound, event_loop
+from backend.api.server import GC_YOUNG_THRESHOLD, _bound, event_loop, settle_collector
 
 
 async def nodelay_of_an_accepted_connection() -> int:
@@ -40,3 +41,15 @@ async def nodelay_of_an_accepted_connection() -> int:
 def test_accepted_connections_have_nagle_off(loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
     with asyncio.Runner(loop_factory=loop) as runner:
         assert runner.run(nodelay_of_an_accepted_connection()) != 0
+
+
+def test_the_server_keeps_the_cycle_collector_off_its_start_up_objects() -> None:
+    """`rem serve` freezes what start-up made and collects its youngest generation less often."""
+    before = gc.get_threshold()
+    try:
+        settle_collector()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

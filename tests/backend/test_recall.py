@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from backend import ops
@@ -15,6 +19,9 @@ from backend.core.errors import BadInput, SessionNotFound
 from backend.dream.digester import Dreamer
 from backend.runtime.context import Context
 from backend.summaries.summarizer import Summarizer
+from tests import pg
+from tests.helpers import counter_drift
+from tests.summaries import shared_embedder
 
 # recall's reads go to both stores in rounds (`read_together_sync`): one pipeline each on PostgreSQL
 pytestmark = pytest.mark.both_stores
@@ -52,12 +59,98 @@ async def settle(ctx: Context) -> None:
     await Dreamer(ctx, once=True).run()
 
 
-@pytest.fixture
-async def imported(ctx: Context, tmp_path: Path) -> Context:
+async def import_and_settle(ctx: Context, tmp_path: Path) -> Context:
     result = await ops.import_file(ctx, write_jsonl(tmp_path / "chats.jsonl"))
     assert result["ok"] and result["written"] == len(LINES)
     await settle(ctx)
     return ctx
+
+
+@pytest.fixture
+async def imported_own(ctx: Context, tmp_path: Path) -> Context:
+    """LINES imported and settled in this test's own store and Chroma collection: for a test that
+    writes (a re-summarized session, a rewritten summary row)."""
+    return await import_and_settle(ctx, tmp_path)
+
+
+@dataclasses.dataclass
+class Settled:
+    """LINES imported and settled once in a module (per store): a closed data dir, its
+    PostgreSQL database (None on SQLite) and its Chroma collection, which no test writes."""
+
+    data: DataDir
+    db_name: str | None
+    collection: str
+
+
+@pytest.fixture(scope="module")
+def settled_sets(request: pytest.FixtureRequest) -> Iterator[dict[str, Settled]]:
+    """The module's settled imports by store, made on first use; their databases dropped at its end."""
+    made: dict[str, Settled] = {}
+    yield made
+    for store, kept in made.items():
+        if kept.db_name is not None:
+            pg.drop_database(pg.store_server(store, request), kept.db_name)
+
+
+async def _settled(
+    store: str, sets: dict[str, Settled], request: pytest.FixtureRequest, chroma_url: str
+) -> Settled:
+    if store not in sets:
+        root = request.getfixturevalue("tmp_path_factory").mktemp(f"imported-{store}")
+        server = pg.store_server(store, request) if store.startswith("postgres") else None
+        db_name = pg.fresh_database(server) if server is not None else None
+        collection = f"t_{uuid.uuid4().hex[:12]}"
+        ctx = Context(
+            DataDir(root / "data"),
+            chroma_url=chroma_url,
+            collection=collection,
+            db_url=server.url(db_name) if server is not None and db_name is not None else None,
+        )
+        try:
+            await ctx.db()
+            await import_and_settle(ctx, root)
+        finally:
+            await ctx.close()  # nothing holds the store open: it is copied per test
+        sets[store] = Settled(ctx.data, db_name, collection)
+    return sets[store]
+
+
+@pytest.fixture
+async def imported(
+    store: str,
+    settled_sets: dict[str, Settled],
+    request: pytest.FixtureRequest,
+    chroma_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Context]:
+    """A Context of this test's own over a copy of the module's settled import (its data dir, and
+    on PostgreSQL a database made from the settled one as a template), on the shared collection:
+    for a test that only reads (import and settle cost ~0.75 s a test, 16 tests a store)."""
+    kept = await _settled(store, settled_sets, request, chroma_url)
+    data = DataDir(tmp_path / "data")
+    shutil.copytree(kept.data.root, data.root, ignore=shutil.ignore_patterns("*-shm"))
+    db_url, server, copy = None, None, f"t_{uuid.uuid4().hex[:12]}"
+    if kept.db_name is not None:
+        server = pg.store_server(store, request)
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {copy} TEMPLATE {kept.db_name}")
+        db_url = server.url(copy)
+        monkeypatch.setenv("REM_DB_URL", db_url)  # as the `db_url` fixture: rem processes use it too
+    context = Context(data, chroma_url=chroma_url, collection=kept.collection, db_url=db_url)
+    # the configured embedder loaded once per test process, as a daemon loads it once (WordLlama's
+    # weights: ~0.15 s a Context); the warming test builds Contexts of its own, which load theirs
+    context._embedder = shared_embedder()
+    try:
+        await context.db()
+        yield context
+    finally:
+        await context.close()
+        if server is not None:
+            pg.drop_database(server, copy)
+    drift = counter_drift(data.state_db)
+    assert not drift, f"status counters drifted from their rows: {drift}"
 
 
 def _turns(result: dict[str, Any]) -> list[str]:
@@ -117,8 +210,10 @@ async def test_bad_recall_input_is_refused_in_one_line(imported: Context) -> Non
 
 
 @pytest.mark.both_stores
-async def test_recall_without_chroma_degrades_to_lexical(imported: Context, data_dir: Any) -> None:
-    offline = Context(data_dir, start_chroma=False, collection=imported.collection, db_url=imported.db_url)
+async def test_recall_without_chroma_degrades_to_lexical(imported: Context) -> None:
+    offline = Context(
+        imported.data, start_chroma=False, collection=imported.collection, db_url=imported.db_url
+    )
     try:
         result = await ops.recall(offline, "sourdough", project="ops")
     finally:
@@ -367,11 +462,11 @@ def _summary_text(result: dict[str, Any], session_id: str) -> str:
 
 
 async def test_a_resummarized_session_is_recalled_with_its_new_summary_not_the_kept_one(
-    imported: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    imported_own: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # recall keeps the summary rows it fetched under their job's version (`vector_search.summary_rows`):
     # the next recall fetches nothing, and a session summarized again is fetched again
-    store = imported.store()
+    store = imported_own.store()
     fetches: list[int] = []
     run = store._run
 
@@ -380,29 +475,31 @@ async def test_a_resummarized_session_is_recalled_with_its_new_summary_not_the_k
         return await run(fn)
 
     monkeypatch.setattr(store, "_run", counted)
-    first = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    first = await ops.recall(imported_own, "dog on the beach", project="ops", k=10)
     before = _summary_text(first, "pets")
     assert before == (await store.get(["summary_pets"]))["summary_pets"].document
     fetches.clear()
-    assert (await ops.recall(imported, "dog on the beach", project="ops", k=10))["items"] == first["items"]
+    assert (await ops.recall(imported_own, "dog on the beach", project="ops", k=10))["items"] == first[
+        "items"
+    ]
     assert fetches == []  # every summary row was kept: no request to Chroma's summary collection
     line = {"project": "ops", "session": "pets", "id": "p-3", "role": "user", "speaker": "Maya"}
     line.update(text="Biscuit also chases the seagulls along the harbor wall.", time=1_700_000_000_100)
-    assert (await ops.import_file(imported, write_jsonl(tmp_path / "more.jsonl", [line])))["written"] == 1
-    await settle(imported)
+    assert (await ops.import_file(imported_own, write_jsonl(tmp_path / "more.jsonl", [line])))["written"] == 1
+    await settle(imported_own)
     after = (await store.get(["summary_pets"]))["summary_pets"].document
     assert after != before and "seagulls" in str(after)
-    again = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    again = await ops.recall(imported_own, "dog on the beach", project="ops", k=10)
     assert _summary_text(again, "pets") == after
 
 
-async def test_a_summary_row_is_fetched_afresh_while_its_job_is_leased(imported: Context) -> None:
+async def test_a_summary_row_is_fetched_afresh_while_its_job_is_leased(imported_own: Context) -> None:
     # a writer rewrites the row under a summary_job lease, and releases it only once the row reads
     # back: a row read while its job is leased is not kept, so the rewrite shows on the next recall
     from backend.store.db import execute
 
-    store, db = imported.store(), await imported.db()
-    first = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    store, db = imported_own.store(), await imported_own.db()
+    first = await ops.recall(imported_own, "dog on the beach", project="ops", k=10)
     async with db.tx() as conn:
         await execute(
             conn,
@@ -410,10 +507,10 @@ async def test_a_summary_row_is_fetched_afresh_while_its_job_is_leased(imported:
             "WHERE session_id = 'pets'",
             (2**62,),
         )
-    assert _summary_text(await ops.recall(imported, "dog on the beach", project="ops", k=10), "pets") == (
+    assert _summary_text(await ops.recall(imported_own, "dog on the beach", project="ops", k=10), "pets") == (
         _summary_text(first, "pets")
     )
     row = (await store.get(["summary_pets"]))["summary_pets"]
     await store.upsert(["summary_pets"], ["Biscuit, rewritten: the beach, every morning."], [row.metadata])
-    during = await ops.recall(imported, "dog on the beach", project="ops", k=10)
+    during = await ops.recall(imported_own, "dog on the beach", project="ops", k=10)
     assert _summary_text(during, "pets") == "Biscuit, rewritten: the beach, every morning."

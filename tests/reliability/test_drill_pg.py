@@ -69,10 +69,22 @@ def test_drill_on_postgresql_fails_when_fencing_is_disabled(tmp_path: Path, dril
     # itself (idle_in_transaction_session_timeout), so its late write never lands; 2 rounds missed once
     # in 4 runs. The settle wait ends at the first violation (see test_drill.py's SQLite twin)
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
-    args = ("--role", "zombie", "--rounds", "4", "--seed", "1", "--settle-timeout", "30")
+    # --stop-at-violation: no round after the first that left a violation (they ran all 4 before)
+    args = (
+        "--role",
+        "zombie",
+        "--rounds",
+        "4",
+        "--seed",
+        "1",
+        "--settle-timeout",
+        "30",
+        "--stop-at-violation",
+    )
     code, report = drill(tmp_path, "--db", drill_db, *args, env=env, private=True)
     assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
     assert report["verdict"] == "FAIL" and report["store"] == "postgresql"
     assert report["check"]["violations"], "the broken build went unnoticed on PostgreSQL"
+    assert report["stopped_after"] == len(report["rounds"]), json.dumps(report["rounds"], indent=1)
     kept = Path(report["data_dir"])  # a failed drill's private dir (logs of both hosts) stays
     assert kept.parent.parent == tmp_path and (kept / "hosts" / "host-b" / "logs").is_dir()

@@ -91,6 +91,8 @@ def test_turns_takeover_a_decision_and_check_through_pgbouncer(
     env = rem_env(
         REM_DB_URL=pooled,
         REM_DB_POOLED="1",
+        # no LISTEN through the pooler: an idle daemon looks for commits every poll, not every 1 s
+        REM_DB_POLL_MS="200",
         REM_DATA=str(tmp_path / "data"),
         REM_CHROMA_URL=chroma_url,
         REM_CHROMA_COLLECTION=collection,
