@@ -132,9 +132,9 @@ def config_of(cli: typer.Context) -> Config:
     return invocation.config
 
 
-def check_db_url(url: str) -> None:
-    """`--db URL`: refused in one line unless PostgreSQL can parse it; its password is hidden from
-    this process's own command line from here on (REM_DB_URL or ~/.pgpass never show it at all)."""
+def check_db_url(url: str) -> str:
+    """`--db URL` (returned): refused in one line unless PostgreSQL can parse it; its password is hidden
+    from this process's own command line from here on (REM_DB_URL or ~/.pgpass never show it at all)."""
     if not url.startswith(("postgresql://", "postgres://")):
         raise BadInput(
             f"--db {redact_url(url)!r} is not a postgresql:// URL; without --db rem uses state.db in --data"
@@ -146,6 +146,7 @@ def check_db_url(url: str) -> None:
         from backend.core import processes  # import time: psutil, only for a URL with a password
 
         processes.hide_in_title(url, redact_url(url))
+    return url
 
 
 def pin_relative_paths() -> None:

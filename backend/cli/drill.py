@@ -97,9 +97,7 @@ def sigkill(
     from backend.programs.drill import PG_HOSTS, DrillConfig, private_data_dir, run_drill
     from backend.runtime.context import Context
 
-    if db is not None:
-        common.check_db_url(db)
-    db_url = db if db is not None else common.config_of(cli).db_url
+    db_url = common.check_db_url(db) if db is not None else common.config_of(cli).db_url
     config = DrillConfig(
         role=role,
         rounds=rounds,
