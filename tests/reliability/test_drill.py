@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import rem_env, run_rem
-from tests.reliability.drills import drill
+from tests.reliability.drills import ZOMBIES_UNFENCED, drill
 
 pytestmark = pytest.mark.slow
 
@@ -52,19 +52,7 @@ def test_drill_fails_when_fencing_is_disabled(tmp_path: Path) -> None:
     # four rounds: with two, the drill found no violation in 1 of 3 runs at f9f4957 and 2 of 4 at
     # 5339da3 (the check ran after the woken zombie's first late row, before its duplicate reply);
     # since the drill waits for the zombie's late turn to end, two rounds found one in 4 of 4
-    # --stop-at-violation: no round after the first that left a violation (they ran all 4 before)
-    args = (
-        "--role",
-        "zombie",
-        "--rounds",
-        "4",
-        "--seed",
-        "1",
-        "--settle-timeout",
-        "30",
-        "--stop-at-violation",
-    )
-    code, report = drill(tmp_path, *args, env=env, private=True)
+    code, report = drill(tmp_path, *ZOMBIES_UNFENCED, env=env, private=True)
     assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
     assert report["verdict"] == "FAIL"
     assert report["check"]["violations"], "the broken build went unnoticed"

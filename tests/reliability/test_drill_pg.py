@@ -13,7 +13,7 @@ import pytest
 
 from tests import pg
 from tests.helpers import rem_env
-from tests.reliability.drills import drill
+from tests.reliability.drills import ZOMBIES_UNFENCED, drill
 
 pytestmark = pytest.mark.slow
 
@@ -69,19 +69,7 @@ def test_drill_on_postgresql_fails_when_fencing_is_disabled(tmp_path: Path, dril
     # itself (idle_in_transaction_session_timeout), so its late write never lands; 2 rounds missed once
     # in 4 runs. The settle wait ends at the first violation (see test_drill.py's SQLite twin)
     env = rem_env(REM_UNSAFE_DISABLE_FENCING="1")
-    # --stop-at-violation: no round after the first that left a violation (they ran all 4 before)
-    args = (
-        "--role",
-        "zombie",
-        "--rounds",
-        "4",
-        "--seed",
-        "1",
-        "--settle-timeout",
-        "30",
-        "--stop-at-violation",
-    )
-    code, report = drill(tmp_path, "--db", drill_db, *args, env=env, private=True)
+    code, report = drill(tmp_path, "--db", drill_db, *ZOMBIES_UNFENCED, env=env, private=True)
     assert code == 1, json.dumps(report["rounds"], indent=1)  # which zombie rounds ran, and how
     assert report["verdict"] == "FAIL" and report["store"] == "postgresql"
     assert report["check"]["violations"], "the broken build went unnoticed on PostgreSQL"
