@@ -174,6 +174,70 @@ def test_an_idle_listener_sleeps_until_the_server_sends_something(db_url: str) -
     assert idle_wakeups <= 3, idle_wakeups  # the test's own sleep: one; psycopg's wait: twenty
 
 
+def test_a_commit_heard_costs_the_listener_one_loop_turn_at_most(db_url: str) -> None:
+    """The listener takes what libpq and the socket hold before it waits, and waits on the socket
+    alone: a commit is one loop turn (the socket turning readable), none when its notification is
+    already there. psycopg's `notifies(timeout=0)` turned the loop once a look even with nothing
+    to read: three turns a commit (the wait, the read, the look after it), on the console's UI
+    thread under a busy fleet."""
+    commits = 20
+    selector = CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+
+    async def hear_commits() -> tuple[int, list[StoreEvent]]:
+        events = listen_changes(db_url, keepalive_s=30)
+        heard: list[StoreEvent] = []
+        try:
+            await collect(events, ["listening"])
+            with psycopg.connect(db_url, autocommit=True) as writer:
+                before = selector.wakeups
+                for _ in range(commits):  # written from the loop's thread: the writer turns no loop
+                    writer.execute(
+                        "INSERT INTO event (time, kind, actor, data) VALUES (1, 'a', 'test', '{}')"
+                    )
+                    async with asyncio.timeout(10):
+                        heard.append(await anext(events))
+                return selector.wakeups - before, heard
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    try:
+        turns, heard = loop.run_until_complete(hear_commits())
+    finally:
+        loop.close()
+    assert [(e.kind, e.notifications) for e in heard] == [("changed", 1)] * commits
+    assert turns <= commits, turns
+
+
+async def test_commits_heard_during_the_keepalive_query_are_reported(db_url: str) -> None:
+    """A notification that arrives while the listener asks its keepalive query is taken in by
+    psycopg, not left on the socket: it reaches the listener through its notify handler (with a
+    keepalive due at once, the listener is in that query most of the time)."""
+    commits = 30
+    events = listen_changes(db_url, keepalive_s=0.0)
+    try:
+        await collect(events, ["listening"])
+
+        def write() -> None:
+            with psycopg.connect(db_url, autocommit=True) as writer:
+                for _ in range(commits):
+                    writer.execute(
+                        "INSERT INTO event (time, kind, actor, data) VALUES (1, 'a', 'test', '{}')"
+                    )
+
+        writing = asyncio.create_task(asyncio.to_thread(write))
+        heard = 0
+        async with asyncio.timeout(15):
+            while heard < commits:
+                event = await anext(events)
+                assert event.kind == "changed", event
+                heard += event.notifications
+        await writing
+        assert heard == commits
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
 async def test_another_database_on_the_server_is_not_heard(db_url: str, pg_server: LocalPostgres) -> None:
     for other in pg.database_url(pg_server):
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
