@@ -21,7 +21,6 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.cache import LRUCache
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -146,8 +145,10 @@ class PanelTable(ScrollView, can_focus=True):
         # a row's style, the cursor's focused and blurred: resolved once per style change (the
         # widget's own rich_style walks its ancestors, and every refresh forgets it)
         self._styles: tuple[Style, Style, Style] | None = None
-        # row key -> (what the strip was rendered from, the strip as shown)
-        self._strips: LRUCache[str, tuple[tuple[object, ...], Strip]] = LRUCache(STRIP_CACHE)
+        # row key -> (what the strip was rendered from, the strip as shown), the least recently used
+        # first: a dict, not Textual's LRUCache, whose links are a ring (a cycle for the cyclic GC
+        # to free, with every strip in it, each time the widths changed and the cache was cleared)
+        self._strips: dict[str, tuple[tuple[object, ...], Strip]] = {}
         self.strips_made = 0  # row strips rendered (not served from `_strips`), ever: for tests
         self._header: tuple[tuple[object, ...], Strip] | None = None
         self._view_now: View | None = None  # while painting (`render_lines`)
@@ -331,15 +332,14 @@ class PanelTable(ScrollView, can_focus=True):
         base = self._row_style(cursor, focused)
         # the styles change only with a style update, which forgets every strip
         made_from = (self.row_version(key), cursor, cursor and focused, width, scroll_x)
-        cached = self._strips.get(key)
+        cached = self._strips.pop(key, None)  # (put back last: the most recently used)
         if cached is None or cached[0] != made_from:
             self.strips_made += 1
             strip = self._strip(self._line_text(self.row_cells(key), base), base)
             cached = (made_from, strip.crop(scroll_x, scroll_x + width))
-            # Textual's LRUCache.set keeps the value a key already has: the row's old strip would
-            # stay, and the row would be rendered again on every paint from then on
-            self._strips.discard(key)
-            self._strips[key] = cached
+            if len(self._strips) >= STRIP_CACHE:
+                del self._strips[next(iter(self._strips))]
+        self._strips[key] = cached
         return cached[1]
 
     def render_line(self, y: int) -> Strip:
