@@ -14,8 +14,13 @@ allocates thousands of short-lived objects (rows, strips, segments), and at
 the interpreter's 700 a refresh ran ~3 young collections and moved survivors
 on to the middle generation, whose scans added to it; at `YOUNG_THRESHOLD`
 the collector's share of a busy fleet's refresh fell from ~0.9 to ~0.45 ms.
-Full collections every `FULL_GC_EVERY_S` (5 s, not 2 s) for the same reason:
-each scans the same ~30 000 objects whatever the gap.
+Full collections every `FULL_GC_EVERY_S` (60 s, not 5 s) for the same reason:
+each scans the same ~30 000 live objects whatever the gap (5-7 ms of the UI
+thread under a busy fleet, which the refresh budget then made the next refresh
+wait for: ~60-80 ms), and there is little for them to find: the screen update
+leaves no strips in reference cycles (`tui/compositor.py`, `PanelTable`), so
+what a busy fleet's minute leaves for the cyclic GC is ~1 000 objects of
+Textual's layout, where 5 s left ~2 100.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import gc
 from collections.abc import Callable
 
 # a full collection every this many seconds, while the console owns them
-FULL_GC_EVERY_S = 5.0
+FULL_GC_EVERY_S = 60.0
 # the youngest generation's threshold while the console owns full collections (the interpreter's: 700)
 YOUNG_THRESHOLD = 10_000
 # gc's threshold for the oldest generation while the console owns full collections (never reached)

@@ -19,6 +19,7 @@ from rich.text import Text
 from textual._styles_cache import StylesCache
 from textual.app import App, ComposeResult
 from textual.geometry import Region
+from textual.screen import Screen as TextualScreen
 from textual.widget import Widget
 
 from backend.core.datadir import DataDir
@@ -268,6 +269,42 @@ async def test_a_row_that_moves_is_not_framed_again() -> None:
         # framed: "b" (the cursor's look) and the blank line "c" left; "c", moved up, is not
         assert table._styles_cache.framed == framed + 2
         assert [table.render_line(y).text.strip() for y in (1, 2)] == ["bravo", "charlie"]
+
+
+async def test_a_column_that_widens_within_the_panel_lays_nothing_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An auto column grows with its widest cell; while the rows fit in the panel the virtual size
+    stays, and with it the screen's layout (a whole-screen layout was ~5 ms of a refresh); rows
+    wider than the panel get their width, to scroll to."""
+    layouts: list[TextualScreen[Any]] = []
+    refresh_layout = TextualScreen._refresh_layout
+
+    def counted(screen: TextualScreen[Any], *args: Any, **kwargs: Any) -> None:
+        layouts.append(screen)
+        refresh_layout(screen, *args, **kwargs)
+
+    monkeypatch.setattr(TextualScreen, "_refresh_layout", counted)
+    app = RowsApp()
+    async with app.run_test(size=(40, 6)) as pilot:
+        table = app.query_one(Rows)
+        table.set_columns([TableColumn("text", "text", None)])
+        table.set_order(["a", "b"])
+        table.refresh_changed()
+        await pilot.pause()
+        viewport, virtual, width = table.scrollable_content_region.width, table.virtual_size, table.row_width
+        layouts.clear()
+        table.rows["b"] = (2, "bravo, a little wider")
+        table.measure_columns()
+        table.refresh_changed()
+        await pilot.pause()
+        assert width < table.row_width <= viewport
+        assert table.virtual_size == virtual and layouts == []
+        assert "bravo, a little wider" in table.render_line(2).text
+        table.rows["b"] = (3, "bravo, " + "much " * 10 + "wider than the panel")
+        table.measure_columns()
+        await pilot.pause()
+        assert table.virtual_size.width == table.row_width > viewport and layouts
 
 
 class Clock:

@@ -209,7 +209,14 @@ class PanelTable(ScrollView, can_focus=True):
             self.cursor_row = max(0, self.total_rows - 1)
 
     def _size_to_rows(self) -> None:
-        size = Size(self.row_width, self.total_rows + 1)
+        """The virtual size: the rows, and their width once it is past the panel's (the width a
+        horizontal scroll needs). Rows that widen within the panel leave it as it was: a new virtual
+        size is a layout of the whole screen (~5 ms under a busy fleet, as an auto column grows),
+        and rows no wider than the panel scroll nowhere whatever it says."""
+        width, viewport = self.row_width, self.scrollable_content_region.width
+        if width <= viewport and self.virtual_size.width <= viewport:
+            width = self.virtual_size.width
+        size = Size(width, self.total_rows + 1)
         if size != self.virtual_size:
             self.virtual_size = size
 
@@ -384,6 +391,9 @@ class PanelTable(ScrollView, can_focus=True):
     def move_cursor(self, row: int) -> None:
         self.cursor_chosen = True
         self.cursor_row = max(0, min(row, self.total_rows - 1))
+
+    def on_resize(self) -> None:
+        self._size_to_rows()  # a narrower panel may need the rows' width to scroll them
 
     def on_focus(self) -> None:
         self.refresh_changed()
