@@ -36,7 +36,7 @@ from tui.gc_policy import FULL_GC_EVERY_S, FullCollections
 from tui.gc_policy import NO_AUTOMATIC_FULL_GC as NO_AUTOMATIC_FULL_GC  # tests name it here
 from tui.keys import BINDINGS
 from tui.live import LiveView
-from tui.loading import SnapshotReader
+from tui.loading import SnapshotReader, call_later
 from tui.panel_controls import PanelControls, focus_now
 from tui.panels import BOTTOM, PANELS, TOP, new_panel
 from tui.probes import STATS_KEPT, RefreshProbes
@@ -135,7 +135,7 @@ class ConsoleApp(App[None]):
         self.palette = palette_from({})  # the theme's colours for cells, resolved once mounted
         self.refresher = RefreshScheduler(
             lambda force: self.reader.start(force),
-            self.set_timer,
+            call_later,
             min_interval_s=min_interval_s,
             health_s=health_s,
             cpu_share=cpu_share,

@@ -40,8 +40,11 @@ class Banner(Static):
         Sources: "database", "chroma", "feed", and "chroma-refused" (a listener rem
         refused where its Chroma server was: an error, not a warning).
         """
-        if message:
-            self.problems[source] = visible(message)  # errors quote the data: never a terminal escape
+        shown = visible(message) if message else None  # errors quote the data: never a terminal escape
+        if self.problems.get(source) == shown:
+            return  # as it was (each refresh reports every source): no class or text to touch
+        if shown:
+            self.problems[source] = shown
         else:
             self.problems.pop(source, None)
         self.set_class(bool(self.problems), "-shown")

@@ -140,6 +140,7 @@ class PanelTable(ScrollView, can_focus=True):
         self._widths: list[int] = []
         self._measured: dict[str, int] = {}  # row key -> the version its cells were measured at
         self._widths_version = 0
+        self._fits_width: int | None = None  # a row width found to fit in the panel (`_within_panel`)
         # content line y -> what it was drawn from (`_line_source`), as last painted
         self._painted: dict[int, tuple[object, ...]] = {}
         # a row's style, the cursor's focused and blurred: resolved once per style change (the
@@ -213,12 +214,23 @@ class PanelTable(ScrollView, can_focus=True):
         horizontal scroll needs). Rows that widen within the panel leave it as it was: a new virtual
         size is a layout of the whole screen (~5 ms under a busy fleet, as an auto column grows),
         and rows no wider than the panel scroll nowhere whatever it says."""
-        width, viewport = self.row_width, self.scrollable_content_region.width
-        if width <= viewport and self.virtual_size.width <= viewport:
+        width = self.row_width
+        if width != self.virtual_size.width and self._within_panel(width):
             width = self.virtual_size.width
         size = Size(width, self.total_rows + 1)
         if size != self.virtual_size:
             self.virtual_size = size
+
+    def _within_panel(self, width: int) -> bool:
+        """Whether rows this wide, and the virtual width now, fit in the panel with room for a
+        vertical scrollbar (remembered until a resize: the panel's region is a walk to the screen)."""
+        if width == self._fits_width:
+            return True
+        room = self.scrollable_content_region.width - self.styles.scrollbar_size_vertical
+        if width <= room and self.virtual_size.width <= room:
+            self._fits_width = width
+            return True
+        return False
 
     def first_row_on_screen(self) -> int:
         return max(0, int(self.scroll_y))
@@ -393,6 +405,7 @@ class PanelTable(ScrollView, can_focus=True):
         self.cursor_row = max(0, min(row, self.total_rows - 1))
 
     def on_resize(self) -> None:
+        self._fits_width = None
         self._size_to_rows()  # a narrower panel may need the rows' width to scroll them
 
     def on_focus(self) -> None:
