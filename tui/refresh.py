@@ -21,7 +21,8 @@ collection, a tick, starts at once on it instead of holding back the commits
 behind it, each a little later than the last (a steady 10 commits a second at
 ~8 ms a refresh fits the share, but one 10 ms spike held the next four back
 20-80 ms each); over any second the console stays within the share plus that
-credit, and under sustained commits it is spent at once. A quiet fleet's commit, asked for well after the last refresh
+credit, and under sustained commits it is spent at once. The first snapshot is
+the console's start, not a refresh: what it cost holds no commit back. A quiet fleet's commit, asked for well after the last refresh
 ended (`QUIET_S`), is read at once. Two bounds: refreshes are at least `min_interval_s` apart
 (at most 25 a second) and never held back more than `max_interval_s`, like
 k9s's and pg_activity's 2 s clock. The operator's own asking (a key, the
@@ -95,6 +96,7 @@ class RefreshScheduler:
         max_interval_s: float = MAX_INTERVAL_S,
         cpu_clock: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
+        first_free: bool = True,
     ) -> None:
         self._load = load
         self._set_timer = set_timer
@@ -102,6 +104,7 @@ class RefreshScheduler:
         self.max_interval_s = max(max_interval_s, min_interval_s)
         self.health_s = health_s
         self.cpu_share = cpu_share  # None: no budget (only `min_interval_s`)
+        self.first_free = first_free  # the first cycle (the console's start) costs the budget nothing
         self._cpu, self._clock = cpu_clock, clock
         self.running = False
         self._wanted = self._force_next = self._urgent_next = self._timer_pending = False
@@ -163,6 +166,10 @@ class RefreshScheduler:
         self.running = False
         if not read:
             self._last_start, self._cpu_at_start, self._credit = self._before
+        elif self.cycles == 1 and self.first_free:  # the first snapshot is the console's start
+            # (every row read, every widget built: ~0.1 s of CPU), not a refresh: the commits
+            # after it are not held back ~1 s
+            self._last_start, self._cpu_at_start = self._clock(), self._cpu()
         self._ended = (self._clock(), self._cpu())
         self._last_cycle_cpu = max(0.0, self._ended[1] - self._cpu_at_start)
         if self._wanted or self._force_next or self._urgent_next:

@@ -25,7 +25,9 @@ class Clocks:
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.starts: list[tuple[float, bool]] = []  # (wall time, forced)
 
-    def scheduler(self, share: float | None = 0.1, min_interval_s: float = 0.04) -> RefreshScheduler:
+    def scheduler(
+        self, share: float | None = 0.1, min_interval_s: float = 0.04, first_free: bool = False
+    ) -> RefreshScheduler:
         return RefreshScheduler(
             lambda force: self.starts.append((self.wall, force)),
             lambda delay, callback: self.timers.append((delay, callback)),
@@ -34,6 +36,7 @@ class Clocks:
             cpu_share=share,
             cpu_clock=lambda: self.cpu,
             clock=lambda: self.wall,
+            first_free=first_free,
         )
 
     def spend(self, cpu_s: float, wall_s: float) -> None:
@@ -277,3 +280,18 @@ def test_a_refresh_that_read_nothing_holds_no_refresh_back() -> None:
         refresher.finished(read=read)
         refresher.request()  # the commit's news
         assert (len(clocks.starts), bool(clocks.timers)) == ((3, False) if not read else (2, True))
+
+
+def test_the_first_snapshot_is_the_consoles_start_not_a_refresh() -> None:
+    """The first cycle (every row read, every widget built) holds no commit back; the same cost
+    in a later cycle does."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.1, first_free=True)
+    for n in (2, 2):
+        refresher.request()
+        clocks.spend(0.1, 0.15)
+        refresher.finished()
+        clocks.spend(0.0, 0.05)
+        refresher.request()  # a commit, 50 ms after
+        assert len(clocks.starts) == n
+    assert clocks.timers  # the second time it waits: 0.1 s of CPU over 10 % of a core
