@@ -18,9 +18,9 @@ Full collections every `FULL_GC_EVERY_S` (60 s, not 5 s) for the same reason:
 each scans the same ~30 000 live objects whatever the gap (5-7 ms of the UI
 thread under a busy fleet, which the refresh budget then made the next refresh
 wait for: ~60-80 ms), and there is little for them to find: the screen update
-leaves no strips in reference cycles (`tui/compositor.py`, `PanelTable`), so
-what a busy fleet's minute leaves for the cyclic GC is ~1 000 objects of
-Textual's layout, where 5 s left ~2 100.
+leaves no strips in reference cycles (`tui/compositor.py`, `PanelTable`): a
+busy fleet's 5 s left ~2 100 objects for the cyclic GC, its first minute now
+~1 600 (Textual's full screen updates, most of them at the start).
 """
 
 from __future__ import annotations
