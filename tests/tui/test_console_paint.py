@@ -301,6 +301,11 @@ async def test_a_column_that_widens_within_the_panel_lays_nothing_out(
         assert width < table.row_width <= viewport
         assert table.virtual_size == virtual and layouts == []
         assert "bravo, a little wider" in table.render_line(2).text
+        await pilot.resize_terminal(20, 6)  # the panel narrower than its rows: they scroll now
+        await pilot.pause()
+        assert table.virtual_size.width == table.row_width > table.scrollable_content_region.width
+        await pilot.resize_terminal(40, 6)
+        await pilot.pause()
         table.rows["b"] = (3, "bravo, " + "much " * 10 + "wider than the panel")
         table.measure_columns()
         await pilot.pause()

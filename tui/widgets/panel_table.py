@@ -214,9 +214,9 @@ class PanelTable(ScrollView, can_focus=True):
         horizontal scroll needs). Rows that widen within the panel leave it as it was: a new virtual
         size is a layout of the whole screen (~5 ms under a busy fleet, as an auto column grows),
         and rows no wider than the panel scroll nowhere whatever it says."""
-        width = self.row_width
-        if width != self.virtual_size.width and self._within_panel(width):
-            width = self.virtual_size.width
+        width, kept = self.row_width, self.virtual_size.width
+        if kept and width != kept and self._within_panel(width):
+            width = kept
         size = Size(width, self.total_rows + 1)
         if size != self.virtual_size:
             self.virtual_size = size
