@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
-from backend.memory.index import IndexLag, index_lag_sync
+from backend.memory.index import INDEX_LAG_SQL, TURNS_INDEXED_SQL, IndexLag, index_lag_sync
 from backend.ops import api_status, model_health, tool_status
 from backend.ops.records import (
     Backlog,
@@ -66,9 +66,9 @@ from backend.ops.status_queries import (
     Window,
     rows_sync,
 )
-from backend.ops.totals import totals_sync
+from backend.ops.totals import TOTALS_QUERIES, totals_sync
 from backend.store import counters, workers
-from backend.store.db import Conn
+from backend.store.db import Conn, Query, engine_of
 from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
@@ -169,7 +169,8 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
         return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
     if not sessions:
         return []
-    by_session = {r["session_id"]: r for r in rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
+    name = "inputs_seek" if engine_of(conn) == "postgresql" else "inputs"
+    by_session = {r["session_id"]: r for r in rows_sync(conn, name, sessions=json.dumps(sessions))}
     return [by_session[s] for s in sessions]
 
 
@@ -501,3 +502,60 @@ def snapshot_sync(
         "api": api_status.servers_sync(conn, now),
     }
     return snapshot
+
+
+def snapshot_reads_sync(conn: Conn, now: int, limits: ListLimits | None = None) -> list[Query]:
+    """The statements `snapshot_sync(conn, now, limits=limits)` sends when it reads everything again
+    (no cache hit), each with its parameters: what PostgreSQL reads ahead in one round trip
+    (`db.read_ahead_sync`). A Backlog or drift window's caps are guessed with the lists before each
+    one empty (the usual case: a guess that misses costs a round trip, never a wrong row)."""
+    lists = limits or ListLimits()
+    reads: list[Query] = [(counters.counts_sql_sync(conn), ())]
+    reads += _backlog_reads(lists.backlog)
+    reads += [
+        (LIST_QUERIES["leases"], {"cap": LIST_CAP}),
+        (LIST_QUERIES["receipt_mismatched"], {"cap": lists.mismatched}),
+    ]
+    drift = Window(None if limits is None else lists.drift)
+    reads += _window_reads(drift, ("dream_drift", "dream_legacy", "summary_stale_rows"), LIST_CAP)
+    reads += [
+        (LIST_QUERIES["recent_actions"], {"cap": lists.actions}),
+        (LIST_QUERIES["events"], {"tail": lists.events}),
+        (LIST_QUERIES["workers"], {"recent": now - RECENT_STOPPED_MS, "cap": LIST_CAP}),
+        (INDEX_LAG_SQL, ()),
+        (TURNS_INDEXED_SQL, ()),
+        (model_health.CALLS_SQL, {"since": now - model_health.WINDOW_MS, "cap": model_health.WINDOW_ROWS}),
+        (model_health.LAST_CALL_SQL, ()),
+        (api_status.QUERIES["api_servers"], {"cap": api_status.SERVER_CAP}),
+    ]
+    if lists.sessions > 0:
+        reads.append((model_health.USAGE_SESSIONS_SQL, {"cap": lists.sessions}))
+    by_time = {"now": now}
+    fresh = {"fresh": now - workers.WORKER_DEAD_AFTER_MS}
+    for name, sql in TOTALS_QUERIES.items():
+        params = fresh if name == "alive_owners" else by_time if ":now" in sql else ()
+        reads.append((sql, params))
+    return reads
+
+
+def _backlog_reads(window: int | None) -> list[Query]:
+    """`_backlog_rows_sync`'s statements, each list before another guessed empty."""
+    read = Window(window)
+    reads: list[Query] = [(sql, {"cap": read.cap(LIST_CAP)}) for sql in tool_status.CALL_QUERIES.values()]
+    reads.append((tool_status.QUERIES["tools_servers"], {"cap": LIST_CAP}))
+    if read.cap(model_health.USAGE_CAP) > 0:
+        reads.append((model_health.HELD_SQL, {"cap": read.cap(model_health.USAGE_CAP)}))
+    if window is None:
+        reads += _window_reads(read, ("recoveries",), LIST_CAP)
+    else:
+        reads.append((LIST_QUERIES["held_count"], ()))
+        reads += _window_reads(read, ("recoveries_parked_first",), LIST_CAP)
+    reads += _window_reads(read, ("summary_failed",), FAILED_SUMMARIES)
+    if read.cap(LIST_CAP) > 0:
+        reads.append((LIST_QUERIES["inputs_oldest"], {"scan": read.cap(LIST_CAP)}))
+    return reads
+
+
+def _window_reads(read: Window, names: tuple[str, ...], default: int) -> list[Query]:
+    """The statements `read.rows(conn, name, default)` sends for each of `names`."""
+    return [(LIST_QUERIES[name], {"cap": read.cap(default)}) for name in names if read.cap(default) > 0]

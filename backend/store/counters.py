@@ -333,10 +333,16 @@ REAL_COUNTS_SQL = " UNION ALL ".join(
 )
 
 
+KEPT_COUNTS_SQL = f"SELECT name, key, n FROM {TABLE}"
+
+
+def counts_sql_sync(conn: Conn) -> str:
+    """The statement `counts_sync` reads every counter with, on this connection's engine."""
+    return KEPT_COUNTS_SQL if kept_by_triggers(conn) else REAL_COUNTS_SQL
+
+
 def _kept_or_real_sync(conn: Conn) -> list[tuple[str, str, int]]:
-    if kept_by_triggers(conn):
-        return [(r[0], r[1], r[2]) for r in conn.execute(f"SELECT name, key, n FROM {TABLE}").fetchall()]
-    return [(r[0], r[1], r[2]) for r in conn.execute(REAL_COUNTS_SQL).fetchall()]
+    return [(r[0], r[1], r[2]) for r in conn.execute(counts_sql_sync(conn)).fetchall()]
 
 
 def drift_sync(conn: Conn, counter: Counter) -> list[dict[str, object]]:

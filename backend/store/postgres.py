@@ -372,6 +372,11 @@ class PgConnection:
     def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
         """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`);
         a query may be a write whose rows are read (`... RETURNING`)."""
+        return [result.rows for result in self.execute_batch(queries)]
+
+    def execute_batch(self, queries: Sequence[tuple[str, Any]]) -> list[Result]:
+        """Every query's result (rows, columns, row count), the queries sent together in one round trip
+        (`db.read_ahead_sync`, `fetchall_batch`)."""
         shapes = [pg_batch.template(sql) for sql, _ in queries]
         tail = [
             (shape.query, pg_batch.values_of(shape, p)) for shape, (_, p) in zip(shapes, queries, strict=True)
@@ -381,7 +386,7 @@ class PgConnection:
         self.total_changes += sum(
             r.rowcount for shape, r in zip(shapes, results, strict=True) if shape.write and r.rowcount > 0
         )
-        return [result.rows for result in results]
+        return results
 
     def _flush(self) -> None:
         if self._queued:
