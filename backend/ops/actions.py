@@ -188,7 +188,9 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
         # version are read together (the tally sees the same view as the snapshot); on PostgreSQL
         # what they send is known ahead: one round trip for nearly all of it, not one a statement
         now = clock.now_ms()
-        reading = read_ahead_sync(conn, lambda: _status_reads_sync(conn, now, limits))
+        reading = read_ahead_sync(
+            conn, lambda: _status_reads_sync(conn, now, limits, cache.rows.get("taken"))
+        )
         snap = snapshot_sync(reading, now, cache=cache, limits=limits)
         tally.fold_sync(reading)
         return snap, schema_version_sync(reading), reading.execute(refusals.LATEST_SQL).fetchone()
@@ -220,16 +222,19 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
     return result
 
 
-def _status_reads_sync(conn: Conn, now: int, limits: ListLimits | None) -> list[Query]:
+def _status_reads_sync(
+    conn: Conn, now: int, limits: ListLimits | None, taken: dict[str, int] | None
+) -> list[Query]:
     """What `_status` reads on PostgreSQL, known ahead (`db.read_ahead_sync`): the snapshot's
-    statements, the journal's newest id (the tally's fold), the schema version, Chroma's refusal."""
+    statements (`taken`: what its windowed lists read last time), the journal's newest id (the
+    tally's fold), the schema version, Chroma's refusal."""
     # import time: the status snapshot, only for status and metrics; psycopg, only for PostgreSQL
     from backend.ops.snapshot import snapshot_reads_sync
     from backend.ops.throughput import LAST_ID_SQL
     from backend.store import schema_pg
 
     return [
-        *snapshot_reads_sync(conn, now, limits),
+        *snapshot_reads_sync(conn, now, limits, taken),
         (LAST_ID_SQL, ()),
         (schema_pg.VERSION_TABLE_SQL, ()),
         (schema_pg.VERSION_SQL, ()),  # the table is there: the snapshot's tables come with it

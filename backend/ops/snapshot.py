@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, cast
@@ -324,10 +325,11 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
 
 
 def dream_drift_sync(
-    conn: Conn, counts: dict[str, int], window: int | None = None
+    conn: Conn, counts: dict[str, int], window: int | None = None, taken: dict[str, int] | None = None
 ) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
     """The drift rows (drifting, legacy, then summary-stale sessions not listed yet) and the count
-    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each)."""
+    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each); `taken`
+    gets the rows each query read."""
     read = Window(window)
     rows = read.rows(conn, "dream_drift", LIST_CAP) + read.rows(conn, "dream_legacy", LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
@@ -344,6 +346,8 @@ def dream_drift_sync(
                 "since": r["since"],
             }
             drift.append(_drift(stale, DriftClass.SUMMARY_STALE))
+    if taken is not None:
+        taken.update(read.taken)
     by_class: dict[DriftClass, int] = dict.fromkeys(DRIFT_CLASSES, 0)
     for d in drift:
         by_class[d["class"]] += 1
@@ -412,12 +416,14 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
     counts = _counts_sync(conn)
     rows = cache.rows
     lists = limits or ListLimits()
-    _backlog_rows_sync(conn, rows, lists.backlog)
+    taken: dict[str, int] = {}  # the rows each windowed list read (`snapshot_reads_sync` guesses with them)
+    _backlog_rows_sync(conn, rows, lists.backlog, taken)
     rows["leases"] = rows_sync(conn, "leases", cap=LIST_CAP)
     rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(
         conn, rows.get("mismatched_by_row"), lists.mismatched
     )
-    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift)
+    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift, taken)
+    rows["taken"] = taken
     rows["recent_actions"] = [_event(r) for r in rows_sync(conn, "recent_actions", cap=lists.actions)]
     rows["events"] = [_event(r) for r in rows_sync(conn, "events", tail=lists.events)]
     rows["usage"] = model_health.usage_sync(conn, counts, lists.sessions)
@@ -427,16 +433,17 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
-def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> None:
-    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
+def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None, taken: dict[str, int]) -> None:
+    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all;
+    `taken` gets the rows each list read."""
     read = Window(window)
     tools: dict[str, list[dict[str, Any]]] = {}
     for name, sql in tool_status.CALL_QUERIES.items():
         tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), {name: sql}))
-        read.took(len(tools[name]))
+        read.took(len(tools[name]), name)
     rows["tools"] = {**tools, **tool_status.server_rows_sync(conn, LIST_CAP)}
     rows["held"] = model_health.held_rows_sync(conn, read.cap(model_health.USAGE_CAP))
-    read.took(len(rows["held"]))
+    read.took(len(rows["held"]), "held")
     if window is None:  # `rem status` lists as many as it counts
         rows["held_count"] = len(rows["held"])
         rows["recoveries"] = read.rows(conn, "recoveries", LIST_CAP)
@@ -445,6 +452,7 @@ def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> 
         rows["recoveries"] = read.rows(conn, "recoveries_parked_first", LIST_CAP)
     rows["summary_failed"] = read.rows(conn, "summary_failed", FAILED_SUMMARIES)
     rows["inputs"] = _inputs_rows_sync(conn, read.cap(LIST_CAP))
+    taken.update(read.taken)
 
 
 def snapshot_sync(
@@ -504,20 +512,23 @@ def snapshot_sync(
     return snapshot
 
 
-def snapshot_reads_sync(conn: Conn, now: int, limits: ListLimits | None = None) -> list[Query]:
+def snapshot_reads_sync(
+    conn: Conn, now: int, limits: ListLimits | None = None, taken: Mapping[str, int] | None = None
+) -> list[Query]:
     """The statements `snapshot_sync(conn, now, limits=limits)` sends when it reads everything again
     (no cache hit), each with its parameters: what PostgreSQL reads ahead in one round trip
-    (`db.read_ahead_sync`). A Backlog or drift window's caps are guessed with the lists before each
-    one empty (the usual case: a guess that misses costs a round trip, never a wrong row)."""
-    lists = limits or ListLimits()
+    (`db.read_ahead_sync`). A Backlog or drift window's caps are guessed with the rows each list
+    read last time (`taken`, the last read's; none: empty lists): a guess that misses costs a round
+    trip, never a wrong row."""
+    lists, guess = limits or ListLimits(), _Guess(taken or {})
     reads: list[Query] = [(counters.counts_sql_sync(conn), ())]
-    reads += _backlog_reads(lists.backlog)
+    reads += _backlog_reads(lists.backlog, guess)
     reads += [
         (LIST_QUERIES["leases"], {"cap": LIST_CAP}),
         (LIST_QUERIES["receipt_mismatched"], {"cap": lists.mismatched}),
     ]
     drift = Window(None if limits is None else lists.drift)
-    reads += _window_reads(drift, ("dream_drift", "dream_legacy", "summary_stale_rows"), LIST_CAP)
+    reads += guess.lists(drift, ("dream_drift", "dream_legacy", "summary_stale_rows"), LIST_CAP)
     reads += [
         (LIST_QUERIES["recent_actions"], {"cap": lists.actions}),
         (LIST_QUERIES["events"], {"tail": lists.events}),
@@ -538,24 +549,42 @@ def snapshot_reads_sync(conn: Conn, now: int, limits: ListLimits | None = None) 
     return reads
 
 
-def _backlog_reads(window: int | None) -> list[Query]:
-    """`_backlog_rows_sync`'s statements, each list before another guessed empty."""
+def _backlog_reads(window: int | None, guess: _Guess) -> list[Query]:
+    """`_backlog_rows_sync`'s statements, each list guessed to read what it read last time."""
     read = Window(window)
-    reads: list[Query] = [(sql, {"cap": read.cap(LIST_CAP)}) for sql in tool_status.CALL_QUERIES.values()]
+    reads: list[Query] = []
+    for name, sql in tool_status.CALL_QUERIES.items():
+        reads.append((sql, {"cap": read.cap(LIST_CAP)}))
+        guess.took(read, name, LIST_CAP)
     reads.append((tool_status.QUERIES["tools_servers"], {"cap": LIST_CAP}))
     if read.cap(model_health.USAGE_CAP) > 0:
         reads.append((model_health.HELD_SQL, {"cap": read.cap(model_health.USAGE_CAP)}))
+    guess.took(read, "held", model_health.USAGE_CAP)
     if window is None:
-        reads += _window_reads(read, ("recoveries",), LIST_CAP)
+        reads += guess.lists(read, ("recoveries",), LIST_CAP)
     else:
         reads.append((LIST_QUERIES["held_count"], ()))
-        reads += _window_reads(read, ("recoveries_parked_first",), LIST_CAP)
-    reads += _window_reads(read, ("summary_failed",), FAILED_SUMMARIES)
+        reads += guess.lists(read, ("recoveries_parked_first",), LIST_CAP)
+    reads += guess.lists(read, ("summary_failed",), FAILED_SUMMARIES)
     if read.cap(LIST_CAP) > 0:
         reads.append((LIST_QUERIES["inputs_oldest"], {"scan": read.cap(LIST_CAP)}))
     return reads
 
 
-def _window_reads(read: Window, names: tuple[str, ...], default: int) -> list[Query]:
-    """The statements `read.rows(conn, name, default)` sends for each of `names`."""
-    return [(LIST_QUERIES[name], {"cap": read.cap(default)}) for name in names if read.cap(default) > 0]
+class _Guess:
+    """A window's lists read as `Window` reads them, each guessed to take the rows it took last time."""
+
+    def __init__(self, taken: Mapping[str, int]) -> None:
+        self.taken = taken
+
+    def took(self, read: Window, name: str, default: int) -> None:
+        read.took(min(self.taken.get(name, 0), read.cap(default)))
+
+    def lists(self, read: Window, names: tuple[str, ...], default: int) -> list[Query]:
+        """The statements `read.rows(conn, name, default)` sends for each of `names`, in order."""
+        reads: list[Query] = []
+        for name in names:
+            if read.cap(default) > 0:
+                reads.append((LIST_QUERIES[name], {"cap": read.cap(default)}))
+            self.took(read, name, default)
+        return reads

@@ -168,16 +168,19 @@ class Window:
 
     def __init__(self, rows: int | None) -> None:
         self.left = rows
+        self.taken: dict[str, int] = {}  # the rows each named list took (what the next read guesses)
 
     def cap(self, default: int) -> int:
         return default if self.left is None else min(default, max(0, self.left))
 
-    def took(self, n: int) -> None:
+    def took(self, n: int, name: str | None = None) -> None:
+        if name is not None:
+            self.taken[name] = n
         if self.left is not None:
             self.left -= n
 
     def rows(self, conn: Conn, name: str, default: int, **params: Any) -> list[dict[str, Any]]:
         cap = self.cap(default)
         out = rows_sync(conn, name, cap=cap, **params) if cap > 0 else []
-        self.took(len(out))
+        self.took(len(out), name)
         return out

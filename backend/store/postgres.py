@@ -186,6 +186,7 @@ class PgConnection:
         self.prepare = (not settings.db_pooled) if prepare is None else prepare
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
+        self.round_trips = 0  # batches sent (each one round trip to the server)
         self._in_tx = False
         self._queued: list[_Queued] = []  # not yet sent
         self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
@@ -341,6 +342,7 @@ class PgConnection:
         if len(self._prepared) + len(preparing) > PREPARED_MAX:
             self._deallocate_all(raw)
             return self._round_trip(raw, statements)
+        self.round_trips += 1
         answers: list[list[Any]] = raw.wait(pg_batch.pipeline(pgconn, commands))
         failed_prepare = {}
         for key, (name, command) in preparing.items():

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from backend import ops
 from backend.core import clock
+from backend.core.errors import DatabaseUnreachable, RemError
 from backend.ops import actions, snapshot, tool_status
 from backend.ops.records import Snapshot
 from backend.ops.snapshot import snapshot_sync
 from backend.ops.status_queries import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES
 from backend.runtime.context import Context
-from backend.store.db import Database
+from backend.store.db import Conn, Database, Query, ReadAhead, read_ahead_sync
+from backend.store.events import EventKind, append_event
+from backend.store.postgres import PgConnection
 
 # Tables that grow without bound; a full SCAN of one is a bug in the snapshot.
 BIG_TABLES = (
@@ -283,6 +288,7 @@ async def test_session_count_follows_every_delete_at_once(db_ctx: Context, froze
     [(None, 0), (50, 0), (50, 900)],
     ids=["all-read-at-once", "counted-per-session", "one-session-crowds-the-oldest"],
 )
+@pytest.mark.both_stores  # PostgreSQL counts a listed session's inputs by its own statement (`inputs_seek`)
 async def test_inputs_list_the_sessions_waiting_longest(
     db_ctx: Context,
     frozen_clock,  # type: ignore[no-untyped-def]
@@ -388,3 +394,123 @@ async def test_a_windowed_backlog_lists_the_running_calls_after_the_waiting_ones
     assert await listed(3) == (["c0", "c2", "c1"], [])  # the oldest running first, to the window's end
     assert await listed(5) == (["c0", "c2", "c1", "c3"], ["s1"])
     assert await listed(None) == (["c0", "c2", "c1", "c3"], ["s1"])
+
+
+# what a console's panels ask of each list at 120x40 (`tui/loading.py` `list_limits`)
+CONSOLE_LIMITS = snapshot.ListLimits(backlog=14, mismatched=14, drift=14, events=7, actions=7, sessions=4)
+
+
+async def _seed_waiting(ctx: Context, now: int, sessions: int, per_session: int) -> None:
+    """`sessions` more sessions with `per_session` waiting inputs each, older than `_seed`'s."""
+    db = await ctx.db()
+    async with db.tx() as conn:
+        for i in range(sessions):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"w{i:03d}",)
+            )
+            for k in range(per_session):
+                await conn.execute(
+                    "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                    "wake_pending, time_created) VALUES (?, ?, '{}', 'queue', ?, ?, ?)",
+                    (f"w{i}-{k}", f"w{i:03d}", k + 1, k % 2, now - 60_000 + 100 * i + k),
+                )
+
+
+@pytest.mark.both_stores
+@pytest.mark.parametrize(
+    "limits",
+    [CONSOLE_LIMITS, snapshot.ListLimits(backlog=3, drift=1), None],
+    ids=["console", "narrow", "all"],
+)
+async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, limits: snapshot.ListLimits | None
+) -> None:
+    """What PostgreSQL reads ahead in one round trip (`snapshot_reads_sync`) answers the snapshot as
+    sending each statement alone does, in the same read; SQLite reads nothing ahead."""
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    await _seed_waiting(db_ctx, now, sessions=20, per_session=3)  # more than a window: read per session
+    db = await db_ctx.db()
+    async with db.tx() as conn:  # a call in flight: the window's later lists read fewer rows than guessed
+        await conn.execute(
+            "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, arguments, "
+            "effect, effect_source, permission, state, idempotency_key, owner_id, epoch, time_created, "
+            "time_updated) VALUES ('c1', 's2', 'e-live', 1, 0, 'm', 'demo.send', '{}', 'effect', 'config', "
+            "'ask', 'running', 'k1', 'ex-live', 1, ?, ?)",
+            (now - 1000, now - 1000),
+        )
+
+    def both_sync(conn: Conn) -> tuple[Snapshot, Snapshot, Conn]:
+        alone = snapshot_sync(conn, now, cache=snapshot.SnapshotCache(), limits=limits)
+        reading = read_ahead_sync(conn, lambda: snapshot.snapshot_reads_sync(conn, now, limits))
+        return alone, snapshot_sync(reading, now, cache=snapshot.SnapshotCache(), limits=limits), reading
+
+    alone, ahead, reading = await db.read_in_thread(both_sync)
+    assert ahead == alone
+    assert len(alone["backlog"]["inputs"]) >= min(3, (limits or CONSOLE_LIMITS).backlog or 3) - 1
+    assert [c["call_id"] for c in alone["tools"]["running"]] == ["c1"]
+    assert isinstance(reading, ReadAhead) == db.postgres
+    if isinstance(reading, ReadAhead):
+        assert reading.answered > 20  # nearly all of it came in the one round trip
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+@pytest.mark.parametrize("waiting", [5, 40], ids=["whole-backlog-read", "read-per-session"])
+async def test_the_consoles_snapshot_on_postgres_is_a_few_round_trips(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, waiting: int
+) -> None:
+    """`ops.status` as a console reads it sends every statement it knows ahead in one round trip:
+    then only a listed session's waiting inputs (when the backlog is longer than the window), the
+    journal's new events and the ROLLBACK go on their own; every statement read ahead is used."""
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    await _seed_waiting(db_ctx, now, sessions=waiting, per_session=1)
+    db = await db_ctx.db()
+    first = await ops.status(db_ctx, limits=CONSOLE_LIMITS)  # the tally's start, the reader opened
+    async with db.tx() as conn:
+        event_id = await append_event(conn, kind=EventKind.OPERATOR_RESUME, actor="test", session_id="s1")
+    reader = cast(PgConnection, await db.read_beside(lambda conn: conn))  # the connection reads go to
+    before = reader.round_trips
+    reads: list[ReadAhead] = []
+    original = actions.read_ahead_sync
+
+    def kept(conn: Conn, queries: Callable[[], list[Query]]) -> Conn:
+        reading = original(conn, queries)
+        reads.append(cast(ReadAhead, reading))
+        return reading
+
+    with pytest.MonkeyPatch.context() as patch:  # a spy on what the read sent, nothing changed
+        patch.setattr(actions, "read_ahead_sync", kept)
+        snap = await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)
+    assert snap["throughput"]["through_event_id"] == event_id  # the new event was folded
+    per_session = waiting > CONSOLE_LIMITS.backlog
+    assert len(snap["backlog"]["inputs"]) == min(waiting + 1, CONSOLE_LIMITS.backlog)
+    # the read ahead (with the BEGIN), the inputs per session, the fold's range (its two aggregates
+    # together), the ROLLBACK
+    assert reader.round_trips - before == 3 + per_session
+    (reading,) = reads
+    assert reading.sent == per_session  # the only statement not read ahead sent on its own
+    assert reading.unused == 0  # every statement read ahead was asked for
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_read_ahead_that_fails_raises_the_stores_one_line_error(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
+    """A statement failing in the batch read ahead, or the connection dropped under it, fails the read
+    with the store's one-line error (its SQLSTATE, no traceback), and the next read goes through."""
+    await _seed(db_ctx, frozen_clock.now)
+    db = await db_ctx.db()
+    failing = [("SELECT count(*) FROM session", ()), ("SELECT 1 / (count(*) - count(*)) FROM session", ())]
+    with pytest.raises(RemError) as failed:
+        await db.read_in_thread(lambda conn: read_ahead_sync(conn, lambda: failing))
+    assert "SQLSTATE 22012" in str(failed.value) and "\n" not in str(failed.value)
+    first = await ops.status(db_ctx, limits=CONSOLE_LIMITS)  # the transaction was rolled back
+    reader = cast(PgConnection, await db.read_beside(lambda conn: conn))
+    async with db.tx() as conn:  # the server drops the reading connection between two reads
+        await conn.execute("SELECT pg_terminate_backend(CAST(? AS integer))", (reader.backend_pid,))
+    with pytest.raises(DatabaseUnreachable) as dropped:
+        await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)
+    assert "\n" not in str(dropped.value) and "Traceback" not in str(dropped.value)
+    again = await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)  # reconnected
+    assert again["backlog"]["inputs"] == first["backlog"]["inputs"]
