@@ -150,14 +150,17 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
     """The `cap` sessions whose oldest waiting input is oldest, with their waiting inputs."""
     if cap <= 0:
         return []
+    # PostgreSQL: each row comes with its session's count (`inputs_oldest_counted`): no second
+    # round trip, and the first is read ahead; SQLite reads the counts after, only when needed
+    counted = engine_of(conn) == "postgresql"
     scan = cap  # one input per session (the usual case): exactly the rows listed
     while True:
-        rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
-        seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
-        for session_id, created in rows:
-            entry = seen.get(session_id)
+        rows = conn.execute(LIST_QUERIES[_OLDEST_INPUTS[counted]], {"scan": scan}).fetchall()
+        seen: dict[str, list[int]] = {}  # session -> [waiting read, oldest, waiting], in order of oldest
+        for row in rows:
+            entry = seen.get(row[0])
             if entry is None:
-                seen[session_id] = [1, created]
+                seen[row[0]] = [1, row[1], row[2] if counted else 0]
             else:
                 entry[0] += 1
         complete = len(rows) < scan  # every waiting input was read
@@ -166,13 +169,19 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
             break
         scan *= 4
     sessions = list(seen)[:cap]
-    if complete:  # the counts are whole already
-        return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
+    if complete or counted:  # the counts are whole already
+        return [
+            {"session_id": s, "pending": seen[s][2 if counted else 0], "oldest_at": seen[s][1]}
+            for s in sessions
+        ]
     if not sessions:
         return []
-    name = "inputs_seek" if engine_of(conn) == "postgresql" else "inputs"
-    by_session = {r["session_id"]: r for r in rows_sync(conn, name, sessions=json.dumps(sessions))}
+    by_session = {r["session_id"]: r for r in rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
     return [by_session[s] for s in sessions]
+
+
+# the first read of the waiting inputs, by whether each row carries its session's count
+_OLDEST_INPUTS = {False: "inputs_oldest", True: "inputs_oldest_counted"}
 
 
 def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
@@ -522,7 +531,7 @@ def snapshot_reads_sync(
     trip, never a wrong row."""
     lists, guess = limits or ListLimits(), _Guess(taken or {})
     reads: list[Query] = [(counters.counts_sql_sync(conn), ())]
-    reads += _backlog_reads(lists.backlog, guess)
+    reads += _backlog_reads(lists.backlog, guess, engine_of(conn) == "postgresql")
     reads += [
         (LIST_QUERIES["leases"], {"cap": LIST_CAP}),
         (LIST_QUERIES["receipt_mismatched"], {"cap": lists.mismatched}),
@@ -549,7 +558,7 @@ def snapshot_reads_sync(
     return reads
 
 
-def _backlog_reads(window: int | None, guess: _Guess) -> list[Query]:
+def _backlog_reads(window: int | None, guess: _Guess, counted: bool) -> list[Query]:
     """`_backlog_rows_sync`'s statements, each list guessed to read what it read last time."""
     read = Window(window)
     reads: list[Query] = []
@@ -567,7 +576,7 @@ def _backlog_reads(window: int | None, guess: _Guess) -> list[Query]:
         reads += guess.lists(read, ("recoveries_parked_first",), LIST_CAP)
     reads += guess.lists(read, ("summary_failed",), FAILED_SUMMARIES)
     if read.cap(LIST_CAP) > 0:
-        reads.append((LIST_QUERIES["inputs_oldest"], {"scan": read.cap(LIST_CAP)}))
+        reads.append((LIST_QUERIES[_OLDEST_INPUTS[counted]], {"scan": read.cap(LIST_CAP)}))
     return reads
 
 

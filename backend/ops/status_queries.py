@@ -48,16 +48,19 @@ LIST_QUERIES: dict[str, str] = {
         WHERE session_id IN (SELECT value FROM json_each(:sessions))
           AND promoted_seq IS NULL AND wake_pending IN (0, 1)
         GROUP BY session_id""",
-    # the same as PostgreSQL reads it: correlated, so that it seeks too (as a join it guesses
-    # json_each's rows, 200, and walks the whole backlog: 2.4 ms at 30 000 waiting inputs, not
-    # ~0.1); SQLite's seeks cost twice as many here (+115 us for 200 sessions), so it keeps the join
-    "inputs_seek": f"""
-        SELECT s.value AS session_id,
+    # PostgreSQL's first read: the same rows, each with its session's waiting inputs counted (an
+    # index seek a row), so that the listed sessions need no second round trip; correlated, so
+    # that it seeks (as a join with json_each, the planner guesses 200 sessions and walks the
+    # whole backlog: 2.4 ms at 30 000 waiting inputs)
+    "inputs_oldest_counted": f"""
+        SELECT o.session_id, o.created,
                (SELECT count(*) FROM session_input INDEXED BY {_INPUT_SESSION_IDX}
-                WHERE session_id = s.value AND promoted_seq IS NULL AND wake_pending IN (0, 1)) AS pending,
-               (SELECT min(time_created) FROM session_input INDEXED BY {_INPUT_SESSION_IDX}
-                WHERE session_id = s.value AND promoted_seq IS NULL AND wake_pending IN (0, 1)) AS oldest_at
-        FROM json_each(:sessions) AS s""",
+                WHERE session_id = o.session_id AND promoted_seq IS NULL AND wake_pending IN (0, 1)) AS pending
+        FROM (SELECT session_id, time_created AS created
+              FROM session_input INDEXED BY session_input_waiting_idx
+              WHERE wake_pending IN (0, 1) AND promoted_seq IS NULL
+              ORDER BY created, session_id LIMIT :scan) AS o
+        ORDER BY o.created, o.session_id""",
     "counters": f"SELECT name, key, n FROM {counters.TABLE}",
     "recoveries": """
         SELECT execution_id, session_id, phase, wake_attempts, recovery_error, time_created

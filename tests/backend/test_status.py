@@ -288,7 +288,7 @@ async def test_session_count_follows_every_delete_at_once(db_ctx: Context, froze
     [(None, 0), (50, 0), (50, 900)],
     ids=["all-read-at-once", "counted-per-session", "one-session-crowds-the-oldest"],
 )
-@pytest.mark.both_stores  # PostgreSQL counts a listed session's inputs by its own statement (`inputs_seek`)
+@pytest.mark.both_stores  # PostgreSQL reads each row with its session's count (`inputs_oldest_counted`)
 async def test_inputs_list_the_sessions_waiting_longest(
     db_ctx: Context,
     frozen_clock,  # type: ignore[no-untyped-def]
@@ -455,16 +455,22 @@ async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement
 
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
-@pytest.mark.parametrize("waiting", [5, 40], ids=["whole-backlog-read", "read-per-session"])
-async def test_the_consoles_snapshot_on_postgres_is_a_few_round_trips(
-    db_ctx: Context, frozen_clock: clock.FrozenClock, waiting: int
+@pytest.mark.parametrize(
+    ("waiting", "per_session", "wider"),
+    [(5, 2, 0), (40, 1, 0), (40, 2, 1)],
+    ids=["whole-backlog-read", "longer-than-the-window", "the-oldest-inputs-crowd-the-window"],
+)
+async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, waiting: int, per_session: int, wider: int
 ) -> None:
-    """`ops.status` as a console reads it sends every statement it knows ahead in one round trip:
-    then only a listed session's waiting inputs (when the backlog is longer than the window), the
-    journal's new events and the ROLLBACK go on their own; every statement read ahead is used."""
+    """`ops.status` as a console reads it sends every statement it knows ahead in one round trip
+    (with the BEGIN), whatever the backlog; then only the journal's new events (their two
+    aggregates together) and the ROLLBACK go on their own; every statement read ahead is used.
+    When the window's oldest inputs belong to fewer sessions than it lists, the wider read of
+    them goes on its own too."""
     now = frozen_clock.now
-    await _seed(db_ctx, now)
-    await _seed_waiting(db_ctx, now, sessions=waiting, per_session=1)
+    await _seed(db_ctx, now)  # drift and a dead lease: the drift window's later lists read less
+    await _seed_waiting(db_ctx, now, sessions=waiting, per_session=per_session)
     db = await db_ctx.db()
     first = await ops.status(db_ctx, limits=CONSOLE_LIMITS)  # the tally's start, the reader opened
     async with db.tx() as conn:
@@ -483,13 +489,17 @@ async def test_the_consoles_snapshot_on_postgres_is_a_few_round_trips(
         patch.setattr(actions, "read_ahead_sync", kept)
         snap = await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)
     assert snap["throughput"]["through_event_id"] == event_id  # the new event was folded
-    per_session = waiting > CONSOLE_LIMITS.backlog
-    assert len(snap["backlog"]["inputs"]) == min(waiting + 1, CONSOLE_LIMITS.backlog)
-    # the read ahead (with the BEGIN), the inputs per session, the fold's range (its two aggregates
-    # together), the ROLLBACK
-    assert reader.round_trips - before == 3 + per_session
+    inputs = snap["backlog"]["inputs"]
+    assert len(inputs) == min(waiting + 1, CONSOLE_LIMITS.backlog)
+    assert inputs[0] == {
+        "session_id": "w000",
+        "pending": per_session,
+        "oldest_at": now - 60_000,
+        "oldest_age_ms": 60_000,
+    }
+    assert reader.round_trips - before == 3 + wider  # the read ahead, the fold's range, the ROLLBACK
     (reading,) = reads
-    assert reading.sent == per_session  # the only statement not read ahead sent on its own
+    assert reading.sent == wider  # nothing else of the snapshot went on its own
     assert reading.unused == 0  # every statement read ahead was asked for
 
 
