@@ -19,6 +19,12 @@ backlog, mismatched receipts, drift, the journal, sessions by cost); the
 lists that grow with the fleet (leases, workers) are read whole up to
 `LIST_CAP`.
 
+On PostgreSQL the read transaction is REPEATABLE READ READ ONLY (one
+snapshot, as SQLite's), and its statements, known before it runs
+(`snapshot_reads_sync`), go out in one round trip with its BEGIN
+(`db.read_ahead_sync`); a statement not read ahead is sent on its own in the
+same transaction.
+
 After a commit, what is read again costs the same at any size: every count
 is a `status_count` counter, kept by triggers in the transaction that
 changed the rows (backend/store/counters.py; one read of a small table),
