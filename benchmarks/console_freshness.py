@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.core.datadir import DataDir
-from benchmarks.console_common import start_writer, summary, wait_for
+from benchmarks.console_common import start_writer, summary, wait_for, wait_quietly
 from tui.app import ConsoleApp
 
 
@@ -66,14 +66,13 @@ async def measure(
             await wait_for(lambda: app.backend is not None and app.backend.listening, pilot)
         writer = start_writer(db_url or data.state_db, interval_ms, commits, app.run_id)
         try:
-            await wait_for(
+            await wait_quietly(
                 lambda: len(app.seen) >= commits or writer.poll() is not None,
-                pilot,
                 timeout_s=commits * interval_ms / 1000 * 3 + 30,
             )
             # the last commit on screen: under the refresh budget a stream of commits can scroll some
             # past the events panel between two refreshes (counted as unseen, not waited for)
-            await wait_for(lambda: commits - 1 in app.seen, pilot, timeout_s=10)
+            await wait_quietly(lambda: commits - 1 in app.seen, timeout_s=10)
         finally:
             writer.kill()
             writer.wait()

@@ -278,9 +278,9 @@ class ConsoleApp(App[None]):
         # rows scrolled into view (or a filter, a sort, a bigger panel) that were not read: read them
         self.request_refresh(force=True, urgent=True)
 
-    def refresh_finished(self) -> None:
-        """The refresh cycle ended: the snapshot shown or held (`LiveView`), or none read."""
-        self.refresher.finished()
+    def refresh_finished(self, read: bool = True) -> None:
+        """The refresh cycle ended: the snapshot shown or held (`LiveView`), or none read (the gate)."""
+        self.refresher.finished(read)
 
     def refresh_rate(self) -> str:
         """The refresh interval in use, for the header (`RefreshScheduler.describe`)."""

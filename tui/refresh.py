@@ -15,7 +15,14 @@ process's CPU time since the last one started (that cycle, the countdowns'
 ticks, keys), net of what the console spends between refreshes anyway
 (`idle_share`, measured from each cycle's end to the next start), fits in
 that share of the time since: a refresh that cost more makes the next one
-wait longer. A quiet fleet's commit, asked for well after the last refresh
+wait longer. What a cycle leaves unspent of its share is kept as credit, up to
+`CREDIT_S` of the share (27 ms of CPU): a refresh after a dearer one, a
+collection, a tick, starts at once on it instead of holding back the commits
+behind it, each a little later than the last (a steady 10 commits a second at
+~8 ms a refresh fits the share, but one 10 ms spike held the next four back
+20-80 ms each); over any second the console stays within the share plus that
+credit, and under sustained commits it is spent at once. The first snapshot is
+the console's start, not a refresh: what it cost holds no commit back. A quiet fleet's commit, asked for well after the last refresh
 ended (`QUIET_S`), is read at once. Two bounds: refreshes are at least `min_interval_s` apart
 (at most 25 a second) and never held back more than `max_interval_s`, like
 k9s's and pg_activity's 2 s clock. The operator's own asking (a key, the
@@ -42,6 +49,9 @@ TICK_ORDER = ("leases", "workers", "backlog", "receipts", "drift")
 CPU_SHARE = 0.09
 # the longest a refresh is held back by the budget (k9s and pg_activity refresh every 2 s)
 MAX_INTERVAL_S = 2.0
+# the share the console may save while refreshes cost less than it, in seconds of the share (at 9 %:
+# 27 ms of CPU, three or four refreshes): spent on the next refreshes after a dear one (module doc)
+CREDIT_S = 0.3
 # how fast the interval shown follows the one in use (a weight per refresh)
 SHOWN_WEIGHT = 0.3
 # a refresh asked for at least this long after the last one ended, and twice what that one cost
@@ -86,6 +96,7 @@ class RefreshScheduler:
         max_interval_s: float = MAX_INTERVAL_S,
         cpu_clock: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
+        first_free: bool = True,
     ) -> None:
         self._load = load
         self._set_timer = set_timer
@@ -93,6 +104,7 @@ class RefreshScheduler:
         self.max_interval_s = max(max_interval_s, min_interval_s)
         self.health_s = health_s
         self.cpu_share = cpu_share  # None: no budget (only `min_interval_s`)
+        self.first_free = first_free  # the first cycle (the console's start) costs the budget nothing
         self._cpu, self._clock = cpu_clock, clock
         self.running = False
         self._wanted = self._force_next = self._urgent_next = self._timer_pending = False
@@ -107,6 +119,8 @@ class RefreshScheduler:
         self.idle_share = 0.0
         self._ended = (self._clock(), self._cpu())  # (clock, CPU) when the last cycle ended
         self._last_cycle_cpu = 0.0  # what it cost
+        self._credit = 0.0  # CPU seconds of the share left unspent, at most `CREDIT_S` of it
+        self._before = (self._last_start, self._cpu_at_start, self._credit)  # the budget before a start
         self.started = asyncio.Event()  # set when a refresh starts (the change watchers wait on it)
         self._throttled_at = -1e9
         self.cycles = 0
@@ -142,28 +156,44 @@ class RefreshScheduler:
         """The slow fallback poll: a refresh, forced once every `health_s`."""
         self.request(force=self._clock() - self._last_forced >= self.health_s)
 
-    def finished(self) -> None:
-        """The running cycle ended (shown, held, skipped at the gate, or failed): serve what waited."""
+    def finished(self, read: bool = True) -> None:
+        """The running cycle ended (shown, held, skipped at the gate, or failed): serve what waited.
+        One that read nothing (the gate was shut: the slow poll, or a look just before a commit's
+        news) is as if it had not started, for the budget: the commit's own refresh is not held
+        `min_interval_s` behind it (its CPU, ~0.3 ms, is the next cycle's to pay)."""
         if not self.running:
             return
         self.running = False
+        if not read:
+            self._last_start, self._cpu_at_start, self._credit = self._before
+        elif self.cycles == 1 and self.first_free:  # the first snapshot is the console's start
+            # (every row read, every widget built: ~0.1 s of CPU), not a refresh: the commits
+            # after it are not held back ~1 s
+            self._last_start, self._cpu_at_start = self._clock(), self._cpu()
         self._ended = (self._clock(), self._cpu())
         self._last_cycle_cpu = max(0.0, self._ended[1] - self._cpu_at_start)
         if self._wanted or self._force_next or self._urgent_next:
             self._wanted = False
             self.request()
 
-    def gap_s(self) -> float:
+    def gap_s(self, credit: bool = True) -> float:
         """The least time between the last refresh's start and the next one's, as the budget has it
         now: the CPU spent since that start, and what waiting on costs (`idle_share`), fit in
-        `cpu_share` of the time."""
+        `cpu_share` of the time and the credit saved (without it: the pace the share keeps up)."""
         gap = self.min_interval_s
         if self.cpu_share:
             elapsed = self._clock() - self._last_start
-            spent = max(0.0, self._cpu() - self._cpu_at_start)
+            spent = max(0.0, self._cpu() - self._cpu_at_start) - (self._credit if credit else 0.0)
             idle = min(self._between_share(), 0.75 * self.cpu_share)  # bounded: a wait must end
             gap = max(gap, (spent - idle * elapsed) / (self.cpu_share - idle))
         return min(gap, self.max_interval_s)
+
+    def _save_credit(self, now: float) -> None:
+        """At a start: what the share allowed since the last start and was not spent, kept as credit
+        (at most `CREDIT_S` of the share; spending past it is no debt: the gap already paid it)."""
+        if self.cpu_share:
+            earned = self.cpu_share * (now - self._last_start) - (self._cpu() - self._cpu_at_start)
+            self._credit = min(self.cpu_share * CREDIT_S, max(0.0, self._credit + earned))
 
     def _between_share(self) -> float:
         """What the console spends between refreshes: the smoothed share, or the share since the
@@ -225,8 +255,10 @@ class RefreshScheduler:
         if self.cycles and now - since > 0.01:  # what the time between refreshes cost a second
             self.idle_share += SHOWN_WEIGHT * ((self._cpu() - cpu) / (now - since) - self.idle_share)
         if self.cycles:  # what the last cycle (and the ticks since) asked of the budget
-            self.interval_s += SHOWN_WEIGHT * (self.gap_s() - self.interval_s)
+            self.interval_s += SHOWN_WEIGHT * (self.gap_s(credit=False) - self.interval_s)
+            self._save_credit(now)
         self.running, self._wanted = True, False
+        self._before = (self._last_start, self._cpu_at_start, self._credit)
         self._last_start, self._cpu_at_start = now, self._cpu()
         self.cycles += 1
         self.started.set()

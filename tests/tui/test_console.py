@@ -208,6 +208,28 @@ async def test_refreshes_are_gated_on_data_version(healthy_dir: DataDir) -> None
         await until(pilot, lambda: app.stats["loads"] == loads + 1, "one reload after one commit")
 
 
+async def test_a_refresh_that_found_the_gate_shut_tells_the_budget_it_read_nothing(
+    healthy_dir: DataDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polls that find nothing committed end as reads of nothing (`RefreshScheduler.finished`: they
+    then hold no commit's refresh back); a commit's refresh ends as a read."""
+    async with console(healthy_dir, watch=False, poll_s=0.1, health_s=3600).run_test(size=SIZE) as pilot:
+        app = await loaded(pilot)
+        await until(pilot, lambda: app.refresher.idle, "the first refresh")
+        reads: list[bool] = []
+        finished = app.refresher.finished
+
+        def noted(read: bool = True) -> None:
+            reads.append(read)
+            finished(read)
+
+        monkeypatch.setattr(app.refresher, "finished", noted)
+        await until(pilot, lambda: len(reads) >= 3, "three polls")
+        assert not any(reads)
+        write(healthy_dir, "UPDATE worker SET heartbeat_at = heartbeat_at + 1")
+        await until(pilot, lambda: True in reads, "the commit's refresh")
+
+
 async def test_a_commit_made_visible_just_after_the_gate_was_read_shut_is_still_read(
     healthy_dir: DataDir,
 ) -> None:

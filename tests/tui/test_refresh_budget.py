@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tui.refresh import MAX_INTERVAL_S, RefreshScheduler
+from tui.refresh import CREDIT_S, MAX_INTERVAL_S, RefreshScheduler
 
 
 class Clocks:
@@ -25,7 +25,9 @@ class Clocks:
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.starts: list[tuple[float, bool]] = []  # (wall time, forced)
 
-    def scheduler(self, share: float | None = 0.1, min_interval_s: float = 0.04) -> RefreshScheduler:
+    def scheduler(
+        self, share: float | None = 0.1, min_interval_s: float = 0.04, first_free: bool = False
+    ) -> RefreshScheduler:
         return RefreshScheduler(
             lambda force: self.starts.append((self.wall, force)),
             lambda delay, callback: self.timers.append((delay, callback)),
@@ -34,6 +36,7 @@ class Clocks:
             cpu_share=share,
             cpu_clock=lambda: self.cpu,
             clock=lambda: self.wall,
+            first_free=first_free,
         )
 
     def spend(self, cpu_s: float, wall_s: float) -> None:
@@ -216,3 +219,79 @@ def test_the_interval_shown_is_the_floor_when_nothing_throttles() -> None:
     refresher.request()
     cycle(clocks, refresher, 0.01)
     assert refresher.describe() == "↻40ms"
+
+
+def steady(clocks: Clocks, refresher: RefreshScheduler, costs: list[float], every_s: float) -> None:
+    """A commit every `every_s`, each read by a refresh that cost what `costs` says (in turn)."""
+    for cost in costs:
+        clocks.spend(cost, cost)
+        refresher.finished()
+        clocks.spend(0.0, every_s - cost)
+        refresher.request()
+
+
+def test_what_cheap_refreshes_leave_of_the_share_pays_for_a_dear_one() -> None:
+    """Ten commits a second, 8 ms a refresh under 9 %: one refresh that cost 18 ms (a collection, a
+    tick) holds back none of the commits behind it; without the credit saved before it, it does."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.09)
+    refresher.request()
+    steady(clocks, refresher, [0.008] * 20 + [0.018] + [0.008] * 10, 0.1)
+    assert len(clocks.starts) == 32 and not clocks.timers  # every commit's refresh started when asked
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.09)
+    refresher.request()
+    steady(clocks, refresher, [0.018], 0.1)  # the same dear refresh, nothing saved before it
+    assert len(clocks.starts) == 1 and clocks.timers
+
+
+def test_the_credit_is_bounded_and_spent_at_once_under_sustained_commits() -> None:
+    """After a quiet minute a stream of commits gets at most `CREDIT_S` of the share on top of it."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.1, min_interval_s=0.04)
+    refresher.request()
+    clocks.spend(0.01, 0.01)
+    refresher.finished()
+    clocks.spend(0.0, 60.0)  # a quiet minute: far more share unspent than the credit keeps
+    start_cpu, start_wall = clocks.cpu, clocks.wall
+    refresher.request()
+    gaps = []
+    for _ in range(40):  # each refresh 10 ms; commits never stop
+        cycle(clocks, refresher, 0.01)
+        gaps.append(clocks.fire() + 0.01)
+    assert gaps[:3] == pytest.approx([0.04] * 3)  # the credit spent: refreshes at the floor
+    assert gaps[-10:] == pytest.approx([0.1] * 10)  # then the share's own pace
+    spent, wall = clocks.cpu - start_cpu, clocks.wall - start_wall
+    assert spent <= 0.1 * wall + 0.1 * CREDIT_S + 1e-9
+
+
+def test_a_refresh_that_read_nothing_holds_no_refresh_back() -> None:
+    """The slow poll found the gate shut just before a commit's news: the commit's refresh starts
+    at once, not `min_interval_s` after the poll's (as it would had the poll read a snapshot)."""
+    for read in (False, True):
+        clocks = Clocks()
+        refresher = clocks.scheduler(share=0.1, min_interval_s=0.04)
+        refresher.request()
+        clocks.spend(0.005, 0.005)
+        refresher.finished()
+        clocks.spend(0.0, 1.0)
+        refresher.request()  # the poll
+        clocks.spend(0.0003, 0.001)
+        refresher.finished(read=read)
+        refresher.request()  # the commit's news
+        assert (len(clocks.starts), bool(clocks.timers)) == ((3, False) if not read else (2, True))
+
+
+def test_the_first_snapshot_is_the_consoles_start_not_a_refresh() -> None:
+    """The first cycle (every row read, every widget built) holds no commit back; the same cost
+    in a later cycle does."""
+    clocks = Clocks()
+    refresher = clocks.scheduler(share=0.1, first_free=True)
+    for n in (2, 2):
+        refresher.request()
+        clocks.spend(0.1, 0.15)
+        refresher.finished()
+        clocks.spend(0.0, 0.05)
+        refresher.request()  # a commit, 50 ms after
+        assert len(clocks.starts) == n
+    assert clocks.timers  # the second time it waits: 0.1 s of CPU over 10 % of a core
