@@ -418,12 +418,12 @@ async def _seed_waiting(ctx: Context, now: int, sessions: int, per_session: int)
 
 @pytest.mark.both_stores
 @pytest.mark.parametrize(
-    "limits",
-    [CONSOLE_LIMITS, snapshot.ListLimits(backlog=3, drift=1), None],
+    ("limits", "inputs_listed"),
+    [(CONSOLE_LIMITS, 13), (snapshot.ListLimits(backlog=3, drift=1), 2), (None, 21)],
     ids=["console", "narrow", "all"],
 )
 async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement(
-    db_ctx: Context, frozen_clock: clock.FrozenClock, limits: snapshot.ListLimits | None
+    db_ctx: Context, frozen_clock: clock.FrozenClock, limits: snapshot.ListLimits | None, inputs_listed: int
 ) -> None:
     """What PostgreSQL reads ahead in one round trip (`snapshot_reads_sync`) answers the snapshot as
     sending each statement alone does, in the same read; SQLite reads nothing ahead."""
@@ -447,7 +447,8 @@ async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement
 
     alone, ahead, reading = await db.read_in_thread(both_sync)
     assert ahead == alone
-    assert len(alone["backlog"]["inputs"]) >= min(3, (limits or CONSOLE_LIMITS).backlog or 3) - 1
+    # the 21 sessions waiting, after the call in flight (one row of a window)
+    assert len(alone["backlog"]["inputs"]) == inputs_listed
     assert [c["call_id"] for c in alone["tools"]["running"]] == ["c1"]
     assert isinstance(reading, ReadAhead) == db.postgres
     if isinstance(reading, ReadAhead):
@@ -456,12 +457,17 @@ async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 @pytest.mark.parametrize(
-    ("waiting", "per_session", "wider"),
-    [(5, 2, 0), (40, 1, 0), (40, 2, 1)],
-    ids=["whole-backlog-read", "longer-than-the-window", "the-oldest-inputs-crowd-the-window"],
+    ("waiting", "per_session", "wider", "limits"),
+    [(5, 2, 0, CONSOLE_LIMITS), (40, 1, 0, CONSOLE_LIMITS), (40, 2, 1, CONSOLE_LIMITS), (40, 2, 0, None)],
+    ids=["whole-backlog-read", "longer-than-the-window", "the-oldest-inputs-crowd-the-window", "rem-status"],
 )
 async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
-    db_ctx: Context, frozen_clock: clock.FrozenClock, waiting: int, per_session: int, wider: int
+    db_ctx: Context,
+    frozen_clock: clock.FrozenClock,
+    waiting: int,
+    per_session: int,
+    wider: int,
+    limits: snapshot.ListLimits | None,
 ) -> None:
     """`ops.status` as a console reads it sends every statement it knows ahead in one round trip
     (with the BEGIN), whatever the backlog; then only the journal's new events (their two
@@ -472,7 +478,7 @@ async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
     await _seed(db_ctx, now)  # drift and a dead lease: the drift window's later lists read less
     await _seed_waiting(db_ctx, now, sessions=waiting, per_session=per_session)
     db = await db_ctx.db()
-    first = await ops.status(db_ctx, limits=CONSOLE_LIMITS)  # the tally's start, the reader opened
+    first = await ops.status(db_ctx, limits=limits)  # the tally's start, the reader opened
     async with db.tx() as conn:
         event_id = await append_event(conn, kind=EventKind.OPERATOR_RESUME, actor="test", session_id="s1")
     reader = cast(PgConnection, await db.read_beside(lambda conn: conn))  # the connection reads go to
@@ -487,10 +493,10 @@ async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
 
     with pytest.MonkeyPatch.context() as patch:  # a spy on what the read sent, nothing changed
         patch.setattr(actions, "read_ahead_sync", kept)
-        snap = await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)
+        snap = await ops.status(db_ctx, chroma=first["chroma"], limits=limits)
     assert snap["throughput"]["through_event_id"] == event_id  # the new event was folded
     inputs = snap["backlog"]["inputs"]
-    assert len(inputs) == min(waiting + 1, CONSOLE_LIMITS.backlog)
+    assert len(inputs) == min(waiting + 1, (limits or snapshot.ListLimits()).backlog or LIST_CAP)
     assert inputs[0] == {
         "session_id": "w000",
         "pending": per_session,
