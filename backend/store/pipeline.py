@@ -5,7 +5,7 @@ no round trip to save, runs each one at once."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from backend.core.errors import LeaseLost
@@ -149,12 +149,16 @@ class ReadAhead:
         self.conn = conn
         self._answers: dict[tuple[str, Any], list[Cursor]] = {}
         for (sql, params), result in zip(queries, results, strict=True):
-            self._answers.setdefault(_answer_key(sql, params), []).append(result)
+            with suppress(TypeError):  # a parameter that is no key: its answer goes unused
+                self._answers.setdefault(_answer_key(sql, params), []).append(result)
         self.answered = 0
         self.sent = 0  # statements that were not read ahead, sent on their own
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
-        answers = self._answers.get(_answer_key(sql, parameters))
+        try:
+            answers = self._answers.get(_answer_key(sql, parameters))
+        except TypeError:  # a parameter that is no key (a list): never read ahead
+            answers = None
         if answers:
             self.answered += 1
             return answers.pop(0)

@@ -510,6 +510,27 @@ async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
 
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_read_ahead_answers_only_the_statement_and_parameters_it_was_sent_with(
+    db_ctx: Context,
+) -> None:
+    """Another parameter, another statement, or a parameter that is no key (a list) is sent on its own."""
+    db = await db_ctx.db()
+    ahead = [("SELECT ? + 1 AS n", (1,)), ("SELECT cardinality(CAST(? AS bigint[])) AS n", ([1, 2],))]
+
+    def read_sync(conn: Conn) -> tuple[list[int], int, int, int]:
+        reading = read_ahead_sync(conn, lambda: ahead)
+        assert isinstance(reading, ReadAhead)
+        asked = [("SELECT ? + 1 AS n", (1,)), ("SELECT ? + 1 AS n", (5,)), ("SELECT ? + 1 AS n", (1,))]
+        asked.append(("SELECT cardinality(CAST(? AS bigint[])) AS n", ([1, 2, 3],)))
+        found = [reading.execute(sql, params).fetchone()[0] for sql, params in asked]
+        return found, reading.answered, reading.sent, reading.unused
+
+    found, answered, sent, unused = await db.read_in_thread(read_sync)
+    assert found == [2, 6, 2, 3]  # each as sent alone
+    assert (answered, sent, unused) == (1, 3, 0)  # the list's answer was never a key: not kept
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_a_read_ahead_that_fails_raises_the_stores_one_line_error(
     db_ctx: Context, frozen_clock: clock.FrozenClock
 ) -> None:
