@@ -229,7 +229,7 @@ def _status_reads_sync(
     statements (`taken`: what its windowed lists read last time), the journal's newest id (the
     tally's fold), the schema version, Chroma's refusal."""
     # import time: the status snapshot, only for status and metrics; psycopg, only for PostgreSQL
-    from backend.ops.snapshot import snapshot_reads_sync
+    from backend.ops.snapshot_reads import snapshot_reads_sync
     from backend.ops.throughput import LAST_ID_SQL
     from backend.store import schema_pg
 

@@ -21,7 +21,7 @@ lists that grow with the fleet (leases, workers) are read whole up to
 
 On PostgreSQL the read transaction is REPEATABLE READ READ ONLY (one
 snapshot, as SQLite's), and its statements, known before it runs
-(`snapshot_reads_sync`), go out in one round trip with its BEGIN
+(`snapshot_reads.snapshot_reads_sync`), go out in one round trip with its BEGIN
 (`db.read_ahead_sync`); a statement not read ahead is sent on its own in the
 same transaction.
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, cast
@@ -46,7 +45,7 @@ from typing import Any, TypeVar, cast
 from backend.chroma.ownership import summary_row_id
 from backend.core import clock
 from backend.execution.leases import ExecutionPhase
-from backend.memory.index import INDEX_LAG_SQL, TURNS_INDEXED_SQL, IndexLag, index_lag_sync
+from backend.memory.index import IndexLag, index_lag_sync
 from backend.ops import api_status, model_health, tool_status
 from backend.ops.records import (
     Backlog,
@@ -73,9 +72,9 @@ from backend.ops.status_queries import (
     Window,
     rows_sync,
 )
-from backend.ops.totals import TOTALS_QUERIES, totals_sync
+from backend.ops.totals import totals_sync
 from backend.store import counters, workers
-from backend.store.db import Conn, Query, engine_of
+from backend.store.db import Conn, engine_of
 from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
@@ -161,7 +160,7 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
     counted = engine_of(conn) == "postgresql"
     scan = cap  # one input per session (the usual case): exactly the rows listed
     while True:
-        rows = conn.execute(LIST_QUERIES[_OLDEST_INPUTS[counted]], {"scan": scan}).fetchall()
+        rows = conn.execute(LIST_QUERIES[OLDEST_INPUTS[counted]], {"scan": scan}).fetchall()
         seen: dict[str, list[int]] = {}  # session -> [waiting read, oldest, waiting], in order of oldest
         for row in rows:
             entry = seen.get(row[0])
@@ -187,7 +186,7 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
 
 
 # the first read of the waiting inputs, by whether each row carries its session's count
-_OLDEST_INPUTS = {False: "inputs_oldest", True: "inputs_oldest_counted"}
+OLDEST_INPUTS = {False: "inputs_oldest", True: "inputs_oldest_counted"}
 
 
 def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
@@ -525,81 +524,3 @@ def snapshot_sync(
         "api": api_status.servers_sync(conn, now),
     }
     return snapshot
-
-
-def snapshot_reads_sync(
-    conn: Conn, now: int, limits: ListLimits | None = None, taken: Mapping[str, int] | None = None
-) -> list[Query]:
-    """The statements `snapshot_sync(conn, now, limits=limits)` sends when it reads everything again
-    (no cache hit), each with its parameters: what PostgreSQL reads ahead in one round trip
-    (`db.read_ahead_sync`). A Backlog or drift window's caps are guessed with the rows each list
-    read last time (`taken`, the last read's; none: empty lists): a guess that misses costs a round
-    trip, never a wrong row."""
-    lists, guess = limits or ListLimits(), _Guess(taken or {})
-    reads: list[Query] = [(counters.counts_sql_sync(conn), ())]
-    reads += _backlog_reads(lists.backlog, guess, engine_of(conn) == "postgresql")
-    reads += [
-        (LIST_QUERIES["leases"], {"cap": LIST_CAP}),
-        (LIST_QUERIES["receipt_mismatched"], {"cap": lists.mismatched}),
-    ]
-    drift = Window(None if limits is None else lists.drift)
-    reads += guess.lists(drift, ("dream_drift", "dream_legacy", "summary_stale_rows"), LIST_CAP)
-    reads += [
-        (LIST_QUERIES["recent_actions"], {"cap": lists.actions}),
-        (LIST_QUERIES["events"], {"tail": lists.events}),
-        (LIST_QUERIES["workers"], {"recent": now - RECENT_STOPPED_MS, "cap": LIST_CAP}),
-        (INDEX_LAG_SQL, ()),
-        (TURNS_INDEXED_SQL, ()),
-        (model_health.CALLS_SQL, {"since": now - model_health.WINDOW_MS, "cap": model_health.WINDOW_ROWS}),
-        (model_health.LAST_CALL_SQL, ()),
-        (api_status.QUERIES["api_servers"], {"cap": api_status.SERVER_CAP}),
-    ]
-    if lists.sessions > 0:
-        reads.append((model_health.USAGE_SESSIONS_SQL, {"cap": lists.sessions}))
-    by_time = {"now": now}
-    fresh = {"fresh": now - workers.WORKER_DEAD_AFTER_MS}
-    for name, sql in TOTALS_QUERIES.items():
-        params = fresh if name == "alive_owners" else by_time if ":now" in sql else ()
-        reads.append((sql, params))
-    return reads
-
-
-def _backlog_reads(window: int | None, guess: _Guess, counted: bool) -> list[Query]:
-    """`_backlog_rows_sync`'s statements, each list guessed to read what it read last time."""
-    read = Window(window)
-    reads: list[Query] = []
-    for name, sql in tool_status.CALL_QUERIES.items():
-        reads.append((sql, {"cap": read.cap(LIST_CAP)}))
-        guess.took(read, name, LIST_CAP)
-    reads.append((tool_status.QUERIES["tools_servers"], {"cap": LIST_CAP}))
-    if read.cap(model_health.USAGE_CAP) > 0:
-        reads.append((model_health.HELD_SQL, {"cap": read.cap(model_health.USAGE_CAP)}))
-    guess.took(read, "held", model_health.USAGE_CAP)
-    if window is None:
-        reads += guess.lists(read, ("recoveries",), LIST_CAP)
-    else:
-        reads.append((LIST_QUERIES["held_count"], ()))
-        reads += guess.lists(read, ("recoveries_parked_first",), LIST_CAP)
-    reads += guess.lists(read, ("summary_failed",), FAILED_SUMMARIES)
-    if read.cap(LIST_CAP) > 0:
-        reads.append((LIST_QUERIES[_OLDEST_INPUTS[counted]], {"scan": read.cap(LIST_CAP)}))
-    return reads
-
-
-class _Guess:
-    """A window's lists read as `Window` reads them, each guessed to take the rows it took last time."""
-
-    def __init__(self, taken: Mapping[str, int]) -> None:
-        self.taken = taken
-
-    def took(self, read: Window, name: str, default: int) -> None:
-        read.took(min(self.taken.get(name, 0), read.cap(default)))
-
-    def lists(self, read: Window, names: tuple[str, ...], default: int) -> list[Query]:
-        """The statements `read.rows(conn, name, default)` sends for each of `names`, in order."""
-        reads: list[Query] = []
-        for name in names:
-            if read.cap(default) > 0:
-                reads.append((LIST_QUERIES[name], {"cap": read.cap(default)}))
-            self.took(read, name, default)
-        return reads

@@ -12,7 +12,7 @@ import pytest
 from backend import ops
 from backend.core import clock
 from backend.core.errors import DatabaseUnreachable, RemError
-from backend.ops import actions, snapshot, tool_status
+from backend.ops import actions, snapshot, snapshot_reads, tool_status
 from backend.ops.records import Snapshot
 from backend.ops.snapshot import snapshot_sync
 from backend.ops.status_queries import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES
@@ -442,7 +442,7 @@ async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement
 
     def both_sync(conn: Conn) -> tuple[Snapshot, Snapshot, Conn]:
         alone = snapshot_sync(conn, now, cache=snapshot.SnapshotCache(), limits=limits)
-        reading = read_ahead_sync(conn, lambda: snapshot.snapshot_reads_sync(conn, now, limits))
+        reading = read_ahead_sync(conn, lambda: snapshot_reads.snapshot_reads_sync(conn, now, limits))
         return alone, snapshot_sync(reading, now, cache=snapshot.SnapshotCache(), limits=limits), reading
 
     alone, ahead, reading = await db.read_in_thread(both_sync)
