@@ -20,6 +20,8 @@ on state.db, or PostgreSQL's LISTEN). At each point, over `--seconds`:
   snapshot that holds it (every panel updated) minus the commit's time
   (taken just before COMMIT), p50 / p95;
 * the refreshes (snapshots shown) per second;
+* the snapshot read's wall time per refresh (`SnapshotReader.load`'s `took_ms`: the
+  gate, `ops.status` and its hop to the database thread and back), p50 / p95;
 * the RSS at the start and at the end of the point.
 
 `--soak-s` adds one long point (`--soak-rate`, `--soak-backlog`) that
@@ -223,9 +225,15 @@ class PgServer:
 
 
 class MeasuredConsole(ConsoleApp):
-    """The real console, noting when each snapshot is on screen and the newest journal row it holds."""
+    """The real console, noting when each snapshot is on screen and the newest journal row it holds,
+    and how long each snapshot's read took."""
 
     shown: Shown
+    reads: array[float]  # each snapshot read's wall time (ms), in the order they were read
+
+    def snapshot_loaded(self, snapshot: Any, version: int, took_ms: float, limits: Any) -> None:
+        self.reads.append(took_ms)
+        super().snapshot_loaded(snapshot, version, took_ms, limits)
 
     def snapshot_shown(self, cycle_s: float, *, first: bool) -> None:
         super().snapshot_shown(cycle_s, first=first)
@@ -430,6 +438,7 @@ async def point(
     """One measured point: the console over the store while the writer commits at `rate`."""
     app = MeasuredConsole(data, data_label="bench", db_url=db_url)
     app.shown = Shown()
+    app.reads = array("d")
     meter = meter or UpdateMeter()
     target = db_url or str(data.state_db)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -443,6 +452,7 @@ async def point(
         )
         await asyncio.sleep(0.5)  # the writer's start (its imports) is not the fleet's steady state
         start = Reading.of(app)
+        reads_from = len(app.reads)
         by_minute = [round(start.rss, 1)]
         meter.take()
         with profiled(profile):
@@ -451,6 +461,7 @@ async def point(
                 if minute_rss:
                     by_minute.append(round(rss_mb(), 1))
         end = Reading.of(app)
+        read_ms = summary(list(app.reads[reads_from:]))
         ui = meter.take() if meter._undo else None
         # waited for off the loop: blocking here froze the console for the writer's last second,
         # and its last ~5 commits (~2 % of a point at 10/s) read as 150-550 ms late
@@ -461,7 +472,9 @@ async def point(
     commits = commit_times(target, first_id)
     lat, unseen = latencies(shown, commits)
     result = figures(rate, commits, start, end)
-    result.update(latency_ms=summary(lat), unseen=unseen, **({"ui_thread": ui} if ui else {}))
+    result.update(
+        latency_ms=summary(lat), unseen=unseen, read_ms=read_ms, **({"ui_thread": ui} if ui else {})
+    )
     if budget is not None:
         result["budget"] = budget
     if minute_rss:
@@ -475,6 +488,7 @@ def line(store: str, backlog: int, r: dict[str, Any]) -> str:
         f"{store:10} backlog {backlog:>6} rate {r['rate']:>5g}/s ({r['commits_per_s']:>5g} done): "
         f"CPU {r['cpu_pct']:5.1f} %  commit→screen p50 {lat.get('p50', float('nan')):7.1f} "
         f"p95 {lat.get('p95', float('nan')):7.1f} ms  {r['refreshes_per_s']:5.2f} refreshes/s  "
+        f"read p50 {r['read_ms'].get('p50', float('nan')):4.1f} p95 {r['read_ms'].get('p95', float('nan')):4.1f} ms  "
         f"RSS {r['rss_mb']['start']:.1f} → {r['rss_mb']['end']:.1f} MB  load {r['load_avg']}"
     )
 

@@ -299,6 +299,8 @@ INDEX_LAG_SQL = """
 SELECT min(time_published) FROM dream_state INDEXED BY dream_state_index_lag_idx
 WHERE input_revision IS NOT NULL AND indexed_revision IS NOT input_revision
 """
+# the turns ever indexed, roughly: the newest turn's id (a seek of the primary key, not a count)
+TURNS_INDEXED_SQL = "SELECT max(id) FROM memory_turn"
 
 
 class IndexLag(TypedDict):
@@ -313,7 +315,7 @@ class IndexLag(TypedDict):
 def index_lag_sync(conn: Conn, now: int, sessions_behind: int, vectors_pending: int) -> IndexLag:
     """The lag, given the counters of sessions behind and vectors pending: two seeks, at any size."""
     oldest = conn.execute(INDEX_LAG_SQL).fetchone()[0]
-    turns = conn.execute("SELECT max(id) FROM memory_turn").fetchone()[0] or 0
+    turns = conn.execute(TURNS_INDEXED_SQL).fetchone()[0] or 0
     return IndexLag(
         sessions_behind=sessions_behind,
         oldest_ms=max(0, now - int(oldest)) if oldest else 0,

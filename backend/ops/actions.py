@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import sqlite3
 import weakref
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
@@ -39,9 +38,9 @@ from backend.ops.operator_input import journal_text, operator_id
 from backend.ops.records import ChromaHealth, RefusedListener, ReplayReport, Snapshot, Status
 from backend.runtime import refusals
 from backend.runtime.context import Context
-from backend.store.db import Conn, Database
+from backend.store.db import Conn, Database, Query, read_ahead_sync
 from backend.store.events import EventKind, append_event, append_event_sync
-from backend.store.schema import schema_version, supported_version
+from backend.store.schema import schema_version, schema_version_sync, supported_version
 from backend.store.workers import LeaseKind
 
 if TYPE_CHECKING:
@@ -183,18 +182,18 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
         cache = _SNAPSHOT_CACHES[db] = SnapshotCache()
     tally = await journal_tally(ctx, db)
 
-    def read_sync(conn: Conn) -> tuple[Snapshot, int | None, Any]:
+    def read_sync(conn: Conn) -> tuple[Snapshot, int, Any]:
         # one hop to the database thread for all of it: under load each hop is a wait for a
         # scheduler slot, so the snapshot, the events since the last fold and the schema
-        # version are read together (the tally sees the same view as the snapshot)
-        snap = snapshot_sync(conn, cache=cache, limits=limits)
-        tally.fold_sync(conn)
-        version = (
-            conn.execute("PRAGMA user_version").fetchone()[0]
-            if isinstance(conn, sqlite3.Connection)
-            else None
+        # version are read together (the tally sees the same view as the snapshot); on PostgreSQL
+        # what they send is known ahead: one round trip for nearly all of it, not one a statement
+        now = clock.now_ms()
+        reading = read_ahead_sync(
+            conn, lambda: _status_reads_sync(conn, now, limits, cache.rows.get("taken"))
         )
-        return snap, version, conn.execute(refusals.LATEST_SQL).fetchone()
+        snap = snapshot_sync(reading, now, cache=cache, limits=limits)
+        tally.fold_sync(reading)
+        return snap, schema_version_sync(reading), reading.execute(refusals.LATEST_SQL).fetchone()
 
     if chroma is None:  # the Chroma heartbeat (blocking HTTP, 1 s timeout when Chroma hangs) beside the read
         read, chroma = await asyncio.gather(
@@ -202,13 +201,13 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
         )
     else:  # as read before (a copy: this snapshot's own); no tasks to gather (the console's every refresh)
         read, chroma = await db.read_in_thread(read_sync), cast(ChromaHealth, dict(chroma))
-    snap, version, refusal = cast(tuple[Snapshot, int | None, Any], read)
+    snap, version, refusal = cast(tuple[Snapshot, int, Any], read)
     if chroma["refused"] is None and refusal is not None and refusal[2] == EventKind.CHROMA_UNTRUSTED:
         chroma["refused"] = await asyncio.to_thread(still_refused, ctx, refusal)
     fields: dict[str, Any] = {
         **snap,
         "data_dir": str(ctx.data.root),
-        "schema_version": int(version) if version is not None else await schema_version(db),
+        "schema_version": version,
         "schema_version_supported": supported_version(db),
         "read_only": ctx.read_only,
         "throughput": tally.as_dict(),
@@ -221,6 +220,26 @@ async def _status(ctx: Context, chroma: ChromaHealth | None, limits: ListLimits 
 
         result["change_feed"] = feed_of(ctx.db_url)
     return result
+
+
+def _status_reads_sync(
+    conn: Conn, now: int, limits: ListLimits | None, taken: dict[str, int] | None
+) -> list[Query]:
+    """What `_status` reads on PostgreSQL, known ahead (`db.read_ahead_sync`): the snapshot's
+    statements (`taken`: what its windowed lists read last time), the journal's newest id (the
+    tally's fold), the schema version, Chroma's refusal."""
+    # import time: the status snapshot, only for status and metrics; psycopg, only for PostgreSQL
+    from backend.ops.snapshot_reads import snapshot_reads_sync
+    from backend.ops.throughput import LAST_ID_SQL
+    from backend.store import schema_pg
+
+    return [
+        *snapshot_reads_sync(conn, now, limits, taken),
+        (LAST_ID_SQL, ()),
+        (schema_pg.VERSION_TABLE_SQL, ()),
+        (schema_pg.VERSION_SQL, ()),  # the table is there: the snapshot's tables come with it
+        (refusals.LATEST_SQL, ()),
+    ]
 
 
 # what `rem release --kind` accepts

@@ -19,6 +19,12 @@ backlog, mismatched receipts, drift, the journal, sessions by cost); the
 lists that grow with the fleet (leases, workers) are read whole up to
 `LIST_CAP`.
 
+On PostgreSQL the read transaction is REPEATABLE READ READ ONLY (one
+snapshot, as SQLite's), and its statements, known before it runs
+(`snapshot_reads.snapshot_reads_sync`), go out in one round trip with its BEGIN
+(`db.read_ahead_sync`); a statement not read ahead is sent on its own in the
+same transaction.
+
 After a commit, what is read again costs the same at any size: every count
 is a `status_count` counter, kept by triggers in the transaction that
 changed the rows (backend/store/counters.py; one read of a small table),
@@ -68,7 +74,7 @@ from backend.ops.status_queries import (
 )
 from backend.ops.totals import totals_sync
 from backend.store import counters, workers
-from backend.store.db import Conn
+from backend.store.db import Conn, engine_of
 from backend.store.states import DRIFT_CLASSES, TOOL_HOLDS, DigestState, DriftClass, JobStatus, classify_drift
 from backend.store.workers import LeaseKind, WorkerRole, WorkerState
 from backend.summaries.receipts import MISMATCHES, ReceiptVerdict
@@ -149,14 +155,17 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
     """The `cap` sessions whose oldest waiting input is oldest, with their waiting inputs."""
     if cap <= 0:
         return []
+    # PostgreSQL: each row comes with its session's count (`inputs_oldest_counted`): no second
+    # round trip, and the first is read ahead; SQLite reads the counts after, only when needed
+    counted = engine_of(conn) == "postgresql"
     scan = cap  # one input per session (the usual case): exactly the rows listed
     while True:
-        rows = conn.execute(LIST_QUERIES["inputs_oldest"], {"scan": scan}).fetchall()
-        seen: dict[str, list[int]] = {}  # session -> [waiting, oldest], in order of oldest
-        for session_id, created in rows:
-            entry = seen.get(session_id)
+        rows = conn.execute(LIST_QUERIES[OLDEST_INPUTS[counted]], {"scan": scan}).fetchall()
+        seen: dict[str, list[int]] = {}  # session -> [waiting read, oldest, waiting], in order of oldest
+        for row in rows:
+            entry = seen.get(row[0])
             if entry is None:
-                seen[session_id] = [1, created]
+                seen[row[0]] = [1, row[1], row[2] if counted else 0]
             else:
                 entry[0] += 1
         complete = len(rows) < scan  # every waiting input was read
@@ -165,12 +174,19 @@ def _inputs_rows_sync(conn: Conn, cap: int = LIST_CAP) -> list[dict[str, Any]]:
             break
         scan *= 4
     sessions = list(seen)[:cap]
-    if complete:  # the counts are whole already
-        return [{"session_id": s, "pending": seen[s][0], "oldest_at": seen[s][1]} for s in sessions]
+    if complete or counted:  # the counts are whole already
+        return [
+            {"session_id": s, "pending": seen[s][2 if counted else 0], "oldest_at": seen[s][1]}
+            for s in sessions
+        ]
     if not sessions:
         return []
     by_session = {r["session_id"]: r for r in rows_sync(conn, "inputs", sessions=json.dumps(sessions))}
     return [by_session[s] for s in sessions]
+
+
+# the first read of the waiting inputs, by whether each row carries its session's count
+OLDEST_INPUTS = {False: "inputs_oldest", True: "inputs_oldest_counted"}
 
 
 def _index_lag_sync(conn: Conn, cache: SnapshotCache, now: int) -> IndexLag:
@@ -323,10 +339,11 @@ def _drift(r: dict[str, Any], klass: DriftClass) -> DriftRecord:
 
 
 def dream_drift_sync(
-    conn: Conn, counts: dict[str, int], window: int | None = None
+    conn: Conn, counts: dict[str, int], window: int | None = None, taken: dict[str, int] | None = None
 ) -> tuple[list[DriftRecord], dict[DriftClass, int]]:
     """The drift rows (drifting, legacy, then summary-stale sessions not listed yet) and the count
-    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each)."""
+    of each class; `window`: the rows of all three together (None: `LIST_CAP` of each); `taken`
+    gets the rows each query read."""
     read = Window(window)
     rows = read.rows(conn, "dream_drift", LIST_CAP) + read.rows(conn, "dream_legacy", LIST_CAP)
     drift = [_drift(r, classify_drift(r)) for r in rows]
@@ -343,6 +360,8 @@ def dream_drift_sync(
                 "since": r["since"],
             }
             drift.append(_drift(stale, DriftClass.SUMMARY_STALE))
+    if taken is not None:
+        taken.update(read.taken)
     by_class: dict[DriftClass, int] = dict.fromkeys(DRIFT_CLASSES, 0)
     for d in drift:
         by_class[d["class"]] += 1
@@ -411,12 +430,14 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
     counts = _counts_sync(conn)
     rows = cache.rows
     lists = limits or ListLimits()
-    _backlog_rows_sync(conn, rows, lists.backlog)
+    taken: dict[str, int] = {}  # the rows each windowed list read (`snapshot_reads_sync` guesses with them)
+    _backlog_rows_sync(conn, rows, lists.backlog, taken)
     rows["leases"] = rows_sync(conn, "leases", cap=LIST_CAP)
     rows["mismatched"], rows["mismatched_by_row"] = mismatches_sync(
         conn, rows.get("mismatched_by_row"), lists.mismatched
     )
-    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift)
+    rows["drift"] = dream_drift_sync(conn, counts, None if limits is None else lists.drift, taken)
+    rows["taken"] = taken
     rows["recent_actions"] = [_event(r) for r in rows_sync(conn, "recent_actions", cap=lists.actions)]
     rows["events"] = [_event(r) for r in rows_sync(conn, "events", tail=lists.events)]
     rows["usage"] = model_health.usage_sync(conn, counts, lists.sessions)
@@ -426,16 +447,17 @@ def _read_rows_sync(conn: Conn, cache: SnapshotCache, limits: ListLimits | None)
     rows["totals"] = {}  # the clockless totals, read again at their next use
 
 
-def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> None:
-    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all."""
+def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None, taken: dict[str, int]) -> None:
+    """The Backlog panel's lists, in its order: each to its cap, or (`window`) that many rows in all;
+    `taken` gets the rows each list read."""
     read = Window(window)
     tools: dict[str, list[dict[str, Any]]] = {}
     for name, sql in tool_status.CALL_QUERIES.items():
         tools.update(tool_status.waiting_rows_sync(conn, read.cap(LIST_CAP), {name: sql}))
-        read.took(len(tools[name]))
+        read.took(len(tools[name]), name)
     rows["tools"] = {**tools, **tool_status.server_rows_sync(conn, LIST_CAP)}
     rows["held"] = model_health.held_rows_sync(conn, read.cap(model_health.USAGE_CAP))
-    read.took(len(rows["held"]))
+    read.took(len(rows["held"]), "held")
     if window is None:  # `rem status` lists as many as it counts
         rows["held_count"] = len(rows["held"])
         rows["recoveries"] = read.rows(conn, "recoveries", LIST_CAP)
@@ -444,6 +466,7 @@ def _backlog_rows_sync(conn: Conn, rows: dict[str, Any], window: int | None) -> 
         rows["recoveries"] = read.rows(conn, "recoveries_parked_first", LIST_CAP)
     rows["summary_failed"] = read.rows(conn, "summary_failed", FAILED_SUMMARIES)
     rows["inputs"] = _inputs_rows_sync(conn, read.cap(LIST_CAP))
+    taken.update(read.taken)
 
 
 def snapshot_sync(

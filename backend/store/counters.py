@@ -326,17 +326,52 @@ def sessions_estimate_sync(conn: Conn) -> int:
     return max(0, int(row[0])) if row and row[0] is not None else 0
 
 
+def _real_counts_sql() -> str:
+    """Every counter's real count in one statement, as rows of (name, key, n).
+
+    The plain counters over the same rows (the usage count and its six sums) are read in one
+    pass of those rows: one by one, at 30 000 sessions that had used a model, they cost
+    PostgreSQL ~14 ms a snapshot, together ~3.6 ms (the union's `n` is the same type as before:
+    double precision, the common type of a count and a sum)."""
+    shared: dict[tuple[str, str | None], list[Counter]] = {}
+    for c in COUNTERS:
+        if c.key is None:
+            shared.setdefault((c.table, c.where), []).append(c)
+    passes, branches = [], []
+    for i, c in enumerate(COUNTERS):
+        group = shared.get((c.table, c.where), [])
+        if len(group) < 2:
+            branches.append(f"SELECT '{c.name}' AS name, q{i}.key, q{i}.n FROM ({c.truth_sql()}) AS q{i}")
+            continue
+        at = list(shared).index((c.table, c.where))
+        if c is group[0]:
+            columns = ", ".join(f"{_aggregate(m)} AS n{j}" for j, m in enumerate(group))
+            where = f" WHERE {c.where}" if c.where else ""
+            passes.append(f"p{at} AS (SELECT {columns} FROM {c.table}{where})")
+        branches.append(f"SELECT '{c.name}' AS name, '' AS key, p{at}.n{group.index(c)} AS n FROM p{at}")
+    head = f"WITH {', '.join(passes)} " if passes else ""
+    return head + " UNION ALL ".join(branches)
+
+
+def _aggregate(counter: Counter) -> str:
+    """A plain counter's aggregate over its rows (as `truth_sql` computes it)."""
+    return "count(*)" if counter.amount is None else f"coalesce(sum({counter.amount}), 0)"
+
+
 # every counter's real count in one statement (PostgreSQL: one round trip, not one per counter)
-REAL_COUNTS_SQL = " UNION ALL ".join(
-    f"SELECT '{c.name}' AS name, q{i}.key, q{i}.n FROM ({c.truth_sql()}) AS q{i}"
-    for i, c in enumerate(COUNTERS)
-)
+REAL_COUNTS_SQL = _real_counts_sql()
+
+
+KEPT_COUNTS_SQL = f"SELECT name, key, n FROM {TABLE}"
+
+
+def counts_sql_sync(conn: Conn) -> str:
+    """The statement `counts_sync` reads every counter with, on this connection's engine."""
+    return KEPT_COUNTS_SQL if kept_by_triggers(conn) else REAL_COUNTS_SQL
 
 
 def _kept_or_real_sync(conn: Conn) -> list[tuple[str, str, int]]:
-    if kept_by_triggers(conn):
-        return [(r[0], r[1], r[2]) for r in conn.execute(f"SELECT name, key, n FROM {TABLE}").fetchall()]
-    return [(r[0], r[1], r[2]) for r in conn.execute(REAL_COUNTS_SQL).fetchall()]
+    return [(r[0], r[1], r[2]) for r in conn.execute(counts_sql_sync(conn)).fetchall()]
 
 
 def drift_sync(conn: Conn, counter: Counter) -> list[dict[str, object]]:

@@ -25,7 +25,8 @@ The parts, each a module of its own, all importable from here:
     sqlite_file   state.db's PRAGMA values, its read-only URI, SQLite errors as RemErrors
     transaction   statements inside an open `db.tx()`, and `in_thread`
     group_commit  many callers' writes in one transaction (`Database.write_in_thread`)
-    pipeline      writes nobody reads, fenced writes, readers in lockstep (PostgreSQL: one round trip)
+    pipeline      writes nobody reads, fenced writes, readers in lockstep, reads known ahead
+                  (PostgreSQL: one round trip)
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from backend.store.database import Database
 from backend.store.group_commit import WRITE_GROUP_MAX, TransactionDropped, commit_group_sync
 from backend.store.pipeline import (
     Query,
+    ReadAhead,
     Reader,
     execute_unread,
     executemany_unread,
     fenced_write,
     independent_reads_sync,
+    read_ahead_sync,
     read_together_sync,
 )
 from backend.store.sqlite_file import (
@@ -72,6 +75,7 @@ __all__ = [
     "JOURNAL_SIZE_LIMIT",
     "Params",
     "Query",
+    "ReadAhead",
     "Reader",
     "Row",
     "T",
@@ -89,6 +93,7 @@ __all__ = [
     "in_thread",
     "independent_reads_sync",
     "on_postgres",
+    "read_ahead_sync",
     "read_together_sync",
     "refuse_foreign",
     "skip_locked",

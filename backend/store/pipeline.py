@@ -1,15 +1,15 @@
 """Statements on the database thread that PostgreSQL sends together (one round trip): writes nobody
-reads, fenced writes, and independent readers driven in lockstep. SQLite, with no round trip to
-save, runs each one at once."""
+reads, fenced writes, independent readers driven in lockstep, and reads known ahead. SQLite, with
+no round trip to save, runs each one at once."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from backend.core.errors import LeaseLost
-from backend.store.connection import Conn, Params, Row, T, engine_of
+from backend.store.connection import Conn, Cursor, Params, Row, T, engine_of
 
 
 def execute_unread(conn: Conn, sql: str, params: Params = ()) -> None:
@@ -134,3 +134,72 @@ def executemany_unread(conn: Conn, sql: str, rows: Iterable[Params]) -> None:
         return
     for row in rows:
         queue(sql, row)
+
+
+class ReadAhead:
+    """A connection some of whose reads were answered ahead, in one round trip (`read_ahead_sync`).
+
+    `execute` of a statement with the parameters it was sent ahead with returns that answer
+    (once); any other statement goes to the connection as usual, in the same transaction. So a
+    read sees what it would have seen sent on its own, and a guess that missed costs only the
+    round trip it did not save (`sent` counts them).
+    """
+
+    def __init__(self, conn: Conn, queries: Sequence[Query], results: Sequence[Cursor]) -> None:
+        self.conn = conn
+        self._answers: dict[tuple[str, Any], list[Cursor]] = {}
+        for (sql, params), result in zip(queries, results, strict=True):
+            with suppress(TypeError):  # a parameter that is no key: its answer goes unused
+                self._answers.setdefault(_answer_key(sql, params), []).append(result)
+        self.answered = 0
+        self.sent = 0  # statements that were not read ahead, sent on their own
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        try:
+            answers = self._answers.get(_answer_key(sql, parameters))
+        except TypeError:  # a parameter that is no key (a list): never read ahead
+            answers = None
+        if answers:
+            self.answered += 1
+            return answers.pop(0)
+        self.sent += 1
+        return self.conn.execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> Cursor:
+        return self.conn.executemany(sql, parameters)
+
+    @property
+    def unused(self) -> int:
+        """The answers read ahead that nobody asked for (a guess that missed)."""
+        return sum(len(answers) for answers in self._answers.values())
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.conn.in_transaction
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)  # the engine, the batch doors, `total_changes`
+
+
+def _answer_key(sql: str, params: Any) -> tuple[str, Any]:
+    """A statement and its parameters as one hashable key (no parameters, in any form: `()`)."""
+    if not params:
+        return sql, ()
+    if type(params) is dict or isinstance(params, Mapping):  # a dict first: the ABC check is ~1 us
+        return sql, tuple(sorted(params.items()))
+    return sql, tuple(params)
+
+
+def read_ahead_sync(conn: Conn, queries: Callable[[], Sequence[Query]]) -> Conn:
+    """`conn`, the reads `queries()` lists answered ahead: for a reader whose statements are known
+    before it runs (the status snapshot's), inside the read transaction its caller opened.
+
+    PostgreSQL: the listed reads go in one round trip (with the queued BEGIN), and the reader's
+    `execute` of one of them returns its answer (`ReadAhead`); what it reads besides is sent as
+    usual. SQLite, with no round trip to save: `conn` itself, `queries` never called.
+    """
+    batch = getattr(conn, "execute_batch", None)
+    if batch is None:
+        return conn
+    listed = list(queries())
+    return ReadAhead(conn, listed, batch(listed)) if listed else conn

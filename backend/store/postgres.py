@@ -186,6 +186,7 @@ class PgConnection:
         self.prepare = (not settings.db_pooled) if prepare is None else prepare
         self.row_factory: Any = None  # set by aiosqlite; rows are always `Row`s here
         self.total_changes = 0  # rows written by INSERT / UPDATE / DELETE, as sqlite3 counts them
+        self.round_trips = 0  # batches sent (each one round trip to the server)
         self._in_tx = False
         self._queued: list[_Queued] = []  # not yet sent
         self._member = -1  # the transaction's newest group member (one per `SAVEPOINT rem_write`)
@@ -341,6 +342,7 @@ class PgConnection:
         if len(self._prepared) + len(preparing) > PREPARED_MAX:
             self._deallocate_all(raw)
             return self._round_trip(raw, statements)
+        self.round_trips += 1
         answers: list[list[Any]] = raw.wait(pg_batch.pipeline(pgconn, commands))
         failed_prepare = {}
         for key, (name, command) in preparing.items():
@@ -372,6 +374,11 @@ class PgConnection:
     def fetchall_batch(self, queries: Sequence[tuple[str, Any]]) -> list[list[Row]]:
         """Every query's rows, the queries sent together in one round trip (`db.read_together_sync`);
         a query may be a write whose rows are read (`... RETURNING`)."""
+        return [result.rows for result in self.execute_batch(queries)]
+
+    def execute_batch(self, queries: Sequence[tuple[str, Any]]) -> list[Result]:
+        """Every query's result (rows, columns, row count), the queries sent together in one round trip
+        (`db.read_ahead_sync`, `fetchall_batch`)."""
         shapes = [pg_batch.template(sql) for sql, _ in queries]
         tail = [
             (shape.query, pg_batch.values_of(shape, p)) for shape, (_, p) in zip(shapes, queries, strict=True)
@@ -381,7 +388,7 @@ class PgConnection:
         self.total_changes += sum(
             r.rowcount for shape, r in zip(shapes, results, strict=True) if shape.write and r.rowcount > 0
         )
-        return [result.rows for result in results]
+        return results
 
     def _flush(self) -> None:
         if self._queued:

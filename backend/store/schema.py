@@ -16,7 +16,7 @@ import aiosqlite
 
 from backend.core import clock
 from backend.core.errors import DataDirError, SchemaTooNew, SchemaTooOld
-from backend.store.db import FOREIGN_TABLES_SQL, Database, refuse_foreign
+from backend.store.db import FOREIGN_TABLES_SQL, Conn, Database, engine_of, refuse_foreign
 from backend.store.events import append_event
 
 # re-exported: where callers and tests have always found them
@@ -45,6 +45,15 @@ async def schema_version(db: Database) -> int:
 
         return await db.run_in_thread(schema_pg.schema_version_sync)
     return int(await db.scalar("PRAGMA user_version"))
+
+
+def schema_version_sync(conn: Conn) -> int:
+    """`schema_version`, inside the caller's transaction on the connection's thread."""
+    if engine_of(conn) == "postgresql":
+        from backend.store import schema_pg  # import time: psycopg, only for a PostgreSQL store
+
+        return schema_pg.schema_version_sync(conn)
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
 def supported_version(db: Database) -> int:

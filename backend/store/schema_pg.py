@@ -432,12 +432,17 @@ def pg_schema_version() -> int:
     return len(MIGRATIONS) + len(PG_ONLY)
 
 
+# whether the version table exists, then the highest migration it records
+VERSION_TABLE_SQL = f"SELECT to_regclass('{VERSION_TABLE}') IS NOT NULL AS present"
+VERSION_SQL = f"SELECT coalesce(max(version), 0) AS v FROM {VERSION_TABLE}"
+
+
 def schema_version_sync(conn: Conn) -> int:
     """The highest migration applied (0: no rem schema)."""
-    row = conn.execute(f"SELECT to_regclass('{VERSION_TABLE}') IS NOT NULL AS present").fetchone()
+    row = conn.execute(VERSION_TABLE_SQL).fetchone()
     if not row["present"]:
         return 0
-    return int(conn.execute(f"SELECT coalesce(max(version), 0) AS v FROM {VERSION_TABLE}").fetchone()["v"])
+    return int(conn.execute(VERSION_SQL).fetchone()["v"])
 
 
 def foreign_tables_sync(conn: Conn) -> list[str]:

@@ -447,3 +447,45 @@ async def test_check_names_a_counter_that_differs_from_its_rows(db_ctx: Context)
     async with db.tx() as conn:  # repaired, so the fixture's own teardown check passes
         await conn.execute("UPDATE status_count SET n = n - 1 WHERE name = 'sessions'")
         await conn.execute("DELETE FROM status_count WHERE key = 'ex-gone'")
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_postgres_reads_every_counter_as_its_real_count(db_ctx: Context) -> None:
+    """PostgreSQL keeps no counters: one statement counts them all (the usage count and sums in one pass
+    of the sessions that used a model), each equal to its own real count."""
+    db = await db_ctx.db()
+    async with db.tx() as conn:
+        for i in range(12):  # some used a model, one failed to, some never did
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated, tokens_input, tokens_output, "
+                "tokens_reasoning, tokens_cache_read, tokens_cache_write, cost, model_error) "
+                "VALUES (?, 1, 1, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    f"s{i}",
+                    100 * (i % 4),
+                    7 * (i % 4),
+                    i,
+                    3 * i,
+                    2,
+                    0.125 * (i % 4),
+                    '{"e": 1}' if i == 4 else None,
+                ),
+            )
+        await conn.execute(
+            "INSERT INTO session_execution (id, session_id, owner_id, epoch, phase, time_created, "
+            "time_renewed, expires_at) VALUES ('e1', 's1', 'ex-a', 1, 'safe', 1, 1, 1)"
+        )
+
+    def both_sync(conn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        real: dict[str, Any] = {}
+        for counter in counters.COUNTERS:
+            rows = {r[0]: r[1] for r in conn.execute(counter.truth_sql()).fetchall()}
+            real[counter.name] = {k: int(n) for k, n in rows.items()} if counter.key else rows[""]
+        return _kept(conn), real
+
+    read, real = await db.read_in_thread(both_sync)
+    assert "WITH" in counters.REAL_COUNTS_SQL  # the usage sums share one pass
+    assert read == real
+    assert read["usage_sessions"] == 10 and read["usage_cost"] == 2.25  # s0, s8 used none; s4 failed
+    assert read["usage_tokens_reasoning"] == sum(range(12)) - 8
+    assert read["execution_held"] == {"ex-a": 1} and read["sessions"] == 12

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from backend import ops
 from backend.core import clock
-from backend.ops import actions, snapshot, tool_status
+from backend.core.errors import DatabaseUnreachable, RemError
+from backend.ops import actions, snapshot, snapshot_reads, tool_status
 from backend.ops.records import Snapshot
 from backend.ops.snapshot import snapshot_sync
 from backend.ops.status_queries import LIST_CAP, PLAN_PARAMS, STATUS_QUERIES
 from backend.runtime.context import Context
-from backend.store.db import Database
+from backend.store.db import Conn, Database, Query, ReadAhead, read_ahead_sync
+from backend.store.events import EventKind, append_event
+from backend.store.postgres import PgConnection
 
 # Tables that grow without bound; a full SCAN of one is a bug in the snapshot.
 BIG_TABLES = (
@@ -283,6 +288,7 @@ async def test_session_count_follows_every_delete_at_once(db_ctx: Context, froze
     [(None, 0), (50, 0), (50, 900)],
     ids=["all-read-at-once", "counted-per-session", "one-session-crowds-the-oldest"],
 )
+@pytest.mark.both_stores  # PostgreSQL reads each row with its session's count (`inputs_oldest_counted`)
 async def test_inputs_list_the_sessions_waiting_longest(
     db_ctx: Context,
     frozen_clock,  # type: ignore[no-untyped-def]
@@ -388,3 +394,160 @@ async def test_a_windowed_backlog_lists_the_running_calls_after_the_waiting_ones
     assert await listed(3) == (["c0", "c2", "c1"], [])  # the oldest running first, to the window's end
     assert await listed(5) == (["c0", "c2", "c1", "c3"], ["s1"])
     assert await listed(None) == (["c0", "c2", "c1", "c3"], ["s1"])
+
+
+# what a console's panels ask of each list at 120x40 (`tui/loading.py` `list_limits`)
+CONSOLE_LIMITS = snapshot.ListLimits(backlog=14, mismatched=14, drift=14, events=7, actions=7, sessions=4)
+
+
+async def _seed_waiting(ctx: Context, now: int, sessions: int, per_session: int) -> None:
+    """`sessions` more sessions with `per_session` waiting inputs each, older than `_seed`'s."""
+    db = await ctx.db()
+    async with db.tx() as conn:
+        for i in range(sessions):
+            await conn.execute(
+                "INSERT INTO session (id, time_created, time_updated) VALUES (?, 1, 1)", (f"w{i:03d}",)
+            )
+            for k in range(per_session):
+                await conn.execute(
+                    "INSERT INTO session_input (id, session_id, prompt, delivery, admitted_seq, "
+                    "wake_pending, time_created) VALUES (?, ?, '{}', 'queue', ?, ?, ?)",
+                    (f"w{i}-{k}", f"w{i:03d}", k + 1, k % 2, now - 60_000 + 100 * i + k),
+                )
+
+
+@pytest.mark.both_stores
+@pytest.mark.parametrize(
+    ("limits", "inputs_listed"),
+    [(CONSOLE_LIMITS, 13), (snapshot.ListLimits(backlog=3, drift=1), 2), (None, 21)],
+    ids=["console", "narrow", "all"],
+)
+async def test_a_snapshot_read_ahead_is_the_snapshot_read_statement_by_statement(
+    db_ctx: Context, frozen_clock: clock.FrozenClock, limits: snapshot.ListLimits | None, inputs_listed: int
+) -> None:
+    """What PostgreSQL reads ahead in one round trip (`snapshot_reads_sync`) answers the snapshot as
+    sending each statement alone does, in the same read; SQLite reads nothing ahead."""
+    now = frozen_clock.now
+    await _seed(db_ctx, now)
+    await _seed_waiting(db_ctx, now, sessions=20, per_session=3)  # more than a window: read per session
+    db = await db_ctx.db()
+    async with db.tx() as conn:  # a call in flight: the window's later lists read fewer rows than guessed
+        await conn.execute(
+            "INSERT INTO tool_call (id, session_id, execution_id, step, idx, model_call_id, tool, arguments, "
+            "effect, effect_source, permission, state, idempotency_key, owner_id, epoch, time_created, "
+            "time_updated) VALUES ('c1', 's2', 'e-live', 1, 0, 'm', 'demo.send', '{}', 'effect', 'config', "
+            "'ask', 'running', 'k1', 'ex-live', 1, ?, ?)",
+            (now - 1000, now - 1000),
+        )
+
+    def both_sync(conn: Conn) -> tuple[Snapshot, Snapshot, Conn]:
+        alone = snapshot_sync(conn, now, cache=snapshot.SnapshotCache(), limits=limits)
+        reading = read_ahead_sync(conn, lambda: snapshot_reads.snapshot_reads_sync(conn, now, limits))
+        return alone, snapshot_sync(reading, now, cache=snapshot.SnapshotCache(), limits=limits), reading
+
+    alone, ahead, reading = await db.read_in_thread(both_sync)
+    assert ahead == alone
+    # the 21 sessions waiting, after the call in flight (one row of a window)
+    assert len(alone["backlog"]["inputs"]) == inputs_listed
+    assert [c["call_id"] for c in alone["tools"]["running"]] == ["c1"]
+    assert isinstance(reading, ReadAhead) == db.postgres
+    if isinstance(reading, ReadAhead):
+        assert reading.answered > 20  # nearly all of it came in the one round trip
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+@pytest.mark.parametrize(
+    ("waiting", "per_session", "wider", "limits"),
+    [(5, 2, 0, CONSOLE_LIMITS), (40, 1, 0, CONSOLE_LIMITS), (40, 2, 1, CONSOLE_LIMITS), (40, 2, 0, None)],
+    ids=["whole-backlog-read", "longer-than-the-window", "the-oldest-inputs-crowd-the-window", "rem-status"],
+)
+async def test_the_consoles_snapshot_on_postgres_is_three_round_trips(
+    db_ctx: Context,
+    frozen_clock: clock.FrozenClock,
+    waiting: int,
+    per_session: int,
+    wider: int,
+    limits: snapshot.ListLimits | None,
+) -> None:
+    """`ops.status` as a console reads it sends every statement it knows ahead in one round trip
+    (with the BEGIN), whatever the backlog; then only the journal's new events (their two
+    aggregates together) and the ROLLBACK go on their own; every statement read ahead is used.
+    When the window's oldest inputs belong to fewer sessions than it lists, the wider read of
+    them goes on its own too."""
+    now = frozen_clock.now
+    await _seed(db_ctx, now)  # drift and a dead lease: the drift window's later lists read less
+    await _seed_waiting(db_ctx, now, sessions=waiting, per_session=per_session)
+    db = await db_ctx.db()
+    first = await ops.status(db_ctx, limits=limits)  # the tally's start, the reader opened
+    async with db.tx() as conn:
+        event_id = await append_event(conn, kind=EventKind.OPERATOR_RESUME, actor="test", session_id="s1")
+    reader = cast(PgConnection, await db.read_beside(lambda conn: conn))  # the connection reads go to
+    before = reader.round_trips
+    reads: list[ReadAhead] = []
+    original = actions.read_ahead_sync
+
+    def kept(conn: Conn, queries: Callable[[], list[Query]]) -> Conn:
+        reading = original(conn, queries)
+        reads.append(cast(ReadAhead, reading))
+        return reading
+
+    with pytest.MonkeyPatch.context() as patch:  # a spy on what the read sent, nothing changed
+        patch.setattr(actions, "read_ahead_sync", kept)
+        snap = await ops.status(db_ctx, chroma=first["chroma"], limits=limits)
+    assert snap["throughput"]["through_event_id"] == event_id  # the new event was folded
+    inputs = snap["backlog"]["inputs"]
+    assert len(inputs) == min(waiting + 1, (limits or snapshot.ListLimits()).backlog or LIST_CAP)
+    assert inputs[0] == {
+        "session_id": "w000",
+        "pending": per_session,
+        "oldest_at": now - 60_000,
+        "oldest_age_ms": 60_000,
+    }
+    assert reader.round_trips - before == 3 + wider  # the read ahead, the fold's range, the ROLLBACK
+    (reading,) = reads
+    assert reading.sent == wider  # nothing else of the snapshot went on its own
+    assert reading.unused == 0  # every statement read ahead was asked for
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_read_ahead_answers_only_the_statement_and_parameters_it_was_sent_with(
+    db_ctx: Context,
+) -> None:
+    """Another parameter, another statement, or a parameter that is no key (a list) is sent on its own."""
+    db = await db_ctx.db()
+    ahead = [("SELECT ? + 1 AS n", (1,)), ("SELECT cardinality(CAST(? AS bigint[])) AS n", ([1, 2],))]
+
+    def read_sync(conn: Conn) -> tuple[list[int], int, int, int]:
+        reading = read_ahead_sync(conn, lambda: ahead)
+        assert isinstance(reading, ReadAhead)
+        asked = [("SELECT ? + 1 AS n", (1,)), ("SELECT ? + 1 AS n", (5,)), ("SELECT ? + 1 AS n", (1,))]
+        asked.append(("SELECT cardinality(CAST(? AS bigint[])) AS n", ([1, 2, 3],)))
+        found = [reading.execute(sql, params).fetchone()[0] for sql, params in asked]
+        return found, reading.answered, reading.sent, reading.unused
+
+    found, answered, sent, unused = await db.read_in_thread(read_sync)
+    assert found == [2, 6, 2, 3]  # each as sent alone
+    assert (answered, sent, unused) == (1, 3, 0)  # the list's answer was never a key: not kept
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_read_ahead_that_fails_raises_the_stores_one_line_error(
+    db_ctx: Context, frozen_clock: clock.FrozenClock
+) -> None:
+    """A statement failing in the batch read ahead, or the connection dropped under it, fails the read
+    with the store's one-line error (its SQLSTATE, no traceback), and the next read goes through."""
+    await _seed(db_ctx, frozen_clock.now)
+    db = await db_ctx.db()
+    failing = [("SELECT count(*) FROM session", ()), ("SELECT 1 / (count(*) - count(*)) FROM session", ())]
+    with pytest.raises(RemError) as failed:
+        await db.read_in_thread(lambda conn: read_ahead_sync(conn, lambda: failing))
+    assert "SQLSTATE 22012" in str(failed.value) and "\n" not in str(failed.value)
+    first = await ops.status(db_ctx, limits=CONSOLE_LIMITS)  # the transaction was rolled back
+    reader = cast(PgConnection, await db.read_beside(lambda conn: conn))
+    async with db.tx() as conn:  # the server drops the reading connection between two reads
+        await conn.execute("SELECT pg_terminate_backend(CAST(? AS integer))", (reader.backend_pid,))
+    with pytest.raises(DatabaseUnreachable) as dropped:
+        await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)
+    assert "\n" not in str(dropped.value) and "Traceback" not in str(dropped.value)
+    again = await ops.status(db_ctx, chroma=first["chroma"], limits=CONSOLE_LIMITS)  # reconnected
+    assert again["backlog"]["inputs"] == first["backlog"]["inputs"]
