@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import selectors
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -18,6 +18,8 @@ from backend.runtime.context import Context
 from backend.store import schema_pg
 from backend.store.changes import StoreEvent, listen_changes, poll_changes
 from tests import pg
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -141,16 +143,24 @@ class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
         return super().select(timeout)
 
 
+def on_counting_loop(main: Callable[[CountingSelector], Coroutine[Any, Any, T]]) -> T:
+    """`main(selector)` run to its end on a fresh event loop whose wake-ups `selector` counts."""
+    selector = CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+    try:
+        return loop.run_until_complete(main(selector))
+    finally:
+        loop.close()
+
+
 def test_an_idle_listener_sleeps_until_the_server_sends_something(db_url: str) -> None:
     """Listening wakes the loop for a notification or the keepalive, not ten times a second.
 
     psycopg's `notifies(timeout=...)` wakes every 0.1 s (its `_WAIT_INTERVAL`): an idle daemon
     on PostgreSQL paid ten loop turns a second for nothing. A loop under load wakes less, never more.
     """
-    selector = CountingSelector()
-    loop = asyncio.SelectorEventLoop(selector)
 
-    async def listen_a_while() -> tuple[int, list[StoreEvent]]:
+    async def listen_a_while(selector: CountingSelector) -> tuple[int, list[StoreEvent]]:
         events = listen_changes(db_url, keepalive_s=30)
         try:
             await collect(events, ["listening"])
@@ -166,10 +176,7 @@ def test_an_idle_listener_sleeps_until_the_server_sends_something(db_url: str) -
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
-    try:
-        idle_wakeups, heard = loop.run_until_complete(listen_a_while())
-    finally:
-        loop.close()
+    idle_wakeups, heard = on_counting_loop(listen_a_while)
     assert [e.kind for e in heard] == ["changed"] and heard[0].notifications == 1
     assert idle_wakeups <= 3, idle_wakeups  # the test's own sleep: one; psycopg's wait: twenty
 
@@ -181,10 +188,8 @@ def test_a_commit_heard_costs_the_listener_one_loop_turn_at_most(db_url: str) ->
     to read: three turns a commit (the wait, the read, the look after it), on the console's UI
     thread under a busy fleet."""
     commits = 20
-    selector = CountingSelector()
-    loop = asyncio.SelectorEventLoop(selector)
 
-    async def hear_commits() -> tuple[int, list[StoreEvent]]:
+    async def hear_commits(selector: CountingSelector) -> tuple[int, list[StoreEvent]]:
         events = listen_changes(db_url, keepalive_s=30)
         heard: list[StoreEvent] = []
         try:
@@ -201,10 +206,7 @@ def test_a_commit_heard_costs_the_listener_one_loop_turn_at_most(db_url: str) ->
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
-    try:
-        turns, heard = loop.run_until_complete(hear_commits())
-    finally:
-        loop.close()
+    turns, heard = on_counting_loop(hear_commits)
     assert [(e.kind, e.notifications) for e in heard] == [("changed", 1)] * commits
     assert turns <= commits, turns
 
